@@ -1,0 +1,152 @@
+"""msgpack header + zero-copy array frames.
+
+A message is sent as a multipart ZeroMQ message:
+    frame 0: msgpack map {"t": type, "v": version, "f": {plain fields}, "a": [[name, dtype, shape]]}
+    frame 1..k: the raw bytes of each array field, in the order of "a"
+Arrays are sent without copying (a memoryview of a C-contiguous array goes to zmq with
+copy=False) and decoded with `numpy.frombuffer` on the received frame's buffer, so the decoded
+array's memory *is* the frame's. Nothing here ever unpickles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from functools import cache
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from tessera.bus.messages import MESSAGE_TYPES, NESTED_TYPES, Message
+
+# dtypes allowed on the wire: a peer must not make us build object arrays.
+_ALLOWED_DTYPES = {
+    np.dtype(t).str
+    for t in (np.int8, np.uint8, np.int16, np.int32, np.int64, np.uint32, np.float16,
+              np.float32, np.float64, np.bool_)
+}
+MAX_HEADER_BYTES = 16 << 20
+
+
+class DecodeError(ValueError):
+    """A frame set that is not a valid message. Receivers count, log and drop it."""
+
+
+@cache
+def _field_info(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, type]]:
+    """(array field names, plain field names, nested dataclass field types) of a message class."""
+    hints = typing.get_type_hints(cls)
+    arrays: list[str] = []
+    plain: list[str] = []
+    nested: dict[str, type] = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        args = typing.get_args(hint)
+        if hint is np.ndarray or np.ndarray in args:
+            arrays.append(f.name)
+        else:
+            plain.append(f.name)
+            for candidate in (hint, *args):
+                if dataclasses.is_dataclass(candidate):
+                    nested[f.name] = candidate  # type: ignore[assignment]
+    return tuple(arrays), tuple(plain), nested
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def encode(msg: Message) -> list[Any]:
+    """Encode a message into frames: [header bytes, array buffer, ...] (arrays not copied)."""
+    cls = type(msg)
+    if cls.TYPE not in MESSAGE_TYPES:
+        raise TypeError(f"{cls.__name__} is not a registered bus message")
+    array_names, plain_names, _ = _field_info(cls)
+    fields = {name: _plain(getattr(msg, name)) for name in plain_names}
+    descs: list[list[Any]] = []
+    buffers: list[Any] = []
+    for name in array_names:
+        arr = getattr(msg, name)
+        if arr is None:
+            fields[name] = None
+            continue
+        arr = np.ascontiguousarray(arr)
+        if arr.dtype.str not in _ALLOWED_DTYPES:
+            raise TypeError(f"{cls.TYPE}.{name}: dtype {arr.dtype} cannot travel on the bus")
+        descs.append([name, arr.dtype.str, list(arr.shape)])
+        # A zero-size array still takes a frame so that frame i always matches desc i.
+        buffers.append(memoryview(arr).cast("B") if arr.size else b"")
+    header = msgpack.packb(
+        {"t": cls.TYPE, "v": cls.VERSION, "f": fields, "a": descs}, use_bin_type=True
+    )
+    return [header, *buffers]
+
+
+def _buffer(frame: Any) -> memoryview:
+    if hasattr(frame, "buffer"):  # zmq.Frame received with copy=False
+        return frame.buffer  # type: ignore[no-any-return]
+    return memoryview(frame)
+
+
+def decode(frames: list[Any]) -> Message:
+    """Decode frames into a message; raise DecodeError on anything malformed."""
+    if not frames:
+        raise DecodeError("empty message")
+    head = _buffer(frames[0])
+    if len(head) > MAX_HEADER_BYTES:
+        raise DecodeError(f"header of {len(head)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        header = msgpack.unpackb(head, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise DecodeError(f"header is not msgpack: {exc}") from None
+    if not isinstance(header, dict) or not {"t", "v", "f", "a"} <= header.keys():
+        raise DecodeError("header lacks t/v/f/a")
+    cls = MESSAGE_TYPES.get(header["t"]) if isinstance(header["t"], str) else None
+    if cls is None:
+        raise DecodeError(f"unknown message type {header['t']!r}")
+    if header["v"] != cls.VERSION:
+        raise DecodeError(f"{cls.TYPE} version {header['v']!r}, expected {cls.VERSION}")
+    fields, descs = header["f"], header["a"]
+    if not isinstance(fields, dict) or not isinstance(descs, list):
+        raise DecodeError(f"{cls.TYPE}: malformed header")
+    if len(frames) != 1 + len(descs):
+        raise DecodeError(f"{cls.TYPE}: {len(descs)} arrays described, {len(frames) - 1} sent")
+    array_names, plain_names, nested = _field_info(cls)
+    values: dict[str, Any] = {}
+    for name, value in fields.items():
+        if name not in plain_names and not (name in array_names and value is None):
+            raise DecodeError(f"{cls.TYPE}: unexpected field {name!r}")
+        if name in nested and isinstance(value, dict):
+            try:
+                value = NESTED_TYPES[nested[name].__name__].from_dict(value)  # type: ignore[attr-defined]
+            except (TypeError, ValueError) as exc:
+                raise DecodeError(f"{cls.TYPE}.{name}: {exc}") from None
+        values[name] = value
+    for desc, frame in zip(descs, frames[1:], strict=True):
+        try:
+            name, dtype_str, shape = desc
+            dtype = np.dtype(dtype_str)
+            shape = tuple(int(s) for s in shape)
+        except Exception:
+            raise DecodeError(f"{cls.TYPE}: malformed array description {desc!r}") from None
+        if name not in array_names:
+            raise DecodeError(f"{cls.TYPE}: unexpected array {name!r}")
+        if dtype.str not in _ALLOWED_DTYPES or any(s < 0 for s in shape):
+            raise DecodeError(f"{cls.TYPE}.{name}: bad dtype/shape {dtype_str} {shape}")
+        buf = _buffer(frame)
+        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if len(buf) != expected:
+            raise DecodeError(f"{cls.TYPE}.{name}: {len(buf)} bytes for {shape} {dtype}")
+        values[name] = np.frombuffer(buf, dtype=dtype).reshape(shape) if expected else \
+            np.zeros(shape, dtype=dtype)
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise DecodeError(f"{cls.TYPE}: {exc}") from None

