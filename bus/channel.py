@@ -1,0 +1,173 @@
+"""Typed ZeroMQ channels: an `Inbox` (PULL, drained by a receiver thread into a double buffer)
+and `Outbox` / `OutboxPool` (PUSH, every send bounded by a timeout).
+
+High-water marks are set on both ends so back-pressure shows up as a send that times out
+(`SendTimeout`), never as memory growth. Malformed or unknown messages are logged, counted in
+`Inbox.dropped` and dropped: a bad peer cannot kill a process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from tessera.bus.codec import DecodeError, decode, encode
+from tessera.bus.double_buffer import DoubleBuffer
+from tessera.bus.messages import Message
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HWM = 10_000
+_POLL_MS = 100
+
+
+class SendTimeout(TimeoutError):
+    """The peer did not take the message in time (down, or too slow: back-pressure)."""
+
+
+def context() -> zmq.Context:
+    """The process-wide ZeroMQ context (fork-safe: a child gets its own)."""
+    global _CTX, _CTX_PID
+    if _CTX is None or _CTX_PID != os.getpid():
+        _CTX, _CTX_PID = zmq.Context(), os.getpid()
+    return _CTX
+
+
+_CTX: zmq.Context | None = None
+_CTX_PID = 0
+
+
+def _ipc_path(endpoint: str) -> str | None:
+    return endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
+
+
+class Inbox:
+    """Binds a PULL socket; a daemon thread receives, decodes and appends to a DoubleBuffer.
+
+    `on_reject(msg)` is called (on the receiver thread) for a message refused because the
+    buffer is full, so the owner can answer it with an explicit overload error.
+    """
+
+    def __init__(self, endpoint: str, capacity: int = 65_536, name: str = "",
+                 on_reject: Callable[[Message], None] | None = None,
+                 hwm: int = DEFAULT_HWM) -> None:
+        self.endpoint = endpoint
+        self.name = name or endpoint
+        self.buffer: DoubleBuffer[Message] = DoubleBuffer(capacity)
+        self.dropped = 0  # malformed / unknown messages
+        self.received = 0
+        self._on_reject = on_reject
+        self._stop = threading.Event()
+        path = _ipc_path(endpoint)
+        if path and os.path.exists(path):
+            os.unlink(path)  # a stale socket file from a crashed run
+        self._sock = context().socket(zmq.PULL)
+        self._sock.setsockopt(zmq.RCVHWM, hwm)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(endpoint)
+        self._thread = threading.Thread(target=self._run, name=f"inbox-{self.name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            try:
+                if not poller.poll(_POLL_MS):
+                    continue
+                frames = self._sock.recv_multipart(copy=False)
+            except zmq.ZMQError:
+                if self._stop.is_set():
+                    break
+                log.exception("%s: receive failed", self.name)
+                continue
+            try:
+                msg = decode(frames)
+            except DecodeError as exc:
+                self.dropped += 1
+                log.warning("%s: dropped a malformed message (%s)", self.name, exc)
+                continue
+            self.received += 1
+            if not self.buffer.put(msg) and self._on_reject is not None:
+                try:
+                    self._on_reject(msg)
+                except Exception:
+                    log.exception("%s: on_reject failed", self.name)
+        self._sock.close(linger=0)
+
+    def drain(self, timeout: float | None = 0.0) -> list[Message]:
+        """Everything received since the last call (waits up to `timeout` for something)."""
+        return self.buffer.swap(timeout)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.buffer.wake()
+        self._thread.join(timeout=2 * _POLL_MS / 1000 + 1)
+        path = _ipc_path(self.endpoint)
+        if path and os.path.exists(path):
+            os.unlink(path)
+
+
+class Outbox:
+    """A PUSH socket connected to one endpoint. Not thread-safe: one owner thread."""
+
+    def __init__(self, endpoint: str, timeout_ms: int = 2000, hwm: int = DEFAULT_HWM,
+                 immediate: bool = False) -> None:
+        self.endpoint = endpoint
+        self.timeout_ms = timeout_ms
+        self._sock = context().socket(zmq.PUSH)
+        self._sock.setsockopt(zmq.SNDHWM, hwm)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        if immediate:
+            # Queue only to a connected peer: a vanished client makes sends fail fast.
+            self._sock.setsockopt(zmq.IMMEDIATE, 1)
+        self._sock.connect(endpoint)
+
+    def send(self, msg: Message, timeout_ms: int | None = None) -> None:
+        """Send, waiting at most `timeout_ms` for room; raise SendTimeout otherwise."""
+        self.send_frames(encode(msg), timeout_ms)
+
+    def send_frames(self, frames: list[Any], timeout_ms: int | None = None) -> None:
+        wait = self.timeout_ms if timeout_ms is None else timeout_ms
+        if not self._sock.poll(wait, zmq.POLLOUT):
+            raise SendTimeout(f"no room to send to {self.endpoint} within {wait} ms")
+        try:
+            self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            raise SendTimeout(f"send to {self.endpoint} would block") from None
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+
+
+class OutboxPool:
+    """Outboxes to many endpoints (clients' reply_to), created on first use, each immediate."""
+
+    def __init__(self, timeout_ms: int = 200, max_open: int = 4096) -> None:
+        self.timeout_ms = timeout_ms
+        self.max_open = max_open
+        self._boxes: dict[str, Outbox] = {}
+
+    def send(self, endpoint: str, msg: Message) -> None:
+        box = self._boxes.get(endpoint)
+        if box is None:
+            if len(self._boxes) >= self.max_open:
+                oldest = next(iter(self._boxes))
+                self._boxes.pop(oldest).close()
+            box = self._boxes[endpoint] = Outbox(endpoint, self.timeout_ms, immediate=True)
+        box.send(msg)
+
+    def forget(self, endpoint: str) -> None:
+        box = self._boxes.pop(endpoint, None)
+        if box is not None:
+            box.close()
+
+    def close(self) -> None:
+        for box in self._boxes.values():
+            box.close()
+        self._boxes.clear()

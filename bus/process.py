@@ -1,0 +1,149 @@
+"""The base of every engine process's main loop.
+
+    setup()            bind inboxes, load what the process needs (may take long: before Ready)
+    send Ready         to the supervisor
+    loop until stopped:
+        msgs = inbox.drain(timeout)   one swap of the double buffer
+        handle(msgs)                  the whole batch
+        tick()                        periodic work (scheduling step, timeouts)
+        heartbeat                     every heartbeat_interval_s, from this loop, so a hung
+                                      loop is seen as dead
+    teardown()
+
+SIGTERM / SIGINT set a flag; the loop finishes its iteration, runs teardown and exits 0.
+Subclasses set `name` and implement `setup` and `handle`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from tessera.bus.channel import Inbox, Outbox, SendTimeout
+from tessera.bus.config import EngineConfig, RunPaths, ServerConfig
+from tessera.bus.messages import Heartbeat, Message, Ready, Shutdown
+
+log = logging.getLogger(__name__)
+
+
+def setup_logging(level: str, process: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format=f"%(asctime)s {process}[%(process)d] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def load_config(paths: RunPaths) -> ServerConfig:
+    with open(paths.config_file) as f:
+        return ServerConfig.from_json(f.read())
+
+
+class BusProcess:
+    name = "process"
+
+    def __init__(self, paths: RunPaths, config: EngineConfig) -> None:
+        self.paths = paths
+        self.config = config
+        self.stopping = False
+        self.inbox: Inbox | None = None
+        self._supervisor: Outbox | None = None
+        self._last_heartbeat = 0.0
+        self.loop_timeout_s = 0.05
+
+    # -- to override ------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Bind sockets and load; called before Ready. Must set self.inbox."""
+
+    def handle(self, msgs: list[Message]) -> None:
+        """Handle one drained batch of messages."""
+
+    def tick(self) -> None:
+        """Periodic work after each batch (also runs when nothing arrived)."""
+
+    def stats(self) -> dict[str, float]:
+        """Numbers reported in each heartbeat (and so in /metrics)."""
+        return {}
+
+    def ready_info(self) -> dict[str, Any]:
+        return {}
+
+    def teardown(self) -> None:
+        """Release sockets, shared memory, devices."""
+
+    def wait_timeout(self) -> float:
+        """How long the loop may block waiting for messages this iteration."""
+        return self.loop_timeout_s
+
+    # -- machinery --------------------------------------------------------------------------
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        log.info("%s: received signal %d, stopping", self.name, signum)
+        self.stopping = True
+        if self.inbox is not None:
+            self.inbox.buffer.wake()
+
+    def notify_supervisor(self, msg: Message) -> None:
+        if self._supervisor is None:
+            return
+        try:
+            self._supervisor.send(msg, timeout_ms=100)
+        except SendTimeout:
+            log.debug("%s: supervisor not reachable", self.name)
+
+    def _heartbeat(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_heartbeat < self.config.heartbeat_interval_s:
+            return
+        self._last_heartbeat = now
+        stats = {"dropped_messages": float(self.inbox.dropped if self.inbox else 0)}
+        stats.update(self.stats())
+        self.notify_supervisor(Heartbeat(process=self.name, pid=os.getpid(), time=time.time(),
+                                         stats=stats))
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        self._supervisor = Outbox(self.paths.supervisor, timeout_ms=100)
+        try:
+            self.setup()
+            self.notify_supervisor(Ready(process=self.name, pid=os.getpid(),
+                                         info=self.ready_info()))
+            log.info("%s ready", self.name)
+            while not self.stopping:
+                msgs = self.inbox.drain(self.wait_timeout()) if self.inbox else []
+                if any(isinstance(m, Shutdown) for m in msgs):
+                    self.stopping = True
+                if msgs:
+                    self.handle([m for m in msgs if not isinstance(m, Shutdown)])
+                self.tick()
+                self._heartbeat()
+        finally:
+            try:
+                self.teardown()
+            finally:
+                if self.inbox is not None:
+                    self.inbox.close()
+                self._supervisor.close()
+        return 0
+
+
+def process_main(cls: type[BusProcess], argv: list[str] | None = None,
+                 extra_args: dict[str, Any] | None = None) -> int:
+    """Common entry point: `python -m tessera.<proc> --run-dir DIR [--rank R]`."""
+    parser = argparse.ArgumentParser(prog=f"tessera.{cls.name}")
+    parser.add_argument("--run-dir", required=True)
+    for flag, kwargs in (extra_args or {}).items():
+        parser.add_argument(flag, **kwargs)
+    args = parser.parse_args(argv)
+    paths = RunPaths(run_dir=os.path.abspath(args.run_dir))
+    config = load_config(paths)
+    setup_logging(config.log_level, cls.name)
+    kwargs = {k: v for k, v in vars(args).items() if k != "run_dir"}
+    proc = cls(paths, config, **kwargs)  # type: ignore[call-arg]
+    return proc.run()
