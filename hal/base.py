@@ -1,0 +1,80 @@
+"""`OpTablePlatform`: the usual way to write a plugin — an op dict plus declared fallbacks.
+
+A plugin subclasses it, returns its own implementations from `register_ops()` and lists in
+`reference_fallbacks` the ops it deliberately borrows from the reference (cpu) plugin. Anything
+else is missing, and asking for it raises `MissingOpError`: a fallback is never silent, and
+`tessera doctor` shows which ops are native and which are borrowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from tessera.hal.errors import MissingOpError
+from tessera.hal.ops import OP_NAMES
+from tessera.hal.platform import KVArena, Platform
+
+OpSource = Literal["native", "reference", "missing"]
+
+
+class OpTablePlatform(Platform):
+    """A Platform whose ops come from a dict built once, at construction."""
+
+    # Ops this plugin borrows from the cpu reference on purpose (they run on this plugin's
+    # device: the reference ops are device-generic PyTorch).
+    reference_fallbacks: ClassVar[tuple[str, ...]] = ()
+    # Higher wins when no plugin is named ("best available"). cpu is 0, cuda 100.
+    priority: ClassVar[int] = 50
+
+    def __init__(self) -> None:
+        ops = dict(self.register_ops())
+        unknown = sorted(set(ops) - set(OP_NAMES))
+        if unknown:
+            raise ValueError(f"plugin {self.name!r} registers unknown ops {unknown}; "
+                             f"the op names are {list(OP_NAMES)}")
+        bad = sorted(set(self.reference_fallbacks) - set(OP_NAMES))
+        if bad:
+            raise ValueError(f"plugin {self.name!r} declares fallbacks for unknown ops {bad}")
+        self._ops: dict[str, Callable[..., Any]] = ops
+
+    def register_ops(self) -> dict[str, Callable[..., Any]]:
+        """name -> implementation of the ops this plugin supplies itself."""
+        return {}
+
+    def registered_ops(self) -> list[str]:
+        return sorted(self._ops)
+
+    def op_source(self, name: str) -> OpSource:
+        if name in self._ops:
+            return "native"
+        if name in self.reference_fallbacks:
+            return "reference"
+        return "missing"
+
+    def op(self, name: str) -> Callable[..., Any]:
+        impl = self._ops.get(name)
+        if impl is not None:
+            return impl
+        if name in self.reference_fallbacks:
+            from tessera.hal.reference import reference_op
+
+            return reference_op(name)
+        raise MissingOpError(name, self.name, self.registered_ops())
+
+    # --- defaults a plugin may keep ------------------------------------------------------
+    def device_count(self) -> int:
+        return 1
+
+    def create_kv_arena(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
+                        dtype: torch.dtype) -> KVArena:
+        # One allocation for every layer's K and V; zeroed so that padding slots read as 0.
+        storage = torch.zeros((num_layers, 2, num_slots, kv_heads, head_dim), dtype=dtype,
+                              device=self.device())
+        return KVArena(storage, num_layers, num_slots, kv_heads, head_dim)
+
+    def versions(self) -> dict[str, str]:
+        """Library / driver versions this plugin depends on, shown by `tessera doctor`."""
+        return {}

@@ -1,0 +1,62 @@
+"""Reference dense ops in plain PyTorch (semantics: hal/ops.py).
+
+Device-generic on purpose: other plugins borrow them as declared fallbacks. Where precision
+matters (norms, rotary, gating) the math runs in float32 and the result is cast back, so the
+reference is at least as accurate as any kernel it judges.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return F.embedding(ids.long(), weight)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    out = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (out * weight.float()).to(x.dtype)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    residual_out = x + residual
+    return rms_norm(residual_out, weight, eps), residual_out
+
+
+def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                     cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    half = cos_sin.shape[-1] // 2
+    table = cos_sin[positions.long()].float()
+    cos = table[:, None, :half]  # [T, 1, D/2], broadcast over heads
+    sin = table[:, None, half:]
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    # rotate-half: [x1, x2] * cos + [-x2, x1] * sin, with cos/sin repeated across both halves
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    if x.dtype == torch.float32:
+        return F.silu(x[..., :half]) * x[..., half:]
+    return (F.silu(x[..., :half].float()) * x[..., half:].float()).to(x.dtype)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    return F.linear(x, weight, bias)
+
+
+def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slots: torch.Tensor) -> None:
+    index = slots.long()
+    k_cache.index_copy_(0, index, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, index, v.to(v_cache.dtype))

@@ -1,0 +1,72 @@
+"""The `cpu` plugin: every op in plain PyTorch, gloo for collectives, eager execution.
+
+It is the oracle of the conformance suite (its ops are hal/reference.py's) and the plugin
+the worker uses to serve small models on a machine without an accelerator.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+
+from tessera.hal.base import OpTablePlatform
+from tessera.hal.local_comm import make_local_communicator
+from tessera.hal.platform import Capabilities, Communicator, GraphRunner
+from tessera.hal.reference import reference_ops
+
+
+class CpuPlatform(OpTablePlatform):
+    name: ClassVar[str] = "cpu"
+    priority: ClassVar[int] = 0  # the fallback when nothing better is available
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        graph_capture=False,
+        dtypes=("float32", "bfloat16"),
+        default_dtype="float32",
+        max_capture_batch=0,
+        communicator_backends=("gloo",),
+    )
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return True
+
+    def register_ops(self) -> dict[str, Callable[..., Any]]:
+        return reference_ops()
+
+    def device(self, rank: int = 0) -> torch.device:
+        return torch.device("cpu")
+
+    def synchronize(self) -> None:
+        pass  # eager: every op has finished when it returns
+
+    def mem_get_info(self) -> tuple[int, int]:
+        return host_memory()
+
+    def create_graph_runner(self) -> GraphRunner | None:
+        return None
+
+    def create_communicator(self, rank: int, world_size: int, init_method: str,
+                            loopback: bool = False) -> Communicator:
+        local = make_local_communicator(rank, world_size, loopback)
+        if local is not None:
+            return local
+        from tessera.hal.cpu.communicator import GlooCommunicator
+
+        return GlooCommunicator(rank, world_size, init_method)
+
+    def versions(self) -> dict[str, str]:
+        return {"torch": torch.__version__, "threads": str(torch.get_num_threads())}
+
+
+def host_memory() -> tuple[int, int]:
+    """(available, total) bytes of RAM, from /proc/meminfo where there is one."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return info["MemAvailable"], info["MemTotal"]
+    except (OSError, KeyError, ValueError, IndexError):
+        page = os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page

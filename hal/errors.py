@@ -1,0 +1,29 @@
+"""Errors of the HAL a user can cause: each says what was wrong and what to do."""
+
+from __future__ import annotations
+
+
+class HalError(RuntimeError):
+    """Base of every HAL error."""
+
+
+class PluginNotFoundError(HalError):
+    """An explicitly named plugin is not installed."""
+
+
+class PluginLoadError(HalError):
+    """A plugin is installed but importing or validating it failed."""
+
+
+class MissingOpError(HalError, NotImplementedError):
+    """A plugin has neither an implementation nor a declared reference fallback for an op."""
+
+    def __init__(self, op: str, plugin: str, registered: list[str]) -> None:
+        self.op = op
+        self.plugin = plugin
+        self.registered = registered
+        shown = ", ".join(registered) or "none"
+        super().__init__(
+            f"HAL plugin {plugin!r} has no op {op!r} (registered: {shown}). Implement it in the "
+            f"plugin, or declare it in `reference_fallbacks` to use the cpu reference explicitly."
+        )
