@@ -398,6 +398,8 @@ class RequestOutput(Message):
     top_ids: np.ndarray = field(default_factory=_empty_i32)
     top_logprobs: np.ndarray = field(default_factory=_empty_f32)
     token_texts: list[str] = field(default_factory=list)  # per token, when logprobs asked
+    # per token, the text of each of top_ids' alternatives (OpenAI's top_logprobs show text)
+    top_token_texts: list[list[str]] = field(default_factory=list)
 
 
 @register
