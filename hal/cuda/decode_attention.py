@@ -1,0 +1,155 @@
+"""Decode attention over paged KV: split-KV "flash decoding", GQA-aware.
+
+Stage 1 runs one program per (request, KV head, split). The program holds the whole query
+group of that KV head (Hq // Hk heads, padded to the 16 rows a tensor-core dot needs), so each
+KV row is read once per group rather than once per query head. Each split covers a
+contiguous range of the request's positions and writes a partial output and its log-sum-exp.
+Stage 2 merges the splits.
+
+The split count depends only on the batch shape (B, Hk) and the device, never on the
+sequence lengths, so the launch is static and can be captured in a CUDA graph: each row works
+out its own split length from seq_lens on the device.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+# Tunables, overridable by benchmarks (kept here so the graph runner and the bench agree).
+BLOCK_N = 64
+NUM_WARPS = 4
+NUM_STAGES = 2
+MAX_SPLITS = 32
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, mid_o_ptr, mid_lse_ptr,
+                   q_s0, q_s1, c_s0, c_s1, rtt_s0, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1,
+                   sm_scale_log2, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    kh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, seq_len)
+
+    hrow = tl.arange(0, BLOCK_H)
+    heads = kh * GROUP + hrow
+    hmask = hrow < GROUP
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HEAD_DIM
+    q = tl.load(q_ptr + b * q_s0 + heads[:, None] * q_s1 + d[None, :],
+                mask=hmask[:, None] & dmask[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    row_base = rtt_ptr + b * rtt_s0
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        pmask = pos < end
+        slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
+        kv_off = slot[:, None] * c_s0 + kh * c_s1 + d[None, :]
+        kvmask = pmask[:, None] & dmask[None, :]
+        k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * sm_scale_log2
+        qk = tl.where(pmask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp2(qk - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        m_i = m_new
+
+    has = end > start
+    safe_l = tl.where(l_i > 0, l_i, 1.0)
+    out = acc / safe_l[:, None]
+    lse = tl.where(has, m_i + tl.log2(safe_l), float("-inf"))
+    omask = hmask[:, None] & dmask[None, :]
+    tl.store(mid_o_ptr + b * mo_s0 + heads[:, None] * mo_s1 + split * mo_s2 + d[None, :], out,
+             mask=omask)
+    tl.store(mid_lse_ptr + b * ml_s0 + heads * ml_s1 + split, lse, mask=hmask)
+
+
+@triton.jit
+def _decode_stage2(mid_o_ptr, mid_lse_ptr, out_ptr, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1,
+                   o_s0, o_s1, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    s = tl.arange(0, BLOCK_S)
+    smask = s < NUM_SPLITS
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HEAD_DIM
+    lse = tl.load(mid_lse_ptr + b * ml_s0 + h * ml_s1 + s, mask=smask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # an empty row (seq_len 0) gives zeros, not NaN
+    w = tl.exp2(lse - m)
+    o = tl.load(mid_o_ptr + b * mo_s0 + h * mo_s1 + s[:, None] * mo_s2 + d[None, :],
+                mask=smask[:, None] & dmask[None, :], other=0.0)
+    denom = tl.sum(w, 0)
+    denom = tl.where(denom > 0, denom, 1.0)
+    out = tl.sum(o * w[:, None], 0) / denom
+    tl.store(out_ptr + b * o_s0 + h * o_s1 + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_splits(batch: int, kv_heads: int, device: torch.device) -> int:
+    """Splits per request: enough programs for about two waves over the chip."""
+    if device.type != "cuda":
+        return 4  # the interpreter: any value exercises the merge
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return max(1, min(MAX_SPLITS, triton.cdiv(2 * sms, max(1, batch * kv_heads))))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    # fp32 through the tensor cores would be tf32 (about 1e-3 off); fp32 is the exact dtype.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     req_to_token: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                     splits: int | None = None) -> torch.Tensor:
+    batch, q_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    if q_heads % kv_heads:
+        raise ValueError(f"attention_decode: {q_heads} query heads is not a multiple of "
+                         f"{kv_heads} KV heads")
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or req_to_token.stride(-1) != 1:
+        raise ValueError("attention_decode: q, the caches and req_to_token must be contiguous "
+                         "in their last dimension")
+    out = torch.empty((batch, q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if batch == 0:
+        return out
+    group = q_heads // kv_heads
+    n_split = splits or num_splits(batch, kv_heads, q.device)
+    mid_o = torch.empty((batch, q_heads, n_split, head_dim), dtype=torch.float32,
+                        device=q.device)
+    mid_lse = torch.empty((batch, q_heads, n_split), dtype=torch.float32, device=q.device)
+    block_d = triton.next_power_of_2(head_dim)
+    _decode_stage1[(batch, kv_heads, n_split)](
+        q, k_cache, v_cache, req_to_token, seq_lens, mid_o, mid_lse,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        float(scale) * LOG2E, GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=n_split,
+        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=BLOCK_N,
+        DOT_PREC=dot_precision(q.dtype), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    _decode_stage2[(batch, q_heads)](
+        mid_o, mid_lse, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), HEAD_DIM=head_dim,
+        NUM_SPLITS=n_split, BLOCK_S=triton.next_power_of_2(n_split), BLOCK_D=block_d,
+        num_warps=4)
+    return out

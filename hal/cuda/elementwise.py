@@ -1,0 +1,121 @@
+"""Small memory-bound ops as Triton kernels: rotary embedding, SiLU-and-mul, KV store.
+
+Each reads its inputs once and writes its outputs once, math in fp32. Inputs may be strided
+views (q/k/v slices of a fused QKV projection) as long as the innermost dimension is
+contiguous.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _check_inner_contiguous(name: str, t: torch.Tensor) -> None:
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension, got strides "
+                         f"{t.stride()} for shape {tuple(t.shape)}")
+
+
+@triton.jit
+def _rotary_kernel(pos_ptr, x_ptr, out_ptr, cs_ptr, x_s0, x_s1, o_s0, o_s1, cs_s0, n_heads,
+                   HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    d = tl.arange(0, BLOCK_HALF)
+    dmask = d < HALF
+    cos = tl.load(cs_ptr + pos * cs_s0 + d, mask=dmask, other=0.0).to(tl.float32)
+    sin = tl.load(cs_ptr + pos * cs_s0 + HALF + d, mask=dmask, other=0.0).to(tl.float32)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = (h[:, None] < n_heads) & dmask[None, :]
+    src = x_ptr + t * x_s0 + h[:, None] * x_s1 + d[None, :]
+    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+    o1 = x1 * cos[None, :] - x2 * sin[None, :]
+    o2 = x2 * cos[None, :] + x1 * sin[None, :]
+    dst = out_ptr + t * o_s0 + h[:, None] * o_s1 + d[None, :]
+    tl.store(dst, o1.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF, o2.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _rotate(positions: torch.Tensor, x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    _check_inner_contiguous("rotary_embedding input", x)
+    tokens, heads, dim = x.shape
+    if dim % 2 or cos_sin.shape[-1] != dim:
+        raise ValueError(f"rotary_embedding: head dim {dim} must be even and match cos_sin's "
+                         f"last dimension {cos_sin.shape[-1]}")
+    out = torch.empty((tokens, heads, dim), dtype=x.dtype, device=x.device)
+    if tokens == 0:
+        return out
+    half = dim // 2
+    block_half = triton.next_power_of_2(half)
+    block_h = max(1, min(triton.next_power_of_2(heads), 4096 // block_half))
+    grid = (tokens, triton.cdiv(heads, block_h))
+    _rotary_kernel[grid](positions, x, out, cos_sin, x.stride(0), x.stride(1), out.stride(0),
+                         out.stride(1), cos_sin.stride(0), heads, HALF=half, BLOCK_H=block_h,
+                         BLOCK_HALF=block_half, num_warps=4)
+    return out
+
+
+def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                     cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_inner_contiguous("cos_sin", cos_sin)
+    return _rotate(positions, q, cos_sin), _rotate(positions, k, cos_sin)
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, x_s0, o_s0, inter, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inter
+    gate = tl.load(x_ptr + t * x_s0 + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + t * x_s0 + inter + cols, mask=mask, other=0.0).to(tl.float32)
+    y = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(out_ptr + t * o_s0 + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    _check_inner_contiguous("silu_and_mul input", x)
+    tokens, width = x.shape
+    if width % 2:
+        raise ValueError(f"silu_and_mul expects an even last dimension (gate | up), got {width}")
+    inter = width // 2
+    out = torch.empty((tokens, inter), dtype=x.dtype, device=x.device)
+    if tokens == 0:
+        return out
+    block = min(1024, triton.next_power_of_2(inter))
+    _silu_and_mul_kernel[(tokens, triton.cdiv(inter, block))](
+        x, out, x.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4)
+    return out
+
+
+@triton.jit
+def _store_kv_kernel(kc_ptr, vc_ptr, k_ptr, v_ptr, slot_ptr, k_s0, k_s1, v_s0, v_s1, c_s0, c_s1,
+                     n_heads, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+                     BLOCK_D: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    mask = (h[:, None] < n_heads) & (d[None, :] < HEAD_DIM)
+    k = tl.load(k_ptr + t * k_s0 + h[:, None] * k_s1 + d[None, :], mask=mask)
+    v = tl.load(v_ptr + t * v_s0 + h[:, None] * v_s1 + d[None, :], mask=mask)
+    dst = slot * c_s0 + h[:, None] * c_s1 + d[None, :]
+    tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=mask)
+    tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
+
+
+def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slots: torch.Tensor) -> None:
+    for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_inner_contiguous(name, t)
+    if k_cache.stride() != v_cache.stride():
+        raise ValueError("store_kv: k_cache and v_cache must have the same layout")
+    tokens, heads, dim = k.shape
+    if tokens == 0:
+        return
+    _store_kv_kernel[(tokens,)](
+        k_cache, v_cache, k, v, slots, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), heads, HEAD_DIM=dim,
+        BLOCK_H=triton.next_power_of_2(heads), BLOCK_D=triton.next_power_of_2(dim), num_warps=4)

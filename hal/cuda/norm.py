@@ -1,0 +1,67 @@
+"""RMSNorm and fused residual-add + RMSNorm as Triton kernels (one program per row).
+
+Semantics are `hal/ops.py`'s: statistics in fp32, output in the input's dtype. A row of the
+hidden size (4096 for Llama-3-8B) fits one block, so each row is read once and written once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, x_stride, res_stride,
+                     out_stride, res_out_stride, n_cols, eps,
+                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        x = x + r
+        # The new residual is rounded to the storage dtype before it is normalised, exactly
+        # as the reference does (residual_out is a tensor of x.dtype, then rms_norm of it).
+        x_stored = x.to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * res_out_stride + cols, x_stored, mask=mask)
+        x = x_stored.to(tl.float32)
+    mean_sq = tl.sum(x * x, axis=0) / n_cols
+    inv = 1.0 / tl.sqrt(mean_sq + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = x * inv * w
+    tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+            eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(f"rms_norm expects a 2-D row-major x, got shape {tuple(x.shape)} "
+                         f"strides {x.stride()}")
+    rows, cols = x.shape
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else None
+    if rows == 0:
+        return out, res_out
+    block = triton.next_power_of_2(cols)
+    num_warps = min(max(block // 512, 1), 16)
+    res = residual if residual is not None else x
+    _rms_norm_kernel[(rows,)](
+        x, res, weight, out, res_out if res_out is not None else out,
+        x.stride(0), res.stride(0), out.stride(0),
+        (res_out if res_out is not None else out).stride(0), cols, float(eps),
+        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=num_warps)
+    return out, res_out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    out, _ = _launch(x, None, weight, eps)
+    return out
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    out, res_out = _launch(x, residual, weight, eps)
+    assert res_out is not None
+    return out, res_out

@@ -1,0 +1,111 @@
+"""The `cuda` plugin: Triton kernels, cuBLAS through torch for linear, CUDA graphs, NCCL.
+
+Importing this module needs neither a GPU nor Triton: kernel modules are imported when the
+platform is constructed, which the registry does only after `is_available()` said yes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from tessera.hal.base import OpTablePlatform
+from tessera.hal.local_comm import make_local_communicator
+from tessera.hal.platform import Capabilities, Communicator, GraphRunner, KVArena
+
+
+def _embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return F.embedding(ids, weight)
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x, weight, bias)
+
+
+class CudaPlatform(OpTablePlatform):
+    name: ClassVar[str] = "cuda"
+    priority: ClassVar[int] = 100
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        graph_capture=True,
+        dtypes=("bfloat16", "float16", "float32"),
+        default_dtype="bfloat16",
+        max_capture_batch=256,
+        communicator_backends=("nccl",),
+        extra={"kernels": "triton", "linear": "cublas"},
+    )
+
+    @classmethod
+    def is_available(cls) -> bool:
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return False
+        return bool(torch.cuda.is_available())
+
+    def register_ops(self) -> dict[str, Callable[..., Any]]:
+        from tessera.hal.cuda import decode_attention, elementwise, extend_attention, norm, sampling
+
+        return {
+            "embedding": _embedding,
+            "rms_norm": norm.rms_norm,
+            "fused_add_rms_norm": norm.fused_add_rms_norm,
+            "rotary_embedding": elementwise.rotary_embedding,
+            "silu_and_mul": elementwise.silu_and_mul,
+            "linear": _linear,
+            "store_kv": elementwise.store_kv,
+            "attention_extend": extend_attention.attention_extend,
+            "attention_decode": decode_attention.attention_decode,
+            "sample": sampling.sample,
+        }
+
+    def device(self, rank: int = 0) -> torch.device:
+        count = max(1, torch.cuda.device_count())
+        return torch.device("cuda", rank % count)
+
+    def device_count(self) -> int:
+        return int(torch.cuda.device_count())
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()
+
+    def mem_get_info(self) -> tuple[int, int]:
+        free, total = torch.cuda.mem_get_info(torch.cuda.current_device())
+        return int(free), int(total)
+
+    def create_kv_arena(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
+                        dtype: torch.dtype) -> KVArena:
+        # On the current device (the worker sets it to its rank's GPU); zeroed so that padding
+        # slots (page 0), which padded graph replays read, hold finite values.
+        storage = torch.zeros((num_layers, 2, num_slots, kv_heads, head_dim), dtype=dtype,
+                              device=torch.device("cuda", torch.cuda.current_device()))
+        return KVArena(storage, num_layers, num_slots, kv_heads, head_dim)
+
+    def create_graph_runner(self) -> GraphRunner | None:
+        from tessera.hal.cuda.graph import CudaGraphRunner
+
+        return CudaGraphRunner()
+
+    def create_communicator(self, rank: int, world_size: int, init_method: str,
+                            loopback: bool = False) -> Communicator:
+        local = make_local_communicator(rank, world_size, loopback)
+        if local is not None:
+            return local
+        from tessera.hal.cuda.communicator import NcclCommunicator
+
+        return NcclCommunicator(rank, world_size, init_method)
+
+    def versions(self) -> dict[str, str]:
+        info = {"torch": torch.__version__, "cuda": str(torch.version.cuda)}
+        try:
+            import triton
+
+            info["triton"] = triton.__version__
+        except ImportError:
+            info["triton"] = "missing"
+        if torch.cuda.is_available():
+            info["device"] = torch.cuda.get_device_name()
+            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        return info

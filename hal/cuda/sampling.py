@@ -1,0 +1,118 @@
+"""Sampling: greedy argmax fast path; temperature + top-k / top-p / min-p + a seeded draw.
+
+Every filter is turned into one per-row logit threshold (keep x >= threshold), so the draw is
+a single pass over the vocabulary: a Gumbel-max race, argmax(x_i + g_i) over kept tokens with
+g_i = -log(-log u_i), which picks token i with probability softmax(x)_i over the kept set.
+u_i comes from Philox keyed by the row's seed with counter (offset << 32) + i, so a seeded
+row's draw depends on (seed, offset) only.
+
+Thresholds come from the row's top candidates (torch.topk of at most CANDIDATES values, not a
+sort of the whole vocabulary). Only when a top-p row's candidates hold less mass than top_p
+does it fall back to a full sort. When every row is greedy (params.all_greedy) the op is one
+argmax with no host synchronisation, so it can sit inside a captured decode graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tessera.hal.ops import SamplingTensors
+
+CANDIDATES = 1024
+DRAW_BLOCK = 2048
+
+
+@triton.jit
+def _gumbel_draw_kernel(x_ptr, thresh_ptr, seed_ptr, offset_ptr, out_ptr, x_s0, vocab,
+                        BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    thresh = tl.load(thresh_ptr + row)
+    seed = tl.load(seed_ptr + row)
+    step = tl.load(offset_ptr + row).to(tl.int64)
+    best = tl.full([], float("-inf"), tl.float32)
+    best_idx = tl.full([], 0, tl.int64)
+    for v0 in range(0, vocab, BLOCK):
+        idx = v0 + tl.arange(0, BLOCK)
+        mask = idx < vocab
+        x = tl.load(x_ptr + row * x_s0 + idx, mask=mask, other=float("-inf"))
+        u = tl.rand(seed, (step << 32) + idx.to(tl.int64))
+        g = -tl.log(-tl.log(u))
+        score = tl.where(mask & (x >= thresh), x + g, float("-inf"))
+        blk_best = tl.max(score, 0)
+        blk_idx = v0 + tl.argmax(score, 0)
+        take = blk_best > best  # strict: the earliest block wins ties
+        best_idx = tl.where(take, blk_idx.to(tl.int64), best_idx)
+        best = tl.where(take, blk_best, best)
+    tl.store(out_ptr + row, best_idx)
+
+
+def _thresholds(x: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """Per-row logit threshold that applies top-k, then top-p, then min-p."""
+    batch, vocab = x.shape
+    neg_inf = torch.full((batch,), float("-inf"), dtype=torch.float32, device=x.device)
+    top_k = params.top_k.to(torch.int64)
+    k_on = (top_k > 0) & (top_k < vocab)
+    p_on = params.top_p < 1.0
+    m_on = params.min_p > 0.0
+    any_k, any_p, any_m, k_max = torch.stack(
+        [k_on.any().long(), p_on.any().long(), m_on.any().long(),
+         torch.where(k_on, top_k, 0).max()]).tolist()
+    thresh = neg_inf
+    if any_k or any_p:
+        n_cand = min(vocab, max(CANDIDATES, k_max))
+        cand = torch.topk(x, n_cand, dim=-1, sorted=True).values
+        k_clamped = torch.where(k_on, top_k, n_cand).clamp(1, n_cand)
+        kth = cand.gather(1, (k_clamped - 1)[:, None]).squeeze(1)
+        thresh = torch.where(k_on, kth, thresh)
+        if any_p:
+            cand, thresh_p = _top_p_threshold(x, cand, k_on, k_clamped, params.top_p)
+            thresh = torch.where(p_on, torch.maximum(thresh, thresh_p), thresh)
+    if any_m:
+        row_max = x.max(dim=-1).values
+        thresh_m = row_max + torch.log(params.min_p.clamp(min=1e-30))
+        thresh = torch.where(m_on, torch.maximum(thresh, thresh_m), thresh)
+    return thresh
+
+
+def _top_p_threshold(x: torch.Tensor, cand: torch.Tensor, k_on: torch.Tensor,
+                     k_clamped: torch.Tensor, top_p: torch.Tensor,
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    n_cand = cand.shape[1]
+    pos = torch.arange(n_cand, device=x.device)[None, :]
+    in_k = ~k_on[:, None] | (pos < k_clamped[:, None])
+    # Top-p renormalises over what top-k kept; without top-k, over the whole vocabulary.
+    kept = cand.masked_fill(~in_k, float("-inf"))
+    lse = torch.where(k_on, torch.logsumexp(kept, dim=-1), torch.logsumexp(x, dim=-1))
+    probs = torch.exp(kept - lse[:, None])
+    mass = probs.sum(dim=-1)
+    complete = k_on | (mass >= top_p) | (n_cand == x.shape[1])
+    if not bool(complete.all()):
+        # Rare: a flat distribution whose top CANDIDATES tokens hold less than top_p.
+        cand = torch.sort(x, dim=-1, descending=True).values
+        return _top_p_threshold(x, cand, k_on, k_clamped, top_p)
+    before = torch.cumsum(probs, dim=-1) - probs
+    n_keep = ((before < top_p[:, None]) & in_k).sum(dim=-1).clamp(min=1)
+    return cand, cand.gather(1, (n_keep - 1)[:, None]).squeeze(1)
+
+
+def sample(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    greedy_ids = torch.argmax(logits, dim=-1)
+    if params.all_greedy:
+        return greedy_ids
+    batch, vocab = logits.shape
+    greedy = (params.temperature <= 0) | (params.top_k == 1)
+    temperature = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
+    x = (logits.float() / temperature[:, None]).contiguous()
+    thresh = _thresholds(x, params).contiguous()
+    seeded = params.seeds >= 0
+    fresh = torch.randint(0, 2**62, (batch,), device=logits.device, dtype=torch.int64)
+    seeds = torch.where(seeded, params.seeds.to(torch.int64), fresh).contiguous()
+    offsets = torch.where(seeded, params.offsets.to(torch.int64), 0).contiguous()
+    drawn = torch.empty((batch,), dtype=torch.int64, device=logits.device)
+    if batch:
+        _gumbel_draw_kernel[(batch,)](x, thresh, seeds, offsets, drawn, x.stride(0), vocab,
+                                      BLOCK=min(DRAW_BLOCK, triton.next_power_of_2(vocab)),
+                                      num_warps=8)
+    return torch.where(greedy, greedy_ids, drawn)
