@@ -1,0 +1,86 @@
+"""Shared helpers for worker tests: tiny HF models saved as safetensors folders, a runner on
+the cpu plugin, and transformers' own greedy decoding as the oracle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from tessera.bus.config import EngineConfig
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=256, max_position_embeddings=512,
+            initializer_range=0.1)
+
+
+def tiny_hf_model(kind: str, folder: str, **overrides: Any) -> Any:
+    """Build a random tiny transformers model of `kind`, save it (safetensors) to folder."""
+    import transformers as tf
+
+    torch.manual_seed(1234)
+    cfg: dict[str, Any] = dict(TINY, bos_token_id=1, eos_token_id=2)
+    if kind == "llama31":
+        cls, conf = tf.LlamaForCausalLM, tf.LlamaConfig
+        cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+        cfg["rope_theta"] = 500000.0
+    elif kind == "qwen2":
+        cls, conf = tf.Qwen2ForCausalLM, tf.Qwen2Config
+        cfg["tie_word_embeddings"] = True
+    elif kind == "qwen3":
+        cls, conf = tf.Qwen3ForCausalLM, tf.Qwen3Config
+        cfg["head_dim"] = 32  # != hidden / heads, as in real Qwen3
+    elif kind == "mistral":
+        cls, conf = tf.MistralForCausalLM, tf.MistralConfig
+        cfg["num_key_value_heads"] = 1
+    else:
+        raise ValueError(kind)
+    cfg.update(overrides)
+    model = cls(conf(**cfg)).eval()
+    if kind == "qwen2":  # qkv biases start at zero: make them matter
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj,
+                             layer.self_attn.v_proj):
+                    proj.bias.normal_(0.0, 0.5)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+def hf_greedy(model: Any, prompt: list[int], max_new: int) -> list[int]:
+    """transformers' greedy decoding with its KV cache, one prompt at a time (no padding)."""
+    out: list[int] = []
+    ids = torch.tensor([prompt])
+    past = None
+    with torch.no_grad():
+        for _ in range(max_new):
+            res = model(input_ids=ids, past_key_values=past, use_cache=True)
+            past = res.past_key_values
+            token = int(res.logits[0, -1].argmax())
+            out.append(token)
+            ids = torch.tensor([[token]])
+    return out
+
+
+def hf_last_logits(model: Any, prompt: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+
+
+def make_runner(model: str, **overrides: Any) -> Any:
+    from tessera.hal.registry import load_platform
+    from tessera.worker_proc.model_runner import ModelRunner
+
+    values: dict[str, Any] = dict(model=model, hal="cpu", dtype="float32", page_size=4,
+                                  max_running_requests=64, context_length=256,
+                                  max_total_tokens=8192)
+    values.update(overrides)
+    config = EngineConfig(**values)
+    return ModelRunner(config, 0, load_platform("cpu"))
+
+
+def prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, vocab, size=n).tolist() for n in lengths]

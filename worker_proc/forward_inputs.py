@@ -1,0 +1,74 @@
+"""ForwardInputs: the device tensors one model step reads, built from a ForwardBatch and the
+shared-memory page table. Everything is computed with vectorized numpy (no per-token loop)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tessera.bus.messages import ForwardBatch
+
+
+@dataclass
+class ForwardInputs:
+    """T tokens of B requests; S of them (the last token of each sampling request) get logits.
+
+    A graph runner for decode keeps one of these per captured batch size in persistent
+    buffers and copies a real batch into its first B rows (see `copy_into`).
+    """
+
+    input_ids: torch.Tensor  # int64 [T]; negative = "last token sampled for this row"
+    token_rows: torch.Tensor  # int64 [T] page-table row of each token (resolves negatives)
+    positions: torch.Tensor  # int64 [T]
+    out_slots: torch.Tensor  # int64 [T] KV slots the new tokens' K/V are stored in
+    req_to_token: torch.Tensor  # int32 [B, L] the requests' page-table rows, L >= max seq_len
+    seq_lens: torch.Tensor  # int32 [B]
+    extend_lens: torch.Tensor  # int32 [B]
+    qo_indptr: torch.Tensor  # int32 [B + 1]
+    logits_indices: torch.Tensor  # int64 [S]
+    is_decode: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def build_forward_inputs(batch: ForwardBatch, req_to_token: np.ndarray,
+                         device: torch.device) -> ForwardInputs:
+    rows = np.asarray(batch.rows, dtype=np.int64)
+    seq_lens = np.asarray(batch.seq_lens, dtype=np.int64)
+    extend = np.asarray(batch.extend_lens, dtype=np.int64)
+    num_tokens = int(extend.sum())
+    if batch.input_ids.shape[0] != num_tokens:
+        raise ValueError(f"ForwardBatch {batch.step}: {batch.input_ids.shape[0]} input ids for "
+                         f"extend_lens summing to {num_tokens}")
+    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(extend, out=indptr[1:])
+    starts = seq_lens - extend  # tokens already in KV before this step
+    token_req = np.repeat(np.arange(len(rows)), extend)
+    positions = starts[token_req] + np.arange(num_tokens) - indptr[token_req]
+    token_rows = rows[token_req]
+    out_slots = req_to_token[token_rows, positions].astype(np.int64)
+    width = int(seq_lens.max()) if len(rows) else 0
+    table = np.ascontiguousarray(req_to_token[rows, :width])
+    sample = np.asarray(batch.sample, dtype=bool)
+    logits_indices = (indptr[1:] - 1)[sample]
+
+    def dev(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype,
+                                                             non_blocking=True)
+
+    return ForwardInputs(
+        input_ids=dev(np.asarray(batch.input_ids, dtype=np.int64), torch.int64),
+        token_rows=dev(token_rows, torch.int64),
+        positions=dev(positions, torch.int64),
+        out_slots=dev(out_slots, torch.int64),
+        req_to_token=dev(table, torch.int32),
+        seq_lens=dev(seq_lens, torch.int32),
+        extend_lens=dev(extend, torch.int32),
+        qo_indptr=dev(indptr, torch.int32),
+        logits_indices=dev(logits_indices, torch.int64),
+        is_decode=bool(batch.is_decode or (len(rows) > 0 and bool((extend == 1).all()))),
+    )

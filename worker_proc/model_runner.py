@@ -1,0 +1,127 @@
+"""ModelRunner: one TP rank's model, KV arena and sampler. `step` runs one ForwardBatch.
+
+Mixed batches (prefill chunks and decodes together) run as one ragged forward through
+`attention_extend`; a batch of only decodes goes through `attention_decode` (the path a graph
+runner captures: see `forward_decode`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+
+from tessera.bus.config import EngineConfig
+from tessera.bus.messages import ForwardBatch, SampledTokens, WorkerReady
+from tessera.formats import ModelFiles, open_model
+from tessera.hal.platform import Communicator, KVArena, Platform
+from tessera.worker_proc.forward_inputs import ForwardInputs, build_forward_inputs
+from tessera.worker_proc.kv_sizing import KVPlan, plan_kv
+from tessera.worker_proc.models import model_class
+from tessera.worker_proc.sampler import Sampler
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def serving_dtype(config: EngineConfig, platform: Platform) -> torch.dtype:
+    name = platform.capabilities.default_dtype if config.dtype == "auto" else config.dtype
+    if name not in platform.capabilities.dtypes:
+        raise ValueError(f"--dtype {name} is not supported by the {platform.name} plugin; "
+                         f"it supports {', '.join(platform.capabilities.dtypes)}")
+    return _DTYPES[name]
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, rank: int, platform: Platform,
+                 communicator: Communicator | None = None,
+                 files: ModelFiles | None = None) -> None:
+        self.config, self.rank, self.platform = config, rank, platform
+        self.communicator = communicator
+        self.device = platform.device(rank)
+        self.dtype = serving_dtype(config, platform)
+        self.files = files or open_model(config.model, config.load_format, config.seed)
+        mc = self.files.config
+        self.model_config = mc
+        self.max_context_len = int(config.context_length or mc.max_position_embeddings)
+        free_before = platform.mem_get_info()[0]
+        start = time.perf_counter()
+        cls = model_class(mc.arch)
+        self.model = cls(mc, platform, dtype=self.dtype, device=self.device,
+                         max_positions=self.max_context_len, tp_rank=rank,
+                         tp_size=config.tp_size, communicator=communicator)
+        self.model.load_weights(self.files.iter_tensors(self.dtype))
+        platform.synchronize()
+        log.info("rank %d: loaded %s (%s, %s) in %.1fs", rank, config.model, mc.arch,
+                 self.files.kind, time.perf_counter() - start)
+        tp = self.model.tp
+        self.kv_plan: KVPlan = plan_kv(
+            free_bytes_now=platform.mem_get_info()[0], free_bytes_before_weights=free_before,
+            is_cpu=platform.name == "cpu", mem_fraction=config.mem_fraction,
+            max_total_tokens=config.max_total_tokens, page_size=config.page_size,
+            bytes_per_slot=KVArena.bytes_per_slot(mc.num_layers, tp.num_kv_heads, mc.head_dim,
+                                                  self.dtype),
+            max_context_len=self.max_context_len,
+            max_running_requests=config.max_running_requests)
+        self.kv = platform.create_kv_arena(mc.num_layers, self.kv_plan.num_slots,
+                                           tp.num_kv_heads, mc.head_dim, self.dtype)
+        log.info("rank %d: %s", rank, self.kv_plan.describe())
+        self.sampler = Sampler(platform.op("sample"), self.device)
+        # The token each page-table row sampled last: input ids < 0 refer to it.
+        self.last_sampled = torch.zeros(config.max_running_requests, dtype=torch.int64,
+                                        device=self.device)
+        self.seed_default_rng()
+
+    def seed_default_rng(self) -> None:
+        torch.manual_seed(self.config.seed)  # unseeded requests: reproducible per engine run
+
+    def ready_message(self) -> WorkerReady:
+        return WorkerReady(
+            rank=self.rank, world_size=self.config.tp_size, num_slots=self.kv_plan.num_slots,
+            page_size=self.kv_plan.page_size, max_context_len=self.max_context_len,
+            vocab_size=self.model_config.vocab_size,
+            eos_token_ids=list(self.model_config.eos_token_ids), device=str(self.device))
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def step(self, batch: ForwardBatch, req_to_token: np.ndarray) -> SampledTokens:
+        start = time.perf_counter()
+        inputs = build_forward_inputs(batch, req_to_token, self.device)
+        self._resolve_last_sampled(inputs)
+        with torch.inference_mode():
+            logits = self.forward(inputs)
+            result = self.sampler(logits, batch)
+        tokens = result.tokens_device
+        if self.config.tp_size > 1:
+            # Unseeded draws may differ between ranks: every rank adopts rank 0's tokens.
+            assert self.communicator is not None
+            own = tokens if self.rank == 0 else torch.zeros_like(tokens)
+            tokens = self.communicator.all_reduce(own)
+            result.token_ids = tokens.to(torch.int32).cpu().numpy()
+        if tokens.numel():
+            rows = torch.from_numpy(np.asarray(batch.rows, dtype=np.int64)[
+                np.asarray(batch.sample, dtype=bool)]).to(self.device)
+            self.last_sampled[rows] = tokens
+        return SampledTokens(step=batch.step, token_ids=result.token_ids,
+                             logprobs=result.logprobs, top_ids=result.top_ids,
+                             top_logprobs=result.top_logprobs,
+                             forward_ms=(time.perf_counter() - start) * 1000.0)
+
+    def _resolve_last_sampled(self, inputs: ForwardInputs) -> None:
+        ids = inputs.input_ids
+        if bool((ids < 0).any()):
+            inputs.input_ids = torch.where(ids < 0, self.last_sampled[inputs.token_rows], ids)
+
+    def forward(self, inputs: ForwardInputs) -> torch.Tensor:
+        """float32 logits [S, V]. A decode-only batch takes forward_decode."""
+        if inputs.is_decode:
+            return self.forward_decode(inputs)
+        return self.model(inputs, self.kv)
+
+    def forward_decode(self, inputs: ForwardInputs) -> torch.Tensor:
+        """Forward of a decode batch (every extend_len is 1): the static-shape path that a
+        graph runner captures for a padded batch size (padding rows use page 0's slots)."""
+        return self.model(inputs, self.kv)

@@ -1,0 +1,139 @@
+"""Sampling glue around the HAL `sample` op: penalties, forbidden tokens, logprobs.
+
+Order, as vLLM does it: logprobs are taken from the raw logits (what the model said, before
+any processing); then the repetition penalty (Hugging Face's rule, on prompt + output
+tokens), frequency and presence penalties (OpenAI's rule, on output tokens only), forbidden
+tokens (-inf), and finally temperature / top-k / top-p / min-p and the draw inside `sample`.
+Everything is vectorized over the S sampling rows; nothing loops per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from tessera.bus.messages import ForwardBatch
+from tessera.hal.ops import SamplingTensors
+
+
+@dataclass
+class SampleResult:
+    token_ids: np.ndarray  # int32 [S]
+    logprobs: np.ndarray  # float32 [S] or empty
+    top_ids: np.ndarray  # int32 [S, N] or empty
+    top_logprobs: np.ndarray  # float32 [S, N] or empty
+    tokens_device: torch.Tensor  # int64 [S], on the device (kept for the next step's inputs)
+
+
+def _csr_gather(offsets: np.ndarray, values: np.ndarray, sel: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For the CSR rows `sel`: (row index in sel, value, position within its row) of every
+    element, concatenated."""
+    if offsets.size == 0 or sel.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    starts, ends = offsets[sel].astype(np.int64), offsets[sel + 1].astype(np.int64)
+    lens = ends - starts
+    total = int(lens.sum())
+    row = np.repeat(np.arange(sel.size), lens)
+    first = np.repeat(np.cumsum(lens) - lens, lens)
+    within = np.arange(total) - first
+    return row, values[starts[row] + within].astype(np.int64), within
+
+
+def apply_penalties(logits: torch.Tensor, batch: ForwardBatch, sel: np.ndarray) -> None:
+    """In place on logits [S, V]: repetition, frequency and presence penalties of the
+    requests `sel` (indices into the batch)."""
+    rep = np.asarray(batch.repetition_penalty, dtype=np.float32)[sel]
+    freq = np.asarray(batch.frequency_penalty, dtype=np.float32)[sel]
+    pres = np.asarray(batch.presence_penalty, dtype=np.float32)[sel]
+    if (rep == 1.0).all() and (freq == 0.0).all() and (pres == 0.0).all():
+        return
+    row, tok, within = _csr_gather(np.asarray(batch.hist_offsets), np.asarray(batch.hist_ids),
+                                   sel)
+    if row.size == 0:
+        return
+    s, vocab = logits.shape
+    dev = logits.device
+    keep = (tok >= 0) & (tok < vocab)
+    row, tok, within = row[keep], tok[keep], within[keep]
+    flat = torch.from_numpy(row * vocab + tok).to(dev)
+    if (rep != 1.0).any():
+        seen = torch.zeros(s * vocab, dtype=torch.bool, device=dev)
+        seen[flat] = True
+        seen = seen.view(s, vocab)
+        penalty = torch.from_numpy(rep).to(dev)[:, None]
+        penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
+        logits.copy_(torch.where(seen, penalized, logits))
+    if (freq != 0.0).any() or (pres != 0.0).any():
+        prompt_lens = np.asarray(batch.hist_prompt_lens, dtype=np.int64)[sel]
+        is_output = within >= prompt_lens[row]
+        counts = torch.zeros(s * vocab, dtype=torch.float32, device=dev)
+        counts.index_add_(0, flat[torch.from_numpy(is_output).to(dev)],
+                          torch.ones(int(is_output.sum()), device=dev))
+        counts = counts.view(s, vocab)
+        logits -= torch.from_numpy(freq).to(dev)[:, None] * counts
+        logits -= torch.from_numpy(pres).to(dev)[:, None] * (counts > 0).float()
+
+
+def apply_blocks(logits: torch.Tensor, batch: ForwardBatch, sel: np.ndarray) -> None:
+    """In place: forbid this step's block ids (e.g. EOS while output_len < min_tokens)."""
+    row, tok, _ = _csr_gather(np.asarray(batch.block_offsets), np.asarray(batch.block_ids), sel)
+    keep = (tok >= 0) & (tok < logits.shape[1])
+    if keep.any():
+        rows_t = torch.from_numpy(row[keep]).to(logits.device)
+        toks_t = torch.from_numpy(tok[keep]).to(logits.device)
+        logits[rows_t, toks_t] = float("-inf")
+
+
+class Sampler:
+    def __init__(self, sample_op: Callable[..., Any], device: torch.device) -> None:
+        self.sample_op = sample_op
+        self.device = device
+
+    def __call__(self, logits: torch.Tensor, batch: ForwardBatch) -> SampleResult:
+        """logits float32 [S, V] for the requests with sample == 1, in batch order."""
+        sel = np.flatnonzero(np.asarray(batch.sample))
+        want = np.asarray(batch.logprobs, dtype=np.int64)[sel]
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if (want >= 0).any() else None
+        if logits.shape[0]:  # penalties edit the logits in place: they are this step's own
+            apply_penalties(logits, batch, sel)
+            apply_blocks(logits, batch, sel)
+        params = self._params(batch, sel)
+        tokens = self.sample_op(logits, params).to(torch.int64)
+        out = SampleResult(
+            token_ids=tokens.to(torch.int32).cpu().numpy(),
+            logprobs=np.zeros(0, np.float32), top_ids=np.zeros((0,), np.int32),
+            top_logprobs=np.zeros((0,), np.float32), tokens_device=tokens)
+        if raw_logprobs is not None:
+            out.logprobs = raw_logprobs.gather(1, tokens[:, None])[:, 0].cpu().numpy()
+            n = int(want.max())
+            if n > 0:
+                top_lp, top_ids = raw_logprobs.topk(n, dim=-1)
+                top_lp, top_ids = top_lp.cpu().numpy(), top_ids.to(torch.int32).cpu().numpy()
+                fewer = np.arange(n)[None, :] >= np.maximum(want, 0)[:, None]
+                top_ids[fewer] = -1
+                top_lp[fewer] = -np.inf
+                out.top_ids, out.top_logprobs = top_ids, top_lp
+        return out
+
+    def _params(self, batch: ForwardBatch, sel: np.ndarray) -> SamplingTensors:
+        def dev(a: np.ndarray, dtype: Any) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(np.asarray(a)[sel], dtype=dtype)).to(
+                self.device)
+
+        temperature = np.asarray(batch.temperature, np.float32)[sel]
+        top_k = np.asarray(batch.top_k, np.int32)[sel]
+        return SamplingTensors(
+            temperature=dev(batch.temperature, np.float32),
+            top_p=dev(batch.top_p, np.float32),
+            top_k=dev(batch.top_k, np.int32),
+            min_p=dev(batch.min_p, np.float32),
+            seeds=dev(batch.seeds, np.int64),
+            offsets=dev(batch.output_lens, np.int64),
+            all_greedy=bool(((temperature == 0) | (top_k == 1)).all()),
+        )
