@@ -1,0 +1,428 @@
+"""HAL conformance suite: what any plugin must pass, checked against the reference (cpu) ops.
+
+A plugin package runs it against itself in any of these ways:
+
+    pytest -p tessera.hal.conformance --pyargs tessera.hal.conformance --hal-plugin NAME
+    TESSERA_HAL=NAME pytest --pyargs tessera.hal.conformance
+    python -c "import sys; from tessera.hal.conformance import run_conformance; \
+               sys.exit(run_conformance('NAME'))"
+
+or from one of its own test modules, overriding the plugin-name fixture:
+
+    from tessera.hal.conformance import *  # noqa: F403
+    @pytest.fixture(scope="session")
+    def hal_plugin_name() -> str: return "NAME"
+
+Every op is compared with the reference computed in float32 on the CPU from the same input
+values, over the dtypes the plugin declares, the edge cases the scheduler produces (empty
+batch, one token, KV crossing page boundaries, GQA ratios 1/4/8, head dims 64/128). Sampling is
+checked for greedy equality, per-seed reproducibility, filtering and the drawn distribution;
+graph capture for replay equality where the plugin declares it; the communicator for its
+single-rank, loopback and two-process semantics.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tessera.hal.conformance_data import (
+    DECODE_SEQ_LENS,
+    EXTEND_CASES,
+    GQA_HEADS,
+    HEAD_DIMS,
+    PagedCase,
+    make_paged_case,
+    sampling_params,
+)
+from tessera.hal.ops import OP_NAMES
+from tessera.hal.platform import Capabilities, Platform
+from tessera.hal.reference import reference_op
+from tessera.hal.rope import cos_sin_cache
+
+# Plugin output vs the float32 reference on the same input values. bfloat16/float16 allow
+# about two units in the last place at magnitude 1 (the output is rounded once, maybe twice).
+TOLERANCES: dict[torch.dtype, dict[str, float]] = {
+    torch.float32: {"atol": 1e-4, "rtol": 1e-4},
+    torch.bfloat16: {"atol": 1.6e-2, "rtol": 1.6e-2},
+    torch.float16: {"atol": 2e-3, "rtol": 2e-3},
+}
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+# --- how the suite finds its plugin ----------------------------------------------------------
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--hal-plugin", default=None,
+                     help="HAL plugin to check (default: TESSERA_HAL, else best available)")
+
+
+@pytest.fixture(scope="session")
+def hal_plugin_name(request: pytest.FixtureRequest) -> str | None:
+    return request.config.getoption("--hal-plugin", default=None)
+
+
+@pytest.fixture(scope="session")
+def hal_platform(hal_plugin_name: str | None) -> Platform:
+    from tessera.hal.registry import load_platform
+
+    return load_platform(hal_plugin_name)
+
+
+@pytest.fixture(params=DTYPES)
+def dtype(request: pytest.FixtureRequest, hal_platform: Platform) -> torch.dtype:
+    if request.param not in hal_platform.capabilities.dtypes:
+        pytest.skip(f"{hal_platform.name} does not declare {request.param}")
+    return getattr(torch, request.param)  # type: ignore[no-any-return]
+
+
+def run_conformance(plugin: str, *pytest_args: str) -> int:
+    """Run this suite against `plugin` in-process; returns pytest's exit code."""
+    return int(pytest.main(["-p", "tessera.hal.conformance", "--pyargs",
+                            "tessera.hal.conformance", "--hal-plugin", plugin, *pytest_args]))
+
+
+# --- helpers -----------------------------------------------------------------------------------
+def _rand(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=gen).to(dtype)
+
+
+def _ref(name: str, *args: Any) -> Any:
+    """The reference op on float32 CPU copies of the inputs (exact values of low-precision
+    inputs, accurate math)."""
+    def up(a: Any) -> Any:
+        if isinstance(a, torch.Tensor):
+            return a.cpu().float() if a.is_floating_point() else a.cpu()
+        return a
+    return reference_op(name)(*[up(a) for a in args])
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    assert actual.dtype == dtype, f"output dtype {actual.dtype}, expected {dtype}"
+    torch.testing.assert_close(actual.cpu().float(), expected.cpu().float(), **TOLERANCES[dtype])
+
+
+def _on(platform: Platform, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [t.to(platform.device()) for t in tensors]
+
+
+# --- the contract ------------------------------------------------------------------------------
+def test_platform_declares_contract(hal_platform: Platform) -> None:
+    caps = hal_platform.capabilities
+    assert hal_platform.name
+    assert isinstance(caps, Capabilities)
+    with pytest.raises(AttributeError):
+        caps.graph_capture = not caps.graph_capture  # type: ignore[misc]
+    assert caps.default_dtype in caps.dtypes
+    assert type(hal_platform).is_available()
+    free, total = hal_platform.mem_get_info()
+    assert 0 < free <= total
+    assert isinstance(hal_platform.device(), torch.device)
+    hal_platform.synchronize()
+
+
+@pytest.mark.parametrize("op", OP_NAMES)
+def test_every_op_resolves(hal_platform: Platform, op: str) -> None:
+    assert callable(hal_platform.op(op))
+
+
+def test_missing_op_error_names_op_and_plugin(hal_platform: Platform) -> None:
+    with pytest.raises(NotImplementedError) as info:
+        hal_platform.op("no_such_op")
+    assert "no_such_op" in str(info.value) and hal_platform.name in str(info.value)
+
+
+# --- dense ops ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("tokens", [0, 1, 7])
+def test_embedding(hal_platform: Platform, dtype: torch.dtype, tokens: int) -> None:
+    weight = _rand((50, 64), dtype, 1)
+    ids = torch.randint(0, 50, (tokens,), generator=torch.Generator().manual_seed(2))
+    out = hal_platform.op("embedding")(*_on(hal_platform, ids, weight))
+    assert out.shape == (tokens, 64)
+    assert torch.equal(out.cpu(), weight[ids])
+
+
+@pytest.mark.parametrize("tokens,hidden", [(0, 64), (1, 64), (5, 576)])
+def test_rms_norm(hal_platform: Platform, dtype: torch.dtype, tokens: int, hidden: int) -> None:
+    x, weight = _rand((tokens, hidden), dtype, 3) * 3, _rand((hidden,), dtype, 4)
+    out = hal_platform.op("rms_norm")(*_on(hal_platform, x, weight), 1e-6)
+    _close(out, _ref("rms_norm", x, weight, 1e-6), dtype)
+
+
+@pytest.mark.parametrize("tokens", [0, 1, 5])
+def test_fused_add_rms_norm(hal_platform: Platform, dtype: torch.dtype, tokens: int) -> None:
+    x, res, weight = _rand((tokens, 128), dtype, 5), _rand((tokens, 128), dtype, 6), \
+        _rand((128,), dtype, 7)
+    out, res_out = hal_platform.op("fused_add_rms_norm")(*_on(hal_platform, x, res, weight), 1e-5)
+    # The reference adds in float32; a plugin rounds the sum to dtype first, as it must to
+    # return it, so compare the norm against the rounded sum.
+    expected_res = (x.float() + res.float()).to(dtype)
+    _close(res_out, expected_res, dtype)
+    _close(out, _ref("rms_norm", expected_res, weight, 1e-5), dtype)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("hq,hk", GQA_HEADS)
+@pytest.mark.parametrize("tokens", [0, 1, 9])
+def test_rotary_embedding(hal_platform: Platform, dtype: torch.dtype, head_dim: int, hq: int,
+                          hk: int, tokens: int) -> None:
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}
+    table = cos_sin_cache(head_dim, 4096, 500000.0, scaling, "cpu", dtype)
+    positions = torch.randint(0, 4096, (tokens,), generator=torch.Generator().manual_seed(8))
+    q, k = _rand((tokens, hq, head_dim), dtype, 9), _rand((tokens, hk, head_dim), dtype, 10)
+    q_out, k_out = hal_platform.op("rotary_embedding")(*_on(hal_platform, positions, q, k, table))
+    q_ref, k_ref = _ref("rotary_embedding", positions, q, k, table)
+    _close(q_out, q_ref, dtype)
+    _close(k_out, k_ref, dtype)
+
+
+@pytest.mark.parametrize("tokens,inner", [(0, 64), (1, 64), (6, 1536)])
+def test_silu_and_mul(hal_platform: Platform, dtype: torch.dtype, tokens: int,
+                      inner: int) -> None:
+    x = _rand((tokens, 2 * inner), dtype, 11) * 2
+    out = hal_platform.op("silu_and_mul")(*_on(hal_platform, x))
+    assert out.shape == (tokens, inner)
+    _close(out, _ref("silu_and_mul", x), dtype)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("tokens", [0, 1, 13])
+def test_linear(hal_platform: Platform, dtype: torch.dtype, tokens: int, with_bias: bool) -> None:
+    # Unit-variance outputs (weights scaled by 1/sqrt(in)) so the tolerances mean the same
+    # thing for every size.
+    x = _rand((tokens, 192), dtype, 12)
+    weight = (_rand((80, 192), dtype, 13).float() / math.sqrt(192)).to(dtype)
+    bias = _rand((80,), dtype, 14) if with_bias else None
+    args = _on(hal_platform, x, weight) + ([bias.to(hal_platform.device())] if bias is not None
+                                           else [None])
+    out = hal_platform.op("linear")(*args)
+    _close(out, _ref("linear", x, weight, bias), dtype)
+
+
+def test_store_kv_writes_only_its_slots(hal_platform: Platform, dtype: torch.dtype) -> None:
+    k_cache, v_cache = _rand((32, 2, 64), dtype, 15), _rand((32, 2, 64), dtype, 16)
+    k, v = _rand((5, 2, 64), dtype, 17), _rand((5, 2, 64), dtype, 18)
+    slots = torch.tensor([3, 4, 8, 31, 0], dtype=torch.int32)  # crosses pages of 4
+    kc, vc = _on(hal_platform, k_cache, v_cache)
+    hal_platform.op("store_kv")(kc, vc, *_on(hal_platform, k, v, slots))
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    expected_k[slots.long()], expected_v[slots.long()] = k, v
+    assert torch.equal(kc.cpu(), expected_k) and torch.equal(vc.cpu(), expected_v)
+    empty = torch.empty((0, 2, 64), dtype=dtype)
+    hal_platform.op("store_kv")(kc, vc, *_on(hal_platform, empty, empty,
+                                             torch.empty(0, dtype=torch.int32)))
+    assert torch.equal(kc.cpu(), expected_k)
+
+
+# --- attention ---------------------------------------------------------------------------------
+def _case_on(platform: Platform, case: PagedCase) -> PagedCase:
+    return case.to(platform.device())
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("hq,hk", GQA_HEADS)
+@pytest.mark.parametrize("case", sorted(EXTEND_CASES))
+def test_attention_extend(hal_platform: Platform, dtype: torch.dtype, head_dim: int, hq: int,
+                          hk: int, case: str) -> None:
+    seq_lens, extend_lens = EXTEND_CASES[case]
+    data = make_paged_case(seq_lens, extend_lens, hq, hk, head_dim, dtype, seed=19)
+    dev = _case_on(hal_platform, data)
+    out = hal_platform.op("attention_extend")(dev.q, dev.k_cache, dev.v_cache, dev.req_to_token,
+                                              dev.seq_lens, dev.extend_lens, dev.qo_indptr,
+                                              data.scale)
+    assert out.shape == data.q.shape
+    expected = _ref("attention_extend", data.q, data.k_cache, data.v_cache, data.req_to_token,
+                    data.seq_lens, data.extend_lens, data.qo_indptr, data.scale)
+    _close(out, expected, dtype)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("hq,hk", GQA_HEADS)
+@pytest.mark.parametrize("seq_lens", DECODE_SEQ_LENS, ids=lambda s: f"lens{len(s)}")
+def test_attention_decode(hal_platform: Platform, dtype: torch.dtype, head_dim: int, hq: int,
+                          hk: int, seq_lens: tuple[int, ...]) -> None:
+    data = make_paged_case(seq_lens, (1,) * len(seq_lens), hq, hk, head_dim, dtype, seed=20)
+    dev = _case_on(hal_platform, data)
+    out = hal_platform.op("attention_decode")(dev.q, dev.k_cache, dev.v_cache, dev.req_to_token,
+                                              dev.seq_lens, data.scale)
+    assert out.shape == data.q.shape
+    expected = _ref("attention_extend", data.q, data.k_cache, data.v_cache, data.req_to_token,
+                    data.seq_lens, data.extend_lens, data.qo_indptr, data.scale)
+    _close(out, expected, dtype)
+
+
+# --- sampling ----------------------------------------------------------------------------------
+def _sample(platform: Platform, logits: torch.Tensor, **params: Any) -> torch.Tensor:
+    dev = platform.device()
+    tokens = platform.op("sample")(logits.to(dev), sampling_params(len(logits), dev, **params))
+    assert tokens.dtype == torch.int64 and tokens.shape == (len(logits),)
+    return tokens.cpu()
+
+
+def test_sample_greedy_matches_argmax(hal_platform: Platform) -> None:
+    logits = _rand((6, 300), torch.float32, 21)
+    logits[2, 7] = logits[2, 200] = logits[2].max() + 1  # a tie: lowest index wins
+    expected = logits.argmax(dim=-1)
+    assert expected[2] == 7
+    assert torch.equal(_sample(hal_platform, logits, temperature=0.0), expected)
+    # top_k == 1 is greedy too, whatever the temperature
+    assert torch.equal(_sample(hal_platform, logits, temperature=1.0, top_k=1), expected)
+    assert _sample(hal_platform, logits[:0], temperature=0.0).shape == (0,)
+
+
+def test_sample_seeded_rows_ignore_batch_composition(hal_platform: Platform) -> None:
+    logits = _rand((1, 1000), torch.float32, 22) * 0.1  # nearly flat: every draw matters
+    for seed in range(12):
+        alone = _sample(hal_platform, logits, temperature=1.0, seeds=seed, offsets=5)
+        batch = logits.repeat(5, 1) + _rand((5, 1000), torch.float32, 23 + seed) * \
+            torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0])[:, None]
+        seeds = torch.tensor([-1, 7, seed + 100, seed, -1])
+        mixed = _sample(hal_platform, batch, temperature=1.0, seeds=seeds, offsets=5,
+                        top_p=torch.tensor([0.9, 1.0, 0.5, 1.0, 1.0]))
+        assert mixed[3] == alone[0], f"seed {seed}: {mixed[3]} in a batch, {alone[0]} alone"
+    # offsets move the stream on: a seeded request does not repeat one token forever
+    draws = {int(_sample(hal_platform, logits, temperature=1.0, seeds=3, offsets=o)[0])
+             for o in range(20)}
+    assert len(draws) > 1
+
+
+@pytest.mark.parametrize("filters,allowed", [
+    ({"top_k": 2}, {0, 1}),
+    ({"top_p": 0.6}, {0, 1}),  # mass before token 2 is 0.8 >= 0.6
+    ({"min_p": 0.5}, {0, 1}),  # threshold 0.25
+    ({"top_k": 3, "top_p": 0.99, "min_p": 0.35}, {0, 1}),  # min-p drops token 2
+])
+def test_sample_filters(hal_platform: Platform, filters: dict[str, Any],
+                        allowed: set[int]) -> None:
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().repeat(400, 1)
+    tokens = _sample(hal_platform, logits, temperature=1.0, seeds=torch.arange(400), **filters)
+    assert set(tokens.tolist()) == allowed
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_sample_distribution(hal_platform: Platform, temperature: float) -> None:
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.1])
+    n = 4000
+    tokens = _sample(hal_platform, probs.log().repeat(n, 1), temperature=temperature,
+                     seeds=torch.arange(n))
+    target = probs ** (1 / temperature)
+    target = target / target.sum()
+    freq = torch.bincount(tokens, minlength=4).float() / n
+    sigma = (target * (1 - target) / n).sqrt()
+    # five standard deviations: a correct sampler fails this about once in 10^6 runs
+    assert ((freq - target).abs() <= 5 * sigma).all(), (freq, target)
+
+
+# --- memory and graphs -------------------------------------------------------------------------
+def test_kv_arena_is_one_allocation(hal_platform: Platform, dtype: torch.dtype) -> None:
+    arena = hal_platform.create_kv_arena(3, 16, 2, 64, dtype)
+    assert arena.storage.device.type == hal_platform.device().type
+    assert arena.storage.dtype == dtype and len(arena.k) == len(arena.v) == 3
+    for view in arena.k + arena.v:
+        assert view.shape == (16, 2, 64)
+        assert view.untyped_storage().data_ptr() == arena.storage.untyped_storage().data_ptr()
+    k = _rand((2, 2, 64), dtype, 24).to(hal_platform.device())
+    hal_platform.op("store_kv")(arena.k[1], arena.v[1], k, k,
+                                torch.tensor([4, 5], device=hal_platform.device()))
+    assert torch.equal(arena.storage[1, 0, 4:6].cpu(), k.cpu())
+    assert int(arena.storage[0].count_nonzero()) == 0
+
+
+def test_graph_capture_replays(hal_platform: Platform) -> None:
+    runner = hal_platform.create_graph_runner()
+    if not hal_platform.capabilities.graph_capture:
+        assert runner is None, "a plugin without capture must return no graph runner"
+        return
+    assert runner is not None
+    dtype = getattr(torch, hal_platform.capabilities.default_dtype)
+    data = make_paged_case((5, 9, 16), (1, 1, 1), 8, 2, 64, dtype, seed=25)
+    dev = _case_on(hal_platform, data)
+    decode = hal_platform.op("attention_decode")
+    out = torch.empty_like(dev.q)
+    out.copy_(decode(dev.q, dev.k_cache, dev.v_cache, dev.req_to_token, dev.seq_lens,
+                     data.scale))  # warm-up outside capture
+    hal_platform.synchronize()
+    runner.begin_capture(3)
+    out.copy_(decode(dev.q, dev.k_cache, dev.v_cache, dev.req_to_token, dev.seq_lens,
+                     data.scale))
+    runner.end_capture(3)
+    for step in range(2):  # new inputs in the same buffers, as the worker does
+        dev.q.copy_(_rand(tuple(dev.q.shape), dtype, 26 + step).to(dev.q.device))
+        dev.seq_lens.copy_(torch.tensor([6 + step, 10 + step, 16], dtype=dev.seq_lens.dtype))
+        runner.replay(3)
+        hal_platform.synchronize()
+        eager = decode(dev.q, dev.k_cache, dev.v_cache, dev.req_to_token, dev.seq_lens,
+                       data.scale)
+        _close(out, eager, dtype)
+    runner.reset()
+
+
+# --- communicator ------------------------------------------------------------------------------
+def test_communicator_single_rank(hal_platform: Platform) -> None:
+    comm = hal_platform.create_communicator(0, 1, "")
+    x = torch.arange(6.0, device=hal_platform.device()).reshape(2, 3)
+    assert torch.equal(comm.all_reduce(x.clone()).cpu(), x.cpu())
+    assert torch.equal(comm.all_gather(x, dim=1).cpu(), x.cpu())
+    assert torch.equal(comm.reduce_scatter(x).cpu(), x.cpu())
+    comm.barrier()
+    comm.destroy()
+
+
+def test_communicator_loopback(hal_platform: Platform) -> None:
+    comm = hal_platform.create_communicator(1, 4, "", loopback=True)
+    assert (comm.rank, comm.world_size) == (1, 4)
+    x = torch.arange(8.0, device=hal_platform.device()).reshape(4, 2)
+    assert torch.equal(comm.all_reduce(x.clone()).cpu(), x.cpu())
+    assert torch.equal(comm.all_gather(x, dim=1).cpu(), torch.cat([x.cpu()] * 4, dim=1))
+    assert torch.equal(comm.reduce_scatter(x).cpu(), x.cpu()[1:2])
+    comm.send(x, 3)
+    buf = torch.zeros_like(x)
+    assert torch.equal(comm.recv(buf, 3).cpu(), x.cpu())
+    comm.barrier()
+    comm.destroy()
+
+
+def _multi_process_capable(platform: Platform) -> bool:
+    count = getattr(platform, "device_count", lambda: 1)()
+    return "gloo" in platform.capabilities.communicator_backends or int(count) >= 2
+
+
+def test_communicator_two_processes(hal_platform: Platform, tmp_path: Path) -> None:
+    if not _multi_process_capable(hal_platform):
+        pytest.skip(f"{hal_platform.name}: two ranks need two devices or a host backend")
+    init = f"file://{tmp_path / 'store'}"
+    code = "import sys; from tessera.hal.conformance_comm import main; sys.exit(main(sys.argv[1:]))"
+    procs = [subprocess.Popen([sys.executable, "-c", code, hal_platform.name, str(rank), "2",
+                               init, str(tmp_path / f"rank{rank}.json")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=os.environ.copy())
+             for rank in range(2)]
+    logs = []
+    for proc in procs:
+        try:
+            logs.append(proc.communicate(timeout=120)[0])
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail("communicator processes did not finish in 120 s")
+    for rank, proc in enumerate(procs):
+        assert proc.returncode == 0, f"rank {rank} failed:\n{logs[rank]}"
+    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    for rank, got in enumerate(results):
+        assert got["all_reduce"] == [[3.0, 3.0, 3.0], [3.0, 3.0, 3.0]]
+        assert got["all_gather_dim0"] == [[0.0, 1.0], [10.0, 11.0]]
+        assert got["all_gather_dim1"] == [[0.0, 1.0, 10.0, 11.0]]
+        # sum of both ranks' [0..3] + 10*rank is [10, 12, 14, 16]; rank r keeps half r
+        assert got["reduce_scatter"] == [[10.0, 12.0], [14.0, 16.0]][rank]
+        # rank 0 sends [1, 2, 3] to rank 1, which sends back what it got plus one
+        assert got["recv"] == [[2.0, 3.0, 4.0], [1.0, 2.0, 3.0]][rank]

@@ -1,0 +1,46 @@
+"""One rank of the conformance suite's two-process communicator test.
+
+Run as a subprocess (never forked from pytest): loads the plugin by name, runs every
+collective, writes the results as JSON. Usage: main([plugin, rank, world_size, init_method,
+out_path]).
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+
+def main(argv: list[str]) -> int:
+    plugin, rank_s, world_s, init_method, out_path = argv
+    rank, world = int(rank_s), int(world_s)
+    from tessera.hal.registry import load_platform
+
+    platform = load_platform(plugin)
+    dev = platform.device(rank)
+    comm = platform.create_communicator(rank, world, init_method)
+    try:
+        results = {
+            "all_reduce": comm.all_reduce(torch.full((2, 3), rank + 1.0, device=dev)),
+            "all_gather_dim0": comm.all_gather(
+                torch.tensor([[0.0, 1.0]], device=dev) + 10 * rank, dim=0),
+            "all_gather_dim1": comm.all_gather(
+                torch.tensor([[0.0, 1.0]], device=dev) + 10 * rank, dim=1),
+            "reduce_scatter": comm.reduce_scatter(
+                torch.arange(4.0, device=dev) + 10 * rank, dim=0),
+        }
+        buf = torch.zeros(3, device=dev)
+        if rank == 0:
+            comm.send(torch.tensor([1.0, 2.0, 3.0], device=dev), 1)
+            results["recv"] = comm.recv(buf, 1)
+        else:
+            got = comm.recv(buf, 0)
+            comm.send(got + 1, 0)
+            results["recv"] = got
+        comm.barrier()
+    finally:
+        comm.destroy()
+    with open(out_path, "w") as f:
+        json.dump({k: v.cpu().tolist() for k, v in results.items()}, f)
+    return 0
