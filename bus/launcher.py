@@ -1,0 +1,169 @@
+"""`tessera serve`: set up a run directory, start every engine process under the supervisor,
+print where the server answers, and clean everything up on the way out.
+
+The process list is data (`build_specs`): stage by stage, workers (one per TP rank, started
+together), scheduler, detokenizer, tokenizers, then the HTTP server, which runs a warm-up
+request before it reports ready. A process package that is not there yet (no `__main__.py`)
+is skipped with a warning, so the command runs with whatever the checkout has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import os
+import shlex
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from tessera.bus.cleanup import remove_run, remove_stale_runs
+from tessera.bus.config import Env, RunPaths, ServerConfig
+from tessera.bus.process import setup_logging
+from tessera.bus.supervisor import Child, ProcessSpec, Supervisor
+
+log = logging.getLogger(__name__)
+
+# Seconds a process may take from start to Ready. Workers load (and dequantize) a model and
+# may capture graphs; the server's warm-up runs a first request through the whole engine.
+READY_TIMEOUT_S = {"worker": 1800.0, "scheduler": 300.0, "detokenizer": 300.0,
+                   "tokenizer": 600.0, "server": 1200.0}
+
+
+def module_available(module: str) -> bool:
+    """True if `python -m module` can run: the package exists and has a __main__.py.
+
+    Looks at files only, so the (possibly heavy) package is not imported here.
+    """
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    if spec.submodule_search_locations is None:
+        return True  # a plain module runs as a script
+    return any((Path(loc) / "__main__.py").is_file() for loc in spec.submodule_search_locations)
+
+
+def build_specs(config: ServerConfig, paths: RunPaths) -> list[ProcessSpec]:
+    """The engine's processes in start order (see the module docstring)."""
+    plan: list[tuple[str, str, list[str], int, bool]] = []  # name, module, args, stage, drains
+    plan += [(f"worker{r}", "tessera.worker_proc", ["--rank", str(r)], 0, False)
+             for r in range(config.tp_size)]
+    plan.append(("scheduler", "tessera.scheduler_proc", [], 1, False))
+    plan.append(("detokenizer", "tessera.detokenizer_proc", [], 2, False))
+    plan += [(f"tokenizer{i}", "tessera.tokenizer_proc", ["--index", str(i)], 3, False)
+             for i in range(config.tokenizer_workers)]
+    plan.append(("server", "tessera.server", [], 4, True))
+    specs: list[ProcessSpec] = []
+    missing: set[str] = set()
+    for name, module, args, stage, drains in plan:
+        if not module_available(module):
+            missing.add(module)
+            continue
+        kind = name.rstrip("0123456789")
+        specs.append(ProcessSpec.python_module(name, module, paths, *args, stage=stage,
+                                               ready_timeout_s=READY_TIMEOUT_S[kind],
+                                               drains=drains))
+    for module in sorted(missing):
+        log.warning("%s is not in this checkout yet (no __main__.py): not started", module)
+    return specs
+
+
+def check_port_free(host: str, port: int) -> str | None:
+    """A message if the HTTP port cannot be bound, so we fail before loading a model."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return (f"cannot listen on {host}:{port} ({exc.strerror}); stop what uses it or "
+                    f"choose another port with --port")
+    return None
+
+
+def check_config(config: ServerConfig) -> str | None:
+    if config.tp_size < 1:
+        return f"--tp-size must be at least 1, got {config.tp_size}"
+    if config.tokenizer_workers < 1:
+        return f"--tokenizer-workers must be at least 1, got {config.tokenizer_workers}"
+    if not 0 <= config.port <= 65535:
+        return f"--port must be in [0, 65535], got {config.port}"
+    if config.heartbeat_timeout_s <= config.heartbeat_interval_s:
+        return (f"--heartbeat-timeout-s ({config.heartbeat_timeout_s}) must exceed "
+                f"--heartbeat-interval-s ({config.heartbeat_interval_s})")
+    return None
+
+
+def ready_banner(config: ServerConfig, children: list[Child]) -> str:
+    """The URL and a curl line to paste, printed once every process is ready."""
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
+    url = f"http://{host}:{config.port}"
+    model = next((str(c.info["model"]) for c in children if c.info.get("model")), None) \
+        or config.served_model_name or "default"
+    body = json.dumps({"model": model, "max_tokens": 32,
+                       "messages": [{"role": "user", "content": "Say hello."}]})
+    auth = " -H \"Authorization: Bearer $TESSERA_API_KEY\"" if config.api_key else ""
+    return (f"\ntessera is ready at {url}  (model: {model}; stop with Ctrl-C)\n"
+            f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
+            f"-d {shlex.quote(body)}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tessera serve",
+        description="Start and supervise every tessera process and serve the OpenAI API over "
+                    "HTTP. Flags override TESSERA_* environment variables.")
+    ServerConfig.add_cli_args(parser)
+    args = parser.parse_args(argv)
+    env = Env.read()
+    try:
+        config = ServerConfig.from_cli(args, env)
+    except (TypeError, ValueError) as exc:
+        print(f"tessera serve: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(config.log_level, "supervisor")
+    problem = check_config(config) or check_port_free(config.host, config.port)
+    if problem:
+        log.error("%s", problem)
+        return 2
+
+    return run_supervised(config, env)
+
+
+def run_supervised(config: ServerConfig, env: Env,
+                   build: Callable[[ServerConfig, RunPaths], list[ProcessSpec]] = build_specs,
+                   on_ready: Callable[[list[Child]], None] | None = None) -> int:
+    """Clean up crashed runs, create this run's directory, supervise `build`'s processes,
+    and remove the directory and this run's shared memory whatever happens."""
+    remove_stale_runs(env.run_root or tempfile.gettempdir())
+    own_dir = config.run_dir is None or not os.path.exists(config.run_dir)
+    paths = RunPaths.create(config.run_dir, env)
+    try:
+        config = config.replace(run_dir=paths.run_dir)
+        with open(paths.config_file, "w") as f:
+            f.write(config.to_json())
+        with open(paths.pid_file, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        specs = build(config, paths)
+        if not specs:
+            log.error("no engine process exists in this checkout; nothing to serve")
+            return 2
+        log.info("run directory %s", paths.run_dir)
+        banner = on_ready or (lambda children: print(ready_banner(config, children), flush=True))
+        supervisor = Supervisor(paths, specs, heartbeat_timeout_s=config.heartbeat_timeout_s,
+                                drain_timeout_s=config.drain_timeout_s, on_ready=banner)
+        return supervisor.run()
+    finally:
+        segments = remove_run(paths, keep_dir=not own_dir)
+        if segments:
+            log.info("removed shared memory left by children: %s", ", ".join(segments))
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Run the real `tessera serve` machinery (launcher.run_supervised: stale cleanup, run
+directory, supervisor, clean-up) over dummy children; the supervisor tests start this as a
+real process so that they can signal it and read its exit code.
+
+    python supervise_dummies.py '{"heartbeat_timeout_s": 2, "procs": [[name, stage, [args]]]}'
+
+Prints "READY <run_dir>" on stdout once every child is ready.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from tessera.bus.config import Env, RunPaths, ServerConfig
+from tessera.bus.launcher import run_supervised
+from tessera.bus.process import setup_logging
+from tessera.bus.supervisor import Child, ProcessSpec
+
+DUMMY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dummy_proc.py")
+
+
+def main(plan_json: str) -> int:
+    plan = json.loads(plan_json)
+    config = ServerConfig(heartbeat_interval_s=0.1,
+                          heartbeat_timeout_s=plan.get("heartbeat_timeout_s", 2.0),
+                          drain_timeout_s=plan.get("drain_timeout_s", 2.0))
+    setup_logging("info", "supervisor")
+
+    def build(config: ServerConfig, paths: RunPaths) -> list[ProcessSpec]:
+        return [ProcessSpec(name, (sys.executable, DUMMY, "--run-dir", paths.run_dir,
+                                   "--name", name, *args), stage=stage,
+                            ready_timeout_s=plan.get("ready_timeout_s", 30.0),
+                            drains=name.startswith("server"))
+                for name, stage, args in plan["procs"]]
+
+    def on_ready(children: list[Child]) -> None:
+        print(f"READY {children[0].spec.argv[3]}", flush=True)  # argv: python dummy --run-dir D
+
+    return run_supervised(config, Env.read(), build=build, on_ready=on_ready)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
