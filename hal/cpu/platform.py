@@ -58,7 +58,7 @@ class CpuPlatform(OpTablePlatform):
         return GlooCommunicator(rank, world_size, init_method)
 
     def versions(self) -> dict[str, str]:
-        return {"torch": torch.__version__, "threads": str(torch.get_num_threads())}
+        return {"intra-op threads": str(torch.get_num_threads())}
 
 
 def host_memory() -> tuple[int, int]:
