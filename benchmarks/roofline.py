@@ -1,0 +1,177 @@
+"""The roofline bound of a run: how fast the steps it made could go at best on this device.
+
+Per step, a forward pass must at least
+  - read every weight once (bytes = all parameters x dtype size; BENCHMARKS.md's 16.06 GB),
+  - read the KV cache of every request in the batch (sum of seq_lens x KV bytes per token),
+  - do the matmul FLOPs (2 x matmul parameters x new tokens) and attention FLOPs
+    (4 x q_size x layers x attended positions, causal within an extend),
+so its time is at least max(bytes / bandwidth, FLOPs / peak). The bound of the run is the sum
+over its steps; the bound in tokens/s is its output tokens over that time.
+
+The steps come from the engine when it reports them, else from `simulate_steps`, which replays
+the scheduler's policy (FCFS, prefill first, chunked prefill, at most max_running requests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from tessera.formats.config import ModelConfig
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """Byte and FLOP constants of one model at one dtype."""
+
+    weight_bytes: float  # every parameter, once
+    matmul_params: float  # parameters that multiply each new token (all but the embedding)
+    kv_bytes_per_token: float  # K and V, every layer
+    attn_flops_per_position: float  # per (query token, attended position) pair, all layers
+
+    @classmethod
+    def of(cls, config: ModelConfig, dtype: str = "bfloat16") -> ModelCost:
+        from tessera.formats.layout import hf_tensor_shapes
+
+        size = DTYPE_BYTES[dtype]
+        params = 0
+        embed = 0
+        for name, shape in hf_tensor_shapes(config).items():
+            n = 1
+            for dim in shape:
+                n *= dim
+            params += n
+            if name == "model.embed_tokens.weight":
+                embed = n
+        # With tied embeddings the table is also the LM head: it still multiplies every token.
+        matmul = params if config.tie_word_embeddings else params - embed
+        kv = 2 * config.num_layers * config.kv_size * size
+        return cls(weight_bytes=float(params * size), matmul_params=float(matmul),
+                   kv_bytes_per_token=float(kv),
+                   attn_flops_per_position=float(4 * config.q_size * config.num_layers))
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """One forward step: per request, new tokens and tokens in KV after the step."""
+
+    extend_lens: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Device:
+    bandwidth_gbps: float  # GB/s (1e9 bytes)
+    peak_tflops: float  # TFLOP/s (1e12)
+
+
+@dataclass(frozen=True)
+class RooflineResult:
+    bound_s: float
+    memory_s: float  # sum over steps of the memory time alone
+    compute_s: float  # sum over steps of the compute time alone
+    steps: int
+    bytes_read: float
+    flops: float
+
+    def tok_per_s(self, output_tokens: int) -> float:
+        return output_tokens / self.bound_s if self.bound_s > 0 else float("inf")
+
+
+def step_cost(cost: ModelCost, step: StepShape) -> tuple[float, float]:
+    """(bytes, flops) of one step."""
+    tokens = sum(step.extend_lens)
+    kv_read = sum(step.seq_lens) * cost.kv_bytes_per_token
+    positions = 0
+    for ext, seq in zip(step.extend_lens, step.seq_lens, strict=True):
+        # new tokens attend to seq-ext cached positions plus 1..ext causally
+        positions += ext * (seq - ext) + ext * (ext + 1) // 2
+    flops = 2 * cost.matmul_params * tokens + cost.attn_flops_per_position * positions
+    return cost.weight_bytes + kv_read, flops
+
+
+def roofline(cost: ModelCost, steps: Iterable[StepShape], device: Device) -> RooflineResult:
+    bw = device.bandwidth_gbps * 1e9
+    peak = device.peak_tflops * 1e12
+    bound = mem = comp = total_bytes = total_flops = 0.0
+    n = 0
+    for step in steps:
+        nbytes, flops = step_cost(cost, step)
+        m, c = nbytes / bw, flops / peak
+        bound += max(m, c)
+        mem += m
+        comp += c
+        total_bytes += nbytes
+        total_flops += flops
+        n += 1
+    return RooflineResult(bound, mem, comp, n, total_bytes, total_flops)
+
+
+def simulate_steps(prompt_lens: Sequence[int], output_lens: Sequence[int], max_running: int,
+                   chunk_size: int = 2048, kv_capacity: int | None = None) -> list[StepShape]:
+    """The steps an FCFS continuous-batching scheduler makes when every request arrives at
+    once: a prefill step (up to chunk_size prompt tokens, one request's last chunk samples its
+    first output token) whenever a waiting request fits, else one decode step for every running
+    request. KV capacity (token slots) limits admission by prompt + output length."""
+    waiting = list(range(len(prompt_lens)))
+    waiting.reverse()  # pop() from the end = first come
+    running: dict[int, int] = {}  # request -> tokens in KV
+    remaining: dict[int, int] = {}  # request -> output tokens still to sample
+    prefilling: dict[int, int] = {}  # request -> prompt tokens already in KV
+    reserved = 0
+    steps: list[StepShape] = []
+    chunk = chunk_size if chunk_size > 0 else 1 << 62
+    while waiting or running or prefilling:
+        ext: list[int] = []
+        seq: list[int] = []
+        budget = chunk
+        # continue a chunked prefill first, then admit new requests while they fit
+        for r in list(prefilling):
+            take = min(budget, prompt_lens[r] - prefilling[r])
+            if take <= 0:
+                break
+            prefilling[r] += take
+            budget -= take
+            ext.append(take)
+            seq.append(prefilling[r])
+        while waiting and budget > 0 and len(running) + len(prefilling) < max_running:
+            r = waiting[-1]
+            need = prompt_lens[r] + output_lens[r]
+            if kv_capacity is not None and reserved + need > kv_capacity and (running or
+                                                                             prefilling):
+                break
+            waiting.pop()
+            reserved += need
+            take = min(budget, prompt_lens[r])
+            prefilling[r] = take
+            budget -= take
+            ext.append(take)
+            seq.append(take)
+        if ext:
+            steps.append(StepShape(tuple(ext), tuple(seq)))
+            for r in [r for r, done in prefilling.items() if done >= prompt_lens[r]]:
+                del prefilling[r]
+                running[r] = prompt_lens[r]
+                remaining[r] = output_lens[r] - 1  # the prefill sampled the first token
+            reserved -= _retire(running, remaining, prompt_lens, output_lens)
+            continue
+        if not running:
+            break
+        steps.append(StepShape(tuple(1 for _ in running), tuple(n + 1 for n in running.values())))
+        for r in running:
+            running[r] += 1
+            remaining[r] -= 1
+        reserved -= _retire(running, remaining, prompt_lens, output_lens)
+    return steps
+
+
+def _retire(running: dict[int, int], remaining: dict[int, int], prompt_lens: Sequence[int],
+            output_lens: Sequence[int]) -> int:
+    """Drop finished requests; return the KV slots they held."""
+    freed = 0
+    for r in [r for r, left in remaining.items() if left <= 0]:
+        del running[r], remaining[r]
+        freed += prompt_lens[r] + output_lens[r]
+    return freed
