@@ -1,0 +1,37 @@
+"""The ZeroMQ client library of tessera: `Client` (blocking) and `AsyncClient` (asyncio).
+
+Both talk to a running engine through its run directory: requests go to the tokenizer,
+outputs come back to the client's own reply socket. Errors are typed and carry the HTTP
+status the server answers with (see `errors.py`).
+"""
+
+from tessera.client.async_client import AsyncClient, AsyncStream
+from tessera.client.errors import (
+    AuthenticationError,
+    BadRequestError,
+    EngineDeadError,
+    InternalError,
+    NotFoundError,
+    OverloadedError,
+    PromptTooLongError,
+    RateLimitError,
+    RequestTimeoutError,
+    TesseraError,
+    UnavailableError,
+)
+from tessera.client.outputs import (
+    Choice,
+    Delta,
+    GenerateResult,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+from tessera.client.sync_client import Client, Stream
+
+__all__ = [
+    "AsyncClient", "AsyncStream", "AuthenticationError", "BadRequestError", "Choice", "Client",
+    "Delta", "EngineDeadError", "GenerateResult", "InternalError", "NotFoundError",
+    "OverloadedError", "PromptTooLongError", "RateLimitError", "RequestTimeoutError", "Stream",
+    "TesseraError", "TokenLogprob", "TopLogprob", "UnavailableError", "Usage",
+]

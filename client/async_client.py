@@ -1,0 +1,172 @@
+"""`AsyncClient`: the asyncio client library (what the HTTP server is built on).
+
+    client = AsyncClient(run_dir, config)
+    result = await client.generate("Hello", max_tokens=8)
+    stream = await client.generate(messages=[...], stream=True)
+    async for delta in stream: ...
+
+The receiver thread of the BusConnection hands replies to the event loop with
+`call_soon_threadsafe`; nothing here blocks the loop (a send that finds the tokenizer's queue
+full is retried in a worker thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from tessera.bus.channel import SendTimeout
+from tessera.bus.config import EngineConfig, RunPaths
+from tessera.bus.messages import GenerateRequest, SamplingParams, StatusReply
+from tessera.client.connection import Item
+from tessera.client.errors import RequestTimeoutError, UnavailableError
+from tessera.client.outputs import Delta, GenerateResult, ResultBuilder
+from tessera.client.request import Prompt, RequestTracker, build_request, coerce_sampling
+from tessera.client.sync_client import make_connection
+
+
+class AsyncStream:
+    """The deltas of one streaming request. `aclose()` (or leaving `async with`) before the
+    end aborts the request in the engine; so does cancelling the task that iterates."""
+
+    def __init__(self, tracker: RequestTracker, replies: asyncio.Queue[Item],
+                 first_timeout_s: float, inter_timeout_s: float) -> None:
+        self.rid = tracker.rid
+        self.n = tracker.n
+        self._tracker = tracker
+        self._replies = replies
+        self._first_timeout_s = first_timeout_s
+        self._inter_timeout_s = inter_timeout_s
+
+    def __aiter__(self) -> AsyncIterator[Delta]:
+        return self
+
+    @property
+    def done(self) -> bool:
+        return self._tracker.done
+
+    async def __anext__(self) -> Delta:
+        tracker = self._tracker
+        if tracker.done:
+            tracker.close()
+            raise StopAsyncIteration
+        timeout = self._inter_timeout_s if tracker.answered else self._first_timeout_s
+        try:
+            item = await asyncio.wait_for(self._replies.get(), timeout)
+        except TimeoutError:
+            tracker.timed_out()
+            tracker.conn.send_abort(self.rid, "timeout")
+            tracker.close()
+            what = "output" if not tracker.answered else "further output"
+            raise RequestTimeoutError(f"no {what} from the engine within {timeout:g} s; the "
+                                      f"request was aborted") from None
+        except BaseException:  # cancelled: the caller went away
+            tracker.close()
+            raise
+        try:
+            return tracker.feed(item)
+        except BaseException:
+            tracker.close()
+            raise
+
+    async def aclose(self) -> None:
+        self._tracker.close()
+
+    async def __aenter__(self) -> AsyncStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._tracker.close()
+
+
+class AsyncClient:
+    """Asyncio client of a running engine. Create it inside the event loop that uses it."""
+
+    def __init__(self, run_dir: str | RunPaths, config: EngineConfig | None = None, *,
+                 request_timeout_s: float | None = None,
+                 first_output_timeout_s: float | None = None,
+                 watch_engine: bool = True, process_name: str = "") -> None:
+        config = config or EngineConfig()
+        self.config = config
+        self.inter_timeout_s = request_timeout_s or config.request_timeout_s
+        self.first_timeout_s = first_output_timeout_s or self.inter_timeout_s
+        self.conn = make_connection(run_dir, config, watch_engine=watch_engine,
+                                    self_name=process_name)
+
+    def _deliver(self, loop: asyncio.AbstractEventLoop,
+                 replies: asyncio.Queue[Item]) -> Any:
+        def sink(item: Item) -> None:
+            try:
+                loop.call_soon_threadsafe(replies.put_nowait, item)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                pass
+        return sink
+
+    async def _send(self, req: GenerateRequest) -> None:
+        try:
+            self.conn.send_generate(req, timeout_ms=0)
+        except SendTimeout:  # queue full right now: wait for room off the event loop
+            await asyncio.get_running_loop().run_in_executor(None, self.conn.send_generate, req)
+
+    async def start(self, prompt: Prompt = None,
+                    sampling: SamplingParams | dict[str, Any] | None = None, *,
+                    messages: Sequence[dict[str, Any]] | None = None, input_ids: Any = None,
+                    stream: bool = True, rid: str | None = None, priority: int = 0,
+                    **sampling_kwargs: Any) -> AsyncStream:
+        """Send a request and return its stream of deltas (errors before sending, such as
+        bad parameters or an open breaker, raise here)."""
+        params = coerce_sampling(sampling, sampling_kwargs)
+        self.conn.check_available()
+        req = build_request(self.conn, prompt, params, messages=messages, input_ids=input_ids,
+                            stream=stream, rid=rid, priority=priority)
+        replies: asyncio.Queue[Item] = asyncio.Queue()
+        self.conn.register(req.rid, self._deliver(asyncio.get_running_loop(), replies))
+        tracker = RequestTracker(self.conn, req.rid, params.n)
+        try:
+            await self._send(req)
+        except BaseException:
+            self.conn.unregister(req.rid)
+            raise
+        return AsyncStream(tracker, replies, self.first_timeout_s, self.inter_timeout_s)
+
+    async def generate(self, prompt: Prompt = None,
+                       sampling: SamplingParams | dict[str, Any] | None = None, *,
+                       stream: bool = False, **kwargs: Any) -> GenerateResult | AsyncStream:
+        """Like `Client.generate`: the whole GenerateResult, or (stream=True) an AsyncStream."""
+        out = await self.start(prompt, sampling, stream=stream, **kwargs)
+        if stream:
+            return out
+        builder = ResultBuilder(out.rid, out.n)
+        async with out:
+            async for delta in out:
+                builder.add(delta)
+        return builder.result()
+
+    def abort(self, rid: str) -> None:
+        self.conn.send_abort(rid)
+
+    async def status(self, timeout: float = 2.0) -> StatusReply:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[StatusReply] = loop.create_future()
+
+        def done(reply: StatusReply) -> None:
+            def settle() -> None:
+                if not future.done():
+                    future.set_result(reply)
+            try:
+                loop.call_soon_threadsafe(settle)
+            except RuntimeError:
+                pass
+
+        nonce = self.conn.request_status(done)
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise UnavailableError(f"the supervisor did not answer within {timeout:g} s; "
+                                   f"is the engine running?") from None
+        finally:
+            self.conn.forget_status_request(nonce)
+
+    def close(self) -> None:
+        self.conn.close()

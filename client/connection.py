@@ -1,0 +1,270 @@
+"""The client's side of the bus: one reply socket, one receiver thread, routing by request id.
+
+Every client object owns a `BusConnection`:
+  - a PULL socket bound at its own `reply_to` endpoint; a daemon thread receives
+    `RequestOutput` / `ErrorReply` and hands each to the sink registered for its rid, and
+    `StatusReply` to whoever asked (and to the liveness watch);
+  - PUSH outboxes to the tokenizer endpoint(s) (a request and its abort go to the same one)
+    and to the supervisor;
+  - the circuit breaker that turns timeouts and a dead engine into fast 503s;
+  - the liveness watch: every `status_interval_s` it asks the supervisor for the status of
+    every process. A process seen alive before and now reported dead (or a supervisor that
+    stops answering) trips the breaker and fails every request in flight at once, so a
+    streaming caller learns of a `kill -9` within about a second instead of at its timeout.
+
+Sinks are called on the receiver thread; they must only hand the item over (a queue put or
+`loop.call_soon_threadsafe`), never block.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+import zlib
+from collections.abc import Callable
+
+import zmq
+
+from tessera.bus.breaker import CircuitBreaker, CircuitOpenError
+from tessera.bus.channel import DEFAULT_HWM, Outbox, SendTimeout, context
+from tessera.bus.codec import DecodeError, decode
+from tessera.bus.config import RunPaths
+from tessera.bus.messages import (
+    AbortRequest,
+    ErrorReply,
+    GenerateRequest,
+    RequestOutput,
+    StatusReply,
+    StatusRequest,
+)
+from tessera.client.errors import EngineDeadError, OverloadedError, TesseraError
+
+log = logging.getLogger(__name__)
+
+Item = RequestOutput | ErrorReply | TesseraError
+Sink = Callable[[Item], None]
+
+_POLL_MS = 50
+
+
+def tokenizer_endpoints(paths: RunPaths, workers: int = 1) -> list[str]:
+    """The endpoint of each tokenizer process (one per `tokenizer_workers` when the run paths
+    name them per index, else the single shared one)."""
+    per_index = getattr(paths, "tokenizer_endpoint", None)
+    if workers > 1 and callable(per_index):
+        return [per_index(i) for i in range(workers)]
+    return [paths.tokenizer]
+
+
+class BusConnection:
+    def __init__(self, paths: RunPaths, *, send_timeout_ms: int = 2000,
+                 breaker: CircuitBreaker | None = None, watch_engine: bool = True,
+                 status_interval_s: float = 0.5, silence_timeout_s: float = 5.0,
+                 self_name: str = "", tokenizer_workers: int = 1) -> None:
+        self.paths = paths
+        self.endpoint = paths.client_endpoint()
+        self.send_timeout_ms = send_timeout_ms
+        self.breaker = breaker or CircuitBreaker("engine")
+        self.watch_engine = watch_engine
+        self.status_interval_s = status_interval_s
+        self.silence_timeout_s = silence_timeout_s
+        self.self_name = self_name
+        self.dead_reason: str | None = None
+        self.last_status: StatusReply | None = None
+        self.last_status_at = 0.0
+        self.dropped = 0
+        self._seen_alive: set[str] = set()
+        self._routes: dict[str, Sink] = {}
+        self._status_waiters: dict[int, Callable[[StatusReply], None]] = {}
+        self._lock = threading.Lock()
+        self._nonce = itertools.count(1)
+        self._stop = threading.Event()
+        path = endpoint_path(self.endpoint)
+        self._sock = context().socket(zmq.PULL)
+        self._sock.setsockopt(zmq.RCVHWM, DEFAULT_HWM)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(self.endpoint)
+        if path and os.path.exists(path):
+            os.chmod(path, 0o600)  # only this user may push replies to us
+        self._tokenizers = [Outbox(ep, send_timeout_ms)
+                            for ep in tokenizer_endpoints(paths, tokenizer_workers)]
+        self._tok_locks = [threading.Lock() for _ in self._tokenizers]
+        # A small queue toward the supervisor: status requests are worthless once stale.
+        self._supervisor = Outbox(paths.supervisor, timeout_ms=0, hwm=16)
+        self._sup_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="client-receiver", daemon=True)
+        self._thread.start()
+
+    # -- requests ---------------------------------------------------------------------------
+    def check_available(self) -> None:
+        """Raise at once if new requests cannot succeed (dead engine, open breaker)."""
+        if self.dead_reason is not None:
+            raise EngineDeadError(f"the engine is not running ({self.dead_reason}); restart "
+                                  f"it and retry", retry_after=self.breaker.cooldown_s)
+        try:
+            self.breaker.check()
+        except CircuitOpenError as exc:
+            raise OverloadedError(str(exc), retry_after=max(1.0, exc.retry_after_s)) from None
+
+    def register(self, rid: str, sink: Sink) -> None:
+        with self._lock:
+            if rid in self._routes:
+                raise ValueError(f"request id {rid!r} is already in flight; use a unique rid")
+            self._routes[rid] = sink
+
+    def unregister(self, rid: str) -> None:
+        with self._lock:
+            self._routes.pop(rid, None)
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._routes)
+
+    def _tokenizer_index(self, rid: str) -> int:
+        return zlib.crc32(rid.encode()) % len(self._tokenizers)
+
+    def send_generate(self, req: GenerateRequest, timeout_ms: int | None = None) -> None:
+        """Push a request to its tokenizer; a full or absent tokenizer counts as a breaker
+        failure and raises OverloadedError (503)."""
+        i = self._tokenizer_index(req.rid)
+        wait = self.send_timeout_ms if timeout_ms is None else timeout_ms
+        try:
+            with self._tok_locks[i]:
+                self._tokenizers[i].send(req, timeout_ms=wait)
+        except SendTimeout:
+            if timeout_ms == 0:
+                raise  # a non-blocking attempt: the caller retries with the full timeout
+            self.breaker.record_failure("send timeout")
+            raise OverloadedError(
+                f"the engine did not accept the request within {wait} ms (overloaded or "
+                f"not running); retry later") from None
+
+    def send_abort(self, rid: str, reason: str = "abort") -> None:
+        """Best effort and never blocking: an abort that cannot be sent now is dropped (the
+        engine also aborts a request whose reply_to has gone)."""
+        i = self._tokenizer_index(rid)
+        try:
+            with self._tok_locks[i]:
+                self._tokenizers[i].send(AbortRequest(rid=rid, reason=reason), timeout_ms=0)
+        except SendTimeout:
+            log.debug("abort of %s not sent: tokenizer queue full", rid)
+
+    def fail_all(self, error: TesseraError) -> int:
+        """Deliver `error` to every request in flight; returns how many there were."""
+        with self._lock:
+            sinks = list(self._routes.values())
+        for sink in sinks:
+            sink(error)
+        return len(sinks)
+
+    # -- status -----------------------------------------------------------------------------
+    def request_status(self, callback: Callable[[StatusReply], None] | None = None) -> int:
+        nonce = next(self._nonce)
+        if callback is not None:
+            with self._lock:
+                self._status_waiters[nonce] = callback
+        try:
+            with self._sup_lock:
+                self._supervisor.send(StatusRequest(reply_to=self.endpoint, nonce=nonce),
+                                      timeout_ms=0)
+        except SendTimeout:
+            log.debug("status request not sent: supervisor queue full")
+        return nonce
+
+    def forget_status_request(self, nonce: int) -> None:
+        with self._lock:
+            self._status_waiters.pop(nonce, None)
+
+    def _on_status(self, reply: StatusReply) -> None:
+        self.last_status, self.last_status_at = reply, time.monotonic()
+        with self._lock:
+            waiter = self._status_waiters.pop(reply.nonce, None)
+        if waiter is not None:
+            waiter(reply)
+        self._check_liveness(reply)
+
+    def _check_liveness(self, reply: StatusReply) -> None:
+        dead = []
+        for name, info in reply.processes.items():
+            if name == self.self_name or not isinstance(info, dict):
+                continue
+            if info.get("alive", False):
+                self._seen_alive.add(name)
+            elif name in self._seen_alive or reply.ready:
+                dead.append(name)
+        if dead:
+            self._engine_dead(f"process {', '.join(sorted(dead))} died")
+        elif self.dead_reason is not None:
+            log.info("the engine answers again and every process is alive")
+            self.dead_reason = None
+            self.breaker.record_success()
+
+    def _engine_dead(self, reason: str) -> None:
+        first = self.dead_reason is None
+        self.dead_reason = reason
+        self.breaker.trip(reason)
+        if first:
+            log.error("engine unavailable: %s; failing requests in flight", reason)
+        self.fail_all(EngineDeadError(f"the engine stopped while generating ({reason})",
+                                      retry_after=self.breaker.cooldown_s))
+
+    def _watch(self, now: float, next_poll: float) -> float:
+        if now < next_poll:
+            return next_poll
+        self.request_status()
+        silent = now - self.last_status_at
+        if self.last_status is not None and silent > self.silence_timeout_s:
+            self._engine_dead(f"the supervisor has not answered for {silent:.1f} s")
+        return now + self.status_interval_s
+
+    # -- receiver thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        next_poll = 0.0
+        while not self._stop.is_set():
+            try:
+                if self.watch_engine:
+                    next_poll = self._watch(time.monotonic(), next_poll)
+                if not poller.poll(_POLL_MS):
+                    continue
+                frames = self._sock.recv_multipart(copy=False)
+            except zmq.ZMQError:
+                if self._stop.is_set():
+                    break
+                log.exception("client receive failed")
+                continue
+            try:
+                msg = decode(frames)
+            except DecodeError as exc:
+                self.dropped += 1
+                log.warning("client dropped a malformed message (%s)", exc)
+                continue
+            if isinstance(msg, StatusReply):
+                self._on_status(msg)
+            elif isinstance(msg, RequestOutput | ErrorReply):
+                with self._lock:
+                    sink = self._routes.get(msg.rid)
+                if sink is not None:
+                    sink(msg)  # outputs of finished or aborted requests are dropped
+            else:
+                self.dropped += 1
+                log.warning("client dropped an unexpected %s", type(msg).__name__)
+        self._sock.close(linger=0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+        for box in self._tokenizers:
+            box.close()
+        self._supervisor.close()
+        path = endpoint_path(self.endpoint)
+        if path and os.path.exists(path):
+            os.unlink(path)
+
+
+def endpoint_path(endpoint: str) -> str | None:
+    return endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
