@@ -98,6 +98,7 @@ class GGUFFiles(ModelFiles):
     def __init__(self, path: str) -> None:
         import gguf
 
+        self.path = path  # set early: error messages below name it
         if not os.path.isfile(path):
             raise ModelFormatError(f"GGUF file {path} does not exist")
         try:
