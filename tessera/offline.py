@@ -1,0 +1,280 @@
+"""The offline engine: the same scheduler and workers as `tessera serve`, driven from Python.
+
+    from tessera import LLM, SamplingParams
+    with LLM(model="default", max_total_tokens=8192) as llm:
+        outs = llm.generate(["The capital of France is", [1, 2, 3]],
+                            SamplingParams(temperature=0, max_tokens=16))
+        print(outs[0].text, outs[1].token_ids)
+
+    engine = Engine(model="default")                # asyncio use
+    result = await engine.generate("Hello", SamplingParams(max_tokens=8))
+    async for delta in engine.stream("Hello"): ...
+
+The engine's processes (workers, scheduler, detokenizer, tokenizers) run as child processes
+under one supervisor (`offline_launch.py`); requests go through the ZeroMQ client library, so
+offline and online share every line of the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+from tessera.bus.config import ServerConfig
+from tessera.bus.messages import SamplingParams
+from tessera.offline_launch import EngineProcesses
+
+PromptInput = str | Sequence[int] | Sequence[dict[str, Any]] | np.ndarray
+SamplingInput = SamplingParams | dict[str, Any] | None
+T = TypeVar("T")
+
+
+@dataclass
+class RequestResult:
+    """One finished request. `text`, `token_ids`, `finish_reason` are the first choice's (the
+    only one when n == 1); `choices` holds all n. Times are seconds, measured by the caller's
+    process from the moment the request was sent; `token_times` (one per output token of the
+    first choice, when streamed) give TTFT and inter-token latencies."""
+
+    rid: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    e2e_s: float
+    ttft_s: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    choices: list[Any] = field(default_factory=list)
+
+    @property
+    def itl_s(self) -> list[float]:
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
+
+
+def make_config(model: str, engine_args: dict[str, Any]) -> ServerConfig:
+    """ServerConfig from keyword engine arguments, with a quiet default log level."""
+    values = {"log_level": "warning", **engine_args, "model": model}
+    try:
+        return ServerConfig(**values)
+    except TypeError as exc:
+        import dataclasses
+
+        names = sorted(f.name for f in dataclasses.fields(ServerConfig))
+        raise TypeError(f"{exc}; engine arguments are EngineConfig fields: "
+                        f"{', '.join(names)}") from None
+
+
+def normalize_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
+    """One prompt (text, token ids, chat messages) or a list of them -> a list of prompts."""
+    if isinstance(prompts, str | np.ndarray):
+        return [prompts]
+    if isinstance(prompts, Sequence) and prompts:
+        first = prompts[0]
+        if isinstance(first, int | np.integer) or isinstance(first, dict):
+            return [prompts]  # token ids or chat messages of one request
+        return list(prompts)  # type: ignore[arg-type]
+    raise ValueError("prompts must be a string, token ids, chat messages, or a non-empty list "
+                     "of those")
+
+
+def per_request(sampling: SamplingInput | Sequence[SamplingInput], n: int) -> list[SamplingInput]:
+    if isinstance(sampling, list | tuple):
+        if len(sampling) != n:
+            raise ValueError(f"got {len(sampling)} sampling parameter sets for {n} prompts; "
+                             f"give one, or one per prompt")
+        return list(sampling)
+    return [sampling] * n  # type: ignore[list-item]
+
+
+async def run_request(client: Any, prompt: PromptInput, sampling: SamplingInput,
+                      stream: bool) -> RequestResult:
+    """Send one request through an AsyncClient and collect its result and timings."""
+    from tessera.client.outputs import ResultBuilder
+
+    t0 = time.perf_counter()
+    out = await client.start(prompt, sampling, stream=stream)
+    builder = ResultBuilder(out.rid, out.n)
+    token_times: list[float] = []
+    async with out:
+        async for delta in out:
+            now = time.perf_counter() - t0
+            if delta.index == 0:
+                token_times += [now] * len(delta.token_ids)
+            builder.add(delta)
+    e2e = time.perf_counter() - t0
+    res = builder.result()
+    first = res.choices[0]
+    return RequestResult(
+        rid=res.rid, text=first.text, token_ids=list(first.token_ids),
+        finish_reason=first.finish_reason, prompt_tokens=res.usage.prompt_tokens,
+        completion_tokens=res.usage.completion_tokens, cached_tokens=res.usage.cached_tokens,
+        e2e_s=e2e, ttft_s=token_times[0] if stream and token_times else None,
+        token_times=token_times if stream else [], choices=res.choices)
+
+
+class _EngineBase:
+    """Starts the engine's processes, or (`connect_to=RUN_DIR`) attaches to an engine that
+    is already running (a `tessera serve` run) and leaves it running on shutdown."""
+
+    def __init__(self, model: str = "default", *, ready_timeout_s: float = 1800.0,
+                 connect_to: str | None = None, **engine_args: Any) -> None:
+        self.config = make_config(model, engine_args)
+        self.processes: EngineProcesses | None = None
+        if connect_to is not None:
+            self.run_dir = str(connect_to)
+        else:
+            self.processes = EngineProcesses(self.config, ready_timeout_s)
+            self.run_dir = self.processes.run_dir
+
+    def _stop_processes(self) -> None:
+        if self.processes is not None and self.processes.alive:
+            self.processes.stop()
+
+    def _new_client(self) -> Any:
+        from tessera.client.async_client import AsyncClient
+
+        return AsyncClient(self.run_dir, self.config, process_name="offline")
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """The supervisor's view of every process: {name: {alive, pid, age_s, stats}}."""
+        from tessera.client.sync_client import Client
+
+        with Client(self.run_dir, self.config, watch_engine=False) as client:
+            return client.status().processes
+
+
+class LLM(_EngineBase):
+    """Blocking offline engine. `generate` sends every prompt at once, so the scheduler
+    batches them continuously, and returns results in the order of the prompts."""
+
+    def __init__(self, model: str = "default", **engine_args: Any) -> None:
+        super().__init__(model, **engine_args)
+        # The AsyncClient lives on a private event loop in a thread: `generate` is blocking and
+        # may be called from code that has (or has not) an event loop of its own.
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tessera-offline",
+                                        daemon=True)
+        self._thread.start()
+        self._client = self._call(self._make_client())
+
+    async def _make_client(self) -> Any:
+        return self._new_client()
+
+    def _call(self, coro: Awaitable[T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]
+
+    def generate(self, prompts: PromptInput | Sequence[PromptInput],
+                 sampling_params: SamplingInput | Sequence[SamplingInput] = None, *,
+                 use_tqdm: bool = True, stream: bool = False,
+                 on_result: Callable[[int, RequestResult], None] | None = None,
+                 ) -> list[RequestResult]:
+        """Generate for one prompt or a list (text, token ids or chat messages), with one
+        SamplingParams for all or one per prompt. `stream=True` records per-token times
+        (TTFT, ITL) at the cost of a message per step per request."""
+        batch = normalize_prompts(prompts)
+        params = per_request(sampling_params, len(batch))
+        bar = _progress(len(batch), use_tqdm)
+        results: list[RequestResult | None] = [None] * len(batch)
+
+        async def one(i: int) -> None:
+            results[i] = await run_request(self._client, batch[i], params[i], stream)
+            bar.update(1)
+            if on_result is not None:
+                on_result(i, results[i])  # type: ignore[arg-type]
+
+        async def all_of() -> None:
+            await asyncio.gather(*(one(i) for i in range(len(batch))))
+
+        future: Future[None] = asyncio.run_coroutine_threadsafe(all_of(), self._loop)
+        try:
+            future.result()
+        except BaseException:
+            future.cancel()  # cancelling the tasks aborts their requests in the engine
+            raise
+        finally:
+            bar.close()
+        return [r for r in results if r is not None]
+
+    def shutdown(self) -> None:
+        if getattr(self, "_client", None) is not None:
+            try:
+                self._call(self._close_client())
+            except Exception:
+                pass
+            self._client = None
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+        self._stop_processes()
+
+    async def _close_client(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self._stop_processes()
+        except Exception:
+            pass
+
+
+class Engine(_EngineBase):
+    """Asyncio offline engine. Construction blocks until the engine is ready; the client is
+    created on first use inside the caller's event loop."""
+
+    def __init__(self, model: str = "default", **engine_args: Any) -> None:
+        super().__init__(model, **engine_args)
+        self._client: Any = None
+
+    def _get_client(self) -> Any:
+        if self._client is None:
+            self._client = self._new_client()
+        return self._client
+
+    async def generate(self, prompt: PromptInput, sampling_params: SamplingInput = None, *,
+                       stream_timings: bool = False) -> RequestResult:
+        return await run_request(self._get_client(), prompt, sampling_params, stream_timings)
+
+    async def stream(self, prompt: PromptInput,
+                     sampling_params: SamplingInput = None) -> AsyncIterator[Any]:
+        """Deltas (text, token_ids, finish_reason, usage) as the engine produces them."""
+        out = await self._get_client().start(prompt, sampling_params, stream=True)
+        async with out:
+            async for delta in out:
+                yield delta
+
+    def shutdown(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        self._stop_processes()
+
+    async def __aenter__(self) -> Engine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    import sys
+
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="Generating", unit="req", file=sys.stderr,
+                disable=not enabled or total <= 1, mininterval=0.5)

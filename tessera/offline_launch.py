@@ -1,0 +1,173 @@
+"""Start the engine's processes for the offline API: the same supervisor and process specs as
+`tessera serve`, without the HTTP server.
+
+    procs = EngineProcesses(config)        # blocks until every process is Ready
+    procs.run_dir                          # where Client / AsyncClient connect
+    procs.stop()
+
+The supervisor runs as one child (`python -m tessera.offline_launch CONFIG.json`): it owns
+signal handling and the children's process groups, so the caller's process (a notebook, a
+benchmark) keeps its own signals, and a crash of the caller still lets the supervisor clean up
+(it stops everything when its stdin closes).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from tessera.bus.config import RUN_PREFIX, Env, ServerConfig
+
+READY_MARK = "TESSERA_OFFLINE_READY"
+_STDERR_TAIL = 30
+
+
+class EngineStartError(RuntimeError):
+    """The engine's processes did not come up; the message quotes the supervisor's log."""
+
+
+def _fresh_run_dir(env: Env) -> str:
+    # The launcher creates (and later removes) a run directory that does not exist yet.
+    root = env.run_root or tempfile.gettempdir()
+    return os.path.join(root, f"{RUN_PREFIX}offline-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+class EngineProcesses:
+    def __init__(self, config: ServerConfig, ready_timeout_s: float = 1800.0) -> None:
+        env = Env.read()
+        if config.run_dir is None:
+            config = config.replace(run_dir=_fresh_run_dir(env))
+        self.config = config
+        self.run_dir: str = str(config.run_dir)
+        fd, self._config_file = tempfile.mkstemp(prefix="tessera-offline-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            f.write(config.to_json())
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL)
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "tessera.offline_launch", self._config_file],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True)
+        self._ready = threading.Event()
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self._wait_ready(ready_timeout_s)
+
+    # -- output pumps -----------------------------------------------------------------------
+    def _read_stdout(self) -> None:
+        assert self.popen.stdout is not None
+        for raw in self.popen.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            if line.startswith(READY_MARK):
+                self._ready.set()
+            elif line.strip():
+                print(line, file=sys.stderr)
+
+    def _read_stderr(self) -> None:
+        assert self.popen.stderr is not None
+        for raw in self.popen.stderr:
+            line = raw.decode(errors="replace")
+            self._stderr_tail.append(line.rstrip("\n"))
+            # Warnings and errors stay visible; info lines only in the tail kept for errors.
+            if self.config.log_level == "debug" or any(
+                    k in line for k in (" WARNING ", " ERROR ", " CRITICAL ", "Traceback")):
+                sys.stderr.write(line)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self._ready.wait(0.1):
+            code = self.popen.poll()
+            if code is not None:
+                time.sleep(0.2)  # let the pump read the last lines
+                self._cleanup_file()
+                raise EngineStartError(
+                    f"the engine stopped during start-up (exit code {code}):\n" + self.log_tail())
+            if time.monotonic() > deadline:
+                self.stop()
+                raise EngineStartError(f"the engine was not ready within {timeout_s:g} s:\n"
+                                       + self.log_tail())
+
+    def log_tail(self) -> str:
+        return "\n".join(self._stderr_tail)
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM the supervisor (it stops its children in order), SIGKILL the group if it
+        does not finish in time. Returns its exit code."""
+        if self.popen.poll() is None:
+            try:
+                self.popen.send_signal(signal.SIGTERM)
+                self.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.popen.wait(5)
+        for pipe in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+        self._cleanup_file()
+        return self.popen.returncode
+
+    def _cleanup_file(self) -> None:
+        try:
+            os.unlink(self._config_file)
+        except FileNotFoundError:
+            pass
+
+
+# --------------------------------------------------------------------------------------------
+# The child: a supervisor of every engine process but the HTTP server
+# --------------------------------------------------------------------------------------------
+
+
+def _watch_parent() -> None:
+    """Stop the engine when the parent goes away (its end of our stdin closes)."""
+    try:
+        sys.stdin.buffer.read()
+    except (OSError, ValueError):
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tessera.bus.launcher import build_specs, check_config, run_supervised
+    from tessera.bus.process import setup_logging
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m tessera.offline_launch CONFIG.json", file=sys.stderr)
+        return 2
+    with open(args[0]) as f:
+        config = ServerConfig.from_json(f.read())
+    setup_logging(config.log_level, "supervisor")
+    problem = check_config(config)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    threading.Thread(target=_watch_parent, daemon=True).start()
+
+    def engine_only(cfg: ServerConfig, paths: object) -> list:
+        return [s for s in build_specs(cfg, paths) if s.name != "server"]  # type: ignore[arg-type]
+
+    def on_ready(children: object) -> None:
+        print(f"{READY_MARK} {config.run_dir}", flush=True)
+
+    return run_supervised(config, Env.read(), build=engine_only, on_ready=on_ready)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
