@@ -144,8 +144,10 @@ def decode(frames: list[Any]) -> Message:
         expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if len(buf) != expected:
             raise DecodeError(f"{cls.TYPE}.{name}: {len(buf)} bytes for {shape} {dtype}")
-        values[name] = np.frombuffer(buf, dtype=dtype).reshape(shape) if expected else \
+        arr = np.frombuffer(buf, dtype=dtype).reshape(shape) if expected else \
             np.zeros(shape, dtype=dtype)
+        arr.flags.writeable = False  # a view of the frame, shared by whoever holds the message
+        values[name] = arr
     try:
         return cls(**values)
     except TypeError as exc:

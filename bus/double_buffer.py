@@ -24,6 +24,7 @@ class DoubleBuffer(Generic[T]):
         self._cond = threading.Condition(threading.Lock())
         self.accepted = 0
         self.rejected = 0
+        self._woken = False
 
     def put(self, item: T) -> bool:
         """Append to the back buffer; False (and counted) when it is full."""
@@ -43,13 +44,15 @@ class DoubleBuffer(Generic[T]):
         """
         with self._cond:
             if not self._back and timeout != 0.0:
-                self._cond.wait_for(lambda: bool(self._back), timeout)
+                self._cond.wait_for(lambda: bool(self._back) or self._woken, timeout)
+            self._woken = False
             front, self._back = self._back, []
             return front
 
     def wake(self) -> None:
-        """Wake a loop blocked in swap() (for shutdown)."""
+        """Make a swap() that is waiting return now, empty-handed if need be (for shutdown)."""
         with self._cond:
+            self._woken = True
             self._cond.notify_all()
 
     def __len__(self) -> int:

@@ -164,13 +164,14 @@ class Supervisor:
             problem = self._check(current)
             if problem is not None:
                 self.failure = problem
-                log.error("%s; stopping every process", problem)
+                log.error("%s", problem)
+                log.error("stopping every process after that failure")
                 return 1
             if all(c.ready_at is not None for c in current):
                 if stages:
                     current = self._start_stage(stages.pop(0))
                     if self.failure:
-                        log.error("%s; stopping every process", self.failure)
+                        log.error("%s", self.failure)
                         return 1
                 elif not self._all_ready:
                     self._all_ready = True
@@ -257,7 +258,7 @@ class Supervisor:
             code = child.popen.poll()
             if code is not None:
                 where = "" if child.ready_at is not None else " before it was ready"
-                msg = (f"process {child.spec.name} (pid {child.popen.pid}) exited{where} with "
+                msg = (f"process {child.spec.name} (pid {child.popen.pid}) ended{where}: "
                        f"{describe_exit(code)}")
                 tail = self._tail(child)
                 return f"{msg}; last lines of its stderr:\n{tail}" if tail else msg

@@ -1,0 +1,141 @@
+"""Inbox / Outbox over real ipc sockets: delivery, drops, back-pressure, socket files."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from tessera.bus.channel import Inbox, Outbox, OutboxPool, SendTimeout
+from tessera.bus.config import RunPaths
+from tessera.bus.messages import AbortRequest, Message, SampledTokens
+
+
+@pytest.fixture
+def paths(run_root: Path) -> RunPaths:
+    return RunPaths.create()
+
+
+def drain_until(inbox: Inbox, count: int, timeout: float = 5.0) -> list[Message]:
+    got: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        got += inbox.drain(0.05)
+    return got
+
+
+def test_run_dir_is_private(paths: RunPaths) -> None:
+    assert stat.S_IMODE(os.stat(paths.run_dir).st_mode) == 0o700
+    assert paths.scheduler.startswith("ipc://" + paths.run_dir)
+
+
+def test_messages_arrive_in_order_with_arrays(paths: RunPaths) -> None:
+    inbox = Inbox(paths.scheduler, name="scheduler")
+    out = Outbox(paths.scheduler)
+    try:
+        for step in range(50):
+            out.send(SampledTokens(step=step, token_ids=np.full(3, step, dtype=np.int32)))
+        got = drain_until(inbox, 50)
+        assert [m.step for m in got] == list(range(50))
+        assert all(int(m.token_ids.sum()) == 3 * m.step for m in got)
+        assert inbox.received == 50 and inbox.dropped == 0
+    finally:
+        out.close()
+        inbox.close()
+
+
+def test_malformed_messages_are_dropped_counted_and_logged(
+        paths: RunPaths, caplog: pytest.LogCaptureFixture) -> None:
+    inbox = Inbox(paths.detokenizer, name="detokenizer")
+    raw = zmq.Context.instance().socket(zmq.PUSH)
+    raw.connect(paths.detokenizer)
+    out = Outbox(paths.detokenizer)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tessera.bus.channel"):
+            raw.send_multipart([b"\xc1garbage"])
+            raw.send_multipart([b"\x84\xa1t\xa3Foo\xa1v\x01\xa1f\x80\xa1a\x90"])  # unknown type
+            out.send(AbortRequest(rid="after", reason="still works"))
+            got = drain_until(inbox, 1)
+        assert [m.rid for m in got] == ["after"]  # type: ignore[attr-defined]
+        assert inbox.dropped == 2 and inbox.received == 1
+        dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+        assert len(dropped) == 2 and "unknown message type 'Foo'" in dropped[1]
+    finally:
+        raw.close(linger=0)
+        out.close()
+        inbox.close()
+
+
+def test_full_inbox_calls_on_reject(paths: RunPaths) -> None:
+    rejected: list[Message] = []
+    inbox = Inbox(paths.tokenizer, capacity=5, on_reject=rejected.append)
+    out = Outbox(paths.tokenizer)
+    try:
+        for i in range(8):
+            out.send(AbortRequest(rid=str(i)))
+        deadline = time.monotonic() + 5
+        while len(rejected) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [m.rid for m in rejected] == ["5", "6", "7"]  # type: ignore[attr-defined]
+        assert [m.rid for m in inbox.drain()] == ["0", "1", "2", "3", "4"]  # type: ignore[attr-defined]
+    finally:
+        out.close()
+        inbox.close()
+
+
+def test_send_without_a_peer_times_out(paths: RunPaths) -> None:
+    out = Outbox(paths.worker(0), timeout_ms=50, immediate=True)
+    t0 = time.monotonic()
+    with pytest.raises(SendTimeout, match="within 50 ms"):
+        out.send(AbortRequest(rid="x"))
+    assert time.monotonic() - t0 < 1.0
+    out.close()
+
+
+def test_back_pressure_shows_as_send_timeout(paths: RunPaths) -> None:
+    # A receiver that never reads, small high-water marks: sends must start failing.
+    pull = zmq.Context.instance().socket(zmq.PULL)
+    pull.setsockopt(zmq.RCVHWM, 4)
+    pull.bind(paths.worker(1))
+    out = Outbox(paths.worker(1), timeout_ms=20, hwm=4)
+    payload = SampledTokens(step=0, token_ids=np.zeros(1 << 16, dtype=np.int32))
+    try:
+        with pytest.raises(SendTimeout):
+            for _ in range(10_000):
+                out.send(payload)
+    finally:
+        out.close()
+        pull.close(linger=0)
+
+
+def test_stale_socket_file_is_replaced_and_removed_on_close(paths: RunPaths) -> None:
+    path = paths.scheduler_results.removeprefix("ipc://")
+    Path(path).write_text("left by a crashed run")
+    inbox = Inbox(paths.scheduler_results)
+    out = Outbox(paths.scheduler_results)
+    out.send(AbortRequest(rid="fresh"))
+    assert [m.rid for m in drain_until(inbox, 1)] == ["fresh"]  # type: ignore[attr-defined]
+    out.close()
+    inbox.close()
+    assert not os.path.exists(path)
+
+
+def test_outbox_pool_reaches_many_clients_and_caps_open_sockets(paths: RunPaths) -> None:
+    inboxes = [Inbox(paths.client_endpoint()) for _ in range(3)]
+    pool = OutboxPool(timeout_ms=500, max_open=2)
+    try:
+        for i, inbox in enumerate(inboxes):
+            pool.send(inbox.endpoint, AbortRequest(rid=str(i)))
+        assert len(pool._boxes) == 2
+        for i, inbox in enumerate(inboxes):
+            assert [m.rid for m in drain_until(inbox, 1)] == [str(i)]  # type: ignore[attr-defined]
+    finally:
+        pool.close()
+        for inbox in inboxes:
+            inbox.close()

@@ -1,0 +1,186 @@
+"""Codec: round trip of every message type, zero-copy arrays, malformed input rejected."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from tessera.bus import messages as m
+from tessera.bus.codec import DecodeError, decode, encode
+from tessera.bus.messages import MESSAGE_TYPES, Message, SamplingParams
+
+
+def i32(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.int32)
+
+
+def f32(*values: float) -> np.ndarray:
+    return np.array(values, dtype=np.float32)
+
+
+# One realistic instance per message type; a new type without an example fails
+# test_every_message_type_has_an_example, so the round trip always covers every type.
+EXAMPLES: dict[str, Message] = {
+    "GenerateRequest": m.GenerateRequest(
+        rid="r1", reply_to="ipc:///tmp/x.sock",
+        sampling=SamplingParams(temperature=0.7, stop=("\n\n", "END"), stop_token_ids=(2,),
+                                seed=42, logprobs=3, max_tokens=None),
+        messages=[{"role": "user", "content": "héllo ✓"}], input_ids=i32(1, 2, 3),
+        stream=False, priority=-2, arrival_time=1.5),
+    "AbortRequest": m.AbortRequest(rid="r1", reason="client gone"),
+    "TokenizedRequest": m.TokenizedRequest(
+        rid="r2", input_ids=i32(5, 6, 7, 8), sampling=SamplingParams(n=2),
+        detok={"reply_to": "ipc:///tmp/y.sock", "stop": ["x"], "nested": {"a": [1, 2.5]}},
+        priority=1, arrival_time=2.0),
+    "WorkerReady": m.WorkerReady(rank=0, world_size=2, num_slots=4096, page_size=16,
+                                 max_context_len=8192, vocab_size=49152,
+                                 eos_token_ids=[0, 2], device="cpu"),
+    "ForwardBatch": m.ForwardBatch(
+        step=9, rows=i32(0, 3), seq_lens=i32(10, 1), extend_lens=i32(1, 1),
+        input_ids=i32(-1, 17), sample=np.array([1, 1], dtype=np.uint8), output_lens=i32(4, 0),
+        temperature=f32(0.0, 1.0), top_p=f32(1.0, 0.9), top_k=i32(-1, 40),
+        min_p=f32(0.0, 0.05), repetition_penalty=f32(1.0, 1.1),
+        frequency_penalty=f32(0.0, 0.5), presence_penalty=f32(0.0, 0.2),
+        seeds=np.array([-1, 123], dtype=np.int64), logprobs=i32(-1, 2),
+        block_offsets=i32(0, 1, 1), block_ids=i32(2), hist_offsets=i32(0, 0, 3),
+        hist_ids=i32(4, 5, 6), hist_prompt_lens=i32(0, 2), is_decode=True),
+    "SampledTokens": m.SampledTokens(
+        step=9, token_ids=i32(11, 12), logprobs=f32(-0.1, -2.0),
+        top_ids=np.array([[11, 3], [12, -1]], dtype=np.int32),
+        top_logprobs=np.array([[-0.1, -3.0], [-2.0, -np.inf]], dtype=np.float32),
+        forward_ms=3.25, error=None),
+    "FlushCache": m.FlushCache(reason="admin"),
+    "TokenBatch": m.TokenBatch(
+        rids=["a", "b"], indices=[0, 1], counts=i32(1, 2), token_ids=i32(7, 8, 9),
+        finish=[None, "stop"], prompt_tokens=[3, 4], cached_tokens=[0, 2],
+        new_requests={"a": {"reply_to": "ipc:///tmp/z.sock"}}, matched_stop=[None, 2]),
+    "RequestOutput": m.RequestOutput(
+        rid="a", index=0, text="Hello, wörld", token_ids=i32(7, 8), finish_reason="length",
+        prompt_tokens=3, completion_tokens=2, cached_tokens=1, logprobs=f32(-0.5, -0.25),
+        token_texts=["Hello", ", wörld"]),
+    "ErrorReply": m.ErrorReply(rid="a", status=413, message="prompt too long",
+                               param="messages", reply_to="ipc:///tmp/z.sock"),
+    "Ready": m.Ready(process="worker0", pid=123, info={"model": "smol", "slots": 4096}),
+    "Heartbeat": m.Heartbeat(process="scheduler", pid=5, time=1e9,
+                             stats={"running": 3.0, "queued": 0.0}),
+    "StatusRequest": m.StatusRequest(reply_to="ipc:///tmp/s.sock", nonce=4),
+    "StatusReply": m.StatusReply(nonce=4, ready=True, processes={
+        "server": {"alive": True, "pid": 9, "age_s": 0.2, "stats": {"requests": 1.0}}}),
+    "Shutdown": m.Shutdown(reason="test"),
+}
+
+
+def assert_same(a: Any, b: Any) -> None:
+    if isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    elif dataclasses.is_dataclass(a):
+        assert type(a) is type(b)
+        for f in dataclasses.fields(a):
+            assert_same(getattr(a, f.name), getattr(b, f.name))
+    elif isinstance(a, tuple | list):
+        assert list(a) == list(b)
+    else:
+        assert a == b
+
+
+def test_every_message_type_has_an_example() -> None:
+    assert set(EXAMPLES) == set(MESSAGE_TYPES)
+
+
+@pytest.mark.parametrize("name", sorted(MESSAGE_TYPES))
+def test_round_trip_in_memory(name: str) -> None:
+    msg = EXAMPLES[name]
+    frames = [bytes(f) for f in encode(msg)]  # as bytes, the way a copying socket delivers
+    assert_same(msg, decode(frames))
+
+
+@pytest.mark.parametrize("name", sorted(MESSAGE_TYPES))
+def test_round_trip_over_a_socket(name: str, zmq_pair: tuple[zmq.Socket, zmq.Socket]) -> None:
+    push, pull = zmq_pair
+    push.send_multipart(encode(EXAMPLES[name]), copy=False)
+    assert_same(EXAMPLES[name], decode(pull.recv_multipart(copy=False)))
+
+
+def test_defaults_and_none_arrays_round_trip() -> None:
+    msg = m.GenerateRequest(rid="r", reply_to="ipc:///tmp/r", prompt="hi")
+    out = decode(encode(msg))
+    assert out.input_ids is None and out.sampling == SamplingParams() and out.prompt == "hi"
+    empty = decode(encode(m.SampledTokens(step=1, token_ids=i32())))
+    assert empty.token_ids.shape == (0,) and empty.logprobs.dtype == np.float32
+
+
+def test_decoded_array_is_the_received_frame(zmq_pair: tuple[zmq.Socket, zmq.Socket]) -> None:
+    ids = np.arange(100_000, dtype=np.int32)
+    frames = encode(m.TokenizedRequest(rid="z", input_ids=ids, sampling=SamplingParams(),
+                                       detok={}))
+    # Sending side: the frame is a view of the array, not a copy.
+    assert np.shares_memory(np.frombuffer(frames[1], dtype=np.int32), ids)
+    push, pull = zmq_pair
+    push.send_multipart(frames, copy=False)
+    received = pull.recv_multipart(copy=False)
+    msg = decode(received)
+    frame_memory = np.frombuffer(received[1].buffer, dtype=np.uint8)
+    assert np.shares_memory(msg.input_ids, frame_memory)
+    assert msg.input_ids.ctypes.data == frame_memory.ctypes.data
+    assert not msg.input_ids.flags.writeable  # a view of the frame: copy before writing
+    np.testing.assert_array_equal(msg.input_ids, ids)
+
+
+def test_non_contiguous_array_is_sent_correctly() -> None:
+    base = np.arange(20, dtype=np.int32).reshape(4, 5)
+    msg = m.SampledTokens(step=0, token_ids=base[:, 1])
+    np.testing.assert_array_equal(decode(encode(msg)).token_ids, base[:, 1])
+
+
+def header(t: Any = "Shutdown", v: Any = 1, f: Any = None, a: Any = None) -> bytes:
+    return msgpack.packb({"t": t, "v": v, "f": {} if f is None else f,
+                          "a": [] if a is None else a})
+
+
+MALFORMED = {
+    "empty": [],
+    "not msgpack": [b"\xc1\xc1"],
+    "not a map": [msgpack.packb([1, 2, 3])],
+    "missing keys": [msgpack.packb({"t": "Shutdown"})],
+    "unknown type": [header(t="LaunchMissiles")],
+    "type not a string": [header(t=7)],
+    "wrong version": [header(v=99)],
+    "unknown field": [header(f={"reason": "x", "evil": 1})],
+    "missing required field": [header(t="AbortRequest")],
+    "frame count mismatch": [header(t="SampledTokens", f={"step": 1}), b"\0" * 4],
+    "array size mismatch": [header(t="SampledTokens", f={"step": 1},
+                                   a=[["token_ids", "<i4", [3]]]), b"\0" * 8],
+    "object dtype": [header(t="SampledTokens", f={"step": 1},
+                            a=[["token_ids", "|O", [1]]]), b"\0" * 8],
+    "negative shape": [header(t="SampledTokens", f={"step": 1},
+                              a=[["token_ids", "<i4", [-1]]]), b""],
+    "array for a plain field": [header(t="SampledTokens", f={"step": 1},
+                                       a=[["step", "<i4", [1]], ["token_ids", "<i4", [0]]]),
+                                b"\0" * 4, b""],
+    "bad sampling params": [header(t="TokenizedRequest",
+                                   f={"rid": "r", "sampling": {"temprature": 1}, "detok": {}},
+                                   a=[["input_ids", "<i4", [0]]]), b""],
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_frames_raise_decode_error(case: str) -> None:
+    with pytest.raises(DecodeError):
+        decode(MALFORMED[case])
+
+
+def test_encode_refuses_unregistered_and_object_arrays() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Stray(Message):
+        x: int = 0
+
+    with pytest.raises(TypeError, match="not a registered"):
+        encode(Stray())
+    with pytest.raises(TypeError, match="cannot travel"):
+        encode(m.SampledTokens(step=0, token_ids=np.array(["a"], dtype=object)))
