@@ -22,6 +22,7 @@ from tessera.hal.ops import SamplingTensors
 
 CANDIDATES = 1024
 DRAW_BLOCK = 2048
+MIN_P_SLACK = 1e-5
 
 
 @triton.jit
@@ -71,7 +72,9 @@ def _thresholds(x: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
             thresh = torch.where(p_on, torch.maximum(thresh, thresh_p), thresh)
     if any_m:
         row_max = x.max(dim=-1).values
-        thresh_m = row_max + torch.log(params.min_p.clamp(min=1e-30))
+        # p_i >= min_p * p_max  <=>  x_i >= x_max + log(min_p). A token that lands on the
+        # boundary within rounding is dropped (MIN_P_SLACK), as the reference's rounding does.
+        thresh_m = row_max + torch.log(params.min_p.clamp(min=1e-30)) + MIN_P_SLACK
         thresh = torch.where(m_on, torch.maximum(thresh, thresh_m), thresh)
     return thresh
 

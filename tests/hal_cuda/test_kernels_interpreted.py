@@ -1,0 +1,101 @@
+"""The cuda plugin's Triton kernels on the CPU (Triton's interpreter), fp32, small shapes,
+against the reference ops (hal/cpu, the conformance oracle)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+import torch
+
+from tessera.hal.conformance_data import make_paged_case
+from tessera.hal.reference import reference_op
+from tessera.hal.rope import cos_sin_cache
+
+TOL = {"atol": 1e-5, "rtol": 1e-5}
+
+
+def _rand(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_rms_norm(kernels: dict[str, ModuleType]) -> None:
+    x, w = _rand(5, 96, seed=1) * 3, _rand(96, seed=2)  # 96: not a power of two (masking)
+    out = kernels["norm"].rms_norm(x, w, 1e-6)
+    torch.testing.assert_close(out, reference_op("rms_norm")(x, w, 1e-6), **TOL)
+    assert kernels["norm"].rms_norm(x[:0], w, 1e-6).shape == (0, 96)
+
+
+def test_fused_add_rms_norm(kernels: dict[str, ModuleType]) -> None:
+    x, res, w = _rand(4, 64, seed=3), _rand(4, 64, seed=4), _rand(64, seed=5)
+    out, res_out = kernels["norm"].fused_add_rms_norm(x, res, w, 1e-5)
+    ref_out, ref_res = reference_op("fused_add_rms_norm")(x, res, w, 1e-5)
+    torch.testing.assert_close(res_out, ref_res, **TOL)
+    torch.testing.assert_close(out, ref_out, **TOL)
+
+
+@pytest.mark.parametrize("hq,hk,dim", [(4, 2, 32), (3, 1, 24)])
+def test_rotary_embedding_on_strided_views(kernels: dict[str, ModuleType], hq: int, hk: int,
+                                           dim: int) -> None:
+    table = cos_sin_cache(dim, 256, 10000.0, None, "cpu", torch.float32)
+    positions = torch.tensor([0, 7, 255, 31])
+    # q and k as views into one fused QKV output, as the model produces them
+    qkv = _rand(4, (hq + 2 * hk) * dim, seed=6)
+    q = qkv[:, :hq * dim].view(4, hq, dim)
+    k = qkv[:, hq * dim:(hq + hk) * dim].view(4, hk, dim)
+    q_out, k_out = kernels["elementwise"].rotary_embedding(positions, q, k, table)
+    q_ref, k_ref = reference_op("rotary_embedding")(positions, q, k, table)
+    torch.testing.assert_close(q_out, q_ref, **TOL)
+    torch.testing.assert_close(k_out, k_ref, **TOL)
+
+
+def test_silu_and_mul(kernels: dict[str, ModuleType]) -> None:
+    x = _rand(3, 2 * 80, seed=7) * 2
+    torch.testing.assert_close(kernels["elementwise"].silu_and_mul(x),
+                               reference_op("silu_and_mul")(x), **TOL)
+
+
+def test_store_kv_writes_only_its_slots(kernels: dict[str, ModuleType]) -> None:
+    k_cache, v_cache = _rand(16, 2, 24, seed=8), _rand(16, 2, 24, seed=9)
+    k, v = _rand(3, 2, 24, seed=10), _rand(3, 2, 24, seed=11)
+    slots = torch.tensor([15, 0, 6], dtype=torch.int32)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    expected_k[slots.long()], expected_v[slots.long()] = k, v
+    kernels["elementwise"].store_kv(k_cache, v_cache, k, v, slots)
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+
+
+@pytest.mark.parametrize("hq,hk", [(4, 4), (8, 2), (8, 1)])
+def test_attention_decode(kernels: dict[str, ModuleType], hq: int, hk: int) -> None:
+    # 70 and 129 cross the 64-token blocks; 1 leaves most splits empty.
+    seq_lens = (1, 70, 5, 129)
+    case = make_paged_case(seq_lens, (1,) * 4, hq, hk, 32, torch.float32, seed=12)
+    expected = reference_op("attention_extend")(
+        case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens, case.extend_lens,
+        case.qo_indptr, case.scale)
+    decode = kernels["decode_attention"].attention_decode
+    for splits in (1, 3, 8):
+        out = decode(case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens,
+                     case.scale, splits=splits)
+        torch.testing.assert_close(out, expected, **TOL)
+
+
+def test_attention_decode_empty_batch(kernels: dict[str, ModuleType]) -> None:
+    case = make_paged_case((), (), 4, 2, 32, torch.float32, seed=13)
+    out = kernels["decode_attention"].attention_decode(
+        case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens, case.scale)
+    assert out.shape == (0, 4, 32)
+
+
+@pytest.mark.parametrize("seq_lens,extend_lens", [
+    ((5, 70, 16), (5, 70, 16)),  # plain prefill, one request longer than a block
+    ((80, 13, 12), (75, 1, 4)),  # cached prefixes 5, 12, 8; a chunk crossing blocks
+    ((1, 17, 4), (1, 6, 1)),  # mixed decode and extend rows
+])
+def test_attention_extend(kernels: dict[str, ModuleType], seq_lens: tuple[int, ...],
+                          extend_lens: tuple[int, ...]) -> None:
+    case = make_paged_case(seq_lens, extend_lens, 8, 2, 32, torch.float32, seed=14)
+    args = (case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens,
+            case.extend_lens, case.qo_indptr, case.scale)
+    out = kernels["extend_attention"].attention_extend(*args)
+    torch.testing.assert_close(out, reference_op("attention_extend")(*args), **TOL)

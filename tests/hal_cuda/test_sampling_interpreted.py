@@ -1,0 +1,79 @@
+"""The cuda plugin's sampler on the CPU (Triton's interpreter)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from tessera.hal.conformance_data import sampling_params
+
+
+def _rand(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_greedy_fast_path_and_greedy_rows(kernels: dict[str, ModuleType]) -> None:
+    sample = kernels["sampling"].sample
+    logits = _rand(4, 300, seed=1)
+    logits[1, 5] = logits[1, 250] = logits[1].max() + 1  # a tie: the lowest index wins
+    expected = logits.argmax(dim=-1)
+    params = sampling_params(4, torch.device("cpu"), temperature=0.0)
+    params.all_greedy = True
+    assert torch.equal(sample(logits, params), expected) and expected[1] == 5
+    # mixed: greedy rows (temperature 0, top_k 1) next to sampled rows
+    mixed = sampling_params(4, torch.device("cpu"), temperature=torch.tensor([0.0, 1.0, 0.0, 1.0]),
+                            top_k=torch.tensor([0, 1, 0, 0]), seeds=3)
+    out = sample(logits, mixed)
+    assert torch.equal(out[:3], expected[:3])
+
+
+def test_seeded_row_ignores_batch_composition(kernels: dict[str, ModuleType]) -> None:
+    sample = kernels["sampling"].sample
+    logits = _rand(1, 500, seed=2) * 0.1  # nearly flat: the draw decides
+    for seed in range(4):
+        alone = sample(logits, sampling_params(1, torch.device("cpu"), temperature=1.0,
+                                               seeds=seed, offsets=9))
+        batch = torch.cat([_rand(2, 500, seed=10 + seed), logits])
+        mixed = sample(batch, sampling_params(3, torch.device("cpu"), temperature=1.0,
+                                              seeds=torch.tensor([-1, 4, seed]), offsets=9,
+                                              top_p=torch.tensor([0.5, 1.0, 1.0])))
+        assert mixed[2] == alone[0]
+    draws = {int(sample(logits, sampling_params(1, torch.device("cpu"), temperature=1.0,
+                                                seeds=1, offsets=o))[0]) for o in range(10)}
+    assert len(draws) > 1
+
+
+def test_filters_keep_exactly_the_allowed_tokens(kernels: dict[str, ModuleType]) -> None:
+    sample = kernels["sampling"].sample
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().repeat(60, 1)
+    for filters in ({"top_k": 2}, {"top_p": 0.6}, {"min_p": 0.5},
+                    {"top_k": 3, "top_p": 0.99, "min_p": 0.3}):
+        params = sampling_params(60, torch.device("cpu"), temperature=1.0,
+                                 seeds=torch.arange(60), **filters)
+        assert set(sample(logits, params).tolist()) == {0, 1}, filters
+
+
+def test_top_p_falls_back_to_a_full_sort_on_flat_rows(kernels: dict[str, ModuleType],
+                                                      monkeypatch) -> None:
+    sampling = kernels["sampling"]
+    monkeypatch.setattr(sampling, "CANDIDATES", 8)  # 8 of 64 flat tokens hold 1/8 < top_p
+    logits = torch.zeros(50, 64)
+    logits[:, 40:] = -30.0  # tokens 40.. are effectively impossible
+    params = sampling_params(50, torch.device("cpu"), temperature=1.0, top_p=0.9,
+                             seeds=torch.arange(50))
+    tokens = sampling.sample(logits, params)
+    assert int(tokens.max()) < 40 and len(set(tokens.tolist())) > 8
+
+
+def test_distribution_matches_softmax(kernels: dict[str, ModuleType]) -> None:
+    sample = kernels["sampling"].sample
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.1])
+    n = 400
+    params = sampling_params(n, torch.device("cpu"), temperature=0.5, seeds=torch.arange(n))
+    tokens = sample(probs.log().repeat(n, 1), params)
+    target = probs ** 2 / (probs ** 2).sum()
+    freq = torch.bincount(tokens, minlength=4).float() / n
+    sigma = (target * (1 - target) / n).sqrt()
+    assert ((freq - target).abs() <= 5 * sigma).all(), (freq, target)
