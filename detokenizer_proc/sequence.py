@@ -1,0 +1,153 @@
+"""One request's detokenization state: a sequence per sample index, text deltas out.
+
+`RequestState.add(index, tokens, ...)` turns one TokenBatch row into the RequestOutput to send
+(or None while a non-streamed request is still running). The detok dict the tokenizer process
+wrote (see tokenizer_proc/prepare.py) travels with the request's first TokenBatch row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tessera.bus.messages import RequestOutput
+from tessera.detokenizer_proc.incremental import IncrementalDecoder
+from tessera.detokenizer_proc.stops import StopStrings
+from tessera.formats.tokenizer import ModelTokenizer
+
+
+@dataclass
+class Logprobs:
+    """Per-token logprob rows of one TokenBatch row (empty arrays when none were asked)."""
+
+    logprobs: np.ndarray
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+
+    def head(self, n: int) -> Logprobs:
+        return Logprobs(self.logprobs[:n], self.top_ids[:n], self.top_logprobs[:n])
+
+    @classmethod
+    def rows(cls, batch: Any, start: int, count: int, top_k: int | None) -> Logprobs:
+        """This request's rows of a TokenBatch's logprob arrays, its own top-k columns only
+        (the batch pads every row to the largest k asked in that step)."""
+        if top_k is None or batch.logprobs.shape[0] < start + count:
+            return cls(np.zeros(0, np.float32), np.zeros((0, 0), np.int32),
+                       np.zeros((0, 0), np.float32))
+        end = start + count
+        if batch.top_ids.ndim == 2 and batch.top_ids.shape[0] >= end:
+            top_ids = batch.top_ids[start:end, :top_k]
+            top_lp = batch.top_logprobs[start:end, :top_k]
+        else:
+            top_ids = np.zeros((count, 0), np.int32)
+            top_lp = np.zeros((count, 0), np.float32)
+        return cls(batch.logprobs[start:end], top_ids, top_lp)
+
+
+@dataclass
+class Sequence:
+    decoder: IncrementalDecoder
+    stops: StopStrings
+    completion_tokens: int = 0
+    finished: bool = False
+    scheduler_done: bool = False  # the scheduler finished it too (else it is still running)
+    # stream=False: everything since the start, sent once at the end
+    text: list[str] = field(default_factory=list)
+    token_ids: list[np.ndarray] = field(default_factory=list)
+    logprobs: list[Logprobs] = field(default_factory=list)
+    token_texts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Step:
+    """What one TokenBatch row produced."""
+
+    output: RequestOutput | None  # to send to reply_to (None: nothing to send yet)
+    stopped_here: bool  # a stop string ended this sample before the scheduler finished it
+
+
+class RequestState:
+    def __init__(self, rid: str, detok: dict[str, Any], tokenizer: ModelTokenizer) -> None:
+        self.rid = rid
+        self.tokenizer = tokenizer
+        self.reply_to: str = detok["reply_to"]
+        self.stream = bool(detok.get("stream", True))
+        self.n = int(detok.get("n", 1))
+        self.skip_special = bool(detok.get("skip_special_tokens", True))
+        self.top_logprobs: int | None = detok.get("logprobs")
+        self.want_logprobs = self.top_logprobs is not None
+        self.prompt_tokens = int(detok.get("prompt_tokens", 0))
+        self.stop = list(detok.get("stop", []))
+        # Tokens that end a sequence without being shown (EOS, stop_token_ids).
+        self.hidden_stop_ids = set(detok.get("stop_token_ids", [])) | set(tokenizer.eos_token_ids)
+        self.seqs: dict[int, Sequence] = {}
+
+    def _seq(self, index: int) -> Sequence:
+        seq = self.seqs.get(index)
+        if seq is None:
+            seq = self.seqs[index] = Sequence(
+                IncrementalDecoder(self.tokenizer, self.skip_special), StopStrings(self.stop))
+        return seq
+
+    @property
+    def done(self) -> bool:
+        return len(self.seqs) >= self.n and all(s.finished for s in self.seqs.values())
+
+    @property
+    def scheduler_running(self) -> bool:
+        """Some sample ended on a stop string here while the scheduler still generates it:
+        once the whole request is done, the scheduler must be told to abort it."""
+        return any(s.finished and not s.scheduler_done for s in self.seqs.values())
+
+    def add(self, index: int, tokens: np.ndarray, finish: str | None, matched_stop: Any,
+            cached_tokens: int, logprobs: Logprobs) -> Step:
+        seq = self._seq(index)
+        if seq.finished:
+            return Step(None, False)  # rows already in flight when a stop string ended it
+        pieces: list[str] = []
+        used = 0
+        for k, token in enumerate(tokens.tolist()):
+            used = k + 1
+            if k == len(tokens) - 1 and finish == "stop" and (
+                    token == matched_stop or token in self.hidden_stop_ids):
+                # the EOS / stop token: counted as generated, never shown
+                break
+            pieces.append(seq.stops.feed(seq.decoder.step(token)))
+            if seq.stops.matched is not None:
+                break
+        seq.scheduler_done = finish is not None
+        stopped_here = seq.stops.matched is not None and not seq.scheduler_done
+        if seq.stops.matched is not None:
+            finish = "stop"
+        elif finish is not None:
+            pieces.append(seq.stops.feed(seq.decoder.flush()))
+            if seq.stops.matched is not None:
+                finish = "stop"
+            pieces.append(seq.stops.flush())
+        seq.completion_tokens += used
+        seq.finished = finish is not None
+        ids = np.ascontiguousarray(tokens[:used], dtype=np.int32)
+        probs = logprobs.head(used)
+        texts = [self.tokenizer.decode([t], skip_special_tokens=False)
+                 for t in ids.tolist()] if self.want_logprobs else []
+        text = "".join(pieces)
+        if not self.stream:
+            seq.text.append(text)
+            seq.token_ids.append(ids)
+            seq.logprobs.append(probs)
+            seq.token_texts += texts
+            if finish is None:
+                return Step(None, stopped_here)
+            text, ids, texts = "".join(seq.text), np.concatenate(seq.token_ids), seq.token_texts
+            probs = Logprobs(*(np.concatenate([getattr(p, name) for p in seq.logprobs])
+                               for name in ("logprobs", "top_ids", "top_logprobs")))
+        elif finish is None and not text and not ids.size:
+            return Step(None, stopped_here)
+        out = RequestOutput(
+            rid=self.rid, index=index, text=text, token_ids=ids, finish_reason=finish,
+            prompt_tokens=self.prompt_tokens, completion_tokens=seq.completion_tokens,
+            cached_tokens=cached_tokens, logprobs=probs.logprobs, top_ids=probs.top_ids,
+            top_logprobs=probs.top_logprobs, token_texts=texts)
+        return Step(out, stopped_here)
