@@ -1,0 +1,130 @@
+"""Datasets, statistics, result JSON and roofline math of the benchmarks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tessera.benchmarks.common import (
+    missing_figures,
+    new_result,
+    percentile,
+    summarize,
+    write_result,
+)
+from tessera.benchmarks.datasets import (
+    ideal_hit_rate,
+    parse_range,
+    poisson_arrivals,
+    random_requests,
+    shared_prefix_requests,
+)
+from tessera.benchmarks.roofline import (
+    Device,
+    ModelCost,
+    StepShape,
+    roofline,
+    simulate_steps,
+    step_cost,
+)
+from tessera.formats.dummy import read_config_file
+
+CONFIGS = Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
+
+
+def test_random_requests_are_seeded_and_in_range() -> None:
+    a = random_requests(50, (100, 1024), (100, 1024), 128256, seed=0)
+    b = random_requests(50, (100, 1024), (100, 1024), 128256, seed=0)
+    assert a == b
+    assert a != random_requests(50, (100, 1024), (100, 1024), 128256, seed=1)
+    assert all(100 <= r.prompt_len <= 1024 and 100 <= r.output_len <= 1024 for r in a)
+    assert all(0 <= t < 128000 for r in a for t in r.prompt_ids)
+    assert all(t < 500 for r in random_requests(5, (4, 4), (1, 1), 500) for t in r.prompt_ids)
+    with pytest.raises(ValueError):
+        random_requests(1, (10, 5), (1, 1), 1000)
+
+
+def test_shared_prefix_groups_and_ideal_hit_rate() -> None:
+    reqs = shared_prefix_requests(16, 32, 2048, 128, 64, 49152, seed=0)
+    assert len(reqs) == 512 and all(r.prompt_len == 2176 for r in reqs)
+    by_group: dict[int, list] = {}
+    for r in reqs:
+        by_group.setdefault(r.group, []).append(r)
+    assert len(by_group) == 16
+    for group in by_group.values():
+        assert len({tuple(r.prompt_ids[:2048]) for r in group}) == 1
+        assert len({tuple(r.prompt_ids[2048:]) for r in group}) == 32
+        assert [r.cacheable_tokens for r in group] == [0] + [2048] * 31
+    assert ideal_hit_rate(reqs) == pytest.approx(16 * 31 * 2048 / (512 * 2176))
+    assert [r.group for r in reqs[:32]] != sorted(r.group for r in reqs[:32])  # interleaved
+
+
+def test_poisson_arrivals_mean_gap() -> None:
+    gaps = list(poisson_arrivals(4000, rate=10.0, seed=3))
+    assert sum(gaps) / len(gaps) == pytest.approx(0.1, rel=0.1)
+    assert set(poisson_arrivals(3, float("inf"))) == {0.0}
+    assert parse_range("100,1024") == (100, 1024) and parse_range("64") == (64, 64)
+
+
+def test_percentiles_match_numpy() -> None:
+    np = pytest.importorskip("numpy")
+    values = [5.0, 1.0, 9.0, 3.0, 7.0, 2.0]
+    for q in (0, 50, 90, 99, 100):
+        assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+    s = summarize(values)
+    assert s["mean"] == pytest.approx(27 / 6) and s["count"] == 6
+    assert summarize([])["count"] == 0
+
+
+def test_result_json_has_required_keys_and_refuses_holes(tmp_path: Path) -> None:
+    result = new_result("B1", {"batch": 1}, device="cpu")
+    for key in ("workload", "machine", "device", "commit", "versions", "config", "figures"):
+        assert key in result
+    assert "torch" in result["versions"]
+    assert missing_figures(result) == ["decode_ms_per_step", "ttft_ms"]
+    with pytest.raises(ValueError, match="lacks figures"):
+        write_result(result, str(tmp_path), "b1")
+    result["figures"] = {"decode_ms_per_step": 4.0, "ttft_ms": float("nan")}
+    data = json.loads(Path(write_result(result, str(tmp_path), "b1")).read_text())
+    assert data["figures"] == {"decode_ms_per_step": 4.0, "ttft_ms": None}
+    b3 = new_result("B3", {})
+    b3["figures"] = {"tiers": [{"concurrency": 1}]}
+    assert "tiers[0].itl_p99_ms" in missing_figures(b3)
+    with pytest.raises(ValueError):
+        new_result("B9", {})
+
+
+def test_llama3_8b_roofline_matches_benchmarks_md() -> None:
+    config = read_config_file(str(CONFIGS / "llama3-8b.json"))
+    cost = ModelCost.of(config, "bfloat16")
+    assert cost.weight_bytes / 1e9 == pytest.approx(16.06, abs=0.01)
+    assert cost.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
+    h200 = Device(bandwidth_gbps=4220, peak_tflops=794)
+    one = roofline(cost, [StepShape((1,), (512,))], h200)
+    # BENCHMARKS.md: 16.06 GB / 4.22 TB/s = 3.80 ms per step at batch 1 (+ 512 tokens of KV)
+    assert one.bound_s * 1000 == pytest.approx(3.80 + 512 * 131072 / 4.22e12 * 1000, rel=0.01)
+    assert 4 == read_config_file(str(CONFIGS / "llama3-8b-4layer.json")).num_layers
+
+
+def test_step_cost_counts_causal_attention() -> None:
+    cost = ModelCost(weight_bytes=100.0, matmul_params=10.0, kv_bytes_per_token=2.0,
+                     attn_flops_per_position=1.0)
+    nbytes, flops = step_cost(cost, StepShape((3, 1), (5, 9)))
+    assert nbytes == 100 + (5 + 9) * 2
+    # request 0: 3 new tokens after 2 cached attend to 3, 4, 5 positions; request 1: 9
+    assert flops == 2 * 10 * 4 + (3 + 4 + 5) + 9
+
+
+def test_simulated_schedule_covers_every_token() -> None:
+    prompts, outputs = [30, 50, 20], [4, 2, 3]
+    steps = simulate_steps(prompts, outputs, max_running=2, chunk_size=40)
+    assert sum(sum(s.extend_lens) for s in steps) == sum(prompts) + sum(outputs) - len(prompts)
+    assert max(len(s.extend_lens) for s in steps) <= 2
+    # the first step prefills request 0 whole and the first 10 tokens of request 1
+    assert steps[0] == StepShape((30, 10), (30, 10))
+    limited = simulate_steps(prompts, outputs, max_running=3, chunk_size=0, kv_capacity=60)
+    assert all(sum(s.seq_lens) <= 60 for s in limited)
+    big = simulate_steps([100] * 8, [10] * 8, max_running=8)
+    assert len(big) == 1 + 9  # one prefill step for all, then 9 decode steps

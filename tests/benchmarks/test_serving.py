@@ -1,0 +1,94 @@
+"""The serving benchmark against a fake streaming server: timings, tiers, B3/B4 result JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tessera.benchmarks import serving
+from tessera.benchmarks.common import missing_figures
+from tessera.benchmarks.datasets import random_requests
+from tessera.benchmarks.http_client import parse_prometheus, parse_sse_line
+from tessera.benchmarks.serving_driver import run_tier, tier_stats
+
+from .fake_openai import FakeOpenAI
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    server = FakeOpenAI(token_delay_s=0.002)
+    yield server
+    server.close()
+
+
+def test_parse_sse_and_prometheus() -> None:
+    assert parse_sse_line(b'data: {"a": 1}\n') == {"a": 1}
+    assert parse_sse_line(b"data: [DONE]\n") is None
+    assert parse_sse_line(b": keep-alive\n") is None
+    metrics = parse_prometheus('# HELP x\nfoo_total 3\nbar{a="b"} 2.5\nbad line x\n')
+    assert metrics == {"foo_total": 3.0, 'bar{a="b"}': 2.5}
+
+
+def test_run_tier_times_every_request(fake: FakeOpenAI) -> None:
+    reqs = random_requests(6, (8, 16), (3, 5), 1000, seed=1)
+    metrics, wall = asyncio.run(run_tier(fake.url, reqs, concurrency=2))
+    assert len(metrics) == 6 and all(m.ok for m in metrics)
+    assert [m.output_tokens for m in metrics] == [r.output_len for r in reqs]
+    assert all(len(m.itl_s) == m.output_tokens - 1 for m in metrics)
+    assert all(m.ttft_s > 0 and m.e2e_s >= m.ttft_s for m in metrics)
+    assert [b["prompt"] for b in fake.bodies] == [r.prompt_ids for r in reqs]
+    assert all(b["ignore_eos"] and b["stream"] for b in fake.bodies)
+    stats = tier_stats(metrics, wall, concurrency=2)
+    assert stats["errors"] == 0 and stats["completed"] == 6
+    assert stats["total_output_tokens"] == sum(r.output_len for r in reqs)
+    assert stats["itl_p50_ms"] >= 1.0  # the fake waits 2 ms per token
+    assert stats["ttft_p99_ms"] >= stats["ttft_p50_ms"]
+
+
+def test_errors_are_counted_not_raised() -> None:
+    server = FakeOpenAI(fail_every=2)
+    try:
+        reqs = random_requests(4, (4, 4), (2, 2), 1000)
+        metrics, wall = asyncio.run(run_tier(server.url, reqs, concurrency=4))
+    finally:
+        server.close()
+    stats = tier_stats(metrics, wall, concurrency=4)
+    assert stats["errors"] == 2
+    assert "HTTP 503" in stats["error_samples"][0]
+
+
+def test_b3_writes_tiers(fake: FakeOpenAI, tmp_path: Path) -> None:
+    rc = serving.main(["--workload", "B3", "--base-url", fake.url, "--vocab-size", "1000",
+                       "--concurrency", "1,4", "--prompt-len", "8,16", "--output-len", "2,4",
+                       "--min-requests", "4", "--out-dir", str(tmp_path), "--name", "b3"])
+    assert rc == 0
+    result = json.loads((tmp_path / "b3.json").read_text())
+    assert result["workload"] == "B3" and not missing_figures(result)
+    assert [t["concurrency"] for t in result["figures"]["tiers"]] == [1, 4]
+    assert result["figures"]["tiers"][1]["requests"] == 16
+    for name in result.get("plots", []):
+        assert (tmp_path / name).is_file()
+
+
+def test_b4_hit_rate_and_speedup(tmp_path: Path) -> None:
+    cached, uncached = FakeOpenAI(), FakeOpenAI(cache=False)
+    try:
+        rc = serving.main(["--workload", "B4", "--base-url", cached.url, "--no-cache-url",
+                           uncached.url, "--vocab-size", "1000", "--groups", "2",
+                           "--group-size", "3", "--prefix-len", "32", "--suffix-len", "8",
+                           "--prefix-output-len", "2", "--concurrency", "1", "--warmup", "0",
+                           "--out-dir", str(tmp_path), "--name", "b4"])
+    finally:
+        cached.close()
+        uncached.close()
+    assert rc == 0
+    figures = json.loads((tmp_path / "b4.json").read_text())["figures"]
+    # 4 of 6 requests reuse a 32-token prefix of a 40-token prompt
+    assert figures["ideal_hit_rate"] == pytest.approx(4 * 32 / (6 * 40))
+    assert figures["cache_hit_rate"] == pytest.approx(figures["ideal_hit_rate"])
+    assert figures["no_cache"]["cache_hit_rate"] == 0
+    assert figures["speedup_vs_no_cache"] > 0
