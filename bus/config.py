@@ -145,6 +145,8 @@ class ServerConfig(EngineConfig):
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' (or TESSERA_API_KEY)")
     disable_warmup: bool = _opt(False, "skip the warm-up request before reporting ready")
     drain_timeout_s: float = _opt(10.0, "on SIGTERM, wait this long for in-flight requests")
+    max_concurrent_requests: int = _opt(0, "HTTP generation requests in flight before new "
+                                        "ones get 429 (0: max_running + max_queued requests)")
 
 
 # --------------------------------------------------------------------------------------------
