@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -110,7 +111,21 @@ def remove_run(paths: RunPaths, shm_dir: str = SHM_DIR, keep_dir: bool = False) 
     return removed
 
 
+def has_listener(run_dir: Path) -> bool:
+    """True if a socket in the directory accepts connections: someone still uses this run."""
+    for sock_path in run_dir.glob("*.sock"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(sock_path))
+                return True
+            except OSError:
+                continue
+    return False
+
+
 def is_stale(run_dir: Path, now: float | None = None) -> bool:
+    """A run whose supervisor is gone. Without a pid file (a run directory made by a test or a
+    tool rather than `tessera serve`), only when it is old and none of its sockets answers."""
     pid = _read_pid(str(run_dir / "supervisor.pid"))
     if pid is not None:
         return not pid_alive(pid)
@@ -118,7 +133,7 @@ def is_stale(run_dir: Path, now: float | None = None) -> bool:
         age = (now or time.time()) - run_dir.stat().st_mtime
     except OSError:
         return False
-    return age > NO_PID_GRACE_S
+    return age > NO_PID_GRACE_S and not has_listener(run_dir)
 
 
 def remove_stale_runs(run_root: str, shm_dir: str = SHM_DIR) -> list[str]:
