@@ -1,0 +1,128 @@
+"""Assemble one ForwardBatch from the rows chosen for a step, and remember what was sent.
+
+Decodes come first (one token each, built with numpy over all decode rows at once), then
+prefill chunks. The in-flight record keeps, per request of the batch, the row and the uid of
+the sequence bound to it when the step was built: a result is applied to a row only if the
+same sequence still holds it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from tessera.bus.messages import ForwardBatch
+from tessera.scheduler_proc.request import Sequence
+from tessera.scheduler_proc.rows import RowState
+
+
+@dataclass
+class Chunk:
+    """A prefill chunk: positions [start, start + extend) of the row's known tokens."""
+
+    row: int
+    start: int
+    extend: int
+    sample: bool
+
+
+@dataclass
+class InFlight:
+    step: int
+    rows: np.ndarray  # every request of the batch
+    uids: np.ndarray
+    seq_lens: np.ndarray
+    sampled_rows: np.ndarray  # those with sample == 1, in order (the result's order)
+    sampled_uids: np.ndarray
+    prefill_rows: np.ndarray  # rows that ran a prefill chunk (their KV may be cached)
+    prefill_uids: np.ndarray
+    sent_at: float
+    build_cpu_s: float = 0.0
+
+
+def build(step: int, st: RowState, dec_rows: np.ndarray, dec_inputs: np.ndarray,
+          chunks: list[Chunk], seq_of_row: list[Sequence | None]) -> tuple[ForwardBatch, InFlight]:
+    n_dec = int(dec_rows.shape[0])
+    if chunks:
+        ch_rows = np.fromiter((c.row for c in chunks), dtype=np.int32, count=len(chunks))
+        ch_ext = np.fromiter((c.extend for c in chunks), dtype=np.int32, count=len(chunks))
+        ch_sample = np.fromiter((c.sample for c in chunks), dtype=np.uint8, count=len(chunks))
+        rows = np.concatenate([dec_rows, ch_rows])
+        extend = np.concatenate([np.ones(n_dec, dtype=np.int32), ch_ext])
+        sample = np.concatenate([np.ones(n_dec, dtype=np.uint8), ch_sample])
+        input_ids = np.concatenate(
+            [dec_inputs] + [st.tokens[c.row, c.start:c.start + c.extend] for c in chunks])
+    else:
+        rows = dec_rows
+        extend = np.ones(n_dec, dtype=np.int32)
+        sample = np.ones(n_dec, dtype=np.uint8)
+        input_ids = dec_inputs
+    seq_lens = st.kv_len[rows]  # kv_len was advanced when the step was planned
+    output_lens = st.n_known[rows] + st.pending[rows] - st.prompt_len[rows]
+    # pending was set for rows sampling in this step: do not count this step's own token.
+    output_lens -= sample.astype(np.int32)
+    block_offsets, block_ids = _blocks(rows, sample, output_lens, st, seq_of_row)
+    hist = _history(rows, st, seq_of_row)
+    batch = ForwardBatch(
+        step=step, rows=rows.astype(np.int32, copy=False), seq_lens=seq_lens,
+        extend_lens=extend, input_ids=input_ids.astype(np.int32, copy=False), sample=sample,
+        output_lens=output_lens, temperature=st.temperature[rows], top_p=st.top_p[rows],
+        top_k=st.top_k[rows], min_p=st.min_p[rows],
+        repetition_penalty=st.repetition_penalty[rows],
+        frequency_penalty=st.frequency_penalty[rows],
+        presence_penalty=st.presence_penalty[rows], seeds=st.seeds[rows],
+        logprobs=st.logprobs[rows], block_offsets=block_offsets, block_ids=block_ids,
+        hist_offsets=hist[0], hist_ids=hist[1], hist_prompt_lens=hist[2],
+        is_decode=not chunks,
+    )
+    sampled = sample.astype(bool)
+    uids = st.uid[rows]
+    record = InFlight(step=step, rows=rows, uids=uids, seq_lens=seq_lens,
+                      sampled_rows=rows[sampled], sampled_uids=uids[sampled],
+                      prefill_rows=rows[n_dec:], prefill_uids=uids[n_dec:],
+                      sent_at=time.monotonic())
+    return batch, record
+
+
+def _blocks(rows: np.ndarray, sample: np.ndarray, output_lens: np.ndarray, st: RowState,
+            seq_of_row: list[Sequence | None]) -> tuple[np.ndarray, np.ndarray]:
+    """CSR of token ids forbidden this step: stop/EOS ids while output_len < min_tokens."""
+    active = (sample == 1) & (output_lens < st.min_tokens[rows])
+    if not active.any():
+        return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32)
+    counts = np.zeros(rows.shape[0], dtype=np.int32)
+    parts: list[np.ndarray] = []
+    for i in np.flatnonzero(active).tolist():
+        seq = seq_of_row[int(rows[i])]
+        assert seq is not None
+        ids = seq.req.block_ids
+        counts[i] = ids.shape[0]
+        parts.append(ids)
+    offsets = np.zeros(rows.shape[0] + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets, np.concatenate(parts).astype(np.int32)
+
+
+def _history(rows: np.ndarray, st: RowState, seq_of_row: list[Sequence | None]
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSR of prompt + output tokens of requests with penalties (empty if there are none)."""
+    active = st.has_penalty[rows]
+    empty = np.zeros(0, dtype=np.int32)
+    if not active.any():
+        return empty, empty, empty
+    counts = np.zeros(rows.shape[0], dtype=np.int32)
+    prompt_lens = np.zeros(rows.shape[0], dtype=np.int32)
+    parts: list[np.ndarray] = []
+    for i in np.flatnonzero(active).tolist():
+        row = int(rows[i])
+        n = int(st.n_known[row])
+        counts[i] = n
+        seq = seq_of_row[row]
+        assert seq is not None
+        prompt_lens[i] = min(seq.req.prompt_len, n)
+        parts.append(st.tokens[row, :n])
+    offsets = np.zeros(rows.shape[0] + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets, np.concatenate(parts).astype(np.int32), prompt_lens

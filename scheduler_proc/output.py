@@ -1,0 +1,102 @@
+"""Collect what the detokenizer must hear into one TokenBatch per step.
+
+Entries come in two kinds: a block of sampled tokens (one per sequence, built from arrays)
+and finish-only entries (aborts: no token). The first time a rid appears, its `detok` dict
+rides along in `new_requests`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tessera.bus.messages import TokenBatch
+from tessera.scheduler_proc.request import Request
+
+
+class OutputBuilder:
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.rids: list[str] = []
+        self.indices: list[int] = []
+        self.counts: list[np.ndarray] = []
+        self.tokens: list[np.ndarray] = []
+        self.finish: list[str | None] = []
+        self.prompt_tokens: list[int] = []
+        self.cached_tokens: list[int] = []
+        self.matched_stop: list[int | None] = []
+        self.new_requests: dict[str, dict] = {}
+        self.logprobs: list[np.ndarray] = []
+        self.top_ids: list[np.ndarray] = []
+        self.top_logprobs: list[np.ndarray] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.rids)
+
+    def _announce(self, reqs: list[Request]) -> None:
+        for req in reqs:
+            if not req.announced:
+                req.announced = True
+                self.new_requests[req.rid] = req.detok
+
+    def add_tokens(self, reqs: list[Request], indices: list[int], tokens: np.ndarray,
+                   finish: list[str | None], matched: list[int | None],
+                   prompt_tokens: list[int], cached_tokens: list[int],
+                   logprobs: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
+        """One token for each of len(reqs) entries."""
+        self._announce(reqs)
+        self.rids.extend(r.rid for r in reqs)
+        self.indices.extend(indices)
+        self.counts.append(np.ones(len(reqs), dtype=np.int32))
+        self.tokens.append(tokens.astype(np.int32, copy=False))
+        self.finish.extend(finish)
+        self.matched_stop.extend(matched)
+        self.prompt_tokens.extend(prompt_tokens)
+        self.cached_tokens.extend(cached_tokens)
+        if logprobs is not None:
+            self.logprobs.append(logprobs[0])
+            self.top_ids.append(logprobs[1])
+            self.top_logprobs.append(logprobs[2])
+
+    def add_finish(self, req: Request, index: int, reason: str, cached_tokens: int) -> None:
+        """A finish without a token (abort)."""
+        self._announce([req])
+        self.rids.append(req.rid)
+        self.indices.append(index)
+        self.counts.append(np.zeros(1, dtype=np.int32))
+        self.finish.append(reason)
+        self.matched_stop.append(None)
+        self.prompt_tokens.append(req.prompt_len)
+        self.cached_tokens.append(max(cached_tokens, 0))
+
+    def take(self) -> TokenBatch | None:
+        if not self.rids:
+            return None
+        i32 = np.int32
+        batch = TokenBatch(
+            rids=self.rids, indices=self.indices,
+            counts=np.concatenate(self.counts) if self.counts else np.zeros(0, i32),
+            token_ids=np.concatenate(self.tokens) if self.tokens else np.zeros(0, i32),
+            finish=self.finish, prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens, new_requests=self.new_requests,
+            matched_stop=self.matched_stop,
+            logprobs=_cat(self.logprobs, np.float32),
+            top_ids=_cat(self.top_ids, np.int32),
+            top_logprobs=_cat(self.top_logprobs, np.float32),
+        )
+        self._reset()
+        return batch
+
+
+def _cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+    if not parts:
+        return np.zeros(0, dtype=dtype)
+    if len(parts) == 1:
+        return parts[0]
+    if parts[0].ndim == 2:  # top-N: pad to the widest N
+        width = max(p.shape[1] for p in parts)
+        fill = -1 if dtype is np.int32 else -np.inf
+        parts = [np.pad(p, ((0, 0), (0, width - p.shape[1])), constant_values=fill)
+                 for p in parts]
+    return np.concatenate(parts).astype(dtype, copy=False)

@@ -1,0 +1,545 @@
+"""The scheduler core: continuous batching over a paged KV pool with a radix prefix cache.
+
+No sockets here (process.py does the I/O), so tests and the benchmark drive it directly:
+
+    sched.add_request(TokenizedRequest) -> ErrorReply | None   (refused at admission)
+    sched.abort(rid, reason)                                    (frees everything at once)
+    sched.next_batch() -> ForwardBatch | None                   (plan, allocate, write slots)
+    sched.on_result(SampledTokens) -> TokenBatch | None         (apply, finish, cache)
+    sched.take_output() / take_errors()                         (aborts, failures)
+
+Each step: decodes of every running sequence (retracting the youngest when pages run out),
+then the prefill chunks of sequences already admitted, then new sequences, under the token
+budget `chunked_prefill_size`. With `overlap`, step n+1 is built and sent before step n's
+result is read: decodes use input id -1 ("what this row sampled last"), and a finish is seen
+one step late (the extra token is dropped).
+
+Page invariant (`check_invariant`): every usable page is exactly one of free, held by a
+running sequence (its own pages, or a cache page on a path it locks), or held only by the
+cache. Pages of a sequence that stops are freed or handed to the cache at once: any step built
+later runs after the steps in flight, so a page is never reused too early. Rows are different:
+a row may be rewritten only once no step in flight names it (`_release_row`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+import numpy as np
+
+from tessera.bus.messages import ErrorReply, ForwardBatch, SampledTokens, TokenBatch, TokenizedRequest
+from tessera.scheduler_proc import batch as batch_mod
+from tessera.scheduler_proc.admission import Limits, make_request, refuse
+from tessera.scheduler_proc.batch import Chunk, InFlight
+from tessera.scheduler_proc.config import SchedulerConfig
+from tessera.scheduler_proc.output import OutputBuilder
+from tessera.scheduler_proc.page_allocator import PageAllocator
+from tessera.scheduler_proc.page_table import RowPool
+from tessera.scheduler_proc.policy import WaitingQueue, retraction_victim
+from tessera.scheduler_proc.radix_cache import RadixCache
+from tessera.scheduler_proc.request import Request, Sequence, SeqState
+from tessera.scheduler_proc.rows import RowState
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, req_to_token: np.ndarray | None = None) -> None:
+        c = self.config = config
+        self.page_size = ps = c.page_size
+        self.allocator = PageAllocator(c.num_slots, ps, debug=c.debug)
+        self.cache = RadixCache(ps)
+        self.use_cache = not c.disable_radix_cache
+        n_rows, width = c.max_running_requests, c.max_context_len
+        if req_to_token is None:
+            req_to_token = np.zeros((n_rows, width), dtype=np.int32)
+        self.st = RowState(n_rows, width, ps, req_to_token)
+        self.row_pool = RowPool(n_rows)
+        self.seq_of_row: list[Sequence | None] = [None] * n_rows
+        self.by_priority = c.schedule_policy == "priority"
+        self.waiting = WaitingQueue(self.by_priority)
+        self.limits = Limits(c, self.allocator.total_pages)
+        self.requests: dict[str, Request] = {}
+        self.running: dict[int, Sequence] = {}  # row -> sequence
+        self._active: np.ndarray | None = None  # rows of `running`, rebuilt when it changes
+        self.inflight: deque[InFlight] = deque()
+        self.depth = 2 if c.overlap else 1
+        self._deferred_rows: list[int] = []
+        self._fork_rows: set[int] = set()  # rows of index-0 sequences with parked siblings
+        self._out = OutputBuilder()
+        self._errors: list[ErrorReply] = []
+        self._eos = np.asarray(c.eos_token_ids, dtype=np.int32)
+        self._step = 0
+        self._completed_step = -1
+        self._uid = 0
+        self._order = 0
+        # metrics
+        self.retracted_total = 0
+        self.cache_hit_tokens = 0
+        self.cache_query_tokens = 0
+        self.finished_total = 0
+        self.aborted_total = 0
+        self.steps_done = 0
+        self.cpu_ms_ema = 0.0
+
+    # ---------------------------------------------------------------------------- requests
+    def add_request(self, req: TokenizedRequest) -> ErrorReply | None:
+        ids = np.array(req.input_ids, dtype=np.int32).reshape(-1)
+        problem = self.limits.check(req, ids, len(self.waiting), req.rid in self.requests)
+        if problem is not None:
+            return refuse(req, *problem)
+        request = make_request(req, ids, self._order,
+                               self.limits.max_total(ids.shape[0], req.sampling.max_tokens),
+                               self.config.eos_token_ids)
+        self._order += 1
+        self.requests[req.rid] = request
+        self.waiting.push(request.seqs[0])
+        return None
+
+    def abort(self, rid: str, reason: str = "abort") -> bool:
+        """Stop every sample of `rid` now; the detokenizer hears a final "abort" (or "stop"
+        when the detokenizer itself matched a stop string)."""
+        req = self.requests.get(rid)
+        if req is None:
+            return False
+        finish = "stop" if reason == "stop" else "abort"
+        req.fork_pending = []
+        for seq in req.seqs:
+            if seq.state is SeqState.FINISHED:
+                continue
+            self._drop(seq)
+            self._out.add_finish(req, seq.index, finish, seq.cached_tokens)
+        self.aborted_total += 1
+        return True
+
+    def flush_cache(self) -> int:
+        """Drop every unreferenced cached page; return how many."""
+        pages = self.cache.evict_all()
+        self.allocator.free(pages)
+        return int(pages.shape[0])
+
+    def take_output(self) -> TokenBatch | None:
+        return self._out.take()
+
+    def take_errors(self) -> list[ErrorReply]:
+        errors, self._errors = self._errors, []
+        return errors
+
+    def has_work(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0
+
+    def can_launch(self) -> bool:
+        return len(self.inflight) < self.depth and self.has_work()
+
+    # ---------------------------------------------------------------------------- planning
+    def next_batch(self) -> ForwardBatch | None:
+        """Plan the next step, allocate its pages, write its slots; None if nothing to run."""
+        if len(self.inflight) >= self.depth:
+            return None
+        t0 = time.thread_time()
+        while True:
+            dec_rows, dec_inputs = self._plan_decodes()
+            budget = self.config.chunked_prefill_size or (1 << 30)
+            chunks, budget = self._plan_prefills(budget)
+            self._admit(chunks, budget)
+            if dec_rows.shape[0] or chunks:
+                break
+            if self.inflight or not self.running:
+                return None
+            # Nothing fits and nothing will come back to free memory: give way.
+            self._retract(self._victim())
+        step = self._step
+        self._step += 1
+        batch, record = batch_mod.build(step, self.st, dec_rows, dec_inputs, chunks,
+                                        self.seq_of_row)
+        self.st.last_step[batch.rows] = step
+        record.build_cpu_s = time.thread_time() - t0
+        self.inflight.append(record)
+        return batch
+
+    def _active_rows(self) -> np.ndarray:
+        if self._active is None:
+            self._active = np.fromiter(self.running, dtype=np.int32, count=len(self.running))
+        return self._active
+
+    def _decode_ready(self) -> np.ndarray:
+        st = self.st
+        rows = self._active_rows()
+        if not rows.shape[0]:
+            return rows
+        total = st.n_known[rows] + st.pending[rows]
+        ready = (st.kv_len[rows] == total - 1) & (total < st.max_total[rows])
+        if self.depth > 1:
+            # Penalties need the full history; the token in flight is not known yet.
+            ready &= ~(st.has_penalty[rows] & (st.pending[rows] > 0))
+        return rows[ready]
+
+    def _plan_decodes(self) -> tuple[np.ndarray, np.ndarray]:
+        st, ps = self.st, self.page_size
+        while True:
+            rows = self._decode_ready()
+            grow = rows[st.kv_len[rows] % ps == 0]  # the new token starts a page
+            if grow.shape[0] <= self._available():
+                break
+            if len(self.running) <= 1:  # cannot happen after admission checks; stay safe
+                rows = rows[st.kv_len[rows] % ps != 0]
+                grow = rows[:0]
+                break
+            self._retract(self._victim())
+        if grow.shape[0]:
+            st.pages[grow, st.n_pages[grow]] = self._alloc(int(grow.shape[0]))
+            st.n_pages[grow] += 1
+        pos = st.kv_len[rows]
+        st.req_to_token[rows, pos] = st.pages[rows, pos // ps] * ps + pos % ps
+        pending = st.pending[rows]
+        last = st.n_known[rows] + pending - 1
+        inputs = np.where(pending > 0, -1, st.tokens[rows, np.minimum(last, st.width - 1)])
+        st.kv_len[rows] = pos + 1
+        st.pending[rows] = pending + 1
+        return rows, inputs.astype(np.int32)
+
+    def _chunk(self, seq: Sequence, budget: int, reserve: int) -> Chunk | None:
+        """Allocate and write the next prefill chunk of a bound sequence (None if no page)."""
+        st, row = self.st, seq.row
+        start = int(st.kv_len[row])
+        extend = min(int(st.n_known[row]) - start, budget)
+        room = self._available() - reserve
+        extend = min(extend, (int(st.n_pages[row]) + room) * self.page_size - start)
+        if extend <= 0:
+            return None
+        need = st.pages_needed(row, extend)
+        if need > 0:
+            st.add_pages(row, self._alloc(need))
+        st.write_slots(row, start, start + extend)
+        st.kv_len[row] = start + extend
+        sample = start + extend == int(st.n_known[row])
+        if sample:
+            st.pending[row] += 1
+        return Chunk(row, start, extend, sample)
+
+    def _plan_prefills(self, budget: int) -> tuple[list[Chunk], int]:
+        """Next chunks of sequences admitted earlier whose prompt is not all in KV yet."""
+        st = self.st
+        rows = self._active_rows()
+        chunks: list[Chunk] = []
+        if not rows.shape[0]:
+            return chunks, budget
+        prefilling = rows[st.kv_len[rows] < st.n_known[rows] + st.pending[rows] - 1]
+        seqs = sorted((self.seq_of_row[r] for r in prefilling.tolist()),
+                      key=lambda s: s.sort_key(self.by_priority))  # type: ignore[union-attr]
+        for seq in seqs:
+            if budget <= 0:
+                break
+            assert seq is not None
+            chunk = self._chunk(seq, budget, reserve=0)
+            if chunk is None:
+                break
+            chunks.append(chunk)
+            budget -= chunk.extend
+        return chunks, budget
+
+    def _admit(self, chunks: list[Chunk], budget: int) -> None:
+        """Bind waiting sequences to rows while budget, rows and pages last."""
+        c, ps = self.config, self.page_size
+        while budget > 0 and self.row_pool.free_rows and len(self.running) < c.max_running_requests:
+            seq = self.waiting.peek()
+            if seq is None:
+                break
+            n = int(seq.tokens.shape[0])
+            node = self.cache.root
+            prefix = np.zeros(0, dtype=np.int32)
+            if self.use_cache:
+                # Leave at least one token to compute: its logits give the next token.
+                prefix, node = self.cache.match(seq.tokens[:((n - 1) // ps) * ps])
+                self.cache.lock(node)
+            # Keep a page of headroom per running sequence for its next decodes.
+            reserve = len(self.running)
+            if self._available() <= reserve:
+                self.cache.unlock(node)
+                break
+            self.waiting.pop()
+            self._bind(seq, prefix, node)
+            chunk = self._chunk(seq, budget, reserve)
+            if chunk is None:  # not even one page: undo
+                self._unbind(seq, insert=False)
+                self.waiting.push(seq)
+                break
+            chunks.append(chunk)
+            budget -= chunk.extend
+            self.cache_query_tokens += n
+            self.cache_hit_tokens += prefix.shape[0] * ps
+
+    def _bind(self, seq: Sequence, prefix: np.ndarray, node: object) -> None:
+        st = self.st
+        row = self.row_pool.alloc()
+        req = seq.req
+        st.bind(row, self._uid, seq.tokens, req.prompt_len, req.max_total, req.sampling,
+                seq.index, bool(req.stop_ids))
+        self._uid += 1
+        st.set_prefix(row, prefix)
+        if seq.cached_tokens < 0:
+            seq.cached_tokens = int(prefix.shape[0]) * self.page_size
+        st.cached[row] = seq.cached_tokens
+        seq.row, seq.uid, seq.state = row, int(st.uid[row]), SeqState.RUNNING
+        seq.last_node = node  # type: ignore[assignment]
+        self.seq_of_row[row] = seq
+        self.running[row] = seq
+        self._active = None
+        if seq.index == 0 and seq.req.fork_pending:
+            self._fork_rows.add(row)
+
+    # ---------------------------------------------------------------------------- pages
+    def _available(self) -> int:
+        return self.allocator.free_pages + (self.cache.evictable_pages if self.use_cache else 0)
+
+    def _alloc(self, n: int) -> np.ndarray:
+        short = n - self.allocator.free_pages
+        if short > 0 and self.use_cache:
+            self.allocator.free(self.cache.evict(short))
+        return self.allocator.alloc(n)
+
+    def _cache_prefix(self, seq: Sequence) -> None:
+        """Put the row's computed whole pages in the cache and lock them (prefill done or
+        partly done): later requests with the same prefix reuse them at once."""
+        st, ps, row = self.st, self.page_size, seq.row
+        k = min(int(st.kv_done[row]), int(st.n_known[row])) // ps
+        if k <= int(st.tree_pages[row]):
+            return
+        own = st.pages[row, :k].copy()
+        path, node = self.cache.insert(st.tokens[row, :k * ps], own)
+        dup = own != path
+        if dup.any():
+            # Someone cached these tokens first: use its pages, free ours.
+            self.allocator.free(own[dup])
+            st.pages[row, :k] = path
+            st.write_slots(row, int(np.argmax(dup)) * ps, k * ps)
+        self.cache.lock(node)
+        assert seq.last_node is not None
+        self.cache.unlock(seq.last_node)
+        seq.last_node = node
+        st.tree_pages[row] = k
+
+    def _release_pages(self, seq: Sequence, insert: bool) -> None:
+        """Give every page of the sequence back: to the cache (whole pages with KV written),
+        else to the free list."""
+        st, ps, row = self.st, self.page_size, seq.row
+        keep = int(st.tree_pages[row])
+        if insert and self.use_cache:
+            k = min(int(st.kv_done[row]), int(st.n_known[row])) // ps
+            if k > keep:
+                own = st.pages[row, :k].copy()
+                path, _ = self.cache.insert(st.tokens[row, :k * ps], own)
+                self.allocator.free(own[own != path])
+                keep = k
+        self.allocator.free(st.pages[row, keep:st.n_pages[row]].copy())
+        st.n_pages[row] = 0
+        st.tree_pages[row] = 0
+        if seq.last_node is not None:
+            self.cache.unlock(seq.last_node)
+            seq.last_node = None
+
+    # ---------------------------------------------------------------------------- leaving
+    def _unbind(self, seq: Sequence, insert: bool) -> None:
+        row = seq.row
+        self._release_pages(seq, insert)
+        del self.running[row]
+        self._active = None
+        self._fork_rows.discard(row)
+        self.st.unbind(row)
+        self.seq_of_row[row] = None
+        seq.row = -1
+        self._release_row(row)
+
+    def _release_row(self, row: int) -> None:
+        if int(self.st.last_step[row]) > self._completed_step:
+            self._deferred_rows.append(row)  # a step in flight still reads this row
+        else:
+            self.row_pool.free(row)
+
+    def _release_deferred_rows(self) -> None:
+        if not self._deferred_rows:
+            return
+        still = []
+        for row in self._deferred_rows:
+            if int(self.st.last_step[row]) > self._completed_step:
+                still.append(row)
+            else:
+                self.row_pool.free(row)
+        self._deferred_rows = still
+
+    def _victim(self) -> Sequence:
+        victim = retraction_victim(self.running.values(), self.by_priority)
+        assert victim is not None
+        return victim
+
+    def _retract(self, seq: Sequence) -> None:
+        """Free a running sequence's pages and requeue it; it recomputes when it returns."""
+        row = seq.row
+        seq.tokens = self.st.tokens[row, :self.st.n_known[row]].copy()
+        self._unbind(seq, insert=True)
+        self.waiting.push(seq)
+        self.retracted_total += 1
+        log.debug("retracted %s[%d] (%d tokens)", seq.req.rid, seq.index, seq.tokens.shape[0])
+
+    def _drop(self, seq: Sequence) -> None:
+        """Forget a sequence wherever it is (abort, failure)."""
+        if seq.state is SeqState.RUNNING:
+            self._unbind(seq, insert=True)
+        elif seq.state is SeqState.WAITING:
+            self.waiting.discard(seq)
+        self._finished(seq)
+
+    def _finished(self, seq: Sequence) -> None:
+        seq.state = SeqState.FINISHED
+        req = seq.req
+        req.live -= 1
+        if req.live <= 0:
+            self.requests.pop(req.rid, None)
+
+    def _fail_request(self, req: Request, status: int, message: str) -> None:
+        req.fork_pending = []
+        for seq in req.seqs:
+            if seq.state is not SeqState.FINISHED:
+                self._drop(seq)
+        self._errors.append(ErrorReply(rid=req.rid, status=status, message=message,
+                                       error_type="server_error",
+                                       reply_to=req.detok.get("reply_to")))
+
+    # ---------------------------------------------------------------------------- results
+    def on_result(self, res: SampledTokens) -> TokenBatch | None:
+        """Apply one step's sampled tokens; return what the detokenizer must hear."""
+        if not self.inflight or res.step != self.inflight[0].step:
+            log.warning("dropping a result for step %d (expected %s)", res.step,
+                        self.inflight[0].step if self.inflight else "none")
+            return None
+        t0 = time.thread_time()
+        rec = self.inflight.popleft()
+        self._completed_step = rec.step
+        st = self.st
+        same = st.uid[rec.rows] == rec.uids
+        st.kv_done[rec.rows[same]] = rec.seq_lens[same]
+        if res.error is not None or res.token_ids.shape[0] != rec.sampled_rows.shape[0]:
+            why = res.error or (f"the worker returned {res.token_ids.shape[0]} tokens for "
+                                f"{rec.sampled_rows.shape[0]} requests")
+            self._fail_records([rec], 500, f"the model step failed: {why}")
+        else:
+            self._apply_tokens(rec, res)
+            if self.use_cache and rec.prefill_rows.shape[0]:
+                ok = st.uid[rec.prefill_rows] == rec.prefill_uids
+                for row in rec.prefill_rows[ok].tolist():
+                    seq = self.seq_of_row[row]
+                    assert seq is not None
+                    self._cache_prefix(seq)
+        self._release_deferred_rows()
+        self.steps_done += 1
+        cpu_ms = (rec.build_cpu_s + time.thread_time() - t0) * 1e3
+        self.cpu_ms_ema = cpu_ms if self.steps_done == 1 else 0.9 * self.cpu_ms_ema + 0.1 * cpu_ms
+        if self.config.debug:
+            self.check_invariant()
+        return self._out.take()
+
+    def _apply_tokens(self, rec: InFlight, res: SampledTokens) -> None:
+        st = self.st
+        rows, toks = rec.sampled_rows, res.token_ids.astype(np.int32, copy=False)
+        valid = st.uid[rows] == rec.sampled_uids
+        all_valid = bool(valid.all())
+        if not all_valid:
+            rows, toks = rows[valid], toks[valid]
+        if not rows.shape[0]:
+            return
+        pos = st.n_known[rows]
+        st.tokens[rows, pos] = toks
+        n = pos + 1
+        st.n_known[rows] = n
+        st.pending[rows] -= 1
+        stop = np.isin(toks, self._eos) & ~st.ignore_eos[rows] if self._eos.shape[0] else \
+            np.zeros(rows.shape[0], dtype=bool)
+        seqs = [self.seq_of_row[r] for r in rows.tolist()]
+        for i in np.flatnonzero(st.has_stop_ids[rows]).tolist():
+            if int(toks[i]) in seqs[i].req.stop_ids:  # type: ignore[union-attr]
+                stop[i] = True
+        stop &= (n - st.prompt_len[rows]) >= st.min_tokens[rows]
+        length = n >= st.max_total[rows]
+        done = np.flatnonzero(stop | length).tolist()
+        finish: list[str | None] = [None] * rows.shape[0]
+        matched: list[int | None] = [None] * rows.shape[0]
+        for i in done:
+            finish[i] = "stop" if stop[i] else "length"
+            matched[i] = int(toks[i]) if stop[i] else None
+        logprobs = None
+        if res.logprobs.shape[0]:
+            pick = slice(None) if all_valid else valid
+            logprobs = (res.logprobs[pick], res.top_ids[pick], res.top_logprobs[pick])
+        reqs = [s.req for s in seqs]  # type: ignore[union-attr]
+        self._out.add_tokens(reqs, [s.index for s in seqs],  # type: ignore[union-attr]
+                             toks, finish, matched, st.prompt_len[rows].tolist(),
+                             st.cached[rows].tolist(), logprobs)
+        if self._fork_rows:
+            for row in self._fork_rows.intersection(rows.tolist()):
+                self._fork(self.seq_of_row[row])  # type: ignore[arg-type]
+        for i in done:
+            seq = seqs[i]
+            assert seq is not None
+            self._unbind(seq, insert=True)
+            self._finished(seq)
+            self.finished_total += 1
+
+    def _fork(self, seq: Sequence) -> None:
+        """Index 0 has its prompt in KV (and, after this step, in the cache): start the other
+        samples, which find the prompt's pages there and compute only the last partial page."""
+        self._fork_rows.discard(seq.row)
+        for sib in seq.req.fork_pending:
+            self.waiting.push(sib)
+        seq.req.fork_pending = []
+
+    def _fail_records(self, records: list[InFlight], status: int, message: str) -> None:
+        st = self.st
+        reqs: dict[str, Request] = {}
+        for rec in records:
+            same = st.uid[rec.rows] == rec.uids
+            for row in rec.rows[same].tolist():
+                seq = self.seq_of_row[row]
+                if seq is not None:
+                    reqs[seq.req.rid] = seq.req
+        for req in reqs.values():
+            log.error("request %s failed: %s", req.rid, message)
+            self._fail_request(req, status, message)
+
+    def fail_inflight(self, message: str, status: int = 503) -> None:
+        """The worker stopped answering: fail the requests of every step in flight."""
+        records = list(self.inflight)
+        self.inflight.clear()
+        if records:
+            self._completed_step = records[-1].step
+        self._fail_records(records, status, message)
+        self._release_deferred_rows()
+
+    # ---------------------------------------------------------------------------- metrics
+    def stats(self) -> dict[str, float]:
+        total = self.allocator.total_pages
+        free = self.allocator.free_pages
+        query = self.cache_query_tokens
+        return {
+            "running": float(len(self.running)),
+            "waiting": float(len(self.waiting)),
+            "retracted_total": float(self.retracted_total),
+            "finished_total": float(self.finished_total),
+            "aborted_total": float(self.aborted_total),
+            "cache_hit_tokens": float(self.cache_hit_tokens),
+            "cache_query_tokens": float(query),
+            "cache_hit_rate": self.cache_hit_tokens / query if query else 0.0,
+            "kv_pages_total": float(total),
+            "kv_pages_used": float(total - free),
+            "kv_pages_free": float(free),
+            "kv_pages_cached": float(self.cache.evictable_pages),
+            "sched_cpu_ms_per_step": self.cpu_ms_ema,
+            "steps": float(self.steps_done),
+            "inflight_steps": float(len(self.inflight)),
+        }
+
+    def check_invariant(self) -> None:
+        from tessera.scheduler_proc.invariant import check
+
+        check(self)
