@@ -1,0 +1,170 @@
+"""The detokenizer's routing: deltas per request, stop strings, finishes, errors, gone clients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tessera.bus.channel import SendTimeout
+from tessera.bus.messages import AbortRequest, ErrorReply, RequestOutput, TokenBatch
+from tessera.detokenizer_proc.router import Router
+
+EOS = 2
+
+
+def detok(**kw):
+    base = {"reply_to": "ipc://client", "stream": True, "n": 1, "stop": [],
+            "skip_special_tokens": True, "logprobs": None, "prompt_tokens": 7,
+            "stop_token_ids": []}
+    return {**base, **kw}
+
+
+def batch(rows, new=None, logprobs=None, top_ids=None, top_logprobs=None):
+    """rows: (rid, index, [tokens], finish)"""
+    kw = {}
+    if logprobs is not None:
+        kw = {"logprobs": np.asarray(logprobs, np.float32),
+              "top_ids": np.asarray(top_ids, np.int32),
+              "top_logprobs": np.asarray(top_logprobs, np.float32)}
+    return TokenBatch(
+        rids=[r[0] for r in rows], indices=[r[1] for r in rows],
+        counts=np.array([len(r[2]) for r in rows], np.int32),
+        token_ids=np.array([t for r in rows for t in r[2]], np.int32),
+        finish=[r[3] for r in rows], prompt_tokens=[7] * len(rows),
+        cached_tokens=[3] * len(rows), new_requests=new or {},
+        matched_stop=[EOS if r[3] == "stop" else None for r in rows], **kw)
+
+
+class Harness:
+    def __init__(self, tokenizer, gone=()):
+        self.replies: list[tuple[str, object]] = []
+        self.scheduler: list[object] = []
+        self.gone = set(gone)
+
+        def send_reply(endpoint, msg):
+            if endpoint in self.gone:
+                raise SendTimeout(endpoint)
+            self.replies.append((endpoint, msg))
+
+        self.router = Router(tokenizer, send_reply, self.scheduler.append)
+
+    def outputs(self, rid=None, index=None):
+        return [m for _, m in self.replies if isinstance(m, RequestOutput)
+                and (rid is None or m.rid == rid) and (index is None or m.index == index)]
+
+
+def stream_tokens(h, rid, ids, info, finish_last="stop", index=0):
+    for k, t in enumerate(ids):
+        new = {rid: info} if k == 0 else None
+        h.router.handle([batch([(rid, index, [t], finish_last if k == len(ids) - 1 else None)],
+                               new)])
+
+
+def test_streamed_unicode_round_trip_and_usage(tokenizer):
+    text = "Hello 🎉 wörld — 日本語 e\u0301!"
+    ids = tokenizer.encode(text, add_special_tokens=False) + [EOS]
+    h = Harness(tokenizer)
+    stream_tokens(h, "r1", ids, detok())
+    outs = h.outputs("r1")
+    assert "".join(o.text for o in outs) == text
+    assert all("\ufffd" not in o.text for o in outs)
+    last = outs[-1]
+    assert last.finish_reason == "stop" and last.completion_tokens == len(ids)
+    assert last.prompt_tokens == 7 and last.cached_tokens == 3
+    assert np.concatenate([o.token_ids for o in outs]).tolist() == ids
+    assert h.scheduler == []  # the scheduler finished it itself: nothing to abort
+    assert h.router.requests == {}
+
+
+def test_stop_string_spanning_tokens_is_cut_and_aborts(tokenizer):
+    text = "The answer is 42. END of story"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    h = Harness(tokenizer)
+    stream_tokens(h, "r2", ids, detok(stop=["42. E"]), finish_last="length")
+    outs = h.outputs("r2")
+    assert "".join(o.text for o in outs) == "The answer is "
+    assert outs[-1].finish_reason == "stop"
+    # tokens up to the one completing the stop string are counted, later rows ignored
+    upto = next(k for k in range(1, len(ids) + 1) if "42. E" in tokenizer.decode(ids[:k]))
+    assert outs[-1].completion_tokens == upto
+    assert h.scheduler == [AbortRequest(rid="r2", reason="stop")]
+    assert h.router.requests == {}
+
+
+def test_not_streamed_sends_one_output(tokenizer):
+    text = "Ünïcödé 🧪 test"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    h = Harness(tokenizer)
+    stream_tokens(h, "r3", ids, detok(stream=False), finish_last="length")
+    [out] = h.outputs("r3")
+    assert out.text == text and out.finish_reason == "length"
+    assert out.token_ids.tolist() == ids and out.completion_tokens == len(ids)
+
+
+def test_skip_special_tokens_false_shows_them(tokenizer):
+    ids = tokenizer.encode("a<|im_start|>b", add_special_tokens=False)
+    for skip, want in ((True, "ab"), (False, "a<|im_start|>b")):
+        h = Harness(tokenizer)
+        stream_tokens(h, "r", ids, detok(skip_special_tokens=skip), finish_last="length")
+        assert "".join(o.text for o in h.outputs()) == want
+
+
+def test_n_samples_abort_only_when_all_done(tokenizer):
+    h = Harness(tokenizer)
+    a = tokenizer.encode("yes STOP no", add_special_tokens=False)
+    info = detok(n=2, stop=["STOP"])
+    h.router.handle([batch([("r4", 0, a[:1], None), ("r4", 1, a[:1], None)], {"r4": info})])
+    h.router.handle([batch([("r4", 0, a[1:], None), ("r4", 1, a[1:2], None)])])
+    assert h.outputs(index=0)[-1].finish_reason == "stop"
+    assert h.scheduler == []  # sample 1 still runs
+    h.router.handle([batch([("r4", 0, [5], None), ("r4", 1, [EOS], "stop")])])
+    assert h.scheduler == [AbortRequest(rid="r4", reason="stop")]
+    assert "".join(o.text for o in h.outputs(index=0)) == "yes "
+    # sample 1 ended (EOS) on a partial "ST": released at its end, since it never became "STOP"
+    assert "".join(o.text for o in h.outputs(index=1)) == tokenizer.decode(a[:2])
+
+
+def test_client_gone_aborts_request(tokenizer):
+    h = Harness(tokenizer, gone={"ipc://gone"})
+    h.router.handle([batch([("r5", 0, [100], None)], {"r5": detok(reply_to="ipc://gone")})])
+    assert h.scheduler == [AbortRequest(rid="r5", reason="client_gone")]
+    h.router.handle([batch([("r5", 0, [101], None)])])  # late rows are dropped quietly
+    assert h.router.requests == {} and h.router.rows_dropped == 0
+
+
+def test_error_reply_forwarded(tokenizer):
+    h = Harness(tokenizer)
+    h.router.handle([batch([("r6", 0, [100], None)], {"r6": detok()})])
+    err = ErrorReply(rid="r6", status=503, message="worker failed", error_type="server_error")
+    h.router.handle([err])
+    assert h.replies[-1] == ("ipc://client", err)
+    assert h.router.requests == {}
+    direct = ErrorReply(rid="r7", status=429, message="queue full", reply_to="ipc://other")
+    h.router.handle([direct])
+    assert h.replies[-1] == ("ipc://other", direct)
+
+
+def test_unknown_request_row_dropped(tokenizer):
+    h = Harness(tokenizer)
+    h.router.handle([batch([("ghost", 0, [100], None)])])
+    assert h.replies == [] and h.router.rows_dropped == 1
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_logprobs_pass_through_with_own_top_k(tokenizer, stream):
+    h = Harness(tokenizer)
+    ids = tokenizer.encode("hi there", add_special_tokens=False)
+    n = len(ids)
+    lp = -np.arange(1, n + 2, dtype=np.float32)  # two requests, the second with one token
+    top_ids = np.arange((n + 1) * 3, dtype=np.int32).reshape(n + 1, 3)
+    top_lp = -top_ids.astype(np.float32)
+    h.router.handle([batch([("a", 0, ids, "length"), ("b", 0, [100], "length")],
+                           {"a": detok(logprobs=2, stream=stream), "b": detok()},
+                           lp, top_ids, top_lp)])
+    [out] = h.outputs("a")
+    assert out.logprobs.tolist() == lp[:n].tolist()
+    assert out.top_ids.tolist() == top_ids[:n, :2].tolist()
+    assert out.top_logprobs.tolist() == top_lp[:n, :2].tolist()
+    assert "".join(out.token_texts) == "hi there"
+    [other] = h.outputs("b")
+    assert other.logprobs.size == 0 and other.token_texts == []
