@@ -1,0 +1,5 @@
+import sys
+
+from tessera.server.main import main
+
+sys.exit(main())

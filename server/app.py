@@ -1,0 +1,94 @@
+"""The aiohttp application: routes and the middlewares every request passes through.
+
+    errors    any ApiError, aiohttp HTTP error (404 route, 405 method, 413 body) or bug
+              becomes OpenAI's error JSON with its status (and Retry-After for 429/503)
+    metrics   tessera_http_requests{route, status}
+    auth      with an API key configured, /v1/* and /generate need `Authorization: Bearer KEY`
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from tessera.server import chat, completions, native, ops
+from tessera.server.errors import ApiError
+from tessera.server.formatting import MAX_BODY_BYTES
+from tessera.server.state import STATE, ServerState
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_PROTECTED = ("/v1/", "/generate")
+
+
+def _route_name(request: web.Request) -> str:
+    info = request.match_info.route.resource
+    return info.canonical if info is not None else "unmatched"
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    state: ServerState = request.app[STATE]
+    kind = "error"
+    try:
+        response = await handler(request)
+    except ApiError as exc:
+        kind = exc.error_type
+        response = exc.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = {404: f"no route {request.method} {request.path}; see /openapi.json",
+                   405: f"{request.method} is not allowed on {request.path}",
+                   413: f"the request body is larger than {MAX_BODY_BYTES >> 20} MiB"}.get(
+            exc.status, exc.reason)
+        error = ApiError(exc.status, message)
+        kind, response = error.error_type, error.response()
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        response = ApiError(500, "internal server error; the server log has the "
+                                 "details").response()
+        kind = "internal_error"
+    if response.status >= 400:
+        state.metrics.errors.labels(str(response.status), kind).inc()
+    state.metrics.requests.labels(_route_name(request), str(response.status)).inc()
+    return response
+
+
+def auth_middleware(api_key: str) -> Callable[[web.Request, Handler],
+                                              Awaitable[web.StreamResponse]]:
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.startswith(_PROTECTED):
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                raise ApiError(401, "Incorrect or missing API key: send the header "
+                                    "'Authorization: Bearer <key>' with the key the server "
+                                    "was started with (--api-key / TESSERA_API_KEY).")
+        return await handler(request)
+
+    return check
+
+
+def create_app(state: ServerState) -> web.Application:
+    middlewares = [errors_middleware]
+    if state.config.api_key:
+        middlewares.append(auth_middleware(state.config.api_key))
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
+    app[STATE] = state
+    app.router.add_post("/v1/chat/completions", chat.chat_completions)
+    app.router.add_post("/v1/completions", completions.completions)
+    app.router.add_get("/v1/models", ops.models)
+    app.router.add_get("/v1/models/{model}", ops.model)
+    app.router.add_post("/generate", native.generate)
+    app.router.add_get("/health", ops.health)
+    app.router.add_get("/health_generate", ops.health_generate)
+    app.router.add_get("/metrics", ops.metrics)
+    app.router.add_get("/openapi.json", ops.openapi)
+    return app

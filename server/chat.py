@@ -1,0 +1,107 @@
+"""POST /v1/chat/completions, as OpenAI answers it (plain JSON or SSE chunks)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from tessera.client import Delta, TesseraError
+from tessera.server.errors import ApiError, bad_request
+from tessera.server.formatting import UsageTally, chat_logprobs, gather, read_body
+from tessera.server.generation import Generation
+from tessera.server.params import (
+    BOOL,
+    INT,
+    chat_messages,
+    check_model,
+    common_sampling,
+    parse_json_body,
+    reject_unsupported,
+    sampling,
+    stream_options,
+    take,
+)
+from tessera.server.sse import SseWriter
+from tessera.server.state import STATE, ServerState
+
+
+def _top_n(body: dict[str, Any]) -> int | None:
+    """Top alternatives asked for: None (no logprobs) or 0..20."""
+    wanted = take(body, "logprobs", BOOL, False)
+    top = take(body, "top_logprobs", INT)
+    if top is not None and not wanted:
+        raise bad_request("'top_logprobs' requires 'logprobs': true", "top_logprobs")
+    return (top or 0) if wanted else None
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state: ServerState = request.app[STATE]
+    body = parse_json_body(await read_body(request))
+    model = check_model(body, state.model_ids)
+    reject_unsupported(body)
+    messages = chat_messages(body)
+    opts = stream_options(body)
+    top_n = _top_n(body)
+    values = common_sampling(body)
+    values["max_tokens"] = take(body, "max_completion_tokens", INT,
+                                take(body, "max_tokens", INT))
+    values["logprobs"] = top_n
+    params = sampling(values, keep_none=("max_tokens",))
+    rid = uuid.uuid4().hex
+    head = {"id": f"chatcmpl-{rid}", "created": int(time.time()), "model": model,
+            "system_fingerprint": None}
+
+    async with Generation(state) as gen:
+        await gen.start(messages=messages, sampling=params, rid=rid)
+        if not opts.stream:
+            tally = UsageTally()
+            choices = gather(await gen.collect(), tally)
+            return web.json_response({**head, "object": "chat.completion", "choices": [
+                {"index": i, "message": {"role": "assistant", "content": c.text,
+                                         "refusal": None},
+                 "logprobs": chat_logprobs(c.logprobs, top_n) if top_n is not None else None,
+                 "finish_reason": c.finish_reason}
+                for i, c in choices.items()], "usage": tally.body()})
+        first = await gen.first()
+        sse = SseWriter(request)
+        await sse.start()
+        chunk = {**head, "object": "chat.completion.chunk"}
+        if opts.include_usage:
+            chunk["usage"] = None
+        tally = UsageTally()
+        started: set[int] = set()
+
+        async def emit(index: int, delta: Delta) -> None:
+            tally.add(delta)
+
+            async def send(d: dict[str, Any], logprobs: Any = None,
+                           finish: str | None = None) -> None:
+                await sse.send({**chunk, "choices": [{"index": index, "delta": d,
+                                                      "logprobs": logprobs,
+                                                      "finish_reason": finish}]})
+            if index not in started:
+                started.add(index)
+                await send({"role": "assistant", "content": "", "refusal": None})
+            if delta.text or delta.logprobs:
+                lps = chat_logprobs(delta.logprobs or (), top_n) if top_n is not None else None
+                await send({"content": delta.text}, lps)
+            if delta.finish_reason is not None:
+                await send({}, None, delta.finish_reason)
+
+        try:
+            if first is not None:
+                await emit(*first)
+            async for index, delta in gen.rest():
+                await emit(index, delta)
+        except TesseraError as exc:
+            await sse.error(ApiError.from_client(exc).body())
+            return sse.response
+        except ConnectionResetError:
+            return sse.response  # the client left; leaving the block aborts the request
+        if opts.include_usage:
+            await sse.send({**chunk, "choices": [], "usage": tally.body()})
+        await sse.done()
+        return sse.response

@@ -1,0 +1,136 @@
+"""POST /v1/completions, as OpenAI answers it. `prompt` may be a string, a list of
+strings, a list of token ids or a list of such lists; choice `i` of prompt `p` is
+index `p * n + i`."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from tessera.client import Delta, TesseraError
+from tessera.server.errors import ApiError, bad_request
+from tessera.server.formatting import UsageTally, completion_logprobs, gather, read_body
+from tessera.server.generation import Generation
+from tessera.server.params import (
+    BOOL,
+    INT,
+    check_model,
+    common_sampling,
+    parse_json_body,
+    reject_unsupported,
+    sampling,
+    stream_options,
+    take,
+)
+from tessera.server.sse import SseWriter
+from tessera.server.state import STATE, ServerState
+
+MAX_PROMPTS = 128
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def prompts(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each prompt as start() keywords: {"prompt": text} or {"input_ids": ids}."""
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise bad_request("'prompt' is required: a string, a list of strings or token ids",
+                          "prompt")
+    if isinstance(prompt, str):
+        out = [{"prompt": prompt}]
+    elif _is_ids(prompt):
+        out = [{"input_ids": prompt}]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        out = [{"prompt": p} for p in prompt]
+    elif isinstance(prompt, list) and prompt and all(_is_ids(p) for p in prompt):
+        out = [{"input_ids": p} for p in prompt]
+    else:
+        raise bad_request("'prompt' must be a string, a non-empty list of strings, a list "
+                          "of token ids or a list of such lists", "prompt")
+    if len(out) > MAX_PROMPTS:
+        raise bad_request(f"at most {MAX_PROMPTS} prompts per request, got {len(out)}; "
+                          f"split the batch", "prompt")
+    if any(p.get("prompt") == "" for p in out):
+        raise bad_request("'prompt' must not be empty", "prompt")
+    return out
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    state: ServerState = request.app[STATE]
+    body = parse_json_body(await read_body(request))
+    model = check_model(body, state.model_ids)
+    reject_unsupported(body)
+    batch = prompts(body)
+    opts = stream_options(body)
+    echo = take(body, "echo", BOOL, False)
+    top_n = take(body, "logprobs", INT)
+    if echo and top_n is not None:
+        raise bad_request("'echo' together with 'logprobs' is not supported", "echo")
+    best_of = take(body, "best_of", INT)
+    values = common_sampling(body)
+    if best_of is not None and best_of != (values["n"] or 1):
+        raise bad_request("'best_of' other than n is not supported", "best_of")
+    values["max_tokens"] = take(body, "max_tokens", INT, 16)
+    values["logprobs"] = top_n
+    params = sampling(values)
+    rid = uuid.uuid4().hex
+    head = {"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()),
+            "model": model, "system_fingerprint": None}
+
+    def echo_of(index: int) -> str:
+        return batch[index // params.n].get("prompt", "") if echo else ""
+
+    async with Generation(state) as gen:
+        for i, prompt in enumerate(batch):
+            await gen.start(sampling=params, rid=rid if i == 0 else f"{rid}-{i}", **prompt)
+        if not opts.stream:
+            tally = UsageTally()
+            choices = gather(await gen.collect(), tally)
+            return web.json_response({**head, "choices": [
+                {"index": i, "text": echo_of(i) + c.text,
+                 "logprobs": completion_logprobs(c.logprobs, top_n, 0)[0]
+                 if top_n is not None else None,
+                 "finish_reason": c.finish_reason}
+                for i, c in choices.items()], "usage": tally.body()})
+        first = await gen.first()
+        sse = SseWriter(request)
+        await sse.start()
+        chunk = dict(head)
+        if opts.include_usage:
+            chunk["usage"] = None
+        tally = UsageTally()
+        offsets: dict[int, int] = {}
+
+        async def emit(index: int, delta: Delta) -> None:
+            tally.add(delta)
+            text = delta.text if index in offsets else echo_of(index) + delta.text
+            lps = None
+            if top_n is not None:
+                lps, offsets[index] = completion_logprobs(delta.logprobs or (), top_n,
+                                                          offsets.get(index, 0))
+            offsets.setdefault(index, 0)
+            if text or lps or delta.finish_reason is not None:
+                await sse.send({**chunk, "choices": [{
+                    "index": index, "text": text, "logprobs": lps,
+                    "finish_reason": delta.finish_reason}]})
+
+        try:
+            if first is not None:
+                await emit(*first)
+            async for index, delta in gen.rest():
+                await emit(index, delta)
+        except TesseraError as exc:
+            await sse.error(ApiError.from_client(exc).body())
+            return sse.response
+        except ConnectionResetError:
+            return sse.response
+        if opts.include_usage:
+            await sse.send({**chunk, "choices": [], "usage": tally.body()})
+        await sse.done()
+        return sse.response

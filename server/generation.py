@@ -1,0 +1,125 @@
+"""One HTTP generation request's life: admission, starting engine requests, merging their
+deltas, metrics, and aborting whatever is still running when the handler leaves (the
+client disconnected, a write failed, or an error).
+
+    async with Generation(state) as gen:
+        await gen.start(prompt=..., sampling=params)      # one per prompt (completions lists)
+        first = await gen.first()                         # errors here become HTTP statuses
+        async for index, delta in gen.rest(): ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tessera.client import AsyncStream, Delta, TesseraError
+from tessera.server.errors import ApiError
+from tessera.server.state import ServerState
+
+_END = object()
+
+
+class Generation:
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.streams: list[AsyncStream] = []
+        self.started_at = time.monotonic()
+        self.first_at: float | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._iter: AsyncIterator[tuple[int, Delta]] | None = None
+        self._admitted = False
+
+    async def __aenter__(self) -> Generation:
+        self.state.admit()
+        self._admitted = True
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for stream in self.streams:
+            await stream.aclose()  # aborts the engine request unless it finished
+        if self._admitted:
+            self.state.release()
+            if self.first_at is not None:
+                self.state.metrics.e2e.observe(time.monotonic() - self.started_at)
+
+    async def start(self, **kwargs: Any) -> AsyncStream:
+        try:
+            stream = await self.state.client.start(stream=True, **kwargs)
+        except TesseraError as exc:
+            raise ApiError.from_client(exc) from None
+        self.streams.append(stream)
+        return stream
+
+    def _count(self, delta: Delta) -> None:
+        metrics = self.state.metrics
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+            metrics.ttft.observe(self.first_at - self.started_at)
+        metrics.generation_tokens.inc(len(delta.token_ids))
+        if delta.usage is not None and delta.index == 0:
+            metrics.prompt_tokens.inc(delta.usage.prompt_tokens)
+
+    async def _pump(self, offset: int, stream: AsyncStream) -> None:
+        try:
+            async for delta in stream:
+                self._queue.put_nowait((offset, delta))
+        except TesseraError as exc:
+            self._queue.put_nowait(exc)
+        self._queue.put_nowait(_END)
+
+    async def _merged(self) -> AsyncIterator[tuple[int, Delta]]:
+        """Deltas of every stream; choice indices of stream k are offset by k * n."""
+        if len(self.streams) == 1:
+            async for delta in self.streams[0]:
+                self._count(delta)
+                yield delta.index, delta
+            return
+        offset = 0
+        for stream in self.streams:
+            self._tasks.append(asyncio.create_task(self._pump(offset, stream)))
+            offset += stream.n
+        running = len(self.streams)
+        while running:
+            item = await self._queue.get()
+            if item is _END:
+                running -= 1
+            elif isinstance(item, TesseraError):
+                raise item
+            else:
+                base, delta = item
+                self._count(delta)
+                yield base + delta.index, delta
+
+    async def first(self) -> tuple[int, Delta] | None:
+        """The first delta; an engine error here raises ApiError (answered as HTTP status)."""
+        self._iter = self._merged()
+        try:
+            return await anext(self._iter)
+        except StopAsyncIteration:
+            return None
+        except TesseraError as exc:
+            raise ApiError.from_client(exc) from None
+
+    def rest(self) -> AsyncIterator[tuple[int, Delta]]:
+        """Every delta after `first()`; engine errors raise TesseraError."""
+        assert self._iter is not None, "call first() before rest()"
+        return self._iter
+
+    async def collect(self) -> list[tuple[int, Delta]]:
+        """Every delta (non-streaming answers); errors raise ApiError."""
+        out = []
+        head = await self.first()
+        if head is not None:
+            out.append(head)
+        try:
+            async for item in self.rest():
+                out.append(item)
+        except TesseraError as exc:
+            raise ApiError.from_client(exc) from None
+        return out

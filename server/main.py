@@ -1,0 +1,165 @@
+"""The HTTP server process: `python -m tessera.server --run-dir DIR`.
+
+Started by the supervisor as the last process. Life cycle:
+  bind the HTTP socket -> heartbeat task -> one warm-up generation (1 token, unless
+  --disable-warmup) -> Ready(process="server") to the supervisor -> serve
+  SIGTERM / SIGINT: stop accepting connections, answer new requests on open connections
+  with 503, let requests in flight finish for up to drain_timeout_s, fail what is left
+  with an error event, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+from aiohttp import web
+
+from tessera.bus.channel import Outbox, SendTimeout
+from tessera.bus.config import RunPaths, ServerConfig
+from tessera.bus.messages import Heartbeat, Message, Ready
+from tessera.bus.process import load_config, setup_logging
+from tessera.client import AsyncClient, EngineDeadError, TesseraError, UnavailableError
+from tessera.server.app import create_app
+from tessera.server.state import ServerState, max_concurrency, served_model_ids
+
+log = logging.getLogger("tessera.server")
+
+NAME = "server"
+WARMUP_ATTEMPTS = 3
+# While draining, a supervisor silent this long means the engine is going away.
+DRAIN_SILENCE_S = 1.0
+
+
+class ServerProcess:
+    def __init__(self, paths: RunPaths, config: ServerConfig) -> None:
+        self.paths = paths
+        self.config = config
+        self.stop = asyncio.Event()
+        self.supervisor = Outbox(paths.supervisor, timeout_ms=0, hwm=64)
+        self.client = AsyncClient(paths, config, process_name=NAME)
+        self.state = ServerState(config=config, paths=paths, client=self.client,
+                                 model_ids=served_model_ids(config),
+                                 max_concurrent=max_concurrency(config))
+        self.runner: web.AppRunner | None = None
+        self.site: web.TCPSite | None = None
+        self.url = ""
+
+    def notify(self, msg: Message) -> None:
+        try:
+            self.supervisor.send(msg, timeout_ms=0)
+        except SendTimeout:
+            log.debug("supervisor not reachable")
+
+    async def heartbeat(self) -> None:
+        while True:
+            s = self.state
+            self.notify(Heartbeat(process=NAME, pid=os.getpid(), time=time.time(), stats={
+                "requests_in_flight": float(s.in_flight), "ready": float(s.ready),
+                "draining": float(s.draining)}))
+            await asyncio.sleep(self.config.heartbeat_interval_s)
+
+    async def bind(self) -> None:
+        self.runner = web.AppRunner(create_app(self.state), handler_cancellation=True,
+                                    access_log=None, shutdown_timeout=1.0)
+        await self.runner.setup()
+        self.site = web.TCPSite(self.runner, self.config.host, self.config.port)
+        try:
+            await self.site.start()
+        except OSError as exc:
+            raise SystemExit(f"server: cannot listen on {self.config.host}:{self.config.port}"
+                             f" ({exc.strerror}); pick another --port or stop the program "
+                             f"using it") from None
+        host, port = self.runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+
+    async def warmup(self) -> None:
+        """One real generation, so the first user request does not pay for lazy start-up."""
+        for attempt in range(1, WARMUP_ATTEMPTS + 1):
+            try:
+                await self.client.generate("Hello", max_tokens=1, temperature=0.0)
+                return
+            except EngineDeadError:
+                raise
+            except TesseraError as exc:
+                log.warning("warm-up attempt %d/%d failed: %s", attempt, WARMUP_ATTEMPTS, exc)
+                if attempt == WARMUP_ATTEMPTS:
+                    raise
+                await asyncio.sleep(1.0)
+
+    async def drain(self) -> None:
+        state, conn = self.state, self.client.conn
+        state.draining = True
+        if self.site is not None:
+            await self.site.stop()
+        conn.silence_timeout_s = min(conn.silence_timeout_s, DRAIN_SILENCE_S)
+        conn.request_status()  # a dead engine shows up now, not at the next poll
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        log.info("draining %d request(s), for at most %.1f s", state.in_flight,
+                 self.config.drain_timeout_s)
+        while state.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if state.in_flight:
+            log.warning("%d request(s) still running at the drain deadline; failing them",
+                        state.in_flight)
+            conn.fail_all(UnavailableError("the server shut down before this request "
+                                           "finished; retry it"))
+            end = time.monotonic() + 1.0
+            while state.in_flight and time.monotonic() < end:
+                await asyncio.sleep(0.02)
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop.set)
+        beat: asyncio.Task[Any] | None = None
+        try:
+            await self.bind()
+            beat = asyncio.create_task(self.heartbeat())
+            if not self.config.disable_warmup:
+                warm = asyncio.create_task(self.warmup())
+                stopping = asyncio.create_task(self.stop.wait())
+                await asyncio.wait({warm, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                stopping.cancel()
+                if not warm.done():
+                    warm.cancel()
+                    return 0
+                try:
+                    warm.result()
+                except TesseraError as exc:
+                    log.error("warm-up generation failed (%s); the engine cannot serve", exc)
+                    return 1
+            self.state.ready = True
+            self.notify(Ready(process=NAME, pid=os.getpid(),
+                              info={"url": self.url, "model": self.state.model_id}))
+            log.info("serving %s at %s", self.state.model_id, self.url)
+            await self.stop.wait()
+            await self.drain()
+            return 0
+        finally:
+            if beat is not None:
+                beat.cancel()
+            if self.runner is not None:
+                await self.runner.cleanup()
+            self.client.close()
+            self.supervisor.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tessera.server",
+                                     description="tessera's OpenAI-compatible HTTP server")
+    parser.add_argument("--run-dir", required=True, help="the engine's run directory")
+    args = parser.parse_args(argv)
+    paths = RunPaths(run_dir=os.path.abspath(args.run_dir))
+    config = load_config(paths)
+    setup_logging(config.log_level, NAME)
+    try:
+        import uvloop
+    except ImportError:  # Windows: the default loop serves too, only slower
+        return asyncio.run(ServerProcess(paths, config).run())
+    return uvloop.run(ServerProcess(paths, config).run())

@@ -1,0 +1,99 @@
+"""Operational routes: /health, /health_generate, /metrics, /v1/models, /openapi.json."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from tessera.bus.messages import StatusReply
+from tessera.client import TesseraError
+from tessera.server.errors import ApiError
+from tessera.server.openapi import openapi_document
+from tessera.server.state import STATE, ServerState
+
+HEALTH_GENERATE_TIMEOUT_S = 30.0
+
+
+async def engine_status(state: ServerState, max_age_s: float = 0.5) -> StatusReply | None:
+    """The supervisor's latest StatusReply (the liveness watch refreshes it every ~0.5 s)."""
+    conn = state.client.conn
+    if conn.last_status is not None and time.monotonic() - conn.last_status_at <= max_age_s:
+        return conn.last_status
+    try:
+        return await state.client.status(timeout=1.0)
+    except TesseraError:
+        return None
+
+
+def _unhealthy(reason: str) -> web.Response:
+    return web.json_response({"status": "unavailable", "reason": reason}, status=503,
+                             headers={"Retry-After": "1"})
+
+
+async def health(request: web.Request) -> web.Response:
+    state: ServerState = request.app[STATE]
+    if state.draining:
+        return _unhealthy("the server is shutting down")
+    if not state.ready:
+        return _unhealthy("the server is warming up")
+    status = await engine_status(state)
+    if status is None:
+        return _unhealthy("the supervisor does not answer")
+    dead = sorted(name for name, info in status.processes.items()
+                  if name != "server" and not (isinstance(info, dict) and info.get("alive")))
+    if dead:
+        return _unhealthy(f"process {', '.join(dead)} not alive")
+    if state.client.conn.dead_reason:
+        return _unhealthy(state.client.conn.dead_reason)
+    return web.json_response({"status": "ok"})
+
+
+async def health_generate(request: web.Request) -> web.Response:
+    """A real one-token generation through every process."""
+    state: ServerState = request.app[STATE]
+    if state.draining:
+        return _unhealthy("the server is shutting down")
+    try:
+        result = await asyncio.wait_for(
+            state.client.generate("ping", max_tokens=1, temperature=0.0),
+            HEALTH_GENERATE_TIMEOUT_S)
+    except TimeoutError:
+        return _unhealthy(f"no token within {HEALTH_GENERATE_TIMEOUT_S:g} s")
+    except TesseraError as exc:
+        return _unhealthy(exc.message)
+    return web.json_response({"status": "ok",
+                              "completion_tokens": result.usage.completion_tokens})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state: ServerState = request.app[STATE]
+    state.metrics.engine.status = await engine_status(state)
+    body = generate_latest(state.metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _model_card(state: ServerState) -> dict[str, object]:
+    return {"id": state.model_id, "object": "model", "created": state.created,
+            "owned_by": "tessera", "root": state.config.model,
+            "max_model_len": state.config.context_length}
+
+
+async def models(request: web.Request) -> web.Response:
+    state: ServerState = request.app[STATE]
+    return web.json_response({"object": "list", "data": [_model_card(state)]})
+
+
+async def model(request: web.Request) -> web.Response:
+    state: ServerState = request.app[STATE]
+    name = request.match_info["model"]
+    if name not in state.model_ids:
+        raise ApiError(404, f"The model `{name}` does not exist. This server serves "
+                            f"`{state.model_id}`.", param="model")
+    return web.json_response(_model_card(state))
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document(request.app[STATE].model_id))

@@ -1,0 +1,192 @@
+"""Reading OpenAI request bodies: typed fields, chat messages, and SamplingParams.
+
+Unknown fields are ignored, as OpenAI does; a known field of the wrong type is a 400 that
+names the field and the type it must have. Values are then checked by
+`SamplingParams.validate`, whose message also names the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tessera.bus.messages import SamplingParams
+from tessera.server.errors import ApiError, bad_request
+
+_MISSING = object()
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+# name -> (accepted python types, how to say it)
+NUMBER = ((int, float), "a number")
+INT = ((int,), "an integer")
+BOOL = ((bool,), "true or false")
+STR = ((str,), "a string")
+
+
+def take(body: dict[str, Any], name: str, kind: tuple[tuple[type, ...], str],
+         default: Any = None) -> Any:
+    """body[name] if present and not null, checked against `kind`; else `default`."""
+    value = body.get(name, _MISSING)
+    if value is _MISSING or value is None:
+        return default
+    types, said = kind
+    if isinstance(value, bool) and bool not in types:
+        raise bad_request(f"'{name}' must be {said}, got a boolean", name)
+    if not isinstance(value, types):
+        raise bad_request(f"'{name}' must be {said}, got {json.dumps(value)[:40]}", name)
+    return value
+
+
+def parse_json_body(raw: bytes) -> dict[str, Any]:
+    if not raw:
+        raise bad_request("the request body is empty; send a JSON object")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body
+
+
+def take_stop(body: dict[str, Any], name: str = "stop") -> tuple[str, ...]:
+    value = body.get(name)
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return tuple(value)
+    raise bad_request(f"'{name}' must be a string or a list of strings", name)
+
+
+def take_int_list(body: dict[str, Any], name: str) -> tuple[int, ...]:
+    value = body.get(name)
+    if value is None:
+        return ()
+    if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                       for t in value):
+        return tuple(value)
+    raise bad_request(f"'{name}' must be a list of integers", name)
+
+
+def check_model(body: dict[str, Any], served: tuple[str, ...]) -> str:
+    """The model id to answer with; 404 if the body names a model this server lacks."""
+    model = take(body, "model", STR)
+    if model is None:
+        return served[0]
+    if model not in served:
+        raise ApiError(404, f"The model `{model}` does not exist. This server serves "
+                            f"`{served[0]}` (see GET /v1/models).", param="model")
+    return served[0]
+
+
+def sampling(values: dict[str, Any], keep_none: tuple[str, ...] = ()) -> SamplingParams:
+    """SamplingParams from already type-checked values; an out-of-range value is a 400.
+    None means "the default" except for the names in `keep_none` (max_tokens=None: no cap)."""
+    params = SamplingParams.from_dict({k: v for k, v in values.items()
+                                       if v is not None or k in keep_none})
+    problem = params.validate()
+    if problem:
+        raise bad_request(problem, problem.split(" ", 1)[0])
+    return params
+
+
+def common_sampling(body: dict[str, Any]) -> dict[str, Any]:
+    """The sampling fields chat and completions share (OpenAI + vLLM/SGLang extras)."""
+    return {
+        "temperature": take(body, "temperature", NUMBER),
+        "top_p": take(body, "top_p", NUMBER),
+        "top_k": take(body, "top_k", INT),
+        "min_p": take(body, "min_p", NUMBER),
+        "repetition_penalty": take(body, "repetition_penalty", NUMBER),
+        "frequency_penalty": take(body, "frequency_penalty", NUMBER),
+        "presence_penalty": take(body, "presence_penalty", NUMBER),
+        "seed": take(body, "seed", INT),
+        "min_tokens": take(body, "min_tokens", INT),
+        "ignore_eos": take(body, "ignore_eos", BOOL),
+        "skip_special_tokens": take(body, "skip_special_tokens", BOOL),
+        "n": take(body, "n", INT),
+        "stop": take_stop(body),
+        "stop_token_ids": take_int_list(body, "stop_token_ids"),
+    }
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    stream: bool
+    include_usage: bool
+
+
+def stream_options(body: dict[str, Any]) -> StreamOptions:
+    stream = take(body, "stream", BOOL, False)
+    options = body.get("stream_options")
+    if options is None:
+        return StreamOptions(stream, False)
+    if not isinstance(options, dict):
+        raise bad_request("'stream_options' must be an object", "stream_options")
+    if not stream:
+        raise bad_request("'stream_options' is only allowed when 'stream' is true",
+                          "stream_options")
+    return StreamOptions(stream, take(options, "include_usage", BOOL, False))
+
+
+def _content_text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or \
+                    not isinstance(part.get("text"), str):
+                raise bad_request(f"{where}.content: only text parts ({{\"type\": \"text\", "
+                                  f"\"text\": \"...\"}}) are supported", "messages")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad_request(f"{where}.content must be a string or a list of text parts", "messages")
+
+
+def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """OpenAI messages, reduced to {"role", "content": str} (plus `name` when given)."""
+    messages = body.get("messages")
+    if messages is None:
+        raise bad_request("'messages' is required: a list of {\"role\", \"content\"} objects",
+                          "messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list", "messages")
+    out = []
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise bad_request(f"{where} must be an object with 'role' and 'content'",
+                              "messages")
+        role = msg.get("role")
+        if role not in ROLES:
+            raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}; got "
+                              f"{json.dumps(role)[:40]}", "messages")
+        if "content" not in msg and role != "assistant":
+            raise bad_request(f"{where}.content is required", "messages")
+        entry: dict[str, Any] = {"role": role,
+                                 "content": _content_text(msg.get("content"), where)}
+        if isinstance(msg.get("name"), str):
+            entry["name"] = msg["name"]
+        out.append(entry)
+    return out
+
+
+def reject_unsupported(body: dict[str, Any]) -> None:
+    """Fields whose silent dropping would give a wrong answer rather than a plain one."""
+    tools = body.get("tools")
+    if tools and body.get("tool_choice") != "none":
+        raise bad_request("tool calling is not supported by this server; remove 'tools'",
+                          "tools")
+    fmt = body.get("response_format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise bad_request("only response_format {\"type\": \"text\"} is supported",
+                          "response_format")
+    suffix = body.get("suffix")
+    if suffix:
+        raise bad_request("'suffix' is not supported; remove it", "suffix")
