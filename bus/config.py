@@ -188,6 +188,10 @@ class RunPaths:
     def tokenizer(self) -> str:
         return self._ipc("tokenizer")
 
+    def tokenizer_endpoint(self, index: int) -> str:
+        """Tokenizer worker `index` of `--tokenizer-workers N`; index 0 is `tokenizer`."""
+        return self.tokenizer if index == 0 else self._ipc(f"tokenizer{index}")
+
     @property
     def scheduler(self) -> str:
         return self._ipc("scheduler")
