@@ -9,11 +9,13 @@ so its time is at least max(bytes / bandwidth, FLOPs / peak). The bound of the r
 over its steps; the bound in tokens/s is its output tokens over that time.
 
 The steps come from the engine when it reports them, else from `simulate_steps`, which replays
-the scheduler's policy (FCFS, prefill first, chunked prefill, at most max_running requests).
+the scheduler's policy (FCFS, decodes plus chunked prefill per step, at most max_running
+requests).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -110,68 +112,70 @@ def roofline(cost: ModelCost, steps: Iterable[StepShape], device: Device) -> Roo
 
 
 def simulate_steps(prompt_lens: Sequence[int], output_lens: Sequence[int], max_running: int,
-                   chunk_size: int = 2048, kv_capacity: int | None = None) -> list[StepShape]:
-    """The steps an FCFS continuous-batching scheduler makes when every request arrives at
-    once: a prefill step (up to chunk_size prompt tokens, one request's last chunk samples its
-    first output token) whenever a waiting request fits, else one decode step for every running
-    request. KV capacity (token slots) limits admission by prompt + output length."""
-    waiting = list(range(len(prompt_lens)))
-    waiting.reverse()  # pop() from the end = first come
-    running: dict[int, int] = {}  # request -> tokens in KV
-    remaining: dict[int, int] = {}  # request -> output tokens still to sample
-    prefilling: dict[int, int] = {}  # request -> prompt tokens already in KV
-    reserved = 0
-    steps: list[StepShape] = []
+                   chunk_size: int = 2048, kv_capacity: int | None = None,
+                   mixed: bool = True) -> list[StepShape]:
+    """The steps a continuous-batching scheduler makes when every request arrives at once.
+
+    mixed=True (tessera's scheduler): each step decodes every running request whose prompt is
+    in KV, plus prefill chunks (earlier admissions first, then new requests, FCFS) under a
+    budget of chunk_size prompt tokens. mixed=False (SGLang's default): a step is either a
+    prefill step, when prefill work is possible, or a decode step. A request's last prefill
+    chunk samples its first output token. Admission stops at max_running requests or when the
+    request at its full length would not fit in kv_capacity token slots."""
+    n = len(prompt_lens)
+    waiting = deque(range(n))
+    kv: dict[int, int] = {}  # admitted request -> tokens in KV (insertion order = admission)
+    prefill_left: dict[int, int] = {}
+    out_left: dict[int, int] = {}
     chunk = chunk_size if chunk_size > 0 else 1 << 62
-    while waiting or running or prefilling:
+    steps: list[StepShape] = []
+    reserved = 0  # slots of admitted requests at their full length (no retraction modelled)
+    while waiting or kv:
         ext: list[int] = []
         seq: list[int] = []
         budget = chunk
-        # continue a chunked prefill first, then admit new requests while they fit
-        for r in list(prefilling):
-            take = min(budget, prompt_lens[r] - prefilling[r])
-            if take <= 0:
+        prefills: list[tuple[int, int]] = []
+        for r, left in prefill_left.items():
+            if budget <= 0:
                 break
-            prefilling[r] += take
+            take = min(budget, left)
+            prefills.append((r, take))
             budget -= take
-            ext.append(take)
-            seq.append(prefilling[r])
-        while waiting and budget > 0 and len(running) + len(prefilling) < max_running:
-            r = waiting[-1]
+        while waiting and budget > 0 and len(kv) < max_running:
+            r = waiting[0]
             need = prompt_lens[r] + output_lens[r]
-            if kv_capacity is not None and reserved + need > kv_capacity and (running or
-                                                                             prefilling):
+            if kv_capacity is not None and (reserved + need > kv_capacity or not kv and
+                                            prompt_lens[r] > kv_capacity):
                 break
-            waiting.pop()
             reserved += need
+            waiting.popleft()
+            kv[r] = 0
+            prefill_left[r] = prompt_lens[r]
             take = min(budget, prompt_lens[r])
-            prefilling[r] = take
+            prefills.append((r, take))
             budget -= take
+        decodes = [r for r in kv if r not in prefill_left and out_left.get(r, 0) > 0]
+        if not mixed and prefills:
+            decodes = []
+        elif not mixed:
+            prefills = []
+        if not prefills and not decodes:
+            break  # nothing can run (a prompt larger than the KV capacity)
+        for r in decodes:
+            kv[r] += 1
+            out_left[r] -= 1
+            ext.append(1)
+            seq.append(kv[r])
+        for r, take in prefills:
+            kv[r] += take
+            prefill_left[r] -= take
             ext.append(take)
-            seq.append(take)
-        if ext:
-            steps.append(StepShape(tuple(ext), tuple(seq)))
-            for r in [r for r, done in prefilling.items() if done >= prompt_lens[r]]:
-                del prefilling[r]
-                running[r] = prompt_lens[r]
-                remaining[r] = output_lens[r] - 1  # the prefill sampled the first token
-            reserved -= _retire(running, remaining, prompt_lens, output_lens)
-            continue
-        if not running:
-            break
-        steps.append(StepShape(tuple(1 for _ in running), tuple(n + 1 for n in running.values())))
-        for r in running:
-            running[r] += 1
-            remaining[r] -= 1
-        reserved -= _retire(running, remaining, prompt_lens, output_lens)
+            seq.append(kv[r])
+            if prefill_left[r] == 0:
+                del prefill_left[r]
+                out_left[r] = output_lens[r] - 1  # the last chunk sampled the first token
+        steps.append(StepShape(tuple(ext), tuple(seq)))
+        for r in [r for r, left in out_left.items() if left <= 0]:
+            del out_left[r], kv[r]
+            reserved -= prompt_lens[r] + output_lens[r]
     return steps
-
-
-def _retire(running: dict[int, int], remaining: dict[int, int], prompt_lens: Sequence[int],
-            output_lens: Sequence[int]) -> int:
-    """Drop finished requests; return the KV slots they held."""
-    freed = 0
-    for r in [r for r, left in remaining.items() if left <= 0]:
-        del running[r], remaining[r]
-        freed += prompt_lens[r] + output_lens[r]
-    return freed

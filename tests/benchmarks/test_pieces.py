@@ -119,12 +119,17 @@ def test_step_cost_counts_causal_attention() -> None:
 
 def test_simulated_schedule_covers_every_token() -> None:
     prompts, outputs = [30, 50, 20], [4, 2, 3]
-    steps = simulate_steps(prompts, outputs, max_running=2, chunk_size=40)
-    assert sum(sum(s.extend_lens) for s in steps) == sum(prompts) + sum(outputs) - len(prompts)
-    assert max(len(s.extend_lens) for s in steps) <= 2
-    # the first step prefills request 0 whole and the first 10 tokens of request 1
-    assert steps[0] == StepShape((30, 10), (30, 10))
+    for mixed in (True, False):
+        steps = simulate_steps(prompts, outputs, max_running=2, chunk_size=40, mixed=mixed)
+        assert sum(sum(s.extend_lens) for s in steps) == sum(prompts) + sum(outputs) - 3
+        assert max(len(s.extend_lens) for s in steps) <= 2
+        # the first step prefills request 0 whole and the first 10 tokens of request 1
+        assert steps[0] == StepShape((30, 10), (30, 10))
+    mixed = simulate_steps(prompts, outputs, max_running=2, chunk_size=40)
+    # step 2: request 0 decodes while request 1's prefill continues
+    assert mixed[1] == StepShape((1, 40), (31, 50))
     limited = simulate_steps(prompts, outputs, max_running=3, chunk_size=0, kv_capacity=60)
     assert all(sum(s.seq_lens) <= 60 for s in limited)
     big = simulate_steps([100] * 8, [10] * 8, max_running=8)
     assert len(big) == 1 + 9  # one prefill step for all, then 9 decode steps
+    assert simulate_steps([100], [5], max_running=1, kv_capacity=50) == []
