@@ -86,14 +86,15 @@ def load_plugin_class(spec: PluginSpec) -> type[Platform]:
     if not (isinstance(obj, type) and issubclass(obj, Platform)):
         raise PluginLoadError(f"HAL plugin {spec.name!r}: {spec.target} is not a subclass of "
                               f"tessera.hal.platform.Platform")
-    if obj.hal_api_version != HAL_API_VERSION:
+    cls: type[Platform] = obj
+    if cls.hal_api_version != HAL_API_VERSION:
         raise PluginLoadError(f"HAL plugin {spec.name!r} targets HAL API version "
-                              f"{obj.hal_api_version}, this tessera implements "
+                              f"{cls.hal_api_version}, this tessera implements "
                               f"{HAL_API_VERSION}; install a matching version of the plugin")
-    if obj.name != spec.name:
+    if cls.name != spec.name:
         raise PluginLoadError(f"HAL plugin registered as {spec.name!r} calls itself "
-                              f"{obj.name!r}; the entry-point name and Platform.name must match")
-    return obj
+                              f"{cls.name!r}; the entry-point name and Platform.name must match")
+    return cls
 
 
 def survey_plugins() -> list[PluginStatus]:
