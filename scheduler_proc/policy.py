@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 
-from tessera.scheduler_proc.request import Sequence, SeqState
+from tessera.scheduler_proc.request import SeqState, Sequence
 
 
 class WaitingQueue:

@@ -29,7 +29,13 @@ from collections import deque
 
 import numpy as np
 
-from tessera.bus.messages import ErrorReply, ForwardBatch, SampledTokens, TokenBatch, TokenizedRequest
+from tessera.bus.messages import (
+    ErrorReply,
+    ForwardBatch,
+    SampledTokens,
+    TokenBatch,
+    TokenizedRequest,
+)
 from tessera.scheduler_proc import batch as batch_mod
 from tessera.scheduler_proc.admission import Limits, make_request, refuse
 from tessera.scheduler_proc.batch import Chunk, InFlight
@@ -39,7 +45,7 @@ from tessera.scheduler_proc.page_allocator import PageAllocator
 from tessera.scheduler_proc.page_table import RowPool
 from tessera.scheduler_proc.policy import WaitingQueue, retraction_victim
 from tessera.scheduler_proc.radix_cache import RadixCache
-from tessera.scheduler_proc.request import Request, Sequence, SeqState
+from tessera.scheduler_proc.request import Request, SeqState, Sequence
 from tessera.scheduler_proc.rows import RowState
 
 log = logging.getLogger(__name__)

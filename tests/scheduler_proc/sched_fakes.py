@@ -15,8 +15,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tessera.bus.messages import ForwardBatch, SampledTokens, TokenBatch, TokenizedRequest
-from tessera.bus.messages import SamplingParams
+from tessera.bus.messages import (
+    ForwardBatch,
+    SampledTokens,
+    SamplingParams,
+    TokenBatch,
+    TokenizedRequest,
+)
 from tessera.scheduler_proc.scheduler import Scheduler
 
 VOCAB = 50

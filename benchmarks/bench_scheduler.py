@@ -1,0 +1,117 @@
+"""C2: scheduler CPU time per decode step: the control-plane overhead alone.
+
+Drives `Scheduler` in-process with a worker that answers at once (no model, no sockets, no
+encoding): what is measured is only the scheduler's own work per step, i.e. planning the batch
+(page allocation, page-table writes, ForwardBatch arrays) plus applying the result (token
+bookkeeping, finish checks, the TokenBatch for the detokenizer). Batches of 1, 64 and 256
+long-running decodes, in the default overlap mode and with prefix caching on.
+
+    python benchmarks/bench_scheduler.py [--out benchmarks/results/c2_scheduler_cpu.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tessera.bus.messages import SampledTokens, SamplingParams, TokenizedRequest
+from tessera.scheduler_proc.config import SchedulerConfig
+from tessera.scheduler_proc.scheduler import Scheduler
+
+TARGET_MS_BS256 = 1.0
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def measure(batch: int, steps: int, prompt_len: int, overlap: bool, seed: int = 0) -> dict:
+    page_size = 16
+    ctx = prompt_len + steps + 64
+    cfg = SchedulerConfig(num_slots=page_size * (batch * (ctx // page_size + 2) + 8),
+                          page_size=page_size, max_context_len=ctx,
+                          max_running_requests=max(batch, 1), chunked_prefill_size=8192,
+                          eos_token_ids=(0,), overlap=overlap)
+    sched = Scheduler(cfg)
+    rng = np.random.default_rng(seed)
+    sp = SamplingParams(temperature=0.7, max_tokens=steps + 32, ignore_eos=True)
+    for i in range(batch):
+        ids = rng.integers(1, 32000, size=prompt_len).astype(np.int32)
+        assert sched.add_request(TokenizedRequest(rid=f"r{i}", input_ids=ids, sampling=sp,
+                                                  detok={})) is None
+    pending: list = []
+    answered = 0
+
+    def step() -> None:
+        nonlocal answered
+        while (fb := sched.next_batch()) is not None:
+            n = int(fb.sample.sum())
+            pending.append(SampledTokens(step=fb.step,
+                                         token_ids=rng.integers(1, 32000, n).astype(np.int32)))
+        sched.on_result(pending.pop(0))
+        answered += 1
+
+    while len(sched.running) < batch or sched.st.kv_len[sched._active_rows()].min() < prompt_len:
+        step()  # prefill everything first: the figure is about decode steps
+    for _ in range(20):
+        step()  # warm up
+    cpu0, wall0, n0 = time.thread_time(), time.perf_counter(), answered
+    for _ in range(steps):
+        step()
+    cpu = time.thread_time() - cpu0
+    wall = time.perf_counter() - wall0
+    n = answered - n0
+    assert len(sched.running) == batch, "a request left during the measured decode steps"
+    return {"batch": batch, "steps": n, "cpu_ms_per_step": cpu / n * 1e3,
+            "wall_ms_per_step": wall / n * 1e3, "ema_ms_per_step": sched.cpu_ms_ema}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="benchmarks/results/c2_scheduler_cpu.json")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--no-overlap", action="store_true")
+    args = parser.parse_args(argv)
+    runs = {bs: measure(bs, args.steps, args.prompt_len, overlap=not args.no_overlap)
+            for bs in (1, 64, 256)}
+    result = {
+        "workload": "C2",
+        "what": "scheduler CPU time per decode step, control-plane overhead alone: in-process "
+                "Scheduler, a worker that answers at once, no model, no sockets, no encoding",
+        "figures": {f"scheduler_ms_per_step_bs{bs}": round(r["cpu_ms_per_step"], 4)
+                    for bs, r in runs.items()},
+        "target": {"scheduler_ms_per_step_bs256": TARGET_MS_BS256},
+        "meets_target": runs[256]["cpu_ms_per_step"] <= TARGET_MS_BS256,
+        "runs": list(runs.values()),
+        "config": {"steps": args.steps, "prompt_len": args.prompt_len, "page_size": 16,
+                   "overlap": not args.no_overlap, "radix_cache": True},
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "processor": platform.processor() or platform.machine(),
+                    "cpus": os.cpu_count(), "numpy": np.__version__},
+        "commit": _commit(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    for bs, r in runs.items():
+        print(f"batch {bs:4d}: {r['cpu_ms_per_step']:.3f} ms scheduler CPU per decode step "
+              f"(control plane alone)")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
