@@ -55,10 +55,12 @@ class Inbox:
 
     def __init__(self, endpoint: str, capacity: int = 65_536, name: str = "",
                  on_reject: Callable[[Message], None] | None = None,
-                 hwm: int = DEFAULT_HWM) -> None:
+                 hwm: int = DEFAULT_HWM, buffer: DoubleBuffer[Message] | None = None) -> None:
         self.endpoint = endpoint
         self.name = name or endpoint
-        self.buffer: DoubleBuffer[Message] = DoubleBuffer(capacity)
+        # Several inboxes may share one buffer, so that one wait covers all their sockets.
+        self.buffer: DoubleBuffer[Message] = buffer if buffer is not None else \
+            DoubleBuffer(capacity)
         self.dropped = 0  # malformed / unknown messages
         self.received = 0
         self._on_reject = on_reject
