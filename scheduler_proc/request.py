@@ -41,6 +41,7 @@ class Request:
     fork_pending: list[Sequence] = field(default_factory=list)  # n > 1: after index 0 prefills
     live: int = 0  # sequences not finished
     announced: bool = False  # detok dict sent in a TokenBatch
+    queued_at: float = 0.0  # time.monotonic() at admission (request timeout)
 
     @property
     def prompt_len(self) -> int:

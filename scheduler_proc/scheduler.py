@@ -100,6 +100,7 @@ class Scheduler:
                                self.limits.max_total(ids.shape[0], req.sampling.max_tokens),
                                self.config.eos_token_ids)
         self._order += 1
+        request.queued_at = time.monotonic()
         self.requests[req.rid] = request
         self.waiting.push(request.seqs[0])
         return None
@@ -119,6 +120,17 @@ class Scheduler:
             self._out.add_finish(req, seq.index, finish, seq.cached_tokens)
         self.aborted_total += 1
         return True
+
+    def expire_waiting(self, timeout_s: float, now: float | None = None) -> int:
+        """Fail (503) requests that waited `timeout_s` without ever running."""
+        now = time.monotonic() if now is None else now
+        stale = [s.req for s in self.waiting.sequences()
+                 if s.index == 0 and s.cached_tokens < 0 and now - s.req.queued_at > timeout_s]
+        for req in stale:
+            self._fail_request(req, 503, f"the request waited {now - req.queued_at:.0f} s "
+                               f"without being scheduled (request_timeout_s={timeout_s:g}); the "
+                               f"server is overloaded, retry later")
+        return len(stale)
 
     def flush_cache(self) -> int:
         """Drop every unreferenced cached page; return how many."""

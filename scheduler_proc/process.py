@@ -1,0 +1,235 @@
+"""The scheduler process: `python -m tessera.scheduler_proc --run-dir DIR`.
+
+Started after the worker ranks are up. Inboxes (one shared buffer, so one wait covers both):
+  RunPaths.scheduler          TokenizedRequest, AbortRequest, FlushCache (tokenizer, detokenizer)
+  RunPaths.scheduler_results  WorkerReady (every rank, at start), SampledTokens (rank 0)
+Outboxes: RunPaths.worker(r) for every rank (ForwardBatch), RunPaths.detokenizer (TokenBatch,
+ErrorReply). Every send has a timeout; nothing here waits on a socket without one.
+
+Each loop iteration: handle what arrived (results first in arrival order), then launch steps
+until the pipeline is full (two in flight with overlap: the worker never waits for us), then
+check the worker's deadline. A worker silent for `step_timeout_s` gets its requests failed
+with 503; the process stays up for the next ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from tessera.bus.channel import Inbox, Outbox, SendTimeout
+from tessera.bus.codec import encode
+from tessera.bus.config import EngineConfig, RunPaths
+from tessera.bus.messages import (
+    AbortRequest,
+    ErrorReply,
+    FlushCache,
+    ForwardBatch,
+    Message,
+    SampledTokens,
+    TokenizedRequest,
+    WorkerReady,
+)
+from tessera.bus.process import BusProcess
+from tessera.scheduler_proc.config import SchedulerConfig
+from tessera.scheduler_proc.page_table import SharedPageTable
+from tessera.scheduler_proc.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 120.0
+STEP_TIMEOUT_S = 120.0
+MAX_BACKLOG = 10_000
+
+
+class SchedulerProcess(BusProcess):
+    name = "scheduler"
+
+    def __init__(self, paths: RunPaths, config: EngineConfig,
+                 ready_timeout_s: float = READY_TIMEOUT_S,
+                 step_timeout_s: float = STEP_TIMEOUT_S, no_overlap: bool = False,
+                 debug_invariants: bool = False) -> None:
+        super().__init__(paths, config)
+        self.ready_timeout_s = ready_timeout_s
+        self.step_timeout_s = step_timeout_s
+        self.overlap = not no_overlap
+        self.debug_invariants = debug_invariants
+        self.sched: Scheduler | None = None
+        self.table: SharedPageTable | None = None
+        self.results: Inbox | None = None
+        self.workers: list[Outbox] = []
+        self.detok: Outbox | None = None
+        self.ready_msg: WorkerReady | None = None
+        self._early: list[Message] = []
+        self._rejected: deque[TokenizedRequest] = deque()  # inbox full (receiver thread)
+        self._backlog: deque[Message] = deque()  # detokenizer did not take these in time
+        self._last_expire = 0.0
+        self.batches_sent = 0
+        self.send_failures = 0
+
+    # -- start-up -----------------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg, paths = self.config, self.paths
+        self.inbox = Inbox(paths.scheduler, name="scheduler", on_reject=self._on_reject)
+        self.results = Inbox(paths.scheduler_results, name="scheduler-results",
+                             buffer=self.inbox.buffer)
+        ready = self._wait_for_workers()
+        self.ready_msg = ready
+        self.table = SharedPageTable(paths.shm_req_to_token, cfg.max_running_requests,
+                                     ready.max_context_len)
+        sc = SchedulerConfig.from_engine(cfg, ready, overlap=self.overlap,
+                                         debug=self.debug_invariants)
+        self.sched = Scheduler(sc, self.table.array)
+        self.workers = [Outbox(paths.worker(r), timeout_ms=cfg.send_timeout_ms)
+                        for r in range(cfg.tp_size)]
+        self.detok = Outbox(paths.detokenizer, timeout_ms=cfg.send_timeout_ms)
+        log.info("scheduler: %d KV pages of %d tokens, context %d, %d rows, overlap %s, "
+                 "radix cache %s", self.sched.allocator.total_pages, sc.page_size,
+                 sc.max_context_len, sc.max_running_requests, sc.overlap,
+                 "off" if sc.disable_radix_cache else "on")
+        if self._early:
+            self.handle(self._early)
+            self._early = []
+
+    def _wait_for_workers(self) -> WorkerReady:
+        assert self.inbox is not None
+        want = self.config.tp_size
+        readies: dict[int, WorkerReady] = {}
+        deadline = time.monotonic() + self.ready_timeout_s
+        while len(readies) < want:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.stopping:
+                missing = sorted(set(range(want)) - set(readies))
+                raise RuntimeError(
+                    f"no WorkerReady from worker rank(s) {missing} within "
+                    f"{self.ready_timeout_s:.0f} s on {self.paths.scheduler_results}: start the "
+                    f"workers first and check their logs")
+            for msg in self.inbox.drain(min(left, 0.5)):
+                if isinstance(msg, WorkerReady):
+                    readies[msg.rank] = msg
+                else:
+                    self._early.append(msg)
+        first = readies[0]
+        for r in readies.values():
+            if (r.num_slots, r.page_size, r.max_context_len) != \
+                    (first.num_slots, first.page_size, first.max_context_len):
+                raise RuntimeError(f"worker ranks disagree on the KV arena: rank {r.rank} "
+                                   f"{r.num_slots}/{r.page_size}/{r.max_context_len}, rank 0 "
+                                   f"{first.num_slots}/{first.page_size}/{first.max_context_len}")
+        return first
+
+    def ready_info(self) -> dict[str, Any]:
+        if self.sched is None:
+            return {}
+        return {"kv_pages": self.sched.allocator.total_pages,
+                "page_size": self.sched.page_size,
+                "max_context_len": self.sched.config.max_context_len,
+                "shm_req_to_token": self.paths.shm_req_to_token}
+
+    # -- the loop -----------------------------------------------------------------------------
+    def _on_reject(self, msg: Message) -> None:
+        if isinstance(msg, TokenizedRequest):
+            self._rejected.append(msg)
+
+    def handle(self, msgs: list[Message]) -> None:
+        sched = self.sched
+        if sched is None:
+            self._early.extend(msgs)
+            return
+        for msg in msgs:
+            if isinstance(msg, SampledTokens):
+                self._emit(sched.on_result(msg))
+            elif isinstance(msg, TokenizedRequest):
+                error = sched.add_request(msg)
+                if error is not None:
+                    log.info("refused %s: %s", msg.rid, error.message)
+                    self._emit(error)
+            elif isinstance(msg, AbortRequest):
+                sched.abort(msg.rid, msg.reason)
+            elif isinstance(msg, FlushCache):
+                log.info("flushed %d cached KV pages (%s)", sched.flush_cache(), msg.reason)
+            elif isinstance(msg, WorkerReady):
+                log.warning("WorkerReady from rank %d after start-up: ignored", msg.rank)
+            else:
+                log.warning("scheduler: unexpected %s dropped", type(msg).__name__)
+
+    def tick(self) -> None:
+        sched = self.sched
+        assert sched is not None
+        while self._rejected:
+            req = self._rejected.popleft()
+            self._emit(ErrorReply(rid=req.rid, status=503, error_type="server_error",
+                                  message="the scheduler's inbox is full; retry later",
+                                  reply_to=req.detok.get("reply_to")))
+        while (batch := sched.next_batch()) is not None:
+            self._send_batch(batch)
+        if sched.inflight and time.monotonic() - sched.inflight[0].sent_at > self.step_timeout_s:
+            log.error("worker did not answer step %d within %.0f s: failing its requests",
+                      sched.inflight[0].step, self.step_timeout_s)
+            sched.fail_inflight(f"the model worker did not answer within "
+                                f"{self.step_timeout_s:.0f} s; retry later")
+        now = time.monotonic()
+        if now - self._last_expire > 1.0:
+            self._last_expire = now
+            sched.expire_waiting(self.config.request_timeout_s, now)
+        self._emit(sched.take_output())
+        for error in sched.take_errors():
+            self._emit(error)
+        self._flush_backlog()
+
+    def _send_batch(self, batch: ForwardBatch) -> None:
+        frames = encode(batch)
+        try:
+            for box in self.workers:
+                box.send_frames(frames)
+            self.batches_sent += 1
+        except SendTimeout as exc:
+            self.send_failures += 1
+            log.error("cannot send step %d to the worker: %s", batch.step, exc)
+            assert self.sched is not None
+            self.sched.fail_inflight(f"the model worker is not accepting work ({exc}); "
+                                     f"retry later")
+
+    def _emit(self, msg: Message | None) -> None:
+        if msg is None:
+            return
+        if self._backlog:
+            self._backlog.append(msg)  # keep the order the detokenizer relies on
+            return
+        try:
+            assert self.detok is not None
+            self.detok.send(msg)
+        except SendTimeout:
+            log.warning("detokenizer slow: queueing output")
+            self._backlog.append(msg)
+
+    def _flush_backlog(self) -> None:
+        assert self.detok is not None
+        while self._backlog:
+            try:
+                self.detok.send(self._backlog[0], timeout_ms=0)
+            except SendTimeout:
+                if len(self._backlog) > MAX_BACKLOG:
+                    self._backlog.popleft()
+                    log.error("detokenizer unreachable: dropped an output message")
+                return
+            self._backlog.popleft()
+
+    def stats(self) -> dict[str, float]:
+        out = dict(self.sched.stats()) if self.sched is not None else {}
+        out["batches_sent"] = float(self.batches_sent)
+        out["send_failures"] = float(self.send_failures)
+        out["output_backlog"] = float(len(self._backlog))
+        return out
+
+    def teardown(self) -> None:
+        for box in self.workers:
+            box.close()
+        if self.detok is not None:
+            self.detok.close()
+        if self.results is not None:
+            self.results.close()
+        if self.table is not None:
+            self.table.close()
