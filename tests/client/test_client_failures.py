@@ -1,0 +1,122 @@
+"""Errors, timeouts, the circuit breaker, aborts and the liveness watch of the client."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tessera.bus.config import EngineConfig, RunPaths
+from tessera.client import (
+    Client,
+    EngineDeadError,
+    OverloadedError,
+    PromptTooLongError,
+    RequestTimeoutError,
+    TesseraError,
+)
+from tessera.client.errors import BadRequestError
+from tessera.client.testing import FakeEngine
+
+
+def wait_for(predicate, timeout: float = 2.0) -> bool:  # noqa: ANN001
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+@pytest.mark.parametrize("word, cls, status", [
+    ("FAIL_400", BadRequestError, 400),
+    ("FAIL_413", PromptTooLongError, 413),
+    ("FAIL_503", OverloadedError, 503),
+])
+def test_engine_errors_become_typed_exceptions(client: Client, word: str,
+                                               cls: type[TesseraError], status: int) -> None:
+    with pytest.raises(cls) as info:
+        client.generate(f"please {word}")
+    assert info.value.status == status
+    assert info.value.message  # the engine's own words reach the caller
+    if status == 503:
+        assert info.value.retry_after is not None and info.value.retry_after > 0
+    # An engine that answers (even with an error) is healthy: the next request works.
+    assert client.generate("hi", max_tokens=2).text == "w0 w1"
+
+
+def test_leaving_a_stream_early_aborts_the_request(client: Client, engine: FakeEngine) -> None:
+    stream = client.generate("hi", stream=True, max_tokens=1000, ignore_eos=True)
+    assert next(stream).text == "w0"
+    stream.close()
+    assert wait_for(lambda: any(a.rid == stream.rid for a in engine.aborts))
+    assert wait_for(lambda: engine.in_flight == 0)
+
+
+def test_no_output_times_out_aborts_and_counts_against_the_breaker(
+        paths: RunPaths, engine: FakeEngine) -> None:
+    config = EngineConfig(breaker_failures=2, breaker_cooldown_s=0.4)
+    with Client(paths, config, first_output_timeout_s=0.2) as client:
+        for _ in range(2):
+            started = time.monotonic()
+            with pytest.raises(RequestTimeoutError) as info:
+                client.generate("HANG")
+            assert info.value.status == 504
+            assert 0.15 < time.monotonic() - started < 1.5
+        assert wait_for(lambda: len(engine.aborts) == 2)
+        # Two timeouts in a row opened the breaker: the next request fails at once.
+        sent = len(engine.requests)
+        started = time.monotonic()
+        with pytest.raises(OverloadedError) as info:
+            client.generate("hi", max_tokens=1)
+        assert time.monotonic() - started < 0.1
+        assert info.value.status == 503 and info.value.retry_after >= 1.0
+        assert len(engine.requests) == sent
+        # After the cool-down one trial goes through; its success closes the breaker.
+        time.sleep(0.45)
+        assert client.generate("hi", max_tokens=1).text == "w0"
+        assert client.generate("hi", max_tokens=1).text == "w0"
+
+
+def test_inter_output_timeout(paths: RunPaths, engine: FakeEngine) -> None:
+    with Client(paths, request_timeout_s=0.3) as client:
+        stream = client.generate("hi", stream=True, max_tokens=1000, ignore_eos=True)
+        assert next(stream).text == "w0"
+        engine.frozen = True  # the engine stops producing mid-stream
+        with pytest.raises(RequestTimeoutError, match="further output"):
+            for _ in stream:
+                pass
+
+
+def test_dead_process_fails_streams_fast_and_new_requests_at_once(
+        client: Client, engine: FakeEngine) -> None:
+    client.status()  # the watch has seen every process alive
+    stream = client.generate("hi", stream=True, max_tokens=10_000, ignore_eos=True)
+    next(stream)
+    killed = time.monotonic()
+    engine.kill("scheduler")
+    with pytest.raises(EngineDeadError, match="scheduler"):
+        for _ in stream:
+            pass
+    assert time.monotonic() - killed < 2.0
+    with pytest.raises(EngineDeadError) as info:
+        client.generate("hi")
+    assert info.value.status == 503
+
+
+def test_silent_supervisor_counts_as_dead(client: Client, engine: FakeEngine) -> None:
+    client.status()
+    stream = client.generate("HANG", stream=True)
+    engine.silence_supervisor()
+    started = time.monotonic()
+    with pytest.raises(EngineDeadError, match="supervisor"):
+        next(stream)
+    # heartbeat_timeout_s is 1 s in the test config
+    assert time.monotonic() - started < 2.5
+
+
+def test_duplicate_rid_is_refused(client: Client) -> None:
+    stream = client.generate("HANG", stream=True, rid="same")
+    with pytest.raises(ValueError, match="already in flight"):
+        client.generate("hi", rid="same")
+    stream.close()
