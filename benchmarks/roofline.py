@@ -111,6 +111,18 @@ def roofline(cost: ModelCost, steps: Iterable[StepShape], device: Device) -> Roo
     return RooflineResult(bound, mem, comp, n, total_bytes, total_flops)
 
 
+def roofline_from_totals(cost: ModelCost, steps: int, new_tokens: int, kv_tokens_read: int,
+                         attended_positions: int, device: Device) -> RooflineResult:
+    """The bound from an engine's step counters alone (no per-step shapes): memory and compute
+    time summed over the run, bound = the larger. This is never above the per-step bound
+    (sum of max >= max of sums), so tokens/s against it is a stricter test."""
+    nbytes = steps * cost.weight_bytes + kv_tokens_read * cost.kv_bytes_per_token
+    flops = 2 * cost.matmul_params * new_tokens + cost.attn_flops_per_position * attended_positions
+    mem = nbytes / (device.bandwidth_gbps * 1e9)
+    comp = flops / (device.peak_tflops * 1e12)
+    return RooflineResult(max(mem, comp), mem, comp, steps, nbytes, flops)
+
+
 def simulate_steps(prompt_lens: Sequence[int], output_lens: Sequence[int], max_running: int,
                    chunk_size: int = 2048, kv_capacity: int | None = None,
                    mixed: bool = True) -> list[StepShape]:

@@ -1,0 +1,56 @@
+"""Engine flags for the benchmarks that start the engine in-process through the offline API:
+every EngineConfig field as a flag (`--model`, `--load-format`, `--max-running-requests`...),
+and the keyword arguments of the ones given."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from tessera.bus.config import EngineConfig
+
+_NOT_ENGINE = {"run_dir"}
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine (EngineConfig; see `tessera serve --help`)")
+    EngineConfig.add_cli_args(group)  # type: ignore[arg-type]
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The EngineConfig fields set on the command line (the rest keep their defaults)."""
+    out = {}
+    for f in dataclasses.fields(EngineConfig):
+        value = getattr(args, f.name, None)
+        if value is not None and f.name not in _NOT_ENGINE:
+            out[f.name] = value
+    out.setdefault("model", "default")
+    return out
+
+
+def effective_config(kwargs: dict[str, Any]) -> EngineConfig:
+    return EngineConfig(**kwargs)
+
+
+def weight_dtype(config: EngineConfig, device: str) -> str:
+    """The dtype the worker computes in: --dtype, else bf16 on an accelerator and fp32 on the
+    cpu plugin (EngineConfig's documented 'auto')."""
+    if config.dtype != "auto":
+        return config.dtype
+    return "float32" if device == "cpu" else "bfloat16"
+
+
+def model_config(config: EngineConfig) -> Any:
+    from tessera.formats import open_model
+
+    return open_model(config.model, config.load_format, config.seed).config
+
+
+def scheduler_stats(llm: Any) -> dict[str, float]:
+    """The scheduler's latest heartbeat numbers ({} if it does not answer)."""
+    try:
+        processes = llm.status()
+    except Exception:
+        return {}
+    return dict(processes.get("scheduler", {}).get("stats", {}))

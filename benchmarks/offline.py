@@ -1,0 +1,144 @@
+"""`tessera bench offline`: B2 through the offline API, against the roofline of the run.
+
+    256 requests, prompt and output lengths uniform in [100, 1024], seed 0, ignore_eos, all
+    sent at once; output tokens/s over the wall time of the batch.
+
+The roofline bound is computed for the steps the run made: from the scheduler's step counters
+when it exports them (forward_tokens_total, kv_tokens_read_total, attended_positions_total),
+else by replaying its policy over this workload (`roofline.simulate_steps`, with the engine's
+max running requests, chunk size and KV capacity). Bandwidth and matmul peak are measured
+before the engine starts (`device_probe`) unless given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from tessera.benchmarks.common import default_results_dir, new_result, write_result
+from tessera.benchmarks.datasets import BenchRequest, parse_range, random_requests
+from tessera.benchmarks.device_probe import probe, torch_device
+from tessera.benchmarks.engine_args import (
+    add_engine_args,
+    effective_config,
+    engine_kwargs,
+    model_config,
+    scheduler_stats,
+    weight_dtype,
+)
+from tessera.benchmarks.roofline import (
+    Device,
+    ModelCost,
+    RooflineResult,
+    roofline,
+    roofline_from_totals,
+    simulate_steps,
+)
+
+COUNTERS = ("forward_tokens_total", "kv_tokens_read_total", "attended_positions_total")
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--prompt-len", default="100,1024")
+    p.add_argument("--output-len", default="100,1024")
+    p.add_argument("--dataset-seed", type=int, default=0)
+    p.add_argument("--bandwidth-gbps", type=float, help="skip the copy measurement")
+    p.add_argument("--peak-tflops", type=float, help="skip the matmul measurement")
+    p.add_argument("--out-dir", default=default_results_dir())
+    p.add_argument("--name", default="b2_offline")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run_bound(cost: ModelCost, device: Device, reqs: list[BenchRequest], before: dict[str, float],
+              after: dict[str, float], engine: Any, kv_capacity: int | None
+              ) -> tuple[RooflineResult, str, int]:
+    """(bound, where its steps came from, steps simulated or counted)."""
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("steps", *COUNTERS)}
+    if all(k in after for k in COUNTERS) and delta["steps"] > 0:
+        res = roofline_from_totals(cost, int(delta["steps"]), int(delta[COUNTERS[0]]),
+                                   int(delta[COUNTERS[1]]), int(delta[COUNTERS[2]]), device)
+        return res, "scheduler counters", int(delta["steps"])
+    steps = simulate_steps([r.prompt_len for r in reqs], [r.output_len for r in reqs],
+                           engine.max_running_requests, engine.chunked_prefill_size,
+                           kv_capacity)
+    return roofline(cost, steps, device), "replayed schedule", len(steps)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tessera bench offline", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_args(p)
+    add_engine_args(p)
+    args = p.parse_args(argv)
+    kwargs = engine_kwargs(args)
+    engine = effective_config(kwargs)
+    dev_name = torch_device()
+    dtype = weight_dtype(engine, dev_name)
+    mconf = model_config(engine)
+    # Measured before the engine takes the device's memory.
+    device, source = probe(dev_name, dtype, args.bandwidth_gbps, args.peak_tflops)
+    print(f"[bench] device: {device.bandwidth_gbps:.0f} GB/s, {device.peak_tflops:.1f} TFLOP/s "
+          f"({source})", file=sys.stderr)
+    reqs = random_requests(args.num_requests, parse_range(args.prompt_len),
+                           parse_range(args.output_len), mconf.vocab_size, args.dataset_seed)
+
+    from tessera.bus.messages import SamplingParams
+    from tessera.offline import LLM
+
+    params = [SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True)
+              for r in reqs]
+    with LLM(**kwargs) as llm:
+        llm.generate([reqs[0].prompt_ids[:16]], SamplingParams(max_tokens=4, ignore_eos=True),
+                     use_tqdm=False)  # warm-up: first-use costs stay out of the figure
+        before = scheduler_stats(llm)
+        t0 = time.perf_counter()
+        outs = llm.generate([r.prompt_ids for r in reqs], params,
+                            use_tqdm=not args.no_progress)
+        wall = time.perf_counter() - t0
+        time.sleep(2 * engine.heartbeat_interval_s)  # let a fresh heartbeat carry the counters
+        after = scheduler_stats(llm)
+    out_tokens = sum(o.completion_tokens for o in outs)
+    in_tokens = sum(r.prompt_len for r in reqs)
+    kv_capacity = None
+    if after.get("kv_pages_total"):
+        kv_capacity = int(after["kv_pages_total"]) * engine.page_size
+    cost = ModelCost.of(mconf, dtype)
+    bound, steps_source, steps = run_bound(cost, device, reqs, before, after, engine,
+                                           kv_capacity)
+    tok_s = out_tokens / wall
+    bound_tok_s = bound.tok_per_s(out_tokens)
+    print(f"[bench] B2: {tok_s:.1f} output tok/s; roofline bound {bound_tok_s:.1f} tok/s "
+          f"({tok_s / bound_tok_s:.1%})", file=sys.stderr)
+
+    result = new_result("B2", {**vars(args), "engine": kwargs, "dtype": dtype})
+    result["figures"] = {
+        "output_tok_per_s": tok_s,
+        "roofline_bound_tok_per_s": bound_tok_s,
+        "roofline_fraction": tok_s / bound_tok_s,
+        "total_tok_per_s": (out_tokens + in_tokens) / wall,
+        "duration_s": wall,
+        "output_tokens": out_tokens,
+        "expected_output_tokens": sum(r.output_len for r in reqs),
+        "input_tokens": in_tokens,
+        "roofline": {
+            "bound_s": bound.bound_s, "memory_s": bound.memory_s, "compute_s": bound.compute_s,
+            "steps": steps, "steps_source": steps_source,
+            "engine_steps": after.get("steps", 0.0) - before.get("steps", 0.0),
+            "bytes_read": bound.bytes_read, "flops": bound.flops,
+            "weight_bytes": cost.weight_bytes, "kv_bytes_per_token": cost.kv_bytes_per_token,
+            "bandwidth_gbps": device.bandwidth_gbps, "peak_tflops": device.peak_tflops,
+            "bandwidth_source": source["bandwidth"], "peak_source": source["peak"],
+            "kv_capacity_tokens": kv_capacity,
+        },
+        "scheduler_stats": after,
+    }
+    path = write_result(result, args.out_dir, args.name)
+    print(f"[bench] wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
