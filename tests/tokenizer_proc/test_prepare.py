@@ -1,0 +1,108 @@
+"""Validation and tokenization of one request: each bad input class, its status and message."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tessera.bus.messages import ErrorReply, GenerateRequest, SamplingParams, TokenizedRequest
+from tessera.tokenizer_proc.prepare import prepare
+
+CTX = 8192
+
+
+def req(**kw):
+    base = {"rid": "r", "reply_to": "ipc://client"}
+    if not {"prompt", "messages", "input_ids"} & kw.keys():
+        base["prompt"] = "hello"
+    return GenerateRequest(**{**base, **kw})
+
+
+def test_prompt_is_tokenized_with_detok_info(tokenizer):
+    sp = SamplingParams(max_tokens=5, stop=("\n\n",), logprobs=2, n=2, skip_special_tokens=False)
+    out = prepare(req(prompt="Héllo 世界 🎉", sampling=sp, stream=False), tokenizer, CTX)
+    assert isinstance(out, TokenizedRequest)
+    assert out.input_ids.dtype == np.int32
+    assert out.input_ids.tolist() == tokenizer.encode("Héllo 世界 🎉")
+    assert out.sampling == sp
+    assert out.detok == {"reply_to": "ipc://client", "stream": False, "n": 2, "stop": ["\n\n"],
+                         "stop_token_ids": tokenizer.eos_token_ids,
+                         "skip_special_tokens": False, "logprobs": 2,
+                         "prompt_tokens": len(out.input_ids)}
+
+
+def test_messages_use_the_chat_template(tokenizer):
+    msgs = [{"role": "user", "content": "Bonjour 🇫🇷"}]
+    out = prepare(req(messages=msgs), tokenizer, CTX)
+    want = tokenizer.encode(tokenizer.apply_chat_template(msgs), add_special_tokens=False)
+    assert out.input_ids.tolist() == want
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Bonjour 🇫🇷"}]}]
+    assert prepare(req(messages=parts), tokenizer, CTX).input_ids.tolist() == want
+
+
+def test_input_ids_pass_through(tokenizer):
+    out = prepare(req(input_ids=np.array([1, 2, 3], np.int64)), tokenizer, CTX)
+    assert out.input_ids.tolist() == [1, 2, 3] and out.input_ids.dtype == np.int32
+
+
+def test_max_tokens_none_fills_the_context(tokenizer):
+    out = prepare(req(input_ids=np.arange(10, 20), sampling=SamplingParams(max_tokens=None)),
+                  tokenizer, 100)
+    assert out.sampling.max_tokens == 90
+
+
+BAD = [
+    ({"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "exactly one", "messages"),
+    ({"prompt": ""}, "prompt is empty", "prompt"),
+    ({"prompt": 5}, "prompt must be a string", "prompt"),
+    ({"messages": []}, "non-empty list", "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "role must be one of", "messages"),
+    ({"messages": [{"role": "user", "content": 3}]}, "content must be a string", "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "text parts",
+     "messages"),
+    ({"messages": ["hi"]}, "must be an object", "messages"),
+    ({"input_ids": np.array([], np.int32)}, "input_ids is empty", "input_ids"),
+    ({"input_ids": np.array([1, 49152])}, "outside the vocabulary", "input_ids"),
+    ({"input_ids": np.array([-1])}, "outside the vocabulary", "input_ids"),
+    ({"input_ids": np.array([1.5])}, "flat list of integers", "input_ids"),
+    ({"sampling": SamplingParams(temperature=-1)}, "temperature must be in", "temperature"),
+    ({"sampling": SamplingParams(top_p=0)}, "top_p must be in", "top_p"),
+    ({"sampling": SamplingParams(max_tokens=0)}, "max_tokens must be in", "max_tokens"),
+    ({"sampling": SamplingParams(n=99)}, "n must be in", "n"),
+    ({"sampling": SamplingParams(logprobs=21)}, "logprobs must be in", "logprobs"),
+    ({"sampling": SamplingParams(stop=("",))}, "non-empty strings", "stop"),
+    ({"sampling": SamplingParams(stop=tuple("abcdefghijklmnopq"))}, "at most 16", "stop"),
+    ({"sampling": SamplingParams(stop=("x" * 2000,))}, "at most 1024", "stop"),
+    ({"sampling": SamplingParams(stop_token_ids=(10**6,))}, "outside the vocabulary",
+     "stop_token_ids"),
+    ({"sampling": "greedy"}, "sampling must be an object", "sampling"),
+    ({"stream": "yes"}, "stream must be true or false", "stream"),
+]
+
+
+@pytest.mark.parametrize(("fields", "message", "param"), BAD)
+def test_bad_input_is_400_with_a_clear_message(tokenizer, fields, message, param):
+    out = prepare(req(**fields), tokenizer, CTX)
+    assert isinstance(out, ErrorReply)
+    assert (out.status, out.param, out.reply_to, out.rid) == (400, param, "ipc://client", "r")
+    assert message in out.message
+
+
+def test_too_long_is_413_with_both_numbers(tokenizer):
+    ids = np.arange(100, 190)
+    out = prepare(req(input_ids=ids, sampling=SamplingParams(max_tokens=20)), tokenizer, 100)
+    assert out.status == 413
+    assert "90 tokens" in out.message and "max_tokens is 20" in out.message
+    assert "context length of 100" in out.message
+    full = prepare(req(input_ids=np.arange(100), sampling=SamplingParams(max_tokens=None)),
+                   tokenizer, 100)
+    assert full.status == 413 and "100 tokens" in full.message
+    fits = prepare(req(input_ids=ids, sampling=SamplingParams(max_tokens=10)), tokenizer, 100)
+    assert isinstance(fits, TokenizedRequest)
+
+
+def test_missing_content_is_400(tokenizer):
+    # An assistant turn may lack content (tool calls); a user turn may not.
+    out = prepare(req(messages=[{"role": "assistant", "content": None}, {"role": "user"}]),
+                  tokenizer, CTX)
+    assert out.status == 400 and "messages[1].content" in out.message

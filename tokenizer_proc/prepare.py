@@ -1,0 +1,175 @@
+"""Validate one GenerateRequest and turn it into a TokenizedRequest, or say why not.
+
+Everything a client can get wrong is caught here, before the scheduler sees the request, and
+answered with an ErrorReply that names the field, what was wrong and what to do:
+    400  malformed input: not exactly one of prompt / messages / input_ids, a bad message,
+         a sampling value out of range, a token id outside the vocabulary, an empty prompt
+    413  the prompt plus max_tokens does not fit the model's context
+The `detok` dict written here is everything the detokenizer needs to finish the request; the
+scheduler carries it unchanged (see detokenizer_proc/sequence.py for the reader).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from tessera.bus.messages import ErrorReply, GenerateRequest, SamplingParams, TokenizedRequest
+from tessera.formats.chat_template import ChatTemplateError
+from tessera.formats.tokenizer import ModelTokenizer, TokenizerError
+
+ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
+MAX_STOP_CHARS = 1024
+
+
+class Rejected(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+def _bad(message: str, param: str | None = None) -> Rejected:
+    return Rejected(400, message, param)
+
+
+def _message_text(content: Any, i: int) -> str:
+    """A message's content as the template wants it: a string (text parts joined)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" \
+                    or not isinstance(part.get("text"), str):
+                raise _bad(f"messages[{i}].content: only text parts ({{\"type\": \"text\", "
+                           f"\"text\": ...}}) are supported by this model", "messages")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise _bad(f"messages[{i}].content must be a string or a list of text parts, got "
+               f"{type(content).__name__}", "messages")
+
+
+def check_messages(messages: Any) -> list[dict[str, Any]]:
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages must be a non-empty list of {\"role\", \"content\"} objects",
+                   "messages")
+    clean = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise _bad(f"messages[{i}] must be an object with role and content", "messages")
+        role = msg.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            raise _bad(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}, got "
+                       f"{role!r}", "messages")
+        content = msg.get("content")
+        if content is None and role == "assistant":
+            content = ""  # an assistant turn that only made tool calls
+        clean.append({**msg, "content": _message_text(content, i)})
+    return clean
+
+
+def _prompt_ids(req: GenerateRequest, tok: ModelTokenizer) -> list[int]:
+    given = [name for name in ("prompt", "messages", "input_ids")
+             if getattr(req, name) is not None]
+    if len(given) != 1:
+        raise _bad(f"give exactly one of prompt, messages or input_ids (got "
+                   f"{', '.join(given) or 'none'})", given[-1] if given else "prompt")
+    if req.prompt is not None:
+        if not isinstance(req.prompt, str):
+            raise _bad(f"prompt must be a string, got {type(req.prompt).__name__}", "prompt")
+        if not req.prompt:
+            raise _bad("prompt is empty: send at least one character", "prompt")
+        return tok.encode(req.prompt, add_special_tokens=True)
+    if req.messages is not None:
+        messages = check_messages(req.messages)
+        if not isinstance(req.add_generation_prompt, bool):
+            raise _bad("add_generation_prompt must be true or false", "add_generation_prompt")
+        try:
+            text = tok.apply_chat_template(messages, req.add_generation_prompt)
+        except (ChatTemplateError, TokenizerError) as exc:
+            raise _bad(str(exc), "messages") from None
+        # As transformers' apply_chat_template(tokenize=True): the template writes BOS itself.
+        return tok.encode(text, add_special_tokens=False)
+    ids = req.input_ids
+    assert ids is not None
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise _bad(f"input_ids must be a flat list of integers, got {ids.dtype} {ids.shape}",
+                   "input_ids")
+    if ids.size == 0:
+        raise _bad("input_ids is empty: send at least one token", "input_ids")
+    bad = ids[(ids < 0) | (ids >= tok.vocab_size)]
+    if bad.size:
+        raise _bad(f"input_ids holds token {int(bad[0])}, outside the vocabulary "
+                   f"[0, {tok.vocab_size})", "input_ids")
+    return ids.astype(np.int32).tolist()
+
+
+def _check_sampling(sp: Any, tok: ModelTokenizer) -> SamplingParams:
+    if not isinstance(sp, SamplingParams):
+        raise _bad("sampling must be an object of sampling parameters", "sampling")
+    problem = sp.validate()
+    if problem:
+        raise _bad(problem, problem.split(" ", 1)[0])
+    for token in sp.stop_token_ids:
+        if token >= tok.vocab_size:
+            raise _bad(f"stop_token_ids holds {token}, outside the vocabulary "
+                       f"[0, {tok.vocab_size})", "stop_token_ids")
+    long = [s for s in sp.stop if len(s) > MAX_STOP_CHARS]
+    if long:
+        raise _bad(f"a stop string has {len(long[0])} characters; at most {MAX_STOP_CHARS} "
+                   f"are allowed", "stop")
+    return sp
+
+
+def _fit_context(n_prompt: int, sp: SamplingParams, context: int | None) -> SamplingParams:
+    if context is None:
+        if sp.max_tokens is None:
+            raise _bad("max_tokens is required: the model's context length is unknown",
+                       "max_tokens")
+        return sp
+    wanted = sp.max_tokens if sp.max_tokens is not None else 1
+    if n_prompt + wanted > context:
+        what = (f"max_tokens is {sp.max_tokens}" if sp.max_tokens is not None
+                else "at least 1 token must be generated")
+        raise Rejected(413, f"the prompt has {n_prompt} tokens and {what}: {n_prompt + wanted} "
+                       f"tokens exceed the model's context length of {context}; shorten the "
+                       f"prompt or lower max_tokens", "max_tokens" if sp.max_tokens else "prompt")
+    if sp.max_tokens is None:  # "until the context is full"
+        return dataclasses.replace(sp, max_tokens=context - n_prompt)
+    return sp
+
+
+def prepare(req: GenerateRequest, tok: ModelTokenizer,
+            context_length: int | None) -> TokenizedRequest | ErrorReply:
+    """The TokenizedRequest for `req`, or the ErrorReply to send to its reply_to."""
+    try:
+        sampling = _check_sampling(req.sampling, tok)
+        if not isinstance(req.stream, bool):
+            raise _bad("stream must be true or false", "stream")
+        if isinstance(req.priority, bool) or not isinstance(req.priority, int):
+            raise _bad("priority must be an integer", "priority")
+        ids = _prompt_ids(req, tok)
+        if not ids:
+            raise _bad("the prompt encodes to no tokens; send some text", "prompt")
+        sampling = _fit_context(len(ids), sampling, context_length)
+    except Rejected as rej:
+        return ErrorReply(rid=req.rid, status=rej.status, message=rej.message,
+                          param=rej.param, reply_to=req.reply_to)
+    hidden = [] if sampling.ignore_eos else list(tok.eos_token_ids)
+    detok = {
+        "reply_to": req.reply_to,
+        "stream": req.stream,
+        "n": sampling.n,
+        "stop": list(sampling.stop),
+        "stop_token_ids": sorted(set(sampling.stop_token_ids) | set(hidden)),
+        "skip_special_tokens": sampling.skip_special_tokens,
+        "logprobs": sampling.logprobs,
+        "prompt_tokens": len(ids),
+    }
+    return TokenizedRequest(rid=req.rid, input_ids=np.asarray(ids, dtype=np.int32),
+                            sampling=sampling, detok=detok, priority=req.priority,
+                            arrival_time=req.arrival_time)
