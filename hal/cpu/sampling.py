@@ -36,6 +36,8 @@ def filtered_probs(logits: torch.Tensor, params: SamplingTensors) -> torch.Tenso
     temperature = params.temperature.float().to(logits.device)
     temperature = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
     scaled = logits.float() / temperature[:, None]
+    if not _any_filter(params, vocab):
+        return scaled.softmax(dim=-1)  # nothing to cut: skip the sort over the vocabulary
     sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)
     probs = sorted_logits.softmax(dim=-1)
     pos = torch.arange(vocab, device=logits.device)[None, :]
@@ -54,6 +56,12 @@ def filtered_probs(logits: torch.Tensor, params: SamplingTensors) -> torch.Tenso
     keep[:, 0] = True  # the most likely token always survives
     kept = probs * keep
     return torch.zeros_like(kept).scatter_(1, order, kept)
+
+
+def _any_filter(params: SamplingTensors, vocab: int) -> bool:
+    top_k = params.top_k
+    return bool(((top_k > 0) & (top_k < vocab)).any() or (params.top_p < 1).any()
+                or (params.min_p > 0).any())
 
 
 def sample(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:

@@ -133,3 +133,10 @@ def test_unseeded_rows_follow_the_global_generator() -> None:
     first = sample(logits, sampling_params(3))
     torch.manual_seed(123)
     assert torch.equal(sample(logits, sampling_params(3)), first)
+
+
+def test_filtered_probs_without_filters_is_the_softmax() -> None:
+    logits = torch.randn(2, 30, generator=_gen(9))
+    params = sampling_params(2, temperature=torch.tensor([1.0, 0.5]))
+    expected = torch.stack([logits[0].softmax(-1), (logits[1] / 0.5).softmax(-1)])
+    torch.testing.assert_close(filtered_probs(logits, params), expected)
