@@ -1,0 +1,108 @@
+"""Long randomized schedules against the fake worker: arrivals, aborts, shared prefixes, n > 1,
+memory pressure that forces retraction. After every step the page invariant holds; at the end
+every sample finished exactly once with exactly the tokens a direct computation gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sched_fakes import EOS, VOCAB, Collected, FakeWorker, drive, make_request, reference_output
+
+from tessera.scheduler_proc.config import SchedulerConfig
+from tessera.scheduler_proc.scheduler import Scheduler
+
+
+def random_request(rng: np.random.Generator, rid: str, bases: list[np.ndarray], ctx: int):
+    base = bases[int(rng.integers(len(bases)))]
+    cut = int(rng.integers(0, base.shape[0] + 1))
+    tail = rng.integers(1, VOCAB, size=int(rng.integers(1, 20)))
+    prompt = np.concatenate([base[:cut], tail]).astype(np.int32)
+    max_tokens = None if rng.random() < 0.1 else int(rng.integers(1, 48))
+    if max_tokens is not None:
+        max_tokens = min(max_tokens, ctx - prompt.shape[0])
+    sampling: dict = {"max_tokens": max_tokens, "n": int(rng.integers(1, 4)),
+                      "seed": int(rng.integers(0, 1000)) if rng.random() < 0.5 else None}
+    if rng.random() < 0.2:
+        sampling["min_tokens"] = min(int(rng.integers(1, 10)), max_tokens or 10)
+    if rng.random() < 0.2:
+        sampling["stop_token_ids"] = (int(rng.integers(1, VOCAB)),)
+    if rng.random() < 0.15:
+        sampling["ignore_eos"] = True
+    return make_request(rid, prompt, **sampling)
+
+
+def run_schedule(seed: int, overlap: bool, num_pages: int, n_requests: int = 60,
+                 disable_cache: bool = False) -> Scheduler:
+    rng = np.random.default_rng(seed)
+    ps, ctx = 4, 128
+    cfg = SchedulerConfig(num_slots=ps * (num_pages + 1), page_size=ps, max_context_len=ctx,
+                          max_running_requests=8, chunked_prefill_size=24,
+                          eos_token_ids=(EOS,), overlap=overlap,
+                          disable_radix_cache=disable_cache, debug=True)
+    sched = Scheduler(cfg)
+    worker = FakeWorker(sched)
+    got = Collected()
+    bases = [rng.integers(1, VOCAB, size=int(rng.integers(8, 60))).astype(np.int32)
+             for _ in range(3)]
+    sent: dict = {}
+    aborted: set[str] = set()
+    for i in range(8):
+        req = random_request(rng, f"r{i}", bases, ctx)
+        assert sched.add_request(req) is None
+        sent[req.rid] = req
+
+    def between(step: int) -> None:
+        if len(sent) < n_requests and rng.random() < 0.4:
+            req = random_request(rng, f"r{len(sent)}", bases, ctx)
+            assert sched.add_request(req) is None
+            sent[req.rid] = req
+        if rng.random() < 0.04:
+            rid = f"r{int(rng.integers(len(sent)))}"
+            if sched.abort(rid):
+                aborted.add(rid)
+        if rng.random() < 0.01:
+            sched.flush_cache()
+
+    drive(sched, worker, got, between=between)
+    while len(sent) < n_requests:  # the schedule ended early: run the rest too
+        between(0)
+        drive(sched, worker, got, between=between)
+
+    for rid, req in sent.items():
+        for index in range(req.sampling.n):
+            key = (rid, index)
+            finishes = got.finish.get(key, [])
+            assert len(finishes) == 1, f"{key} finished {finishes}"
+            max_total = sched.limits.max_total(req.input_ids.shape[0], req.sampling.max_tokens)
+            want, why = reference_output(req.input_ids, req.sampling, index, max_total)
+            tokens = got.tokens.get(key, [])
+            if finishes[0] == "abort":
+                assert rid in aborted
+                assert tokens == want[:len(tokens)], f"{key}: wrong tokens before the abort"
+            else:
+                assert (tokens, finishes[0]) == (want, why), f"{key}: wrong output"
+        assert got.announced.get(rid) == 1
+    assert not sched.requests and not sched.running and len(sched.waiting) == 0
+    assert sched.allocator.free_pages + sched.cache.evictable_pages == \
+        sched.allocator.total_pages
+    sched.check_invariant()
+    return sched
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_schedule_with_memory_pressure(seed: int, overlap: bool) -> None:
+    sched = run_schedule(seed, overlap, num_pages=48)
+    assert sched.retracted_total > 0, "the pool was meant to be too small for everyone"
+    assert sched.cache_hit_tokens > 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_random_schedule_roomy_pool_never_retracts(overlap: bool) -> None:
+    sched = run_schedule(7, overlap, num_pages=2000, n_requests=30)
+    assert sched.retracted_total == 0
+
+
+def test_random_schedule_without_radix_cache() -> None:
+    sched = run_schedule(3, True, num_pages=48, disable_cache=True)
+    assert sched.cache_hit_tokens == 0 and sched.cache.total_pages == 0
