@@ -101,7 +101,39 @@ class MiniScheduler:
         self.history.extend(reqs)
         return reqs
 
+    def prefill_logits(self, prompts: list[list[int]]) -> Any:
+        """float32 logits [B, V] after each whole prompt, from one batched forward."""
+        import torch
+
+        from tessera.worker_proc.forward_inputs import build_forward_inputs
+
+        reqs = [_Req(self.next_row + i, list(p), 1, dict(_DEFAULTS))
+                for i, p in enumerate(prompts)]
+        self.next_row += len(prompts)
+        batch, _, _ = self._make_batch(reqs)
+        with torch.inference_mode():
+            return self.runner.forward(build_forward_inputs(batch, self.req_to_token,
+                                                            self.runner.device))
+
     def _step(self, active: list[_Req]) -> None:
+        batch, ext, sample = self._make_batch(active)
+        if self.through_codec:  # what a worker really receives: read-only frame views
+            batch = codec.decode([bytes(f) for f in codec.encode(batch)])  # type: ignore[assignment]
+        result: SampledTokens = self.runner.step(batch, self.req_to_token)
+        assert result.error is None, result.error
+        j = 0
+        for r, n, s in zip(active, ext, sample, strict=True):
+            r.kv_len += int(n)
+            if s:
+                r.out.append(int(result.token_ids[j]))
+                if result.logprobs.size:
+                    r.logprobs.append(float(result.logprobs[j]))
+                if result.top_ids.size:
+                    r.top.append((result.top_ids[j].copy(), result.top_logprobs[j].copy()))
+                j += 1
+        assert j == result.token_ids.shape[0]
+
+    def _make_batch(self, active: list[_Req]) -> tuple[ForwardBatch, np.ndarray, list[int]]:
         ids: list[np.ndarray] = []
         extend, sample = [], []
         budget = self.chunk_size or 1 << 30
@@ -143,18 +175,4 @@ class MiniScheduler:
             is_decode=bool((ext == 1).all() and all(r.kv_len >= len(r.prompt) for r in active)),
         )
         self.step_id += 1
-        if self.through_codec:  # what a worker really receives: read-only frame views
-            batch = codec.decode([bytes(f) for f in codec.encode(batch)])  # type: ignore[assignment]
-        result: SampledTokens = self.runner.step(batch, self.req_to_token)
-        assert result.error is None, result.error
-        j = 0
-        for r, n, s in zip(active, ext, sample, strict=True):
-            r.kv_len += int(n)
-            if s:
-                r.out.append(int(result.token_ids[j]))
-                if result.logprobs.size:
-                    r.logprobs.append(float(result.logprobs[j]))
-                if result.top_ids.size:
-                    r.top.append((result.top_ids[j].copy(), result.top_logprobs[j].copy()))
-                j += 1
-        assert j == result.token_ids.shape[0]
+        return batch, ext, sample

@@ -1,0 +1,124 @@
+"""ModelRunner: same logits from a GGUF and a safetensors folder of the same weights, dummy
+weights, clear load errors, reproducible seeded sampling, logprobs through a real step."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from tessera.formats import ModelFormatError, WeightShapeError, open_model
+from tests.formats.gguf_helpers import write_gguf
+from tests.worker_proc.driver import MiniScheduler
+from tests.worker_proc.helpers import hf_last_logits, make_runner, prompts, tiny_hf_model
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama")
+    model = tiny_hf_model("llama31", str(folder))
+    return str(folder), model
+
+
+def save_as_folder(files, folder) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(files.config.to_hf_dict()))
+    save_file(dict(files.iter_tensors(progress=False)), str(folder / "model.safetensors"))
+
+
+@pytest.mark.parametrize("quant", ["F32", "Q8_0"])
+def test_gguf_and_safetensors_of_same_weights_give_same_logits(tmp_path, quant):
+    model = tiny_hf_model("llama31", str(tmp_path / "src"), rope_scaling=None)
+    gguf_path = str(tmp_path / "m.gguf")
+    write_gguf(gguf_path, "llama", model.config, model.state_dict(), quant=quant)
+    # The folder holds exactly the GGUF's (dequantized) weights.
+    save_as_folder(open_model(gguf_path), tmp_path / "same")
+    batch = prompts(256, [5, 13, 30])
+    from_gguf = MiniScheduler(make_runner(gguf_path)).prefill_logits(batch)
+    from_folder = MiniScheduler(make_runner(str(tmp_path / "same"))).prefill_logits(batch)
+    assert from_gguf.shape == (3, 256)
+    assert torch.equal(from_gguf, from_folder)
+    if quant == "F32":  # and both equal transformers' logits on the source weights
+        for i, p in enumerate(batch):
+            assert torch.allclose(from_gguf[i], hf_last_logits(model, p), atol=1e-4)
+
+
+def test_sharded_checkpoint_loads_like_a_single_file(tmp_path, llama_folder):
+    folder, model = llama_folder
+    model.save_pretrained(str(tmp_path / "sharded"), safe_serialization=True,
+                          max_shard_size="50KB")
+    assert len(list((tmp_path / "sharded").glob("*.safetensors"))) > 1
+    batch = prompts(256, [9, 20])
+    one = MiniScheduler(make_runner(folder)).prefill_logits(batch)
+    many = MiniScheduler(make_runner(str(tmp_path / "sharded"))).prefill_logits(batch)
+    assert torch.equal(one, many)
+
+
+def test_dummy_weights_are_seeded_and_sane(tmp_path, llama_folder):
+    folder, _ = llama_folder
+    config_json = tmp_path / "bench.json"
+    config_json.write_text((open(folder + "/config.json").read()))
+    batch = prompts(256, [6, 11])
+    a = MiniScheduler(make_runner(str(config_json), load_format="dummy", seed=3))
+    b = MiniScheduler(make_runner(folder, load_format="dummy", seed=3))
+    c = MiniScheduler(make_runner(folder, load_format="dummy", seed=4))
+    la, lb, lc = (s.prefill_logits(batch) for s in (a, b, c))
+    assert torch.equal(la, lb)
+    assert not torch.equal(la, lc)
+    assert torch.isfinite(la).all() and la.abs().max() < 50
+    assert [r.out for r in a.generate(batch, 4)] == [r.out for r in b.generate(batch, 4)]
+
+
+def test_shape_mismatch_and_missing_tensors_are_clear_errors(tmp_path, llama_folder):
+    folder, _ = llama_folder
+    cfg = json.loads(open(folder + "/config.json").read())
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    (wrong / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 96}))
+    (wrong / "model.safetensors").write_bytes(open(folder + "/model.safetensors", "rb").read())
+    with pytest.raises(WeightShapeError, match=r"mlp\..* has shape \(64, 128\) but the model config implies \(64, 96\)"):
+        make_runner(str(wrong))
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(folder + "/model.safetensors")
+    del state["model.layers.1.mlp.up_proj.weight"]
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "config.json").write_text(json.dumps(cfg))
+    save_file(state, str(partial / "model.safetensors"))
+    with pytest.raises(ModelFormatError, match="lacks 1 tensor.*layers.1.mlp.up_proj"):
+        make_runner(str(partial))
+
+
+def test_seeded_sampling_is_reproducible_and_logprobs_are_returned(llama_folder):
+    folder, model = llama_folder
+    batch = prompts(256, [4, 9, 15, 22])
+    params = [dict(temperature=0.9, top_p=0.95, top_k=50, seed=100 + i, logprobs=3)
+              for i in range(4)]
+    first = MiniScheduler(make_runner(folder)).generate(batch, 12, params)
+    second = MiniScheduler(make_runner(folder), chunk_size=8).generate(batch[::-1], 12,
+                                                                       params[::-1])
+    assert [r.out for r in first] == [r.out for r in second[::-1]]
+    assert len({tuple(r.out) for r in first}) == 4
+    for r in first:
+        assert len(r.logprobs) == 12 and all(lp <= 0 for lp in r.logprobs)
+        assert all(len(ids) == 3 for ids, _ in r.top)
+        # The top-1 alternative is at least as likely as the sampled token.
+        assert all(lps[0] >= lp - 1e-6 for (_, lps), lp in zip(r.top, r.logprobs, strict=True))
+    # First token's logprob equals transformers' log_softmax at the prompt's end.
+    ref = torch.log_softmax(hf_last_logits(model, batch[0]), -1)[first[0].out[0]]
+    assert abs(first[0].logprobs[0] - float(ref)) < 1e-4
+
+
+def test_ready_message_reports_the_arena(llama_folder):
+    folder, _ = llama_folder
+    runner = make_runner(folder, max_total_tokens=1000, page_size=8)
+    ready = runner.ready_message()
+    assert ready.num_slots == runner.kv.num_slots == 1008  # 1000 rounded to pages + page 0
+    assert ready.page_size == 8 and ready.vocab_size == 256 and ready.eos_token_ids == [2]
+    assert runner.kv.k[0].shape == (1008, 2, 16)
+    assert np.asarray(runner.kv.storage.shape).prod() * 4 == runner.kv_plan.total_bytes
