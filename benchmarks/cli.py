@@ -1,0 +1,38 @@
+"""`tessera bench WHAT [flags]`: the benchmark suite (BENCHMARKS.md).
+
+    serving   B3 (HTTP tiers) and B4 (prefix cache vs --disable-radix-cache)
+    offline   B2 through the offline API, with the roofline bound of the run
+    latency   B1: batch-1 decode ms/step and TTFT
+    c1        C1: tessera vs transformers generate one at a time, same run
+    peer      the transformers baseline of B1 (decode ms/step, TTFT; several batch sizes)
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHES: dict[str, tuple[str, str]] = {
+    "serving": ("tessera.benchmarks.serving", "main"),
+    "offline": ("tessera.benchmarks.offline", "main"),
+    "latency": ("tessera.benchmarks.latency", "main"),
+    "c1": ("tessera.benchmarks.peer", "main_c1"),
+    "peer": ("tessera.benchmarks.peer", "main_peer"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in BENCHES:
+        print(f"tessera bench: unknown benchmark {name!r}\n\n{__doc__.strip()}", file=sys.stderr)
+        return 2
+    module, func = BENCHES[name]
+    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
