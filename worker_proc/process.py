@@ -1,0 +1,112 @@
+"""The worker process: `python -m tessera.worker_proc --run-dir DIR --rank R`.
+
+One process per TP rank. Inbox RunPaths.worker(rank): ForwardBatch (every rank gets the same
+batches in the same order). Outbox RunPaths.scheduler_results: WorkerReady once the model is
+loaded and the KV arena carved; then (rank 0 only) one SampledTokens per ForwardBatch, sent as
+zero-copy frames. A step that fails answers with SampledTokens.error so the scheduler can
+abort its requests; the process stays up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from tessera.bus.channel import Inbox, Outbox, SendTimeout
+from tessera.bus.config import EngineConfig, RunPaths
+from tessera.bus.messages import ForwardBatch, Message, SampledTokens
+from tessera.bus.process import BusProcess
+
+log = logging.getLogger(__name__)
+
+
+class WorkerProcess(BusProcess):
+    name = "worker"
+
+    def __init__(self, paths: RunPaths, config: EngineConfig, rank: int = 0) -> None:
+        super().__init__(paths, config)
+        self.rank = rank
+        self.name = f"worker{rank}"
+        self.runner: Any = None
+        self.results: Outbox | None = None
+        self.table: Any = None
+        self.communicator: Any = None
+        self.steps = 0
+        self.failed_steps = 0
+        self.tokens = 0
+        self.forward_ms_total = 0.0
+
+    def setup(self) -> None:
+        from tessera.hal.registry import load_platform
+        from tessera.worker_proc.model_runner import ModelRunner
+        from tessera.worker_proc.page_table import AttachedPageTable
+
+        cfg = self.config
+        if not 0 <= self.rank < cfg.tp_size:
+            raise ValueError(f"--rank {self.rank} is outside --tp-size {cfg.tp_size}")
+        self.inbox = Inbox(self.paths.worker(self.rank), name=self.name)
+        platform = load_platform(cfg.hal)
+        if cfg.tp_size > 1:
+            init = f"file://{os.path.join(self.paths.run_dir, 'tp-rendezvous')}"
+            self.communicator = platform.create_communicator(self.rank, cfg.tp_size, init)
+        self.runner = ModelRunner(cfg, self.rank, platform, self.communicator)
+        self.table = AttachedPageTable(self.paths.shm_req_to_token, cfg.max_running_requests,
+                                       self.runner.max_context_len)
+        self.results = Outbox(self.paths.scheduler_results, timeout_ms=cfg.send_timeout_ms)
+        self.results.send(self.runner.ready_message())
+
+    def ready_info(self) -> dict[str, Any]:
+        if self.runner is None:
+            return {}
+        plan = self.runner.kv_plan
+        return {"rank": self.rank, "device": str(self.runner.device),
+                "kv_pages": plan.num_pages, "kv_tokens": plan.usable_tokens,
+                "model": self.config.model}
+
+    def handle(self, msgs: list[Message]) -> None:
+        for msg in msgs:
+            if isinstance(msg, ForwardBatch):
+                self._step(msg)
+            else:
+                log.warning("%s: ignoring unexpected %s", self.name, type(msg).__name__)
+
+    def _step(self, batch: ForwardBatch) -> None:
+        start = time.perf_counter()
+        try:
+            result = self.runner.step(batch, self.table.array)
+        except Exception as exc:  # a failed step must not kill the worker
+            log.exception("%s: step %d failed", self.name, batch.step)
+            self.failed_steps += 1
+            result = SampledTokens(step=batch.step, token_ids=np.zeros(0, np.int32),
+                                   error=f"worker {self.rank}: {type(exc).__name__}: {exc}")
+        self.steps += 1
+        self.tokens += int(np.asarray(batch.extend_lens).sum())
+        self.forward_ms_total += (time.perf_counter() - start) * 1000.0
+        if self.rank != 0:
+            return
+        assert self.results is not None
+        try:
+            self.results.send(result)
+        except SendTimeout:
+            log.error("%s: the scheduler did not take step %d's result in time", self.name,
+                      batch.step)
+
+    def stats(self) -> dict[str, float]:
+        return {"steps": float(self.steps), "failed_steps": float(self.failed_steps),
+                "tokens": float(self.tokens),
+                "forward_ms_avg": self.forward_ms_total / self.steps if self.steps else 0.0}
+
+    def teardown(self) -> None:
+        if self.table is not None:
+            self.table.close()
+        if self.results is not None:
+            self.results.close()
+        if self.communicator is not None:
+            try:
+                self.communicator.destroy()
+            except Exception:  # noqa: BLE001 - exiting anyway
+                log.debug("communicator destroy failed", exc_info=True)
