@@ -1,0 +1,322 @@
+"""The scheduler's rules, one at a time, with the in-process fake worker."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sched_fakes import EOS, Collected, FakeWorker, drive, make_request, reference_output
+
+from tessera.bus.messages import SampledTokens
+from tessera.scheduler_proc.config import SchedulerConfig
+from tessera.scheduler_proc.scheduler import Scheduler
+
+
+def make(**kw) -> Scheduler:
+    base = dict(num_slots=16 * 200, page_size=16, max_context_len=512, max_running_requests=8,
+                chunked_prefill_size=32, eos_token_ids=(EOS,), overlap=False, debug=True)
+    base.update(kw)
+    return Scheduler(SchedulerConfig(**base))  # type: ignore[arg-type]
+
+
+def prompt(n: int, start: int = 1) -> np.ndarray:
+    return (np.arange(n) % 40 + start).astype(np.int32)
+
+
+def test_chunked_prefill_runs_the_right_chunks_then_decodes() -> None:
+    sched = make()
+    worker = FakeWorker(sched)
+    assert sched.add_request(make_request("a", prompt(100), max_tokens=3, ignore_eos=True)) is None
+    seen = []
+    while sched.has_work():
+        fb = sched.next_batch()
+        assert fb is not None
+        seen.append((fb.extend_lens.tolist(), fb.seq_lens.tolist(), fb.sample.tolist(),
+                     fb.is_decode))
+        sched.on_result(worker.step(fb))
+    assert seen == [([32], [32], [0], False), ([32], [64], [0], False),
+                    ([32], [96], [0], False), ([4], [100], [1], False),
+                    ([1], [101], [1], True), ([1], [102], [1], True)]
+
+
+def test_decodes_and_a_new_prefill_share_one_batch_under_the_budget() -> None:
+    sched = make()
+    worker = FakeWorker(sched)
+    sched.add_request(make_request("a", prompt(10), max_tokens=20, ignore_eos=True))
+    sched.on_result(worker.step(sched.next_batch()))  # a prefilled
+    sched.add_request(make_request("b", prompt(50, 3), max_tokens=5, ignore_eos=True))
+    sched.add_request(make_request("c", prompt(50, 5), max_tokens=5, ignore_eos=True))
+    fb = sched.next_batch()
+    # a decodes; b gets the remaining budget of 32 prompt tokens; c waits for budget.
+    assert fb.extend_lens.tolist() == [1, 32]
+    assert fb.sample.tolist() == [1, 0]
+    assert not fb.is_decode
+    sched.on_result(worker.step(fb))
+
+
+def test_prompt_sent_twice_is_served_from_the_cache_with_identical_output() -> None:
+    sched = make()
+    worker = FakeWorker(sched)
+    got = Collected()
+    p = prompt(70)
+    sched.add_request(make_request("first", p, max_tokens=8, ignore_eos=True))
+    drive(sched, worker, got)
+    sched.add_request(make_request("second", p, max_tokens=8, ignore_eos=True))
+    fb = sched.next_batch()
+    assert fb.extend_lens.tolist() == [70 - 64]  # four whole pages reused
+    got.add(sched.on_result(worker.step(fb)))
+    drive(sched, worker, got)
+    assert got.tokens[("second", 0)] == got.tokens[("first", 0)]
+    assert got.cached[("second", 0)] == 64 and got.cached[("first", 0)] == 0
+    stats = sched.stats()
+    assert stats["cache_hit_tokens"] == 64 and stats["cache_query_tokens"] == 140
+
+
+def test_n_samples_share_the_prompt_pages() -> None:
+    sched = make()
+    worker = FakeWorker(sched)
+    got = Collected()
+    req = make_request("n3", prompt(40), max_tokens=30, n=3, seed=5, ignore_eos=True)
+    sched.add_request(req)
+    first = sched.next_batch()
+    assert first.batch_size == 1 and first.extend_lens.tolist() == [32]
+    got.add(sched.on_result(worker.step(first)))
+    fb = sched.next_batch()
+    got.add(sched.on_result(worker.step(fb)))  # index 0 samples: its prompt pages go to the cache
+    fb = sched.next_batch()
+    # index 0 decodes; indices 1 and 2 compute only the 8 tokens after the 2 shared pages.
+    assert fb.extend_lens.tolist() == [1, 8, 8]
+    assert fb.seeds.tolist() == [5, 6, 7]
+    rows = [s.row for s in sched.requests["n3"].seqs]
+    pages = [sched.st.pages[r, :2].tolist() for r in rows]
+    assert pages[0] == pages[1] == pages[2]
+    assert len({sched.st.pages[r, 2] for r in rows}) == 3  # own pages for the rest
+    sched.check_invariant()
+    got.add(sched.on_result(worker.step(fb)))
+    drive(sched, worker, got)
+    for index in range(3):
+        want, why = reference_output(req.input_ids, req.sampling, index, 40 + 30)
+        assert got.tokens[("n3", index)] == want and got.finish[("n3", index)] == [why]
+        assert got.cached[("n3", index)] == (0 if index == 0 else 32)
+
+
+def test_admission_refuses_what_cannot_run_with_clear_messages() -> None:
+    sched = make(num_slots=16 * 11, max_context_len=256, max_queued_requests=2, vocab_size=50)
+    err = sched.add_request(make_request("long", prompt(200), max_tokens=100))
+    assert err.status == 413 and "200" in err.message and "256" in err.message
+    assert err.reply_to == "ipc://nowhere/long"
+    err = sched.add_request(make_request("full", prompt(256), max_tokens=None))
+    assert err.status == 413 and "context" in err.message
+    err = sched.add_request(make_request("huge", prompt(100), max_tokens=100))
+    assert err.status == 503 and "KV cache holds 160" in err.message
+    assert sched.add_request(make_request("empty", prompt(0))).status == 400
+    bad = make_request("vocab", np.array([1, 99], dtype=np.int32))
+    assert sched.add_request(bad).status == 400
+    assert sched.add_request(make_request("ok1", prompt(10))) is None
+    assert sched.add_request(make_request("ok1", prompt(10))).status == 400  # rid in use
+    assert sched.add_request(make_request("ok2", prompt(10))) is None
+    err = sched.add_request(make_request("ok3", prompt(10)))
+    assert err.status == 503 and "waiting" in err.message
+    # max_tokens=None means "until the pool or the context is full": it always fits.
+    sched2 = make(num_slots=16 * 11, max_context_len=256)
+    assert sched2.add_request(make_request("open", prompt(10), max_tokens=None)) is None
+    assert sched2.requests["open"].max_total == 160
+    sched2.check_invariant()
+
+
+def test_priority_policy_runs_higher_priority_first() -> None:
+    sched = make(max_running_requests=1, schedule_policy="priority")
+    worker = FakeWorker(sched)
+    for rid, prio in (("low", 0), ("high", 5), ("mid", 2)):
+        req = make_request(rid, prompt(5), max_tokens=2, ignore_eos=True)
+        object.__setattr__(req, "priority", prio)
+        sched.add_request(req)
+    order = []
+    while sched.has_work():
+        fb = sched.next_batch()
+        if fb.extend_lens[0] > 1:
+            order.append(sched.seq_of_row[int(fb.rows[0])].req.rid)
+        sched.on_result(worker.step(fb))
+    assert order == ["high", "mid", "low"]
+
+
+def test_fcfs_runs_in_arrival_order() -> None:
+    sched = make(max_running_requests=1)
+    worker = FakeWorker(sched)
+    for rid in ("a", "b", "c"):
+        sched.add_request(make_request(rid, prompt(5), max_tokens=2, ignore_eos=True))
+    order = []
+    while sched.has_work():
+        fb = sched.next_batch()
+        if fb.extend_lens[0] > 1:
+            order.append(sched.seq_of_row[int(fb.rows[0])].req.rid)
+        sched.on_result(worker.step(fb))
+    assert order == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_abort_frees_everything_at_once(overlap: bool) -> None:
+    sched = make(overlap=overlap)
+    worker = FakeWorker(sched)
+    got = Collected()
+    sched.add_request(make_request("run", prompt(60), max_tokens=100, ignore_eos=True))
+    sched.add_request(make_request("many", prompt(20, 7), max_tokens=100, n=3,
+                                   ignore_eos=True))
+    for _ in range(3):
+        fb = sched.next_batch()
+        got.add(sched.on_result(worker.step(fb)))
+    assert sched.abort("run") and sched.abort("many")
+    assert not sched.abort("run")  # already gone
+    got.add(sched.take_output())
+    assert got.finish[("run", 0)] == ["abort"]
+    assert [got.finish[("many", i)] for i in range(3)] == [["abort"]] * 3
+    assert not sched.running and not sched.requests and len(sched.waiting) == 0
+    assert sched.allocator.free_pages + sched.cache.evictable_pages == \
+        sched.allocator.total_pages
+    # Steps still in flight come back and are ignored.
+    while sched.inflight:
+        rec = sched.inflight[0]
+        got.add(sched.on_result(SampledTokens(step=rec.step, token_ids=np.zeros(
+            rec.sampled_rows.shape[0], dtype=np.int32))))
+    assert sched.row_pool.free_rows == sched.config.max_running_requests
+    sched.check_invariant()
+
+
+def test_min_tokens_blocks_eos_and_stop_ids_until_reached() -> None:
+    sched = make()
+    worker = FakeWorker(sched)
+    sched.add_request(make_request("m", prompt(5), max_tokens=6, min_tokens=3,
+                                   stop_token_ids=(7,)))
+    blocks = []
+    while sched.has_work():
+        fb = sched.next_batch()
+        blocks.append(fb.block_ids[fb.block_offsets[0]:fb.block_offsets[1]].tolist()
+                      if fb.block_offsets.shape[0] else [])
+        sched.on_result(worker.step(fb))
+    assert blocks[:3] == [[EOS, 7]] * 3
+    assert all(b == [] for b in blocks[3:])
+
+
+def test_stop_token_id_finishes_with_stop_and_reports_it() -> None:
+    sched = make()
+    worker = FakeWorker(sched)
+    got = Collected()
+    req = make_request("free", prompt(9), max_tokens=40, ignore_eos=True)
+    sched.add_request(req)
+    drive(sched, worker, got)
+    stop_at = got.tokens[("free", 0)][4]
+    req2 = make_request("stops", prompt(9), max_tokens=40, ignore_eos=True,
+                        stop_token_ids=(stop_at,))
+    sched.add_request(req2)
+    tbs = []
+    while sched.has_work():
+        tbs.append(sched.on_result(worker.step(sched.next_batch())))
+    last = tbs[-1]
+    assert last.finish == ["stop"] and last.matched_stop == [stop_at]
+    first_stop = got.tokens[("free", 0)].index(stop_at)
+    assert sum(int(tb.counts.sum()) for tb in tbs) == first_stop + 1
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_penalties_send_the_full_history(overlap: bool) -> None:
+    sched = make(overlap=overlap)
+    worker = FakeWorker(sched)
+    got = Collected()
+    sched.add_request(make_request("pen", prompt(6), max_tokens=5, ignore_eos=True,
+                                   repetition_penalty=1.3))
+    sched.add_request(make_request("plain", prompt(4, 9), max_tokens=5, ignore_eos=True))
+    results = []
+    while sched.has_work() or sched.inflight:
+        while (fb := sched.next_batch()) is not None:
+            pen = [i for i in range(fb.batch_size)
+                   if sched.seq_of_row[int(fb.rows[i])].req.rid == "pen"]
+            if pen:
+                i = pen[0]
+                hist = fb.hist_ids[fb.hist_offsets[i]:fb.hist_offsets[i + 1]].tolist()
+                assert fb.hist_prompt_lens[i] == 6
+                out_so_far = got.tokens.get(("pen", 0), [])
+                assert hist == prompt(6).tolist() + out_so_far
+                if fb.is_decode:  # its input is known, never "what you sampled last"
+                    assert fb.input_ids[i] >= 0
+            results.append(worker.step(fb))
+        got.add(sched.on_result(results.pop(0)))
+    assert len(got.tokens[("pen", 0)]) == 5
+
+
+def test_logprobs_pass_through_to_the_token_batch() -> None:
+    sched = make()
+    sched.add_request(make_request("lp", prompt(5), max_tokens=3, logprobs=2))
+    fb = sched.next_batch()
+    assert fb.logprobs.tolist() == [2]
+    tb = sched.on_result(SampledTokens(
+        step=fb.step, token_ids=np.array([11], dtype=np.int32),
+        logprobs=np.array([-0.5], dtype=np.float32),
+        top_ids=np.array([[11, 12]], dtype=np.int32),
+        top_logprobs=np.array([[-0.5, -1.5]], dtype=np.float32)))
+    assert tb.token_ids.tolist() == [11] and tb.logprobs.tolist() == [-0.5]
+    assert tb.top_ids.tolist() == [[11, 12]]
+    assert tb.new_requests == {"lp": {"reply_to": "ipc://nowhere/lp"}}
+
+
+def test_a_failed_step_fails_its_requests_and_frees_them() -> None:
+    sched = make()
+    worker = FakeWorker(sched)
+    sched.add_request(make_request("x", prompt(20), max_tokens=9, ignore_eos=True))
+    sched.on_result(worker.step(sched.next_batch()))
+    fb = sched.next_batch()
+    assert sched.on_result(SampledTokens(step=fb.step, token_ids=np.zeros(0, np.int32),
+                                         error="device lost")) is None
+    errors = sched.take_errors()
+    assert [(e.rid, e.status) for e in errors] == [("x", 500)]
+    assert "device lost" in errors[0].message
+    assert not sched.running and not sched.requests
+    sched.check_invariant()
+
+
+def test_worker_timeout_fails_inflight_requests_but_keeps_the_rest() -> None:
+    sched = make(overlap=True, max_running_requests=1)
+    sched.add_request(make_request("busy", prompt(20), max_tokens=9))
+    sched.add_request(make_request("queued", prompt(20, 2), max_tokens=9))
+    assert sched.next_batch() is not None
+    sched.fail_inflight("the model worker did not answer")
+    errors = sched.take_errors()
+    assert [(e.rid, e.status) for e in errors] == [("busy", 503)]
+    assert list(sched.requests) == ["queued"]
+    # A late answer for the failed step is dropped.
+    assert sched.on_result(SampledTokens(step=0, token_ids=np.zeros(1, np.int32))) is None
+    worker = FakeWorker(sched)
+    got = Collected()
+    drive(sched, worker, got)
+    assert got.finish[("queued", 0)] in (["stop"], ["length"])
+
+
+def test_waiting_requests_expire() -> None:
+    sched = make(max_running_requests=1)
+    sched.add_request(make_request("a", prompt(5), max_tokens=5))
+    sched.add_request(make_request("b", prompt(5), max_tokens=5))
+    sched.next_batch()
+    now = sched.requests["b"].queued_at
+    assert sched.expire_waiting(10.0, now + 5) == 0
+    assert sched.expire_waiting(10.0, now + 11) == 1  # "a" runs: it does not expire
+    assert [(e.rid, e.status) for e in sched.take_errors()] == [("b", 503)]
+
+
+def test_retraction_picks_the_youngest_and_it_recomputes() -> None:
+    # 12 pages of 4 tokens: two requests of 8 + 20 tokens cannot both finish in memory.
+    sched = make(num_slots=4 * 13, page_size=4, max_context_len=64, chunked_prefill_size=64)
+    worker = FakeWorker(sched)
+    got = Collected()
+    old = make_request("old", prompt(8), max_tokens=20, ignore_eos=True)
+    young = make_request("young", prompt(8, 20), max_tokens=20, ignore_eos=True)
+    sched.add_request(old)
+    sched.add_request(young)
+    retracted = []
+
+    def watch(_: int) -> None:
+        if sched.retracted_total > len(retracted):
+            retracted.append([s.req.rid for s in sched.waiting.sequences()])
+
+    drive(sched, worker, got, between=watch)
+    assert retracted and all(r == ["young"] for r in retracted)
+    for req in (old, young):
+        want, _ = reference_output(req.input_ids, req.sampling, 0, 28)
+        assert got.tokens[(req.rid, 0)] == want
