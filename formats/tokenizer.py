@@ -16,6 +16,7 @@ import importlib.util
 import json
 import logging
 import os
+import struct
 from typing import Any
 
 import tokenizers
@@ -202,26 +203,57 @@ def _pre_tokenizer(pre: str) -> tuple[Any, bool]:
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), False
 
 
-def _gguf_fields(path: str) -> dict[str, Any]:
-    import gguf
+# GGUF value types -> struct format (strings = 8 and arrays = 9 are read separately)
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q",
+                 11: "q", 12: "d"}
 
+
+def _gguf_fields(path: str) -> dict[str, Any]:
+    """The tokenizer's key/values of a GGUF file (general.architecture, tokenizer.*,
+    *.context_length), read straight from its header.
+
+    gguf.GGUFReader would also do, but it maps every string of a 50k-entry vocabulary to a
+    numpy view, which takes seconds; the header is all the tokenizer needs.
+    """
     try:
-        reader = gguf.GGUFReader(path, "r")
-    except Exception as exc:  # gguf raises ValueError, struct.error, ...
-        raise TokenizerError(f"{path} is not a readable GGUF file: {exc}") from None
+        with open(path, "rb") as f:
+            return _read_gguf_header(f)
+    except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:
+        raise TokenizerError(f"{path} is not a readable GGUF file ({exc}); check the file or "
+                             f"download it again") from None
+
+
+def _read_gguf_header(f: Any) -> dict[str, Any]:
+    magic, version = f.read(4), struct.unpack("<I", f.read(4))[0]
+    if magic != b"GGUF" or version not in (2, 3):
+        raise ValueError(f"not GGUF v2/v3 (magic {magic!r}, version {version})")
+    _, kv_count = struct.unpack("<QQ", f.read(16))
+
+    def string() -> str:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return f.read(n).decode("utf-8")
+
+    def value(kind: int) -> Any:
+        if kind == 8:
+            return string()
+        if kind == 9:
+            item, count = struct.unpack("<IQ", f.read(12))
+            if item == 8:
+                return [string() for _ in range(count)]
+            fmt = _GGUF_SCALARS[item]
+            return list(struct.unpack(f"<{count}{fmt}", f.read(count * struct.calcsize(fmt))))
+        fmt = _GGUF_SCALARS[kind]
+        return struct.unpack(f"<{fmt}", f.read(struct.calcsize(fmt)))[0]
+
     meta: dict[str, Any] = {}
-    for key, field in reader.fields.items():
+    for _ in range(kv_count):
+        key = string()
+        (kind,) = struct.unpack("<I", f.read(4))
+        val = value(kind)
         if key.startswith("tokenizer.") or key.endswith(".context_length") \
                 or key == "general.architecture":
-            meta[key] = _contents(gguf, field)
+            meta[key] = val
     return meta
-
-
-def _contents(gguf: Any, field: Any) -> Any:
-    # field.contents() walks 50k-entry string arrays slowly; read their parts directly.
-    if field.types[:2] == [gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING]:
-        return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
-    return field.contents()
 
 
 def _load_gguf(path: str) -> ModelTokenizer:
