@@ -57,10 +57,15 @@ def reference_output(prompt: np.ndarray, sp: SamplingParams, index: int, max_tot
 
 
 class FakeWorker:
-    def __init__(self, sched: Scheduler, eos: tuple[int, ...] = (EOS,)) -> None:
-        self.r2t = sched.st.req_to_token
-        self.page_size = sched.page_size
-        n = sched.config.num_slots
+    def __init__(self, sched: Scheduler | None = None, *, req_to_token: np.ndarray | None = None,
+                 page_size: int = 0, num_slots: int = 0) -> None:
+        if sched is not None:
+            req_to_token, page_size = sched.st.req_to_token, sched.page_size
+            num_slots = sched.config.num_slots
+        assert req_to_token is not None
+        self.r2t = req_to_token
+        self.page_size = page_size
+        n = num_slots
         self.kv_tok = np.full(n, -7, dtype=np.int64)
         self.kv_pos = np.full(n, -1, dtype=np.int64)
         self.last: dict[int, int] = {}

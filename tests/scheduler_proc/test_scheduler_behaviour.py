@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sched_fakes import EOS, Collected, FakeWorker, drive, make_request, reference_output
 
 from tessera.bus.messages import SampledTokens
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.scheduler import Scheduler
+from tests.scheduler_proc.sched_fakes import (
+    EOS,
+    Collected,
+    FakeWorker,
+    drive,
+    make_request,
+    reference_output,
+)
 
 
 def make(**kw) -> Scheduler:

@@ -6,10 +6,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sched_fakes import EOS, VOCAB, Collected, FakeWorker, drive, make_request, reference_output
 
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.scheduler import Scheduler
+from tests.scheduler_proc.sched_fakes import (
+    EOS,
+    VOCAB,
+    Collected,
+    FakeWorker,
+    drive,
+    make_request,
+    reference_output,
+)
 
 
 def random_request(rng: np.random.Generator, rid: str, bases: list[np.ndarray], ctx: int):
