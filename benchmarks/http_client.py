@@ -50,6 +50,39 @@ def completion_body(model: str | None, req: BenchRequest, *, ignore_eos: bool = 
     return body
 
 
+def native_body(req: BenchRequest, *, ignore_eos: bool = True,
+                temperature: float = 0.0) -> dict[str, Any]:
+    """SGLang's /generate: streams cumulative `output_ids`, so every token is seen even when
+    its text is empty (a model without a tokenizer, a partial UTF-8 character)."""
+    return {"input_ids": req.prompt_ids, "stream": True,
+            "sampling_params": {"max_new_tokens": req.output_len, "temperature": temperature,
+                                "ignore_eos": ignore_eos}}
+
+
+class EventReader:
+    """Turns the stream's events into (new tokens in this event, usage) for either API."""
+
+    def __init__(self, api: str) -> None:
+        self.api = api
+        self.seen = 0  # native: output ids so far
+
+    def read(self, data: dict[str, Any]) -> tuple[int, dict[str, Any] | None]:
+        if self.api == "native":
+            ids = data.get("output_ids") or []
+            new, self.seen = len(ids) - self.seen, max(self.seen, len(ids))
+            meta = data.get("meta_info") or {}
+            usage = None
+            if meta.get("finish_reason"):
+                usage = {"completion_tokens": meta.get("completion_tokens", len(ids)),
+                         "prompt_tokens_details": {"cached_tokens": meta.get("cached_tokens")}}
+            return max(new, 0), usage
+        chunks = sum(1 for c in data.get("choices") or [] if c.get("text") or c.get("logprobs"))
+        return chunks, data.get("usage") or None
+
+
+API_PATHS = {"completions": "/v1/completions", "native": "/generate"}
+
+
 def parse_sse_line(line: bytes) -> dict[str, Any] | None:
     """The JSON object of one `data: {...}` line; None for other lines and `[DONE]`."""
     text = line.decode("utf-8", errors="replace").strip()
@@ -63,22 +96,25 @@ def parse_sse_line(line: bytes) -> dict[str, Any] | None:
 
 async def send_request(session: Any, url: str, req: BenchRequest, *, model: str | None = None,
                        api_key: str | None = None, ignore_eos: bool = True,
-                       t_origin: float = 0.0) -> RequestMetrics:
-    """POST one streaming completion and time it. Never raises: failures are in the result."""
+                       t_origin: float = 0.0, api: str = "completions") -> RequestMetrics:
+    """POST one streaming request and time it. Never raises: failures are in the result.
+    `url` is the endpoint (API_PATHS[api] under the server's base URL)."""
     import aiohttp
 
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
+    body = native_body(req, ignore_eos=ignore_eos) if api == "native" else \
+        completion_body(model, req, ignore_eos=ignore_eos)
     m = RequestMetrics(ok=False, prompt_len=req.prompt_len)
     start = time.perf_counter()
     m.start_s = start - t_origin if t_origin else 0.0
     last = start
-    chunks = 0
+    tokens = 0
+    reader = EventReader(api)
     usage: dict[str, Any] | None = None
     try:
-        async with session.post(url, json=completion_body(model, req, ignore_eos=ignore_eos),
-                                headers=headers) as resp:
+        async with session.post(url, json=body, headers=headers) as resp:
             if resp.status != 200:
                 m.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
                 m.e2e_s = time.perf_counter() - start
@@ -90,28 +126,25 @@ async def send_request(session: Any, url: str, req: BenchRequest, *, model: str 
                 if "error" in data:
                     m.error = str(data["error"])[:300]
                     break
-                if data.get("usage"):
-                    usage = data["usage"]
-                if not any(c.get("text") for c in data.get("choices") or []):
+                new, event_usage = reader.read(data)
+                usage = event_usage or usage
+                if new <= 0:
                     continue
                 now = time.perf_counter()
-                if chunks == 0:
+                if tokens == 0:
                     m.ttft_s = now - start
                 else:
                     m.itl_s.append(now - last)
                 last = now
-                chunks += 1
+                tokens += new
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         m.error = f"{type(exc).__name__}: {exc}"[:300]
     m.e2e_s = time.perf_counter() - start
-    if usage is not None:
-        m.output_tokens = int(usage.get("completion_tokens") or chunks)
-        details = usage.get("prompt_tokens_details") or {}
-        if "cached_tokens" in details:
-            m.cached_tokens = int(details["cached_tokens"] or 0)
-    else:
-        m.output_tokens = chunks
-    m.ok = not m.error and chunks > 0
+    m.output_tokens = int((usage or {}).get("completion_tokens") or tokens)
+    details = (usage or {}).get("prompt_tokens_details") or {}
+    if details.get("cached_tokens") is not None:
+        m.cached_tokens = int(details["cached_tokens"])
+    m.ok = not m.error and tokens > 0
     if not m.ok and not m.error:
         m.error = "the stream ended without output"
     return m

@@ -43,6 +43,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-size", type=int, help="token ids are drawn below this "
                    "(default: the model's vocabulary)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--api", choices=["completions", "native"], default="completions",
+                   help="OpenAI /v1/completions (default) or SGLang-style /generate, which "
+                   "streams token ids (use it for a model without a tokenizer)")
     p.add_argument("--request-rate", type=float, default=float("inf"),
                    help="Poisson arrivals, requests/s (default inf: all at once)")
     # B3
@@ -100,7 +103,8 @@ def counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[st
 def hit_rate_from_counters(deltas: dict[str, float]) -> float | None:
     """cached / prompt tokens from /metrics counters, when the server exports both."""
     cached = [v for k, v in deltas.items() if "cached" in k.lower() or "hit_tokens" in k.lower()]
-    prompt = [v for k, v in deltas.items() if "prompt_tokens" in k.lower()
+    prompt = [v for k, v in deltas.items() if ("prompt_tokens" in k.lower()
+                                               or "query_tokens" in k.lower())
               and "cached" not in k.lower()]
     if cached and prompt and prompt[0] > 0:
         return cached[0] / prompt[0]
@@ -111,7 +115,8 @@ def _warmup(url: str, args: argparse.Namespace, vocab: int) -> None:
     if args.warmup <= 0:
         return
     reqs = random_requests(args.warmup, (16, 32), (4, 8), vocab, seed=args.seed + 999)
-    asyncio.run(run_tier(url, reqs, concurrency=args.warmup, api_key=args.api_key))
+    asyncio.run(run_tier(url, reqs, concurrency=args.warmup, api_key=args.api_key,
+                         api=args.api))
 
 
 def run_b3(args: argparse.Namespace, url: str, vocab: int) -> dict[str, Any]:
@@ -122,7 +127,8 @@ def run_b3(args: argparse.Namespace, url: str, vocab: int) -> dict[str, Any]:
         reqs = random_requests(n, parse_range(args.prompt_len), parse_range(args.output_len),
                                vocab, seed=args.seed + c)
         metrics, wall = asyncio.run(run_tier(url, reqs, concurrency=c, rate=args.request_rate,
-                                             api_key=args.api_key, seed=args.seed))
+                                             api_key=args.api_key, seed=args.seed,
+                                             api=args.api))
         stats = tier_stats(metrics, wall, concurrency=c, rate=args.request_rate)
         print(f"[bench] c={c}: {stats['output_tok_per_s']:.1f} out tok/s, TTFT p50 "
               f"{stats['ttft_p50_ms']:.1f} ms, ITL p50 {stats['itl_p50_ms']:.2f} ms p99 "
@@ -137,7 +143,8 @@ def run_b4_once(args: argparse.Namespace, url: str, reqs: list[BenchRequest]) ->
     c = int(args.concurrency.split(",")[0])
     before = asyncio.run(_metrics(url, args.api_key))
     metrics, wall = asyncio.run(run_tier(url, reqs, concurrency=c, rate=args.request_rate,
-                                         api_key=args.api_key, seed=args.seed))
+                                         api_key=args.api_key, seed=args.seed,
+                                         api=args.api))
     after = asyncio.run(_metrics(url, args.api_key))
     stats = tier_stats(metrics, wall, concurrency=c, rate=args.request_rate)
     reported = [m.cached_tokens for m in metrics if m.ok and m.cached_tokens is not None]

@@ -13,21 +13,20 @@ from typing import Any
 
 from tessera.benchmarks.common import summarize
 from tessera.benchmarks.datasets import BenchRequest, poisson_arrivals
-from tessera.benchmarks.http_client import RequestMetrics, send_request
-
-COMPLETIONS = "/v1/completions"
+from tessera.benchmarks.http_client import API_PATHS, RequestMetrics, send_request
 
 
 async def run_tier(base_url: str, requests: list[BenchRequest], *, concurrency: int | None,
                    rate: float = float("inf"), model: str | None = None,
                    api_key: str | None = None, ignore_eos: bool = True, seed: int = 0,
-                   timeout_s: float = 3600.0) -> tuple[list[RequestMetrics], float]:
+                   timeout_s: float = 3600.0, api: str = "completions",
+                   ) -> tuple[list[RequestMetrics], float]:
     """Send `requests` with at most `concurrency` in flight (None: no limit), arrivals spaced
     by a Poisson process of `rate` requests/s. Returns per-request metrics (in request order)
     and the tier's wall time."""
     import aiohttp
 
-    url = base_url.rstrip("/") + COMPLETIONS
+    url = base_url.rstrip("/") + API_PATHS[api]
     limit = asyncio.Semaphore(concurrency) if concurrency else None
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     connector = aiohttp.TCPConnector(limit=0)  # the semaphore is the only limit
@@ -35,16 +34,16 @@ async def run_tier(base_url: str, requests: list[BenchRequest], *, concurrency: 
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         t0 = time.perf_counter()
 
+        async def send(i: int) -> RequestMetrics:
+            return await send_request(session, url, requests[i], model=model, api_key=api_key,
+                                      ignore_eos=ignore_eos, t_origin=t0, api=api)
+
         async def one(i: int) -> None:
             if limit is None:
-                results[i] = await send_request(session, url, requests[i], model=model,
-                                                api_key=api_key, ignore_eos=ignore_eos,
-                                                t_origin=t0)
+                results[i] = await send(i)
                 return
             async with limit:
-                results[i] = await send_request(session, url, requests[i], model=model,
-                                                api_key=api_key, ignore_eos=ignore_eos,
-                                                t_origin=t0)
+                results[i] = await send(i)
 
         tasks = []
         for i, gap in enumerate(poisson_arrivals(len(requests), rate, seed)):

@@ -61,6 +61,25 @@ class FakeOpenAI:
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        """SGLang-style /generate: cumulative output_ids; text stays empty (no tokenizer)."""
+        body = await request.json()
+        self.bodies.append(body)
+        ids = body["input_ids"]
+        cached = self._cached(ids)
+        n = body["sampling_params"]["max_new_tokens"]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(n):
+            await asyncio.sleep(self.token_delay_s)
+            done = i == n - 1
+            meta = {"finish_reason": {"type": "length"} if done else None,
+                    "completion_tokens": i + 1, "cached_tokens": cached}
+            event = {"text": "", "output_ids": list(range(i + 1)), "meta_info": meta}
+            await resp.write(f"data: {json.dumps(event)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
@@ -73,6 +92,7 @@ class FakeOpenAI:
         asyncio.set_event_loop(self._loop)
         app = web.Application()
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/generate", self._generate)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app)

@@ -49,6 +49,14 @@ def test_run_tier_times_every_request(fake: FakeOpenAI) -> None:
     assert stats["ttft_p99_ms"] >= stats["ttft_p50_ms"]
 
 
+def test_native_api_counts_tokens_without_text(fake: FakeOpenAI) -> None:
+    reqs = random_requests(3, (8, 8), (4, 4), 1000, seed=2)
+    metrics, wall = asyncio.run(run_tier(fake.url, reqs, concurrency=3, api="native"))
+    assert all(m.ok and m.output_tokens == 4 and len(m.itl_s) == 3 for m in metrics)
+    assert fake.bodies[0]["input_ids"] == reqs[0].prompt_ids
+    assert fake.bodies[0]["sampling_params"]["ignore_eos"] is True
+
+
 def test_errors_are_counted_not_raised() -> None:
     server = FakeOpenAI(fail_every=2)
     try:
