@@ -58,6 +58,7 @@ class Sequence:
     token_ids: list[np.ndarray] = field(default_factory=list)
     logprobs: list[Logprobs] = field(default_factory=list)
     token_texts: list[str] = field(default_factory=list)
+    top_token_texts: list[list[str]] = field(default_factory=list)
 
 
 @dataclass
@@ -90,6 +91,13 @@ class RequestState:
             seq = self.seqs[index] = Sequence(
                 IncrementalDecoder(self.tokenizer, self.skip_special), StopStrings(self.stop))
         return seq
+
+    def _token_text(self, token_id: int) -> str:
+        # One token alone (logprobs): a byte-level piece of a character shows as U+FFFD,
+        # padding (-1: fewer alternatives asked than the batch's widest) as "".
+        if token_id < 0:
+            return ""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     @property
     def done(self) -> bool:
@@ -130,17 +138,22 @@ class RequestState:
         seq.finished = finish is not None
         ids = np.ascontiguousarray(tokens[:used], dtype=np.int32)
         probs = logprobs.head(used)
-        texts = [self.tokenizer.decode([t], skip_special_tokens=False)
-                 for t in ids.tolist()] if self.want_logprobs else []
+        texts: list[str] = []
+        top_texts: list[list[str]] = []
+        if self.want_logprobs:
+            texts = [self._token_text(t) for t in ids.tolist()]
+            top_texts = [[self._token_text(t) for t in row] for row in probs.top_ids.tolist()]
         text = "".join(pieces)
         if not self.stream:
             seq.text.append(text)
             seq.token_ids.append(ids)
             seq.logprobs.append(probs)
             seq.token_texts += texts
+            seq.top_token_texts += top_texts
             if finish is None:
                 return Step(None, stopped_here)
-            text, ids, texts = "".join(seq.text), np.concatenate(seq.token_ids), seq.token_texts
+            text, ids = "".join(seq.text), np.concatenate(seq.token_ids)
+            texts, top_texts = seq.token_texts, seq.top_token_texts
             probs = Logprobs(*(np.concatenate([getattr(p, name) for p in seq.logprobs])
                                for name in ("logprobs", "top_ids", "top_logprobs")))
         elif finish is None and not text and not ids.size:
@@ -149,5 +162,5 @@ class RequestState:
             rid=self.rid, index=index, text=text, token_ids=ids, finish_reason=finish,
             prompt_tokens=self.prompt_tokens, completion_tokens=seq.completion_tokens,
             cached_tokens=cached_tokens, logprobs=probs.logprobs, top_ids=probs.top_ids,
-            top_logprobs=probs.top_logprobs, token_texts=texts)
+            top_logprobs=probs.top_logprobs, token_texts=texts, top_token_texts=top_texts)
         return Step(out, stopped_here)

@@ -166,5 +166,7 @@ def test_logprobs_pass_through_with_own_top_k(tokenizer, stream):
     assert out.top_ids.tolist() == top_ids[:n, :2].tolist()
     assert out.top_logprobs.tolist() == top_lp[:n, :2].tolist()
     assert "".join(out.token_texts) == "hi there"
+    assert out.top_token_texts == [[tokenizer.decode([int(t)], skip_special_tokens=False)
+                                    for t in row] for row in top_ids[:n, :2]]
     [other] = h.outputs("b")
     assert other.logprobs.size == 0 and other.token_texts == []
