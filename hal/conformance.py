@@ -7,11 +7,10 @@ A plugin package runs it against itself in any of these ways:
     python -c "import sys; from tessera.hal.conformance import run_conformance; \
                sys.exit(run_conformance('NAME'))"
 
-or from one of its own test modules, overriding the plugin-name fixture:
+or from one of its own test modules, naming the plugin in the module:
 
     from tessera.hal.conformance import *  # noqa: F403
-    @pytest.fixture(scope="session")
-    def hal_plugin_name() -> str: return "NAME"
+    HAL_PLUGIN = "NAME"
 
 Every op is compared with the reference computed in float32 on the CPU from the same input
 values, over the dtypes the plugin declares, the edge cases the scheduler produces (empty
@@ -64,29 +63,49 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="HAL plugin to check (default: TESSERA_HAL, else best available)")
 
 
-@pytest.fixture(scope="session")
+def _plugin_name(config: pytest.Config, module: Any) -> str | None:
+    """--hal-plugin, else the test module's HAL_PLUGIN, else None (TESSERA_HAL / best)."""
+    return config.getoption("--hal-plugin", default=None) or getattr(module, "HAL_PLUGIN", None)
+
+
+@pytest.fixture(scope="module")
 def hal_plugin_name(request: pytest.FixtureRequest) -> str | None:
-    return request.config.getoption("--hal-plugin", default=None)
+    return _plugin_name(request.config, request.module)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hal_platform(hal_plugin_name: str | None) -> Platform:
     from tessera.hal.registry import load_platform
 
     return load_platform(hal_plugin_name)
 
 
-@pytest.fixture(params=DTYPES)
-def dtype(request: pytest.FixtureRequest, hal_platform: Platform) -> torch.dtype:
-    if request.param not in hal_platform.capabilities.dtypes:
-        pytest.skip(f"{hal_platform.name} does not declare {request.param}")
-    return getattr(torch, request.param)  # type: ignore[no-any-return]
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize `dtype` over the dtypes the plugin declares (all known ones if the plugin
+    cannot be loaded here; the `hal_platform` fixture then reports why)."""
+    # With `-p tessera.hal.conformance` this hook runs twice (as plugin and as module) on the
+    # same metafunc; parametrize once.
+    if "dtype" not in metafunc.fixturenames or getattr(metafunc, "_tessera_dtypes", False):
+        return
+    metafunc._tessera_dtypes = True  # type: ignore[attr-defined]
+    from tessera.hal.registry import select_plugin_class
+
+    try:
+        declared = select_plugin_class(_plugin_name(metafunc.config, metafunc.module)
+                                       ).capabilities.dtypes
+    except Exception:
+        declared = DTYPES
+    names = [d for d in DTYPES if d in declared]
+    metafunc.parametrize("dtype", [getattr(torch, d) for d in names], ids=names)
 
 
 def run_conformance(plugin: str, *pytest_args: str) -> int:
     """Run this suite against `plugin` in-process; returns pytest's exit code."""
+    # This module is already imported (by the caller), too late for pytest to rewrite its
+    # asserts; say nothing about it.
     return int(pytest.main(["-p", "tessera.hal.conformance", "--pyargs",
-                            "tessera.hal.conformance", "--hal-plugin", plugin, *pytest_args]))
+                            "tessera.hal.conformance", "--hal-plugin", plugin,
+                            "-W", "ignore::pytest.PytestAssertRewriteWarning", *pytest_args]))
 
 
 # --- helpers -----------------------------------------------------------------------------------

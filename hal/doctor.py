@@ -211,7 +211,24 @@ def _communicator_rows(platform: Any) -> list[Row]:
     loop = platform.create_communicator(0, 2, "", loopback=True)
     ok = ok and torch.equal(loop.all_gather(x).cpu(), torch.cat([x.cpu(), x.cpu()]))
     loop.destroy()
-    backends = "/".join(platform.capabilities.communicator_backends) or "none declared"
-    return [Row("communicator", "ok" if ok else "FAIL",
-                f"single-rank and loopback work; multi-rank backend: {backends}" if ok else
+    rows = [Row("communicator", "ok" if ok else "FAIL",
+                "single-rank and loopback collectives work" if ok else
                 "single-rank or loopback collectives returned wrong values")]
+    rows += [_backend_row(b) for b in platform.capabilities.communicator_backends]
+    return rows
+
+
+def _backend_row(backend: str) -> Row:
+    """Whether this torch build can create a process group of the declared backend."""
+    import torch.distributed as dist
+
+    check = f"backend {backend}"
+    if not dist.is_available():
+        return Row(check, "FAIL", "this torch build has no torch.distributed")
+    probe = getattr(dist, f"is_{backend}_available", None)
+    if probe is None:
+        return Row(check, "info", "declared; torch cannot tell whether it is built in")
+    if probe():
+        return Row(check, "ok", "available in this torch build (multi-rank tensor parallel)")
+    return Row(check, "FAIL", f"torch was built without {backend}: tensor parallelism "
+                              f"across processes will not start")

@@ -20,7 +20,8 @@ def test_cpu_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--hal", "cpu"]) == 0
     out = capsys.readouterr().out
     for row in ("plugin cpu", "selected plugin        ok      cpu (by --hal)", "torch",
-                "memory", "op attention_extend", "smoke rms_norm", "communicator"):
+                "memory", "op attention_extend", "smoke rms_norm", "communicator",
+                "backend gloo        "):
         assert row in out
     assert "FAIL" not in out
 
