@@ -19,49 +19,61 @@ def _check_inner_contiguous(name: str, t: torch.Tensor) -> None:
 
 
 @triton.jit
-def _rotary_kernel(pos_ptr, x_ptr, out_ptr, cs_ptr, x_s0, x_s1, o_s0, o_s1, cs_s0, n_heads,
-                   HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _rotary_kernel(pos_ptr, q_ptr, k_ptr, qo_ptr, ko_ptr, cs_ptr, q_s0, q_s1, k_s0, k_s1,
+                   qo_s0, qo_s1, ko_s0, ko_s1, cs_s0, n_q_heads, n_k_heads,
+                   HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                   Q_BLOCKS: tl.constexpr):
+    # One launch rotates q and k: head blocks 0 .. Q_BLOCKS-1 are q's, the rest k's.
     t = tl.program_id(0).to(tl.int64)
+    blk = tl.program_id(1)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     d = tl.arange(0, BLOCK_HALF)
     dmask = d < HALF
     cos = tl.load(cs_ptr + pos * cs_s0 + d, mask=dmask, other=0.0).to(tl.float32)
     sin = tl.load(cs_ptr + pos * cs_s0 + HALF + d, mask=dmask, other=0.0).to(tl.float32)
-    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    is_q = blk < Q_BLOCKS
+    h = tl.where(is_q, blk, blk - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
+    n_heads = tl.where(is_q, n_q_heads, n_k_heads)
     mask = (h[:, None] < n_heads) & dmask[None, :]
-    src = x_ptr + t * x_s0 + h[:, None] * x_s1 + d[None, :]
+    if is_q:
+        src = q_ptr + t * q_s0 + h[:, None] * q_s1 + d[None, :]
+        dst = qo_ptr + t * qo_s0 + h[:, None] * qo_s1 + d[None, :]
+    else:
+        src = k_ptr + t * k_s0 + h[:, None] * k_s1 + d[None, :]
+        dst = ko_ptr + t * ko_s0 + h[:, None] * ko_s1 + d[None, :]
     x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
     o1 = x1 * cos[None, :] - x2 * sin[None, :]
     o2 = x2 * cos[None, :] + x1 * sin[None, :]
-    dst = out_ptr + t * o_s0 + h[:, None] * o_s1 + d[None, :]
-    tl.store(dst, o1.to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + HALF, o2.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-def _rotate(positions: torch.Tensor, x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
-    _check_inner_contiguous("rotary_embedding input", x)
-    tokens, heads, dim = x.shape
-    if dim % 2 or cos_sin.shape[-1] != dim:
-        raise ValueError(f"rotary_embedding: head dim {dim} must be even and match cos_sin's "
-                         f"last dimension {cos_sin.shape[-1]}")
-    out = torch.empty((tokens, heads, dim), dtype=x.dtype, device=x.device)
-    if tokens == 0:
-        return out
-    half = dim // 2
-    block_half = triton.next_power_of_2(half)
-    block_h = max(1, min(triton.next_power_of_2(heads), 4096 // block_half))
-    grid = (tokens, triton.cdiv(heads, block_h))
-    _rotary_kernel[grid](positions, x, out, cos_sin, x.stride(0), x.stride(1), out.stride(0),
-                         out.stride(1), cos_sin.stride(0), heads, HALF=half, BLOCK_H=block_h,
-                         BLOCK_HALF=block_half, num_warps=4)
-    return out
+    tl.store(dst, o1.to(qo_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF, o2.to(qo_ptr.dtype.element_ty), mask=mask)
 
 
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                      cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_inner_contiguous("cos_sin", cos_sin)
-    return _rotate(positions, q, cos_sin), _rotate(positions, k, cos_sin)
+    for name, t in (("q", q), ("k", k), ("cos_sin", cos_sin)):
+        _check_inner_contiguous(f"rotary_embedding {name}", t)
+    tokens, q_heads, dim = q.shape
+    k_heads = k.shape[1]
+    if dim % 2 or cos_sin.shape[-1] != dim or k.shape[2] != dim or q.dtype != k.dtype:
+        raise ValueError(f"rotary_embedding: q {tuple(q.shape)} {q.dtype} and k "
+                         f"{tuple(k.shape)} {k.dtype} need one even head dim and dtype matching "
+                         f"cos_sin's last dimension {cos_sin.shape[-1]}")
+    q_out = torch.empty((tokens, q_heads, dim), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((tokens, k_heads, dim), dtype=k.dtype, device=k.device)
+    if tokens == 0:
+        return q_out, k_out
+    half = dim // 2
+    block_half = triton.next_power_of_2(half)
+    block_h = max(1, min(triton.next_power_of_2(max(q_heads, k_heads)), 4096 // block_half))
+    q_blocks = triton.cdiv(q_heads, block_h)
+    grid = (tokens, q_blocks + triton.cdiv(k_heads, block_h))
+    _rotary_kernel[grid](positions, q, k, q_out, k_out, cos_sin, q.stride(0), q.stride(1),
+                         k.stride(0), k.stride(1), q_out.stride(0), q_out.stride(1),
+                         k_out.stride(0), k_out.stride(1), cos_sin.stride(0), q_heads, k_heads,
+                         HALF=half, BLOCK_H=block_h, BLOCK_HALF=block_half, Q_BLOCKS=q_blocks,
+                         num_warps=4)
+    return q_out, k_out
 
 
 @triton.jit
