@@ -104,8 +104,11 @@ def survey_plugins() -> list[PluginStatus]:
         try:
             cls = load_plugin_class(spec)
         except PluginLoadError as e:
-            statuses.append(PluginStatus(spec, None, str(e.__cause__ and error_line(e.__cause__)
-                                                         or e), False))
+            # An import failure is shown as its exception's last line; a validation failure
+            # (wrong API version, wrong class) as the full message.
+            cause = e.__cause__
+            statuses.append(PluginStatus(spec, None, error_line(cause) if cause else str(e),
+                                         False))
             continue
         try:
             available = bool(cls.is_available())
