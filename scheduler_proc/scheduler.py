@@ -539,6 +539,12 @@ class Scheduler:
         total = self.allocator.total_pages
         free = self.allocator.free_pages
         query = self.cache_query_tokens
+        # The page invariant from three independent ledgers (allocator, rows, tree counters):
+        # cheap enough for every heartbeat; check_invariant() is the full O(pages) version.
+        rows = self._active_rows()
+        own = int((self.st.n_pages[rows] - self.st.tree_pages[rows]).sum())
+        running_held = own + self.cache.protected_pages
+        cache_only = self.cache.evictable_pages
         return {
             "running": float(len(self.running)),
             "waiting": float(len(self.waiting)),
@@ -551,7 +557,9 @@ class Scheduler:
             "kv_pages_total": float(total),
             "kv_pages_used": float(total - free),
             "kv_pages_free": float(free),
-            "kv_pages_cached": float(self.cache.evictable_pages),
+            "kv_pages_running": float(running_held),
+            "kv_pages_cached": float(cache_only),
+            "kv_invariant_ok": float(free + running_held + cache_only == total),
             "sched_cpu_ms_per_step": self.cpu_ms_ema,
             "steps": float(self.steps_done),
             "inflight_steps": float(len(self.inflight)),

@@ -146,6 +146,7 @@ def drive(sched: Scheduler, worker: FakeWorker, collected: Collected, max_steps:
         collected.add(sched.take_output())
         if check:
             sched.check_invariant()
+            assert sched.stats()["kv_invariant_ok"] == 1.0
         steps += 1
         if between is not None:
             between(steps)

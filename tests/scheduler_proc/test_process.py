@@ -26,7 +26,13 @@ from tessera.bus.messages import (
     TokenBatch,
     WorkerReady,
 )
-from tests.scheduler_proc.sched_fakes import EOS, Collected, FakeWorker, make_request, reference_output
+from tests.scheduler_proc.sched_fakes import (
+    EOS,
+    Collected,
+    FakeWorker,
+    make_request,
+    reference_output,
+)
 
 pytestmark = pytest.mark.integration
 
