@@ -11,6 +11,9 @@ Every client object owns a `BusConnection`:
     every process. A process seen alive before and now reported dead (or a supervisor that
     stops answering) trips the breaker and fails every request in flight at once, so a
     streaming caller learns of a `kill -9` within about a second instead of at its timeout.
+    On one host it also checks the reported pids itself every `_PID_CHECK_S`: the
+    supervisor reaps a dead child and starts stopping everyone at once, sometimes before its
+    next status answer, and the caller must still get an error rather than a cut stream.
 
 Sinks are called on the receiver thread; they must only hand the item over (a queue put or
 `loop.call_soon_threadsafe`), never block.
@@ -48,6 +51,7 @@ Item = RequestOutput | ErrorReply | TesseraError
 Sink = Callable[[Item], None]
 
 _POLL_MS = 50
+_PID_CHECK_S = 0.05
 
 
 def tokenizer_endpoints(paths: RunPaths, workers: int = 1) -> list[str]:
@@ -77,6 +81,10 @@ class BusConnection:
         self.last_status_at = 0.0
         self.dropped = 0
         self._seen_alive: set[str] = set()
+        # name -> pid of engine processes on this host (ipc transport), from status replies
+        self._pids: dict[str, int] = {}
+        self._dead_pids: set[int] = set()  # a late status saying "alive" must not revive them
+        self._next_pid_check = 0.0
         self._routes: dict[str, Sink] = {}
         self._status_waiters: dict[int, Callable[[StatusReply], None]] = {}
         self._lock = threading.Lock()
@@ -191,8 +199,12 @@ class BusConnection:
         for name, info in reply.processes.items():
             if name == self.self_name or not isinstance(info, dict):
                 continue
-            if info.get("alive", False):
+            pid = info.get("pid")
+            if info.get("alive", False) and pid not in self._dead_pids:
                 self._seen_alive.add(name)
+                if self.endpoint.startswith("ipc://") and isinstance(pid, int) and pid > 0 \
+                        and pid != os.getpid():
+                    self._pids[name] = pid
             elif name in self._seen_alive or reply.ready:
                 dead.append(name)
         if dead:
@@ -211,7 +223,25 @@ class BusConnection:
         self.fail_all(EngineDeadError(f"the engine stopped while generating ({reason})",
                                       retry_after=self.breaker.cooldown_s))
 
+    def check_pids(self) -> None:
+        """Fail fast when an engine process this host knows of has vanished."""
+        gone = []
+        for name, pid in list(self._pids.items()):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                gone.append(name)
+                self._dead_pids.add(pid)
+                self._pids.pop(name, None)
+            except PermissionError:  # exists, owned by someone else
+                pass
+        if gone:
+            self._engine_dead(f"process {', '.join(sorted(gone))} died")
+
     def _watch(self, now: float, next_poll: float) -> float:
+        if now >= self._next_pid_check:
+            self._next_pid_check = now + _PID_CHECK_S
+            self.check_pids()
         if now < next_poll:
             return next_poll
         self.request_status()

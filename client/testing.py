@@ -160,7 +160,7 @@ class FakeEngine:
         if self.supervisor_silent:
             return
         for info in self.processes.values():
-            info["stats"] = {"running": float(len(self._active))}
+            info["stats"] = {**info.get("stats", {}), "running": float(len(self._active))}
         reply = StatusReply(nonce=msg.nonce, processes={k: dict(v) for k, v in
                                                         self.processes.items()}, ready=True)
         self._send(msg.reply_to, reply)

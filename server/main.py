@@ -32,8 +32,6 @@ log = logging.getLogger("tessera.server")
 
 NAME = "server"
 WARMUP_ATTEMPTS = 3
-# While draining, a supervisor silent this long means the engine is going away.
-DRAIN_SILENCE_S = 1.0
 
 
 class ServerProcess:
@@ -97,8 +95,10 @@ class ServerProcess:
         state.draining = True
         if self.site is not None:
             await self.site.stop()
-        conn.silence_timeout_s = min(conn.silence_timeout_s, DRAIN_SILENCE_S)
-        conn.request_status()  # a dead engine shows up now, not at the next poll
+        # A supervisor stopping the engine cleanly stops answering status while we drain:
+        # from now on only the pids of the engine processes tell whether it is alive.
+        conn.silence_timeout_s = float("inf")
+        conn.check_pids()  # after a crash the supervisor stops us at once: fail fast
         deadline = time.monotonic() + self.config.drain_timeout_s
         log.info("draining %d request(s), for at most %.1f s", state.in_flight,
                  self.config.drain_timeout_s)

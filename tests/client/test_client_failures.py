@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -120,3 +122,30 @@ def test_duplicate_rid_is_refused(client: Client) -> None:
     with pytest.raises(ValueError, match="already in flight"):
         client.generate("hi", rid="same")
     stream.close()
+
+
+def test_vanished_engine_pid_fails_streams_before_the_supervisor_says_so(
+        client: Client, engine: FakeEngine) -> None:
+    """The supervisor reaps a crashed child and stops everyone at once: the client checks
+    the pids itself so a stream still ends with an error, not a cut connection."""
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        engine.processes["worker0"]["pid"] = victim.pid
+        client.status()
+        assert wait_for(lambda: victim.pid in client.conn._pids.values())
+        stream = client.generate("hi", stream=True, max_tokens=10_000, ignore_eos=True)
+        next(stream)
+        victim.kill()
+        victim.wait()  # reaped, as the supervisor does
+        killed = time.monotonic()
+        with pytest.raises(EngineDeadError, match="worker0"):
+            for _ in stream:
+                pass
+        assert time.monotonic() - killed < 0.5
+        # The (stale) status still says "alive": the dead pid stays dead.
+        time.sleep(0.3)
+        with pytest.raises(EngineDeadError):
+            client.generate("hi")
+    finally:
+        victim.kill()
+        victim.wait()

@@ -1,4 +1,5 @@
-"""A server shared by the tests of a module (start-up costs about a second)."""
+"""One server shared by the tests of this folder (start-up costs a second or two); tests
+that break or stop a server make their own."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from tests.server.harness import ServerUnderTest
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def server() -> Iterator[ServerUnderTest]:
     srv = ServerUnderTest()
     yield srv

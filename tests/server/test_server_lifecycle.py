@@ -62,6 +62,8 @@ def test_health_probes(server: ServerUnderTest) -> None:
 
 
 def test_metrics_show_server_and_engine_numbers(server: ServerUnderTest) -> None:
+    server.engine.processes["scheduler"]["stats"]["free_pages"] = 123.0
+    time.sleep(0.6)  # the status the server caches is at most 0.5 s old
     server.request("POST", CHAT, {"messages": [{"role": "user", "content": "a b"}],
                                   "max_tokens": 3})
     server.request("POST", CHAT, {"messages": []})
@@ -75,7 +77,8 @@ def test_metrics_show_server_and_engine_numbers(server: ServerUnderTest) -> None
     assert samples["tessera_generation_tokens_total"] >= 3
     assert samples["tessera_time_to_first_token_seconds_count"] >= 1
     assert samples["tessera_e2e_request_latency_seconds_count"] >= 1
-    assert samples['tessera_scheduler_running{process="scheduler"}'] == 0.0
+    assert samples['tessera_scheduler_free_pages{process="scheduler"}'] == 123.0
+    assert 'tessera_worker_running{process="worker0"}' in samples
     assert samples['tessera_process_alive{process="worker0"}'] == 1.0
 
 
