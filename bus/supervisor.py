@@ -140,12 +140,17 @@ class Supervisor:
         inbox = Inbox(self.paths.supervisor, name="supervisor")
         replies = OutboxPool(timeout_ms=100)
         graceful = False
+        def keep_answering() -> None:
+            # While the server drains, its /health still asks us for the status.
+            for msg in inbox.drain(0.0):
+                self._handle(msg, replies)
+
         try:
             code = self._watch(inbox, replies)
             graceful = code == 0
             return code
         finally:
-            self.stop_all(graceful=graceful)
+            self.stop_all(graceful=graceful, pump=keep_answering)
             inbox.close()
             replies.close()
             for sig, handler in previous.items():
@@ -292,16 +297,19 @@ class Supervisor:
             except ProcessLookupError:
                 pass
 
-    def _wait(self, children: list[Child], timeout: float) -> list[Child]:
+    def _wait(self, children: list[Child], timeout: float,
+              pump: Callable[[], None] | None = None) -> list[Child]:
         """Wait up to `timeout` for children to exit; return those still alive."""
         deadline = time.monotonic() + timeout
         alive = [c for c in children if c.alive]
         while alive and time.monotonic() < deadline:
             time.sleep(0.02)
+            if pump is not None:
+                pump()
             alive = [c for c in alive if c.alive]
         return alive
 
-    def stop_all(self, graceful: bool) -> None:
+    def stop_all(self, graceful: bool, pump: Callable[[], None] | None = None) -> None:
         """Stop every child: SIGTERM, wait, SIGKILL. Graceful: drainers first, in full."""
         order = list(reversed(self.children.values()))
         if graceful:
@@ -310,7 +318,7 @@ class Supervisor:
                 log.info("stopping %s (draining up to %.0f s)", child.spec.name,
                          self.drain_timeout_s)
                 self._signal(child, signal.SIGTERM)
-            self._wait(drainers, self.drain_timeout_s + self.stop_grace_s)
+            self._wait(drainers, self.drain_timeout_s + self.stop_grace_s, pump)
         for child in order:
             self._signal(child, signal.SIGTERM)
         stragglers = self._wait(order, self.stop_grace_s if graceful else self.failure_grace_s)

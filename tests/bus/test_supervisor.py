@@ -204,3 +204,16 @@ def test_stale_run_of_a_crashed_supervisor_is_removed_before_start(run_root: Pat
         assert "removed stale run" in run.log
     finally:
         segment.unlink(missing_ok=True)
+
+
+def test_server_drains_first_while_status_is_still_answered(run_root: Path) -> None:
+    run = Run([["engine", 0, []], ["server", 1, ["--slow-stop", "1.5"]]])
+    paths = run.wait_ready()
+    run.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)  # the server is in its 1.5 s teardown ("draining")
+    reply = status(paths)
+    assert not reply.ready  # stopping: /health must say so
+    assert reply.processes["engine"]["alive"]  # stopped only after the server is done
+    assert run.wait_exit(timeout=10) == 0, run.log
+    assert run.log.index("stopping server") < run.log.index("engine: received signal")
+    assert leftovers(paths) == []
