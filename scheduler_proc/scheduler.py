@@ -431,6 +431,11 @@ class Scheduler:
         if not self.inflight or res.step != self.inflight[0].step:
             log.warning("dropping a result for step %d (expected %s)", res.step,
                         self.inflight[0].step if self.inflight else "none")
+            if self._completed_step < res.step < self._step:
+                # A late answer to a step failed by fail_inflight: the worker is done with
+                # it (it runs steps in order), so the rows it named may be reused now.
+                self._completed_step = res.step
+                self._release_deferred_rows()
             return None
         t0 = time.thread_time()
         rec = self.inflight.popleft()
@@ -529,10 +534,9 @@ class Scheduler:
         """The worker stopped answering: fail the requests of every step in flight."""
         records = list(self.inflight)
         self.inflight.clear()
-        if records:
-            self._completed_step = records[-1].step
+        # Their rows stay reserved (deferred) until the worker answers these steps late, or
+        # forever if it never does: a slow worker that wakes up must not read reused rows.
         self._fail_records(records, status, message)
-        self._release_deferred_rows()
 
     # ---------------------------------------------------------------------------- metrics
     def stats(self) -> dict[str, float]:

@@ -288,8 +288,12 @@ def test_worker_timeout_fails_inflight_requests_but_keeps_the_rest() -> None:
     errors = sched.take_errors()
     assert [(e.rid, e.status) for e in errors] == [("busy", 503)]
     assert list(sched.requests) == ["queued"]
-    # A late answer for the failed step is dropped.
+    # The failed step's row stays reserved until the worker is done with that step: a late
+    # answer is dropped and gives the row back.
+    rows = sched.config.max_running_requests
+    assert sched.row_pool.free_rows == rows - 1
     assert sched.on_result(SampledTokens(step=0, token_ids=np.zeros(1, np.int32))) is None
+    assert sched.row_pool.free_rows == rows
     worker = FakeWorker(sched)
     got = Collected()
     drive(sched, worker, got)
