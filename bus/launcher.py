@@ -105,8 +105,9 @@ def ready_banner(config: ServerConfig, children: list[Child]) -> str:
     """The URL and a curl line to paste, printed once every process is ready."""
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
     url = f"http://{host}:{config.port}"
-    model = next((str(c.info["model"]) for c in children if c.info.get("model")), None) \
-        or config.served_model_name or "default"
+    # The server reports the model id it serves; it comes last, so look from the end.
+    model = next((str(c.info["model"]) for c in reversed(children) if c.info.get("model")),
+                 None) or config.served_model_name or "default"
     body = json.dumps({"model": model, "max_tokens": 32,
                        "messages": [{"role": "user", "content": "Say hello."}]})
     auth = " -H \"Authorization: Bearer $TESSERA_API_KEY\"" if config.api_key else ""

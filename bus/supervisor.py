@@ -15,8 +15,10 @@ lines of a child that dies can be quoted in the failure message.
 
 from __future__ import annotations
 
+import codecs
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -85,16 +87,24 @@ def describe_exit(code: int | None) -> str:
 
 
 def _forward_stderr(pipe: IO[bytes], tail: deque[str]) -> None:
-    """Copy a child's stderr to ours, keeping its last lines for a failure message."""
+    """Copy a child's stderr to ours as it comes (progress bars included), keeping its last
+    lines for a failure message."""
     out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
-    for line in iter(pipe.readline, b""):
-        tail.append(line.decode(errors="replace").rstrip("\n"))
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending = ""
+    fd = pipe.fileno()
+    while chunk := os.read(fd, 65536):
         if out is not None:
             try:
-                out.write(line)
+                out.write(chunk)
                 out.flush()
             except (OSError, ValueError):
                 out = None  # our stderr is gone; keep draining so the child never blocks
+        *lines, pending = re.split(r"[\r\n]", pending + decoder.decode(chunk))
+        tail.extend(line for line in lines if line.strip())
+        pending = pending[-4096:]
+    if pending.strip():
+        tail.append(pending)
     pipe.close()
 
 
