@@ -55,7 +55,12 @@ class ServerProcess:
             log.debug("supervisor not reachable")
 
     async def heartbeat(self) -> None:
+        parent = os.getppid()
         while True:
+            if os.getppid() != parent and not self.stop.is_set():
+                # The supervisor is gone (killed hard): nobody will stop us, so stop now.
+                log.error("the supervisor (pid %d) is gone; shutting down", parent)
+                self.stop.set()
             s = self.state
             self.notify(Heartbeat(process=NAME, pid=os.getpid(), time=time.time(), stats={
                 "requests_in_flight": float(s.in_flight), "ready": float(s.ready),

@@ -145,7 +145,7 @@ def _content_text(content: Any, where: str) -> str:
                 raise bad_request(f"{where}.content: only text parts ({{\"type\": \"text\", "
                                   f"\"text\": \"...\"}}) are supported", "messages")
             parts.append(part["text"])
-        return "".join(parts)
+        return "\n".join(parts)  # as the tokenizer joins text parts
     raise bad_request(f"{where}.content must be a string or a list of text parts", "messages")
 
 
