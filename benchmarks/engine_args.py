@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from tessera.benchmarks.dummy_model import resolve_dummy_model
 from tessera.bus.config import EngineConfig
 
 _NOT_ENGINE = {"run_dir"}
@@ -26,6 +27,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None and f.name not in _NOT_ENGINE:
             out[f.name] = value
     out.setdefault("model", "default")
+    out["model"] = resolve_dummy_model(out["model"], out.get("load_format", "auto"))
     return out
 
 

