@@ -1,0 +1,74 @@
+"""`tessera serve` pieces: the process plan, configuration checks, the ready banner."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from tessera.bus.config import RunPaths, ServerConfig
+from tessera.bus.launcher import (
+    build_specs,
+    check_config,
+    check_port_free,
+    module_available,
+    ready_banner,
+)
+from tessera.bus.supervisor import Child, ProcessSpec
+
+
+def test_plan_orders_stages_and_names_processes(monkeypatch, run_root: Path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr("tessera.bus.launcher.module_available", lambda module: True)
+    paths = RunPaths.create()
+    specs = build_specs(ServerConfig(tp_size=2, tokenizer_workers=2), paths)
+    assert [(s.name, s.stage) for s in specs] == [
+        ("worker0", 0), ("worker1", 0), ("scheduler", 1), ("detokenizer", 2),
+        ("tokenizer0", 3), ("tokenizer1", 3), ("server", 4)]
+    assert [s.name for s in specs if s.drains] == ["server"]
+    worker1 = specs[1]
+    assert worker1.argv[1:] == ("-m", "tessera.worker_proc", "--run-dir", paths.run_dir,
+                                "--rank", "1")
+    assert worker1.ready_timeout_s > specs[2].ready_timeout_s  # model loading takes longest
+
+
+def test_missing_process_packages_are_skipped(monkeypatch, run_root: Path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr("tessera.bus.launcher.module_available",
+                        lambda module: module != "tessera.server")
+    names = [s.name for s in build_specs(ServerConfig(), RunPaths.create())]
+    assert "server" not in names and names[0] == "worker0"
+
+
+def test_module_available_looks_for_main() -> None:
+    assert module_available("tessera")  # tessera/__main__.py
+    assert not module_available("tessera.bus")  # a package without __main__.py
+    assert not module_available("tessera.no_such_thing")
+
+
+def test_config_checks_say_what_is_wrong() -> None:
+    assert check_config(ServerConfig()) is None
+    assert "--tp-size must be at least 1" in str(check_config(ServerConfig(tp_size=0)))
+    assert "--heartbeat-timeout-s" in str(check_config(ServerConfig(heartbeat_timeout_s=0.1)))
+
+
+def test_busy_port_is_refused_before_anything_starts(run_root: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert "--port" in str(check_port_free("127.0.0.1", port))
+        proc = subprocess.run([sys.executable, "-m", "tessera", "serve", "--port", str(port)],
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr
+    assert list(run_root.iterdir()) == []  # nothing was created
+    assert check_port_free("127.0.0.1", port) is None
+
+
+def test_banner_has_url_model_and_a_curl_line() -> None:
+    spec = ProcessSpec("server", ("x",), stage=0)
+    child = Child(spec, popen=None, started_at=0.0, info={"model": "SmolLM2"})  # type: ignore[arg-type]
+    text = ready_banner(ServerConfig(host="0.0.0.0", port=30001, api_key="s3cret"), [child])
+    assert "http://127.0.0.1:30001" in text and "SmolLM2" in text
+    assert "curl http://127.0.0.1:30001/v1/chat/completions" in text
+    assert "s3cret" not in text and "$TESSERA_API_KEY" in text
