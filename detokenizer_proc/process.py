@@ -29,7 +29,8 @@ class Detokenizer(BusProcess):
         self.scheduler: Outbox | None = None
 
     def setup(self) -> None:
-        tokenizer = load_tokenizer(self.config.model)
+        tokenizer = load_tokenizer(self.config.model,
+                                   ids_only_ok=self.config.load_format == "dummy")
         self.scheduler = Outbox(self.paths.scheduler, timeout_ms=self.config.send_timeout_ms)
         self.router = Router(tokenizer, self._send_reply, self._send_scheduler)
         self.inbox = Inbox(self.paths.detokenizer, name=self.name)

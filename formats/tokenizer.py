@@ -85,8 +85,48 @@ def default_model_path() -> str:
     return os.path.join(os.path.dirname(spec.origin), _DEFAULT_FILE)
 
 
-def load_tokenizer(model: str = DEFAULT_MODEL) -> ModelTokenizer:
-    """The tokenizer of `model`: "default", a Hugging Face folder or a .gguf file."""
+class IdsOnlyTokenizer(ModelTokenizer):
+    """For a model without tokenizer files (`--load-format dummy` from a config, as the
+    benchmarks use): requests must come as input_ids, and outputs carry ids with empty text."""
+
+    def __init__(self, name: str, vocab_size: int, eos_token_ids: list[int],
+                 context_length: int | None) -> None:
+        self.backend = None  # type: ignore[assignment]
+        self.name = name
+        self.chat_template = None
+        self.special_tokens = {}
+        self.eos_token_ids = sorted(set(eos_token_ids))
+        self.context_length = context_length
+        self.vocab_size = vocab_size
+        self.special_ids = frozenset()
+
+    def _no_text(self) -> TokenizerError:
+        return TokenizerError(f"the model {self.name} has no tokenizer (dummy weights from a "
+                              f"config): send input_ids instead of text")
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        raise self._no_text()
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        raise self._no_text()
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return ""
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return None
+
+    def apply_chat_template(self, messages: list[dict[str, Any]],
+                            add_generation_prompt: bool = True, **extra: Any) -> str:
+        raise self._no_text()
+
+
+def load_tokenizer(model: str = DEFAULT_MODEL, ids_only_ok: bool = False) -> ModelTokenizer:
+    """The tokenizer of `model`: "default", a Hugging Face folder or a .gguf file.
+
+    With `ids_only_ok` (dummy weights), a config without tokenizer files (a config JSON, or a
+    folder with config.json only) gives an IdsOnlyTokenizer instead of an error.
+    """
     path = default_model_path() if model == DEFAULT_MODEL else os.path.expanduser(model)
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "tokenizer.json")):
@@ -94,13 +134,32 @@ def load_tokenizer(model: str = DEFAULT_MODEL) -> ModelTokenizer:
         ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
         if len(ggufs) == 1:
             path = os.path.join(path, ggufs[0])
+        elif ids_only_ok and os.path.isfile(os.path.join(path, "config.json")):
+            return _ids_only(path, os.path.join(path, "config.json"))
         else:
             raise TokenizerError(f"{path} has no tokenizer.json (and not exactly one .gguf): "
                                  f"pass a folder with tokenizer.json or a .gguf file")
     if os.path.isfile(path) and path.endswith(".gguf"):
         return _load_gguf(path)
+    if ids_only_ok and os.path.isfile(path) and path.endswith(".json"):
+        return _ids_only(path, path)
     raise TokenizerError(f"model {model!r} not found: pass a Hugging Face folder with "
                          f"tokenizer.json, a .gguf file, or 'default'")
+
+
+def _ids_only(name: str, config_file: str) -> IdsOnlyTokenizer:
+    config = _read_json(config_file)
+    text_config = config.get("text_config")
+    if isinstance(text_config, dict):
+        config = {**config, **text_config}
+    vocab = config.get("vocab_size")
+    if not isinstance(vocab, int) or vocab <= 0:
+        raise TokenizerError(f"{config_file} lacks vocab_size: add it, or give the model's "
+                             f"tokenizer files")
+    eos = config.get("eos_token_id")
+    eos_ids = [e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int)]
+    context = config.get("max_position_embeddings")
+    return IdsOnlyTokenizer(name, vocab, eos_ids, context if isinstance(context, int) else None)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -83,7 +83,10 @@ def _prompt_ids(req: GenerateRequest, tok: ModelTokenizer) -> list[int]:
             raise _bad(f"prompt must be a string, got {type(req.prompt).__name__}", "prompt")
         if not req.prompt:
             raise _bad("prompt is empty: send at least one character", "prompt")
-        return tok.encode(req.prompt, add_special_tokens=True)
+        try:
+            return tok.encode(req.prompt, add_special_tokens=True)
+        except TokenizerError as exc:  # a model without a tokenizer takes only input_ids
+            raise _bad(str(exc), "prompt") from None
     if req.messages is not None:
         messages = check_messages(req.messages)
         if not isinstance(req.add_generation_prompt, bool):

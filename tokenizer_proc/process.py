@@ -47,7 +47,8 @@ class TokenizerProcess(BusProcess):
         self.counts = {"accepted": 0, "rejected": 0, "unavailable": 0, "aborts": 0}
 
     def setup(self) -> None:
-        self.tokenizer = load_tokenizer(self.config.model)
+        self.tokenizer = load_tokenizer(self.config.model,
+                                   ids_only_ok=self.config.load_format == "dummy")
         self.context_length = self.config.context_length or self.tokenizer.context_length
         self.scheduler = Outbox(self.paths.scheduler, timeout_ms=self.config.send_timeout_ms)
         self.inbox = Inbox(self.paths.tokenizer_endpoint(self.index), name=self.name,

@@ -170,3 +170,13 @@ def test_logprobs_pass_through_with_own_top_k(tokenizer, stream):
                                     for t in row] for row in top_ids[:n, :2]]
     [other] = h.outputs("b")
     assert other.logprobs.size == 0 and other.token_texts == []
+
+
+def test_ids_only_model_streams_ids_with_empty_text():
+    from tessera.formats.tokenizer import IdsOnlyTokenizer
+
+    h = Harness(IdsOnlyTokenizer("bench.json", 1000, [2], 64))
+    stream_tokens(h, "b", [10, 11, 12], detok(), finish_last="length")
+    outs = h.outputs("b")
+    assert np.concatenate([o.token_ids for o in outs]).tolist() == [10, 11, 12]
+    assert all(o.text == "" for o in outs) and outs[-1].completion_tokens == 3

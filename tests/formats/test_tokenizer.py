@@ -152,3 +152,17 @@ def test_broken_gguf_is_a_clear_error(tmp_path):
     bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x01" * 10)
     with pytest.raises(TokenizerError, match="not a readable GGUF"):
         load_tokenizer(str(bad))
+
+
+def test_config_only_model_gives_an_ids_only_tokenizer(tmp_path):
+    config = tmp_path / "bench.json"
+    config.write_text('{"vocab_size": 128256, "max_position_embeddings": 4096, '
+                      '"eos_token_id": [128001, 128009]}')
+    with pytest.raises(TokenizerError, match="not found"):
+        load_tokenizer(str(config))  # without dummy weights a tokenizer is required
+    tok = load_tokenizer(str(config), ids_only_ok=True)
+    assert (tok.vocab_size, tok.context_length, tok.eos_token_ids) == \
+        (128256, 4096, [128001, 128009])
+    assert tok.decode([1, 2, 3]) == ""
+    with pytest.raises(TokenizerError, match="send input_ids"):
+        tok.encode("hello")

@@ -106,3 +106,16 @@ def test_missing_content_is_400(tokenizer):
     out = prepare(req(messages=[{"role": "assistant", "content": None}, {"role": "user"}]),
                   tokenizer, CTX)
     assert out.status == 400 and "messages[1].content" in out.message
+
+
+def test_model_without_tokenizer_takes_only_ids():
+    from tessera.formats.tokenizer import IdsOnlyTokenizer
+
+    tok = IdsOnlyTokenizer("bench.json", vocab_size=1000, eos_token_ids=[2], context_length=64)
+    out = prepare(req(prompt="hello"), tok, 64)
+    assert out.status == 400 and "send input_ids" in out.message and out.param == "prompt"
+    out = prepare(req(messages=[{"role": "user", "content": "x"}]), tok, 64)
+    assert out.status == 400 and "messages" == out.param
+    ok = prepare(req(input_ids=np.array([5, 999])), tok, 64)
+    assert ok.input_ids.tolist() == [5, 999]
+    assert prepare(req(input_ids=np.array([1000])), tok, 64).status == 400
