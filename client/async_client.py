@@ -23,7 +23,7 @@ from tessera.client.connection import Item
 from tessera.client.errors import RequestTimeoutError, UnavailableError
 from tessera.client.outputs import Delta, GenerateResult, ResultBuilder
 from tessera.client.request import Prompt, RequestTracker, build_request, coerce_sampling
-from tessera.client.sync_client import make_connection
+from tessera.client.sync_client import engine_config, make_connection
 
 
 class AsyncStream:
@@ -87,7 +87,7 @@ class AsyncClient:
                  request_timeout_s: float | None = None,
                  first_output_timeout_s: float | None = None,
                  watch_engine: bool = True, process_name: str = "") -> None:
-        config = config or EngineConfig()
+        config = engine_config(run_dir, config)
         self.config = config
         self.inter_timeout_s = request_timeout_s or config.request_timeout_s
         self.first_timeout_s = first_output_timeout_s or self.inter_timeout_s

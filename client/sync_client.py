@@ -11,6 +11,7 @@ Thread-safe: any number of threads may call `generate` on one Client at once.
 
 from __future__ import annotations
 
+import os
 import queue
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from tessera.bus.breaker import CircuitBreaker
 from tessera.bus.config import EngineConfig, RunPaths
 from tessera.bus.messages import SamplingParams, StatusReply
+from tessera.bus.process import load_config
 from tessera.client.connection import BusConnection, Item
 from tessera.client.errors import RequestTimeoutError, UnavailableError
 from tessera.client.outputs import Delta, GenerateResult, ResultBuilder
@@ -28,9 +30,19 @@ def _paths(run_dir: str | RunPaths) -> RunPaths:
     return run_dir if isinstance(run_dir, RunPaths) else RunPaths(run_dir=str(run_dir))
 
 
-def make_connection(run_dir: str | RunPaths, config: EngineConfig | None, *,
+def engine_config(run_dir: str | RunPaths, config: EngineConfig | None) -> EngineConfig:
+    """The given config, else the running engine's own (its run directory's config.json:
+    timeouts, tokenizer workers), else the defaults."""
+    if config is not None:
+        return config
+    paths = _paths(run_dir)
+    if os.path.isfile(paths.config_file):
+        return load_config(paths)
+    return EngineConfig()
+
+
+def make_connection(run_dir: str | RunPaths, config: EngineConfig, *,
                     watch_engine: bool, self_name: str) -> BusConnection:
-    config = config or EngineConfig()
     return BusConnection(
         _paths(run_dir), send_timeout_ms=config.send_timeout_ms,
         breaker=CircuitBreaker("engine", config.breaker_failures, config.breaker_cooldown_s),
@@ -98,7 +110,7 @@ class Client:
                  request_timeout_s: float | None = None,
                  first_output_timeout_s: float | None = None,
                  watch_engine: bool = True, process_name: str = "") -> None:
-        config = config or EngineConfig()
+        config = engine_config(run_dir, config)
         self.config = config
         self.inter_timeout_s = request_timeout_s or config.request_timeout_s
         self.first_timeout_s = first_output_timeout_s or self.inter_timeout_s
