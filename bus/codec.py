@@ -81,7 +81,7 @@ def encode(msg: Message) -> list[Any]:
     cls = type(msg)
     if cls.TYPE not in MESSAGE_TYPES:
         raise TypeError(f"{cls.__name__} is not a registered bus message")
-    array_names, plain_names, _ = _field_info(cls)
+    array_names, plain_names, _ = _field_info(cls)  # type: ignore[arg-type]
     fields = {name: _plain(getattr(msg, name)) for name in plain_names}
     descs: list[list[Any]] = []
     buffers: list[Any] = []
@@ -95,7 +95,7 @@ def encode(msg: Message) -> list[Any]:
             raise TypeError(f"{cls.TYPE}.{name}: dtype {arr.dtype} cannot travel on the bus")
         descs.append([name, arr.dtype.str, list(arr.shape)])
         # A zero-size array still takes a frame so that frame i always matches desc i.
-        buffers.append(memoryview(arr).cast("B") if arr.size else b"")
+        buffers.append(memoryview(arr).cast("B") if arr.size else b"")  # type: ignore[arg-type]
     header = msgpack.packb(
         {"t": cls.TYPE, "v": cls.VERSION, "f": fields, "a": descs}, use_bin_type=True
     )
