@@ -5,6 +5,8 @@
     latency   B1: batch-1 decode ms/step and TTFT
     c1        C1: tessera vs transformers generate one at a time, same run
     peer      the transformers baseline of B1 (decode ms/step, TTFT; several batch sizes)
+    scheduler C2: scheduler CPU time per decode step (bench_scheduler.py)
+    bus       messages/s and latency through the bus (bench_bus.py)
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "latency": ("tessera.benchmarks.latency", "main"),
     "c1": ("tessera.benchmarks.peer", "main_c1"),
     "peer": ("tessera.benchmarks.peer", "main_peer"),
+    "scheduler": ("tessera.benchmarks.bench_scheduler", "main"),
+    "bus": ("tessera.benchmarks.bench_bus", "main"),
 }
 
 
