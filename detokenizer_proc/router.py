@@ -12,8 +12,6 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 
-import numpy as np
-
 from tessera.bus.channel import SendTimeout
 from tessera.bus.messages import AbortRequest, ErrorReply, Message, RequestOutput, TokenBatch
 from tessera.detokenizer_proc.sequence import Logprobs, RequestState
@@ -54,9 +52,14 @@ class Router:
 
     # -- TokenBatch -------------------------------------------------------------------------
     def _on_batch(self, batch: TokenBatch) -> None:
-        counts = np.asarray(batch.counts, dtype=np.int64)
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]) if counts.size else counts
+        # Plain lists: per-row numpy slicing would cost more than the decoding itself.
+        tokens = batch.token_ids.tolist()
+        counts = batch.counts.tolist()
+        n_matched, n_cached = len(batch.matched_stop), len(batch.cached_tokens)
+        start = 0
         for r, rid in enumerate(batch.rids):
+            row_start, count = start, counts[r]
+            start += count
             state = self.requests.get(rid)
             if state is None:
                 if rid in self._finished:
@@ -67,14 +70,13 @@ class Router:
                     log.warning("detokenizer: row for unknown request %s dropped", rid)
                     continue
                 state = self.requests[rid] = RequestState(rid, detok, self.tokenizer)
-            start, count = int(starts[r]), int(counts[r])
             step = state.add(
                 index=int(batch.indices[r]),
-                tokens=batch.token_ids[start:start + count],
+                tokens=tokens[row_start:row_start + count],
                 finish=batch.finish[r],
-                matched_stop=batch.matched_stop[r] if r < len(batch.matched_stop) else None,
-                cached_tokens=int(batch.cached_tokens[r]) if r < len(batch.cached_tokens) else 0,
-                logprobs=Logprobs.rows(batch, start, count, state.top_logprobs))
+                matched_stop=batch.matched_stop[r] if r < n_matched else None,
+                cached_tokens=int(batch.cached_tokens[r]) if r < n_cached else 0,
+                logprobs=Logprobs.rows(batch, row_start, count, state.top_logprobs))
             if step.output is not None and not self._reply(state, step.output):
                 continue
             if state.done:

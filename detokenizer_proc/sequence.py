@@ -17,10 +17,17 @@ from tessera.detokenizer_proc.incremental import IncrementalDecoder
 from tessera.detokenizer_proc.stops import StopStrings
 from tessera.formats.tokenizer import ModelTokenizer
 
+_NO_LOGPROBS = np.zeros(0, np.float32)
+_NO_TOP_IDS = np.zeros((0, 0), np.int32)
+_NO_TOP_LOGPROBS = np.zeros((0, 0), np.float32)
+# Shared empty arrays for outputs without logprobs (the dataclass defaults allocate each time).
+_NO_EXTRA: dict[str, Any] = {"logprobs": _NO_LOGPROBS, "top_ids": np.zeros(0, np.int32),
+                             "top_logprobs": _NO_LOGPROBS}
+
 
 @dataclass
 class Logprobs:
-    """Per-token logprob rows of one TokenBatch row (empty arrays when none were asked)."""
+    """Per-token logprob rows of one TokenBatch row, for a request that asked for them."""
 
     logprobs: np.ndarray
     top_ids: np.ndarray
@@ -30,13 +37,14 @@ class Logprobs:
         return Logprobs(self.logprobs[:n], self.top_ids[:n], self.top_logprobs[:n])
 
     @classmethod
-    def rows(cls, batch: Any, start: int, count: int, top_k: int | None) -> Logprobs:
+    def rows(cls, batch: Any, start: int, count: int, top_k: int | None) -> Logprobs | None:
         """This request's rows of a TokenBatch's logprob arrays, its own top-k columns only
-        (the batch pads every row to the largest k asked in that step)."""
-        if top_k is None or batch.logprobs.shape[0] < start + count:
-            return cls(np.zeros(0, np.float32), np.zeros((0, 0), np.int32),
-                       np.zeros((0, 0), np.float32))
+        (the batch pads every row to the largest k asked in that step); None if not asked."""
+        if top_k is None:
+            return None
         end = start + count
+        if batch.logprobs.shape[0] < end:
+            return cls(_NO_LOGPROBS, _NO_TOP_IDS, _NO_TOP_LOGPROBS)  # none were sent
         if batch.top_ids.ndim == 2 and batch.top_ids.shape[0] >= end:
             top_ids = batch.top_ids[start:end, :top_k]
             top_lp = batch.top_logprobs[start:end, :top_k]
@@ -55,7 +63,7 @@ class Sequence:
     scheduler_done: bool = False  # the scheduler finished it too (else it is still running)
     # stream=False: everything since the start, sent once at the end
     text: list[str] = field(default_factory=list)
-    token_ids: list[np.ndarray] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
     logprobs: list[Logprobs] = field(default_factory=list)
     token_texts: list[str] = field(default_factory=list)
     top_token_texts: list[list[str]] = field(default_factory=list)
@@ -84,6 +92,7 @@ class RequestState:
         # Tokens that end a sequence without being shown (EOS, stop_token_ids).
         self.hidden_stop_ids = set(detok.get("stop_token_ids", [])) | set(tokenizer.eos_token_ids)
         self.seqs: dict[int, Sequence] = {}
+        self.finished_count = 0
 
     def _seq(self, index: int) -> Sequence:
         seq = self.seqs.get(index)
@@ -101,7 +110,7 @@ class RequestState:
 
     @property
     def done(self) -> bool:
-        return len(self.seqs) >= self.n and all(s.finished for s in self.seqs.values())
+        return self.finished_count >= self.n
 
     @property
     def scheduler_running(self) -> bool:
@@ -109,16 +118,17 @@ class RequestState:
         once the whole request is done, the scheduler must be told to abort it."""
         return any(s.finished and not s.scheduler_done for s in self.seqs.values())
 
-    def add(self, index: int, tokens: np.ndarray, finish: str | None, matched_stop: Any,
-            cached_tokens: int, logprobs: Logprobs) -> Step:
+    def add(self, index: int, tokens: list[int], finish: str | None, matched_stop: Any,
+            cached_tokens: int, logprobs: Logprobs | None) -> Step:
         seq = self._seq(index)
         if seq.finished:
             return Step(None, False)  # rows already in flight when a stop string ended it
         pieces: list[str] = []
         used = 0
-        for k, token in enumerate(tokens.tolist()):
+        last = len(tokens) - 1
+        for k, token in enumerate(tokens):
             used = k + 1
-            if k == len(tokens) - 1 and finish == "stop" and (
+            if k == last and finish == "stop" and (
                     token == matched_stop or token in self.hidden_stop_ids):
                 # the EOS / stop token: counted as generated, never shown
                 break
@@ -135,32 +145,39 @@ class RequestState:
                 finish = "stop"
             pieces.append(seq.stops.flush())
         seq.completion_tokens += used
-        seq.finished = finish is not None
-        ids = np.ascontiguousarray(tokens[:used], dtype=np.int32)
-        probs = logprobs.head(used)
+        if finish is not None:
+            seq.finished = True
+            self.finished_count += 1
+        new_ids = tokens[:used]
+        text = "".join(pieces)
+        probs = logprobs.head(used) if logprobs is not None else None
         texts: list[str] = []
         top_texts: list[list[str]] = []
-        if self.want_logprobs:
-            texts = [self._token_text(t) for t in ids.tolist()]
+        if probs is not None:
+            texts = [self._token_text(t) for t in new_ids]
             top_texts = [[self._token_text(t) for t in row] for row in probs.top_ids.tolist()]
-        text = "".join(pieces)
         if not self.stream:
             seq.text.append(text)
-            seq.token_ids.append(ids)
-            seq.logprobs.append(probs)
-            seq.token_texts += texts
-            seq.top_token_texts += top_texts
+            seq.token_ids += new_ids
+            if probs is not None:
+                seq.logprobs.append(probs)
+                seq.token_texts += texts
+                seq.top_token_texts += top_texts
             if finish is None:
                 return Step(None, stopped_here)
-            text, ids = "".join(seq.text), np.concatenate(seq.token_ids)
+            text, new_ids = "".join(seq.text), seq.token_ids
             texts, top_texts = seq.token_texts, seq.top_token_texts
-            probs = Logprobs(*(np.concatenate([getattr(p, name) for p in seq.logprobs])
-                               for name in ("logprobs", "top_ids", "top_logprobs")))
-        elif finish is None and not text and not ids.size:
+            if seq.logprobs:
+                probs = Logprobs(*(np.concatenate([getattr(p, name) for p in seq.logprobs])
+                                   for name in ("logprobs", "top_ids", "top_logprobs")))
+        elif finish is None and not text and not new_ids:
             return Step(None, stopped_here)
+        extra = _NO_EXTRA if probs is None else {
+            "logprobs": probs.logprobs, "top_ids": probs.top_ids,
+            "top_logprobs": probs.top_logprobs, "token_texts": texts,
+            "top_token_texts": top_texts}
         out = RequestOutput(
-            rid=self.rid, index=index, text=text, token_ids=ids, finish_reason=finish,
-            prompt_tokens=self.prompt_tokens, completion_tokens=seq.completion_tokens,
-            cached_tokens=cached_tokens, logprobs=probs.logprobs, top_ids=probs.top_ids,
-            top_logprobs=probs.top_logprobs, token_texts=texts, top_token_texts=top_texts)
+            rid=self.rid, index=index, text=text, token_ids=np.array(new_ids, np.int32),
+            finish_reason=finish, prompt_tokens=self.prompt_tokens,
+            completion_tokens=seq.completion_tokens, cached_tokens=cached_tokens, **extra)
         return Step(out, stopped_here)

@@ -12,6 +12,7 @@ from __future__ import annotations
 class StopStrings:
     def __init__(self, stops: list[str] | tuple[str, ...]) -> None:
         self.stops = tuple(s for s in stops if s)
+        self._chars = frozenset("".join(self.stops))  # fast path: most text holds none
         self._pending = ""
         self.matched: str | None = None
 
@@ -31,6 +32,9 @@ class StopStrings:
             self._pending = ""
             return buf[:first]
         hold = 0
+        if not buf or buf[-1] not in self._chars:
+            self._pending = ""
+            return buf
         for stop in self.stops:
             for k in range(min(len(buf), len(stop) - 1), hold, -1):
                 if buf.endswith(stop[:k]):
