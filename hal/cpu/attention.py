@@ -28,11 +28,8 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         k = k_cache[slots].float()  # [S, Hk, D]
         v = v_cache[slots].float()
         prefix = seq_len - ext_len
-        # query i sits at position prefix + i and sees keys 0 .. prefix + i
-        rows = torch.arange(ext_len, device=q.device)[:, None] + prefix
-        mask = torch.arange(seq_len, device=q.device)[None, :] <= rows  # [E, S]
         qb = q[start:start + ext_len].float()
-        out[start:start + ext_len] = _sdpa(qb, k, v, mask, scale).to(q.dtype)
+        out[start:start + ext_len] = _causal_sdpa(qb, k, v, prefix, scale).to(q.dtype)
     return out
 
 
@@ -49,25 +46,35 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     k = k_cache[slots].float()  # [B, L, Hk, D]
     v = v_cache[slots].float()
     valid = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None].long()  # [B, L]
-    hq, hk = q.shape[1], k.shape[2]
-    # [B, H, 1, D] queries against [B, H, L, D] keys; the mask broadcasts over heads.
-    qh = q.float().unsqueeze(2)
-    kh = k.permute(0, 2, 1, 3).repeat_interleave(hq // hk, dim=1)
-    vh = v.permute(0, 2, 1, 3).repeat_interleave(hq // hk, dim=1)
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=valid[:, None, None, :],
-                                         scale=scale)
-    out = out.squeeze(2)
+    hq, hk, dim = q.shape[1], k.shape[2], q.shape[2]
+    # GQA without copying KV: query head h uses KV head h // group, so viewing the queries as
+    # [B, Hk, group, D] lines each KV head up with its group, which SDPA treats as the query
+    # length. The mask [B, 1, 1, L] broadcasts over heads and group.
+    qg = q.float().view(batch, hk, hq // hk, dim)
+    out = F.scaled_dot_product_attention(qg, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3),
+                                         attn_mask=valid[:, None, None, :], scale=scale)
+    out = out.reshape(batch, hq, dim)
     # A row of length 0 (padding) attends to nothing: define its output as zeros, not NaN.
     out = torch.where((seq_lens > 0)[:, None, None], out, torch.zeros_like(out))
     return out.to(q.dtype)
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-          scale: float) -> torch.Tensor:
-    """q [E, Hq, D], k/v [S, Hk, D], mask [E, S] -> [E, Hq, D], GQA by repeating KV heads."""
-    hq, hk = q.shape[1], k.shape[1]
-    qh = q.transpose(0, 1)  # [Hq, E, D]
-    kh = k.transpose(0, 1).repeat_interleave(hq // hk, dim=0)  # [Hq, S, D]
-    vh = v.transpose(0, 1).repeat_interleave(hq // hk, dim=0)
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[None], scale=scale)
-    return out.transpose(0, 1)
+def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int,
+                 scale: float) -> torch.Tensor:
+    """q [E, Hq, D] at positions prefix .. prefix + E - 1 over k/v [S, Hk, D] -> [E, Hq, D].
+
+    4-D inputs with enable_gqa reach PyTorch's fused CPU kernel (3-D ones fall back to the
+    unfused math path, several times slower); without a prefix the plain causal flag applies.
+    """
+    ext, seq = q.shape[0], k.shape[0]
+    qh, kh, vh = (t.transpose(0, 1)[None] for t in (q, k, v))  # [1, H, len, D]
+    if prefix == 0:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale,
+                                             enable_gqa=True)
+    else:
+        # query i sits at position prefix + i and sees keys 0 .. prefix + i
+        rows = torch.arange(ext, device=q.device)[:, None] + prefix
+        mask = torch.arange(seq, device=q.device)[None, :] <= rows  # [E, S]
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[None, None],
+                                             scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1)

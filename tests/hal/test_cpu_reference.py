@@ -112,8 +112,8 @@ def test_store_kv_in_place() -> None:
 def test_filtered_probs_exact() -> None:
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     params = sampling_params(1, top_k=3)
-    torch.testing.assert_close(filtered_probs(probs.log(), params),
-                               torch.tensor([[0.5, 0.3, 0.15, 0.0]]) / 0.95)
+    kept = filtered_probs(probs.log(), params)
+    torch.testing.assert_close(kept / kept.sum(), torch.tensor([[0.5, 0.3, 0.15, 0.0]]) / 0.95)
     params = sampling_params(1, top_p=0.8)  # mass before token 2 is exactly 0.8: dropped
     kept = filtered_probs(probs.log(), params)
     assert (kept[0, :2] > 0).all() and (kept[0, 2:] == 0).all()
@@ -140,3 +140,22 @@ def test_filtered_probs_without_filters_is_the_softmax() -> None:
     params = sampling_params(2, temperature=torch.tensor([1.0, 0.5]))
     expected = torch.stack([logits[0].softmax(-1), (logits[1] / 0.5).softmax(-1)])
     torch.testing.assert_close(filtered_probs(logits, params), expected)
+
+
+def test_top_p_window_widens_for_flat_distributions() -> None:
+    # Nearly flat over 5000 tokens: the nucleus of 0.5 is ~2500 tokens, far beyond the first
+    # topk window, and the result must equal the definition computed with a full sort.
+    logits = torch.randn(3, 5000, generator=_gen(10)) * 0.01
+    params = sampling_params(3, top_p=torch.tensor([0.5, 0.95, 1.0]),
+                             top_k=torch.tensor([0, 3000, 0]))
+    got = filtered_probs(logits, params)
+    probs = logits.softmax(-1)
+    for row, (p, k) in enumerate([(0.5, 5000), (0.95, 3000), (1.0, 5000)]):
+        values, order = probs[row].sort(descending=True)
+        values = values * (torch.arange(5000) < k)
+        values = values / values.sum()
+        before = values.cumsum(0) - values
+        keep = (before < p) & (values > 0) if p < 1 else values > 0
+        expected = torch.zeros(5000, dtype=torch.bool)
+        expected[order[keep]] = True
+        assert torch.equal(got[row] > 0, expected), row
