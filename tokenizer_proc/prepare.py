@@ -97,8 +97,7 @@ def _prompt_ids(req: GenerateRequest, tok: ModelTokenizer) -> list[int]:
             raise _bad(str(exc), "messages") from None
         # As transformers' apply_chat_template(tokenize=True): the template writes BOS itself.
         return tok.encode(text, add_special_tokens=False)
-    ids = req.input_ids
-    assert ids is not None
+    ids = np.asarray(req.input_ids)
     if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
         raise _bad(f"input_ids must be a flat list of integers, got {ids.dtype} {ids.shape}",
                    "input_ids")
