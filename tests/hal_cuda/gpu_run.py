@@ -264,6 +264,88 @@ def bf16_noise_floor(cfg: dict[str, Any], platform: Any,
             "hf_bf16_rel_err_mean": sum(r["hf_bf16_rel_err"] for r in rows) / len(rows)}
 
 
+def _reference_in_fp32(name: str) -> Callable[..., Any]:
+    """The reference op on fp32 copies of the inputs, outputs cast back to the input dtype
+    (store_kv runs in place on the real caches)."""
+    from tessera.hal.reference import reference_op
+
+    ref = reference_op(name)
+    if name == "store_kv":
+        return ref
+
+    def run(*args: Any) -> Any:
+        dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor)
+                     and a.is_floating_point())
+        up = [a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+              for a in args]
+        out = ref(*up)
+        if isinstance(out, tuple):
+            return tuple(o.to(dtype) for o in out)
+        return out.to(dtype)
+    return run
+
+
+def bf16_op_swaps(cfg: dict[str, Any], platform: Any,
+                  dev: torch.device = torch.device("cuda")) -> dict[str, Any]:
+    """Which op makes tessera-bf16 drift from transformers-fp32 on long prompts: the same
+    prefill with one cuda op at a time replaced by the reference (fp32 math, bf16 out), and
+    each op's own error against the reference on the inputs it actually saw."""
+    import copy
+
+    hf, model = build_pair(cfg, platform, torch.bfloat16, dev, max_positions=4096)
+    hf32 = copy.deepcopy(hf).float()
+    kv = platform.create_kv_arena(len(model.layers), 4096, model.tp.num_kv_heads,
+                                  cfg["head_dim"], torch.bfloat16)
+    engine = MiniEngine(lambda inp: model(inp, kv), dev, 4, 2048)
+    gen = torch.Generator().manual_seed(5)
+    prompts = {n: torch.randint(0, cfg["vocab_size"], (n,), generator=gen).tolist()
+               for n in (45, 700)}
+    for r, n in enumerate(prompts):
+        engine.alloc(r, 0, n)
+    refs = {}
+    with torch.inference_mode():
+        for n, p in prompts.items():
+            refs[n] = hf32(torch.tensor([p], device=dev)).logits[0, -1].float()
+    own = dict(model.ops)
+    result: dict[str, Any] = {}
+    for swap in (None, "attention_extend", "rotary_embedding", "rms_norm",
+                 "fused_add_rms_norm", "silu_and_mul", "store_kv", "linear"):
+        model.ops = dict(own)
+        if swap is not None:
+            model.ops[swap] = _reference_in_fp32(swap)
+        errs = {}
+        with torch.inference_mode():
+            for r, (n, p) in enumerate(prompts.items()):
+                logits = engine.model(engine.inputs([(r, p, 0, True)]))[0]
+                errs[n] = float((logits - refs[n]).norm() / refs[n].norm())
+        result[f"swap_{swap}"] = errs
+    # each op's error on its real inputs, no swap
+    op_errs: dict[str, float] = {}
+
+    def checking(name: str) -> Callable[..., Any]:
+        mine, ref = own[name], _reference_in_fp32(name)
+
+        def run(*args: Any) -> Any:
+            out = mine(*args)
+            if name not in ("store_kv", "embedding"):
+                expect = ref(*args)
+                pairs = zip(out, expect, strict=True) if isinstance(out, tuple) else \
+                    [(out, expect)]
+                for a, b in pairs:
+                    err = float((a.float() - b.float()).norm() / b.float().norm().clamp(
+                        min=1e-30))
+                    op_errs[name] = max(op_errs.get(name, 0.0), err)
+            return out
+        return run
+
+    model.ops = {name: checking(name) for name in own}
+    with torch.inference_mode():
+        engine.model(engine.inputs([(1, prompts[700], 0, True)]))
+    model.ops = own
+    result["per_op_max_rel_err_700"] = op_errs
+    return result
+
+
 # --- GPU-only parts ------------------------------------------------------------------------------
 def graphs_vs_eager_every_size(cfg: dict[str, Any], platform: Any, max_bs: int) -> dict[str, Any]:
     from tessera.hal.cuda.graph import capture_batch_sizes
@@ -573,6 +655,7 @@ def main(argv: list[str]) -> int:
         parts["vs_hf_fp32"] = lambda: check_against_hf(TINY, platform, torch.float32, device,
                                                        None, 6, [3, 20, 50], 16)
         parts["bf16_noise_floor"] = lambda: bf16_noise_floor(TINY, platform, device)
+        parts["bf16_op_swaps"] = lambda: bf16_op_swaps(TINY, platform, device)
     else:
         parts["attention_bench"] = decode_attention_bench
         parts["vs_hf_fp32"] = lambda: check_against_hf(
@@ -581,6 +664,7 @@ def main(argv: list[str]) -> int:
         parts["vs_hf_bf16"] = lambda: check_against_hf(
             big, platform, torch.bfloat16, device, platform.create_graph_runner(), 12,
             [7, 45, 130, 300], 128)
+        parts["bf16_op_swaps"] = lambda: bf16_op_swaps(big, platform)
         parts["op_timings"] = op_timings
         parts["bf16_noise_floor"] = lambda: bf16_noise_floor(big, platform)
         parts["graphs_vs_eager"] = lambda: graphs_vs_eager_every_size(big, platform, 256)
