@@ -151,4 +151,5 @@ def drive(sched: Scheduler, worker: FakeWorker, collected: Collected, max_steps:
         if between is not None:
             between(steps)
         assert steps < max_steps, "did not finish"
+    collected.add(sched.take_output())  # aborts made by `between` after the last step
     return steps

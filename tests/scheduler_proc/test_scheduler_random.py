@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.scheduler import Scheduler
@@ -114,3 +116,45 @@ def test_random_schedule_roomy_pool_never_retracts(overlap: bool) -> None:
 def test_random_schedule_without_radix_cache() -> None:
     sched = run_schedule(3, True, num_pages=48, disable_cache=True)
     assert sched.cache_hit_tokens == 0 and sched.cache.total_pages == 0
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(page_size=st.sampled_from([1, 2, 4, 16]), chunk=st.sampled_from([0, 1, 7, 64]),
+       extra_pages=st.integers(0, 40), rows=st.integers(1, 6), overlap=st.booleans(),
+       priority=st.booleans(), disable_cache=st.booleans(), seed=st.integers(0, 2**16))
+def test_any_configuration_finishes_every_request_correctly(
+        page_size: int, chunk: int, extra_pages: int, rows: int, overlap: bool, priority: bool,
+        disable_cache: bool, seed: int) -> None:
+    """Tiny pools (down to one request's worth), any chunk size, page size, row count."""
+    rng = np.random.default_rng(seed)
+    ctx = 64
+    largest = 40  # prompt + max_tokens of the largest request below
+    num_pages = -(-largest // page_size) + extra_pages
+    cfg = SchedulerConfig(num_slots=page_size * (num_pages + 1), page_size=page_size,
+                          max_context_len=ctx, max_running_requests=rows,
+                          chunked_prefill_size=chunk, eos_token_ids=(EOS,), overlap=overlap,
+                          disable_radix_cache=disable_cache,
+                          schedule_policy="priority" if priority else "fcfs", debug=True)
+    sched = Scheduler(cfg)
+    worker = FakeWorker(sched)
+    got = Collected()
+    base = rng.integers(1, VOCAB, size=20).astype(np.int32)
+    sent = []
+    for i in range(int(rng.integers(1, 8))):
+        prompt = np.concatenate([base[:int(rng.integers(0, 21))],
+                                 rng.integers(1, VOCAB, size=int(rng.integers(1, 6)))])
+        req = make_request(f"q{i}", prompt.astype(np.int32),
+                           max_tokens=int(rng.integers(1, largest - prompt.shape[0] + 1)),
+                           n=int(rng.integers(1, 3)), seed=i)
+        object.__setattr__(req, "priority", int(rng.integers(0, 3)))
+        assert sched.add_request(req) is None
+        sent.append(req)
+    drive(sched, worker, got)
+    for req in sent:
+        max_total = req.input_ids.shape[0] + req.sampling.max_tokens
+        for index in range(req.sampling.n):
+            want, why = reference_output(req.input_ids, req.sampling, index, max_total)
+            assert got.tokens[(req.rid, index)] == want
+            assert got.finish[(req.rid, index)] == [why]
+    assert sched.allocator.free_pages + sched.cache.evictable_pages == \
+        sched.allocator.total_pages
