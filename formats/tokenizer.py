@@ -211,8 +211,9 @@ def _load_hf_folder(folder: str) -> ModelTokenizer:
             special[key] = text
     eos_ids: list[int] = []
     eos_text = special.get("eos_token")
-    if eos_text is not None and backend.token_to_id(eos_text) is not None:
-        eos_ids.append(backend.token_to_id(eos_text))
+    eos_id = backend.token_to_id(eos_text) if eos_text is not None else None
+    if eos_id is not None:
+        eos_ids.append(eos_id)
     for cfg in (gen_config, model_config):
         value = cfg.get("eos_token_id")
         eos_ids += [v for v in (value if isinstance(value, list) else [value])
@@ -343,8 +344,8 @@ def _load_gguf(path: str) -> ModelTokenizer:
         return (tid, tokens[tid]) if isinstance(tid, int) and 0 <= tid < len(tokens) else None
 
     bos, eos = token_of("bos"), token_of("eos")
-    special = {f"{name}_token": tok[1] for name in ("bos", "eos", "unknown", "padding")
-               if (tok := token_of(name)) is not None}
+    special = {f"{name}_token": found[1] for name in ("bos", "eos", "unknown", "padding")
+               if (found := token_of(name)) is not None}
     special = {k.replace("unknown", "unk").replace("padding", "pad"): v
                for k, v in special.items()}
     single, extra = "$A", []
