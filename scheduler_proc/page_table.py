@@ -34,8 +34,9 @@ class SharedPageTable:
             stale.unlink()
             self._shm = shared_memory.SharedMemory(name=name, create=True, size=size)
         self.name = name
+        # A new segment reads as zeros and its memory is committed only where written, so a
+        # long context costs only the rows in use: do not clear it by hand.
         self.array: np.ndarray = np.ndarray((rows, width), dtype=np.int32, buffer=self._shm.buf)
-        self.array[:] = 0
 
     def close(self) -> None:
         """Release and unlink (idempotent)."""
