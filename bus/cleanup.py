@@ -92,7 +92,20 @@ def kill_orphans(paths: RunPaths) -> list[int]:
                 killed.append(pid)
             except OSError:
                 pass
+    # Wait (briefly) until they are gone, so that the ports they held are free again.
+    deadline = time.monotonic() + 2.0
+    while any(pid_alive(p) and not _is_zombie(p) for p in killed) and \
+            time.monotonic() < deadline:
+        time.sleep(0.02)
     return killed
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def remove_run(paths: RunPaths, shm_dir: str = SHM_DIR, keep_dir: bool = False) -> list[str]:

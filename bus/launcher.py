@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tessera serve: invalid configuration: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.log_level, "supervisor")
+    # Before the port check: an orphaned server of a crashed run may hold the port.
+    remove_stale_runs(env.run_root or tempfile.gettempdir())
     problem = check_config(config) or check_port_free(config.host, config.port)
     if problem:
         log.error("%s", problem)
