@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 # may capture graphs; the server's warm-up runs a first request through the whole engine.
 READY_TIMEOUT_S = {"worker": 1800.0, "scheduler": 300.0, "detokenizer": 300.0,
                    "tokenizer": 600.0, "server": 1200.0}
+MAX_IPC_PATH = 107  # sun_path of a Unix socket address on Linux, less the final NUL
 
 
 def module_available(module: str) -> bool:
@@ -149,6 +150,13 @@ def run_supervised(config: ServerConfig, env: Env,
     own_dir = config.run_dir is None or not os.path.exists(config.run_dir)
     paths = RunPaths.create(config.run_dir, env)
     try:
+        # The longest endpoint is a client's reply socket; Unix sockets hold 107 bytes.
+        longest = len(paths.client_endpoint().removeprefix("ipc://")) + 8
+        if longest > MAX_IPC_PATH:
+            log.error("the run directory %s is too long for ipc sockets (%d of %d bytes); set "
+                      "TESSERA_RUN_ROOT or --run-dir to a shorter folder", paths.run_dir,
+                      longest, MAX_IPC_PATH)
+            return 2
         config = config.replace(run_dir=paths.run_dir)
         with open(paths.config_file, "w") as f:
             f.write(config.to_json())

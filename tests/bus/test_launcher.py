@@ -7,13 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tessera.bus.config import RunPaths, ServerConfig
+import pytest
+
+from tessera.bus.config import Env, RunPaths, ServerConfig
 from tessera.bus.launcher import (
     build_specs,
     check_config,
     check_port_free,
     module_available,
     ready_banner,
+    run_supervised,
 )
 from tessera.bus.supervisor import Child, ProcessSpec
 
@@ -72,3 +75,11 @@ def test_banner_has_url_model_and_a_curl_line() -> None:
     assert "http://127.0.0.1:30001" in text and "SmolLM2" in text
     assert "curl http://127.0.0.1:30001/v1/chat/completions" in text
     assert "s3cret" not in text and "$TESSERA_API_KEY" in text
+
+
+def test_too_long_run_dir_is_refused_with_advice(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    config = ServerConfig(run_dir=str(deep))
+    assert run_supervised(config, Env(None, None, str(tmp_path), None, None),
+                          build=lambda c, p: pytest.fail("must not get this far")) == 2
+    assert not deep.exists() or list(deep.iterdir()) == []
