@@ -84,6 +84,8 @@ class EngineConfig:
                                "under TESSERA_RUN_ROOT or the temp dir)")
     heartbeat_interval_s: float = _opt(0.5, "seconds between heartbeats")
     heartbeat_timeout_s: float = _opt(5.0, "a process silent this long counts as dead")
+    loop_stall_timeout_s: float = _opt(120.0, "a process whose main loop has not come round "
+                                       "this long (one step stuck) counts as hung")
     send_timeout_ms: int = _opt(2000, "a send that waits longer counts as a timeout")
     breaker_failures: int = _opt(5, "timeouts in a row that open the circuit breaker")
     breaker_cooldown_s: float = _opt(5.0, "seconds before an open breaker half-opens")

@@ -6,9 +6,12 @@
         msgs = inbox.drain(timeout)   one swap of the double buffer
         handle(msgs)                  the whole batch
         tick()                        periodic work (scheduling step, timeouts)
-        heartbeat                     every heartbeat_interval_s, from this loop, so a hung
-                                      loop is seen as dead
     teardown()
+
+Heartbeats go out every heartbeat_interval_s from a thread of their own (with its own socket),
+so one long step (a big prefill on a slow CPU) does not read as death. The thread carries the
+stats the loop last published and stops beating once the loop has not come round for
+`max_loop_stall_s`: a loop stuck that long is hung, and the supervisor sees the silence.
 
 SIGTERM / SIGINT set a flag; the loop finishes its iteration, runs teardown and exits 0.
 Subclasses set `name` and implement `setup` and `handle`.
@@ -21,6 +24,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -54,7 +58,12 @@ class BusProcess:
         self.stopping = False
         self.inbox: Inbox | None = None
         self._supervisor: Outbox | None = None
-        self._last_heartbeat = 0.0
+        self._last_stats = 0.0
+        self._stats: dict[str, float] = {}
+        self._loop_seen = time.monotonic()
+        self._beating = threading.Event()
+        self.max_loop_stall_s = config.loop_stall_timeout_s
+        self._parent_pid = os.getppid()
         self.loop_timeout_s = 0.05
 
     # -- to override ------------------------------------------------------------------------
@@ -96,15 +105,38 @@ class BusProcess:
         except SendTimeout:
             log.debug("%s: supervisor not reachable", self.name)
 
-    def _heartbeat(self, force: bool = False) -> None:
+    def _publish_stats(self) -> None:
+        """Called from the loop: note that it came round, refresh the stats now and then."""
         now = time.monotonic()
-        if not force and now - self._last_heartbeat < self.config.heartbeat_interval_s:
+        self._loop_seen = now
+        if os.getppid() != self._parent_pid:
+            # The supervisor died without stopping us (kill -9): an orphan serves no one.
+            log.error("%s: supervisor (pid %d) is gone; stopping", self.name, self._parent_pid)
+            self.stopping = True
+        if now - self._last_stats < self.config.heartbeat_interval_s:
             return
-        self._last_heartbeat = now
+        self._last_stats = now
         stats = {"dropped_messages": float(self.inbox.dropped if self.inbox else 0)}
         stats.update(self.stats())
-        self.notify_supervisor(Heartbeat(process=self.name, pid=os.getpid(), time=time.time(),
-                                         stats=stats))
+        self._stats = stats
+
+    def _beat(self) -> None:
+        box = Outbox(self.paths.supervisor, timeout_ms=100)
+        try:
+            while not self._beating.wait(self.config.heartbeat_interval_s):
+                stall = time.monotonic() - self._loop_seen
+                if stall > self.max_loop_stall_s:
+                    log.error("%s: main loop stalled for %.0f s; heartbeats stop", self.name,
+                              stall)
+                    continue
+                stats = dict(self._stats, loop_stall_s=stall)
+                try:
+                    box.send(Heartbeat(process=self.name, pid=os.getpid(), time=time.time(),
+                                       stats=stats), timeout_ms=100)
+                except SendTimeout:
+                    log.debug("%s: supervisor not reachable", self.name)
+        finally:
+            box.close()
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -115,6 +147,8 @@ class BusProcess:
             self.notify_supervisor(Ready(process=self.name, pid=os.getpid(),
                                          info=self.ready_info()))
             log.info("%s ready", self.name)
+            self._publish_stats()
+            threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
             while not self.stopping:
                 msgs = self.inbox.drain(self.wait_timeout()) if self.inbox else []
                 if any(isinstance(m, Shutdown) for m in msgs):
@@ -122,8 +156,9 @@ class BusProcess:
                 if msgs:
                     self.handle([m for m in msgs if not isinstance(m, Shutdown)])
                 self.tick()
-                self._heartbeat()
+                self._publish_stats()
         finally:
+            self._beating.set()
             try:
                 self.teardown()
             finally:

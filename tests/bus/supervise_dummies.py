@@ -25,6 +25,7 @@ def main(plan_json: str) -> int:
     plan = json.loads(plan_json)
     config = ServerConfig(heartbeat_interval_s=0.1,
                           heartbeat_timeout_s=plan.get("heartbeat_timeout_s", 2.0),
+                          loop_stall_timeout_s=plan.get("heartbeat_timeout_s", 2.0),
                           drain_timeout_s=plan.get("drain_timeout_s", 2.0))
     setup_logging("info", "supervisor")
 

@@ -217,3 +217,20 @@ def test_server_drains_first_while_status_is_still_answered(run_root: Path) -> N
     assert run.wait_exit(timeout=10) == 0, run.log
     assert run.log.index("stopping server") < run.log.index("engine: received signal")
     assert leftovers(paths) == []
+
+
+def test_children_stop_when_the_supervisor_is_killed_and_the_next_start_cleans_up(
+        run_root: Path) -> None:
+    run = Run([["a", 0, ["--leak-shm"]], ["b", 0, []]])
+    paths = run.wait_ready()
+    pids = [p["pid"] for p in status(paths).processes.values()]
+    run.proc.kill()
+    run.wait_exit(timeout=5)
+    assert_all_dead(pids, within=5.0)  # orphans notice their parent is gone
+    assert paths.shm_name("a") in leftovers(paths)  # a crash leaves the run behind...
+    again = Run([["c", 0, []]])
+    again.wait_ready()
+    assert leftovers(paths) == []  # ...until the next start removes it
+    assert f"removed stale run {paths.run_dir}" in again.log
+    again.proc.send_signal(signal.SIGTERM)
+    assert again.wait_exit(timeout=10) == 0
