@@ -28,6 +28,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
+from typing import TypeAlias
 
 import zmq
 
@@ -47,8 +48,8 @@ from tessera.client.errors import EngineDeadError, OverloadedError, TesseraError
 
 log = logging.getLogger(__name__)
 
-Item = RequestOutput | ErrorReply | TesseraError
-Sink = Callable[[Item], None]
+Item: TypeAlias = RequestOutput | ErrorReply | TesseraError
+Sink: TypeAlias = Callable[[Item], None]
 
 _POLL_MS = 50
 _PID_CHECK_S = 0.05

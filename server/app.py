@@ -11,6 +11,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -77,7 +78,7 @@ def auth_middleware(api_key: str) -> Callable[[web.Request, Handler],
 
 
 def create_app(state: ServerState) -> web.Application:
-    middlewares = [errors_middleware]
+    middlewares: list[Any] = [errors_middleware]
     if state.config.api_key:
         middlewares.append(auth_middleware(state.config.api_key))
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)

@@ -7,7 +7,7 @@ from typing import Any
 import tessera
 
 
-def _obj(required: tuple[str, ...] = (), **props: Any) -> dict[str, Any]:
+def _obj(required: tuple[str, ...] = (), /, **props: Any) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "object", "properties": props}
     if required:
         schema["required"] = list(required)
