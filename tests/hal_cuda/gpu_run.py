@@ -149,7 +149,15 @@ def build_pair(cfg: dict[str, Any], platform: Any, dtype: torch.dtype, device: t
     torch.manual_seed(0)
     with torch.device(device):
         hf = HFLlama(hf_cfg)
+    # Keep the rotary frequencies in fp32, as loading a bf16 checkpoint does: `.to(bf16)`
+    # would round the inv_freq buffers too, and angles pos * inv_freq then drift by up to
+    # pos * 2^-9 radians (transformers-bf16 and an fp32 copy made from it would share that
+    # error and both disagree with any exact rotary embedding on long prompts).
+    freqs = {name: buf.clone() for name, buf in hf.named_buffers() if name.endswith("inv_freq")}
     hf = hf.to(dtype).eval()
+    for name, buf in freqs.items():
+        owner, attr = name.rsplit(".", 1)
+        setattr(hf.get_submodule(owner), attr, buf)
     mc = ModelConfig.from_hf_dict(cfg)
     model = LlamaForCausalLM(mc, platform, dtype=dtype, device=device,
                              max_positions=max_positions)

@@ -1,0 +1,45 @@
+"""NCCL through the cuda plugin on two GPUs: collectives, and an all_reduce inside a captured
+CUDA graph (what tensor-parallel decode replays)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu,
+              pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")]
+
+
+def test_nccl_collectives_and_captured_all_reduce(tmp_path: Path) -> None:
+    script = Path(__file__).with_name("nccl_rank.py")
+    init = f"file://{tmp_path / 'store'}"
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank), "2", init,
+                               str(tmp_path / f"rank{rank}.json")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=os.environ.copy()) for rank in range(2)]
+    logs = []
+    for proc in procs:
+        try:
+            logs.append(proc.communicate(timeout=180)[0])
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail("NCCL ranks did not finish in 180 s")
+    for rank, proc in enumerate(procs):
+        assert proc.returncode == 0, f"rank {rank} failed:\n{logs[rank][-3000:]}"
+    for rank in range(2):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert got["eager"] == [3.0]
+        assert got["gathered"] == [[0.0, 0.0, 0.0, 1.0, 1.0, 1.0]] * 2
+        # sum over ranks of arange(8).view(2, 4) + rank is 2 * arange + 1; rank r keeps
+        # columns 2r, 2r + 1
+        full = (2 * torch.arange(8.0).view(2, 4) + 1)
+        assert got["scattered"] == full[:, 2 * rank:2 * rank + 2].tolist()
+        # replay i: sum over ranks of 2 * (rank + 10 i) = 2 + 40 i
+        assert got["replays"] == [[2.0 + 40.0 * i] for i in range(3)]
