@@ -62,8 +62,14 @@ class RequestResult:
 
 
 def make_config(model: str, engine_args: dict[str, Any]) -> ServerConfig:
-    """ServerConfig from keyword engine arguments, with a quiet default log level."""
-    values = {"log_level": "warning", **engine_args, "model": model}
+    """ServerConfig from keyword engine arguments, with a quiet default log level. As for
+    `tessera serve`, TESSERA_HAL and TESSERA_LOG_LEVEL apply where no argument is given."""
+    from tessera.bus.config import Env
+
+    env = Env.read()
+    values = {"log_level": env.log_level or "warning", **engine_args, "model": model}
+    if values.get("hal") is None and env.hal:
+        values["hal"] = env.hal
     try:
         return ServerConfig(**values)
     except TypeError as exc:
