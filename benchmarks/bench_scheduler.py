@@ -81,7 +81,7 @@ def measure(batch: int, steps: int, prompt_len: int, overlap: bool, seed: int = 
         encode_cpu += time.thread_time() - t0
         answered += 1
 
-    while len(sched.running) < batch or sched.st.kv_len[sched._active_rows()].min() < prompt_len:
+    while len(sched.running) < batch or sched.st.kv_len[sched.active_rows()].min() < prompt_len:
         step()  # prefill everything first: the figure is about decode steps
     for _ in range(20):
         step()  # warm up

@@ -37,14 +37,15 @@ from tessera.bus.messages import (
     TokenizedRequest,
 )
 from tessera.scheduler_proc import batch as batch_mod
+from tessera.scheduler_proc import finish
 from tessera.scheduler_proc.admission import Limits, make_request, refuse
-from tessera.scheduler_proc.batch import Chunk, InFlight
+from tessera.scheduler_proc.batch import InFlight
 from tessera.scheduler_proc.config import SchedulerConfig
+from tessera.scheduler_proc.kv_pool import KVPool
 from tessera.scheduler_proc.output import OutputBuilder
-from tessera.scheduler_proc.page_allocator import PageAllocator
 from tessera.scheduler_proc.page_table import RowPool
+from tessera.scheduler_proc.planner import Planner
 from tessera.scheduler_proc.policy import WaitingQueue, retraction_victim
-from tessera.scheduler_proc.radix_cache import RadixCache
 from tessera.scheduler_proc.request import Request, SeqState, Sequence
 from tessera.scheduler_proc.rows import RowState
 
@@ -55,17 +56,18 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, req_to_token: np.ndarray | None = None) -> None:
         c = self.config = config
         self.page_size = ps = c.page_size
-        self.allocator = PageAllocator(c.num_slots, ps, debug=c.debug)
-        self.cache = RadixCache(ps)
-        self.use_cache = not c.disable_radix_cache
         n_rows, width = c.max_running_requests, c.max_context_len
         if req_to_token is None:
             req_to_token = np.zeros((n_rows, width), dtype=np.int32)
         self.st = RowState(n_rows, width, ps, req_to_token)
+        self.kv = KVPool(c.num_slots, ps, self.st, not c.disable_radix_cache, debug=c.debug)
+        self.allocator = self.kv.allocator
+        self.cache = self.kv.cache
         self.row_pool = RowPool(n_rows)
         self.seq_of_row: list[Sequence | None] = [None] * n_rows
         self.by_priority = c.schedule_policy == "priority"
         self.waiting = WaitingQueue(self.by_priority)
+        self.planner = Planner(self)
         self.limits = Limits(c, self.allocator.total_pages)
         self.requests: dict[str, Request] = {}
         self.running: dict[int, Sequence] = {}  # row -> sequence
@@ -134,9 +136,7 @@ class Scheduler:
 
     def flush_cache(self) -> int:
         """Drop every unreferenced cached page; return how many."""
-        pages = self.cache.evict_all()
-        self.allocator.free(pages)
-        return int(pages.shape[0])
+        return self.kv.flush()
 
     def take_output(self) -> TokenBatch | None:
         return self._out.take()
@@ -158,16 +158,13 @@ class Scheduler:
             return None
         t0 = time.thread_time()
         while True:
-            dec_rows, dec_inputs = self._plan_decodes()
-            budget = self.config.chunked_prefill_size or (1 << 30)
-            chunks, budget = self._plan_prefills(budget)
-            self._admit(chunks, budget)
+            dec_rows, dec_inputs, chunks = self.planner.plan()
             if dec_rows.shape[0] or chunks:
                 break
             if self.inflight or not self.running:
                 return None
             # Nothing fits and nothing will come back to free memory: give way.
-            self._retract(self._victim())
+            self.retract(self.victim())
         step = self._step
         self._step += 1
         batch, record = batch_mod.build(step, self.st, dec_rows, dec_inputs, chunks,
@@ -177,119 +174,15 @@ class Scheduler:
         self.inflight.append(record)
         return batch
 
-    def _active_rows(self) -> np.ndarray:
+    # ---------------------------------------------------------------------------- membership
+    # (used by the planner too: binding a waiting sequence to a row, and back)
+    def active_rows(self) -> np.ndarray:
+        """Rows of the running sequences (cached until the running set changes)."""
         if self._active is None:
             self._active = np.fromiter(self.running, dtype=np.int32, count=len(self.running))
         return self._active
 
-    def _decode_ready(self) -> np.ndarray:
-        st = self.st
-        rows = self._active_rows()
-        if not rows.shape[0]:
-            return rows
-        total = st.n_known[rows] + st.pending[rows]
-        ready = (st.kv_len[rows] == total - 1) & (total < st.max_total[rows])
-        if self.depth > 1:
-            # Penalties need the full history; the token in flight is not known yet.
-            ready &= ~(st.has_penalty[rows] & (st.pending[rows] > 0))
-        return rows[ready]
-
-    def _plan_decodes(self) -> tuple[np.ndarray, np.ndarray]:
-        st, ps = self.st, self.page_size
-        while True:
-            rows = self._decode_ready()
-            grow = rows[st.kv_len[rows] % ps == 0]  # the new token starts a page
-            if grow.shape[0] <= self._available():
-                break
-            if len(self.running) <= 1:  # cannot happen after admission checks; stay safe
-                rows = rows[st.kv_len[rows] % ps != 0]
-                grow = rows[:0]
-                break
-            self._retract(self._victim())
-        if grow.shape[0]:
-            st.pages[grow, st.n_pages[grow]] = self._alloc(int(grow.shape[0]))
-            st.n_pages[grow] += 1
-        pos = st.kv_len[rows]
-        st.req_to_token[rows, pos] = st.pages[rows, pos // ps] * ps + pos % ps
-        pending = st.pending[rows]
-        last = st.n_known[rows] + pending - 1
-        inputs = np.where(pending > 0, -1, st.tokens[rows, np.minimum(last, st.width - 1)])
-        st.kv_len[rows] = pos + 1
-        st.pending[rows] = pending + 1
-        return rows, inputs.astype(np.int32)
-
-    def _chunk(self, seq: Sequence, budget: int, reserve: int) -> Chunk | None:
-        """Allocate and write the next prefill chunk of a bound sequence (None if no page)."""
-        st, row = self.st, seq.row
-        start = int(st.kv_len[row])
-        extend = min(int(st.n_known[row]) - start, budget)
-        room = self._available() - reserve
-        extend = min(extend, (int(st.n_pages[row]) + room) * self.page_size - start)
-        if extend <= 0:
-            return None
-        need = st.pages_needed(row, extend)
-        if need > 0:
-            st.add_pages(row, self._alloc(need))
-        st.write_slots(row, start, start + extend)
-        st.kv_len[row] = start + extend
-        sample = start + extend == int(st.n_known[row])
-        if sample:
-            st.pending[row] += 1
-        return Chunk(row, start, extend, sample)
-
-    def _plan_prefills(self, budget: int) -> tuple[list[Chunk], int]:
-        """Next chunks of sequences admitted earlier whose prompt is not all in KV yet."""
-        st = self.st
-        rows = self._active_rows()
-        chunks: list[Chunk] = []
-        if not rows.shape[0]:
-            return chunks, budget
-        prefilling = rows[st.kv_len[rows] < st.n_known[rows] + st.pending[rows] - 1]
-        seqs = sorted((self.seq_of_row[r] for r in prefilling.tolist()),
-                      key=lambda s: s.sort_key(self.by_priority))  # type: ignore[union-attr]
-        for seq in seqs:
-            if budget <= 0:
-                break
-            assert seq is not None
-            chunk = self._chunk(seq, budget, reserve=0)
-            if chunk is None:
-                break
-            chunks.append(chunk)
-            budget -= chunk.extend
-        return chunks, budget
-
-    def _admit(self, chunks: list[Chunk], budget: int) -> None:
-        """Bind waiting sequences to rows while budget, rows and pages last."""
-        c, ps = self.config, self.page_size
-        while budget > 0 and self.row_pool.free_rows and len(self.running) < c.max_running_requests:
-            seq = self.waiting.peek()
-            if seq is None:
-                break
-            n = int(seq.tokens.shape[0])
-            node = self.cache.root
-            prefix = np.zeros(0, dtype=np.int32)
-            if self.use_cache:
-                # Leave at least one token to compute: its logits give the next token.
-                prefix, node = self.cache.match(seq.tokens[:((n - 1) // ps) * ps])
-                self.cache.lock(node)
-            # Keep a page of headroom per running sequence for its next decodes.
-            reserve = len(self.running)
-            if self._available() <= reserve:
-                self.cache.unlock(node)
-                break
-            self.waiting.pop()
-            self._bind(seq, prefix, node)
-            chunk = self._chunk(seq, budget, reserve)
-            if chunk is None:  # not even one page: undo
-                self._unbind(seq, insert=False)
-                self.waiting.push(seq)
-                break
-            chunks.append(chunk)
-            budget -= chunk.extend
-            self.cache_query_tokens += n
-            self.cache_hit_tokens += prefix.shape[0] * ps
-
-    def _bind(self, seq: Sequence, prefix: np.ndarray, node: object) -> None:
+    def bind(self, seq: Sequence, prefix: np.ndarray, node: object) -> None:
         st = self.st
         row = self.row_pool.alloc()
         req = seq.req
@@ -308,60 +201,10 @@ class Scheduler:
         if seq.index == 0 and seq.req.fork_pending:
             self._fork_rows.add(row)
 
-    # ---------------------------------------------------------------------------- pages
-    def _available(self) -> int:
-        return self.allocator.free_pages + (self.cache.evictable_pages if self.use_cache else 0)
-
-    def _alloc(self, n: int) -> np.ndarray:
-        short = n - self.allocator.free_pages
-        if short > 0 and self.use_cache:
-            self.allocator.free(self.cache.evict(short))
-        return self.allocator.alloc(n)
-
-    def _cache_prefix(self, seq: Sequence) -> None:
-        """Put the row's computed whole pages in the cache and lock them (prefill done or
-        partly done): later requests with the same prefix reuse them at once."""
-        st, ps, row = self.st, self.page_size, seq.row
-        k = min(int(st.kv_done[row]), int(st.n_known[row])) // ps
-        if k <= int(st.tree_pages[row]):
-            return
-        own = st.pages[row, :k].copy()
-        path, node = self.cache.insert(st.tokens[row, :k * ps], own)
-        dup = own != path
-        if dup.any():
-            # Someone cached these tokens first: use its pages, free ours.
-            self.allocator.free(own[dup])
-            st.pages[row, :k] = path
-            st.write_slots(row, int(np.argmax(dup)) * ps, k * ps)
-        self.cache.lock(node)
-        assert seq.last_node is not None
-        self.cache.unlock(seq.last_node)
-        seq.last_node = node
-        st.tree_pages[row] = k
-
-    def _release_pages(self, seq: Sequence, insert: bool) -> None:
-        """Give every page of the sequence back: to the cache (whole pages with KV written),
-        else to the free list."""
-        st, ps, row = self.st, self.page_size, seq.row
-        keep = int(st.tree_pages[row])
-        if insert and self.use_cache:
-            k = min(int(st.kv_done[row]), int(st.n_known[row])) // ps
-            if k > keep:
-                own = st.pages[row, :k].copy()
-                path, _ = self.cache.insert(st.tokens[row, :k * ps], own)
-                self.allocator.free(own[own != path])
-                keep = k
-        self.allocator.free(st.pages[row, keep:st.n_pages[row]].copy())
-        st.n_pages[row] = 0
-        st.tree_pages[row] = 0
-        if seq.last_node is not None:
-            self.cache.unlock(seq.last_node)
-            seq.last_node = None
-
     # ---------------------------------------------------------------------------- leaving
-    def _unbind(self, seq: Sequence, insert: bool) -> None:
+    def unbind(self, seq: Sequence, insert: bool) -> None:
         row = seq.row
-        self._release_pages(seq, insert)
+        self.kv.release(seq, insert)
         del self.running[row]
         self._active = None
         self._fork_rows.discard(row)
@@ -387,16 +230,16 @@ class Scheduler:
                 self.row_pool.free(row)
         self._deferred_rows = still
 
-    def _victim(self) -> Sequence:
+    def victim(self) -> Sequence:
         victim = retraction_victim(self.running.values(), self.by_priority)
         assert victim is not None
         return victim
 
-    def _retract(self, seq: Sequence) -> None:
+    def retract(self, seq: Sequence) -> None:
         """Free a running sequence's pages and requeue it; it recomputes when it returns."""
         row = seq.row
         seq.tokens = self.st.tokens[row, :self.st.n_known[row]].copy()
-        self._unbind(seq, insert=True)
+        self.unbind(seq, insert=True)
         self.waiting.push(seq)
         self.retracted_total += 1
         log.debug("retracted %s[%d] (%d tokens)", seq.req.rid, seq.index, seq.tokens.shape[0])
@@ -404,7 +247,7 @@ class Scheduler:
     def _drop(self, seq: Sequence) -> None:
         """Forget a sequence wherever it is (abort, failure)."""
         if seq.state is SeqState.RUNNING:
-            self._unbind(seq, insert=True)
+            self.unbind(seq, insert=True)
         elif seq.state is SeqState.WAITING:
             self.waiting.discard(seq)
         self._finished(seq)
@@ -449,12 +292,12 @@ class Scheduler:
             self._fail_records([rec], 500, f"the model step failed: {why}")
         else:
             self._apply_tokens(rec, res)
-            if self.use_cache and rec.prefill_rows.shape[0]:
+            if self.kv.use_cache and rec.prefill_rows.shape[0]:
                 ok = st.uid[rec.prefill_rows] == rec.prefill_uids
                 for row in rec.prefill_rows[ok].tolist():
                     seq = self.seq_of_row[row]
                     assert seq is not None
-                    self._cache_prefix(seq)
+                    self.kv.cache_prefix(seq)
         self._release_deferred_rows()
         self.steps_done += 1
         cpu_ms = (rec.build_cpu_s + time.thread_time() - t0) * 1e3
@@ -474,38 +317,23 @@ class Scheduler:
             return
         pos = st.n_known[rows]
         st.tokens[rows, pos] = toks
-        n = pos + 1
-        st.n_known[rows] = n
+        st.n_known[rows] = pos + 1
         st.pending[rows] -= 1
-        stop = np.isin(toks, self._eos) & ~st.ignore_eos[rows] if self._eos.shape[0] else \
-            np.zeros(rows.shape[0], dtype=bool)
-        seqs = [self.seq_of_row[r] for r in rows.tolist()]
-        for i in np.flatnonzero(st.has_stop_ids[rows]).tolist():
-            if int(toks[i]) in seqs[i].req.stop_ids:  # type: ignore[union-attr]
-                stop[i] = True
-        stop &= (n - st.prompt_len[rows]) >= st.min_tokens[rows]
-        length = n >= st.max_total[rows]
-        done = np.flatnonzero(stop | length).tolist()
-        finish: list[str | None] = [None] * rows.shape[0]
-        matched: list[int | None] = [None] * rows.shape[0]
-        for i in done:
-            finish[i] = "stop" if stop[i] else "length"
-            matched[i] = int(toks[i]) if stop[i] else None
+        seqs: list[Sequence] = [self.seq_of_row[r] for r in rows.tolist()]  # type: ignore[misc]
+        fin = finish.detect(st, rows, toks, self._eos, seqs)
         logprobs = None
         if res.logprobs.shape[0]:
             pick = slice(None) if all_valid else valid
             logprobs = (res.logprobs[pick], res.top_ids[pick], res.top_logprobs[pick])
-        reqs = [s.req for s in seqs]  # type: ignore[union-attr]
-        self._out.add_tokens(reqs, [s.index for s in seqs],  # type: ignore[union-attr]
-                             toks, finish, matched, st.prompt_len[rows].tolist(),
+        self._out.add_tokens([s.req for s in seqs], [s.index for s in seqs], toks,
+                             fin.reasons, fin.matched, st.prompt_len[rows].tolist(),
                              st.cached[rows].tolist(), logprobs)
         if self._fork_rows:
             for row in self._fork_rows.intersection(rows.tolist()):
                 self._fork(self.seq_of_row[row])  # type: ignore[arg-type]
-        for i in done:
+        for i in fin.done:
             seq = seqs[i]
-            assert seq is not None
-            self._unbind(seq, insert=True)
+            self.unbind(seq, insert=True)
             self._finished(seq)
             self.finished_total += 1
 
@@ -540,15 +368,7 @@ class Scheduler:
 
     # ---------------------------------------------------------------------------- metrics
     def stats(self) -> dict[str, float]:
-        total = self.allocator.total_pages
-        free = self.allocator.free_pages
         query = self.cache_query_tokens
-        # The page invariant from three independent ledgers (allocator, rows, tree counters):
-        # cheap enough for every heartbeat; check_invariant() is the full O(pages) version.
-        rows = self._active_rows()
-        own = int((self.st.n_pages[rows] - self.st.tree_pages[rows]).sum())
-        running_held = own + self.cache.protected_pages
-        cache_only = self.cache.evictable_pages
         return {
             "running": float(len(self.running)),
             "waiting": float(len(self.waiting)),
@@ -558,12 +378,7 @@ class Scheduler:
             "cache_hit_tokens": float(self.cache_hit_tokens),
             "cache_query_tokens": float(query),
             "cache_hit_rate": self.cache_hit_tokens / query if query else 0.0,
-            "kv_pages_total": float(total),
-            "kv_pages_used": float(total - free),
-            "kv_pages_free": float(free),
-            "kv_pages_running": float(running_held),
-            "kv_pages_cached": float(cache_only),
-            "kv_invariant_ok": float(free + running_held + cache_only == total),
+            **self.kv.stats(self.active_rows()),  # check_invariant(): the O(pages) version
             "sched_cpu_ms_per_step": self.cpu_ms_ema,
             "steps": float(self.steps_done),
             "inflight_steps": float(len(self.inflight)),

@@ -1,0 +1,44 @@
+"""When a sampled token ends its sequence, decided for a whole step at once.
+
+"stop": an EOS id (unless ignore_eos) or one of the request's stop_token_ids, once at least
+min_tokens were generated (the worker blocks them before that; checked here too). "length":
+prompt + output reached the request's limit (max_tokens, or the context / pool). Stop strings
+are the detokenizer's: it tells us with AbortRequest(reason="stop").
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from tessera.scheduler_proc.request import Sequence
+from tessera.scheduler_proc.rows import RowState
+
+
+class Finish(NamedTuple):
+    done: list[int]  # positions (in `rows`) of the sequences that finished
+    reasons: list[str | None]  # per position
+    matched: list[int | None]  # the stop token, per position, for "stop"
+
+
+def detect(st: RowState, rows: np.ndarray, toks: np.ndarray, eos: np.ndarray,
+           seqs: list[Sequence]) -> Finish:
+    """`toks` were just appended: st.n_known[rows] already counts them."""
+    n = st.n_known[rows]
+    if eos.shape[0]:
+        stop = np.isin(toks, eos) & ~st.ignore_eos[rows]
+    else:
+        stop = np.zeros(rows.shape[0], dtype=bool)
+    for i in np.flatnonzero(st.has_stop_ids[rows]).tolist():  # rare: a Python loop is fine
+        if int(toks[i]) in seqs[i].req.stop_ids:
+            stop[i] = True
+    stop &= (n - st.prompt_len[rows]) >= st.min_tokens[rows]
+    length = n >= st.max_total[rows]
+    done = np.flatnonzero(stop | length).tolist()
+    reasons: list[str | None] = [None] * rows.shape[0]
+    matched: list[int | None] = [None] * rows.shape[0]
+    for i in done:
+        reasons[i] = "stop" if stop[i] else "length"
+        matched[i] = int(toks[i]) if stop[i] else None
+    return Finish(done, reasons, matched)

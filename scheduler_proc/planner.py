@@ -1,0 +1,144 @@
+"""Choose one step's work: which sequences run, how many tokens each, with which pages.
+
+In order, every step:
+  1. decodes: every running sequence whose prompt is in KV takes one token. When their new
+     pages do not fit (after evicting unlocked cache pages), the youngest running sequence
+     is retracted (`policy.retraction_victim`) until they do: decodes never deadlock;
+  2. prefill chunks of sequences admitted earlier, under the token budget
+     (`chunked_prefill_size`; decodes do not count against it);
+  3. admission: waiting sequences in policy order take a row, their cached prefix (locked)
+     and a first chunk, while budget, rows and pages last. A page of headroom per running
+     sequence is kept back so that new arrivals do not force retractions at once.
+Pages and page-table slots are written here, before the batch is sent.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tessera.scheduler_proc.batch import Chunk
+from tessera.scheduler_proc.request import Sequence
+
+if TYPE_CHECKING:
+    from tessera.scheduler_proc.scheduler import Scheduler
+
+
+class Planner:
+    def __init__(self, sched: Scheduler) -> None:
+        self.s = sched
+
+    def plan(self) -> tuple[np.ndarray, np.ndarray, list[Chunk]]:
+        """(decode rows, their input ids, prefill chunks): everything already allocated."""
+        dec_rows, dec_inputs = self._plan_decodes()
+        budget = self.s.config.chunked_prefill_size or (1 << 30)
+        chunks, budget = self._plan_prefills(budget)
+        self._admit(chunks, budget)
+        return dec_rows, dec_inputs, chunks
+
+    def _decode_ready(self) -> np.ndarray:
+        s = self.s
+        st = s.st
+        rows = s.active_rows()
+        if not rows.shape[0]:
+            return rows
+        total = st.n_known[rows] + st.pending[rows]
+        ready = (st.kv_len[rows] == total - 1) & (total < st.max_total[rows])
+        if s.depth > 1:
+            # Penalties need the full history; the token in flight is not known yet.
+            ready &= ~(st.has_penalty[rows] & (st.pending[rows] > 0))
+        return rows[ready]
+
+    def _plan_decodes(self) -> tuple[np.ndarray, np.ndarray]:
+        s = self.s
+        st, ps = s.st, s.page_size
+        while True:
+            rows = self._decode_ready()
+            grow = rows[st.kv_len[rows] % ps == 0]  # the new token starts a page
+            if grow.shape[0] <= s.kv.available():
+                break
+            if len(s.running) <= 1:  # cannot happen after admission checks; stay safe
+                rows = rows[st.kv_len[rows] % ps != 0]
+                grow = rows[:0]
+                break
+            s.retract(s.victim())
+        if grow.shape[0]:
+            st.pages[grow, st.n_pages[grow]] = s.kv.alloc(int(grow.shape[0]))
+            st.n_pages[grow] += 1
+        pos = st.kv_len[rows]
+        st.req_to_token[rows, pos] = st.pages[rows, pos // ps] * ps + pos % ps
+        pending = st.pending[rows]
+        last = st.n_known[rows] + pending - 1
+        # pending > 0: the last token is still in flight; -1 asks the worker for it.
+        inputs = np.where(pending > 0, -1, st.tokens[rows, np.minimum(last, st.width - 1)])
+        st.kv_len[rows] = pos + 1
+        st.pending[rows] = pending + 1
+        return rows, inputs.astype(np.int32)
+
+    def _chunk(self, seq: Sequence, budget: int, reserve: int) -> Chunk | None:
+        """Allocate and write the next prefill chunk of a bound sequence, as long as the
+        pages allow (None if not even one token fits)."""
+        s = self.s
+        st, row = s.st, seq.row
+        start = int(st.kv_len[row])
+        extend = min(int(st.n_known[row]) - start, budget)
+        room = s.kv.available() - reserve
+        extend = min(extend, (int(st.n_pages[row]) + room) * s.page_size - start)
+        if extend <= 0:
+            return None
+        need = st.pages_needed(row, extend)
+        if need > 0:
+            st.add_pages(row, s.kv.alloc(need))
+        st.write_slots(row, start, start + extend)
+        st.kv_len[row] = start + extend
+        sample = start + extend == int(st.n_known[row])
+        if sample:
+            st.pending[row] += 1
+        return Chunk(row, start, extend, sample)
+
+    def _plan_prefills(self, budget: int) -> tuple[list[Chunk], int]:
+        """Next chunks of sequences admitted earlier whose prompt is not all in KV yet."""
+        s = self.s
+        st = s.st
+        rows = s.active_rows()
+        chunks: list[Chunk] = []
+        if not rows.shape[0]:
+            return chunks, budget
+        prefilling = rows[st.kv_len[rows] < st.n_known[rows] + st.pending[rows] - 1]
+        seqs: list[Sequence] = [s.seq_of_row[r] for r in prefilling.tolist()]  # type: ignore[misc]
+        seqs.sort(key=lambda q: q.sort_key(s.by_priority))
+        for seq in seqs:
+            if budget <= 0:
+                break
+            chunk = self._chunk(seq, budget, reserve=0)
+            if chunk is None:
+                break
+            chunks.append(chunk)
+            budget -= chunk.extend
+        return chunks, budget
+
+    def _admit(self, chunks: list[Chunk], budget: int) -> None:
+        """Bind waiting sequences to rows while budget, rows and pages last."""
+        s = self.s
+        limit = s.config.max_running_requests
+        while budget > 0 and s.row_pool.free_rows and len(s.running) < limit:
+            seq = s.waiting.peek()
+            if seq is None:
+                break
+            prefix, node = s.kv.match(seq.tokens)
+            reserve = len(s.running)  # a page of headroom per running sequence
+            if s.kv.available() <= reserve:
+                s.kv.unlock(node)
+                break
+            s.waiting.pop()
+            s.bind(seq, prefix, node)
+            chunk = self._chunk(seq, budget, reserve)
+            if chunk is None:  # not even one page: undo
+                s.unbind(seq, insert=False)
+                s.waiting.push(seq)
+                break
+            chunks.append(chunk)
+            budget -= chunk.extend
+            s.cache_query_tokens += int(seq.tokens.shape[0])
+            s.cache_hit_tokens += int(prefix.shape[0]) * s.page_size
