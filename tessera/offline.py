@@ -199,7 +199,15 @@ class LLM(_EngineBase):
                 on_result(i, results[i])  # type: ignore[arg-type]
 
         async def all_of() -> None:
-            await asyncio.gather(*(one(i) for i in range(len(batch))))
+            tasks = [asyncio.ensure_future(one(i)) for i in range(len(batch))]
+            try:
+                await asyncio.gather(*tasks)
+            except BaseException:
+                # One failed (or we were cancelled): abort the others in the engine too.
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
 
         future: Future[None] = asyncio.run_coroutine_threadsafe(all_of(), self._loop)
         try:
