@@ -44,7 +44,8 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = field(default=None, compare=True, hash=False)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    source_dtype: str = "float32"  # dtype the weights are stored in (informational)
+    # The dtype the weights are stored in: informational, not part of the model's identity.
+    source_dtype: str = field(default="float32", compare=False)
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:

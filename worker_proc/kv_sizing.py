@@ -51,13 +51,16 @@ def plan_kv(*, free_bytes_now: int, free_bytes_before_weights: int, is_cpu: bool
         budget = free_bytes_now - free_bytes_before_weights * (1.0 - mem_fraction)
     slots = int(budget // bytes_per_slot)
     if max_total_tokens is not None:
-        if slots < max_total_tokens + page_size:
+        # Whole pages holding at least max_total_tokens, plus the reserved page 0.
+        wanted = -(-max_total_tokens // page_size) * page_size + page_size
+        if slots < wanted:
             raise MemoryError(
                 f"--max-total-tokens {max_total_tokens} needs "
-                f"{(max_total_tokens + page_size) * bytes_per_slot / 2**20:.0f} MiB of KV cache "
-                f"but only {max(budget, 0) / 2**20:.0f} MiB are available; lower it or raise "
+                f"{wanted * bytes_per_slot / 2**20:.0f} MiB of KV cache but only "
+                f"{max(budget, 0) / 2**20:.0f} MiB are available; lower it or raise "
                 f"--mem-fraction")
-        slots = max_total_tokens + page_size
+        slots = wanted
+    # More than every row's full context could never be used.
     slots = min(slots, max_running_requests * max_context_len + page_size)
     slots = slots // page_size * page_size
     if slots < 2 * page_size:

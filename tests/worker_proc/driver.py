@@ -42,12 +42,12 @@ _DEFAULTS: dict[str, Any] = {
 
 class MiniScheduler:
     def __init__(self, runner: Any, *, chunk_size: int = 0, prefix_cache: bool = False,
-                 through_codec: bool = True) -> None:
+                 through_codec: bool = True, req_to_token: np.ndarray | None = None) -> None:
         self.runner = runner
         cfg = runner.config
         self.page_size = cfg.page_size
-        self.req_to_token = np.zeros((cfg.max_running_requests, runner.max_context_len),
-                                     dtype=np.int32)
+        self.req_to_token = req_to_token if req_to_token is not None else np.zeros(
+            (cfg.max_running_requests, runner.max_context_len), dtype=np.int32)
         self.next_page = 1  # page 0 is reserved for padding
         self.num_pages = runner.kv_plan.num_pages
         self.next_row = 0

@@ -53,11 +53,13 @@ def hf_greedy(model: Any, prompt: list[int], max_new: int) -> list[int]:
     """transformers' greedy decoding with its KV cache, one prompt at a time (no padding)."""
     out: list[int] = []
     ids = torch.tensor([prompt])
-    past = None
+    cache: dict[str, Any] = {}
     with torch.no_grad():
         for _ in range(max_new):
-            res = model(input_ids=ids, past_key_values=past, use_cache=True)
-            past = res.past_key_values
+            res = model(input_ids=ids, use_cache=True, **cache)
+            # transformers 5 names the KV cache `cache`; 4.x `past_key_values`.
+            cache = {"cache": res["cache"]} if "cache" in res else \
+                {"past_key_values": res.past_key_values}
             token = int(res.logits[0, -1].argmax())
             out.append(token)
             ids = torch.tensor([[token]])

@@ -61,7 +61,7 @@ def test_sharded_checkpoint_loads_like_a_single_file(tmp_path, llama_folder):
 def test_dummy_weights_are_seeded_and_sane(tmp_path, llama_folder):
     folder, _ = llama_folder
     config_json = tmp_path / "bench.json"
-    config_json.write_text((open(folder + "/config.json").read()))
+    config_json.write_text(open(folder + "/config.json").read())
     batch = prompts(256, [6, 11])
     a = MiniScheduler(make_runner(str(config_json), load_format="dummy", seed=3))
     b = MiniScheduler(make_runner(folder, load_format="dummy", seed=3))
