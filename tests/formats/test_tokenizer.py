@@ -136,7 +136,7 @@ def test_missing_model_says_what_to_do(tmp_path):
 
 def test_gguf_header_reader_matches_gguf_library():
     gguf = pytest.importorskip("gguf")
-    from tessera.formats.tokenizer import _gguf_fields
+    from tessera.formats.gguf_tokenizer import _gguf_fields
 
     path = default_model_path()
     ours = _gguf_fields(path)
