@@ -126,15 +126,13 @@ class Supervisor:
         self.children: dict[str, Child] = {}
         self.failure: str | None = None  # why the run ended badly, for the caller
         self._stop_signal: int | None = None
-        self._signals_seen = 0
         self._all_ready = False
 
     # -- signals --------------------------------------------------------------------------
     def request_stop(self, signum: int = signal.SIGTERM, frame: Any = None) -> None:
-        self._signals_seen += 1
         if self._stop_signal is None:
             self._stop_signal = signum
-        elif self._signals_seen >= 2:
+        else:
             # A second Ctrl-C: the user will not wait for a drain.
             log.warning("second signal: killing every process now")
             self._kill_all(signal.SIGKILL)
@@ -150,6 +148,7 @@ class Supervisor:
         inbox = Inbox(self.paths.supervisor, name="supervisor")
         replies = OutboxPool(timeout_ms=100)
         graceful = False
+
         def keep_answering() -> None:
             # While the server drains, its /health still asks us for the status.
             for msg in inbox.drain(0.0):
