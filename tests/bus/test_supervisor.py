@@ -234,3 +234,18 @@ def test_children_stop_when_the_supervisor_is_killed_and_the_next_start_cleans_u
     assert f"removed stale run {paths.run_dir}" in again.log
     again.proc.send_signal(signal.SIGTERM)
     assert again.wait_exit(timeout=10) == 0
+
+
+def test_a_second_signal_kills_at_once_instead_of_waiting_for_the_drain(run_root: Path) -> None:
+    run = Run([["engine", 0, []], ["server", 1, ["--slow-stop", "30"]]], drain_timeout_s=30)
+    paths = run.wait_ready()
+    pids = [p["pid"] for p in status(paths).processes.values()]
+    run.proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    second = time.monotonic()
+    run.proc.send_signal(signal.SIGINT)
+    run.wait_exit(timeout=10)
+    assert time.monotonic() - second < 3.0
+    assert "second signal" in run.log
+    assert_all_dead(pids)
+    assert leftovers(paths) == []
