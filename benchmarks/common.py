@@ -108,9 +108,28 @@ def new_result(workload: str, config: dict[str, Any], device: str | None = None)
         "device": device or detect_device(),
         "commit": git_commit(),
         "versions": versions(),
-        "config": config,
+        "config": portable_paths(config),
         "figures": {},
     }
+
+
+def portable_paths(value: Any) -> Any:
+    """Paths of this machine written so that a committed result does not carry them: inside
+    the checkout relative to it, in the temp dir as $TMPDIR/..., in the home as ~/..."""
+    import tempfile
+
+    if isinstance(value, dict):
+        return {k: portable_paths(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable_paths(v) for v in value]
+    if not isinstance(value, str) or not os.path.isabs(value):
+        return value
+    for root, label in ((repo_root(), "."), (tempfile.gettempdir(), "$TMPDIR"),
+                        (os.path.expanduser("~"), "~")):
+        if value == root or value.startswith(root.rstrip(os.sep) + os.sep):
+            rel = os.path.relpath(value, root)
+            return rel if label == "." else os.path.join(label, rel)
+    return value
 
 
 def missing_figures(result: dict[str, Any]) -> list[str]:

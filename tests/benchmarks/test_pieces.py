@@ -96,6 +96,17 @@ def test_result_json_has_required_keys_and_refuses_holes(tmp_path: Path) -> None
         new_result("B9", {})
 
 
+def test_config_paths_are_made_portable() -> None:
+    import tempfile
+
+    from tessera.benchmarks.common import default_results_dir
+
+    result = new_result("C1", {"out_dir": default_results_dir(), "engine": {
+        "model": tempfile.gettempdir() + "/models/x"}, "n": 3, "rel": "a/b"})
+    assert result["config"] == {"out_dir": "benchmarks/results",
+                                "engine": {"model": "$TMPDIR/models/x"}, "n": 3, "rel": "a/b"}
+
+
 def test_llama3_8b_roofline_matches_benchmarks_md() -> None:
     config = read_config_file(str(CONFIGS / "llama3-8b.json"))
     cost = ModelCost.of(config, "bfloat16")
