@@ -184,8 +184,13 @@ def _with_server(args: argparse.Namespace, url: str | None, extra: list[str],
                  fn: Any) -> Any:
     if url:
         return fn(url)
-    log = os.path.join(args.out_dir, "logs", f"serve-{os.getpid()}.log")
+    import tempfile
+
+    # The server's log stays out of the results folder (and out of git).
+    log = os.path.join(tempfile.gettempdir(), "tessera-bench-logs",
+                       f"serve-{os.getpid()}-{len(extra)}.log")
     os.makedirs(os.path.dirname(log), exist_ok=True)
+    print(f"[bench] server log: {log}", file=sys.stderr)
     with ServerProcess(server_argv(args, *extra), log_path=log) as server:
         server.wait_ready()
         return fn(server.url)
