@@ -12,29 +12,19 @@ long-running decodes, in the default overlap mode and with prefix caching on.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 
+from tessera.benchmarks.common import default_results_dir, new_result, write_result
 from tessera.bus.codec import encode
 from tessera.bus.messages import SampledTokens, SamplingParams, TokenizedRequest
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.scheduler import Scheduler
 
 TARGET_MS_BS256 = 1.0
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def measure(batch: int, steps: int, prompt_len: int, overlap: bool, seed: int = 0) -> dict:
@@ -100,40 +90,36 @@ def measure(batch: int, steps: int, prompt_len: int, overlap: bool, seed: int = 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="benchmarks/results/c2_scheduler_cpu.json")
+    parser.add_argument("--out", default=os.path.join(default_results_dir(),
+                                                      "c2_scheduler_cpu.json"))
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--no-overlap", action="store_true")
     args = parser.parse_args(argv)
     runs = {bs: measure(bs, args.steps, args.prompt_len, overlap=not args.no_overlap)
             for bs in (1, 64, 256)}
-    result = {
-        "workload": "C2",
-        "what": "scheduler CPU time per decode step, control-plane overhead alone: in-process "
-                "Scheduler, a worker that answers at once, no model, no sockets, no encoding",
-        "figures": {f"scheduler_ms_per_step_bs{bs}": round(r["cpu_ms_per_step"], 4)
-                    for bs, r in runs.items()},
-        "figures_with_encoding": {f"scheduler_plus_encode_ms_per_step_bs{bs}": round(
-            r["cpu_ms_per_step"] + r["encode_ms_per_step"], 4) for bs, r in runs.items()},
-        "target": {"scheduler_ms_per_step_bs256": TARGET_MS_BS256},
-        "meets_target": runs[256]["cpu_ms_per_step"] <= TARGET_MS_BS256,
-        "runs": list(runs.values()),
-        "config": {"steps": args.steps, "prompt_len": args.prompt_len, "page_size": 16,
-                   "overlap": not args.no_overlap, "radix_cache": True},
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "processor": platform.processor() or platform.machine(),
-                    "cpus": os.cpu_count(), "numpy": np.__version__},
-        "commit": _commit(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    config = {"steps": args.steps, "prompt_len": args.prompt_len, "page_size": 16,
+              "overlap": not args.no_overlap, "radix_cache": True,
+              "worker": "in-process, answers at once (no model, no sockets)"}
+    result = new_result("C2", config, device="cpu (control plane only)")
+    result["what"] = ("scheduler CPU time per decode step, control-plane overhead alone: "
+                      "in-process Scheduler, a worker that answers at once, no model, no "
+                      "sockets; message encoding reported apart")
+    result["figures"] = {f"scheduler_ms_per_step_bs{bs}": round(r["cpu_ms_per_step"], 4)
+                         for bs, r in runs.items()}
+    result["figures_with_encoding"] = {
+        f"scheduler_plus_encode_ms_per_step_bs{bs}":
+            round(r["cpu_ms_per_step"] + r["encode_ms_per_step"], 4) for bs, r in runs.items()}
+    result["target"] = {"scheduler_ms_per_step_bs256": TARGET_MS_BS256}
+    result["meets_target"] = runs[256]["cpu_ms_per_step"] <= TARGET_MS_BS256
+    result["runs"] = list(runs.values())
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    path = write_result(result, str(out.parent), out.name.removesuffix(".json"))
     for bs, r in runs.items():
         print(f"batch {bs:4d}: {r['cpu_ms_per_step']:.3f} ms scheduler CPU per decode step "
               f"(control plane alone); +{r['encode_ms_per_step']:.3f} ms to encode its "
               f"messages")
-    print(f"wrote {out}")
+    print(f"wrote {path}")
     return 0
 
 

@@ -22,16 +22,18 @@ class Finish(NamedTuple):
     matched: list[int | None]  # the stop token, per position, for "stop"
 
 
-def detect(st: RowState, rows: np.ndarray, toks: np.ndarray, eos: np.ndarray,
-           seqs: list[Sequence]) -> Finish:
+def detect(st: RowState, rows: np.ndarray, toks: np.ndarray, eos: tuple[int, ...],
+           seq_of_row: list[Sequence | None]) -> Finish:
     """`toks` were just appended: st.n_known[rows] already counts them."""
     n = st.n_known[rows]
-    if eos.shape[0]:
-        stop = np.isin(toks, eos) & ~st.ignore_eos[rows]
-    else:
-        stop = np.zeros(rows.shape[0], dtype=bool)
+    stop = np.zeros(rows.shape[0], dtype=bool)
+    for e in eos:  # a few ids: cheaper than np.isin
+        stop |= toks == e
+    if eos:
+        stop &= ~st.ignore_eos[rows]
     for i in np.flatnonzero(st.has_stop_ids[rows]).tolist():  # rare: a Python loop is fine
-        if int(toks[i]) in seqs[i].req.stop_ids:
+        seq = seq_of_row[int(rows[i])]
+        if seq is not None and int(toks[i]) in seq.req.stop_ids:
             stop[i] = True
     stop &= (n - st.prompt_len[rows]) >= st.min_tokens[rows]
     length = n >= st.max_total[rows]

@@ -40,15 +40,16 @@ class OutputBuilder:
                 req.announced = True
                 self.new_requests[req.rid] = req.detok
 
-    def add_tokens(self, reqs: list[Request], indices: list[int], tokens: np.ndarray,
-                   finish: list[str | None], matched: list[int | None],
+    def add_tokens(self, rids: list[str], indices: list[int], fresh: list[Request],
+                   tokens: np.ndarray, finish: list[str | None], matched: list[int | None],
                    prompt_tokens: list[int], cached_tokens: list[int],
                    logprobs: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
-        """One token for each of len(reqs) entries."""
-        self._announce(reqs)
-        self.rids.extend(r.rid for r in reqs)
+        """One token for each of len(rids) entries; `fresh`: requests among them that may
+        not have been announced yet."""
+        self._announce(fresh)
+        self.rids.extend(rids)
         self.indices.extend(indices)
-        self.counts.append(np.ones(len(reqs), dtype=np.int32))
+        self.counts.append(np.ones(len(rids), dtype=np.int32))
         self.tokens.append(tokens.astype(np.int32, copy=False))
         self.finish.extend(finish)
         self.matched_stop.extend(matched)

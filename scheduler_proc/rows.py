@@ -58,6 +58,8 @@ class RowState:
         self.ignore_eos = np.zeros(rows, dtype=bool)
         self.has_stop_ids = np.zeros(rows, dtype=bool)
         self.has_penalty = np.zeros(rows, dtype=bool)
+        self.index = np.zeros(rows, dtype=i32)  # sample index (n > 1)
+        self.fresh = np.zeros(rows, dtype=bool)  # its request may still need announcing
 
     def bind(self, row: int, uid: int, tokens: np.ndarray, prompt_len: int, max_total: int,
              sp: SamplingParams, index: int, has_stop_ids: bool) -> None:
@@ -86,6 +88,7 @@ class RowState:
         self.ignore_eos[row] = sp.ignore_eos
         self.has_stop_ids[row] = has_stop_ids
         self.has_penalty[row] = sp.has_penalties
+        self.index[row] = index
 
     def set_prefix(self, row: int, pages: np.ndarray) -> None:
         """Start the row with cached pages (whole pages of matched tokens)."""

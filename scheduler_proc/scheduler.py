@@ -65,6 +65,7 @@ class Scheduler:
         self.cache = self.kv.cache
         self.row_pool = RowPool(n_rows)
         self.seq_of_row: list[Sequence | None] = [None] * n_rows
+        self.rid_of_row: list[str] = [""] * n_rows
         self.by_priority = c.schedule_policy == "priority"
         self.waiting = WaitingQueue(self.by_priority)
         self.planner = Planner(self)
@@ -78,7 +79,6 @@ class Scheduler:
         self._fork_rows: set[int] = set()  # rows of index-0 sequences with parked siblings
         self._out = OutputBuilder()
         self._errors: list[ErrorReply] = []
-        self._eos = np.asarray(c.eos_token_ids, dtype=np.int32)
         self._step = 0
         self._completed_step = -1
         self._uid = 0
@@ -196,6 +196,8 @@ class Scheduler:
         seq.row, seq.uid, seq.state = row, int(st.uid[row]), SeqState.RUNNING
         seq.last_node = node  # type: ignore[assignment]
         self.seq_of_row[row] = seq
+        self.rid_of_row[row] = req.rid
+        st.fresh[row] = not req.announced
         self.running[row] = seq
         self._active = None
         if seq.index == 0 and seq.req.fork_pending:
@@ -319,20 +321,26 @@ class Scheduler:
         st.tokens[rows, pos] = toks
         st.n_known[rows] = pos + 1
         st.pending[rows] -= 1
-        seqs: list[Sequence] = [self.seq_of_row[r] for r in rows.tolist()]  # type: ignore[misc]
-        fin = finish.detect(st, rows, toks, self._eos, seqs)
+        fin = finish.detect(st, rows, toks, self.config.eos_token_ids, self.seq_of_row)
         logprobs = None
         if res.logprobs.shape[0]:
             pick = slice(None) if all_valid else valid
             logprobs = (res.logprobs[pick], res.top_ids[pick], res.top_logprobs[pick])
-        self._out.add_tokens([s.req for s in seqs], [s.index for s in seqs], toks,
-                             fin.reasons, fin.matched, st.prompt_len[rows].tolist(),
-                             st.cached[rows].tolist(), logprobs)
+        row_list = rows.tolist()
+        fresh: list[Request] = []
+        if st.fresh[rows].any():
+            for r in rows[st.fresh[rows]].tolist():
+                st.fresh[r] = False
+                fresh.append(self.seq_of_row[r].req)  # type: ignore[union-attr]
+        self._out.add_tokens([self.rid_of_row[r] for r in row_list], st.index[rows].tolist(),
+                             fresh, toks, fin.reasons, fin.matched,
+                             st.prompt_len[rows].tolist(), st.cached[rows].tolist(), logprobs)
         if self._fork_rows:
             for row in self._fork_rows.intersection(rows.tolist()):
                 self._fork(self.seq_of_row[row])  # type: ignore[arg-type]
         for i in fin.done:
-            seq = seqs[i]
+            seq = self.seq_of_row[row_list[i]]
+            assert seq is not None
             self.unbind(seq, insert=True)
             self._finished(seq)
             self.finished_total += 1
