@@ -32,6 +32,8 @@ _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Pre-tokenizers that isolate every digit before GPT-2's regex (llama.cpp: "\p{N}" first).
 _DIGITS_FIRST = {"smollm", "starcoder", "refact", "codeshell"}
+_LLAMA3_NAMES = {"llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe", "pixtral"}
+_QWEN2_NAMES = {"qwen2", "deepseek-r1-qwen", "megrez"}
 
 
 def _pre_tokenizer(pre: str) -> tuple[Any, bool]:
@@ -43,10 +45,10 @@ def _pre_tokenizer(pre: str) -> tuple[Any, bool]:
         return pre_tokenizers.Sequence([
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]), False
-    if pre in ("llama-bpe", "llama3"):
+    if pre in _LLAMA3_NAMES:  # Llama 3's tokenizer.json also sets ignore_merges
         return pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"), byte_level]), True
-    if pre == "qwen2":
+    if pre in _QWEN2_NAMES:
         return pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"), byte_level]), False
     if pre not in ("default", "gpt2", "gpt-2", ""):

@@ -1,6 +1,9 @@
-"""A SentencePiece ("llama") GGUF tokenizer against transformers' conversion of the same file."""
+"""GGUF tokenizers (SentencePiece "llama", byte-level "gpt2" with llama.cpp's pre-tokenizer
+names) against transformers' conversion of the same file."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -31,3 +34,43 @@ def test_sentencepiece_gguf_matches_transformers(spm_gguf):
                 oracle.decode(ids, skip_special_tokens=skip), text
     assert ours.decode(ours.encode("unseen: 東京 🎉 é")) == "unseen: 東京 🎉 é"  # byte fallback
     assert ours.apply_chat_template([{"role": "user", "content": "hi"}]) == "[user] hi\n"
+
+
+BYTE_TEXTS = ["Hello world", "It's 2024: 12345 apples!!", "  spaces\n\n\tand\r\nlines  ",
+              "日本語 🎉 e\u0301", "don't WON'T", "<|im_start|>x<|im_end|>", ""]
+
+
+@pytest.mark.parametrize("pre", ["qwen2", "llama-bpe", "gpt2"])
+def test_byte_level_pre_tokenizers_match_transformers(tmp_path, pre):
+    import tokenizers
+
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=400, show_progress=False,
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(BYTE_TEXTS * 10 + ["the quick brown fox 0123456789"] * 10, trainer)
+    spec = json.loads(bpe.to_str())["model"]
+    tokens = ["<|im_start|>", "<|im_end|>"] + \
+        [t for t, _ in sorted(spec["vocab"].items(), key=lambda kv: kv[1])]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["merges"]]
+    path = tmp_path / f"tiny-{pre}.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen2" if pre == "qwen2" else "llama")
+    w.add_context_length(128)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3] + [1] * (len(tokens) - 2))
+    w.add_token_merges(merges)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    w.add_add_bos_token(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ours = load_tokenizer(str(path))
+    oracle = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    for text in BYTE_TEXTS:
+        assert ours.encode(text) == oracle.encode(text), text
+        assert ours.decode(ours.encode(text), skip_special_tokens=False) == text
