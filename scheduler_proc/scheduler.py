@@ -273,6 +273,13 @@ class Scheduler:
     # ---------------------------------------------------------------------------- results
     def on_result(self, res: SampledTokens) -> TokenBatch | None:
         """Apply one step's sampled tokens; return what the detokenizer must hear."""
+        lost = []
+        while self.inflight and self.inflight[0].step < res.step:
+            lost.append(self.inflight.popleft())  # the worker ran them; their answers are lost
+        if lost:
+            log.error("no result came for step(s) %s: failing their requests",
+                      [r.step for r in lost])
+            self._fail_records(lost, 503, "the model worker's result was lost; retry")
         if not self.inflight or res.step != self.inflight[0].step:
             log.warning("dropping a result for step %d (expected %s)", res.step,
                         self.inflight[0].step if self.inflight else "none")

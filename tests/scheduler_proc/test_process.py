@@ -21,6 +21,7 @@ from tessera.bus.messages import (
     AbortRequest,
     ErrorReply,
     ForwardBatch,
+    Heartbeat,
     Message,
     Shutdown,
     TokenBatch,
@@ -47,6 +48,7 @@ class Harness:
     to_results: Outbox
     worker_in: Inbox
     detok_in: Inbox
+    supervisor_in: Inbox
     worker: FakeWorker | None = None
     shm: shared_memory.SharedMemory | None = None
     got: Collected = field(default_factory=Collected)
@@ -75,6 +77,20 @@ class Harness:
             for msg in self.detok_in.drain(0.01):
                 self._collect(msg)
 
+    def idle_stats(self) -> dict[str, float]:
+        """The scheduler's heartbeat stats once nothing runs or waits."""
+        last: dict[str, float] = {}
+
+        def idle() -> bool:
+            nonlocal last
+            beats = [m for m in self.supervisor_in.drain(0.05) if isinstance(m, Heartbeat)]
+            if beats:
+                last = beats[-1].stats
+            return bool(last) and last["running"] == 0 and last["waiting"] == 0
+
+        self.pump(idle)
+        return last
+
     def _collect(self, msg: Message) -> None:
         if isinstance(msg, TokenBatch):
             self.got.add(msg)
@@ -90,6 +106,7 @@ def harness(run_root: Path, request: pytest.FixtureRequest) -> Iterator[Harness]
                           log_level="warning", send_timeout_ms=2000)
     Path(paths.config_file).write_text(config.to_json())
     worker_in = Inbox(paths.worker(0), name="test-worker")
+    supervisor_in = Inbox(paths.supervisor, name="test-supervisor")
     detok_in = Inbox(paths.detokenizer, name="test-detok")
     to_results = Outbox(paths.scheduler_results)
     to_results.send(WorkerReady(rank=0, world_size=1, num_slots=SLOTS, page_size=PAGE,
@@ -97,7 +114,8 @@ def harness(run_root: Path, request: pytest.FixtureRequest) -> Iterator[Harness]
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = subprocess.Popen([sys.executable, "-m", "tessera.scheduler_proc", "--run-dir",
                              paths.run_dir, "--debug-invariants", *extra], env=env)
-    h = Harness(paths, proc, Outbox(paths.scheduler), to_results, worker_in, detok_in)
+    h = Harness(paths, proc, Outbox(paths.scheduler), to_results, worker_in, detok_in,
+                supervisor_in)
     try:
         yield h
     finally:
@@ -110,6 +128,7 @@ def harness(run_root: Path, request: pytest.FixtureRequest) -> Iterator[Harness]
             box.close()
         worker_in.close()
         detok_in.close()
+        supervisor_in.close()
 
 
 def test_requests_run_share_the_cache_and_the_process_cleans_up(harness: Harness) -> None:
@@ -135,6 +154,10 @@ def test_requests_run_share_the_cache_and_the_process_cleans_up(harness: Harness
     h.to_sched.send(AbortRequest(rid="endless"))
     h.pump(lambda: ("endless", 0) in h.got.finish)
     assert h.got.finish[("endless", 0)] == ["abort"]
+    # The page invariant at the end, as the scheduler reports it in its heartbeat.
+    stats = h.idle_stats()
+    assert stats["kv_invariant_ok"] == 1.0 and stats["kv_pages_running"] == 0.0
+    assert stats["cache_hit_tokens"] >= 28 and stats["aborted_total"] == 1.0
     # Shutdown: exits 0 and unlinks the shared page table.
     h.to_sched.send(Shutdown(reason="test"))
     h.pump(lambda: h.proc.poll() is not None)
@@ -156,3 +179,5 @@ def test_a_silent_worker_fails_requests_with_503_and_the_process_lives(harness: 
                                  ignore_eos=True))
     h.pump(lambda: ("next", 0) in h.got.finish)
     assert len(h.got.tokens[("next", 0)]) == 4
+    stats = h.idle_stats()
+    assert stats["kv_invariant_ok"] == 1.0 and stats["kv_pages_running"] == 0.0

@@ -331,3 +331,19 @@ def test_retraction_picks_the_youngest_and_it_recomputes() -> None:
     for req in (old, young):
         want, _ = reference_output(req.input_ids, req.sampling, 0, 28)
         assert got.tokens[(req.rid, 0)] == want
+
+
+def test_a_lost_result_fails_only_its_step() -> None:
+    sched = make(overlap=True)
+    sched.add_request(make_request("a", prompt(5), max_tokens=9, ignore_eos=True))
+    first = sched.next_batch()
+    sched.add_request(make_request("b", prompt(6, 3), max_tokens=9, ignore_eos=True))
+    second = sched.next_batch()  # a decodes (-1), b prefills
+    assert first is not None and second is not None and second.batch_size == 2
+    # The answer to the first step never comes; the second's does.
+    tb = sched.on_result(SampledTokens(step=second.step,
+                                       token_ids=np.array([7, 8], dtype=np.int32)))
+    assert [(e.rid, e.status) for e in sched.take_errors()] == [("a", 503)]
+    assert tb is not None and tb.rids == ["b"] and tb.token_ids.tolist() == [8]
+    assert list(sched.requests) == ["b"]
+    sched.check_invariant()
