@@ -70,14 +70,14 @@ class Router:
                     log.warning("detokenizer: row for unknown request %s dropped", rid)
                     continue
                 state = self.requests[rid] = RequestState(rid, detok, self.tokenizer)
-            step = state.add(
+            out = state.add(
                 index=int(batch.indices[r]),
                 tokens=tokens[row_start:row_start + count],
                 finish=batch.finish[r],
                 matched_stop=batch.matched_stop[r] if r < n_matched else None,
                 cached_tokens=int(batch.cached_tokens[r]) if r < n_cached else 0,
                 logprobs=Logprobs.rows(batch, row_start, count, state.top_logprobs))
-            if step.output is not None and not self._reply(state, step.output):
+            if out is not None and not self._reply(state, out):
                 continue
             if state.done:
                 self._finish(rid, abort_reason="stop" if state.scheduler_running else None)

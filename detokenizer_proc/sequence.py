@@ -1,7 +1,7 @@
 """One request's detokenization state: a sequence per sample index, text deltas out.
 
 `RequestState.add(index, tokens, ...)` turns one TokenBatch row into the RequestOutput to send
-(or None while a non-streamed request is still running). The detok dict the tokenizer process
+(or None while there is nothing to send yet). The detok dict the tokenizer process
 wrote (see tokenizer_proc/prepare.py) travels with the request's first TokenBatch row.
 """
 
@@ -69,14 +69,6 @@ class Sequence:
     top_token_texts: list[list[str]] = field(default_factory=list)
 
 
-@dataclass
-class Step:
-    """What one TokenBatch row produced."""
-
-    output: RequestOutput | None  # to send to reply_to (None: nothing to send yet)
-    stopped_here: bool  # a stop string ended this sample before the scheduler finished it
-
-
 class RequestState:
     def __init__(self, rid: str, detok: dict[str, Any], tokenizer: ModelTokenizer) -> None:
         self.rid = rid
@@ -86,7 +78,6 @@ class RequestState:
         self.n = int(detok.get("n", 1))
         self.skip_special = bool(detok.get("skip_special_tokens", True))
         self.top_logprobs: int | None = detok.get("logprobs")
-        self.want_logprobs = self.top_logprobs is not None
         self.prompt_tokens = int(detok.get("prompt_tokens", 0))
         self.stop = list(detok.get("stop", []))
         # Tokens that end a sequence without being shown (EOS, stop_token_ids).
@@ -119,10 +110,11 @@ class RequestState:
         return any(s.finished and not s.scheduler_done for s in self.seqs.values())
 
     def add(self, index: int, tokens: list[int], finish: str | None, matched_stop: Any,
-            cached_tokens: int, logprobs: Logprobs | None) -> Step:
+            cached_tokens: int, logprobs: Logprobs | None) -> RequestOutput | None:
+        """The output to send for one TokenBatch row (None: nothing to send yet)."""
         seq = self._seq(index)
         if seq.finished:
-            return Step(None, False)  # rows already in flight when a stop string ended it
+            return None  # rows already in flight when a stop string ended it
         pieces: list[str] = []
         used = 0
         last = len(tokens) - 1
@@ -136,7 +128,6 @@ class RequestState:
             if seq.stops.matched is not None:
                 break
         seq.scheduler_done = finish is not None
-        stopped_here = seq.stops.matched is not None and not seq.scheduler_done
         if seq.stops.matched is not None:
             finish = "stop"
         elif finish is not None:
@@ -164,20 +155,19 @@ class RequestState:
                 seq.token_texts += texts
                 seq.top_token_texts += top_texts
             if finish is None:
-                return Step(None, stopped_here)
+                return None
             text, new_ids = "".join(seq.text), seq.token_ids
             texts, top_texts = seq.token_texts, seq.top_token_texts
             if seq.logprobs:
                 probs = Logprobs(*(np.concatenate([getattr(p, name) for p in seq.logprobs])
                                    for name in ("logprobs", "top_ids", "top_logprobs")))
         elif finish is None and not text and not new_ids:
-            return Step(None, stopped_here)
+            return None
         extra = _NO_EXTRA if probs is None else {
             "logprobs": probs.logprobs, "top_ids": probs.top_ids,
             "top_logprobs": probs.top_logprobs, "token_texts": texts,
             "top_token_texts": top_texts}
-        out = RequestOutput(
+        return RequestOutput(
             rid=self.rid, index=index, text=text, token_ids=np.array(new_ids, np.int32),
             finish_reason=finish, prompt_tokens=self.prompt_tokens,
             completion_tokens=seq.completion_tokens, cached_tokens=cached_tokens, **extra)
-        return Step(out, stopped_here)
