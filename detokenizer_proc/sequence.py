@@ -18,8 +18,6 @@ from tessera.detokenizer_proc.stops import StopStrings
 from tessera.formats.tokenizer import ModelTokenizer
 
 _NO_LOGPROBS = np.zeros(0, np.float32)
-_NO_TOP_IDS = np.zeros((0, 0), np.int32)
-_NO_TOP_LOGPROBS = np.zeros((0, 0), np.float32)
 # Shared empty arrays for outputs without logprobs (the dataclass defaults allocate each time).
 _NO_EXTRA: dict[str, Any] = {"logprobs": _NO_LOGPROBS, "top_ids": np.zeros(0, np.int32),
                              "top_logprobs": _NO_LOGPROBS}
@@ -38,19 +36,21 @@ class Logprobs:
 
     @classmethod
     def rows(cls, batch: Any, start: int, count: int, top_k: int | None) -> Logprobs | None:
-        """This request's rows of a TokenBatch's logprob arrays, its own top-k columns only
-        (the batch pads every row to the largest k asked in that step); None if not asked."""
+        """This request's rows of a TokenBatch's logprob arrays, exactly `top_k` alternatives
+        wide (the batch pads every row to the largest k asked in that step; a narrower batch
+        is padded with id -1 / -inf, so rows of different steps always line up)."""
         if top_k is None:
             return None
         end = start + count
         if batch.logprobs.shape[0] < end:
-            return cls(_NO_LOGPROBS, _NO_TOP_IDS, _NO_TOP_LOGPROBS)  # none were sent
+            return cls(_NO_LOGPROBS, np.zeros((0, top_k), np.int32),  # none were sent
+                       np.zeros((0, top_k), np.float32))
+        top_ids = np.full((count, top_k), -1, np.int32)
+        top_lp = np.full((count, top_k), -np.inf, np.float32)
         if batch.top_ids.ndim == 2 and batch.top_ids.shape[0] >= end:
-            top_ids = batch.top_ids[start:end, :top_k]
-            top_lp = batch.top_logprobs[start:end, :top_k]
-        else:
-            top_ids = np.zeros((count, 0), np.int32)
-            top_lp = np.zeros((count, 0), np.float32)
+            width = min(top_k, batch.top_ids.shape[1])
+            top_ids[:, :width] = batch.top_ids[start:end, :width]
+            top_lp[:, :width] = batch.top_logprobs[start:end, :width]
         return cls(batch.logprobs[start:end], top_ids, top_lp)
 
 

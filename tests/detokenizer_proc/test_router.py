@@ -180,3 +180,16 @@ def test_ids_only_model_streams_ids_with_empty_text():
     outs = h.outputs("b")
     assert np.concatenate([o.token_ids for o in outs]).tolist() == [10, 11, 12]
     assert all(o.text == "" for o in outs) and outs[-1].completion_tokens == 3
+
+
+def test_logprob_rows_of_different_widths_line_up(tokenizer):
+    h = Harness(tokenizer)
+    info = detok(logprobs=3, stream=False)
+    wide = batch([("w", 0, [100], None)], {"w": info}, [-0.5], [[7, 8, 9, 10]],
+                 [[-0.5, -1, -2, -3]])
+    narrow = batch([("w", 0, [101], "length")], None, [-0.25], [[11]], [[-0.25]])
+    h.router.handle([wide, narrow])
+    [out] = h.outputs("w")
+    assert out.top_ids.tolist() == [[7, 8, 9], [11, -1, -1]]
+    assert out.top_logprobs[1, 1] == -np.inf
+    assert out.top_token_texts[1][1:] == ["", ""]
