@@ -98,7 +98,9 @@ class BusConnection:
         self._sock.bind(self.endpoint)
         if path and os.path.exists(path):
             os.chmod(path, 0o600)  # only this user may push replies to us
-        self._tokenizers = [Outbox(ep, send_timeout_ms)
+        # immediate: a request waits only for a tokenizer that is connected, so an engine
+        # that is not running fails the send in send_timeout_ms instead of queueing forever.
+        self._tokenizers = [Outbox(ep, send_timeout_ms, immediate=True)
                             for ep in tokenizer_endpoints(paths, tokenizer_workers)]
         self._tok_locks = [threading.Lock() for _ in self._tokenizers]
         # A small queue toward the supervisor: status requests are worthless once stale.

@@ -149,3 +149,18 @@ def test_vanished_engine_pid_fails_streams_before_the_supervisor_says_so(
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_no_engine_running_fails_fast_with_503(paths: RunPaths) -> None:
+    config = EngineConfig(send_timeout_ms=200, breaker_failures=1, breaker_cooldown_s=5.0)
+    with Client(paths, config) as client:
+        started = time.monotonic()
+        with pytest.raises(OverloadedError, match="not running") as info:
+            client.generate("hi")
+        assert info.value.status == 503
+        assert time.monotonic() - started < 1.5
+        # That send timeout opened the breaker (breaker_failures=1): refused at once now.
+        started = time.monotonic()
+        with pytest.raises(OverloadedError, match="retry in"):
+            client.generate("hi")
+        assert time.monotonic() - started < 0.1
