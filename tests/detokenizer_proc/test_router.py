@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tessera.bus.channel import SendTimeout
 from tessera.bus.messages import AbortRequest, ErrorReply, RequestOutput, TokenBatch
@@ -193,3 +195,32 @@ def test_logprob_rows_of_different_widths_line_up(tokenizer):
     assert out.top_ids.tolist() == [[7, 8, 9], [11, -1, -1]]
     assert out.top_logprobs[1, 1] == -np.inf
     assert out.top_token_texts[1][1:] == ["", ""]
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_stop_string_cut_exactly(tokenizer, data):
+    # Unicode text, a stop string taken from inside it (so it usually spans tokens, often
+    # starting or ending inside a multi-byte character's tokens), steps of random sizes.
+    pieces = ["日本語", "🎉", "👩‍💻", " hello", " wörld", "e\u0301", "\n", "ok", "。"]
+    text = "".join(data.draw(st.lists(st.sampled_from(pieces), min_size=2, max_size=10)))
+    a = data.draw(st.integers(0, len(text) - 1))
+    b = data.draw(st.integers(a + 1, min(len(text), a + 4)))
+    stop = text[a:b]
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, len(ids)), max_size=5))) | {len(ids)})
+    h = Harness(tokenizer)
+    start = 0
+    for k, end in enumerate(cuts):
+        h.router.handle([batch([("q", 0, ids[start:end], "length" if end == len(ids) else None)],
+                               {"q": detok(stop=[stop])} if k == 0 else None)])
+        start = end
+    outs = h.outputs("q")
+    assert "".join(o.text for o in outs) == text[:text.find(stop)]
+    assert outs[-1].finish_reason == "stop"
+    assert all("\ufffd" not in o.text for o in outs)
+    # counted up to the token where the stop string became whole (a character still incomplete
+    # right after it can delay that by the few tokens that complete the character)
+    need = next(k for k in range(1, len(ids) + 1) if stop in tokenizer.decode(ids[:k]))
+    assert need <= outs[-1].completion_tokens <= min(need + 3, len(ids))
