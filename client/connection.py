@@ -44,7 +44,12 @@ from tessera.bus.messages import (
     StatusReply,
     StatusRequest,
 )
-from tessera.client.errors import EngineDeadError, OverloadedError, TesseraError
+from tessera.client.errors import (
+    BadRequestError,
+    EngineDeadError,
+    OverloadedError,
+    TesseraError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +128,8 @@ class BusConnection:
     def register(self, rid: str, sink: Sink) -> None:
         with self._lock:
             if rid in self._routes:
-                raise ValueError(f"request id {rid!r} is already in flight; use a unique rid")
+                raise BadRequestError(f"request id {rid!r} is already in flight; use a "
+                                      f"unique rid", param="rid")
             self._routes[rid] = sink
 
     def unregister(self, rid: str) -> None:

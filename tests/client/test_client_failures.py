@@ -119,8 +119,9 @@ def test_silent_supervisor_counts_as_dead(client: Client, engine: FakeEngine) ->
 
 def test_duplicate_rid_is_refused(client: Client) -> None:
     stream = client.generate("HANG", stream=True, rid="same")
-    with pytest.raises(ValueError, match="already in flight"):
+    with pytest.raises(BadRequestError, match="already in flight") as info:
         client.generate("hi", rid="same")
+    assert info.value.status == 400 and info.value.param == "rid"
     stream.close()
 
 

@@ -129,6 +129,56 @@ def test_openai_chat_matches_transformers_greedy(serve: Serve, transformers_text
     assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
 
 
+def test_32_concurrent_streams_through_the_engine(serve: Serve) -> None:
+    import asyncio
+
+    import aiohttp
+
+    from tests.server.harness import parse_sse
+
+    async def one(session: aiohttp.ClientSession, k: int) -> None:
+        body = {"messages": [{"role": "user", "content": f"Count to {k}."}], "stream": True,
+                "max_tokens": 12, "ignore_eos": True, "temperature": 0,
+                "stream_options": {"include_usage": True}}
+        async with session.post(serve.url + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            events = parse_sse(await resp.read())
+        assert events[-1] == "[DONE]"
+        chunks = events[:-2]
+        assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert events[-2]["usage"]["completion_tokens"] == 12
+
+    async def main() -> None:
+        timeout = aiohttp.ClientTimeout(total=600)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            await asyncio.gather(*(one(session, k) for k in range(32)))
+
+    asyncio.run(main())
+
+
+def test_bad_inputs_through_the_engine_then_it_keeps_serving(serve: Serve) -> None:
+    from tests.server.harness import check_error_body
+
+    def post(body: dict[str, Any]) -> tuple[int, bytes]:
+        req = urllib.request.Request(serve.url + "/v1/chat/completions",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=300) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+
+    too_long = [{"role": "user", "content": "hello " * 9000}]
+    status, body = post({"messages": too_long, "max_tokens": 4})
+    assert status == 413 and "context" in check_error_body(body, 413)["message"]
+    status, body = post({"messages": MESSAGES, "max_tokens": 4, "stop_token_ids": [10**6]})
+    assert status == 400 and check_error_body(body, 400)["param"] == "stop_token_ids"
+    status, body = post({"messages": MESSAGES, "max_tokens": 4, "temperature": 0})
+    assert status == 200 and json.loads(body)["usage"]["completion_tokens"] >= 1
+
+
 def _stream_events(url: str, body: dict[str, Any]) -> Iterator[Any]:
     req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})

@@ -84,6 +84,17 @@ def test_bad_fields(server: ServerUnderTest, path: str, payload: dict[str, Any],
     assert ok == 200
 
 
+def test_duplicate_native_rid_is_400(server: ServerUnderTest) -> None:
+    conn = server.connection()
+    conn.request("POST", "/generate", body=json.dumps({"text": "HANG", "rid": "dup",
+                                                       "stream": True}),
+                 headers={"Content-Type": "application/json"})
+    time.sleep(0.3)  # the first request is in flight (it never answers)
+    status, _, body = server.request("POST", "/generate", {"text": "x", "rid": "dup"})
+    assert status == 400 and check_error_body(body, 400)["param"] == "rid"
+    conn.close()
+
+
 def test_unknown_fields_are_ignored(server: ServerUnderTest) -> None:
     status, _, body = server.request("POST", CHAT, chat(user="u1", metadata={"a": "b"},
                                                         frobnicate=3))
