@@ -72,5 +72,7 @@ def check(s: Scheduler) -> None:
     _require(free.shape[0] + held_by_running + cache_only == total,
              f"free {free.shape[0]} + running {held_by_running} + cache-only {cache_only} "
              f"!= total {total}")
+    pending = sum(1 for seq in s.running.values() if seq.pending_key is not None)
+    _require(pending == sum(s.planner._pending.values()), "prefix-in-the-making count")
     rows_in_use = len(s.running) + len(s._deferred_rows) + s.row_pool.free_rows
     _require(rows_in_use == st.uid.shape[0], f"rows: {rows_in_use} accounted of {st.uid.shape[0]}")

@@ -8,7 +8,9 @@ In order, every step:
      (`chunked_prefill_size`; decodes do not count against it);
   3. admission: waiting sequences in policy order take a row, their cached prefix (locked)
      and a first chunk, while budget, rows and pages last. A page of headroom per running
-     sequence is kept back so that new arrivals do not force retractions at once.
+     sequence is kept back so that new arrivals do not force retractions at once. A sequence
+     whose first page is being computed right now by another one (same tokens, not cached
+     yet) waits a step or two and then reuses it instead of computing it again.
 Pages and page-table slots are written here, before the batch is sent.
 """
 
@@ -26,8 +28,29 @@ if TYPE_CHECKING:
 
 
 class Planner:
+    MAX_DEFERRED = 32  # sequences looked past per step while their prefix is in the making
+
     def __init__(self, sched: Scheduler) -> None:
         self.s = sched
+        # first page (bytes) -> running sequences computing it, not yet in the cache
+        self._pending: dict[bytes, int] = {}
+
+    def _first_page(self, seq: Sequence) -> bytes | None:
+        ps = self.s.page_size
+        if not self.s.kv.use_cache or seq.tokens.shape[0] <= ps:
+            return None  # nothing another request could match
+        return seq.tokens[:ps].tobytes()
+
+    def prefix_ready(self, seq: Sequence) -> None:
+        """The sequence's first page is cached, or it stopped: stop holding others back."""
+        key = seq.pending_key
+        if key is not None:
+            seq.pending_key = None
+            left = self._pending[key] - 1
+            if left:
+                self._pending[key] = left
+            else:
+                del self._pending[key]
 
     def plan(self) -> tuple[np.ndarray, np.ndarray, list[Chunk]]:
         """(decode rows, their input ids, prefill chunks): everything already allocated."""
@@ -122,11 +145,19 @@ class Planner:
         """Bind waiting sequences to rows while budget, rows and pages last."""
         s = self.s
         limit = s.config.max_running_requests
+        deferred: list[Sequence] = []
         while budget > 0 and s.row_pool.free_rows and len(s.running) < limit:
             seq = s.waiting.peek()
             if seq is None:
                 break
             prefix, node = s.kv.match(seq.tokens)
+            key = self._first_page(seq) if not prefix.shape[0] else None
+            if key is not None and key in self._pending:
+                s.kv.unlock(node)  # its prefix is being computed: reuse it when cached
+                deferred.append(s.waiting.pop())
+                if len(deferred) >= self.MAX_DEFERRED:
+                    break
+                continue
             reserve = len(s.running)  # a page of headroom per running sequence
             if s.kv.available() <= reserve:
                 s.kv.unlock(node)
@@ -138,7 +169,12 @@ class Planner:
                 s.unbind(seq, insert=False)
                 s.waiting.push(seq)
                 break
+            if key is not None:
+                seq.pending_key = key
+                self._pending[key] = self._pending.get(key, 0) + 1
             chunks.append(chunk)
             budget -= chunk.extend
             s.cache_query_tokens += int(seq.tokens.shape[0])
             s.cache_hit_tokens += int(prefix.shape[0]) * s.page_size
+        for seq in deferred:
+            s.waiting.push(seq)  # same place in line: the sort key did not change

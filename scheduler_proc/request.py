@@ -59,6 +59,7 @@ class Sequence:
     cached_tokens: int = -1  # prefix tokens served from the cache at first admission
     last_node: Node | None = None  # deepest radix node this sequence holds a lock on
     queued: int = 0  # bumps on every (re)queue: heap entries with an older value are stale
+    pending_key: bytes | None = None  # first page, while its KV is not in the cache yet
 
     def sort_key(self, by_priority: bool) -> tuple[int, int, int]:
         """Smaller runs first; the largest is retracted first."""

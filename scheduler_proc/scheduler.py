@@ -206,6 +206,7 @@ class Scheduler:
     # ---------------------------------------------------------------------------- leaving
     def unbind(self, seq: Sequence, insert: bool) -> None:
         row = seq.row
+        self.planner.prefix_ready(seq)
         self.kv.release(seq, insert)
         del self.running[row]
         self._active = None
@@ -307,6 +308,8 @@ class Scheduler:
                     seq = self.seq_of_row[row]
                     assert seq is not None
                     self.kv.cache_prefix(seq)
+                    if st.tree_pages[row] > 0:
+                        self.planner.prefix_ready(seq)
         self._release_deferred_rows()
         self.steps_done += 1
         cpu_ms = (rec.build_cpu_s + time.thread_time() - t0) * 1e3

@@ -347,3 +347,33 @@ def test_a_lost_result_fails_only_its_step() -> None:
     assert tb is not None and tb.rids == ["b"] and tb.token_ids.tolist() == [8]
     assert list(sched.requests) == ["b"]
     sched.check_invariant()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_requests_arriving_together_compute_a_shared_prefix_once(overlap: bool) -> None:
+    sched = make(overlap=overlap, chunked_prefill_size=2048)
+    worker = FakeWorker(sched)
+    got = Collected()
+    shared = prompt(64)
+    reqs = [make_request(f"s{i}", np.concatenate([shared, [i + 1, i + 2]]), max_tokens=4,
+                         ignore_eos=True) for i in range(4)]
+    reqs.append(make_request("other", prompt(40, 9), max_tokens=4, ignore_eos=True))
+    for req in reqs:
+        sched.add_request(req)
+    first = sched.next_batch()
+    # One of the four computes the shared prefix; the unrelated request is not held back.
+    assert first.extend_lens.tolist() == [66, 40]
+    computed = int(first.extend_lens.sum())
+    results = [worker.step(first)]
+    while sched.has_work() or sched.inflight:
+        while (fb := sched.next_batch()) is not None:
+            computed += int(fb.extend_lens.sum())
+            results.append(worker.step(fb))
+        got.add(sched.on_result(results.pop(0)))
+        sched.check_invariant()
+    for i in range(1, 4):
+        assert got.cached[(f"s{i}", 0)] == 64
+        want, _ = reference_output(reqs[i].input_ids, reqs[i].sampling, 0, 66 + 4)
+        assert got.tokens[(f"s{i}", 0)] == want
+    # 66 + 40 prompt tokens, 2 for each later request, and the decodes (3 per request).
+    assert computed == 66 + 40 + 3 * 2 + 5 * 3
