@@ -1,0 +1,109 @@
+"""DecodeGraphs (worker_proc/graph_decode.py) on the CPU: static buffers, padding rows and
+output views, with a stand-in runner that "replays" by rerunning the captured callable on the
+static buffers (what a CUDA graph does on the device; tests/hal_cuda covers the real one)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from tessera.formats.config import ModelConfig
+from tessera.formats.layout import hf_tensor_shapes
+from tessera.hal.cpu import CpuPlatform
+from tessera.worker_proc.forward_inputs import ForwardInputs
+from tessera.worker_proc.graph_decode import DecodeGraphs
+from tessera.worker_proc.models.llama import LlamaForCausalLM
+
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 8, "intermediate_size": 64, "vocab_size": 50, "rms_norm_eps": 1e-5,
+          "rope_theta": 10000.0, "max_position_embeddings": 64, "tie_word_embeddings": False}
+WIDTH = 32  # page-table row length; row r owns slots (r + 1) * WIDTH ...
+
+
+class RerunRunner:
+    """capture() runs fn once and keeps its output; replay() reruns fn into that output."""
+
+    def __init__(self) -> None:
+        self.fns: dict[Any, Callable[[], torch.Tensor]] = {}
+        self.outputs: dict[Any, torch.Tensor] = {}
+
+    def capture(self, key: Any, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        self.fns[key] = fn
+        self.outputs[key] = fn()
+        return self.outputs[key]
+
+    def replay(self, key: Any) -> None:
+        with torch.inference_mode():  # the output was made under inference mode
+            self.outputs[key].copy_(self.fns[key]())
+
+
+@pytest.fixture(scope="module")
+def setup() -> tuple[Callable[[ForwardInputs], torch.Tensor], Any]:
+    mc = ModelConfig.from_hf_dict(CONFIG)
+    platform = CpuPlatform()
+    model = LlamaForCausalLM(mc, platform, dtype=torch.float32, device=torch.device("cpu"),
+                             max_positions=64)
+    gen = torch.Generator().manual_seed(0)
+    model.load_weights((name, torch.randn(shape, generator=gen) * 0.2)
+                       for name, shape in hf_tensor_shapes(mc).items())
+    kv = platform.create_kv_arena(2, 8 * WIDTH, 2, 8, torch.float32)
+    kv.storage[:, :, WIDTH:].normal_(generator=gen)  # page 0 (slots < WIDTH here) stays 0
+
+    def forward(inp: ForwardInputs) -> torch.Tensor:
+        with torch.inference_mode():
+            return model(inp, kv)
+    return forward, kv
+
+
+def decode_inputs(rows: list[int], lens: list[int], ids: list[int]) -> ForwardInputs:
+    b = len(rows)
+    table = torch.stack([torch.arange(WIDTH, dtype=torch.int32) + (r + 1) * WIDTH
+                         for r in rows])
+    positions = torch.tensor(lens) - 1
+    return ForwardInputs(
+        input_ids=torch.tensor(ids), token_rows=torch.tensor(rows), positions=positions,
+        out_slots=table[torch.arange(b), positions].long(), req_to_token=table,
+        seq_lens=torch.tensor(lens, dtype=torch.int32),
+        extend_lens=torch.ones(b, dtype=torch.int32),
+        qo_indptr=torch.arange(b + 1, dtype=torch.int32),
+        logits_indices=torch.arange(b), is_decode=True)
+
+
+def test_padded_replay_matches_eager_and_touches_only_its_slots(setup: Any) -> None:
+    forward, kv = setup
+    graphs = DecodeGraphs(forward, RerunRunner(), 4, WIDTH, torch.device("cpu"),
+                          sizes=[1, 2, 4])
+    graphs.capture_all()
+    assert sorted(graphs.outputs) == [1, 2, 4]
+    # a full batch first, so that the padded batch after it finds stale rows to reset
+    for rows, lens, ids in (([0, 3, 5, 6], [5, 17, 30, 12], [1, 2, 3, 4]),
+                            ([1, 4, 2], [32, 1, 9], [4, 9, 7]), ([2], [9], [7])):
+        inp = decode_inputs(rows, lens, ids)
+        assert graphs.can_run(inp)
+        before = kv.storage.clone()
+        replayed = graphs.run(inp).clone()
+        after_replay = kv.storage.clone()
+        kv.storage.copy_(before)
+        eager = forward(inp)
+        torch.testing.assert_close(replayed, eager, rtol=1e-5, atol=1e-5)
+        # the replay wrote the real rows' slots and, for padding rows, only slot 0
+        changed = (after_replay != before).flatten(3).any(-1).any(0).any(0)  # [slots]
+        written = set(changed.nonzero().flatten().tolist())
+        assert set(inp.out_slots.tolist()) <= written <= set(inp.out_slots.tolist()) | {0}
+        kv.storage.copy_(after_replay)
+
+
+def test_can_run_refuses_what_no_graph_holds(setup: Any) -> None:
+    forward, _ = setup
+    graphs = DecodeGraphs(forward, RerunRunner(), 2, WIDTH, torch.device("cpu"), sizes=[1, 2])
+    graphs.capture_all()
+    assert not graphs.can_run(decode_inputs([0, 1, 2], [3, 3, 3], [1, 1, 1]))  # too many rows
+    prefill = decode_inputs([0], [3], [1])
+    prefill.is_decode = False
+    assert not graphs.can_run(prefill)
+    with pytest.raises(ValueError, match="no graph"):
+        graphs.run(decode_inputs([0, 1, 2], [3, 3, 3], [1, 1, 1]))
