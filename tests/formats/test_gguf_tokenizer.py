@@ -74,3 +74,14 @@ def test_byte_level_pre_tokenizers_match_transformers(tmp_path, pre):
     for text in BYTE_TEXTS:
         assert ours.encode(text) == oracle.encode(text), text
         assert ours.decode(ours.encode(text), skip_special_tokens=False) == text
+
+
+def test_header_reader_matches_the_gguf_library(spm_gguf):
+    from tessera.formats.gguf_tokenizer import _gguf_fields
+
+    ours = _gguf_fields(str(spm_gguf))
+    reader = gguf.GGUFReader(str(spm_gguf), "r")
+    assert {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+            "tokenizer.chat_template", "llama.context_length"} <= ours.keys()
+    for key, value in ours.items():
+        assert reader.fields[key].contents() == value, key
