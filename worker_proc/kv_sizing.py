@@ -3,7 +3,8 @@
     accelerator: mem_fraction of the device's free memory *before the weights* is the budget
                  for weights + KV; the KV gets what the weights left of it.
     cpu:         a modest share of available RAM (host memory is shared with everything else
-                 on the machine), at most --mem-fraction of it.
+                 on the machine, often several engines in CI), at most --mem-fraction of it
+                 and at most CPU_DEFAULT_MAX_TOKENS slots; --max-total-tokens asks for more.
 Either way --max-total-tokens caps it, and it never exceeds what max_running_requests full
 contexts could use. The result is whole pages; page 0 is reserved for padding.
 """
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CPU_DEFAULT_SHARE = 0.2  # of available RAM, when --max-total-tokens is not given
+CPU_DEFAULT_SHARE = 0.1  # of available RAM, when --max-total-tokens is not given
+CPU_DEFAULT_MAX_TOKENS = 32768  # a 2-core host cannot use more concurrency than this
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ def plan_kv(*, free_bytes_now: int, free_bytes_before_weights: int, is_cpu: bool
     else:
         budget = free_bytes_now - free_bytes_before_weights * (1.0 - mem_fraction)
     slots = int(budget // bytes_per_slot)
+    if is_cpu and max_total_tokens is None:
+        slots = min(slots, CPU_DEFAULT_MAX_TOKENS + page_size)
     if max_total_tokens is not None:
         # Whole pages holding at least max_total_tokens, plus the reserved page 0.
         wanted = -(-max_total_tokens // page_size) * page_size + page_size

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.worker_proc.kv_sizing import CPU_DEFAULT_SHARE, plan_kv
+from tessera.worker_proc.kv_sizing import CPU_DEFAULT_MAX_TOKENS, CPU_DEFAULT_SHARE, plan_kv
 
 GIB = 1 << 30
 
@@ -26,6 +26,11 @@ def test_accelerator_budget_is_a_fraction_of_memory_before_weights():
 def test_cpu_takes_a_modest_share_of_available_ram():
     p = plan(is_cpu=True, mem_fraction=0.9)
     assert p.num_slots == int(10 * GIB * CPU_DEFAULT_SHARE) // (1 << 20) // 16 * 16
+    # A small model is capped at a token count, not a memory share.
+    small = plan(is_cpu=True, bytes_per_slot=1024)
+    assert small.num_slots == CPU_DEFAULT_MAX_TOKENS + 16
+    explicit = plan(is_cpu=True, bytes_per_slot=1024, max_total_tokens=100_000)
+    assert explicit.usable_tokens == 100_000  # an explicit size may exceed the default cap
 
 
 def test_max_total_tokens_caps_and_rounds_to_pages():
