@@ -21,10 +21,6 @@ def _embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.embedding(ids, weight)
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return F.linear(x, weight, bias)
-
-
 class CudaPlatform(OpTablePlatform):
     name: ClassVar[str] = "cuda"
     priority: ClassVar[int] = 100
@@ -34,7 +30,7 @@ class CudaPlatform(OpTablePlatform):
         default_dtype="bfloat16",
         max_capture_batch=256,
         communicator_backends=("nccl",),
-        extra={"kernels": "triton", "linear": "cublas"},
+        extra={"kernels": "triton", "linear": "cublas; triton gemv for tuned one-token shapes"},
     )
 
     @classmethod
@@ -46,7 +42,14 @@ class CudaPlatform(OpTablePlatform):
         return bool(torch.cuda.is_available())
 
     def register_ops(self) -> dict[str, Callable[..., Any]]:
-        from tessera.hal.cuda import decode_attention, elementwise, extend_attention, norm, sampling
+        from tessera.hal.cuda import (
+            decode_attention,
+            elementwise,
+            extend_attention,
+            gemv,
+            norm,
+            sampling,
+        )
 
         return {
             "embedding": _embedding,
@@ -54,7 +57,7 @@ class CudaPlatform(OpTablePlatform):
             "fused_add_rms_norm": norm.fused_add_rms_norm,
             "rotary_embedding": elementwise.rotary_embedding,
             "silu_and_mul": elementwise.silu_and_mul,
-            "linear": _linear,
+            "linear": gemv.linear,  # cuBLAS, or the tuned one-token GEMV
             "store_kv": elementwise.store_kv,
             "attention_extend": extend_attention.attention_extend,
             "attention_decode": decode_attention.attention_decode,

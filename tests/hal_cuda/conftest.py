@@ -19,7 +19,8 @@ from types import ModuleType
 import pytest
 import torch
 
-KERNEL_MODULES = ("norm", "elementwise", "decode_attention", "extend_attention", "sampling")
+KERNEL_MODULES = ("norm", "elementwise", "decode_attention", "extend_attention", "sampling",
+                  "gemv")
 _ON_GPU = torch.cuda.is_available()
 
 if not _ON_GPU:

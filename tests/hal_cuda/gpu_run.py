@@ -512,6 +512,59 @@ def op_timings() -> dict[str, Any]:
     return res
 
 
+def gemv_sweep() -> dict[str, Any]:
+    """The one-token GEMV against cuBLAS on the Llama-3-8B linears (bf16, inside graphs,
+    weights rotated so L2 does not hold them); the winners go into gemv.TUNED for the rest of
+    the run (b1_smoke then uses them)."""
+    import torch.nn.functional as F
+
+    from tessera.hal.cuda import gemv
+
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+              "down": (4096, 14336), "lm_head": (128256, 4096)}
+    configs = [(bn, bk, nw) for bn in (4, 8, 16)
+               for bk, nw in ((512, 4), (1024, 4), (1024, 8), (2048, 8))]
+    res: dict[str, Any] = {}
+    for name, (n_out, n_in) in shapes.items():
+        copies = [torch.randn((n_out, n_in), device=dev, dtype=dt) * 0.02
+                  for _ in range(2 if name == "lm_head" else 4)]
+        x = torch.randn((1, n_in), device=dev, dtype=dt)
+        nbytes = n_out * n_in * 2
+
+        def timed(fn: Callable[[torch.Tensor], torch.Tensor], copies: list[torch.Tensor] = copies
+                  ) -> float:
+            t = [0]
+
+            def call() -> torch.Tensor:
+                t[0] += 1
+                return fn(copies[t[0] % len(copies)])
+            return graph_time_us(call, reps=len(copies) * 4)
+
+        row: dict[str, Any] = {"cublas_us": timed(lambda w: F.linear(x, w))}  # noqa: B023
+        ref = F.linear(x.float(), copies[0].float())
+        best = None
+        for bn, bk, nw in configs:
+            key = f"bn{bn}_bk{bk}_w{nw}"
+            try:
+                out = gemv.gemv(x, copies[0], None, bn, bk, nw).float()
+                err = float((out - ref).norm() / ref.norm())
+                us = timed(lambda w, bn=bn, bk=bk, nw=nw: gemv.gemv(x, w, None, bn, bk, nw))  # noqa: B023
+                row[key] = {"us": us, "TBps": nbytes / (us * 1e-6) / 1e12, "rel_err": err}
+                if err < 1e-2 and (best is None or us < best[0]):
+                    best = (us, (bn, bk, nw))
+            except Exception as exc:
+                row[key] = {"error": repr(exc)[:300]}
+        row["cublas_TBps"] = nbytes / (row["cublas_us"] * 1e-6) / 1e12
+        if best is not None and best[0] < 0.97 * row["cublas_us"]:
+            gemv.TUNED[(n_out, n_in)] = best[1]
+            row["chosen"] = list(best[1])
+            row["chosen_us"] = best[0]
+        res[name] = row
+    res["tuned"] = {f"{k[0]}x{k[1]}": list(v) for k, v in gemv.TUNED.items()}
+    return res
+
+
 def decode_attention_bench() -> dict[str, Any]:
     from tessera.hal.cuda import decode_attention as da
     from tessera.hal.reference import reference_op
@@ -616,6 +669,21 @@ def b1_smoke(platform: Any) -> dict[str, Any]:
         res[f"decode_ms_per_step_graph_b{batch}"] = decode_loop(graphs.run, batch, 32, tok)
     runner.reset()
     from tessera.hal.cuda import decode_attention as da
+    from tessera.hal.cuda import gemv
+
+    res["gemv_tuned_shapes"] = [f"{k[0]}x{k[1]}" for k in gemv.TUNED]
+    saved, gemv.TUNED = dict(gemv.TUNED), {}
+    cublas_only = DecodeGraphs(fwd, runner, 1, width, dev, sizes=[1])
+    cublas_only.capture_all()
+    cublas_only.run(engine.inputs([(0, [tok], 600, True)]))
+    start.record()
+    for _ in range(50):
+        runner.replay(1)
+    end.record()
+    torch.cuda.synchronize()
+    res["replay_only_ms_b1_cublas_only"] = start.elapsed_time(end) / 50
+    runner.reset()
+    gemv.TUNED = saved
 
     default_splits = da.MAX_SPLITS
     for max_splits in (8, 64):
@@ -666,6 +734,7 @@ def main(argv: list[str]) -> int:
         parts["bf16_op_swaps"] = lambda: bf16_op_swaps(TINY, platform, device)
     else:
         parts["attention_bench"] = decode_attention_bench
+        parts["gemv_sweep"] = gemv_sweep  # first: later parts run with its tuned shapes
         parts["vs_hf_fp32"] = lambda: check_against_hf(
             big, platform, torch.float32, device, platform.create_graph_runner(), 12,
             [7, 45, 130, 300], 128)

@@ -122,3 +122,18 @@ def test_graph_replay_equals_eager_at_every_captured_size() -> None:
         eager = step(bs)
         assert torch.equal(replayed, eager), f"batch {bs}: replay differs from eager"
     runner.reset()
+
+
+@pytest.mark.parametrize("n_out,n_in", [(6144, 4096), (4096, 14336), (1000, 77)])
+@pytest.mark.parametrize("config", [(4, 512, 4), (16, 2048, 8)])
+def test_gemv_matches_cublas_in_fp32(n_out: int, n_in: int, config: tuple[int, int, int]) -> None:
+    from tessera.hal.cuda.gemv import gemv
+
+    gen = torch.Generator(device="cuda").manual_seed(n_out)
+    x = torch.randn((1, n_in), device="cuda", generator=gen).bfloat16()
+    w = (torch.randn((n_out, n_in), device="cuda", generator=gen) * 0.02).bfloat16()
+    bias = torch.randn(n_out, device="cuda", generator=gen).bfloat16()
+    out = gemv(x, w, bias, *config)
+    ref = x.double() @ w.double().T + bias.double()
+    assert out.dtype == torch.bfloat16
+    assert float((out.double() - ref).norm() / ref.norm()) < 1e-2

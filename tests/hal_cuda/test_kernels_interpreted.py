@@ -99,3 +99,12 @@ def test_attention_extend(kernels: dict[str, ModuleType], seq_lens: tuple[int, .
             case.extend_lens, case.qo_indptr, case.scale)
     out = kernels["extend_attention"].attention_extend(*args)
     torch.testing.assert_close(out, reference_op("attention_extend")(*args), **TOL)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemv(kernels: dict[str, ModuleType], with_bias: bool) -> None:
+    # 37 output rows and 100 inputs: neither a multiple of the blocks (masking on both axes)
+    x, w = _rand(1, 100, seed=15), _rand(37, 100, seed=16)
+    bias = _rand(37, seed=17) if with_bias else None
+    out = kernels["gemv"].gemv(x, w, bias, 8, 32, 4)
+    torch.testing.assert_close(out, reference_op("linear")(x, w, bias), **TOL)
