@@ -46,6 +46,7 @@ from tessera.scheduler_proc.output import OutputBuilder
 from tessera.scheduler_proc.page_table import RowPool
 from tessera.scheduler_proc.planner import Planner
 from tessera.scheduler_proc.policy import WaitingQueue, retraction_victim
+from tessera.scheduler_proc.radix_cache import Node
 from tessera.scheduler_proc.request import Request, SeqState, Sequence
 from tessera.scheduler_proc.rows import RowState
 
@@ -148,9 +149,6 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
 
-    def can_launch(self) -> bool:
-        return len(self.inflight) < self.depth and self.has_work()
-
     # ---------------------------------------------------------------------------- planning
     def next_batch(self) -> ForwardBatch | None:
         """Plan the next step, allocate its pages, write its slots; None if nothing to run."""
@@ -182,7 +180,9 @@ class Scheduler:
             self._active = np.fromiter(self.running, dtype=np.int32, count=len(self.running))
         return self._active
 
-    def bind(self, seq: Sequence, prefix: np.ndarray, node: object) -> None:
+    def bind(self, seq: Sequence, prefix: np.ndarray, node: Node) -> None:
+        """Give a waiting sequence a row, starting from `prefix` (cache pages, locked by
+        `node`)."""
         st = self.st
         row = self.row_pool.alloc()
         req = seq.req
@@ -194,7 +194,7 @@ class Scheduler:
             seq.cached_tokens = int(prefix.shape[0]) * self.page_size
         st.cached[row] = seq.cached_tokens
         seq.row, seq.uid, seq.state = row, int(st.uid[row]), SeqState.RUNNING
-        seq.last_node = node  # type: ignore[assignment]
+        seq.last_node = node
         self.seq_of_row[row] = seq
         self.rid_of_row[row] = req.rid
         st.fresh[row] = not req.announced
