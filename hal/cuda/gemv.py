@@ -11,13 +11,23 @@ on cuBLAS.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-# (out_features, in_features) -> (BLOCK_N, BLOCK_K, num_warps), measured on an H200, bf16.
-TUNED: dict[tuple[int, int], tuple[int, int, int]] = {}
+# (out_features, in_features) -> (BLOCK_N, BLOCK_K, num_warps), bf16, used on Hopper (sm_90)
+# only. Measured on an H200 inside CUDA graphs, weights not in L2 (tests/hal_cuda/gpu_run.py
+# gemv_sweep; benchmarks/results/h200_cuda_gemv.json): Llama-3-8B qkv 16.2 -> 15.2 us,
+# o 13.1 -> 11.0 us, down 32.0 -> 29.6 us; gate_up and lm_head stay on cuBLAS (it was faster).
+TUNED: dict[tuple[int, int], tuple[int, int, int]] = {
+    (6144, 4096): (4, 2048, 8),
+    (4096, 4096): (4, 2048, 8),
+    (4096, 14336): (4, 2048, 8),
+}
+TUNED_CAPABILITY = (9, 0)
 
 
 @triton.jit
@@ -54,9 +64,15 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block
     return out
 
 
+@functools.lru_cache(maxsize=16)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if x.shape[0] == 1 and x.dim() == 2 and x.stride(-1) == 1 and weight.stride(-1) == 1:
+    if x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and weight.stride(-1) == 1:
         config = TUNED.get((weight.shape[0], weight.shape[1]))
-        if config is not None and x.dtype == weight.dtype == torch.bfloat16:
+        if (config is not None and x.dtype == weight.dtype == torch.bfloat16
+                and x.is_cuda and _capability(x.device) == TUNED_CAPABILITY):
             return gemv(x, weight, bias, *config)
     return F.linear(x, weight, bias)

@@ -390,7 +390,7 @@ def graphs_vs_eager_every_size(cfg: dict[str, Any], platform: Any, max_bs: int) 
             # the eager forward of the padded batch itself (padding rows as the graph runs
             # them) must give the real rows bit for bit; the unpadded eager batch may differ
             # in rounding only (cuBLAS picks its kernels by M)
-            pad = [(max_bs, [0], 0, True)] * (bs - batch)
+            pad = [(max_bs, [0], 0, True)] * (graphs.padded_size(batch) - batch)
             padded = fwd(engine.inputs([(r, [ids[r]], lens[r] - 1, True)
                                         for r in range(batch)] + pad))[:batch]
             per_size[f"{bs}/{batch}"] = {
@@ -523,6 +523,7 @@ def gemv_sweep() -> dict[str, Any]:
     dev, dt = torch.device("cuda"), torch.bfloat16
     shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
               "down": (4096, 14336), "lm_head": (128256, 4096)}
+    gemv.TUNED.clear()  # measure every shape afresh
     configs = [(bn, bk, nw) for bn in (4, 8, 16)
                for bk, nw in ((512, 4), (1024, 4), (1024, 8), (2048, 8))]
     res: dict[str, Any] = {}
