@@ -8,8 +8,8 @@ from typing import Any
 
 from aiohttp import web
 
-from tessera.client import Delta, TesseraError
-from tessera.server.errors import ApiError, bad_request
+from tessera.client import Delta
+from tessera.server.errors import bad_request
 from tessera.server.formatting import UsageTally, chat_logprobs, gather, read_body
 from tessera.server.generation import Generation
 from tessera.server.params import (
@@ -91,16 +91,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             if delta.finish_reason is not None:
                 await send({}, None, delta.finish_reason)
 
-        try:
-            if first is not None:
-                await emit(*first)
-            async for index, delta in gen.rest():
-                await emit(index, delta)
-        except TesseraError as exc:
-            await sse.error(ApiError.from_client(exc).body())
+        if not await gen.relay(sse, first, emit):
             return sse.response
-        except ConnectionResetError:
-            return sse.response  # the client left; leaving the block aborts the request
         if opts.include_usage:
             await sse.send({**chunk, "choices": [], "usage": tally.body()})
         await sse.done()

@@ -10,8 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
-from tessera.client import Delta, TesseraError
-from tessera.server.errors import ApiError, bad_request
+from tessera.client import Delta
+from tessera.server.errors import bad_request
 from tessera.server.formatting import UsageTally, completion_logprobs, gather, read_body
 from tessera.server.generation import Generation
 from tessera.server.params import (
@@ -120,15 +120,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
                     "index": index, "text": text, "logprobs": lps,
                     "finish_reason": delta.finish_reason}]})
 
-        try:
-            if first is not None:
-                await emit(*first)
-            async for index, delta in gen.rest():
-                await emit(index, delta)
-        except TesseraError as exc:
-            await sse.error(ApiError.from_client(exc).body())
-            return sse.response
-        except ConnectionResetError:
+        if not await gen.relay(sse, first, emit):
             return sse.response
         if opts.include_usage:
             await sse.send({**chunk, "choices": [], "usage": tally.body()})

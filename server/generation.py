@@ -11,15 +11,19 @@ client disconnected, a write failed, or an error).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from tessera.client import AsyncStream, Delta, TesseraError
 from tessera.server.errors import ApiError
+from tessera.server.sse import SseWriter
 from tessera.server.state import ServerState
 
+log = logging.getLogger(__name__)
 _END = object()
+Emit = Callable[[int, Delta], Awaitable[None]]
 
 
 class Generation:
@@ -123,3 +127,24 @@ class Generation:
         except TesseraError as exc:
             raise ApiError.from_client(exc) from None
         return out
+
+    async def relay(self, sse: SseWriter, first: tuple[int, Delta] | None,
+                    emit: Emit) -> bool:
+        """Pass every delta to `emit` (which writes SSE events). True when the stream ended
+        normally (the caller writes usage and [DONE]); after a failure it has written one
+        error event and the stream is over; after a disconnect there is nobody to tell."""
+        try:
+            if first is not None:
+                await emit(*first)
+            async for index, delta in self.rest():
+                await emit(index, delta)
+            return True
+        except TesseraError as exc:
+            await sse.error(ApiError.from_client(exc).body())
+        except ConnectionResetError:
+            pass  # the client left; leaving the `async with` aborts the engine request
+        except Exception:
+            log.exception("streaming failed")
+            await sse.error(ApiError(500, "internal server error while streaming; the server "
+                                          "log has the details").body())
+        return False

@@ -16,8 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
-from tessera.client import Delta, TesseraError
-from tessera.server.errors import ApiError, bad_request
+from tessera.client import Delta
+from tessera.server.errors import bad_request
 from tessera.server.formatting import read_body
 from tessera.server.generation import Generation
 from tessera.server.params import (
@@ -123,17 +123,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
         first = await gen.first()
         sse = SseWriter(request)
         await sse.start()
-        try:
-            if first is not None:
-                choices[first[0]].add(first[1])
-                await sse.send(choices[first[0]].body(rid, first[0], started, want_logprobs))
-            async for index, delta in gen.rest():
-                choices[index].add(delta)
-                await sse.send(choices[index].body(rid, index, started, want_logprobs))
-        except TesseraError as exc:
-            await sse.error(ApiError.from_client(exc).body())
-            return sse.response
-        except ConnectionResetError:
-            return sse.response
-        await sse.done()
+        async def emit(index: int, delta: Delta) -> None:
+            choices[index].add(delta)
+            await sse.send(choices[index].body(rid, index, started, want_logprobs))
+
+        if await gen.relay(sse, first, emit):
+            await sse.done()
         return sse.response

@@ -212,3 +212,16 @@ def _pid_of(srv: Serve, module: str) -> int:
                          capture_output=True, text=True, check=True).stdout.split()
     assert len(out) == 1, out
     return int(out[0])
+
+
+def test_sigterm_drains_the_stream_in_flight_then_exits_0(serve: Serve) -> None:
+    """Last in this module: it stops the shared server."""
+    events = _stream_events(serve.url, {"messages": MESSAGES, "stream": True,
+                                        "max_tokens": 30, "ignore_eos": True})
+    next(events)
+    next(events)
+    serve.proc.send_signal(signal.SIGTERM)
+    rest = list(events)
+    assert rest[-1] == "[DONE]"
+    assert rest[-2]["choices"][0]["finish_reason"] == "length"
+    assert serve.proc.wait(60) == 0
