@@ -140,11 +140,16 @@ class Generation:
                 await emit(index, delta)
             return True
         except TesseraError as exc:
-            await sse.error(ApiError.from_client(exc).body())
+            await self._fail(sse, ApiError.from_client(exc))
         except ConnectionResetError:
             pass  # the client left; leaving the `async with` aborts the engine request
         except Exception:
             log.exception("streaming failed")
-            await sse.error(ApiError(500, "internal server error while streaming; the server "
-                                          "log has the details").body())
+            await self._fail(sse, ApiError(500, "internal server error while streaming; the "
+                                                "server log has the details"))
         return False
+
+    async def _fail(self, sse: SseWriter, error: ApiError) -> None:
+        # The status line said 200 long ago: count the real outcome here.
+        self.state.metrics.errors.labels(str(error.status), error.error_type).inc()
+        await sse.error(error.body())

@@ -114,6 +114,8 @@ def test_dead_engine_process_gives_an_error_event_within_2s(
     assert error["error"]["type"] == "engine_dead" and "worker0" in error["error"]["message"]
     status, headers, _ = fresh_server.request("GET", "/health")
     assert status == 503
+    metrics = fresh_server.request("GET", "/metrics")[2].decode()
+    assert 'tessera_http_errors_total{status="503",type="engine_dead"} 1.0' in metrics
     status, headers, body = fresh_server.request("POST", CHAT, {
         "messages": [{"role": "user", "content": "x"}]})
     assert status == 503 and int(headers["retry-after"]) >= 1
