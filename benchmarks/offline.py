@@ -13,10 +13,12 @@ before the engine starts (`device_probe`) unless given.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any
 
+from tessera.benchmarks import plots
 from tessera.benchmarks.common import default_results_dir, new_result, write_result
 from tessera.benchmarks.datasets import BenchRequest, parse_range, random_requests
 from tessera.benchmarks.device_probe import probe, torch_device
@@ -135,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         },
         "scheduler_stats": after,
     }
+    png = plots.bars(["tessera", "roofline bound"], [tok_s, bound_tok_s],
+                     os.path.join(args.out_dir, f"{args.name}.png"),
+                     f"B2 on {result['device']}: {tok_s / bound_tok_s:.0%} of the bound",
+                     "output tokens/s")
+    result["plots"] = [os.path.basename(png)] if png else []
     path = write_result(result, args.out_dir, args.name)
     print(f"[bench] wrote {path}", file=sys.stderr)
     return 0
