@@ -10,8 +10,10 @@ use it as
     if graphs.can_run(inputs): logits = graphs.run(inputs)  # else the eager forward
 
 One set of static buffers sized for the largest batch serves every size (each graph reads
-views of its first rows), so every address is fixed at capture. Padding rows decode a dummy
-token into slot 0 (page 0, reserved for padding: KVArena) with seq_len 1.
+views of its first rows), so every address is fixed at capture. Every graph also copies its
+logits into one shared static buffer, so no graph keeps memory of its own alive after it
+ends: the shared pool then only needs the largest graph's temporaries. Padding rows decode a
+dummy token into slot 0 (page 0, reserved for padding: KVArena) with seq_len 1.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class DecodeGraphs:
         self.extend_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.qo_indptr = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.logits_indices = torch.arange(n, dtype=torch.int64, device=device)
+        self.logits: torch.Tensor | None = None  # [max_bs, V], allocated by capture_all
         self.outputs: dict[int, torch.Tensor] = {}
 
     def _static(self, bs: int) -> ForwardInputs:
@@ -59,12 +62,22 @@ class DecodeGraphs:
             logits_indices=self.logits_indices[:bs], is_decode=True)
 
     def capture_all(self) -> None:
-        # Largest first: the smaller graphs' temporaries then fit in the pool it reserved.
+        if not self.sizes:
+            return
         with torch.inference_mode():
+            probe = self.forward(self._static(1))  # learns the logits' width and dtype
+            self.logits = torch.empty((self.max_bs, probe.shape[-1]), dtype=probe.dtype,
+                                      device=probe.device)
+            # Largest first: the smaller graphs' temporaries then fit in the pool it reserved.
             for bs in reversed(self.sizes):
-                static = self._static(bs)
                 self.outputs[bs] = self.runner.capture(  # type: ignore[attr-defined]
-                    bs, lambda static=static: self.forward(static))
+                    bs, lambda bs=bs: self._step(bs))
+
+    def _step(self, bs: int) -> torch.Tensor:
+        assert self.logits is not None
+        out = self.logits[:bs]
+        out.copy_(self.forward(self._static(bs)))
+        return out
 
     def padded_size(self, batch: int) -> int | None:
         fits = [s for s in self.sizes if s >= batch]
@@ -79,7 +92,8 @@ class DecodeGraphs:
                 and int(inputs.req_to_token.shape[1]) <= self.max_context_len)
 
     def run(self, inputs: ForwardInputs) -> torch.Tensor:
-        """Logits [B, V] of a decode batch of B <= max_bs rows (every row sampled)."""
+        """Logits [B, V] of a decode batch of B <= max_bs rows (every row sampled): a view of
+        the shared static buffer, valid until the next run()."""
         batch = int(inputs.seq_lens.shape[0])
         bs = self.padded_size(batch)
         if bs is None or bs not in self.outputs:

@@ -60,13 +60,15 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, mid_o_ptr, mid_
         kv_off = slot[:, None] * c_s0 + kh * c_s1 + d[None, :]
         kvmask = pmask[:, None] & dmask[None, :]
         k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
+        # V is issued with K: at small batch each program runs only a block or two, so the
+        # time is memory latency and the two loads should overlap.
+        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * sm_scale_log2
         qk = tl.where(pmask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.exp2(qk - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
         m_i = m_new
 

@@ -524,8 +524,8 @@ def gemv_sweep() -> dict[str, Any]:
     shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
               "down": (4096, 14336), "lm_head": (128256, 4096)}
     gemv.TUNED.clear()  # measure every shape afresh
-    configs = [(bn, bk, nw) for bn in (4, 8, 16)
-               for bk, nw in ((512, 4), (1024, 4), (1024, 8), (2048, 8))]
+    configs = [(bn, bk, nw) for bn in (1, 2, 4, 8)
+               for bk, nw in ((1024, 4), (2048, 8), (4096, 8), (4096, 16))]
     res: dict[str, Any] = {}
     for name, (n_out, n_in) in shapes.items():
         copies = [torch.randn((n_out, n_in), device=dev, dtype=dt) * 0.02
