@@ -122,3 +122,23 @@ def test_ready_message_reports_the_arena(llama_folder):
     assert ready.page_size == 8 and ready.vocab_size == 256 and ready.eos_token_ids == [2]
     assert runner.kv.k[0].shape == (1008, 2, 16)
     assert np.asarray(runner.kv.storage.shape).prod() * 4 == runner.kv_plan.total_bytes
+
+
+def test_padded_decode_through_persistent_buffers_gives_the_same_logits(llama_folder):
+    from tessera.worker_proc.forward_inputs import DecodeBuffers, build_forward_inputs
+
+    folder, _ = llama_folder
+    runner = make_runner(folder)
+    sched = MiniScheduler(runner)
+    reqs = sched.generate(prompts(256, [3, 8, 13]), 2)  # prefilled, one decode done
+    batch, _, _ = sched._make_batch(reqs)
+    assert batch.is_decode
+    inputs = build_forward_inputs(batch, sched.req_to_token, runner.device)
+    inputs.input_ids = torch.tensor([r.out[-1] for r in reqs])
+    buffers = DecodeBuffers(8, runner.max_context_len, runner.device)
+    with torch.inference_mode():
+        eager = runner.forward_decode(inputs)
+        padded = runner.forward_decode(buffers.load(inputs, 8))
+    assert padded.shape == (8, 256)
+    assert torch.allclose(padded[:3], eager, atol=1e-5)
+    assert torch.equal(buffers.seq_lens[3:], torch.ones(5, dtype=torch.int32))

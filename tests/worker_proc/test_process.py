@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from tessera.bus.channel import Inbox, Outbox
-from tessera.bus.config import EngineConfig, RunPaths
+from tessera.bus.config import RUN_PREFIX, EngineConfig, RunPaths
 from tessera.bus.messages import ForwardBatch, SampledTokens, Shutdown, WorkerReady
 from tests.worker_proc.driver import MiniScheduler
 from tests.worker_proc.helpers import hf_greedy, prompts, tiny_hf_model
@@ -60,7 +61,8 @@ def wait_for(inbox: Inbox, kind: type, proc: subprocess.Popen, timeout: float = 
 
 def test_worker_process_serves_greedy_tokens(tmp_path):
     model = tiny_hf_model("qwen3", str(tmp_path / "model"))
-    paths = RunPaths.create(str(tmp_path / "run"))
+    # A unique run id: the shared-memory name derives from it and is machine-wide.
+    paths = RunPaths.create(tempfile.mkdtemp(prefix=RUN_PREFIX, dir=tmp_path))
     config = EngineConfig(model=str(tmp_path / "model"), hal="cpu", page_size=4,
                           max_running_requests=16, context_length=128, max_total_tokens=2048,
                           log_level="warning")
