@@ -110,7 +110,11 @@ class MiniScheduler:
         reqs = [_Req(self.next_row + i, list(p), 1, dict(_DEFAULTS))
                 for i, p in enumerate(prompts)]
         self.next_row += len(prompts)
-        batch, _, _ = self._make_batch(reqs)
+        chunk, self.chunk_size = self.chunk_size, 0  # whole prompts: one logits row each
+        try:
+            batch, _, _ = self._make_batch(reqs)
+        finally:
+            self.chunk_size = chunk
         with torch.inference_mode():
             return self.runner.forward(build_forward_inputs(batch, self.req_to_token,
                                                             self.runner.device))
