@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tessera.formats import ModelFormatError, WeightShapeError, open_model
+from tessera.formats import ModelFormatError, WeightShapeError, hf_tensor_shapes, open_model
 from tests.formats.gguf_helpers import write_gguf
 from tests.worker_proc.driver import MiniScheduler
 from tests.worker_proc.helpers import hf_last_logits, make_runner, prompts, tiny_hf_model
@@ -142,3 +142,23 @@ def test_padded_decode_through_persistent_buffers_gives_the_same_logits(llama_fo
     assert padded.shape == (8, 256)
     assert torch.allclose(padded[:3], eager, atol=1e-5)
     assert torch.equal(buffers.seq_lens[3:], torch.ones(5, dtype=torch.int32))
+
+
+def test_bfloat16_serving_stays_close_to_float32(llama_folder):
+    folder, _ = llama_folder
+    batch = prompts(256, [7, 19])
+    fp32 = MiniScheduler(make_runner(folder)).prefill_logits(batch)
+    bf16_runner = make_runner(folder, dtype="bfloat16")
+    assert bf16_runner.kv.storage.dtype == torch.bfloat16
+    bf16 = MiniScheduler(bf16_runner).prefill_logits(batch)
+    assert bf16.dtype == torch.float32  # the sampler always gets float32 logits
+    # bf16 keeps 8 bits of mantissa: logits of this 2-layer model agree to a few percent.
+    assert (bf16 - fp32).abs().max() < 0.05 * fp32.abs().max()
+    assert (bf16.argmax(-1) == fp32.argmax(-1)).all()
+
+
+def test_default_model_with_dummy_weights_keeps_its_config():
+    files = open_model("default", load_format="dummy", seed=0)
+    assert files.kind == "dummy" and files.config == open_model("default").config
+    name, tensor = next(iter(files.iter_tensors(progress=False)))
+    assert tuple(tensor.shape) == hf_tensor_shapes(files.config)[name]
