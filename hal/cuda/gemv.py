@@ -1,6 +1,6 @@
 """Matrix-vector product for one-token linears (batch-1 decode), where cuBLAS leaves
-bandwidth unused on some Llama shapes (an H200 measured 2.6-3.3 TB/s for the o and qkv
-projections against 4.2 TB/s of copy bandwidth).
+bandwidth unused (an H200 measured 2.5-3.3 TB/s for Llama-3-8B's o and qkv projections
+against 4.2 TB/s of copy bandwidth; this kernel: 3.3-3.6, and 4.3-4.4 on the large ones).
 
 One program per BLOCK_N output rows streams its weight rows once in BLOCK_K-wide tiles; the
 wide tiles put many 16-byte loads in flight per thread, which is what keeps the memory system
@@ -20,12 +20,16 @@ import triton.language as tl
 
 # (out_features, in_features) -> (BLOCK_N, BLOCK_K, num_warps), bf16, used on Hopper (sm_90)
 # only. Measured on an H200 inside CUDA graphs, weights not in L2 (tests/hal_cuda/gpu_run.py
-# gemv_sweep; benchmarks/results/h200_cuda_gemv.json): Llama-3-8B qkv 16.2 -> 15.2 us,
-# o 13.1 -> 11.0 us, down 32.0 -> 29.6 us; gate_up and lm_head stay on cuBLAS (it was faster).
+# gemv_sweep; benchmarks/results/h200_cuda_gemv.json), Llama-3-8B shapes, cuBLAS -> GEMV:
+# qkv 16.3 -> 13.9 us, o 13.3 -> 10.1, gate_up 56.4 -> 54.3, down 32.0 -> 28.7,
+# lm_head 249 -> 232. Other shapes stay on cuBLAS until measured.
+_LLAMA3_8B = (2, 2048, 8)
 TUNED: dict[tuple[int, int], tuple[int, int, int]] = {
-    (6144, 4096): (4, 2048, 8),
-    (4096, 4096): (4, 2048, 8),
-    (4096, 14336): (4, 2048, 8),
+    (6144, 4096): _LLAMA3_8B,
+    (4096, 4096): _LLAMA3_8B,
+    (28672, 4096): _LLAMA3_8B,
+    (4096, 14336): _LLAMA3_8B,
+    (128256, 4096): _LLAMA3_8B,
 }
 TUNED_CAPABILITY = (9, 0)
 
