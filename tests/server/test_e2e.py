@@ -48,7 +48,8 @@ class Serve:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tessera", "serve", "--port", str(self.port),
              "--run-dir", self.run_dir,
-             "--hal", "cpu", "--max-total-tokens", "4096", "--heartbeat-timeout-s", "60"],
+             "--hal", "cpu", "--max-total-tokens", "4096", "--heartbeat-timeout-s", "60",
+             "--drain-timeout-s", "120"],  # shared CI machines can be very slow
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -217,11 +218,11 @@ def _pid_of(srv: Serve, module: str) -> int:
 def test_sigterm_drains_the_stream_in_flight_then_exits_0(serve: Serve) -> None:
     """Last in this module: it stops the shared server."""
     events = _stream_events(serve.url, {"messages": MESSAGES, "stream": True,
-                                        "max_tokens": 30, "ignore_eos": True})
+                                        "max_tokens": 10, "ignore_eos": True})
     next(events)
     next(events)
     serve.proc.send_signal(signal.SIGTERM)
     rest = list(events)
     assert rest[-1] == "[DONE]"
     assert rest[-2]["choices"][0]["finish_reason"] == "length"
-    assert serve.proc.wait(60) == 0
+    assert serve.proc.wait(120) == 0
