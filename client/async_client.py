@@ -113,13 +113,15 @@ class AsyncClient:
                     sampling: SamplingParams | dict[str, Any] | None = None, *,
                     messages: Sequence[dict[str, Any]] | None = None, input_ids: Any = None,
                     stream: bool = True, rid: str | None = None, priority: int = 0,
+                    add_generation_prompt: bool = True,
                     **sampling_kwargs: Any) -> AsyncStream:
         """Send a request and return its stream of deltas (errors before sending, such as
         bad parameters or an open breaker, raise here)."""
         params = coerce_sampling(sampling, sampling_kwargs)
         self.conn.check_available()
         req = build_request(self.conn, prompt, params, messages=messages, input_ids=input_ids,
-                            stream=stream, rid=rid, priority=priority)
+                            stream=stream, rid=rid, priority=priority,
+                            add_generation_prompt=add_generation_prompt)
         replies: asyncio.Queue[Item] = asyncio.Queue()
         self.conn.register(req.rid, self._deliver(asyncio.get_running_loop(), replies))
         tracker = RequestTracker(self.conn, req.rid, params.n)

@@ -43,7 +43,8 @@ def coerce_sampling(sampling: SamplingParams | dict[str, Any] | None,
 
 def build_request(conn: BusConnection, prompt: Prompt, sampling: SamplingParams, *,
                   messages: Sequence[dict[str, Any]] | None, input_ids: Any, stream: bool,
-                  rid: str | None, priority: int = 0) -> GenerateRequest:
+                  rid: str | None, priority: int = 0,
+                  add_generation_prompt: bool = True) -> GenerateRequest:
     """One GenerateRequest: `prompt` may be text, chat messages (a list of dicts) or token ids
     (a list of ints / int array); exactly one form must be given."""
     if prompt is not None:
@@ -77,7 +78,8 @@ def build_request(conn: BusConnection, prompt: Prompt, sampling: SamplingParams,
     return GenerateRequest(
         rid=rid or uuid.uuid4().hex, reply_to=conn.endpoint, sampling=sampling, prompt=prompt,
         messages=list(messages) if messages is not None else None, input_ids=ids,
-        stream=stream, priority=priority, arrival_time=time.time())
+        stream=stream, priority=priority, add_generation_prompt=add_generation_prompt,
+        arrival_time=time.time())
 
 
 class RequestTracker:

@@ -121,6 +121,7 @@ class Client:
                  sampling: SamplingParams | dict[str, Any] | None = None, *,
                  messages: Sequence[dict[str, Any]] | None = None, input_ids: Any = None,
                  stream: bool = False, rid: str | None = None, priority: int = 0,
+                 add_generation_prompt: bool = True,
                  **sampling_kwargs: Any) -> GenerateResult | Stream:
         """Generate from text, chat messages or token ids. `stream=False` returns the whole
         GenerateResult; `stream=True` returns a Stream of Deltas. Sampling parameters come
@@ -128,7 +129,8 @@ class Client:
         params = coerce_sampling(sampling, sampling_kwargs)
         self.conn.check_available()
         req = build_request(self.conn, prompt, params, messages=messages, input_ids=input_ids,
-                            stream=stream, rid=rid, priority=priority)
+                            stream=stream, rid=rid, priority=priority,
+                            add_generation_prompt=add_generation_prompt)
         replies: queue.SimpleQueue[Item] = queue.SimpleQueue()
         self.conn.register(req.rid, replies.put)
         tracker = RequestTracker(self.conn, req.rid, params.n)

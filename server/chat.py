@@ -50,12 +50,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                                 take(body, "max_tokens", INT))
     values["logprobs"] = top_n
     params = sampling(values, keep_none=("max_tokens",))
+    add_generation_prompt = take(body, "add_generation_prompt", BOOL, True)  # vLLM's extra
     rid = uuid.uuid4().hex
     head = {"id": f"chatcmpl-{rid}", "created": int(time.time()), "model": model,
             "system_fingerprint": None}
 
     async with Generation(state) as gen:
-        await gen.start(messages=messages, sampling=params, rid=rid)
+        await gen.start(messages=messages, sampling=params, rid=rid,
+                        add_generation_prompt=add_generation_prompt)
         if not opts.stream:
             tally = UsageTally()
             choices = gather(await gen.collect(), tally)

@@ -40,6 +40,10 @@ def test_chat_completion(oai: openai.OpenAI, server: ServerUnderTest) -> None:
     assert sent.messages == [{"role": "system", "content": "be brief"},
                              {"role": "user", "content": "hello there"}]
     assert sent.sampling.temperature == 0.0 and sent.sampling.max_tokens == 3
+    assert sent.add_generation_prompt
+    oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=1,
+                                extra_body={"add_generation_prompt": False})
+    assert not server.engine.requests[-1].add_generation_prompt
 
 
 def test_chat_without_max_tokens_runs_to_the_natural_stop(oai: openai.OpenAI) -> None:
