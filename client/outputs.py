@@ -85,7 +85,7 @@ def _logprobs(out: RequestOutput) -> tuple[TokenLogprob, ...] | None:
         return None
     ids = out.token_ids.tolist()
     texts = list(out.token_texts)
-    top_texts = list(getattr(out, "top_token_texts", []) or [])
+    top_texts = out.top_token_texts
     entries = []
     for i, (tid, lp) in enumerate(zip(ids, out.logprobs.tolist(), strict=False)):
         top: list[TopLogprob] = []
