@@ -98,7 +98,7 @@ class ModelConfig:
         default_bias, qk_norm = SUPPORTED_ARCHS[arch]
         # transformers 5 folds rope_theta and the scaling dict into rope_parameters.
         params = dict(data.get("rope_parameters") or {})
-        theta = data.get("rope_theta", params.pop("rope_theta", 10000.0))
+        theta = data.get("rope_theta") or params.pop("rope_theta", None) or 10000.0
         scaling = data.get("rope_scaling") or params or None
         if scaling is not None:
             scaling = dict(scaling)

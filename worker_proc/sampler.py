@@ -113,10 +113,11 @@ class Sampler:
             out.logprobs = raw_logprobs.gather(1, tokens[:, None])[:, 0].cpu().numpy()
             n = int(want.max())
             if n > 0:
-                top_lp, top_ids = raw_logprobs.topk(n, dim=-1)
-                top_lp, top_ids = top_lp.cpu().numpy(), top_ids.to(torch.int32).cpu().numpy()
+                top = raw_logprobs.topk(n, dim=-1)
+                top_lp = top.values.cpu().numpy()
+                top_ids = top.indices.to(torch.int32).cpu().numpy()
                 fewer = np.arange(n)[None, :] >= np.maximum(want, 0)[:, None]
-                top_ids[fewer] = -1
+                top_ids[fewer] = -1  # this row asked for fewer alternatives
                 top_lp[fewer] = -np.inf
                 out.top_ids, out.top_logprobs = top_ids, top_lp
         return out

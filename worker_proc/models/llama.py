@@ -181,7 +181,8 @@ class LlamaForCausalLM(nn.Module):
         op, eps = self.ops, self.config.rms_norm_eps
         h = op["embedding"](inp.input_ids, self.embed)
         residual: torch.Tensor | None = None
-        for i, layer in enumerate(self.layers):
+        for i, module in enumerate(self.layers):
+            layer: LlamaLayer = module  # type: ignore[assignment]
             if residual is None:
                 residual = h
                 h = op["rms_norm"](h, layer.input_norm, eps)
