@@ -89,6 +89,8 @@ class ModelRunner:
 
     def step(self, batch: ForwardBatch, req_to_token: np.ndarray) -> SampledTokens:
         start = time.perf_counter()
+        if batch.batch_size == 0:
+            return SampledTokens(step=batch.step, token_ids=np.zeros(0, np.int32))
         inputs = build_forward_inputs(batch, req_to_token, self.device)
         self._resolve_last_sampled(inputs)
         with torch.inference_mode():
