@@ -147,10 +147,8 @@ class GGUFFiles(ModelFiles):
             if orig:
                 scaling["original_max_position_embeddings"] = int(orig)
         if "rope_freqs.weight" in self._tensors:
-            # Llama 3.1's scaled frequencies are baked into a tensor, not the metadata.
-            raise UnsupportedModelError(
-                f"{self.path}: GGUF files with a rope_freqs tensor (Llama 3.1 rope scaling) are "
-                f"not supported yet; serve the Hugging Face safetensors folder instead")
+            scaling = self._llama3_scaling(int(head_dim), _f32_float(
+                self._meta(f"{garch}.rope.freq_base", 10000.0)))
         eos = self._meta("tokenizer.ggml.eos_token_id")
         return ModelConfig(
             arch=arch,
@@ -172,6 +170,29 @@ class GGUFFiles(ModelFiles):
             eos_token_ids=() if eos is None else (int(eos),),
             source_dtype="gguf",
         )
+
+    def _llama3_scaling(self, head_dim: int, theta: float) -> dict[str, Any]:
+        """Llama 3.x GGUFs bake rope scaling into a rope_freqs tensor (inv_freq divisors) and
+        drop its parameters. Recover them: `factor` is the largest divisor; the band limits
+        and original context are Meta's (the same for Llama 3.1, 3.2 and 3.3), checked by
+        recomputing the divisors."""
+        import torch
+
+        from tessera.hal.rope import inv_freq
+
+        tensor = self._tensors["rope_freqs.weight"]
+        factors = torch.from_numpy(np.array(tensor.data, dtype=np.float32).reshape(-1))
+        scaling = {"rope_type": "llama3", "factor": float(factors.max()),
+                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192}
+        if factors.shape[0] == head_dim // 2:
+            want = inv_freq(head_dim, theta) / inv_freq(head_dim, theta, scaling)
+            if torch.allclose(factors, want, rtol=1e-4):
+                return scaling
+        raise UnsupportedModelError(
+            f"{self.path}: its rope_freqs tensor does not match Llama 3 rope scaling with "
+            f"factor {scaling['factor']}, low/high frequency factors 1/4 and original context "
+            f"8192; serve the Hugging Face safetensors folder instead")
 
     def tensor_names(self) -> list[str]:
         return list(self._hf_to_gguf)

@@ -39,7 +39,8 @@ def gguf_name(hf: str) -> str:
 
 
 def write_gguf(path: str, arch: str, cfg: Any, state: dict[str, Any],
-               quant: str = "F32", metadata: dict[str, Any] | None = None) -> None:
+               quant: str = "F32", metadata: dict[str, Any] | None = None,
+               rope_freqs: np.ndarray | None = None) -> None:
     """cfg: a transformers config; state: its model's state_dict (torch tensors)."""
     import gguf
 
@@ -61,6 +62,8 @@ def write_gguf(path: str, arch: str, cfg: Any, state: dict[str, Any],
     w.add_eos_token_id(2)
     for key, value in (metadata or {}).items():
         w.add_string(key, value) if isinstance(value, str) else w.add_array(key, value)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
     qtype = getattr(gguf.GGMLQuantizationType, quant)
     for name, tensor in state.items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
@@ -79,3 +82,22 @@ def write_gguf(path: str, arch: str, cfg: Any, state: dict[str, Any],
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def llama3_rope_factors(head_dim: int, base: float, factor: float, low: float, high: float,
+                        old_context: int) -> np.ndarray:
+    """The rope_freqs tensor, computed as llama.cpp's convert_hf_to_gguf does for Llama 3."""
+    import math
+
+    out = []
+    for i in range(0, head_dim, 2):
+        freq = 1.0 / (base ** (i / head_dim))
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_context / high:
+            out.append(1.0)
+        elif wavelen > old_context / low:
+            out.append(factor)
+        else:
+            smooth = (old_context / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)

@@ -92,3 +92,29 @@ def test_default_model_config_and_tokenizer_metadata():
     assert isinstance(meta["tokenizer.chat_template"], str)
     assert "im_start" in meta["tokenizer.chat_template"]
     assert read_gguf_metadata(files.path)["general.architecture"] == "llama"
+
+
+def test_llama31_gguf_rope_freqs_tensor_becomes_llama3_scaling(tmp_path):
+    from tests.formats.gguf_helpers import llama3_rope_factors
+    from tests.worker_proc.driver import MiniScheduler
+    from tests.worker_proc.helpers import hf_last_logits, make_runner, prompts
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    model = tiny_hf_model("llama31", str(tmp_path / "hf"), rope_scaling=dict(scaling))
+    path = str(tmp_path / "l31.gguf")
+    freqs = llama3_rope_factors(16, 500000.0, 8.0, 1.0, 4.0, 8192)
+    assert 1.0 < float(np.median(freqs)) < 8.0  # the tiny head spans all three bands
+    write_gguf(path, "llama", model.config, model.state_dict(), rope_freqs=freqs)
+    files = open_model(path)
+    assert files.config.rope_scaling == scaling
+    assert "rope_freqs.weight" not in files.tensor_names()
+    batch = prompts(256, [9, 40])
+    logits = MiniScheduler(make_runner(path)).prefill_logits(batch)
+    for i, p in enumerate(batch):
+        assert torch.allclose(logits[i], hf_last_logits(model, p), atol=1e-4)
+    # Factors that are not Llama 3's are refused with a clear message.
+    write_gguf(str(tmp_path / "odd.gguf"), "llama", model.config, model.state_dict(),
+               rope_freqs=freqs * 1.5)
+    with pytest.raises(UnsupportedModelError, match="rope_freqs"):
+        open_model(str(tmp_path / "odd.gguf"))
