@@ -58,6 +58,9 @@ def open_model(model: str = DEFAULT_MODEL, load_format: str = "auto",
             raise ModelFormatError(f"--load-format {load_format} does not match the folder "
                                    f"{path}; use --load-format safetensors or auto")
         return HFFolderFiles(path)
+    if load_format == "safetensors":
+        raise ModelFormatError(f"--load-format safetensors needs a Hugging Face folder; {path} "
+                               f"is a file (use --load-format auto for a .gguf)")
     if path.endswith(".gguf") or load_format == "gguf":
         return GGUFFiles(path)
     raise ModelFormatError(
