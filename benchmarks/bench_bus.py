@@ -2,11 +2,13 @@
 
     driver --PUSH--> relay1 --> relay2 --> relay3 --PUSH--> driver      (4 hops, ipc://)
 
-Every relay decodes each message and encodes it again, as an engine process does. Two paths
+Every relay decodes each message and encodes it again, as an engine process does. Three paths
 run in the same invocation, on the same message (a TokenizedRequest whose token ids carry the
 payload), 1 KB and 1 MB:
   - zero_copy: the bus codec (msgpack header, arrays as separate frames sent with copy=False,
     decoded with numpy.frombuffer on the received frame);
+  - codec_copy: the same codec over copying sends and receives (shows what the zero-copy
+    frames save, apart from the codec itself);
   - pickle_copy: BASELINE ONLY, the naive design the bus replaces: pickle.dumps / pickle.loads
     of the whole message and copying sends. Never do this on a real socket (a pickled message
     is remote code execution); here both ends are this benchmark's own processes.
@@ -40,10 +42,10 @@ from tessera.benchmarks.common import git_commit, machine, summarize, versions
 from tessera.bus.codec import decode, encode
 from tessera.bus.messages import SamplingParams, TokenizedRequest
 
-MODES = ("zero_copy", "pickle_copy")
+MODES = ("zero_copy", "codec_copy", "pickle_copy")
 PAYLOADS = {"1KB": 1 << 10, "1MB": 1 << 20}
 # (messages for throughput, messages for latency) per payload; --quick divides them by 10.
-COUNTS = {"1KB": (20_000, 2_000), "1MB": (600, 200)}
+COUNTS = {"1KB": (15_000, 1_500), "1MB": (500, 200)}
 HWM = {"1KB": 1000, "1MB": 32}
 WINDOW = {"1KB": 256, "1MB": 16}  # messages in flight while measuring throughput
 RELAYS = 3
@@ -62,6 +64,14 @@ def recv_zero_copy(sock: zmq.Socket) -> TokenizedRequest:
     return decode(sock.recv_multipart(copy=False))  # type: ignore[return-value]
 
 
+def send_codec_copy(sock: zmq.Socket, msg: TokenizedRequest) -> None:
+    sock.send_multipart(encode(msg), copy=True)
+
+
+def recv_codec_copy(sock: zmq.Socket) -> TokenizedRequest:
+    return decode(sock.recv_multipart(copy=True))  # type: ignore[return-value]
+
+
 def send_pickle(sock: zmq.Socket, msg: TokenizedRequest) -> None:
     sock.send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), copy=True)
 
@@ -74,6 +84,7 @@ def recv_pickle(sock: zmq.Socket) -> TokenizedRequest:
 CODECS: dict[str, tuple[Callable[[zmq.Socket, TokenizedRequest], None],
                         Callable[[zmq.Socket], TokenizedRequest]]] = {
     "zero_copy": (send_zero_copy, recv_zero_copy),
+    "codec_copy": (send_codec_copy, recv_codec_copy),
     "pickle_copy": (send_pickle, recv_pickle),
 }
 
