@@ -131,26 +131,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tessera serve: invalid configuration: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.log_level, "supervisor")
-    # Before the port check: an orphaned server of a crashed run may hold the port.
-    remove_stale_runs(env.run_root or tempfile.gettempdir())
-    problem = check_config(config) or check_port_free(config.host, config.port)
+    problem = check_config(config)
     if problem:
         log.error("%s", problem)
         return 2
-
-    return run_supervised(config, env)
+    return run_supervised(config, env,
+                          preflight=lambda: check_port_free(config.host, config.port))
 
 
 def run_supervised(config: ServerConfig, env: Env,
                    build: Callable[[ServerConfig, RunPaths], list[ProcessSpec]] = build_specs,
-                   on_ready: Callable[[list[Child]], None] | None = None) -> int:
+                   on_ready: Callable[[list[Child]], None] | None = None,
+                   preflight: Callable[[], str | None] | None = None) -> int:
     """Clean up crashed runs, create this run's directory, supervise `build`'s processes,
-    and remove the directory and this run's shared memory whatever happens."""
+    and remove the directory and this run's shared memory whatever happens.
+
+    `preflight` runs after the clean-up (an orphan of a crashed run may have held the port)
+    and before anything starts; a message from it ends the run with exit code 2.
+    """
     remove_stale_runs(env.run_root or tempfile.gettempdir())
+    problem = preflight() if preflight is not None else None
+    if problem:
+        log.error("%s", problem)
+        return 2
     own_dir = config.run_dir is None or not os.path.exists(config.run_dir)
     paths = RunPaths.create(config.run_dir, env)
     try:
-        # The longest endpoint is a client's reply socket; Unix sockets hold 107 bytes.
+        # The longest endpoint is a client's reply socket (+8: a longer pid than ours).
         longest = len(paths.client_endpoint().removeprefix("ipc://")) + 8
         if longest > MAX_IPC_PATH:
             log.error("the run directory %s is too long for ipc sockets (%d of %d bytes); set "
@@ -175,6 +182,7 @@ def run_supervised(config: ServerConfig, env: Env,
         segments = remove_run(paths, keep_dir=not own_dir)
         if segments:
             log.info("removed shared memory left by children: %s", ", ".join(segments))
+
 
 if __name__ == "__main__":
     sys.exit(main())
