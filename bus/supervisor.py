@@ -143,7 +143,8 @@ class Supervisor:
         in_main = threading.current_thread() is threading.main_thread()
         previous = {}
         if in_main:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            # SIGHUP too: a closed terminal should stop the engine in order, not orphan it.
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 previous[sig] = signal.signal(sig, self.request_stop)
         inbox = Inbox(self.paths.supervisor, name="supervisor")
         replies = OutboxPool(timeout_ms=100)
@@ -191,7 +192,10 @@ class Supervisor:
                     self._all_ready = True
                     log.info("all %d processes ready", len(self.children))
                     if self.on_ready is not None:
-                        self.on_ready(list(self.children.values()))
+                        try:
+                            self.on_ready(list(self.children.values()))
+                        except Exception:  # a closed stdout must not stop a working engine
+                            log.exception("the on-ready callback failed")
 
     def _start_stage(self, stage: int) -> list[Child]:
         started: list[Child] = []

@@ -115,10 +115,11 @@ def test_sigterm_stops_all_cleanly_and_leaves_nothing(run_root: Path) -> None:
     assert leftovers(paths) == []
 
 
-def test_stages_start_in_order(run_root: Path) -> None:
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGHUP])
+def test_stages_start_in_order(run_root: Path, stop_signal: int) -> None:
     run = Run([["first", 0, []], ["second", 1, []], ["third", 1, []]])
     run.wait_ready()
-    run.proc.send_signal(signal.SIGINT)
+    run.proc.send_signal(stop_signal)
     assert run.wait_exit(timeout=10) == 0, run.log
     log = run.log
     assert log.index("first ready") < log.index("starting second") < log.index("second ready")
