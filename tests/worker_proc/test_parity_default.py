@@ -38,3 +38,15 @@ def test_default_model_greedy_matches_transformers(smollm2):
     runner = make_runner("default", context_length=512, max_total_tokens=4096, page_size=16)
     got = [r.out for r in MiniScheduler(runner).generate(batch, NEW)]
     assert got == expected
+
+
+def test_default_model_tokens_unchanged_by_prefix_cache_and_chunked_prefill(smollm2):
+    files, batch, expected = smollm2
+    runner = make_runner("default", context_length=512, max_total_tokens=4096, page_size=16)
+    sched = MiniScheduler(runner, prefix_cache=True, chunk_size=40)
+    first = sched.generate(batch[4:], NEW)  # the long prompts, in chunks of 40 tokens
+    assert [r.out for r in first] == expected[4:]
+    # Shared prefixes: the long prompts again, now served from the cache up to a page edge.
+    again = sched.generate(batch[4:], NEW)
+    assert sched.cached_tokens >= sum((len(p) - 1) // 16 * 16 for p in batch[4:])
+    assert [r.out for r in again] == expected[4:]
