@@ -78,6 +78,11 @@ def machine() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
     }
     try:
+        # Other work on the machine changes every figure: say how busy it was at the start.
+        info["load_average_1m"] = round(os.getloadavg()[0], 2)
+    except OSError:
+        pass
+    try:
         with open("/proc/meminfo") as f:
             kb = int(f.readline().split()[1])
         info["memory_gb"] = round(kb / 2**20, 1)
@@ -108,7 +113,7 @@ def new_result(workload: str, config: dict[str, Any], device: str | None = None)
         "device": device or detect_device(),
         "commit": git_commit(),
         "versions": versions(),
-        "config": portable_paths(config),
+        "config": portable_paths({k: v for k, v in config.items() if v is not None}),
         "figures": {},
     }
 
