@@ -46,6 +46,12 @@ def _free(peer: Any) -> None:
         pass
 
 
+def model_label(model: str) -> str:
+    if model == "default":
+        return "SmolLM2-135M-Instruct"
+    return os.path.basename(model.rstrip("/"))
+
+
 def _common(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--dataset-seed", type=int, default=0)
     p.add_argument("--out-dir", default=default_results_dir())
@@ -120,7 +126,8 @@ def main_c1(argv: list[str] | None = None) -> int:
     result["figures"] = figures
     png = plots.bars(["tessera (32 at once)", "transformers (one by one)"], [tok_s, peer_tok_s],
                      os.path.join(args.out_dir, f"{args.name}.png"),
-                     f"C1: {mconf.arch} on {result['device']}", "output tokens/s")
+                     f"C1: {model_label(engine.model)} on {result['device']}, "
+                     f"{tok_s / peer_tok_s:.1f}x", "output tokens/s")
     result["plots"] = [os.path.basename(png)] if png else []
     path = write_result(result, args.out_dir, args.name)
     print(f"[bench] wrote {path}", file=sys.stderr)
