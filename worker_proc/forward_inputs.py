@@ -29,6 +29,7 @@ class ForwardInputs:
     qo_indptr: torch.Tensor  # int32 [B + 1]
     logits_indices: torch.Tensor  # int64 [S]
     is_decode: bool
+    has_last_sampled: bool = False  # some input id is negative (known on the host: no sync)
 
     @property
     def num_tokens(self) -> int:
@@ -55,13 +56,14 @@ def build_forward_inputs(batch: ForwardBatch, req_to_token: np.ndarray,
     table = np.ascontiguousarray(req_to_token[rows, :width])
     sample = np.asarray(batch.sample, dtype=bool)
     logits_indices = (indptr[1:] - 1)[sample]
+    input_ids = np.asarray(batch.input_ids, dtype=np.int64)
 
     def dev(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype,
                                                              non_blocking=True)
 
     return ForwardInputs(
-        input_ids=dev(np.asarray(batch.input_ids, dtype=np.int64), torch.int64),
+        input_ids=dev(input_ids, torch.int64),
         token_rows=dev(token_rows, torch.int64),
         positions=dev(positions, torch.int64),
         out_slots=dev(out_slots, torch.int64),
@@ -71,6 +73,7 @@ def build_forward_inputs(batch: ForwardBatch, req_to_token: np.ndarray,
         qo_indptr=dev(indptr, torch.int32),
         logits_indices=dev(logits_indices, torch.int64),
         is_decode=bool(batch.is_decode or (len(rows) > 0 and bool((extend == 1).all()))),
+        has_last_sampled=bool((input_ids < 0).any()),
     )
 
 

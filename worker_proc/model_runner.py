@@ -113,8 +113,8 @@ class ModelRunner:
                              forward_ms=(time.perf_counter() - start) * 1000.0)
 
     def _resolve_last_sampled(self, inputs: ForwardInputs) -> None:
-        ids = inputs.input_ids
-        if bool((ids < 0).any()):
+        if inputs.has_last_sampled:
+            ids = inputs.input_ids
             inputs.input_ids = torch.where(ids < 0, self.last_sampled[inputs.token_rows], ids)
 
     def forward(self, inputs: ForwardInputs) -> torch.Tensor:
