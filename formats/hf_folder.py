@@ -83,6 +83,9 @@ class HFFolderFiles(ModelFiles):
             handle = self._handles[path] = safe_open(path, framework="pt")
         return handle.get_tensor(name).to(dtype)
 
+    def release(self) -> None:
+        self._handles.clear()
+
     @property
     def tokenizer_dir(self) -> str | None:
         return self.path

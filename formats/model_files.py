@@ -50,6 +50,11 @@ class ModelFiles(ABC):
                 bar.update(1)
         finally:
             bar.close()
+            self.release()
+
+    def release(self) -> None:
+        """Drop open file handles after a full pass (the files can be read again later)."""
+        return None  # nothing held by default
 
     @property
     def gguf_metadata(self) -> dict[str, Any] | None:
