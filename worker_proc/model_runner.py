@@ -1,14 +1,16 @@
 """ModelRunner: one TP rank's model, KV arena and sampler. `step` runs one ForwardBatch.
 
 Mixed batches (prefill chunks and decodes together) run as one ragged forward through
-`attention_extend`; a batch of only decodes goes through `attention_decode` (the path a graph
-runner captures: see `forward_decode`).
+`attention_extend`; a batch of only decodes goes through `attention_decode` and, on a plugin
+that captures graphs, replays the graph captured at start-up for its padded batch size
+(`worker_proc/graph_decode.py`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,11 +71,36 @@ class ModelRunner:
         self.kv = platform.create_kv_arena(mc.num_layers, self.kv_plan.num_slots,
                                            tp.num_kv_heads, mc.head_dim, self.dtype)
         log.info("rank %d: %s", rank, self.kv_plan.describe())
+        self.graphs: Any = None
+        self._capture_decode_graphs()
         self.sampler = Sampler(platform.op("sample"), self.device)
         # The token each page-table row sampled last: input ids < 0 refer to it.
         self.last_sampled = torch.zeros(config.max_running_requests, dtype=torch.int64,
                                         device=self.device)
         self.seed_default_rng()
+
+    def _capture_decode_graphs(self) -> None:
+        """Capture decode graphs when the plugin can (`Capabilities.graph_capture`) and
+        --disable-cuda-graph is off; batches too large for them run eagerly."""
+        cfg, platform = self.config, self.platform
+        if cfg.disable_cuda_graph or not platform.capabilities.graph_capture:
+            return
+        runner = platform.create_graph_runner()
+        if runner is None or not hasattr(runner, "capture"):
+            log.info("rank %d: %s offers no capture(key, fn) graph runner: decode runs eagerly",
+                     self.rank, platform.name)
+            return
+        from tessera.worker_proc.graph_decode import DecodeGraphs
+
+        max_bs = min(cfg.cuda_graph_max_bs, cfg.max_running_requests,
+                     platform.capabilities.max_capture_batch or cfg.cuda_graph_max_bs)
+        start = time.perf_counter()
+        graphs = DecodeGraphs(lambda inp: self.model(inp, self.kv), runner, max_bs,
+                              self.max_context_len, self.device)
+        graphs.capture_all()
+        self.graphs = graphs
+        log.info("rank %d: captured decode graphs for batch sizes %s in %.1fs", self.rank,
+                 graphs.sizes, time.perf_counter() - start)
 
     def seed_default_rng(self) -> None:
         torch.manual_seed(self.config.seed)  # unseeded requests: reproducible per engine run
@@ -124,6 +151,9 @@ class ModelRunner:
         return self.model(inputs, self.kv)
 
     def forward_decode(self, inputs: ForwardInputs) -> torch.Tensor:
-        """Forward of a decode batch (every extend_len is 1): the static-shape path that a
-        graph runner captures for a padded batch size (padding rows use page 0's slots)."""
+        """Forward of a decode batch (every extend_len is 1): a graph replay when one was
+        captured for its padded size (the logits are then a view of a static buffer, valid
+        until the next replay), else eager."""
+        if self.graphs is not None and self.graphs.can_run(inputs):
+            return self.graphs.run(inputs)  # type: ignore[no-any-return]
         return self.model(inputs, self.kv)

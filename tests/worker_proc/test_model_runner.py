@@ -124,24 +124,37 @@ def test_ready_message_reports_the_arena(llama_folder):
     assert np.asarray(runner.kv.storage.shape).prod() * 4 == runner.kv_plan.total_bytes
 
 
-def test_padded_decode_through_persistent_buffers_gives_the_same_logits(llama_folder):
-    from tessera.worker_proc.forward_inputs import DecodeBuffers, build_forward_inputs
+def test_decode_graphs_are_captured_and_replayed_with_the_same_tokens(llama_folder):
+    """A plugin that captures graphs: the runner captures decode graphs at start-up and
+    replays them (here a stand-in runner that reruns the captured callable on the static
+    buffers); batches larger than the largest graph run eagerly. Tokens do not change."""
+    from tessera.hal.cpu import CpuPlatform
+    from tessera.hal.platform import Capabilities
+    from tests.worker_proc.test_graph_decode import RerunRunner
 
-    folder, _ = llama_folder
-    runner = make_runner(folder)
-    sched = MiniScheduler(runner)
-    reqs = sched.generate(prompts(256, [3, 8, 13]), 2)  # prefilled, one decode done
-    batch, _, _ = sched._make_batch(reqs)
-    assert batch.is_decode
-    inputs = build_forward_inputs(batch, sched.req_to_token, runner.device)
-    inputs.input_ids = torch.tensor([r.out[-1] for r in reqs])
-    buffers = DecodeBuffers(8, runner.max_context_len, runner.device)
-    with torch.inference_mode():
-        eager = runner.forward_decode(inputs)
-        padded = runner.forward_decode(buffers.load(inputs, 8))
-    assert padded.shape == (8, 256)
-    assert torch.allclose(padded[:3], eager, atol=1e-5)
-    assert torch.equal(buffers.seq_lens[3:], torch.ones(5, dtype=torch.int32))
+    class CapturingCpu(CpuPlatform):
+        capabilities = Capabilities(graph_capture=True, max_capture_batch=4)
+
+        def create_graph_runner(self):
+            return RerunRunner()
+
+    folder, model = llama_folder
+    from tessera.worker_proc.model_runner import ModelRunner
+
+    eager = make_runner(folder)
+    config = eager.config.replace(cuda_graph_max_bs=8)
+    runner = ModelRunner(config, 0, CapturingCpu())
+    assert runner.graphs is not None and runner.graphs.sizes == [1, 2, 4]
+    calls = []
+    run = runner.graphs.run
+    runner.graphs.run = lambda inp: calls.append(int(inp.seq_lens.shape[0])) or run(inp)
+    small, large = prompts(256, [3, 8, 13]), prompts(256, [2, 4, 6, 9, 11], seed=5)
+    got = [r.out for r in MiniScheduler(runner).generate(small, 6)]
+    assert calls == [3] * 5  # every decode step of 3 requests replayed the size-4 graph
+    assert got == [r.out for r in MiniScheduler(eager).generate(small, 6)]
+    got_large = [r.out for r in MiniScheduler(runner).generate(large, 4)]
+    assert calls == [3] * 5  # 5 requests exceed the largest graph: eager
+    assert got_large == [r.out for r in MiniScheduler(eager).generate(large, 4)]
 
 
 def test_bfloat16_serving_stays_close_to_float32(llama_folder):
