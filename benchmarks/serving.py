@@ -49,7 +49,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-rate", type=float, default=float("inf"),
                    help="Poisson arrivals, requests/s (default inf: all at once)")
     # B3
-    p.add_argument("--concurrency", default="1,32,128", help="B3 tiers; B4 uses the first")
+    p.add_argument("--concurrency", help="B3: tiers (default 1,32,128); B4: requests in "
+                   "flight (default 128)")
     p.add_argument("--prompt-len", default="256,1024")
     p.add_argument("--output-len", default="64,512")
     p.add_argument("--requests-per-concurrency", type=int, default=4,
@@ -201,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_args(p)
     args = p.parse_args(argv)
+    if args.concurrency is None:
+        args.concurrency = "1,32,128" if args.workload == "B3" else "128"
     if not args.base_url:
         resolve_model(args)
     vocab = vocab_size(args)
