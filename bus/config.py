@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import secrets
@@ -181,7 +182,12 @@ class RunPaths:
 
     @property
     def run_id(self) -> str:
-        return Path(self.run_dir).name.removeprefix(RUN_PREFIX)
+        """Unique per run directory: shared-memory names are machine-wide, so a directory not
+        made by `create` (any name) gets a hash of its full path."""
+        name = Path(self.run_dir).name
+        if name.startswith(RUN_PREFIX):
+            return name.removeprefix(RUN_PREFIX)
+        return hashlib.sha1(self.run_dir.encode()).hexdigest()[:12]
 
     def _ipc(self, name: str) -> str:
         return f"ipc://{self.run_dir}/{name}.sock"

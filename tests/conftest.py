@@ -3,12 +3,20 @@ that folder's own conftest.py."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+
+# Triton decides at import whether its jit functions (its own library's too) are compiled or
+# interpreted, so on a machine without a GPU the interpreter must be chosen before anything in
+# the session imports triton: the cuda plugin's kernels then run (in fp32) on the CPU.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture
