@@ -43,6 +43,10 @@ class DummyFiles(ModelFiles):
         super().__init__(path, config)
         self.seed = seed
         self._shapes = hf_tensor_shapes(config)
+        # Where the random values are drawn. The worker sets its own device, so that an 8B
+        # shape is generated on the GPU in a second instead of on the CPU in a minute. The
+        # values depend on the device kind, not on the rank: TP ranks still agree.
+        self.device: str | torch.device = "cpu"
 
     def tensor_names(self) -> list[str]:
         return list(self._shapes)
@@ -52,12 +56,13 @@ class DummyFiles(ModelFiles):
 
         shape = self._shapes[name]
         if is_norm_weight(name):
-            return torch.ones(shape, dtype=dtype)
+            return torch.ones(shape, dtype=dtype, device=self.device)
         # One generator per tensor, seeded by its position, so a tensor's values do not depend
         # on which other tensors were read (TP ranks read the same values).
         index = list(self._shapes).index(name)
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
-        return (torch.randn(shape, generator=gen) * DUMMY_STD).to(dtype)
+        gen = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + index)
+        values = torch.randn(shape, generator=gen, device=self.device)
+        return (values * DUMMY_STD).to(dtype)
 
 
 def dummy_from_path(path: str, seed: int, config: ModelConfig | None = None) -> DummyFiles:

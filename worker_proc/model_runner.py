@@ -18,6 +18,7 @@ import torch
 from tessera.bus.config import EngineConfig
 from tessera.bus.messages import ForwardBatch, SampledTokens, WorkerReady
 from tessera.formats import ModelFiles, open_model
+from tessera.formats.dummy import DummyFiles
 from tessera.hal.platform import Communicator, KVArena, Platform
 from tessera.worker_proc.forward_inputs import ForwardInputs, build_forward_inputs
 from tessera.worker_proc.kv_sizing import KVPlan, plan_kv
@@ -55,6 +56,8 @@ class ModelRunner:
         self.model = cls(mc, platform, dtype=self.dtype, device=self.device,
                          max_positions=self.max_context_len, tp_rank=rank,
                          tp_size=config.tp_size, communicator=communicator)
+        if isinstance(self.files, DummyFiles):
+            self.files.device = self.device  # draw random weights where they will live
         self.model.load_weights(self.files.iter_tensors(self.dtype))
         platform.synchronize()
         log.info("rank %d: loaded %s (%s, %s) in %.1fs", rank, config.model, mc.arch,
