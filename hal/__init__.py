@@ -12,7 +12,8 @@ What the rest of tessera uses (only worker processes import this package):
 
 Modules: platform.py / ops.py (the contract), base.py (OpTablePlatform: op dict plus declared
 reference fallbacks), registry.py (discovery and selection), reference.py (the oracle ops),
-local_comm.py (single-rank and loopback communicators), rope.py, torch_library.py (the ops as
+local_comm.py (single-rank and loopback communicators), dist_comm.py (the torch.distributed
+collectives gloo and NCCL share), rope.py, torch_library.py (the ops as
 torch.library custom ops), conformance.py (the suite every plugin passes), doctor.py
 (`tessera doctor`), cpu/ (the reference plugin), cuda/ (Triton kernels, CUDA graphs, NCCL).
 Importing this package imports nothing heavy.

@@ -5,15 +5,13 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import torch
 import torch.distributed as dist
 
-from tessera.hal.platform import Communicator
+from tessera.hal.dist_comm import TorchDistCommunicator
 
 
-class GlooCommunicator(Communicator):
+class GlooCommunicator(TorchDistCommunicator):
     """One torch.distributed gloo group over `world_size` processes.
 
     all_reduce reduces in place and returns the same tensor; the other collectives return new
@@ -23,17 +21,8 @@ class GlooCommunicator(Communicator):
 
     def __init__(self, rank: int, world_size: int, init_method: str,
                  timeout_s: float = 120.0) -> None:
-        if dist.is_initialized():
-            raise RuntimeError("torch.distributed is already initialised in this process; "
-                               "destroy the previous communicator first")
-        dist.init_process_group("gloo", init_method=init_method, rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=timeout_s))
-        self.rank = rank
-        self.world_size = world_size
-
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(tensor)
-        return tensor
+        self.refuse_if_initialised()
+        self._init_group("gloo", rank, world_size, init_method, timeout_s)
 
     def all_gather(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
         tensor = tensor.contiguous()
@@ -42,23 +31,10 @@ class GlooCommunicator(Communicator):
         return torch.cat(parts, dim=dim)
 
     def reduce_scatter(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
-        if tensor.shape[dim] % self.world_size:
-            raise ValueError(f"reduce_scatter: size {tensor.shape[dim]} along dim {dim} is not "
-                             f"divisible by world_size {self.world_size}")
+        self._check_divisible(tensor, dim)
         total = tensor.clone()
         dist.all_reduce(total)
         return total.chunk(self.world_size, dim=dim)[self.rank].contiguous()
 
-    def send(self, tensor: torch.Tensor, dst: int) -> None:
-        dist.send(tensor.contiguous(), dst)
-
-    def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        dist.recv(tensor, src)
-        return tensor
-
     def barrier(self) -> None:
         dist.barrier()
-
-    def destroy(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()

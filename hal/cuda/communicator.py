@@ -7,36 +7,24 @@ never reach this class (hal/local_comm.py).
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import torch
 import torch.distributed as dist
 
-from tessera.hal.platform import Communicator
+from tessera.hal.dist_comm import TorchDistCommunicator
 
 
-class NcclCommunicator(Communicator):
+class NcclCommunicator(TorchDistCommunicator):
     """all_reduce works in place and returns its argument; the others return new tensors."""
 
     def __init__(self, rank: int, world_size: int, init_method: str,
                  timeout_s: float = 300.0) -> None:
-        if dist.is_initialized():
-            raise RuntimeError("torch.distributed is already initialised in this process; "
-                               "destroy the previous communicator first")
+        self.refuse_if_initialised()
         count = torch.cuda.device_count()
         if count == 0:
             raise RuntimeError("NCCL communicator: no CUDA device is visible")
         self.device = torch.device("cuda", rank % count)
         torch.cuda.set_device(self.device)
-        dist.init_process_group("nccl", init_method=init_method, rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=timeout_s),
-                                device_id=self.device)
-        self.rank = rank
-        self.world_size = world_size
-
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(tensor)
-        return tensor
+        self._init_group("nccl", rank, world_size, init_method, timeout_s, device_id=self.device)
 
     def all_gather(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
         tensor = tensor.contiguous()
@@ -48,9 +36,7 @@ class NcclCommunicator(Communicator):
         return torch.cat(out.chunk(self.world_size, dim=0), dim=dim)
 
     def reduce_scatter(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
-        if tensor.shape[dim] % self.world_size:
-            raise ValueError(f"reduce_scatter: size {tensor.shape[dim]} along dim {dim} is not "
-                             f"divisible by world_size {self.world_size}")
+        self._check_divisible(tensor, dim)
         # NCCL scatters along dim 0; move `dim` there and back.
         src = tensor.movedim(dim, 0).contiguous()
         out = torch.empty((src.shape[0] // self.world_size, *src.shape[1:]), dtype=src.dtype,
@@ -58,16 +44,5 @@ class NcclCommunicator(Communicator):
         dist.reduce_scatter_tensor(out, src)
         return out.movedim(0, dim).contiguous()
 
-    def send(self, tensor: torch.Tensor, dst: int) -> None:
-        dist.send(tensor.contiguous(), dst)
-
-    def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        dist.recv(tensor, src)
-        return tensor
-
     def barrier(self) -> None:
         dist.barrier(device_ids=[self.device.index])
-
-    def destroy(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
