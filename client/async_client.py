@@ -17,27 +17,29 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from tessera.bus.channel import SendTimeout
-from tessera.bus.config import EngineConfig, RunPaths
 from tessera.bus.messages import GenerateRequest, SamplingParams, StatusReply
 from tessera.client.connection import Item
-from tessera.client.errors import RequestTimeoutError, UnavailableError
 from tessera.client.outputs import Delta, GenerateResult, ResultBuilder
-from tessera.client.request import Prompt, RequestTracker, build_request, coerce_sampling
-from tessera.client.sync_client import engine_config, make_connection
+from tessera.client.request import (
+    ClientBase,
+    Prompt,
+    RequestTracker,
+    StreamBase,
+    open_request,
+    status_timeout_error,
+)
 
 
-class AsyncStream:
+class AsyncStream(StreamBase):
     """The deltas of one streaming request. `aclose()` (or leaving `async with`) before the
     end aborts the request in the engine; so does cancelling the task that iterates."""
 
+    _replies: asyncio.Queue[Item]
+
     def __init__(self, tracker: RequestTracker, replies: asyncio.Queue[Item],
                  first_timeout_s: float, inter_timeout_s: float) -> None:
-        self.rid = tracker.rid
+        super().__init__(tracker, replies, first_timeout_s, inter_timeout_s)
         self.n = tracker.n
-        self._tracker = tracker
-        self._replies = replies
-        self._first_timeout_s = first_timeout_s
-        self._inter_timeout_s = inter_timeout_s
 
     def __aiter__(self) -> AsyncIterator[Delta]:
         return self
@@ -51,24 +53,15 @@ class AsyncStream:
         if tracker.done:
             tracker.close()
             raise StopAsyncIteration
-        timeout = self._inter_timeout_s if tracker.answered else self._first_timeout_s
+        timeout = self._next_timeout()
         try:
             item = await asyncio.wait_for(self._replies.get(), timeout)
         except TimeoutError:
-            tracker.timed_out()
-            tracker.conn.send_abort(self.rid, "timeout")
-            tracker.close()
-            what = "output" if not tracker.answered else "further output"
-            raise RequestTimeoutError(f"no {what} from the engine within {timeout:g} s; the "
-                                      f"request was aborted") from None
+            raise self._expire(timeout) from None
         except BaseException:  # cancelled: the caller went away
             tracker.close()
             raise
-        try:
-            return tracker.feed(item)
-        except BaseException:
-            tracker.close()
-            raise
+        return self._feed(item)
 
     async def aclose(self) -> None:
         self._tracker.close()
@@ -80,19 +73,8 @@ class AsyncStream:
         self._tracker.close()
 
 
-class AsyncClient:
+class AsyncClient(ClientBase):
     """Asyncio client of a running engine. Create it inside the event loop that uses it."""
-
-    def __init__(self, run_dir: str | RunPaths, config: EngineConfig | None = None, *,
-                 request_timeout_s: float | None = None,
-                 first_output_timeout_s: float | None = None,
-                 watch_engine: bool = True, process_name: str = "") -> None:
-        config = engine_config(run_dir, config)
-        self.config = config
-        self.inter_timeout_s = request_timeout_s or config.request_timeout_s
-        self.first_timeout_s = first_output_timeout_s or self.inter_timeout_s
-        self.conn = make_connection(run_dir, config, watch_engine=watch_engine,
-                                    self_name=process_name)
 
     def _deliver(self, loop: asyncio.AbstractEventLoop,
                  replies: asyncio.Queue[Item]) -> Any:
@@ -117,14 +99,12 @@ class AsyncClient:
                     **sampling_kwargs: Any) -> AsyncStream:
         """Send a request and return its stream of deltas (errors before sending, such as
         bad parameters or an open breaker, raise here)."""
-        params = coerce_sampling(sampling, sampling_kwargs)
-        self.conn.check_available()
-        req = build_request(self.conn, prompt, params, messages=messages, input_ids=input_ids,
-                            stream=stream, rid=rid, priority=priority,
-                            add_generation_prompt=add_generation_prompt)
         replies: asyncio.Queue[Item] = asyncio.Queue()
-        self.conn.register(req.rid, self._deliver(asyncio.get_running_loop(), replies))
-        tracker = RequestTracker(self.conn, req.rid, params.n)
+        req, tracker = open_request(self.conn, prompt, sampling, sampling_kwargs,
+                                    self._deliver(asyncio.get_running_loop(), replies),
+                                    messages=messages, input_ids=input_ids, stream=stream,
+                                    rid=rid, priority=priority,
+                                    add_generation_prompt=add_generation_prompt)
         try:
             await self._send(req)
         except BaseException:
@@ -145,9 +125,6 @@ class AsyncClient:
                 builder.add(delta)
         return builder.result()
 
-    def abort(self, rid: str) -> None:
-        self.conn.send_abort(rid)
-
     async def status(self, timeout: float = 2.0) -> StatusReply:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[StatusReply] = loop.create_future()
@@ -165,10 +142,6 @@ class AsyncClient:
         try:
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
-            raise UnavailableError(f"the supervisor did not answer within {timeout:g} s; "
-                                   f"is the engine running?") from None
+            raise status_timeout_error(timeout) from None
         finally:
             self.conn.forget_status_request(nonce)
-
-    def close(self) -> None:
-        self.conn.close()

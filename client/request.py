@@ -1,21 +1,57 @@
-"""What the sync and async clients share: building a GenerateRequest from the caller's
-arguments, and the per-request state machine that turns replies into deltas or errors."""
+"""What the sync and async clients share: the engine's config and the connection, building a
+GenerateRequest from the caller's arguments, the per-request state machine that turns replies
+into deltas or errors, and the parts of a stream and of a client that do not wait."""
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from tessera.bus.breaker import CircuitBreaker
+from tessera.bus.config import EngineConfig, RunPaths
 from tessera.bus.messages import ErrorReply, GenerateRequest, RequestOutput, SamplingParams
+from tessera.bus.process import load_config
 from tessera.client.connection import BusConnection, Item
-from tessera.client.errors import BadRequestError, TesseraError, from_reply
+from tessera.client.errors import (
+    BadRequestError,
+    RequestTimeoutError,
+    TesseraError,
+    UnavailableError,
+    from_reply,
+)
 from tessera.client.outputs import Delta, delta_from_output
 
 Prompt = str | Sequence[dict[str, Any]] | Sequence[int] | np.ndarray | None
+
+
+def _paths(run_dir: str | RunPaths) -> RunPaths:
+    return run_dir if isinstance(run_dir, RunPaths) else RunPaths(run_dir=str(run_dir))
+
+
+def engine_config(run_dir: str | RunPaths, config: EngineConfig | None) -> EngineConfig:
+    """The given config, else the running engine's own (its run directory's config.json:
+    timeouts, tokenizer workers), else the defaults."""
+    if config is not None:
+        return config
+    paths = _paths(run_dir)
+    if os.path.isfile(paths.config_file):
+        return load_config(paths)
+    return EngineConfig()
+
+
+def make_connection(run_dir: str | RunPaths, config: EngineConfig, *,
+                    watch_engine: bool, self_name: str) -> BusConnection:
+    return BusConnection(
+        _paths(run_dir), send_timeout_ms=config.send_timeout_ms,
+        breaker=CircuitBreaker("engine", config.breaker_failures, config.breaker_cooldown_s),
+        watch_engine=watch_engine, status_interval_s=min(0.5, config.heartbeat_interval_s),
+        silence_timeout_s=config.heartbeat_timeout_s, self_name=self_name,
+        tokenizer_workers=config.tokenizer_workers)
 
 
 def coerce_sampling(sampling: SamplingParams | dict[str, Any] | None,
@@ -128,3 +164,79 @@ class RequestTracker:
         if not self.done:
             self.failed = True
             self.conn.send_abort(self.rid)
+
+
+def open_request(conn: BusConnection, prompt: Prompt,
+                 sampling: SamplingParams | dict[str, Any] | None,
+                 sampling_kwargs: dict[str, Any], sink: Callable[[Item], None], *,
+                 messages: Sequence[dict[str, Any]] | None, input_ids: Any, stream: bool,
+                 rid: str | None, priority: int,
+                 add_generation_prompt: bool) -> tuple[GenerateRequest, RequestTracker]:
+    """Check the parameters and the breaker, build the request and route its replies to
+    `sink`; the caller sends it (and unregisters `req.rid` if the send fails)."""
+    params = coerce_sampling(sampling, sampling_kwargs)
+    conn.check_available()
+    req = build_request(conn, prompt, params, messages=messages, input_ids=input_ids,
+                        stream=stream, rid=rid, priority=priority,
+                        add_generation_prompt=add_generation_prompt)
+    conn.register(req.rid, sink)
+    return req, RequestTracker(conn, req.rid, params.n)
+
+
+class StreamBase:
+    """What Stream and AsyncStream share; they differ only in how they wait for a reply."""
+
+    def __init__(self, tracker: RequestTracker, replies: Any,
+                 first_timeout_s: float, inter_timeout_s: float) -> None:
+        self.rid = tracker.rid
+        self._tracker = tracker
+        self._replies = replies
+        self._first_timeout_s = first_timeout_s
+        self._inter_timeout_s = inter_timeout_s
+
+    def _next_timeout(self) -> float:
+        """How long to wait for the next reply: longer for the first one."""
+        return self._inter_timeout_s if self._tracker.answered else self._first_timeout_s
+
+    def _expire(self, timeout: float) -> RequestTimeoutError:
+        """No reply within `timeout`: abort the request and return the error to raise."""
+        tracker = self._tracker
+        tracker.timed_out()
+        tracker.conn.send_abort(self.rid, "timeout")
+        tracker.close()
+        what = "output" if not tracker.answered else "further output"
+        return RequestTimeoutError(f"no {what} from the engine within {timeout:g} s; the "
+                                   f"request was aborted")
+
+    def _feed(self, item: Item) -> Delta:
+        try:
+            return self._tracker.feed(item)
+        except BaseException:
+            self._tracker.close()
+            raise
+
+
+class ClientBase:
+    """The construction, abort and close that Client and AsyncClient share."""
+
+    def __init__(self, run_dir: str | RunPaths, config: EngineConfig | None = None, *,
+                 request_timeout_s: float | None = None,
+                 first_output_timeout_s: float | None = None,
+                 watch_engine: bool = True, process_name: str = "") -> None:
+        config = engine_config(run_dir, config)
+        self.config = config
+        self.inter_timeout_s = request_timeout_s or config.request_timeout_s
+        self.first_timeout_s = first_output_timeout_s or self.inter_timeout_s
+        self.conn = make_connection(run_dir, config, watch_engine=watch_engine,
+                                    self_name=process_name)
+
+    def abort(self, rid: str) -> None:
+        self.conn.send_abort(rid)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def status_timeout_error(timeout: float) -> UnavailableError:
+    return UnavailableError(f"the supervisor did not answer within {timeout:g} s; "
+                            f"is the engine running?")
