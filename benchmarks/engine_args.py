@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from tessera.benchmarks.device_probe import torch_device
 from tessera.benchmarks.dummy_model import resolve_dummy_model
 from tessera.bus.config import EngineConfig
 
@@ -47,6 +48,16 @@ def model_config(config: EngineConfig) -> Any:
     from tessera.formats import open_model
 
     return open_model(config.model, config.load_format, config.seed).config
+
+
+def resolve_engine(args: argparse.Namespace) -> tuple[dict[str, Any], EngineConfig, str, str,
+                                                      Any]:
+    """What the engine flags amount to: (engine kwargs, EngineConfig, torch device name,
+    weight dtype, model config)."""
+    kwargs = engine_kwargs(args)
+    engine = effective_config(kwargs)
+    device = torch_device()
+    return kwargs, engine, device, weight_dtype(engine, device), model_config(engine)
 
 
 def scheduler_stats(llm: Any) -> dict[str, float]:

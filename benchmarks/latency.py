@@ -17,13 +17,10 @@ import sys
 
 from tessera.benchmarks.common import default_results_dir, new_result, write_result
 from tessera.benchmarks.datasets import random_requests
-from tessera.benchmarks.device_probe import probe, torch_device
+from tessera.benchmarks.device_probe import probe
 from tessera.benchmarks.engine_args import (
     add_engine_args,
-    effective_config,
-    engine_kwargs,
-    model_config,
-    weight_dtype,
+    resolve_engine,
 )
 from tessera.benchmarks.roofline import ModelCost, StepShape, roofline
 
@@ -57,11 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     add_args(p)
     add_engine_args(p)
     args = p.parse_args(argv)
-    kwargs = engine_kwargs(args)
-    engine = effective_config(kwargs)
-    dev_name = torch_device()
-    dtype = weight_dtype(engine, dev_name)
-    mconf = model_config(engine)
+    kwargs, engine, dev_name, dtype, mconf = resolve_engine(args)
     device = None
     if not args.no_roofline:
         device, source = probe(dev_name, dtype, args.bandwidth_gbps, args.peak_tflops)

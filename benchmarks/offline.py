@@ -21,14 +21,11 @@ from typing import Any
 from tessera.benchmarks import plots
 from tessera.benchmarks.common import default_results_dir, new_result, write_result
 from tessera.benchmarks.datasets import BenchRequest, parse_range, random_requests
-from tessera.benchmarks.device_probe import probe, torch_device
+from tessera.benchmarks.device_probe import probe
 from tessera.benchmarks.engine_args import (
     add_engine_args,
-    effective_config,
-    engine_kwargs,
-    model_config,
+    resolve_engine,
     scheduler_stats,
-    weight_dtype,
 )
 from tessera.benchmarks.roofline import (
     Device,
@@ -75,11 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     add_args(p)
     add_engine_args(p)
     args = p.parse_args(argv)
-    kwargs = engine_kwargs(args)
-    engine = effective_config(kwargs)
-    dev_name = torch_device()
-    dtype = weight_dtype(engine, dev_name)
-    mconf = model_config(engine)
+    kwargs, engine, dev_name, dtype, mconf = resolve_engine(args)
     # Measured before the engine takes the device's memory.
     device, source = probe(dev_name, dtype, args.bandwidth_gbps, args.peak_tflops)
     print(f"[bench] device: {device.bandwidth_gbps:.0f} GB/s, {device.peak_tflops:.1f} TFLOP/s "

@@ -26,10 +26,7 @@ from tessera.benchmarks.datasets import parse_range, random_requests
 from tessera.benchmarks.device_probe import torch_device
 from tessera.benchmarks.engine_args import (
     add_engine_args,
-    effective_config,
-    engine_kwargs,
-    model_config,
-    weight_dtype,
+    resolve_engine,
 )
 from tessera.benchmarks.hf_peer import PeerRun, generate, load_peer
 
@@ -69,11 +66,7 @@ def main_c1(argv: list[str] | None = None) -> int:
                    "(its tokens/s is a rate; default: all)")
     _common(p, "c1_cpu" if torch_device() == "cpu" else "c1_gpu")
     args = p.parse_args(argv)
-    kwargs = engine_kwargs(args)
-    engine = effective_config(kwargs)
-    device = torch_device()
-    dtype = weight_dtype(engine, device)
-    mconf = model_config(engine)
+    kwargs, engine, device, dtype, mconf = resolve_engine(args)
     reqs = random_requests(args.num_requests, parse_range(args.prompt_len),
                            (args.output_len, args.output_len), mconf.vocab_size,
                            args.dataset_seed)
@@ -143,11 +136,7 @@ def main_peer(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=3)
     _common(p, "b1_peer_transformers")
     args = p.parse_args(argv)
-    kwargs = engine_kwargs(args)
-    engine = effective_config(kwargs)
-    device = torch_device()
-    dtype = weight_dtype(engine, device)
-    mconf = model_config(engine)
+    kwargs, engine, device, dtype, mconf = resolve_engine(args)
     peer = load_peer(engine.model, engine.load_format, dtype, device, engine.seed)
     per_batch: dict[str, dict[str, float]] = {}
     for bs in [int(x) for x in args.batch_sizes.split(",")]:
