@@ -11,7 +11,7 @@ from aiohttp import web
 from tessera.client import Delta
 from tessera.server.errors import bad_request
 from tessera.server.formatting import UsageTally, chat_logprobs, gather, read_body
-from tessera.server.generation import Generation
+from tessera.server.generation import Generation, SendChoice, stream_choices
 from tessera.server.params import (
     BOOL,
     INT,
@@ -24,7 +24,6 @@ from tessera.server.params import (
     stream_options,
     take,
 )
-from tessera.server.sse import SseWriter
 from tessera.server.state import STATE, ServerState
 
 
@@ -67,23 +66,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                  "logprobs": chat_logprobs(c.logprobs, top_n) if top_n is not None else None,
                  "finish_reason": c.finish_reason}
                 for i, c in choices.items()], "usage": tally.body()})
-        first = await gen.first()
-        sse = SseWriter(request)
-        await sse.start()
-        chunk = {**head, "object": "chat.completion.chunk"}
-        if opts.include_usage:
-            chunk["usage"] = None
-        tally = UsageTally()
         started: set[int] = set()
 
-        async def emit(index: int, delta: Delta) -> None:
-            tally.add(delta)
-
+        async def emit(index: int, delta: Delta, send_choice: SendChoice) -> None:
             async def send(d: dict[str, Any], logprobs: Any = None,
                            finish: str | None = None) -> None:
-                await sse.send({**chunk, "choices": [{"index": index, "delta": d,
-                                                      "logprobs": logprobs,
-                                                      "finish_reason": finish}]})
+                await send_choice({"index": index, "delta": d, "logprobs": logprobs,
+                                   "finish_reason": finish})
             if index not in started:
                 started.add(index)
                 await send({"role": "assistant", "content": "", "refusal": None})
@@ -93,9 +82,5 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             if delta.finish_reason is not None:
                 await send({}, None, delta.finish_reason)
 
-        if not await gen.relay(sse, first, emit):
-            return sse.response
-        if opts.include_usage:
-            await sse.send({**chunk, "choices": [], "usage": tally.body()})
-        await sse.done()
-        return sse.response
+        return await stream_choices(request, gen, {**head, "object": "chat.completion.chunk"},
+                                    opts.include_usage, emit)

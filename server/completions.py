@@ -13,7 +13,7 @@ from aiohttp import web
 from tessera.client import Delta
 from tessera.server.errors import bad_request
 from tessera.server.formatting import UsageTally, completion_logprobs, gather, read_body
-from tessera.server.generation import Generation
+from tessera.server.generation import Generation, SendChoice, stream_choices
 from tessera.server.params import (
     BOOL,
     INT,
@@ -25,7 +25,6 @@ from tessera.server.params import (
     stream_options,
     take,
 )
-from tessera.server.sse import SseWriter
 from tessera.server.state import STATE, ServerState
 
 MAX_PROMPTS = 128
@@ -98,17 +97,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
                  if top_n is not None else None,
                  "finish_reason": c.finish_reason}
                 for i, c in choices.items()], "usage": tally.body()})
-        first = await gen.first()
-        sse = SseWriter(request)
-        await sse.start()
-        chunk = dict(head)
-        if opts.include_usage:
-            chunk["usage"] = None
-        tally = UsageTally()
         offsets: dict[int, int] = {}
 
-        async def emit(index: int, delta: Delta) -> None:
-            tally.add(delta)
+        async def emit(index: int, delta: Delta, send: SendChoice) -> None:
             text = delta.text if index in offsets else echo_of(index) + delta.text
             lps = None
             if top_n is not None:
@@ -116,13 +107,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
                                                           offsets.get(index, 0))
             offsets.setdefault(index, 0)
             if text or lps or delta.finish_reason is not None:
-                await sse.send({**chunk, "choices": [{
-                    "index": index, "text": text, "logprobs": lps,
-                    "finish_reason": delta.finish_reason}]})
+                await send({"index": index, "text": text, "logprobs": lps,
+                            "finish_reason": delta.finish_reason})
 
-        if not await gen.relay(sse, first, emit):
-            return sse.response
-        if opts.include_usage:
-            await sse.send({**chunk, "choices": [], "usage": tally.body()})
-        await sse.done()
-        return sse.response
+        return await stream_choices(request, gen, head, opts.include_usage, emit)

@@ -16,14 +16,19 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from aiohttp import web
+
 from tessera.client import AsyncStream, Delta, TesseraError
 from tessera.server.errors import ApiError
+from tessera.server.formatting import UsageTally
 from tessera.server.sse import SseWriter
 from tessera.server.state import ServerState
 
 log = logging.getLogger(__name__)
 _END = object()
 Emit = Callable[[int, Delta], Awaitable[None]]
+SendChoice = Callable[[dict[str, Any]], Awaitable[None]]
+EmitChoices = Callable[[int, Delta, SendChoice], Awaitable[None]]
 
 
 class Generation:
@@ -153,3 +158,31 @@ class Generation:
         # The status line said 200 long ago: count the real outcome here.
         self.state.metrics.errors.labels(str(error.status), error.error_type).inc()
         await sse.error(error.body())
+
+
+async def stream_choices(request: web.Request, gen: Generation, chunk: dict[str, Any],
+                         include_usage: bool, emit: EmitChoices) -> web.StreamResponse:
+    """The OpenAI streaming answer (chat and completions): `emit(index, delta, send)` writes
+    each of a delta's choice objects with `send`, as one chunk `{**chunk, "choices": [choice]}`
+    each; with `include_usage` every chunk carries `"usage": null` and a last chunk the usage;
+    then [DONE]. Errors before the first delta raise here (an HTTP status)."""
+    first = await gen.first()
+    sse = SseWriter(request)
+    await sse.start()
+    if include_usage:
+        chunk = {**chunk, "usage": None}
+    tally = UsageTally()
+
+    async def send(choice: dict[str, Any]) -> None:
+        await sse.send({**chunk, "choices": [choice]})
+
+    async def counted(index: int, delta: Delta) -> None:
+        tally.add(delta)
+        await emit(index, delta, send)
+
+    if not await gen.relay(sse, first, counted):
+        return sse.response
+    if include_usage:
+        await sse.send({**chunk, "choices": [], "usage": tally.body()})
+    await sse.done()
+    return sse.response
