@@ -3,15 +3,15 @@ two servers: with the radix cache and with `--disable-radix-cache`)."""
 
 from __future__ import annotations
 
-import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+
+from tessera.offline_launch import terminate_group
 
 
 def free_port() -> int:
@@ -53,16 +53,7 @@ class ServerProcess:
         raise RuntimeError(f"tessera serve was not ready within {timeout_s:g} s")
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.popen.wait(10)
+        terminate_group(self.popen, timeout_s, 10)
         if self._log is not subprocess.DEVNULL:
             self._log.close()  # type: ignore[union-attr]
 

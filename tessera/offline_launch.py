@@ -33,6 +33,21 @@ class EngineStartError(RuntimeError):
     """The engine's processes did not come up; the message quotes the supervisor's log."""
 
 
+def terminate_group(popen: subprocess.Popen, timeout_s: float, kill_wait_s: float) -> None:
+    """SIGTERM a child started with `start_new_session=True`; if it has not exited within
+    `timeout_s`, SIGKILL its whole process group and wait up to `kill_wait_s`."""
+    if popen.poll() is None:
+        try:
+            popen.send_signal(signal.SIGTERM)
+            popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            popen.wait(kill_wait_s)
+
+
 def _fresh_run_dir(env: Env) -> str:
     # The launcher creates (and later removes) a run directory that does not exist yet.
     root = env.run_root or tempfile.gettempdir()
@@ -103,16 +118,7 @@ class EngineProcesses:
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM the supervisor (it stops its children in order), SIGKILL the group if it
         does not finish in time. Returns its exit code."""
-        if self.popen.poll() is None:
-            try:
-                self.popen.send_signal(signal.SIGTERM)
-                self.popen.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.popen.wait(5)
+        terminate_group(self.popen, timeout_s, 5)
         for pipe in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
             if pipe is not None:
                 try:
