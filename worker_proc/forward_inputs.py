@@ -36,6 +36,16 @@ class ForwardInputs:
         return int(self.input_ids.shape[0])
 
 
+def to_device(a: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host array on the device without waiting for the device: through pinned memory the
+    copy is queued behind the work already on the stream (a plain `.to(device)` from pageable
+    memory makes the host wait for the whole stream, step n included)."""
+    host = torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def build_forward_inputs(batch: ForwardBatch, req_to_token: np.ndarray,
                          device: torch.device) -> ForwardInputs:
     rows = np.asarray(batch.rows, dtype=np.int64)
@@ -59,8 +69,7 @@ def build_forward_inputs(batch: ForwardBatch, req_to_token: np.ndarray,
     input_ids = np.asarray(batch.input_ids, dtype=np.int64)
 
     def dev(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype,
-                                                             non_blocking=True)
+        return to_device(a, dtype, device)
 
     return ForwardInputs(
         input_ids=dev(input_ids, torch.int64),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,10 +21,10 @@ from tessera.bus.messages import ForwardBatch, SampledTokens, WorkerReady
 from tessera.formats import ModelFiles, open_model
 from tessera.formats.dummy import DummyFiles
 from tessera.hal.platform import Communicator, KVArena, Platform
-from tessera.worker_proc.forward_inputs import ForwardInputs, build_forward_inputs
+from tessera.worker_proc.forward_inputs import ForwardInputs, build_forward_inputs, to_device
 from tessera.worker_proc.kv_sizing import KVPlan, plan_kv
 from tessera.worker_proc.models import model_class
-from tessera.worker_proc.sampler import Sampler
+from tessera.worker_proc.sampler import DeviceSample, Sampler
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,18 @@ def serving_dtype(config: EngineConfig, platform: Platform) -> torch.dtype:
         raise ValueError(f"--dtype {name} is not supported by the {platform.name} plugin; "
                          f"it supports {', '.join(platform.capabilities.dtypes)}")
     return _DTYPES[name]
+
+
+@dataclass
+class PendingStep:
+    """A launched step (ModelRunner.launch) whose result has not been fetched yet."""
+
+    step: int
+    sample: DeviceSample | None
+    start: float
+
+    def ready(self) -> bool:
+        return self.sample is None or self.sample.ready()
 
 
 class ModelRunner:
@@ -117,30 +130,49 @@ class ModelRunner:
 
     # -- one step ---------------------------------------------------------------------------
 
+    @property
+    def asynchronous(self) -> bool:
+        """Whether launch() returns before the device has finished (not on the CPU)."""
+        return self.device.type != "cpu"
+
     def step(self, batch: ForwardBatch, req_to_token: np.ndarray) -> SampledTokens:
+        return self.finish(self.launch(batch, req_to_token))
+
+    def launch(self, batch: ForwardBatch, req_to_token: np.ndarray) -> PendingStep:
+        """Queue one step on the device: inputs, forward, sampling, the next step's
+        last-sampled tokens and the copies of the result to the host. Only `finish` waits.
+        Step n+1 may be launched before step n is finished: its negative input ids read
+        `last_sampled` on the device, in stream order."""
         start = time.perf_counter()
         if batch.batch_size == 0:
-            return SampledTokens(step=batch.step, token_ids=np.zeros(0, np.int32))
+            return PendingStep(batch.step, None, start)
         inputs = build_forward_inputs(batch, req_to_token, self.device)
         self._resolve_last_sampled(inputs)
         with torch.inference_mode():
             logits = self.forward(inputs)
-            result = self.sampler(logits, batch)
-        tokens = result.tokens_device
+            sample = self.sampler.sample(logits, batch)
+        tokens = sample.tokens
         if self.config.tp_size > 1:
             # Unseeded draws may differ between ranks: every rank adopts rank 0's tokens.
             assert self.communicator is not None
             own = tokens if self.rank == 0 else torch.zeros_like(tokens)
-            tokens = self.communicator.all_reduce(own)
-            result.token_ids = tokens.to(torch.int32).cpu().numpy()
+            tokens = sample.tokens = self.communicator.all_reduce(own)
         if tokens.numel():
-            rows = torch.from_numpy(np.asarray(batch.rows, dtype=np.int64)[
-                np.asarray(batch.sample, dtype=bool)]).to(self.device)
+            rows = to_device(np.asarray(batch.rows, dtype=np.int64)[
+                np.asarray(batch.sample, dtype=bool)], torch.int64, self.device)
             self.last_sampled[rows] = tokens
-        return SampledTokens(step=batch.step, token_ids=result.token_ids,
+        sample.start_copy()
+        return PendingStep(batch.step, sample, start)
+
+    def finish(self, pending: PendingStep) -> SampledTokens:
+        """Wait for a launched step and return its answer."""
+        if pending.sample is None:
+            return SampledTokens(step=pending.step, token_ids=np.zeros(0, np.int32))
+        result = pending.sample.fetch()
+        return SampledTokens(step=pending.step, token_ids=result.token_ids,
                              logprobs=result.logprobs, top_ids=result.top_ids,
                              top_logprobs=result.top_logprobs,
-                             forward_ms=(time.perf_counter() - start) * 1000.0)
+                             forward_ms=(time.perf_counter() - pending.start) * 1000.0)
 
     def _resolve_last_sampled(self, inputs: ForwardInputs) -> None:
         if inputs.has_last_sampled:

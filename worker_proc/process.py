@@ -39,6 +39,7 @@ class WorkerProcess(BusProcess):
         self.failed_steps = 0
         self.tokens = 0
         self.forward_ms_total = 0.0
+        self.pending: tuple[Any, float] | None = None
 
     def setup(self) -> None:
         from tessera.hal.registry import load_platform
@@ -70,21 +71,49 @@ class WorkerProcess(BusProcess):
     def handle(self, msgs: list[Message]) -> None:
         for msg in msgs:
             if isinstance(msg, ForwardBatch):
-                self._step(msg)
+                self._launch(msg)
             else:
                 log.warning("%s: ignoring unexpected %s", self.name, type(msg).__name__)
 
-    def _step(self, batch: ForwardBatch) -> None:
+    # On a GPU a step is launched, then the previous one is finished: the device starts step
+    # n+1 (the scheduler sends it before it has step n's result) while this thread waits for
+    # step n's tokens and sends them, so host work hides behind device work. Results still
+    # leave in step order. On the CPU launching is computing: each step finishes at once.
+
+    def _launch(self, batch: ForwardBatch) -> None:
         start = time.perf_counter()
         try:
-            result = self.runner.step(batch, self.table.array)
+            pending = self.runner.launch(batch, self.table.array)
         except Exception as exc:  # a failed step must not kill the worker
             log.exception("%s: step %d failed", self.name, batch.step)
+            self._finish_pending()
             self.failed_steps += 1
-            result = SampledTokens(step=batch.step, token_ids=np.zeros(0, np.int32),
-                                   error=f"worker {self.rank}: {type(exc).__name__}: {exc}")
-        self.steps += 1
+            self._done(batch.step, start, SampledTokens(
+                step=batch.step, token_ids=np.zeros(0, np.int32),
+                error=f"worker {self.rank}: {type(exc).__name__}: {exc}"))
+            return
         self.tokens += int(np.asarray(batch.extend_lens).sum())
+        self._finish_pending()
+        self.pending = (pending, start)
+        if not self.runner.asynchronous:
+            self._finish_pending()
+
+    def _finish_pending(self) -> None:
+        if self.pending is None:
+            return
+        pending, start = self.pending
+        self.pending = None
+        try:
+            result = self.runner.finish(pending)
+        except Exception as exc:
+            log.exception("%s: step %d failed", self.name, pending.step)
+            self.failed_steps += 1
+            result = SampledTokens(step=pending.step, token_ids=np.zeros(0, np.int32),
+                                   error=f"worker {self.rank}: {type(exc).__name__}: {exc}")
+        self._done(pending.step, start, result)
+
+    def _done(self, step: int, start: float, result: SampledTokens) -> None:
+        self.steps += 1
         self.forward_ms_total += (time.perf_counter() - start) * 1000.0
         if self.rank != 0:
             return
@@ -93,7 +122,16 @@ class WorkerProcess(BusProcess):
             self.results.send(result)
         except SendTimeout:
             log.error("%s: the scheduler did not take step %d's result in time", self.name,
-                      batch.step)
+                      step)
+
+    def tick(self) -> None:
+        if self.pending is not None and self.pending[0].ready():
+            self._finish_pending()
+
+    def wait_timeout(self) -> float:
+        # While a step runs on the device, look often for the next batch (to queue it behind)
+        # and for the step's end (to answer at once).
+        return 0.0002 if self.pending is not None else self.loop_timeout_s
 
     def stats(self) -> dict[str, float]:
         return {"steps": float(self.steps), "failed_steps": float(self.failed_steps),

@@ -18,6 +18,7 @@ import torch
 
 from tessera.bus.messages import ForwardBatch
 from tessera.hal.ops import SamplingTensors
+from tessera.worker_proc.forward_inputs import to_device
 
 
 @dataclass
@@ -27,6 +28,65 @@ class SampleResult:
     top_ids: np.ndarray  # int32 [S, N] or empty
     top_logprobs: np.ndarray  # float32 [S, N] or empty
     tokens_device: torch.Tensor  # int64 [S], on the device (kept for the next step's inputs)
+
+
+@dataclass
+class DeviceSample:
+    """A step's sampled tokens (and logprobs) still on the device.
+
+    `start_copy` queues the copies to pinned host memory behind the step's kernels and
+    records an event; `ready` asks whether they are done without waiting; `fetch` waits and
+    returns host arrays. A worker can so queue step n+1 before it waits for step n.
+    """
+
+    tokens: torch.Tensor  # int64 [S]
+    want: np.ndarray  # top-N logprobs asked per row (-1: none)
+    token_logprobs: torch.Tensor | None = None
+    top_values: torch.Tensor | None = None
+    top_indices: torch.Tensor | None = None
+    _host: list[torch.Tensor | None] | None = None
+    _event: Any = None
+
+    def start_copy(self) -> None:
+        def to_host(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None or not t.is_cuda:
+                return t
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+            return host
+
+        tokens32 = self.tokens.to(torch.int32)
+        self._host = [to_host(t) for t in (tokens32, self.token_logprobs, self.top_values,
+                                           self.top_indices)]
+        if self.tokens.is_cuda:
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def ready(self) -> bool:
+        return self._event is None or bool(self._event.query())
+
+    def fetch(self) -> SampleResult:
+        if self._host is None:
+            self.start_copy()
+        if self._event is not None:
+            self._event.synchronize()
+        assert self._host is not None
+        tokens, token_lp, top_vals, top_ids_t = self._host
+        assert tokens is not None
+        out = SampleResult(
+            token_ids=tokens.cpu().numpy(), logprobs=np.zeros(0, np.float32),
+            top_ids=np.zeros((0,), np.int32), top_logprobs=np.zeros((0,), np.float32),
+            tokens_device=self.tokens)
+        if token_lp is not None:
+            out.logprobs = token_lp.cpu().numpy()
+        if top_vals is not None and top_ids_t is not None:
+            top_lp, top_ids = top_vals.cpu().numpy().copy(), top_ids_t.cpu().numpy().copy()
+            n = top_lp.shape[1]
+            fewer = np.arange(n)[None, :] >= np.maximum(self.want, 0)[:, None]
+            top_ids[fewer] = -1  # this row asked for fewer alternatives
+            top_lp[fewer] = -np.inf
+            out.top_ids, out.top_logprobs = top_ids, top_lp
+        return out
 
 
 def _csr_gather(offsets: np.ndarray, values: np.ndarray, sel: np.ndarray
@@ -61,23 +121,23 @@ def apply_penalties(logits: torch.Tensor, batch: ForwardBatch, sel: np.ndarray) 
     dev = logits.device
     keep = (tok >= 0) & (tok < vocab)
     row, tok, within = row[keep], tok[keep], within[keep]
-    flat = torch.from_numpy(row * vocab + tok).to(dev)
+    flat = to_device(row * vocab + tok, torch.int64, dev)
     if (rep != 1.0).any():
         seen = torch.zeros(s * vocab, dtype=torch.bool, device=dev)
         seen[flat] = True
         seen = seen.view(s, vocab)
-        penalty = torch.from_numpy(rep).to(dev)[:, None]
+        penalty = to_device(rep, torch.float32, dev)[:, None]
         penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
         logits.copy_(torch.where(seen, penalized, logits))
     if (freq != 0.0).any() or (pres != 0.0).any():
         prompt_lens = np.asarray(batch.hist_prompt_lens, dtype=np.int64)[sel]
         is_output = within >= prompt_lens[row]
         counts = torch.zeros(s * vocab, dtype=torch.float32, device=dev)
-        counts.index_add_(0, flat[torch.from_numpy(is_output).to(dev)],
+        counts.index_add_(0, flat[to_device(is_output, torch.bool, dev)],
                           torch.ones(int(is_output.sum()), device=dev))
         counts = counts.view(s, vocab)
-        logits -= torch.from_numpy(freq).to(dev)[:, None] * counts
-        logits -= torch.from_numpy(pres).to(dev)[:, None] * (counts > 0).float()
+        logits -= to_device(freq, torch.float32, dev)[:, None] * counts
+        logits -= to_device(pres, torch.float32, dev)[:, None] * (counts > 0).float()
 
 
 def apply_blocks(logits: torch.Tensor, batch: ForwardBatch, sel: np.ndarray) -> None:
@@ -85,8 +145,8 @@ def apply_blocks(logits: torch.Tensor, batch: ForwardBatch, sel: np.ndarray) -> 
     row, tok, _ = _csr_gather(np.asarray(batch.block_offsets), np.asarray(batch.block_ids), sel)
     keep = (tok >= 0) & (tok < logits.shape[1])
     if keep.any():
-        rows_t = torch.from_numpy(row[keep]).to(logits.device)
-        toks_t = torch.from_numpy(tok[keep]).to(logits.device)
+        rows_t = to_device(row[keep], torch.int64, logits.device)
+        toks_t = to_device(tok[keep], torch.int64, logits.device)
         logits[rows_t, toks_t] = float("-inf")
 
 
@@ -97,6 +157,10 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, batch: ForwardBatch) -> SampleResult:
         """logits float32 [S, V] for the requests with sample == 1, in batch order."""
+        return self.sample(logits, batch).fetch()
+
+    def sample(self, logits: torch.Tensor, batch: ForwardBatch) -> DeviceSample:
+        """Sample on the device; nothing waits for the device here (see DeviceSample)."""
         sel = np.flatnonzero(np.asarray(batch.sample))
         want = np.asarray(batch.logprobs, dtype=np.int64)[sel]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if (want >= 0).any() else None
@@ -105,27 +169,19 @@ class Sampler:
             apply_blocks(logits, batch, sel)
         params = self._params(batch, sel)
         tokens = self.sample_op(logits, params).to(torch.int64)
-        out = SampleResult(
-            token_ids=tokens.to(torch.int32).cpu().numpy(),
-            logprobs=np.zeros(0, np.float32), top_ids=np.zeros((0,), np.int32),
-            top_logprobs=np.zeros((0,), np.float32), tokens_device=tokens)
+        out = DeviceSample(tokens=tokens, want=want)
         if raw_logprobs is not None:
-            out.logprobs = raw_logprobs.gather(1, tokens[:, None])[:, 0].cpu().numpy()
+            out.token_logprobs = raw_logprobs.gather(1, tokens[:, None])[:, 0]
             n = int(want.max())
             if n > 0:
                 top = raw_logprobs.topk(n, dim=-1)
-                top_lp = top.values.cpu().numpy()
-                top_ids = top.indices.to(torch.int32).cpu().numpy()
-                fewer = np.arange(n)[None, :] >= np.maximum(want, 0)[:, None]
-                top_ids[fewer] = -1  # this row asked for fewer alternatives
-                top_lp[fewer] = -np.inf
-                out.top_ids, out.top_logprobs = top_ids, top_lp
+                out.top_values, out.top_indices = top.values, top.indices.to(torch.int32)
         return out
 
     def _params(self, batch: ForwardBatch, sel: np.ndarray) -> SamplingTensors:
         def dev(a: np.ndarray, dtype: Any) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(np.asarray(a)[sel], dtype=dtype)).to(
-                self.device)
+            host = np.ascontiguousarray(np.asarray(a)[sel], dtype=dtype)
+            return to_device(host, torch.from_numpy(host[:0]).dtype, self.device)
 
         temperature = np.asarray(batch.temperature, np.float32)[sel]
         top_k = np.asarray(batch.top_k, np.int32)[sel]

@@ -1,0 +1,104 @@
+"""The worker process queues step n+1 before it waits for step n (on an asynchronous
+device), yet answers every step once, in step order, and never sits on a finished step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tessera.bus.config import EngineConfig, RunPaths
+from tessera.bus.messages import ForwardBatch, SampledTokens
+from tessera.worker_proc.process import WorkerProcess
+
+
+@dataclass
+class FakePending:
+    step: int
+    done: bool = False
+
+    def ready(self) -> bool:
+        return self.done
+
+
+@dataclass
+class FakeRunner:
+    asynchronous: bool = True
+    log: list[str] = field(default_factory=list)
+    launched: list[FakePending] = field(default_factory=list)
+    fail_launch: set[int] = field(default_factory=set)
+
+    def launch(self, batch: ForwardBatch, table: np.ndarray) -> FakePending:
+        if batch.step in self.fail_launch:
+            raise RuntimeError("bad batch")
+        self.log.append(f"launch {batch.step}")
+        pending = FakePending(batch.step)
+        self.launched.append(pending)
+        return pending
+
+    def finish(self, pending: FakePending) -> SampledTokens:
+        self.log.append(f"finish {pending.step}")
+        return SampledTokens(step=pending.step, token_ids=np.array([pending.step], np.int32))
+
+
+class FakeOutbox:
+    def __init__(self) -> None:
+        self.sent: list[SampledTokens] = []
+
+    def send(self, msg: SampledTokens) -> None:
+        self.sent.append(msg)
+
+
+def batch(step: int) -> ForwardBatch:
+    one_i = np.ones(1, np.int32)
+    one_f = np.ones(1, np.float32)
+    return ForwardBatch(step=step, rows=one_i, seq_lens=one_i, extend_lens=one_i,
+                        input_ids=one_i, sample=np.ones(1, np.uint8), output_lens=one_i,
+                        temperature=one_f, top_p=one_f, top_k=one_i, min_p=one_f,
+                        repetition_penalty=one_f, frequency_penalty=one_f,
+                        presence_penalty=one_f, seeds=np.ones(1, np.int64), logprobs=one_i)
+
+
+def worker(runner: FakeRunner) -> tuple[WorkerProcess, FakeOutbox]:
+    proc = WorkerProcess(RunPaths(run_dir="/nonexistent"), EngineConfig(), rank=0)
+    proc.runner, proc.table = runner, type("T", (), {"array": np.zeros((1, 1), np.int32)})()
+    out = FakeOutbox()
+    proc.results = out  # type: ignore[assignment]
+    return proc, out
+
+
+def test_next_step_is_queued_before_the_previous_is_waited_for() -> None:
+    runner = FakeRunner()
+    proc, out = worker(runner)
+    proc.handle([batch(1)])
+    assert runner.log == ["launch 1"] and out.sent == []  # still running on the device
+    assert proc.wait_timeout() < 0.001  # polls while a step is in flight
+    proc.handle([batch(2), batch(3)])
+    assert runner.log == ["launch 1", "launch 2", "finish 1", "launch 3", "finish 2"]
+    assert [m.step for m in out.sent] == [1, 2]
+    proc.tick()  # step 3 not done yet: nothing sent
+    assert [m.step for m in out.sent] == [1, 2]
+    runner.launched[-1].done = True
+    proc.tick()  # done: answered at once, without waiting for another batch
+    assert [m.step for m in out.sent] == [1, 2, 3]
+    assert proc.pending is None and proc.wait_timeout() == proc.loop_timeout_s
+
+
+def test_a_failed_launch_answers_after_the_step_before_it() -> None:
+    runner = FakeRunner(fail_launch={2})
+    proc, out = worker(runner)
+    proc.handle([batch(1), batch(2), batch(3)])
+    runner.launched[-1].done = True
+    proc.tick()
+    assert [m.step for m in out.sent] == [1, 2, 3]
+    assert out.sent[1].error and "bad batch" in out.sent[1].error
+    assert out.sent[0].error is None and out.sent[2].error is None
+    assert proc.failed_steps == 1 and proc.steps == 3
+
+
+def test_on_a_synchronous_device_each_step_is_answered_at_once() -> None:
+    runner = FakeRunner(asynchronous=False)
+    proc, out = worker(runner)
+    proc.handle([batch(1), batch(2)])
+    assert runner.log == ["launch 1", "finish 1", "launch 2", "finish 2"]
+    assert [m.step for m in out.sent] == [1, 2] and proc.pending is None
