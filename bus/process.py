@@ -8,10 +8,11 @@
         tick()                        periodic work (scheduling step, timeouts)
     teardown()
 
-Heartbeats go out every heartbeat_interval_s from a thread of their own (with its own socket),
-so one long step (a big prefill on a slow CPU) does not read as death. The thread carries the
-stats the loop last published and stops beating once the loop has not come round for
-`max_loop_stall_s`: a loop stuck that long is hung, and the supervisor sees the silence.
+Heartbeats (with fresh stats) go out every heartbeat_interval_s from the loop. While the loop
+is busy in one long step (a big prefill on a slow CPU) a thread of its own keeps them going
+with the stats last sent, so a long step does not read as death; that thread stops once the
+loop has not come round for `loop_stall_timeout_s`: a loop stuck that long is hung, and the
+supervisor sees the silence.
 
 SIGTERM / SIGINT set a flag; the loop finishes its iteration, runs teardown and exits 0.
 Subclasses set `name` and implement `setup` and `handle`.
@@ -58,7 +59,7 @@ class BusProcess:
         self.stopping = False
         self.inbox: Inbox | None = None
         self._supervisor: Outbox | None = None
-        self._last_stats = 0.0
+        self._last_beat = 0.0
         self._stats: dict[str, float] = {}
         self._loop_seen = time.monotonic()
         self._beating = threading.Event()
@@ -105,36 +106,46 @@ class BusProcess:
         except SendTimeout:
             log.debug("%s: supervisor not reachable", self.name)
 
-    def _publish_stats(self) -> None:
-        """Called from the loop: note that it came round, refresh the stats now and then."""
+    def _heartbeat(self, box: Outbox, stats: dict[str, float]) -> None:
+        self._last_beat = time.monotonic()
+        try:
+            box.send(Heartbeat(process=self.name, pid=os.getpid(), time=time.time(),
+                               stats=stats), timeout_ms=100)
+        except SendTimeout:
+            log.debug("%s: supervisor not reachable", self.name)
+
+    def _loop_came_round(self) -> None:
+        """Called from the loop each iteration: note it, and send a heartbeat with fresh
+        stats when one is due."""
         now = time.monotonic()
         self._loop_seen = now
         if os.getppid() != self._parent_pid:
             # The supervisor died without stopping us (kill -9): an orphan serves no one.
             log.error("%s: supervisor (pid %d) is gone; stopping", self.name, self._parent_pid)
             self.stopping = True
-        if now - self._last_stats < self.config.heartbeat_interval_s:
+        if now - self._last_beat < self.config.heartbeat_interval_s:
             return
-        self._last_stats = now
         stats = {"dropped_messages": float(self.inbox.dropped if self.inbox else 0)}
         stats.update(self.stats())
         self._stats = stats
+        assert self._supervisor is not None
+        self._heartbeat(self._supervisor, stats)
 
     def _beat(self) -> None:
+        """Heartbeats for a loop busy in one long step (its own socket: zmq sockets are not
+        shared between threads), with the stats the loop last sent."""
         box = Outbox(self.paths.supervisor, timeout_ms=100)
+        interval = self.config.heartbeat_interval_s
         try:
-            while not self._beating.wait(self.config.heartbeat_interval_s):
-                stall = time.monotonic() - self._loop_seen
+            while not self._beating.wait(interval):
+                now = time.monotonic()
+                stall = now - self._loop_seen
                 if stall > self.max_loop_stall_s:
                     log.error("%s: main loop stalled for %.0f s; heartbeats stop", self.name,
                               stall)
                     continue
-                stats = dict(self._stats, loop_stall_s=stall)
-                try:
-                    box.send(Heartbeat(process=self.name, pid=os.getpid(), time=time.time(),
-                                       stats=stats), timeout_ms=100)
-                except SendTimeout:
-                    log.debug("%s: supervisor not reachable", self.name)
+                if now - self._last_beat >= 1.5 * interval:
+                    self._heartbeat(box, dict(self._stats, loop_stall_s=stall))
         finally:
             box.close()
 
@@ -147,7 +158,7 @@ class BusProcess:
             self.notify_supervisor(Ready(process=self.name, pid=os.getpid(),
                                          info=self.ready_info()))
             log.info("%s ready", self.name)
-            self._publish_stats()
+            self._loop_came_round()
             threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
             while not self.stopping:
                 msgs = self.inbox.drain(self.wait_timeout()) if self.inbox else []
@@ -156,7 +167,7 @@ class BusProcess:
                 if msgs:
                     self.handle([m for m in msgs if not isinstance(m, Shutdown)])
                 self.tick()
-                self._publish_stats()
+                self._loop_came_round()
         finally:
             self._beating.set()
             try:
