@@ -55,7 +55,10 @@ class AsyncStream(StreamBase):
             raise StopAsyncIteration
         timeout = self._next_timeout()
         try:
-            item = await asyncio.wait_for(self._replies.get(), timeout)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+            # cancellation that lands as the reply arrives, and the request would go on.
+            async with asyncio.timeout(timeout):
+                item = await self._replies.get()
         except TimeoutError:
             raise self._expire(timeout) from None
         except BaseException:  # cancelled: the caller went away
