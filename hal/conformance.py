@@ -264,6 +264,11 @@ def test_attention_extend(hal_platform: Platform, dtype: torch.dtype, head_dim: 
     expected = _ref("attention_extend", data.q, data.k_cache, data.v_cache, data.req_to_token,
                     data.seq_lens, data.extend_lens, data.qo_indptr, data.scale)
     _close(out, expected, dtype)
+    # The worker passes the longest extend, known on the host: same answer.
+    hinted = hal_platform.op("attention_extend")(
+        dev.q, dev.k_cache, dev.v_cache, dev.req_to_token, dev.seq_lens, dev.extend_lens,
+        dev.qo_indptr, data.scale, max_extend_len=max(extend_lens, default=0))
+    _close(hinted, expected, dtype)
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)

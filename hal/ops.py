@@ -17,12 +17,15 @@ L = row length of the page table. Integer index tensors may be int32 or int64.
     store_kv(k_cache[S, Hk, D], v_cache[S, Hk, D], k[T, Hk, D], v[T, Hk, D], slots[T]) -> None
         k_cache[slots[t]] = k[t]; v_cache[slots[t]] = v[t]   (in place)
     attention_extend(q[T, Hq, D], k_cache, v_cache, req_to_token[B, L], seq_lens[B],
-                     extend_lens[B], qo_indptr[B + 1], scale: float) -> [T, Hq, D]
+                     extend_lens[B], qo_indptr[B + 1], scale: float,
+                     max_extend_len: int | None = None) -> [T, Hq, D]
         Ragged causal attention over paged KV, cached prefix included (the radix attention
         forward). Request b owns queries q[qo_indptr[b]:qo_indptr[b+1]] (extend_lens[b] of
         them) at positions seq_lens[b] - extend_lens[b] + i; query i attends to the KV in
         slots req_to_token[b, 0 : seq_lens[b] - extend_lens[b] + i + 1]. The new tokens' KV is
-        already stored. GQA: query head h reads KV head h // (Hq // Hk).
+        already stored. GQA: query head h reads KV head h // (Hq // Hk). `max_extend_len`,
+        when given, is max(extend_lens), known on the host: a plugin must not read it back
+        from the device then (the worker calls this once per layer).
     attention_decode(q[B, Hq, D], k_cache, v_cache, req_to_token[B, L], seq_lens[B],
                      scale: float) -> [B, Hq, D]
         attention_extend with extend_lens == 1, for static decode shapes (graph capture).

@@ -30,6 +30,7 @@ class ForwardInputs:
     logits_indices: torch.Tensor  # int64 [S]
     is_decode: bool
     has_last_sampled: bool = False  # some input id is negative (known on the host: no sync)
+    max_extend_len: int = 1  # max(extend_lens), known on the host: no device read per layer
 
     @property
     def num_tokens(self) -> int:
@@ -83,5 +84,6 @@ def build_forward_inputs(batch: ForwardBatch, req_to_token: np.ndarray,
         logits_indices=dev(logits_indices, torch.int64),
         is_decode=bool(batch.is_decode or (len(rows) > 0 and bool((extend == 1).all()))),
         has_last_sampled=bool((input_ids < 0).any()),
+        max_extend_len=int(extend.max()) if len(rows) else 0,
     )
 

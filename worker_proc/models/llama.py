@@ -219,7 +219,8 @@ class LlamaForCausalLM(nn.Module):
                                        self.scale)
         else:
             o = op["attention_extend"](q, k_cache, v_cache, inp.req_to_token, inp.seq_lens,
-                                       inp.extend_lens, inp.qo_indptr, self.scale)
+                                       inp.extend_lens, inp.qo_indptr, self.scale,
+                                       max_extend_len=inp.max_extend_len)
         out = op["linear"](o.reshape(t, hq * d), layer.o_weight, None)
         return self._reduce(out)
 
