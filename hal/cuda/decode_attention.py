@@ -122,17 +122,23 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def check_paged_inputs(op: str, q: torch.Tensor, k_cache: torch.Tensor,
+                       req_to_token: torch.Tensor) -> None:
+    """What both attention kernels assume of their inputs, said as an error naming the op."""
+    if q.shape[1] % k_cache.shape[1]:
+        raise ValueError(f"{op}: {q.shape[1]} query heads is not a multiple of "
+                         f"{k_cache.shape[1]} KV heads")
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or req_to_token.stride(-1) != 1:
+        raise ValueError(f"{op}: q, the caches and req_to_token must be contiguous in their "
+                         "last dimension")
+
+
 def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      req_to_token: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                      splits: int | None = None) -> torch.Tensor:
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
-    if q_heads % kv_heads:
-        raise ValueError(f"attention_decode: {q_heads} query heads is not a multiple of "
-                         f"{kv_heads} KV heads")
-    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or req_to_token.stride(-1) != 1:
-        raise ValueError("attention_decode: q, the caches and req_to_token must be contiguous "
-                         "in their last dimension")
+    check_paged_inputs("attention_decode", q, k_cache, req_to_token)
     out = torch.empty((batch, q_heads, head_dim), dtype=q.dtype, device=q.device)
     if batch == 0:
         return out

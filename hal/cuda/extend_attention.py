@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tessera.hal.cuda.decode_attention import LOG2E, dot_precision
+from tessera.hal.cuda.decode_attention import LOG2E, check_paged_inputs, dot_precision
 
 BLOCK_M = 64
 BLOCK_N = 64
@@ -82,12 +82,7 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """`max_extend_len` (optional) spares a device-to-host read when the caller knows it."""
     tokens, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
-    if q_heads % kv_heads:
-        raise ValueError(f"attention_extend: {q_heads} query heads is not a multiple of "
-                         f"{kv_heads} KV heads")
-    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or req_to_token.stride(-1) != 1:
-        raise ValueError("attention_extend: q, the caches and req_to_token must be contiguous "
-                         "in their last dimension")
+    check_paged_inputs("attention_extend", q, k_cache, req_to_token)
     out = torch.empty((tokens, q_heads, head_dim), dtype=q.dtype, device=q.device)
     batch = seq_lens.shape[0]
     if tokens == 0 or batch == 0:
