@@ -16,8 +16,9 @@ Every op is compared with the reference computed in float32 on the CPU from the 
 values, over the dtypes the plugin declares, the edge cases the scheduler produces (empty
 batch, one token, KV crossing page boundaries, GQA ratios 1/4/8, head dims 64/128). Sampling is
 checked for greedy equality, per-seed reproducibility, filtering and the drawn distribution;
-graph capture for replay equality where the plugin declares it; the communicator for its
-single-rank, loopback and two-process semantics.
+graph capture for replay equality where the plugin declares it; events, asynchronous copies,
+pinned buffers, the memory policy and profiler ranges (hal/conformance_runtime.py); the
+communicator for its single-rank, loopback and two-process semantics.
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ from tessera.hal.conformance_data import (
     PagedCase,
     make_paged_case,
     sampling_params,
+)
+from tessera.hal.conformance_runtime import (  # noqa: F401 - collected from here
+    test_an_event_marks_finished_work,
+    test_capture_warms_up_then_replays_on_new_inputs,
+    test_copies_round_trip_through_the_device,
+    test_memory_policy_is_declared,
+    test_pinned_buffers_are_host_memory_the_device_can_fill,
+    test_profile_ranges_nest_and_repeat,
 )
 from tessera.hal.ops import OP_NAMES
 from tessera.hal.platform import Capabilities, Platform

@@ -99,8 +99,10 @@ class EngineConfig(BatchingConfig):
                                "cache (on the cpu plugin: of available RAM, capped by "
                                "--max-total-tokens)")
     max_total_tokens: int | None = _opt(None, "cap the KV cache at this many token slots")
-    disable_cuda_graph: bool = _opt(False, "run decode eagerly instead of replaying graphs")
-    cuda_graph_max_bs: int = _opt(256, "largest decode batch captured as a graph")
+    disable_graph_capture: bool = _opt(False, "run decode eagerly instead of replaying "
+                                       "captured graphs", aliases=["--disable-cuda-graph"])
+    graph_max_bs: int = _opt(256, "largest decode batch captured as a graph",
+                             aliases=["--cuda-graph-max-bs"])
     # --- processes ---------------------------------------------------------------------------
     tokenizer_workers: int = _opt(1, "tokenizer processes")
     run_dir: str | None = _opt(None, "private run directory for sockets (default: a new one "
@@ -133,17 +135,19 @@ class EngineConfig(BatchingConfig):
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            flag = "--" + f.name.replace("_", "-")
+            # Aliases keep the names other engines use for the same setting.
+            flags = ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ())]
             kind = hints[f.name]
             help_text = f.metadata.get("help", "")
             if kind is bool:
                 # A switch that is on by default is turned off with --no-NAME.
                 action = argparse.BooleanOptionalAction if f.default else "store_true"
-                parser.add_argument(flag, action=action, default=None, help=help_text)
+                parser.add_argument(*flags, dest=f.name, action=action, default=None,
+                                    help=help_text)
                 continue
             base = next((t for t in (int, float, str) if t is kind or t in typing.get_args(kind)),
                         str)
-            parser.add_argument(flag, type=base, default=None, help=help_text,
+            parser.add_argument(*flags, dest=f.name, type=base, default=None, help=help_text,
                                 choices=f.metadata.get("choices"))
 
     @classmethod

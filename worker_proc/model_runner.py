@@ -3,7 +3,7 @@
 Mixed batches (prefill chunks and decodes together) run as one ragged forward through
 `attention_extend`; a batch of only decodes goes through `attention_decode` and, on a plugin
 that captures graphs, replays the graph captured at start-up for its padded batch size
-(`worker_proc/graph_decode.py`).
+(`worker_proc/graph_decode.py`). The chip is reached only through the Platform contract.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -22,6 +21,7 @@ from tessera.formats import ModelFiles, open_model
 from tessera.formats.dummy import DummyFiles
 from tessera.hal.platform import Communicator, KVArena, Platform
 from tessera.worker_proc.forward_inputs import ForwardInputs, build_forward_inputs, to_device
+from tessera.worker_proc.graph_decode import DecodeGraphs
 from tessera.worker_proc.kv_sizing import KVPlan, plan_kv
 from tessera.worker_proc.models import model_class
 from tessera.worker_proc.sampler import DeviceSample, Sampler
@@ -78,7 +78,7 @@ class ModelRunner:
         tp = self.model.tp
         self.kv_plan: KVPlan = plan_kv(
             free_bytes_now=platform.mem_get_info()[0], free_bytes_before_weights=free_before,
-            is_cpu=platform.name == "cpu", mem_fraction=config.mem_fraction,
+            policy=platform.memory_policy, mem_fraction=config.mem_fraction,
             max_total_tokens=config.max_total_tokens, page_size=config.page_size,
             bytes_per_slot=KVArena.bytes_per_slot(mc.num_layers, tp.num_kv_heads, mc.head_dim,
                                                   self.dtype),
@@ -87,9 +87,9 @@ class ModelRunner:
         self.kv = platform.create_kv_arena(mc.num_layers, self.kv_plan.num_slots,
                                            tp.num_kv_heads, mc.head_dim, self.dtype)
         log.info("rank %d: %s", rank, self.kv_plan.describe())
-        self.graphs: Any = None
+        self.graphs: DecodeGraphs | None = None
         self._capture_decode_graphs()
-        self.sampler = Sampler(platform.op("sample"), self.device)
+        self.sampler = Sampler(platform, self.device)
         # The token each page-table row sampled last: input ids < 0 refer to it.
         self.last_sampled = torch.zeros(config.max_running_requests, dtype=torch.int64,
                                         device=self.device)
@@ -97,19 +97,16 @@ class ModelRunner:
 
     def _capture_decode_graphs(self) -> None:
         """Capture decode graphs when the plugin can (`Capabilities.graph_capture`) and
-        --disable-cuda-graph is off; batches too large for them run eagerly."""
+        --disable-graph-capture is off; batches too large for them run eagerly."""
         cfg, platform = self.config, self.platform
-        if cfg.disable_cuda_graph or not platform.capabilities.graph_capture:
+        if cfg.disable_graph_capture or not platform.capabilities.graph_capture:
             return
         runner = platform.create_graph_runner()
-        if runner is None or not hasattr(runner, "capture"):
-            log.info("rank %d: %s offers no capture(key, fn) graph runner: decode runs eagerly",
-                     self.rank, platform.name)
-            return
-        from tessera.worker_proc.graph_decode import DecodeGraphs
-
-        max_bs = min(cfg.cuda_graph_max_bs, cfg.max_running_requests,
-                     platform.capabilities.max_capture_batch or cfg.cuda_graph_max_bs)
+        if runner is None:
+            raise RuntimeError(f"the {platform.name} plugin declares graph capture but "
+                               f"create_graph_runner() returned None")
+        max_bs = min(cfg.graph_max_bs, cfg.max_running_requests,
+                     platform.capabilities.max_capture_batch or cfg.graph_max_bs)
         start = time.perf_counter()
         graphs = DecodeGraphs(lambda inp: self.model(inp, self.kv), runner, max_bs,
                               self.max_context_len, self.device)
@@ -132,8 +129,8 @@ class ModelRunner:
 
     @property
     def asynchronous(self) -> bool:
-        """Whether launch() returns before the device has finished (not on the CPU)."""
-        return self.device.type != "cpu"
+        """Whether launch() returns before the device has finished."""
+        return self.platform.capabilities.asynchronous
 
     def step(self, batch: ForwardBatch, req_to_token: np.ndarray) -> SampledTokens:
         return self.finish(self.launch(batch, req_to_token))
@@ -146,7 +143,7 @@ class ModelRunner:
         start = time.perf_counter()
         if batch.batch_size == 0:
             return PendingStep(batch.step, None, start)
-        inputs = build_forward_inputs(batch, req_to_token, self.device)
+        inputs = build_forward_inputs(batch, req_to_token, self.platform, self.device)
         self._resolve_last_sampled(inputs)
         with torch.inference_mode():
             logits = self.forward(inputs)
@@ -158,7 +155,7 @@ class ModelRunner:
             own = tokens if self.rank == 0 else torch.zeros_like(tokens)
             tokens = sample.tokens = self.communicator.all_reduce(own)
         if tokens.numel():
-            rows = to_device(np.asarray(batch.rows, dtype=np.int64)[
+            rows = to_device(self.platform, np.asarray(batch.rows, dtype=np.int64)[
                 np.asarray(batch.sample, dtype=bool)], torch.int64, self.device)
             self.last_sampled[rows] = tokens
         sample.start_copy()
@@ -190,5 +187,5 @@ class ModelRunner:
         captured for its padded size (the logits are then a view of a static buffer, valid
         until the next replay), else eager."""
         if self.graphs is not None and self.graphs.can_run(inputs):
-            return self.graphs.run(inputs)  # type: ignore[no-any-return]
+            return self.graphs.run(inputs)
         return self.model(inputs, self.kv)

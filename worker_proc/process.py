@@ -79,7 +79,8 @@ class WorkerProcess(BusProcess):
     # On a GPU a step is launched, then the previous one is finished: the device starts step
     # n+1 (the scheduler sends it before it has step n's result) while this thread waits for
     # step n's tokens and sends them, so host work hides behind device work. Results still
-    # leave in step order. On the CPU launching is computing: each step finishes at once.
+    # leave in step order. On a synchronous plugin launching is computing: each step finishes
+    # at once.
 
     def _launch(self, batch: ForwardBatch) -> None:
         start = time.perf_counter()

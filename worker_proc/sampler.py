@@ -18,6 +18,7 @@ import torch
 
 from tessera.bus.messages import ForwardBatch
 from tessera.hal.ops import SamplingTensors
+from tessera.hal.platform import Event, Platform
 from tessera.worker_proc.forward_inputs import to_device
 
 
@@ -34,53 +35,46 @@ class SampleResult:
 class DeviceSample:
     """A step's sampled tokens (and logprobs) still on the device.
 
-    `start_copy` queues the copies to pinned host memory behind the step's kernels and
-    records an event; `ready` asks whether they are done without waiting; `fetch` waits and
-    returns host arrays. A worker can so queue step n+1 before it waits for step n.
+    `start_copy` queues the copies to host memory behind the step's kernels and records an
+    event; `ready` asks whether they are done without waiting; `fetch` waits and returns host
+    arrays. A worker can so queue step n+1 before it waits for step n.
     """
 
+    platform: Platform
     tokens: torch.Tensor  # int64 [S]
     want: np.ndarray  # top-N logprobs asked per row (-1: none)
     token_logprobs: torch.Tensor | None = None
     top_values: torch.Tensor | None = None
     top_indices: torch.Tensor | None = None
     _host: list[torch.Tensor | None] | None = None
-    _event: Any = None
+    _event: Event | None = None
 
     def start_copy(self) -> None:
-        def to_host(t: torch.Tensor | None) -> torch.Tensor | None:
-            if t is None or not t.is_cuda:
-                return t
-            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            host.copy_(t, non_blocking=True)
-            return host
-
-        tokens32 = self.tokens.to(torch.int32)
-        self._host = [to_host(t) for t in (tokens32, self.token_logprobs, self.top_values,
-                                           self.top_indices)]
-        if self.tokens.is_cuda:
-            self._event = torch.cuda.Event()
-            self._event.record()
+        to_host = self.platform.device_to_host
+        self._host = [None if t is None else to_host(t) for t in (
+            self.tokens.to(torch.int32), self.token_logprobs, self.top_values,
+            self.top_indices)]
+        self._event = self.platform.create_event()
+        self._event.record()
 
     def ready(self) -> bool:
-        return self._event is None or bool(self._event.query())
+        return self._event is None or self._event.query()
 
     def fetch(self) -> SampleResult:
         if self._host is None:
             self.start_copy()
-        if self._event is not None:
-            self._event.synchronize()
-        assert self._host is not None
+        assert self._host is not None and self._event is not None
+        self._event.synchronize()
         tokens, token_lp, top_vals, top_ids_t = self._host
         assert tokens is not None
         out = SampleResult(
-            token_ids=tokens.cpu().numpy(), logprobs=np.zeros(0, np.float32),
+            token_ids=tokens.numpy(), logprobs=np.zeros(0, np.float32),
             top_ids=np.zeros((0,), np.int32), top_logprobs=np.zeros((0,), np.float32),
             tokens_device=self.tokens)
         if token_lp is not None:
-            out.logprobs = token_lp.cpu().numpy()
+            out.logprobs = token_lp.numpy()
         if top_vals is not None and top_ids_t is not None:
-            top_lp, top_ids = top_vals.cpu().numpy().copy(), top_ids_t.cpu().numpy().copy()
+            top_lp, top_ids = top_vals.numpy().copy(), top_ids_t.numpy().copy()
             n = top_lp.shape[1]
             fewer = np.arange(n)[None, :] >= np.maximum(self.want, 0)[:, None]
             top_ids[fewer] = -1  # this row asked for fewer alternatives
@@ -105,7 +99,8 @@ def _csr_gather(offsets: np.ndarray, values: np.ndarray, sel: np.ndarray
     return row, values[starts[row] + within].astype(np.int64), within
 
 
-def apply_penalties(logits: torch.Tensor, batch: ForwardBatch, sel: np.ndarray) -> None:
+def apply_penalties(platform: Platform, logits: torch.Tensor, batch: ForwardBatch,
+                    sel: np.ndarray) -> None:
     """In place on logits [S, V]: repetition, frequency and presence penalties of the
     requests `sel` (indices into the batch)."""
     rep = np.asarray(batch.repetition_penalty, dtype=np.float32)[sel]
@@ -121,38 +116,40 @@ def apply_penalties(logits: torch.Tensor, batch: ForwardBatch, sel: np.ndarray) 
     dev = logits.device
     keep = (tok >= 0) & (tok < vocab)
     row, tok, within = row[keep], tok[keep], within[keep]
-    flat = to_device(row * vocab + tok, torch.int64, dev)
+    flat = to_device(platform, row * vocab + tok, torch.int64, dev)
     if (rep != 1.0).any():
         seen = torch.zeros(s * vocab, dtype=torch.bool, device=dev)
         seen[flat] = True
         seen = seen.view(s, vocab)
-        penalty = to_device(rep, torch.float32, dev)[:, None]
+        penalty = to_device(platform, rep, torch.float32, dev)[:, None]
         penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
         logits.copy_(torch.where(seen, penalized, logits))
     if (freq != 0.0).any() or (pres != 0.0).any():
         prompt_lens = np.asarray(batch.hist_prompt_lens, dtype=np.int64)[sel]
         is_output = within >= prompt_lens[row]
         counts = torch.zeros(s * vocab, dtype=torch.float32, device=dev)
-        counts.index_add_(0, flat[to_device(is_output, torch.bool, dev)],
+        counts.index_add_(0, flat[to_device(platform, is_output, torch.bool, dev)],
                           torch.ones(int(is_output.sum()), device=dev))
         counts = counts.view(s, vocab)
-        logits -= to_device(freq, torch.float32, dev)[:, None] * counts
-        logits -= to_device(pres, torch.float32, dev)[:, None] * (counts > 0).float()
+        logits -= to_device(platform, freq, torch.float32, dev)[:, None] * counts
+        logits -= to_device(platform, pres, torch.float32, dev)[:, None] * (counts > 0).float()
 
 
-def apply_blocks(logits: torch.Tensor, batch: ForwardBatch, sel: np.ndarray) -> None:
+def apply_blocks(platform: Platform, logits: torch.Tensor, batch: ForwardBatch,
+                 sel: np.ndarray) -> None:
     """In place: forbid this step's block ids (e.g. EOS while output_len < min_tokens)."""
     row, tok, _ = _csr_gather(np.asarray(batch.block_offsets), np.asarray(batch.block_ids), sel)
     keep = (tok >= 0) & (tok < logits.shape[1])
     if keep.any():
-        rows_t = to_device(row[keep], torch.int64, logits.device)
-        toks_t = to_device(tok[keep], torch.int64, logits.device)
+        rows_t = to_device(platform, row[keep], torch.int64, logits.device)
+        toks_t = to_device(platform, tok[keep], torch.int64, logits.device)
         logits[rows_t, toks_t] = float("-inf")
 
 
 class Sampler:
-    def __init__(self, sample_op: Callable[..., Any], device: torch.device) -> None:
-        self.sample_op = sample_op
+    def __init__(self, platform: Platform, device: torch.device) -> None:
+        self.platform = platform
+        self.sample_op: Callable[..., Any] = platform.op("sample")
         self.device = device
 
     def __call__(self, logits: torch.Tensor, batch: ForwardBatch) -> SampleResult:
@@ -165,11 +162,11 @@ class Sampler:
         want = np.asarray(batch.logprobs, dtype=np.int64)[sel]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if (want >= 0).any() else None
         if logits.shape[0]:  # penalties edit the logits in place: they are this step's own
-            apply_penalties(logits, batch, sel)
-            apply_blocks(logits, batch, sel)
+            apply_penalties(self.platform, logits, batch, sel)
+            apply_blocks(self.platform, logits, batch, sel)
         params = self._params(batch, sel)
         tokens = self.sample_op(logits, params).to(torch.int64)
-        out = DeviceSample(tokens=tokens, want=want)
+        out = DeviceSample(platform=self.platform, tokens=tokens, want=want)
         if raw_logprobs is not None:
             out.token_logprobs = raw_logprobs.gather(1, tokens[:, None])[:, 0]
             n = int(want.max())
@@ -181,7 +178,7 @@ class Sampler:
     def _params(self, batch: ForwardBatch, sel: np.ndarray) -> SamplingTensors:
         def dev(a: np.ndarray, dtype: Any) -> torch.Tensor:
             host = np.ascontiguousarray(np.asarray(a)[sel], dtype=dtype)
-            return to_device(host, torch.from_numpy(host[:0]).dtype, self.device)
+            return to_device(self.platform, host, torch.from_numpy(host[:0]).dtype, self.device)
 
         temperature = np.asarray(batch.temperature, np.float32)[sel]
         top_k = np.asarray(batch.top_k, np.int32)[sel]

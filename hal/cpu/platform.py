@@ -14,7 +14,7 @@ import torch
 
 from tessera.hal.base import OpTablePlatform
 from tessera.hal.local_comm import make_local_communicator
-from tessera.hal.platform import Capabilities, Communicator, GraphRunner
+from tessera.hal.platform import Capabilities, Communicator, GraphRunner, MemoryPolicy
 from tessera.hal.reference import reference_ops
 
 
@@ -28,6 +28,10 @@ class CpuPlatform(OpTablePlatform):
         max_capture_batch=0,
         communicator_backends=("gloo",),
     )
+    # Host memory is shared with everything else on the machine (often several engines in
+    # CI): a modest share of it by default, and no more slots than a small host can use.
+    memory_policy: ClassVar[MemoryPolicy] = MemoryPolicy(
+        shared_with_host=True, default_share=0.1, default_max_tokens=32768)
 
     @classmethod
     def is_available(cls) -> bool:

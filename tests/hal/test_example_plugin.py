@@ -76,4 +76,5 @@ def test_shown_by_doctor(plugin_env: dict[str, str]) -> None:
     assert "entry point (tessera-hal-example 0.1.0)" in rows["plugin example"]
     assert "example (by --hal)" in rows["selected plugin"]
     assert "native" in rows["op rms_norm"]
-    assert "reference fallback" in rows["op attention_decode"]
+    assert "native" in rows["op attention_decode"]  # capturable, unlike the reference
+    assert "reference fallback" in rows["op attention_extend"]

@@ -4,6 +4,7 @@ weights, clear load errors, reproducible seeded sampling, logprobs through a rea
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -124,27 +125,28 @@ def test_ready_message_reports_the_arena(llama_folder):
     assert np.asarray(runner.kv.storage.shape).prod() * 4 == runner.kv_plan.total_bytes
 
 
-def test_decode_graphs_are_captured_and_replayed_with_the_same_tokens(llama_folder):
-    """A plugin that captures graphs: the runner captures decode graphs at start-up and
-    replays them (here a stand-in runner that reruns the captured callable on the static
-    buffers); batches larger than the largest graph run eagerly. Tokens do not change."""
-    from tessera.hal.cpu import CpuPlatform
+def test_decode_graphs_are_captured_and_replayed_with_the_same_tokens(llama_folder,
+                                                                       monkeypatch):
+    """An out-of-tree plugin that captures graphs (tests/hal_plugin_example: a recording of
+    aten ops, its own events) through the Platform contract alone: the runner captures decode
+    graphs at start-up and replays them; batches larger than the largest graph run eagerly.
+    Tokens are those of the eager cpu plugin."""
     from tessera.hal.platform import Capabilities
-    from tests.worker_proc.test_graph_decode import RerunRunner
 
-    class CapturingCpu(CpuPlatform):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "hal_plugin_example"))
+    from tessera_hal_example import ExamplePlatform
+
+    class SmallGraphs(ExamplePlatform):
         capabilities = Capabilities(graph_capture=True, max_capture_batch=4)
-
-        def create_graph_runner(self):
-            return RerunRunner()
 
     folder, model = llama_folder
     from tessera.worker_proc.model_runner import ModelRunner
 
     eager = make_runner(folder)
-    config = eager.config.replace(cuda_graph_max_bs=8)
-    runner = ModelRunner(config, 0, CapturingCpu())
+    config = eager.config.replace(graph_max_bs=8)
+    runner = ModelRunner(config, 0, SmallGraphs())
     assert runner.graphs is not None and runner.graphs.sizes == [1, 2, 4]
+    assert runner.graphs.runner.tapes.keys() == {1, 2, 4}
     calls = []
     run = runner.graphs.run
     runner.graphs.run = lambda inp: calls.append(int(inp.seq_lens.shape[0])) or run(inp)
