@@ -3,7 +3,7 @@
 Messages are frozen dataclasses. Fields typed `np.ndarray` travel as separate zero-copy ZeroMQ
 frames (see `codec.py`); every other field goes into the msgpack header and must be plain data
 (None, bool, int, float, str, bytes, list, dict) or a nested dataclass registered here
-(`SamplingParams`). Never pickle: a pickled message on an open socket is remote code execution.
+(`SamplingParams`, `DetokInfo`), alone or as the values of a `dict[str, ...]`. Never pickle: a pickled message on an open socket is remote code execution.
 
 Path of one request (ARCHITECTURE.md):
   client --GenerateRequest--> tokenizer --TokenizedRequest--> scheduler
@@ -153,6 +153,40 @@ class SamplingParams:
         return cls(**values)
 
 
+@dataclass(frozen=True)
+class DetokInfo:
+    """What the detokenizer needs to finish one request, and where its answers go. Written by
+    the tokenizer, carried unchanged by the scheduler, which reads only `reply_to` (to route
+    its own errors about the request)."""
+
+    reply_to: str
+    stream: bool = True
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # hidden: they end a sample but are not shown
+    skip_special_tokens: bool = True
+    logprobs: int | None = None  # top alternatives per token (None: no logprobs)
+    prompt_tokens: int = 0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DetokInfo:
+        """Build from the wire, raising ValueError on an unknown key or a value of the wrong
+        kind."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown DetokInfo field(s): {', '.join(unknown)}")
+        if not isinstance(data.get("reply_to"), str):
+            raise ValueError("DetokInfo.reply_to must be a string")
+        values = dict(data)
+        for key in ("stop", "stop_token_ids"):
+            if key in values:
+                if not isinstance(values[key], list | tuple):
+                    raise ValueError(f"DetokInfo.{key} must be a list")
+                values[key] = tuple(values[key])
+        return cls(**values)
+
+
 # --------------------------------------------------------------------------------------------
 # Base
 # --------------------------------------------------------------------------------------------
@@ -167,7 +201,7 @@ class Message:
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {}
-NESTED_TYPES: dict[str, type] = {"SamplingParams": SamplingParams}
+NESTED_TYPES: dict[str, type] = {"SamplingParams": SamplingParams, "DetokInfo": DetokInfo}
 
 
 def register(cls: type[Message]) -> type[Message]:
@@ -231,15 +265,15 @@ class AbortRequest(Message):
 class TokenizedRequest(Message):
     """A validated, tokenized request.
 
-    `detok` is opaque to the scheduler: what the detokenizer needs to route and finish the
-    request (reply_to, stop strings, skip_special_tokens, stream, prompt text length...).
-    The scheduler passes it on, unchanged, the first time the request appears in a TokenBatch.
+    `detok` is what the detokenizer needs to finish the request; the scheduler passes it on,
+    unchanged, the first time the request appears in a TokenBatch, and reads only its
+    `reply_to`.
     """
 
     rid: str
     input_ids: np.ndarray
     sampling: SamplingParams
-    detok: dict[str, Any]
+    detok: DetokInfo
     priority: int = 0
     arrival_time: float = 0.0
 
@@ -361,7 +395,7 @@ class TokenBatch(Message):
 
     rids[r], indices[r]: request id and sample index (0..n-1). counts[r] tokens of token_ids
     (concatenated) belong to r. finish[r] is None while running, else "stop", "length" or
-    "abort". new_requests maps rid -> the TokenizedRequest.detok dict, sent once, the first
+    "abort". new_requests maps rid -> the TokenizedRequest's DetokInfo, sent once, the first
     time a rid appears. logprobs / top_ids / top_logprobs follow SampledTokens' layout, one row
     per token in token_ids, when any request asked for them.
     """
@@ -373,7 +407,7 @@ class TokenBatch(Message):
     finish: list[str | None]
     prompt_tokens: list[int]
     cached_tokens: list[int]
-    new_requests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    new_requests: dict[str, DetokInfo] = field(default_factory=dict)
     matched_stop: list[int | None] = field(default_factory=list)
     logprobs: np.ndarray = field(default_factory=_empty_f32)
     top_ids: np.ndarray = field(default_factory=_empty_i32)

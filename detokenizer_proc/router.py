@@ -1,6 +1,6 @@
 """The detokenizer's logic: TokenBatch rows in, RequestOutput deltas out to each reply_to.
 
-It keeps one RequestState per live request (created from the detok dict that comes with the
+It keeps one RequestState per live request (created from the DetokInfo that comes with the
 request's first row) and forgets it when every sample has finished, when the scheduler reports
 an error for it, or when its client is gone. A stop string is found here, not in the scheduler,
 so when one ends a request the scheduler is told with AbortRequest(reason="stop") to free it.
@@ -65,7 +65,7 @@ class Router:
                 if rid in self._finished:
                     continue
                 detok = batch.new_requests.get(rid)
-                if detok is None or "reply_to" not in detok:
+                if detok is None:
                     self.rows_dropped += 1
                     log.warning("detokenizer: row for unknown request %s dropped", rid)
                     continue

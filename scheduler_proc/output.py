@@ -1,7 +1,7 @@
 """Collect what the detokenizer must hear into one TokenBatch per step.
 
 Entries come in two kinds: a block of sampled tokens (one per sequence, built from arrays)
-and finish-only entries (aborts: no token). The first time a rid appears, its `detok` dict
+and finish-only entries (aborts: no token). The first time a rid appears, its `DetokInfo`
 rides along in `new_requests`.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tessera.bus.messages import TokenBatch
+from tessera.bus.messages import DetokInfo, TokenBatch
 from tessera.scheduler_proc.request import Request
 
 
@@ -26,7 +26,7 @@ class OutputBuilder:
         self.prompt_tokens: list[int] = []
         self.cached_tokens: list[int] = []
         self.matched_stop: list[int | None] = []
-        self.new_requests: dict[str, dict] = {}
+        self.new_requests: dict[str, DetokInfo] = {}
         self.logprobs: list[np.ndarray] = []
         self.top_ids: list[np.ndarray] = []
         self.top_logprobs: list[np.ndarray] = []

@@ -11,83 +11,94 @@ In order, every step:
      sequence is kept back so that new arrivals do not force retractions at once. A sequence
      whose first page is being computed right now by another one (same tokens, not cached
      yet) waits a step or two and then reuses it instead of computing it again.
-Pages and page-table slots are written here, before the batch is sent.
+Pages and page-table slots are written here, before the batch is sent. The planner works on
+the parts it is given (rows, KV pool, waiting queue, running set) and returns a `StepPlan`;
+the scheduler builds the batch from it and keeps the metrics.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from tessera.scheduler_proc.batch import Chunk
+from tessera.scheduler_proc.config import SchedulerConfig
+from tessera.scheduler_proc.kv_pool import KVPool
+from tessera.scheduler_proc.policy import WaitingQueue
 from tessera.scheduler_proc.request import Sequence
+from tessera.scheduler_proc.running import RunningSet
 
-if TYPE_CHECKING:
-    from tessera.scheduler_proc.scheduler import Scheduler
+
+@dataclass
+class StepPlan:
+    """One step's work, its pages already allocated and its slots written."""
+
+    decode_rows: np.ndarray
+    decode_inputs: np.ndarray  # -1: the token this row sampled last (still in flight)
+    chunks: list[Chunk] = field(default_factory=list)
+    retracted: int = 0  # running sequences that gave their pages to the decodes
+    cache_query_tokens: int = 0  # prompt tokens of the admitted sequences
+    cache_hit_tokens: int = 0  # of which served from the cache
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode_rows.shape[0] and not self.chunks
 
 
 class Planner:
     MAX_DEFERRED = 32  # sequences looked past per step while their prefix is in the making
 
-    def __init__(self, sched: Scheduler) -> None:
-        self.s = sched
-        # first page (bytes) -> running sequences computing it, not yet in the cache
-        self._pending: dict[bytes, int] = {}
+    def __init__(self, config: SchedulerConfig, kv: KVPool, waiting: WaitingQueue,
+                 running: RunningSet) -> None:
+        self.config = config
+        self.page_size = config.page_size
+        self.kv, self.waiting, self.running = kv, waiting, running
+        self.st = running.st
 
     def _first_page(self, seq: Sequence) -> bytes | None:
-        ps = self.s.page_size
-        if not self.s.kv.use_cache or seq.tokens.shape[0] <= ps:
+        ps = self.page_size
+        if not self.kv.use_cache or seq.tokens.shape[0] <= ps:
             return None  # nothing another request could match
         return seq.tokens[:ps].tobytes()
 
-    def prefix_ready(self, seq: Sequence) -> None:
-        """The sequence's first page is cached, or it stopped: stop holding others back."""
-        key = seq.pending_key
-        if key is not None:
-            seq.pending_key = None
-            left = self._pending[key] - 1
-            if left:
-                self._pending[key] = left
-            else:
-                del self._pending[key]
-
-    def plan(self) -> tuple[np.ndarray, np.ndarray, list[Chunk]]:
-        """(decode rows, their input ids, prefill chunks): everything already allocated."""
-        dec_rows, dec_inputs = self._plan_decodes()
-        budget = self.s.config.chunked_prefill_size or (1 << 30)
-        chunks, budget = self._plan_prefills(budget)
-        self._admit(chunks, budget)
-        return dec_rows, dec_inputs, chunks
+    def plan(self) -> StepPlan:
+        rows, inputs, retracted = self._plan_decodes()
+        plan = StepPlan(rows, inputs, retracted=retracted)
+        budget = self.config.chunked_prefill_size or (1 << 30)
+        plan.chunks, budget = self._plan_prefills(budget)
+        self._admit(plan, budget)
+        return plan
 
     def _decode_ready(self) -> np.ndarray:
-        s = self.s
-        st = s.st
-        rows = s.active_rows()
+        st = self.st
+        rows = self.running.active_rows()
         if not rows.shape[0]:
             return rows
         total = st.n_known[rows] + st.pending[rows]
         ready = (st.kv_len[rows] == total - 1) & (total < st.max_total[rows])
-        if s.depth > 1:
+        if self.config.overlap:
             # Penalties need the full history; the token in flight is not known yet.
             ready &= ~(st.has_penalty[rows] & (st.pending[rows] > 0))
         return rows[ready]
 
-    def _plan_decodes(self) -> tuple[np.ndarray, np.ndarray]:
-        s = self.s
-        st, ps = s.st, s.page_size
+    def _plan_decodes(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """(decode rows, their input ids, sequences retracted to make room)."""
+        st, ps, running = self.st, self.page_size, self.running
+        retracted = 0
         while True:
             rows = self._decode_ready()
             grow = rows[st.kv_len[rows] % ps == 0]  # the new token starts a page
-            if grow.shape[0] <= s.kv.available():
+            if grow.shape[0] <= self.kv.available():
                 break
-            if len(s.running) <= 1:  # cannot happen after admission checks; stay safe
+            if len(running) <= 1:  # cannot happen after admission checks; stay safe
                 rows = rows[st.kv_len[rows] % ps != 0]
                 grow = rows[:0]
                 break
-            s.retract(s.victim())
+            running.retract(running.victim())
+            retracted += 1
         if grow.shape[0]:
-            st.pages[grow, st.n_pages[grow]] = s.kv.alloc(int(grow.shape[0]))
+            st.pages[grow, st.n_pages[grow]] = self.kv.alloc(int(grow.shape[0]))
             st.n_pages[grow] += 1
         pos = st.kv_len[rows]
         st.req_to_token[rows, pos] = st.pages[rows, pos // ps] * ps + pos % ps
@@ -97,22 +108,21 @@ class Planner:
         inputs = np.where(pending > 0, -1, st.tokens[rows, np.minimum(last, st.width - 1)])
         st.kv_len[rows] = pos + 1
         st.pending[rows] = pending + 1
-        return rows, inputs.astype(np.int32)
+        return rows, inputs.astype(np.int32), retracted
 
     def _chunk(self, seq: Sequence, budget: int, reserve: int) -> Chunk | None:
         """Allocate and write the next prefill chunk of a bound sequence, as long as the
         pages allow (None if not even one token fits)."""
-        s = self.s
-        st, row = s.st, seq.row
+        st, row = self.st, seq.row
         start = int(st.kv_len[row])
         extend = min(int(st.n_known[row]) - start, budget)
-        room = s.kv.available() - reserve
-        extend = min(extend, (int(st.n_pages[row]) + room) * s.page_size - start)
+        room = self.kv.available() - reserve
+        extend = min(extend, (int(st.n_pages[row]) + room) * self.page_size - start)
         if extend <= 0:
             return None
         need = st.pages_needed(row, extend)
         if need > 0:
-            st.add_pages(row, s.kv.alloc(need))
+            st.add_pages(row, self.kv.alloc(need))
         st.write_slots(row, start, start + extend)
         st.kv_len[row] = start + extend
         sample = start + extend == int(st.n_known[row])
@@ -122,15 +132,14 @@ class Planner:
 
     def _plan_prefills(self, budget: int) -> tuple[list[Chunk], int]:
         """Next chunks of sequences admitted earlier whose prompt is not all in KV yet."""
-        s = self.s
-        st = s.st
-        rows = s.active_rows()
+        st, running = self.st, self.running
+        rows = running.active_rows()
         chunks: list[Chunk] = []
         if not rows.shape[0]:
             return chunks, budget
         prefilling = rows[st.kv_len[rows] < st.n_known[rows] + st.pending[rows] - 1]
-        seqs: list[Sequence] = [s.seq_of_row[r] for r in prefilling.tolist()]  # type: ignore[misc]
-        seqs.sort(key=lambda q: q.sort_key(s.by_priority))
+        seqs = [running.seqs[r] for r in prefilling.tolist()]
+        seqs.sort(key=lambda q: q.sort_key(running.by_priority))
         for seq in seqs:
             if budget <= 0:
                 break
@@ -141,40 +150,39 @@ class Planner:
             budget -= chunk.extend
         return chunks, budget
 
-    def _admit(self, chunks: list[Chunk], budget: int) -> None:
+    def _admit(self, plan: StepPlan, budget: int) -> None:
         """Bind waiting sequences to rows while budget, rows and pages last."""
-        s = self.s
-        limit = s.config.max_running_requests
+        kv, waiting, running = self.kv, self.waiting, self.running
+        limit = self.config.max_running_requests
         deferred: list[Sequence] = []
-        while budget > 0 and s.row_pool.free_rows and len(s.running) < limit:
-            seq = s.waiting.peek()
+        while budget > 0 and running.row_pool.free_rows and len(running) < limit:
+            seq = waiting.peek()
             if seq is None:
                 break
-            prefix, node = s.kv.match(seq.tokens)
+            prefix, node = kv.match(seq.tokens)
             key = self._first_page(seq) if not prefix.shape[0] else None
-            if key is not None and key in self._pending:
-                s.kv.unlock(node)  # its prefix is being computed: reuse it when cached
-                deferred.append(s.waiting.pop())
+            if key is not None and key in running.prefixes:
+                kv.unlock(node)  # its prefix is being computed: reuse it when cached
+                deferred.append(waiting.pop())
                 if len(deferred) >= self.MAX_DEFERRED:
                     break
                 continue
-            reserve = len(s.running)  # a page of headroom per running sequence
-            if s.kv.available() <= reserve:
-                s.kv.unlock(node)
+            reserve = len(running)  # a page of headroom per running sequence
+            if kv.available() <= reserve:
+                kv.unlock(node)
                 break
-            s.waiting.pop()
-            s.bind(seq, prefix, node)
+            waiting.pop()
+            running.bind(seq, prefix, node)
             chunk = self._chunk(seq, budget, reserve)
             if chunk is None:  # not even one page: undo
-                s.unbind(seq, insert=False)
-                s.waiting.push(seq)
+                running.unbind(seq, insert=False)
+                waiting.push(seq)
                 break
             if key is not None:
-                seq.pending_key = key
-                self._pending[key] = self._pending.get(key, 0) + 1
-            chunks.append(chunk)
+                running.prefixes.add(seq, key)
+            plan.chunks.append(chunk)
             budget -= chunk.extend
-            s.cache_query_tokens += int(seq.tokens.shape[0])
-            s.cache_hit_tokens += int(prefix.shape[0]) * s.page_size
+            plan.cache_query_tokens += int(seq.tokens.shape[0])
+            plan.cache_hit_tokens += int(prefix.shape[0]) * self.page_size
         for seq in deferred:
-            s.waiting.push(seq)  # same place in line: the sort key did not change
+            waiting.push(seq)  # same place in line: the sort key did not change

@@ -155,7 +155,7 @@ class SchedulerProcess(BusProcess):
             req = self._rejected.popleft()
             self._emit(ErrorReply(rid=req.rid, status=503, error_type="server_error",
                                   message="the scheduler's inbox is full; retry later",
-                                  reply_to=req.detok.get("reply_to")))
+                                  reply_to=req.detok.reply_to))
         while (batch := sched.next_batch()) is not None:
             self._send_batch(batch)
         if sched.inflight and time.monotonic() - sched.inflight[0].sent_at > self.step_timeout_s:

@@ -117,9 +117,6 @@ class RowState:
         ps = self.page_size
         self.req_to_token[row, start:end] = self.pages[row, pos // ps] * ps + pos % ps
 
-    def own_pages(self, row: int) -> np.ndarray:
-        return self.pages[row, self.tree_pages[row]:self.n_pages[row]]
-
     def unbind(self, row: int) -> None:
         self.uid[row] = -1
         self.pending[row] = 0

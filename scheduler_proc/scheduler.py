@@ -16,9 +16,8 @@ one step late (the extra token is dropped).
 
 Page invariant (`check_invariant`): every usable page is exactly one of free, held by a
 running sequence (its own pages, or a cache page on a path it locks), or held only by the
-cache. Pages of a sequence that stops are freed or handed to the cache at once: any step built
-later runs after the steps in flight, so a page is never reused too early. Rows are different:
-a row may be rewritten only once no step in flight names it (`_release_row`).
+cache. Rows and pages of sequences that start and stop: `running.py`; what one step runs:
+`planner.py`.
 """
 
 from __future__ import annotations
@@ -41,14 +40,14 @@ from tessera.scheduler_proc import finish
 from tessera.scheduler_proc.admission import Limits, make_request, refuse
 from tessera.scheduler_proc.batch import InFlight
 from tessera.scheduler_proc.config import SchedulerConfig
+from tessera.scheduler_proc.invariant import check
 from tessera.scheduler_proc.kv_pool import KVPool
 from tessera.scheduler_proc.output import OutputBuilder
-from tessera.scheduler_proc.page_table import RowPool
-from tessera.scheduler_proc.planner import Planner
-from tessera.scheduler_proc.policy import WaitingQueue, retraction_victim
-from tessera.scheduler_proc.radix_cache import Node
+from tessera.scheduler_proc.planner import Planner, StepPlan
+from tessera.scheduler_proc.policy import WaitingQueue
 from tessera.scheduler_proc.request import Request, SeqState, Sequence
 from tessera.scheduler_proc.rows import RowState
+from tessera.scheduler_proc.running import RunningSet
 
 log = logging.getLogger(__name__)
 
@@ -65,25 +64,17 @@ class Scheduler:
                          debug=c.debug_invariants)
         self.allocator = self.kv.allocator
         self.cache = self.kv.cache
-        self.row_pool = RowPool(n_rows)
-        self.seq_of_row: list[Sequence | None] = [None] * n_rows
-        self.rid_of_row: list[str] = [""] * n_rows
-        self.by_priority = c.schedule_policy == "priority"
-        self.waiting = WaitingQueue(self.by_priority)
-        self.planner = Planner(self)
+        by_priority = c.schedule_policy == "priority"
+        self.waiting = WaitingQueue(by_priority)
+        self.running = RunningSet(self.st, self.kv, self.waiting, by_priority)
+        self.planner = Planner(c, self.kv, self.waiting, self.running)
         self.limits = Limits(c, self.allocator.total_pages)
         self.requests: dict[str, Request] = {}
-        self.running: dict[int, Sequence] = {}  # row -> sequence
-        self._active: np.ndarray | None = None  # rows of `running`, rebuilt when it changes
         self.inflight: deque[InFlight] = deque()
         self.depth = 2 if c.overlap else 1
-        self._deferred_rows: list[int] = []
-        self._fork_rows: set[int] = set()  # rows of index-0 sequences with parked siblings
         self._out = OutputBuilder()
         self._errors: list[ErrorReply] = []
         self._step = 0
-        self._completed_step = -1
-        self._uid = 0
         self._order = 0
         # metrics
         self.retracted_total = 0
@@ -157,101 +148,34 @@ class Scheduler:
             return None
         t0 = time.thread_time()
         while True:
-            dec_rows, dec_inputs, chunks = self.planner.plan()
-            if dec_rows.shape[0] or chunks:
+            plan = self.planner.plan()
+            self._count(plan)
+            if not plan.empty:
                 break
             if self.inflight or not self.running:
                 return None
             # Nothing fits and nothing will come back to free memory: give way.
-            self.retract(self.victim())
+            self.running.retract(self.running.victim())
+            self.retracted_total += 1
         step = self._step
         self._step += 1
-        batch, record = batch_mod.build(step, self.st, dec_rows, dec_inputs, chunks,
-                                        self.seq_of_row)
+        batch, record = batch_mod.build(step, self.st, plan.decode_rows, plan.decode_inputs,
+                                        plan.chunks, self.running.seq_of_row)
         self.st.last_step[batch.rows] = step
         record.build_cpu_s = time.thread_time() - t0
         self.inflight.append(record)
         return batch
 
-    # ---------------------------------------------------------------------------- membership
-    # (used by the planner too: binding a waiting sequence to a row, and back)
-    def active_rows(self) -> np.ndarray:
-        """Rows of the running sequences (cached until the running set changes)."""
-        if self._active is None:
-            self._active = np.fromiter(self.running, dtype=np.int32, count=len(self.running))
-        return self._active
-
-    def bind(self, seq: Sequence, prefix: np.ndarray, node: Node) -> None:
-        """Give a waiting sequence a row, starting from `prefix` (cache pages, locked by
-        `node`)."""
-        st = self.st
-        row = self.row_pool.alloc()
-        req = seq.req
-        st.bind(row, self._uid, seq.tokens, req.prompt_len, req.max_total, req.sampling,
-                seq.index, bool(req.stop_ids))
-        self._uid += 1
-        st.set_prefix(row, prefix)
-        if seq.cached_tokens < 0:
-            seq.cached_tokens = int(prefix.shape[0]) * self.page_size
-        st.cached[row] = seq.cached_tokens
-        seq.row, seq.uid, seq.state = row, int(st.uid[row]), SeqState.RUNNING
-        seq.last_node = node
-        self.seq_of_row[row] = seq
-        self.rid_of_row[row] = req.rid
-        st.fresh[row] = not req.announced
-        self.running[row] = seq
-        self._active = None
-        if seq.index == 0 and seq.req.fork_pending:
-            self._fork_rows.add(row)
+    def _count(self, plan: StepPlan) -> None:
+        self.retracted_total += plan.retracted
+        self.cache_query_tokens += plan.cache_query_tokens
+        self.cache_hit_tokens += plan.cache_hit_tokens
 
     # ---------------------------------------------------------------------------- leaving
-    def unbind(self, seq: Sequence, insert: bool) -> None:
-        row = seq.row
-        self.planner.prefix_ready(seq)
-        self.kv.release(seq, insert)
-        del self.running[row]
-        self._active = None
-        self._fork_rows.discard(row)
-        self.st.unbind(row)
-        self.seq_of_row[row] = None
-        seq.row = -1
-        self._release_row(row)
-
-    def _release_row(self, row: int) -> None:
-        if int(self.st.last_step[row]) > self._completed_step:
-            self._deferred_rows.append(row)  # a step in flight still reads this row
-        else:
-            self.row_pool.free(row)
-
-    def _release_deferred_rows(self) -> None:
-        if not self._deferred_rows:
-            return
-        still = []
-        for row in self._deferred_rows:
-            if int(self.st.last_step[row]) > self._completed_step:
-                still.append(row)
-            else:
-                self.row_pool.free(row)
-        self._deferred_rows = still
-
-    def victim(self) -> Sequence:
-        victim = retraction_victim(self.running.values(), self.by_priority)
-        assert victim is not None
-        return victim
-
-    def retract(self, seq: Sequence) -> None:
-        """Free a running sequence's pages and requeue it; it recomputes when it returns."""
-        row = seq.row
-        seq.tokens = self.st.tokens[row, :self.st.n_known[row]].copy()
-        self.unbind(seq, insert=True)
-        self.waiting.push(seq)
-        self.retracted_total += 1
-        log.debug("retracted %s[%d] (%d tokens)", seq.req.rid, seq.index, seq.tokens.shape[0])
-
     def _drop(self, seq: Sequence) -> None:
         """Forget a sequence wherever it is (abort, failure)."""
         if seq.state is SeqState.RUNNING:
-            self.unbind(seq, insert=True)
+            self.running.unbind(seq, insert=True)
         elif seq.state is SeqState.WAITING:
             self.waiting.discard(seq)
         self._finished(seq)
@@ -270,7 +194,7 @@ class Scheduler:
                 self._drop(seq)
         self._errors.append(ErrorReply(rid=req.rid, status=status, message=message,
                                        error_type="server_error",
-                                       reply_to=req.detok.get("reply_to")))
+                                       reply_to=req.detok.reply_to))
 
     # ---------------------------------------------------------------------------- results
     def on_result(self, res: SampledTokens) -> TokenBatch | None:
@@ -285,15 +209,14 @@ class Scheduler:
         if not self.inflight or res.step != self.inflight[0].step:
             log.warning("dropping a result for step %d (expected %s)", res.step,
                         self.inflight[0].step if self.inflight else "none")
-            if self._completed_step < res.step < self._step:
+            if self.running.completed_step < res.step < self._step:
                 # A late answer to a step failed by fail_inflight: the worker is done with
                 # it (it runs steps in order), so the rows it named may be reused now.
-                self._completed_step = res.step
-                self._release_deferred_rows()
+                self.running.step_completed(res.step)
             return None
         t0 = time.thread_time()
         rec = self.inflight.popleft()
-        self._completed_step = rec.step
+        self.running.completed_step = rec.step
         st = self.st
         same = st.uid[rec.rows] == rec.uids
         st.kv_done[rec.rows[same]] = rec.seq_lens[same]
@@ -306,12 +229,12 @@ class Scheduler:
             if self.kv.use_cache and rec.prefill_rows.shape[0]:
                 ok = st.uid[rec.prefill_rows] == rec.prefill_uids
                 for row in rec.prefill_rows[ok].tolist():
-                    seq = self.seq_of_row[row]
+                    seq = self.running.seq_of_row[row]
                     assert seq is not None
                     self.kv.cache_prefix(seq)
                     if st.tree_pages[row] > 0:
-                        self.planner.prefix_ready(seq)
-        self._release_deferred_rows()
+                        self.running.prefixes.ready(seq)
+        self.running.release_deferred_rows()
         self.steps_done += 1
         cpu_ms = (rec.build_cpu_s + time.thread_time() - t0) * 1e3
         self.cpu_ms_ema = cpu_ms if self.steps_done == 1 else 0.9 * self.cpu_ms_ema + 0.1 * cpu_ms
@@ -332,7 +255,8 @@ class Scheduler:
         st.tokens[rows, pos] = toks
         st.n_known[rows] = pos + 1
         st.pending[rows] -= 1
-        fin = finish.detect(st, rows, toks, self.config.eos_token_ids, self.seq_of_row)
+        running = self.running
+        fin = finish.detect(st, rows, toks, self.config.eos_token_ids, running.seq_of_row)
         logprobs = None
         if res.logprobs.shape[0]:
             pick = slice(None) if all_valid else valid
@@ -342,24 +266,23 @@ class Scheduler:
         if st.fresh[rows].any():
             for r in rows[st.fresh[rows]].tolist():
                 st.fresh[r] = False
-                fresh.append(self.seq_of_row[r].req)  # type: ignore[union-attr]
-        self._out.add_tokens([self.rid_of_row[r] for r in row_list], st.index[rows].tolist(),
+                fresh.append(running.seqs[r].req)
+        self._out.add_tokens([running.rid_of_row[r] for r in row_list], st.index[rows].tolist(),
                              fresh, toks, fin.reasons, fin.matched,
                              st.prompt_len[rows].tolist(), st.cached[rows].tolist(), logprobs)
-        if self._fork_rows:
-            for row in self._fork_rows.intersection(rows.tolist()):
-                self._fork(self.seq_of_row[row])  # type: ignore[arg-type]
+        if running.fork_rows:
+            for row in running.fork_rows.intersection(row_list):
+                self._fork(running.seqs[row])
         for i in fin.done:
-            seq = self.seq_of_row[row_list[i]]
-            assert seq is not None
-            self.unbind(seq, insert=True)
+            seq = running.seqs[row_list[i]]
+            running.unbind(seq, insert=True)
             self._finished(seq)
             self.finished_total += 1
 
     def _fork(self, seq: Sequence) -> None:
         """Index 0 has its prompt in KV (and, after this step, in the cache): start the other
         samples, which find the prompt's pages there and compute only the last partial page."""
-        self._fork_rows.discard(seq.row)
+        self.running.fork_rows.discard(seq.row)
         for sib in seq.req.fork_pending:
             self.waiting.push(sib)
         seq.req.fork_pending = []
@@ -370,7 +293,7 @@ class Scheduler:
         for rec in records:
             same = st.uid[rec.rows] == rec.uids
             for row in rec.rows[same].tolist():
-                seq = self.seq_of_row[row]
+                seq = self.running.seq_of_row[row]
                 if seq is not None:
                     reqs[seq.req.rid] = seq.req
         for req in reqs.values():
@@ -397,13 +320,11 @@ class Scheduler:
             "cache_hit_tokens": float(self.cache_hit_tokens),
             "cache_query_tokens": float(query),
             "cache_hit_rate": self.cache_hit_tokens / query if query else 0.0,
-            **self.kv.stats(self.active_rows()),  # check_invariant(): the O(pages) version
+            **self.kv.stats(self.running.active_rows()),  # check_invariant(): the O(pages) version
             "sched_cpu_ms_per_step": self.cpu_ms_ema,
             "steps": float(self.steps_done),
             "inflight_steps": float(len(self.inflight)),
         }
 
     def check_invariant(self) -> None:
-        from tessera.scheduler_proc.invariant import check
-
-        check(self)
+        check(self.running)

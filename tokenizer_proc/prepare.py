@@ -5,7 +5,7 @@ answered with an ErrorReply that names the field, what was wrong and what to do:
     400  malformed input: not exactly one of prompt / messages / input_ids, a bad message,
          a sampling value out of range, a token id outside the vocabulary, an empty prompt
     413  the prompt plus max_tokens does not fit the model's context
-The `detok` dict written here is everything the detokenizer needs to finish the request; the
+The `DetokInfo` written here is everything the detokenizer needs to finish the request; the
 scheduler carries it unchanged (see detokenizer_proc/sequence.py for the reader).
 """
 
@@ -16,7 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from tessera.bus.messages import ErrorReply, GenerateRequest, SamplingParams, TokenizedRequest
+from tessera.bus.messages import (
+    DetokInfo,
+    ErrorReply,
+    GenerateRequest,
+    SamplingParams,
+    TokenizedRequest,
+)
 from tessera.formats.chat_template import ChatTemplateError
 from tessera.formats.tokenizer import ModelTokenizer, TokenizerError
 
@@ -162,16 +168,16 @@ def prepare(req: GenerateRequest, tok: ModelTokenizer,
         return ErrorReply(rid=req.rid, status=rej.status, message=rej.message,
                           param=rej.param, reply_to=req.reply_to)
     hidden = [] if sampling.ignore_eos else list(tok.eos_token_ids)
-    detok = {
-        "reply_to": req.reply_to,
-        "stream": req.stream,
-        "n": sampling.n,
-        "stop": list(sampling.stop),
-        "stop_token_ids": sorted(set(sampling.stop_token_ids) | set(hidden)),
-        "skip_special_tokens": sampling.skip_special_tokens,
-        "logprobs": sampling.logprobs,
-        "prompt_tokens": len(ids),
-    }
+    detok = DetokInfo(
+        reply_to=req.reply_to,
+        stream=req.stream,
+        n=sampling.n,
+        stop=tuple(sampling.stop),
+        stop_token_ids=tuple(sorted(set(sampling.stop_token_ids) | set(hidden))),
+        skip_special_tokens=sampling.skip_special_tokens,
+        logprobs=sampling.logprobs,
+        prompt_tokens=len(ids),
+    )
     return TokenizedRequest(rid=req.rid, input_ids=np.asarray(ids, dtype=np.int32),
                             sampling=sampling, detok=detok, priority=req.priority,
                             arrival_time=req.arrival_time)

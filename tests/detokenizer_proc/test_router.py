@@ -8,17 +8,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tessera.bus.channel import SendTimeout
-from tessera.bus.messages import AbortRequest, ErrorReply, RequestOutput, TokenBatch
+from tessera.bus.messages import AbortRequest, DetokInfo, ErrorReply, RequestOutput, TokenBatch
 from tessera.detokenizer_proc.router import Router
 
 EOS = 2
 
 
 def detok(**kw):
-    base = {"reply_to": "ipc://client", "stream": True, "n": 1, "stop": [],
+    base = {"reply_to": "ipc://client", "stream": True, "n": 1, "stop": (),
             "skip_special_tokens": True, "logprobs": None, "prompt_tokens": 7,
-            "stop_token_ids": []}
-    return {**base, **kw}
+            "stop_token_ids": ()}
+    merged = {**base, **kw}
+    merged["stop"] = tuple(merged["stop"])
+    return DetokInfo(**merged)
 
 
 def batch(rows, new=None, logprobs=None, top_ids=None, top_logprobs=None):
