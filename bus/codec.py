@@ -34,6 +34,12 @@ class DecodeError(ValueError):
     """A frame set that is not a valid message. Receivers count, log and drop it."""
 
 
+class EncodeError(ValueError):
+    """A message whose values cannot travel on the bus (text that is not valid Unicode, an
+    integer beyond 64 bits, a type msgpack does not know). The sender answers the request
+    with a clear error instead of sending it."""
+
+
 @cache
 def _field_info(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, type]]:
     """(array field names, plain field names, nested dataclass field types) of a message class."""
@@ -96,10 +102,21 @@ def encode(msg: Message) -> list[Any]:
         descs.append([name, arr.dtype.str, list(arr.shape)])
         # A zero-size array still takes a frame so that frame i always matches desc i.
         buffers.append(memoryview(arr).cast("B") if arr.size else b"")  # type: ignore[arg-type]
-    header = msgpack.packb(
-        {"t": cls.TYPE, "v": cls.VERSION, "f": fields, "a": descs}, use_bin_type=True
-    )
+    try:
+        header = msgpack.packb(
+            {"t": cls.TYPE, "v": cls.VERSION, "f": fields, "a": descs}, use_bin_type=True
+        )
+    except (TypeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
+        raise EncodeError(f"{cls.TYPE} cannot be encoded: {_reason(exc)}") from None
     return [header, *buffers]
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, UnicodeEncodeError):
+        return "a string holds a lone surrogate (not valid Unicode text)"
+    if isinstance(exc, OverflowError):
+        return "an integer is too large (at most 64 bits)"
+    return str(exc)
 
 
 def _buffer(frame: Any) -> memoryview:

@@ -59,6 +59,7 @@ class SamplingParams:
     MAX_TOP_LOGPROBS: ClassVar[int] = 20
     MAX_N: ClassVar[int] = 16
     MAX_STOP: ClassVar[int] = 16
+    MAX_TOKEN_ID: ClassVar[int] = 2**31 - 1  # ids travel as int32
 
     @property
     def greedy(self) -> bool:
@@ -122,9 +123,10 @@ class SamplingParams:
         elif len(self.stop) > self.MAX_STOP:
             checks.append(f"stop accepts at most {self.MAX_STOP} strings, got {len(self.stop)}")
         if not isinstance(self.stop_token_ids, tuple | list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= self.MAX_TOKEN_ID
                 for t in self.stop_token_ids):
-            checks.append("stop_token_ids must be a list of non-negative integers")
+            checks.append(f"stop_token_ids must be a list of token ids in [0, "
+                          f"{self.MAX_TOKEN_ID}]")
         for problem in checks:
             if problem:
                 return problem
