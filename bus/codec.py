@@ -27,6 +27,9 @@ _ALLOWED_DTYPES = {
     for t in (np.int8, np.uint8, np.int16, np.int32, np.int64, np.uint32, np.float16,
               np.float32, np.float64, np.bool_)
 }
+# The largest header a receiver accepts. Senders check it too (`MessageTooLarge`), so that a
+# message the bus would refuse fails at once where it is made, never silently at the receiver;
+# the HTTP body limit is set well below it (server/formatting.py).
 MAX_HEADER_BYTES = 16 << 20
 
 
@@ -38,6 +41,10 @@ class EncodeError(ValueError):
     """A message whose values cannot travel on the bus (text that is not valid Unicode, an
     integer beyond 64 bits, a type msgpack does not know). The sender answers the request
     with a clear error instead of sending it."""
+
+
+class MessageTooLarge(EncodeError):
+    """A message whose header exceeds MAX_HEADER_BYTES: every receiver would drop it."""
 
 
 @cache
@@ -108,6 +115,9 @@ def encode(msg: Message) -> list[Any]:
         )
     except (TypeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
         raise EncodeError(f"{cls.TYPE} cannot be encoded: {_reason(exc)}") from None
+    if len(header) > MAX_HEADER_BYTES:
+        raise MessageTooLarge(f"{cls.TYPE} has a header of {len(header)} bytes, more than the "
+                              f"bus carries ({MAX_HEADER_BYTES})")
     return [header, *buffers]
 
 

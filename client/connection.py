@@ -34,7 +34,7 @@ import zmq
 
 from tessera.bus.breaker import CircuitBreaker, CircuitOpenError
 from tessera.bus.channel import DEFAULT_HWM, Outbox, SendTimeout, context
-from tessera.bus.codec import DecodeError, EncodeError, decode, encode
+from tessera.bus.codec import DecodeError, EncodeError, MessageTooLarge, decode, encode
 from tessera.bus.config import RunPaths
 from tessera.bus.messages import (
     AbortRequest,
@@ -48,6 +48,7 @@ from tessera.client.errors import (
     BadRequestError,
     EngineDeadError,
     OverloadedError,
+    PromptTooLongError,
     TesseraError,
 )
 
@@ -307,10 +308,13 @@ class BusConnection:
 
 
 def encode_request(req: GenerateRequest) -> list[object]:
-    """The request's frames; a request the bus cannot carry is the caller's error (400),
-    raised here at once."""
+    """The request's frames; a request the bus cannot carry is the caller's error (400, or
+    413 when it is too large), raised here at once instead of being dropped on the way."""
     try:
         return encode(req)
+    except MessageTooLarge as exc:
+        raise PromptTooLongError(f"the request is too large for the engine ({exc}); send a "
+                                 f"shorter prompt") from None
     except EncodeError as exc:
         raise BadRequestError(f"the request cannot be sent: {exc}") from None
 

@@ -27,6 +27,8 @@ from tessera.client.errors import (
 from tessera.client.outputs import Delta, delta_from_output
 
 Prompt = str | Sequence[dict[str, Any]] | Sequence[int] | np.ndarray | None
+# A request id travels in every message about its request: keep it short.
+MAX_RID_CHARS = 256
 
 
 def _paths(run_dir: str | RunPaths) -> RunPaths:
@@ -123,6 +125,9 @@ def build_request(conn: BusConnection, prompt: Prompt, sampling: SamplingParams,
 def check_rid(rid: Any) -> None:
     if not isinstance(rid, str) or not rid:
         raise BadRequestError("rid must be a non-empty string", param="rid")
+    if len(rid) > MAX_RID_CHARS:
+        raise BadRequestError(f"rid has {len(rid)} characters; at most {MAX_RID_CHARS} are "
+                              f"allowed", param="rid")
     if not rid.isascii():
         try:
             rid.encode("utf-8")

@@ -168,11 +168,14 @@ def test_no_engine_running_fails_fast_with_503(paths: RunPaths) -> None:
 
 
 @pytest.mark.parametrize("kwargs, cls, param", [
+    ({"prompt": "x" * (17 << 20)}, PromptTooLongError, None),
     ({"prompt": "bad \ud800 text"}, BadRequestError, None),
     ({"messages": [{"role": "user", "content": "hi", "name": "\udfff"}]}, BadRequestError,
      None),
+    ({"prompt": "hi", "rid": "r" * 300}, BadRequestError, "rid"),
     ({"prompt": "hi", "rid": "\ud800"}, BadRequestError, "rid"),
     ({"prompt": "hi", "stop_token_ids": [2**70]}, BadRequestError, "stop_token_ids"),
+    ({"prompt": "hi", "stop": ["s" * 1500]}, BadRequestError, "stop"),
 ])
 def test_requests_the_bus_cannot_carry_fail_at_once(client: Client, engine: FakeEngine,
                                                     kwargs: dict, cls: type[TesseraError],

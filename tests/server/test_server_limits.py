@@ -1,13 +1,16 @@
 """Hostile bodies: every one gets a 4xx naming the field, at once, and the server keeps
-serving."""
+serving. Every HTTP limit is below the bus's, so what the server accepts reaches the engine."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 import pytest
 
+from tessera.bus.codec import MAX_HEADER_BYTES
+from tessera.server.formatting import MAX_BODY_BYTES
 from tests.server.harness import ServerUnderTest, check_error_body
 
 CHAT = "/v1/chat/completions"
@@ -52,6 +55,8 @@ FIELD_CASES = [
     ("/generate", {"text": "x", "sampling_params": {"stop_token_ids": [2**64]}},
      "stop_token_ids"),
     (CHAT, chat(seed=2**64), "seed"),
+    (CHAT, chat(stop=["x" * 2000]), "stop"),
+    ("/generate", {"text": "x", "rid": "r" * 300}, "rid"),
 ]
 
 
@@ -65,3 +70,29 @@ def test_values_the_bus_cannot_carry_are_400_naming_the_field(
     assert time.monotonic() - t0 < 5.0  # answered, not left to the request timeout
     assert server.request("POST", CHAT, chat())[0] == 200
 
+
+@pytest.mark.parametrize("path, payload", [
+    (CHAT, chat(stop=["s" * (1536 << 10)] * 16)),  # 24 MiB of stop strings
+    ("/generate", {"text": "x", "rid": "r" * (17 << 20)}),
+    ("/v1/completions", {"prompt": "hello world " * 699_050}),
+])
+def test_bodies_over_the_http_limit_are_413_at_once(server: ServerUnderTest, path: str,
+                                                    payload: dict[str, Any]) -> None:
+    status, _, body = server.request("POST", path, payload)
+    assert status == 413, body
+    assert "MiB" in check_error_body(body, 413)["message"]
+    assert server.request("POST", CHAT, chat())[0] == 200
+
+
+def test_the_http_limit_is_below_the_bus_limit(server: ServerUnderTest) -> None:
+    """The largest body the server takes, as chat messages (the form that expands most on the
+    way: one GenerateRequest header), reaches the engine and is answered."""
+    assert MAX_BODY_BYTES < MAX_HEADER_BYTES
+    one = {"role": "user", "content": "é" * 300}
+    size = len(json.dumps(one, ensure_ascii=False).encode()) + 2
+    messages = [one] * ((MAX_BODY_BYTES - 1000) // size)
+    raw = json.dumps({"messages": messages, "max_tokens": 2}, ensure_ascii=False).encode()
+    assert MAX_BODY_BYTES - 2000 < len(raw) <= MAX_BODY_BYTES
+    status, _, body = server.request("POST", CHAT, raw=raw)
+    assert status == 200, body[:300]
+    assert len(server.engine.requests[-1].messages) == len(messages)
