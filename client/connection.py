@@ -35,7 +35,6 @@ import zmq
 from tessera.bus.breaker import CircuitBreaker, CircuitOpenError
 from tessera.bus.channel import DEFAULT_HWM, Outbox, SendTimeout, context
 from tessera.bus.codec import DecodeError, EncodeError, MessageTooLarge, decode, encode
-from tessera.bus.config import RunPaths
 from tessera.bus.messages import (
     AbortRequest,
     ErrorReply,
@@ -44,6 +43,7 @@ from tessera.bus.messages import (
     StatusReply,
     StatusRequest,
 )
+from tessera.bus.run_paths import RunPaths
 from tessera.client.errors import (
     BadRequestError,
     EngineDeadError,

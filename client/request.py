@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from tessera.bus.breaker import CircuitBreaker
-from tessera.bus.config import EngineConfig, RunPaths
 from tessera.bus.messages import ErrorReply, GenerateRequest, RequestOutput, SamplingParams
 from tessera.bus.process import load_config
+from tessera.bus.run_paths import RunPaths
 from tessera.client.connection import BusConnection, Item
 from tessera.client.errors import (
     BadRequestError,
@@ -25,6 +25,7 @@ from tessera.client.errors import (
     from_reply,
 )
 from tessera.client.outputs import Delta, delta_from_output
+from tessera.config import EngineConfig
 
 Prompt = str | Sequence[dict[str, Any]] | Sequence[int] | np.ndarray | None
 # A request id travels in every message about its request: keep it short.

@@ -16,7 +16,6 @@ from typing import Any
 from tessera.bus.breaker import CircuitBreaker, CircuitOpenError
 from tessera.bus.channel import Inbox, Outbox, OutboxPool, SendTimeout
 from tessera.bus.codec import EncodeError, MessageTooLarge
-from tessera.bus.config import EngineConfig, RunPaths
 from tessera.bus.messages import (
     AbortRequest,
     ErrorReply,
@@ -25,6 +24,8 @@ from tessera.bus.messages import (
     TokenizedRequest,
 )
 from tessera.bus.process import BusProcess, process_main
+from tessera.bus.run_paths import RunPaths
+from tessera.config import EngineConfig
 from tessera.formats.tokenizer import ModelTokenizer, load_tokenizer
 from tessera.tokenizer_proc.prepare import prepare
 

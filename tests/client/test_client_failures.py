@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tessera.bus.config import EngineConfig, RunPaths
+from tessera.bus.run_paths import RunPaths
 from tessera.client import (
     Client,
     EngineDeadError,
@@ -19,6 +19,7 @@ from tessera.client import (
 )
 from tessera.client.errors import BadRequestError
 from tessera.client.testing import FakeEngine
+from tessera.config import EngineConfig
 
 
 def wait_for(predicate, timeout: float = 2.0) -> bool:  # noqa: ANN001
