@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 from tessera.bus.channel import Inbox
-from tessera.bus.config import RunPaths, ServerConfig
 from tessera.bus.messages import Message, Ready
+from tessera.bus.run_paths import RunPaths
+from tessera.config import ServerConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
