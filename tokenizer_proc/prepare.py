@@ -21,7 +21,6 @@ from tessera.formats.chat_template import ChatTemplateError
 from tessera.formats.tokenizer import ModelTokenizer, TokenizerError
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
-MAX_STOP_CHARS = 1024
 
 
 class Rejected(Exception):
@@ -120,10 +119,6 @@ def _check_sampling(sp: Any, tok: ModelTokenizer) -> SamplingParams:
         if token >= tok.vocab_size:
             raise _bad(f"stop_token_ids holds {token}, outside the vocabulary "
                        f"[0, {tok.vocab_size})", "stop_token_ids")
-    long = [s for s in sp.stop if len(s) > MAX_STOP_CHARS]
-    if long:
-        raise _bad(f"a stop string has {len(long[0])} characters; at most {MAX_STOP_CHARS} "
-                   f"are allowed", "stop")
     return sp
 
 
