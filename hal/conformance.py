@@ -371,6 +371,44 @@ def test_sample_distribution(hal_platform: Platform, temperature: float) -> None
     assert ((freq - target).abs() <= 5 * sigma).all(), (freq, target)
 
 
+def _bitmask_of(allowed: torch.Tensor) -> torch.Tensor:
+    """int32 [G, ceil(V/32)] words packing a bool [G, V] allow-matrix (bit v % 32 of word
+    v // 32), written without the op under test."""
+    groups, vocab = allowed.shape
+    words = (vocab + 31) // 32
+    padded = torch.zeros((groups, words * 32), dtype=torch.int64)
+    padded[:, :vocab] = allowed.long()
+    weights = torch.tensor([1 << b for b in range(32)], dtype=torch.int64)
+    packed = (padded.view(groups, words, 32) * weights).sum(dim=-1)
+    return torch.where(packed >= 1 << 31, packed - (1 << 32), packed).to(torch.int32)
+
+
+@pytest.mark.parametrize("vocab", [37, 64, 1000, 4133])
+def test_apply_token_mask(hal_platform: Platform, vocab: int) -> None:
+    logits = _rand((5, vocab), torch.float32, 31)
+    gen = torch.Generator().manual_seed(32)
+    allowed = torch.rand((3, vocab), generator=gen) < 0.3
+    allowed[0] = False
+    allowed[0, vocab - 1] = True  # the last token alone, and bit 31 of some words
+    allowed[1, :] = True
+    rows = torch.tensor([4, 0, 2])
+    expected = logits.clone()
+    for g, row in enumerate(rows.tolist()):
+        expected[row][~allowed[g]] = float("-inf")
+    (dev_logits,) = _on(hal_platform, logits)
+    mask, dev_rows = _on(hal_platform, _bitmask_of(allowed), rows.to(torch.int32))
+    hal_platform.op("apply_token_mask")(dev_logits, mask, dev_rows)
+    assert torch.equal(dev_logits.cpu(), expected)  # untouched rows and logits stay exact
+    # a mask narrower than the vocabulary forbids the tokens past its end
+    narrow = _bitmask_of(torch.ones((1, 32), dtype=torch.bool))
+    (dev_logits,) = _on(hal_platform, logits)
+    hal_platform.op("apply_token_mask")(dev_logits, *_on(hal_platform, narrow,
+                                                         torch.tensor([1])))
+    assert torch.isinf(dev_logits[1, 32:]).all() and torch.equal(dev_logits[1, :32].cpu(),
+                                                                   logits[1, :32])
+    hal_platform.op("apply_token_mask")(dev_logits, mask[:0], dev_rows[:0])  # nothing to do
+
+
 # --- memory and graphs -------------------------------------------------------------------------
 def test_kv_arena_is_one_allocation(hal_platform: Platform, dtype: torch.dtype) -> None:
     arena = hal_platform.create_kv_arena(3, 16, 2, 64, dtype)

@@ -37,6 +37,11 @@ L = row length of the page table. Integer index tensors may be int32 or int64.
         logits / temperature, then top-k (k <= 0: off), top-p, min-p filtering, then a draw.
         A row with seed >= 0 draws from a stream determined by (seed, offset) only, so a seeded
         request is reproducible on the same plugin whatever else is in the batch.
+    apply_token_mask(logits[B, V] float32, bitmask[G, W] int32, rows[G]) -> None
+        In place: a grammar's allowed-token mask on G rows of the logits. Token v of row
+        rows[g] keeps its logit when bit v % 32 of bitmask[g, v // 32] is set (bit 0 is the
+        least significant) and becomes -inf otherwise; tokens v >= 32 * W are forbidden.
+        Rows not named in `rows` are untouched; `rows` holds distinct indices into logits.
 
 Penalties, forbidden tokens and logprobs are applied by the worker in plain torch around
 these ops; they are not part of the table.
@@ -59,6 +64,7 @@ OP_NAMES: tuple[str, ...] = (
     "attention_extend",
     "attention_decode",
     "sample",
+    "apply_token_mask",
 )
 
 
