@@ -10,7 +10,7 @@ from typing import Any
 
 from tessera.benchmarks.device_probe import torch_device
 from tessera.benchmarks.dummy_model import resolve_dummy_model
-from tessera.bus.config import EngineConfig
+from tessera.config import EngineConfig
 
 _NOT_ENGINE = {"run_dir"}
 

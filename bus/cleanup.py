@@ -18,7 +18,7 @@ import socket
 import time
 from pathlib import Path
 
-from tessera.bus.config import RUN_PREFIX, RunPaths
+from tessera.bus.run_paths import RUN_PREFIX, RunPaths
 
 log = logging.getLogger(__name__)
 

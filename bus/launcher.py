@@ -22,16 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tessera.bus.cleanup import remove_run, remove_stale_runs
-from tessera.bus.config import Env, RunPaths, ServerConfig
 from tessera.bus.process import setup_logging
+from tessera.bus.run_paths import RunPaths
 from tessera.bus.supervisor import Child, ProcessSpec, Supervisor
+from tessera.config import READY_TIMEOUT_S, Env, ServerConfig
 
 log = logging.getLogger(__name__)
 
-# Seconds a process may take from start to Ready. Workers load (and dequantize) a model and
-# may capture graphs; the server's warm-up runs a first request through the whole engine.
-READY_TIMEOUT_S = {"worker": 1800.0, "scheduler": 300.0, "detokenizer": 300.0,
-                   "tokenizer": 600.0, "server": 1200.0}
 MAX_IPC_PATH = 107  # sun_path of a Unix socket address on Linux, less the final NUL
 
 

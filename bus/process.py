@@ -30,8 +30,9 @@ import time
 from typing import Any
 
 from tessera.bus.channel import Inbox, Outbox, SendTimeout
-from tessera.bus.config import EngineConfig, RunPaths, ServerConfig
 from tessera.bus.messages import Heartbeat, Message, Ready, Shutdown
+from tessera.bus.run_paths import RunPaths
+from tessera.config import EngineConfig, ServerConfig
 
 log = logging.getLogger(__name__)
 

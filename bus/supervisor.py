@@ -31,8 +31,8 @@ from typing import IO, Any
 
 from tessera.bus.channel import Inbox, OutboxPool, SendTimeout
 from tessera.bus.cleanup import CHILDREN_FILE
-from tessera.bus.config import RunPaths
 from tessera.bus.messages import Heartbeat, Message, Ready, StatusReply, StatusRequest
+from tessera.bus.run_paths import RunPaths
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from tessera.bus.breaker import CircuitBreaker
-from tessera.bus.config import EngineConfig, RunPaths
 from tessera.bus.messages import ErrorReply, GenerateRequest, RequestOutput, SamplingParams
 from tessera.bus.process import load_config
+from tessera.bus.run_paths import RunPaths
 from tessera.client.connection import BusConnection, Item
 from tessera.client.errors import (
     BadRequestError,
@@ -25,8 +25,11 @@ from tessera.client.errors import (
     from_reply,
 )
 from tessera.client.outputs import Delta, delta_from_output
+from tessera.config import EngineConfig
 
 Prompt = str | Sequence[dict[str, Any]] | Sequence[int] | np.ndarray | None
+# A request id travels in every message about its request: keep it short.
+MAX_RID_CHARS = 256
 
 
 def _paths(run_dir: str | RunPaths) -> RunPaths:
@@ -102,6 +105,8 @@ def build_request(conn: BusConnection, prompt: Prompt, sampling: SamplingParams,
     given = sum(x is not None for x in (prompt, messages, input_ids))
     if given != 1:
         raise BadRequestError("give exactly one of prompt, messages or input_ids")
+    if rid is not None and rid != "":  # "" or None: a fresh id
+        check_rid(rid)
     ids = None
     if input_ids is not None:
         ids = np.asarray(input_ids)
@@ -116,6 +121,20 @@ def build_request(conn: BusConnection, prompt: Prompt, sampling: SamplingParams,
         messages=list(messages) if messages is not None else None, input_ids=ids,
         stream=stream, priority=priority, add_generation_prompt=add_generation_prompt,
         arrival_time=time.time())
+
+
+def check_rid(rid: Any) -> None:
+    if not isinstance(rid, str) or not rid:
+        raise BadRequestError("rid must be a non-empty string", param="rid")
+    if len(rid) > MAX_RID_CHARS:
+        raise BadRequestError(f"rid has {len(rid)} characters; at most {MAX_RID_CHARS} are "
+                              f"allowed", param="rid")
+    if not rid.isascii():
+        try:
+            rid.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequestError("rid holds a lone surrogate: not valid Unicode text",
+                                  param="rid") from None
 
 
 class RequestTracker:

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from tessera.bus.channel import Inbox, OutboxPool, SendTimeout
-from tessera.bus.config import RunPaths
 from tessera.bus.messages import (
     AbortRequest,
     ErrorReply,
@@ -36,6 +35,7 @@ from tessera.bus.messages import (
     StatusReply,
     StatusRequest,
 )
+from tessera.bus.run_paths import RunPaths
 
 ERRORS: dict[str, tuple[int, str, str]] = {
     "FAIL_400": (400, "the prompt is not acceptable (fake engine)", "invalid_request_error"),

@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 
 from tessera.bus.channel import Inbox, Outbox, OutboxPool, SendTimeout
-from tessera.bus.config import EngineConfig, RunPaths
 from tessera.bus.messages import Message
 from tessera.bus.process import BusProcess
+from tessera.bus.run_paths import RunPaths
+from tessera.config import EngineConfig
 from tessera.detokenizer_proc.router import Router
 from tessera.formats.tokenizer import load_tokenizer
 

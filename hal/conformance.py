@@ -40,7 +40,14 @@ from tessera.hal.conformance_data import (
     HEAD_DIMS,
     PagedCase,
     make_paged_case,
+    pad_paged_case,
     sampling_params,
+)
+from tessera.hal.conformance_quant import (  # noqa: F401  (the suite's quantized cases)
+    test_quant_linear,
+    test_quant_linear_act_order,
+    test_quant_prepare_keeps_the_values,
+    test_quant_schemes_resolve_or_refuse,
 )
 from tessera.hal.ops import OP_NAMES
 from tessera.hal.platform import Capabilities, Platform
@@ -271,6 +278,27 @@ def test_attention_extend(hal_platform: Platform, dtype: torch.dtype, head_dim: 
     _close(hinted, expected, dtype)
 
 
+@pytest.mark.parametrize("hq,hk", GQA_HEADS)
+@pytest.mark.parametrize("case", ["empty_batch", "prefill", "mixed"])
+def test_attention_extend_padded(hal_platform: Platform, dtype: torch.dtype, hq: int, hk: int,
+                                 case: str) -> None:
+    """A step captured at a padded size: padding requests and rows change no real row, and
+    the padding rows come out as zeros."""
+    seq_lens, extend_lens = EXTEND_CASES[case]
+    data = make_paged_case(seq_lens, extend_lens, hq, hk, 64, dtype, seed=22)
+    padded = _case_on(hal_platform, pad_paged_case(data, tokens=5, requests=2, seed=23))
+    out = hal_platform.op("attention_extend")(
+        padded.q, padded.k_cache, padded.v_cache, padded.req_to_token, padded.seq_lens,
+        padded.extend_lens, padded.qo_indptr, data.scale,
+        max_extend_len=padded.q.shape[0])  # what a captured step passes: an upper bound
+    t = data.q.shape[0]
+    assert out.shape == padded.q.shape
+    expected = _ref("attention_extend", data.q, data.k_cache, data.v_cache, data.req_to_token,
+                    data.seq_lens, data.extend_lens, data.qo_indptr, data.scale)
+    _close(out[:t], expected, dtype)
+    assert torch.equal(out[t:].cpu(), torch.zeros_like(out[t:].cpu()))
+
+
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("hq,hk", GQA_HEADS)
 @pytest.mark.parametrize("seq_lens", DECODE_SEQ_LENS, ids=lambda s: f"lens{len(s)}")
@@ -347,6 +375,44 @@ def test_sample_distribution(hal_platform: Platform, temperature: float) -> None
     sigma = (target * (1 - target) / n).sqrt()
     # five standard deviations: a correct sampler fails this about once in 10^6 runs
     assert ((freq - target).abs() <= 5 * sigma).all(), (freq, target)
+
+
+def _bitmask_of(allowed: torch.Tensor) -> torch.Tensor:
+    """int32 [G, ceil(V/32)] words packing a bool [G, V] allow-matrix (bit v % 32 of word
+    v // 32), written without the op under test."""
+    groups, vocab = allowed.shape
+    words = (vocab + 31) // 32
+    padded = torch.zeros((groups, words * 32), dtype=torch.int64)
+    padded[:, :vocab] = allowed.long()
+    weights = torch.tensor([1 << b for b in range(32)], dtype=torch.int64)
+    packed = (padded.view(groups, words, 32) * weights).sum(dim=-1)
+    return torch.where(packed >= 1 << 31, packed - (1 << 32), packed).to(torch.int32)
+
+
+@pytest.mark.parametrize("vocab", [37, 64, 1000, 4133])
+def test_apply_token_mask(hal_platform: Platform, vocab: int) -> None:
+    logits = _rand((5, vocab), torch.float32, 31)
+    gen = torch.Generator().manual_seed(32)
+    allowed = torch.rand((3, vocab), generator=gen) < 0.3
+    allowed[0] = False
+    allowed[0, vocab - 1] = True  # the last token alone, and bit 31 of some words
+    allowed[1, :] = True
+    rows = torch.tensor([4, 0, 2])
+    expected = logits.clone()
+    for g, row in enumerate(rows.tolist()):
+        expected[row][~allowed[g]] = float("-inf")
+    (dev_logits,) = _on(hal_platform, logits)
+    mask, dev_rows = _on(hal_platform, _bitmask_of(allowed), rows.to(torch.int32))
+    hal_platform.op("apply_token_mask")(dev_logits, mask, dev_rows)
+    assert torch.equal(dev_logits.cpu(), expected)  # untouched rows and logits stay exact
+    # a mask narrower than the vocabulary forbids the tokens past its end
+    narrow = _bitmask_of(torch.ones((1, 32), dtype=torch.bool))
+    (dev_logits,) = _on(hal_platform, logits)
+    hal_platform.op("apply_token_mask")(dev_logits, *_on(hal_platform, narrow,
+                                                         torch.tensor([1])))
+    assert torch.isinf(dev_logits[1, 32:]).all() and torch.equal(dev_logits[1, :32].cpu(),
+                                                                   logits[1, :32])
+    hal_platform.op("apply_token_mask")(dev_logits, mask[:0], dev_rows[:0])  # nothing to do
 
 
 # --- memory and graphs -------------------------------------------------------------------------

@@ -24,6 +24,7 @@ REFERENCE_TARGETS: dict[str, str] = {
     "attention_extend": "tessera.hal.cpu.attention:attention_extend",
     "attention_decode": "tessera.hal.cpu.attention:attention_decode",
     "sample": "tessera.hal.cpu.sampling:sample",
+    "apply_token_mask": "tessera.hal.cpu.token_mask:apply_token_mask",
 }
 assert set(REFERENCE_TARGETS) == set(OP_NAMES), "every op needs a reference"
 

@@ -19,6 +19,7 @@ import traceback
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
+from tessera.config import Env
 from tessera.hal.errors import PluginLoadError, PluginNotFoundError
 from tessera.hal.platform import HAL_API_VERSION, Platform
 
@@ -124,8 +125,6 @@ def resolve_plugin_name(name: str | None = None) -> tuple[str | None, str]:
     """(explicit name or None, how it was chosen): the argument, else TESSERA_HAL."""
     if name:
         return name, "--hal"
-    from tessera.bus.config import Env
-
     env_name = Env.read().hal
     if env_name:
         return env_name, "TESSERA_HAL"

@@ -21,7 +21,6 @@ from typing import Any
 
 from tessera.bus.channel import Inbox, Outbox, SendTimeout
 from tessera.bus.codec import encode
-from tessera.bus.config import EngineConfig, RunPaths
 from tessera.bus.messages import (
     AbortRequest,
     ErrorReply,
@@ -33,29 +32,24 @@ from tessera.bus.messages import (
     WorkerReady,
 )
 from tessera.bus.process import BusProcess
+from tessera.bus.run_paths import RunPaths
+from tessera.config import READY_TIMEOUT_S, EngineConfig
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.page_table import SharedPageTable
 from tessera.scheduler_proc.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
-READY_TIMEOUT_S = 120.0
-STEP_TIMEOUT_S = 120.0
 MAX_BACKLOG = 10_000
 
 
 class SchedulerProcess(BusProcess):
     name = "scheduler"
 
-    def __init__(self, paths: RunPaths, config: EngineConfig,
-                 ready_timeout_s: float = READY_TIMEOUT_S,
-                 step_timeout_s: float = STEP_TIMEOUT_S, no_overlap: bool = False,
-                 debug_invariants: bool = False) -> None:
+    def __init__(self, paths: RunPaths, config: EngineConfig) -> None:
         super().__init__(paths, config)
-        self.ready_timeout_s = ready_timeout_s
-        self.step_timeout_s = step_timeout_s
-        self.overlap = not no_overlap
-        self.debug_invariants = debug_invariants
+        self.ready_timeout_s = READY_TIMEOUT_S["scheduler"]
+        self.step_timeout_s = config.step_timeout_s
         self.sched: Scheduler | None = None
         self.table: SharedPageTable | None = None
         self.results: Inbox | None = None
@@ -79,8 +73,7 @@ class SchedulerProcess(BusProcess):
         self.ready_msg = ready
         self.table = SharedPageTable(paths.shm_req_to_token, cfg.max_running_requests,
                                      ready.max_context_len)
-        sc = SchedulerConfig.from_engine(cfg, ready, overlap=self.overlap,
-                                         debug=self.debug_invariants)
+        sc = SchedulerConfig.from_engine(cfg, ready)
         self.sched = Scheduler(sc, self.table.array)
         self.workers = [Outbox(paths.worker(r), timeout_ms=cfg.send_timeout_ms)
                         for r in range(cfg.tp_size)]

@@ -61,7 +61,8 @@ class Scheduler:
         if req_to_token is None:
             req_to_token = np.zeros((n_rows, width), dtype=np.int32)
         self.st = RowState(n_rows, width, ps, req_to_token)
-        self.kv = KVPool(c.num_slots, ps, self.st, not c.disable_radix_cache, debug=c.debug)
+        self.kv = KVPool(c.num_slots, ps, self.st, not c.disable_radix_cache,
+                         debug=c.debug_invariants)
         self.allocator = self.kv.allocator
         self.cache = self.kv.cache
         self.row_pool = RowPool(n_rows)
@@ -314,7 +315,7 @@ class Scheduler:
         self.steps_done += 1
         cpu_ms = (rec.build_cpu_s + time.thread_time() - t0) * 1e3
         self.cpu_ms_ema = cpu_ms if self.steps_done == 1 else 0.9 * self.cpu_ms_ema + 0.1 * cpu_ms
-        if self.config.debug:
+        if self.config.debug_invariants:
             self.check_invariant()
         return self._out.take()
 

@@ -21,10 +21,11 @@ from typing import Any
 from aiohttp import web
 
 from tessera.bus.channel import Outbox, SendTimeout
-from tessera.bus.config import RunPaths, ServerConfig
 from tessera.bus.messages import Heartbeat, Message, Ready
 from tessera.bus.process import load_config, setup_logging
+from tessera.bus.run_paths import RunPaths
 from tessera.client import AsyncClient, EngineDeadError, TesseraError, UnavailableError
+from tessera.config import ServerConfig
 from tessera.server.app import create_app
 from tessera.server.state import ServerState, max_concurrency, served_model_ids
 

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from tessera.bus.config import RunPaths, ServerConfig
+from tessera.bus.run_paths import RunPaths
 from tessera.client import AsyncClient
+from tessera.config import ServerConfig
 from tessera.server.errors import ApiError
 from tessera.server.metrics import ServerMetrics
 

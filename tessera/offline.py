@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from tessera.bus.config import ServerConfig
 from tessera.bus.messages import SamplingParams
+from tessera.config import READY_TIMEOUT_S, Env, ServerConfig
 from tessera.offline_launch import EngineProcesses
 
 PromptInput = str | Sequence[int] | Sequence[dict[str, Any]] | np.ndarray
@@ -64,8 +64,6 @@ class RequestResult:
 def make_config(model: str, engine_args: dict[str, Any]) -> ServerConfig:
     """ServerConfig from keyword engine arguments, with a quiet default log level. As for
     `tessera serve`, TESSERA_HAL and TESSERA_LOG_LEVEL apply where no argument is given."""
-    from tessera.bus.config import Env
-
     env = Env.read()
     values = {"log_level": env.log_level or "warning", **engine_args, "model": model}
     if values.get("hal") is None and env.hal:
@@ -132,7 +130,8 @@ class _EngineBase:
     """Starts the engine's processes, or (`connect_to=RUN_DIR`) attaches to an engine that
     is already running (a `tessera serve` run) and leaves it running on shutdown."""
 
-    def __init__(self, model: str = "default", *, ready_timeout_s: float = 1800.0,
+    def __init__(self, model: str = "default", *,
+                 ready_timeout_s: float = READY_TIMEOUT_S["worker"],
                  connect_to: str | None = None, **engine_args: Any) -> None:
         self.config = make_config(model, engine_args)
         self.processes: EngineProcesses | None = None

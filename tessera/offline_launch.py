@@ -23,7 +23,8 @@ import tempfile
 import threading
 import time
 
-from tessera.bus.config import RUN_PREFIX, Env, ServerConfig
+from tessera.bus.run_paths import RUN_PREFIX
+from tessera.config import READY_TIMEOUT_S, Env, ServerConfig
 
 READY_MARK = "TESSERA_OFFLINE_READY"
 _STDERR_TAIL = 30
@@ -55,7 +56,8 @@ def _fresh_run_dir(env: Env) -> str:
 
 
 class EngineProcesses:
-    def __init__(self, config: ServerConfig, ready_timeout_s: float = 1800.0) -> None:
+    def __init__(self, config: ServerConfig,
+                 ready_timeout_s: float = READY_TIMEOUT_S["worker"]) -> None:
         env = Env.read()
         if config.run_dir is None:
             config = config.replace(run_dir=_fresh_run_dir(env))

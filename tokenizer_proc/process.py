@@ -15,7 +15,7 @@ from typing import Any
 
 from tessera.bus.breaker import CircuitBreaker, CircuitOpenError
 from tessera.bus.channel import Inbox, Outbox, OutboxPool, SendTimeout
-from tessera.bus.config import EngineConfig, RunPaths
+from tessera.bus.codec import EncodeError, MessageTooLarge
 from tessera.bus.messages import (
     AbortRequest,
     ErrorReply,
@@ -24,6 +24,8 @@ from tessera.bus.messages import (
     TokenizedRequest,
 )
 from tessera.bus.process import BusProcess, process_main
+from tessera.bus.run_paths import RunPaths
+from tessera.config import EngineConfig
 from tessera.formats.tokenizer import ModelTokenizer, load_tokenizer
 from tessera.tokenizer_proc.prepare import prepare
 
@@ -101,7 +103,14 @@ class TokenizerProcess(BusProcess):
         except CircuitOpenError as exc:
             self._error(req, 503, str(exc), "server_error")
             return
-        if self._to_scheduler(tokenized):
+        try:
+            sent = self._to_scheduler(tokenized)
+        except EncodeError as exc:  # answered now: the scheduler would drop it unread
+            status = 413 if isinstance(exc, MessageTooLarge) else 400
+            self._error(req, status, f"the request cannot be passed on: {exc}",
+                        "invalid_request_error")
+            return
+        if sent:
             self.counts["accepted"] += 1
         else:
             self._error(req, 503, "the scheduler did not take the request in time (overloaded "

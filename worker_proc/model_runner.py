@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from tessera.bus.config import EngineConfig
 from tessera.bus.messages import ForwardBatch, SampledTokens, WorkerReady
+from tessera.config import EngineConfig
 from tessera.formats import ModelFiles, open_model
 from tessera.formats.dummy import DummyFiles
 from tessera.hal.platform import Communicator, KVArena, Platform

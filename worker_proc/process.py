@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from tessera.bus.channel import Inbox, Outbox, SendTimeout
-from tessera.bus.config import EngineConfig, RunPaths
 from tessera.bus.messages import ForwardBatch, Message, SampledTokens
 from tessera.bus.process import BusProcess
+from tessera.bus.run_paths import RunPaths
+from tessera.config import EngineConfig
 
 log = logging.getLogger(__name__)
 

@@ -49,6 +49,7 @@ class CudaPlatform(OpTablePlatform):
             gemv,
             norm,
             sampling,
+            token_mask,
         )
 
         return {
@@ -62,6 +63,7 @@ class CudaPlatform(OpTablePlatform):
             "attention_extend": extend_attention.attention_extend,
             "attention_decode": decode_attention.attention_decode,
             "sample": sampling.sample,
+            "apply_token_mask": token_mask.apply_token_mask,
         }
 
     def device(self, rank: int = 0) -> torch.device:

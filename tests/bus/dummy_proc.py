@@ -16,9 +16,10 @@ from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
 from tessera.bus.channel import Inbox
-from tessera.bus.config import EngineConfig, RunPaths
 from tessera.bus.messages import Message
 from tessera.bus.process import BusProcess, process_main
+from tessera.bus.run_paths import RunPaths
+from tessera.config import EngineConfig
 
 
 class DummyProcess(BusProcess):

@@ -13,10 +13,11 @@ import json
 import os
 import sys
 
-from tessera.bus.config import Env, RunPaths, ServerConfig
 from tessera.bus.launcher import run_supervised
 from tessera.bus.process import setup_logging
+from tessera.bus.run_paths import RunPaths
 from tessera.bus.supervisor import Child, ProcessSpec
+from tessera.config import Env, ServerConfig
 
 DUMMY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dummy_proc.py")
 

@@ -14,8 +14,8 @@ import zmq
 
 from tessera.bus.channel import Inbox, Outbox, OutboxPool, SendTimeout
 from tessera.bus.codec import encode
-from tessera.bus.config import RunPaths
 from tessera.bus.messages import AbortRequest, Message, SampledTokens
+from tessera.bus.run_paths import RunPaths
 
 
 @pytest.fixture

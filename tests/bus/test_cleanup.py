@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tessera.bus.channel import Inbox
 from tessera.bus.cleanup import is_stale, remove_run, remove_shm_segments, remove_stale_runs
-from tessera.bus.config import RunPaths
+from tessera.bus.run_paths import RunPaths
 
 
 def dead_pid() -> int:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from tessera.bus.config import Env, RunPaths, ServerConfig
 from tessera.bus.launcher import (
     build_specs,
     check_config,
@@ -18,7 +17,9 @@ from tessera.bus.launcher import (
     ready_banner,
     run_supervised,
 )
+from tessera.bus.run_paths import RunPaths
 from tessera.bus.supervisor import Child, ProcessSpec
+from tessera.config import Env, ServerConfig
 
 
 def test_plan_orders_stages_and_names_processes(monkeypatch, run_root: Path) -> None:  # type: ignore[no-untyped-def]

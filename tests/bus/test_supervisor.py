@@ -16,8 +16,8 @@ import zmq
 
 from tessera.bus.channel import Inbox, Outbox
 from tessera.bus.cleanup import pid_alive
-from tessera.bus.config import RunPaths
 from tessera.bus.messages import StatusReply, StatusRequest
+from tessera.bus.run_paths import RunPaths
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(
     not os.path.isdir("/dev/shm"), reason="checks /dev/shm for leaked segments")]

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tessera.bus.config import EngineConfig, RunPaths
+from tessera.bus.run_paths import RunPaths
 from tessera.client import Client
 from tessera.client.testing import FakeEngine
+from tessera.config import EngineConfig
 
 
 @pytest.fixture

@@ -6,9 +6,10 @@ import asyncio
 
 import pytest
 
-from tessera.bus.config import EngineConfig, RunPaths
+from tessera.bus.run_paths import RunPaths
 from tessera.client import AsyncClient, AsyncStream, GenerateResult, PromptTooLongError
 from tessera.client.testing import FakeEngine, token_text
+from tessera.config import EngineConfig
 
 
 def run(coro):  # noqa: ANN001, ANN201

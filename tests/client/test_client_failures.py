@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tessera.bus.config import EngineConfig, RunPaths
+from tessera.bus.run_paths import RunPaths
 from tessera.client import (
     Client,
     EngineDeadError,
@@ -19,6 +19,7 @@ from tessera.client import (
 )
 from tessera.client.errors import BadRequestError
 from tessera.client.testing import FakeEngine
+from tessera.config import EngineConfig
 
 
 def wait_for(predicate, timeout: float = 2.0) -> bool:  # noqa: ANN001
@@ -165,3 +166,25 @@ def test_no_engine_running_fails_fast_with_503(paths: RunPaths) -> None:
         with pytest.raises(OverloadedError, match="retry in"):
             client.generate("hi")
         assert time.monotonic() - started < 0.1
+
+
+@pytest.mark.parametrize("kwargs, cls, param", [
+    ({"prompt": "x" * (17 << 20)}, PromptTooLongError, None),
+    ({"prompt": "bad \ud800 text"}, BadRequestError, None),
+    ({"messages": [{"role": "user", "content": "hi", "name": "\udfff"}]}, BadRequestError,
+     None),
+    ({"prompt": "hi", "rid": "r" * 300}, BadRequestError, "rid"),
+    ({"prompt": "hi", "rid": "\ud800"}, BadRequestError, "rid"),
+    ({"prompt": "hi", "stop_token_ids": [2**70]}, BadRequestError, "stop_token_ids"),
+    ({"prompt": "hi", "stop": ["s" * 1500]}, BadRequestError, "stop"),
+])
+def test_requests_the_bus_cannot_carry_fail_at_once(client: Client, engine: FakeEngine,
+                                                    kwargs: dict, cls: type[TesseraError],
+                                                    param: str | None) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(cls) as info:
+        client.generate(**kwargs)
+    assert time.monotonic() - t0 < 2.0  # not left waiting for the request timeout
+    assert info.value.param == param
+    assert not engine.requests  # nothing was sent
+    assert client.generate("hi", max_tokens=2).text == "w0 w1"

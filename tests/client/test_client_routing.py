@@ -7,10 +7,11 @@ from __future__ import annotations
 import time
 
 from tessera.bus.channel import Inbox
-from tessera.bus.config import EngineConfig, RunPaths
 from tessera.bus.messages import AbortRequest, GenerateRequest
+from tessera.bus.run_paths import RunPaths
 from tessera.client import Client
 from tessera.client.testing import FakeEngine
+from tessera.config import EngineConfig
 
 
 def test_requests_spread_over_tokenizer_workers_and_aborts_follow(

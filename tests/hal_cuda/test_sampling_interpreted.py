@@ -77,3 +77,19 @@ def test_distribution_matches_softmax(kernels: dict[str, ModuleType]) -> None:
     freq = torch.bincount(tokens, minlength=4).float() / n
     sigma = (target * (1 - target) / n).sqrt()
     assert ((freq - target).abs() <= 5 * sigma).all(), (freq, target)
+
+
+def test_apply_token_mask_matches_the_reference(kernels: dict[str, ModuleType]) -> None:
+    from tessera.hal.cpu.token_mask import apply_token_mask as reference
+
+    gen = torch.Generator().manual_seed(5)
+    for vocab in (31, 32, 33, 1500):  # a block boundary inside the vocabulary at 1500
+        logits = torch.randn(4, vocab, generator=gen)
+        bitmask = torch.randint(-(2**31), 2**31 - 1, (2, (vocab + 31) // 32), generator=gen,
+                                dtype=torch.int64).to(torch.int32)
+        rows = torch.tensor([3, 1], dtype=torch.int32)
+        expected = logits.clone()
+        reference(expected, bitmask, rows)
+        kernels["token_mask"].apply_token_mask(logits, bitmask, rows)
+        assert torch.equal(logits, expected), vocab
+        assert torch.isinf(logits[1]).any() and not torch.isinf(logits[0]).any()

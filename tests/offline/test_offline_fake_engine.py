@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tessera.bus.config import RunPaths
 from tessera.bus.messages import SamplingParams
+from tessera.bus.run_paths import RunPaths
 from tessera.client.errors import TesseraError
 from tessera.client.testing import FakeEngine
 from tessera.offline import LLM, Engine, normalize_prompts, per_request

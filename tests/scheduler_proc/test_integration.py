@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera.bus.config import ServerConfig
+from tessera.config import ServerConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from tessera.bus.channel import Inbox, Outbox
-from tessera.bus.config import EngineConfig, RunPaths
 from tessera.bus.messages import (
     AbortRequest,
     ErrorReply,
@@ -27,6 +26,8 @@ from tessera.bus.messages import (
     TokenBatch,
     WorkerReady,
 )
+from tessera.bus.run_paths import RunPaths
+from tessera.config import EngineConfig
 from tests.scheduler_proc.sched_fakes import (
     EOS,
     Collected,
@@ -100,10 +101,11 @@ class Harness:
 
 @pytest.fixture
 def harness(run_root: Path, request: pytest.FixtureRequest) -> Iterator[Harness]:
-    extra = getattr(request, "param", [])
+    overrides = getattr(request, "param", {})
     paths = RunPaths.create()
     config = EngineConfig(page_size=PAGE, max_running_requests=ROWS, chunked_prefill_size=16,
-                          log_level="warning", send_timeout_ms=2000)
+                          log_level="warning", send_timeout_ms=2000, debug_invariants=True,
+                          **overrides)
     Path(paths.config_file).write_text(config.to_json())
     worker_in = Inbox(paths.worker(0), name="test-worker")
     supervisor_in = Inbox(paths.supervisor, name="test-supervisor")
@@ -113,7 +115,7 @@ def harness(run_root: Path, request: pytest.FixtureRequest) -> Iterator[Harness]
                                 max_context_len=CTX, vocab_size=50, eos_token_ids=[EOS]))
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = subprocess.Popen([sys.executable, "-m", "tessera.scheduler_proc", "--run-dir",
-                             paths.run_dir, "--debug-invariants", *extra], env=env)
+                             paths.run_dir], env=env)
     h = Harness(paths, proc, Outbox(paths.scheduler), to_results, worker_in, detok_in,
                 supervisor_in)
     try:
@@ -166,7 +168,7 @@ def test_requests_run_share_the_cache_and_the_process_cleans_up(harness: Harness
         shared_memory.SharedMemory(name=h.paths.shm_req_to_token)
 
 
-@pytest.mark.parametrize("harness", [["--step-timeout-s", "1"]], indirect=True)
+@pytest.mark.parametrize("harness", [{"step_timeout_s": 1.0}], indirect=True)
 def test_a_silent_worker_fails_requests_with_503_and_the_process_lives(harness: Harness) -> None:
     h = harness
     h.answer = False

@@ -20,7 +20,8 @@ from tests.scheduler_proc.sched_fakes import (
 
 def make(**kw) -> Scheduler:
     base = dict(num_slots=16 * 200, page_size=16, max_context_len=512, max_running_requests=8,
-                chunked_prefill_size=32, eos_token_ids=(EOS,), overlap=False, debug=True)
+                chunked_prefill_size=32, eos_token_ids=(EOS,), overlap=False,
+                debug_invariants=True)
     base.update(kw)
     return Scheduler(SchedulerConfig(**base))  # type: ignore[arg-type]
 

@@ -48,7 +48,7 @@ def run_schedule(seed: int, overlap: bool, num_pages: int, n_requests: int = 60,
     cfg = SchedulerConfig(num_slots=ps * (num_pages + 1), page_size=ps, max_context_len=ctx,
                           max_running_requests=8, chunked_prefill_size=24,
                           eos_token_ids=(EOS,), overlap=overlap,
-                          disable_radix_cache=disable_cache, debug=True)
+                          disable_radix_cache=disable_cache, debug_invariants=True)
     sched = Scheduler(cfg)
     worker = FakeWorker(sched)
     got = Collected()
@@ -134,7 +134,8 @@ def test_any_configuration_finishes_every_request_correctly(
                           max_context_len=ctx, max_running_requests=rows,
                           chunked_prefill_size=chunk, eos_token_ids=(EOS,), overlap=overlap,
                           disable_radix_cache=disable_cache,
-                          schedule_policy="priority" if priority else "fcfs", debug=True)
+                          schedule_policy="priority" if priority else "fcfs",
+                          debug_invariants=True)
     sched = Scheduler(cfg)
     worker = FakeWorker(sched)
     got = Collected()

@@ -16,9 +16,10 @@ import time
 from typing import Any
 from urllib.parse import urlparse
 
-from tessera.bus.config import RunPaths, ServerConfig
 from tessera.bus.messages import Ready
+from tessera.bus.run_paths import RunPaths
 from tessera.client.testing import FakeEngine
+from tessera.config import ServerConfig
 
 BASE_CONFIG = dict(host="127.0.0.1", port=0, heartbeat_interval_s=0.1,
                    heartbeat_timeout_s=1.0, request_timeout_s=10.0, drain_timeout_s=5.0)

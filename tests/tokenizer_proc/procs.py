@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 from tessera.bus.channel import Inbox
-from tessera.bus.config import RunPaths, ServerConfig
 from tessera.bus.messages import Message, Ready
+from tessera.bus.run_paths import RunPaths
+from tessera.config import ServerConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,7 +44,8 @@ class Engine:
     def __init__(self, run_root: Path, **config: object) -> None:
         self.paths = RunPaths.create(str(run_root / "run"))
         with open(self.paths.config_file, "w") as f:
-            f.write(ServerConfig(log_level="warning", **config).to_json())
+            self.config = ServerConfig(log_level="warning", **config)
+            f.write(self.config.to_json())
         self.supervisor = Inbox(self.paths.supervisor, name="test-supervisor")
         self.scheduler = Inbox(self.paths.scheduler, name="test-scheduler")
         self.client = Inbox(self.paths.client_endpoint(), name="test-client")

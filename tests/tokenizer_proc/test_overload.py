@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from tessera.bus.channel import SendTimeout
-from tessera.bus.config import EngineConfig, RunPaths
 from tessera.bus.messages import AbortRequest, ErrorReply, GenerateRequest, TokenizedRequest
+from tessera.bus.run_paths import RunPaths
+from tessera.config import EngineConfig
 from tessera.tokenizer_proc.process import TokenizerProcess
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tessera.bus.config import EngineConfig
+from tessera.config import EngineConfig
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=256, max_position_embeddings=512,

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tessera.bus.config import EngineConfig, RunPaths
 from tessera.bus.messages import ForwardBatch, SampledTokens
+from tessera.bus.run_paths import RunPaths
+from tessera.config import EngineConfig
 from tessera.worker_proc.process import WorkerProcess
 
 

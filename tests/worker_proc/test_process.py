@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from tessera.bus.channel import Inbox, Outbox
-from tessera.bus.config import RUN_PREFIX, EngineConfig, RunPaths
 from tessera.bus.messages import ForwardBatch, SampledTokens, Shutdown, WorkerReady
+from tessera.bus.run_paths import RUN_PREFIX, RunPaths
+from tessera.config import EngineConfig
 from tests.worker_proc.driver import MiniScheduler
 from tests.worker_proc.helpers import hf_greedy, prompts, tiny_hf_model
 

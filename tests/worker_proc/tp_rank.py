@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from tessera.bus.config import EngineConfig
+from tessera.config import EngineConfig
 from tessera.hal.registry import load_platform
 from tessera.worker_proc.model_runner import ModelRunner
 from tests.worker_proc.driver import MiniScheduler

