@@ -31,8 +31,18 @@ class TokenizerError(ValueError):
     """The model's tokenizer files are missing or unusable (the message says what to do)."""
 
 
+# Texts longer than this are encoded with the GIL released (see ModelTokenizer.encode).
+_LONG_TEXT_CHARS = 4096
+
+
 class ModelTokenizer:
-    """Encode, decode and render chat for one model. Thread-safe for reading."""
+    """Encode, decode and render chat for one model. Thread-safe for reading.
+
+    `max_token_chars` is the most characters one token can stand for (the longest vocabulary
+    entry: byte-level and SentencePiece entries have at least one character per character of
+    text), so a text longer than `context * max_token_chars` cannot fit the context and is
+    refused before it is tokenized.
+    """
 
     def __init__(self, backend: tokenizers.Tokenizer, *, name: str,
                  chat_template: str | None, special_tokens: dict[str, str],
@@ -46,8 +56,16 @@ class ModelTokenizer:
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
         added = backend.get_added_tokens_decoder()
         self.special_ids = frozenset(i for i, tok in added.items() if tok.special)
+        self.max_token_chars = max(
+            (len(t) for t in backend.get_vocab(with_added_tokens=True)), default=1)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if len(text) > _LONG_TEXT_CHARS:
+            # `Tokenizer.encode` holds the GIL for the whole call (seconds for megabytes), so
+            # no other thread of the process -- its heartbeat thread -- would run meanwhile;
+            # `encode_batch` releases it, and gives the same ids.
+            return self.backend.encode_batch([text],
+                                             add_special_tokens=add_special_tokens)[0].ids
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
@@ -96,6 +114,7 @@ class IdsOnlyTokenizer(ModelTokenizer):
         self.context_length = context_length
         self.vocab_size = vocab_size
         self.special_ids = frozenset()
+        self.max_token_chars = 0  # it takes no text at all
 
     def _no_text(self) -> TokenizerError:
         return TokenizerError(f"the model {self.name} has no tokenizer (dummy weights from a "
