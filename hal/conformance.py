@@ -43,6 +43,12 @@ from tessera.hal.conformance_data import (
     pad_paged_case,
     sampling_params,
 )
+from tessera.hal.conformance_quant import (  # noqa: F401  (the suite's quantized cases)
+    test_quant_linear,
+    test_quant_linear_act_order,
+    test_quant_prepare_keeps_the_values,
+    test_quant_schemes_resolve_or_refuse,
+)
 from tessera.hal.ops import OP_NAMES
 from tessera.hal.platform import Capabilities, Platform
 from tessera.hal.reference import reference_op

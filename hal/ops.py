@@ -14,6 +14,11 @@ L = row length of the page table. Integer index tensors may be int32 or int64.
         sin of position p (build it with `hal.rope.cos_sin_cache`, which applies rope scaling)
     silu_and_mul(x[T, 2I]) -> [T, I]                  silu(x[:, :I]) * x[:, I:]
     linear(x[T, In], weight[Out, In], bias[Out] | None) -> [T, Out]
+        A quantized weight (hal/quant: QuantizedWeight of scheme fp8, int8 or int4) goes
+        through `platform.linear_kernel(scheme)` instead, resolved once per layer: the same
+        product with y = x @ dequantize(w)^T as its definition. A plugin lists the schemes it
+        runs in Capabilities.quant_schemes; any other scheme is its declared reference
+        fallback or a MissingSchemeError, never a silent slow path (hal/base.py).
     store_kv(k_cache[S, Hk, D], v_cache[S, Hk, D], k[T, Hk, D], v[T, Hk, D], slots[T]) -> None
         k_cache[slots[t]] = k[t]; v_cache[slots[t]] = v[t]   (in place)
     attention_extend(q[T, Hq, D], k_cache, v_cache, req_to_token[B, L], seq_lens[B],
