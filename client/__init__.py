@@ -10,6 +10,7 @@ from tessera.client.errors import (
     AuthenticationError,
     BadRequestError,
     EngineDeadError,
+    EngineNotFoundError,
     InternalError,
     NotFoundError,
     OverloadedError,
@@ -31,7 +32,7 @@ from tessera.client.sync_client import Client, Stream
 
 __all__ = [
     "AsyncClient", "AsyncStream", "AuthenticationError", "BadRequestError", "Choice", "Client",
-    "Delta", "EngineDeadError", "GenerateResult", "InternalError", "NotFoundError",
+    "Delta", "EngineDeadError", "EngineNotFoundError", "GenerateResult", "InternalError", "NotFoundError",
     "OverloadedError", "PromptTooLongError", "RateLimitError", "RequestTimeoutError", "Stream",
     "TesseraError", "TokenLogprob", "TopLogprob", "UnavailableError", "Usage",
 ]

@@ -79,6 +79,12 @@ class EngineDeadError(UnavailableError):
     error_type = "engine_dead"
 
 
+class EngineNotFoundError(UnavailableError):
+    """No engine runs at the run directory the client was given."""
+
+    error_type = "engine_not_found"
+
+
 class RequestTimeoutError(TesseraError):
     """The engine made no progress on the request within the configured time."""
 
