@@ -91,6 +91,10 @@ class EngineConfig(BatchingConfig):
     served_model_name: str | None = _opt(None, "model id shown by /v1/models")
     context_length: int | None = _opt(None, "override the model's maximum context length")
     seed: int = _opt(0, "seed for dummy weights and unseeded sampling")
+    allowed_special_tokens: str = _opt("", "special tokens (comma-separated, e.g. "
+                                       "'<|im_end|>') that chat messages may hold as control "
+                                       "tokens; any other special token's text inside a "
+                                       "message is tokenized as plain text")
     # --- hardware ----------------------------------------------------------------------------
     hal: str | None = _opt(None, "hardware plugin (cpu, cuda, ...); default: TESSERA_HAL, "
                            "else the best available")
@@ -116,6 +120,10 @@ class EngineConfig(BatchingConfig):
     step_timeout_s: float = _opt(120.0, "a worker step unanswered this long fails its "
                                  "requests with 503 (the engine stays up)")
     log_level: str = _opt("info", "debug | info | warning | error")
+
+    @property
+    def allowed_special(self) -> frozenset[str]:
+        return frozenset(t.strip() for t in self.allowed_special_tokens.split(",") if t.strip())
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
