@@ -16,6 +16,7 @@ from tessera.client.errors import (
     PromptTooLongError,
     RateLimitError,
     RequestTimeoutError,
+    SlowConsumerError,
     TesseraError,
     UnavailableError,
 )
@@ -32,6 +33,6 @@ from tessera.client.sync_client import Client, Stream
 __all__ = [
     "AsyncClient", "AsyncStream", "AuthenticationError", "BadRequestError", "Choice", "Client",
     "Delta", "EngineDeadError", "GenerateResult", "InternalError", "NotFoundError",
-    "OverloadedError", "PromptTooLongError", "RateLimitError", "RequestTimeoutError", "Stream",
-    "TesseraError", "TokenLogprob", "TopLogprob", "UnavailableError", "Usage",
+    "OverloadedError", "PromptTooLongError", "RateLimitError", "RequestTimeoutError",
+    "SlowConsumerError", "Stream", "TesseraError", "TokenLogprob", "TopLogprob", "UnavailableError", "Usage",
 ]

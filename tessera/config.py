@@ -117,6 +117,9 @@ class EngineConfig(BatchingConfig):
     breaker_failures: int = _opt(5, "timeouts in a row that open the circuit breaker")
     breaker_cooldown_s: float = _opt(5.0, "seconds before an open breaker half-opens")
     request_timeout_s: float = _opt(600.0, "a request with no progress this long is aborted")
+    stream_buffer_outputs: int = _opt(1024, "outputs a streaming reader may leave unread "
+                                      "before its request is aborted (a reader that stopped "
+                                      "reading must not make the engine work for nobody)")
     step_timeout_s: float = _opt(120.0, "a worker step unanswered this long fails its "
                                  "requests with 503 (the engine stays up)")
     log_level: str = _opt("info", "debug | info | warning | error")
@@ -182,5 +185,8 @@ class ServerConfig(EngineConfig):
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' (or TESSERA_API_KEY)")
     disable_warmup: bool = _opt(False, "skip the warm-up request before reporting ready")
     drain_timeout_s: float = _opt(10.0, "on SIGTERM, wait this long for in-flight requests")
+    stream_stall_timeout_s: float = _opt(30.0, "a streaming HTTP client that takes no data "
+                                         "for this long is disconnected and its request "
+                                         "aborted")
     max_concurrent_requests: int = _opt(0, "HTTP generation requests in flight before new "
                                         "ones get 429 (0: max_running + max_queued requests)")
