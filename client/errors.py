@@ -85,6 +85,12 @@ class SlowConsumerError(UnavailableError):
     error_type = "slow_consumer"
 
 
+class EngineNotFoundError(UnavailableError):
+    """No engine runs at the run directory the client was given."""
+
+    error_type = "engine_not_found"
+
+
 class RequestTimeoutError(TesseraError):
     """The engine made no progress on the request within the configured time."""
 

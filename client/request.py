@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import zmq
 
 from tessera.bus.breaker import CircuitBreaker
 from tessera.bus.messages import ErrorReply, GenerateRequest, RequestOutput, SamplingParams
@@ -19,6 +20,7 @@ from tessera.bus.run_paths import RunPaths
 from tessera.client.connection import BusConnection, Item
 from tessera.client.errors import (
     BadRequestError,
+    EngineNotFoundError,
     RequestTimeoutError,
     SlowConsumerError,
     TesseraError,
@@ -299,19 +301,36 @@ class ClientBase:
                  request_timeout_s: float | None = None,
                  first_output_timeout_s: float | None = None,
                  watch_engine: bool = True, process_name: str = "") -> None:
+        check_run_dir(_paths(run_dir))
         config = engine_config(run_dir, config)
         self.config = config
         self.buffer_limit = config.stream_buffer_outputs
         self.inter_timeout_s = request_timeout_s or config.request_timeout_s
         self.first_timeout_s = first_output_timeout_s or self.inter_timeout_s
-        self.conn = make_connection(run_dir, config, watch_engine=watch_engine,
-                                    self_name=process_name)
+        try:
+            self.conn = make_connection(run_dir, config, watch_engine=watch_engine,
+                                        self_name=process_name)
+        except zmq.ZMQError as exc:
+            raise EngineNotFoundError(
+                f"cannot open a reply socket in the run directory {_paths(run_dir).run_dir} "
+                f"({exc}); pass the run directory of a running engine") from None
 
     def abort(self, rid: str) -> None:
         self.conn.send_abort(rid)
 
     def close(self) -> None:
         self.conn.close()
+
+
+def check_run_dir(paths: RunPaths) -> None:
+    """A clear error for a run directory that does not exist (instead of a socket error).
+    A directory whose engine is not running (yet) is accepted: requests then fail fast with
+    503 "not running", and work once the engine is up."""
+    if not os.path.isdir(paths.run_dir):
+        raise EngineNotFoundError(
+            f"no engine run directory at {paths.run_dir} (it does not exist); pass the run "
+            f"directory a running engine uses: `tessera serve --run-dir DIR`, or "
+            f"`LLM(...).run_dir` of the offline engine")
 
 
 def status_timeout_error(timeout: float) -> UnavailableError:

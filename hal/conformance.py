@@ -40,7 +40,14 @@ from tessera.hal.conformance_data import (
     HEAD_DIMS,
     PagedCase,
     make_paged_case,
+    pad_paged_case,
     sampling_params,
+)
+from tessera.hal.conformance_quant import (  # noqa: F401  (the suite's quantized cases)
+    test_quant_linear,
+    test_quant_linear_act_order,
+    test_quant_prepare_keeps_the_values,
+    test_quant_schemes_resolve_or_refuse,
 )
 from tessera.hal.ops import OP_NAMES
 from tessera.hal.platform import Capabilities, Platform
@@ -269,6 +276,27 @@ def test_attention_extend(hal_platform: Platform, dtype: torch.dtype, head_dim: 
         dev.q, dev.k_cache, dev.v_cache, dev.req_to_token, dev.seq_lens, dev.extend_lens,
         dev.qo_indptr, data.scale, max_extend_len=max(extend_lens, default=0))
     _close(hinted, expected, dtype)
+
+
+@pytest.mark.parametrize("hq,hk", GQA_HEADS)
+@pytest.mark.parametrize("case", ["empty_batch", "prefill", "mixed"])
+def test_attention_extend_padded(hal_platform: Platform, dtype: torch.dtype, hq: int, hk: int,
+                                 case: str) -> None:
+    """A step captured at a padded size: padding requests and rows change no real row, and
+    the padding rows come out as zeros."""
+    seq_lens, extend_lens = EXTEND_CASES[case]
+    data = make_paged_case(seq_lens, extend_lens, hq, hk, 64, dtype, seed=22)
+    padded = _case_on(hal_platform, pad_paged_case(data, tokens=5, requests=2, seed=23))
+    out = hal_platform.op("attention_extend")(
+        padded.q, padded.k_cache, padded.v_cache, padded.req_to_token, padded.seq_lens,
+        padded.extend_lens, padded.qo_indptr, data.scale,
+        max_extend_len=padded.q.shape[0])  # what a captured step passes: an upper bound
+    t = data.q.shape[0]
+    assert out.shape == padded.q.shape
+    expected = _ref("attention_extend", data.q, data.k_cache, data.v_cache, data.req_to_token,
+                    data.seq_lens, data.extend_lens, data.qo_indptr, data.scale)
+    _close(out[:t], expected, dtype)
+    assert torch.equal(out[t:].cpu(), torch.zeros_like(out[t:].cpu()))
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)

@@ -14,6 +14,11 @@ L = row length of the page table. Integer index tensors may be int32 or int64.
         sin of position p (build it with `hal.rope.cos_sin_cache`, which applies rope scaling)
     silu_and_mul(x[T, 2I]) -> [T, I]                  silu(x[:, :I]) * x[:, I:]
     linear(x[T, In], weight[Out, In], bias[Out] | None) -> [T, Out]
+        A quantized weight (hal/quant: QuantizedWeight of scheme fp8, int8 or int4) goes
+        through `platform.linear_kernel(scheme)` instead, resolved once per layer: the same
+        product with y = x @ dequantize(w)^T as its definition. A plugin lists the schemes it
+        runs in Capabilities.quant_schemes; any other scheme is its declared reference
+        fallback or a MissingSchemeError, never a silent slow path (hal/base.py).
     store_kv(k_cache[S, Hk, D], v_cache[S, Hk, D], k[T, Hk, D], v[T, Hk, D], slots[T]) -> None
         k_cache[slots[t]] = k[t]; v_cache[slots[t]] = v[t]   (in place)
     attention_extend(q[T, Hq, D], k_cache, v_cache, req_to_token[B, L], seq_lens[B],
@@ -23,9 +28,12 @@ L = row length of the page table. Integer index tensors may be int32 or int64.
         forward). Request b owns queries q[qo_indptr[b]:qo_indptr[b+1]] (extend_lens[b] of
         them) at positions seq_lens[b] - extend_lens[b] + i; query i attends to the KV in
         slots req_to_token[b, 0 : seq_lens[b] - extend_lens[b] + i + 1]. The new tokens' KV is
-        already stored. GQA: query head h reads KV head h // (Hq // Hk). `max_extend_len`,
-        when given, is max(extend_lens), known on the host: a plugin must not read it back
-        from the device then (the worker calls this once per layer).
+        already stored. GQA: query head h reads KV head h // (Hq // Hk). Rows of q after
+        qo_indptr[B] belong to no request (the padding of a step captured at a larger size,
+        whose padding requests have extend_lens == seq_lens == 0): their output is zeros.
+        `max_extend_len`, when given, is max(extend_lens), known on the host: a plugin must
+        not read it back from the device then (the worker calls this once per layer); a
+        graph-captured step passes its padded token count instead, an upper bound.
     attention_decode(q[B, Hq, D], k_cache, v_cache, req_to_token[B, L], seq_lens[B],
                      scale: float) -> [B, Hq, D]
         attention_extend with extend_lens == 1, for static decode shapes (graph capture).
@@ -71,6 +79,11 @@ class SamplingTensors:
 
     all_greedy lets a plugin skip the random path when every row is greedy.
     offsets: tokens the request generated so far (the seeded stream's position).
+    The host knows the parameters, so it may also say which filters any row uses: any_top_k
+    (some top_k > 0), any_top_p (some top_p < 1), any_min_p (some min_p > 0) and max_top_k
+    (the largest top_k, 0 if none). A plugin then needs no read-back from the device to choose
+    its path; None means unknown (it may read the tensors). Each is a superset: a flag set
+    for rows whose filter turns out to be off (top_k >= V) changes nothing but the work.
     """
 
     temperature: torch.Tensor  # float32 [B]
@@ -80,3 +93,7 @@ class SamplingTensors:
     seeds: torch.Tensor  # int64 [B], -1 = unseeded
     offsets: torch.Tensor  # int64 [B]
     all_greedy: bool = False
+    any_top_k: bool | None = None
+    any_top_p: bool | None = None
+    any_min_p: bool | None = None
+    max_top_k: int | None = None

@@ -14,7 +14,7 @@ import torch
 
 from tessera.hal.base import OpTablePlatform
 from tessera.hal.local_comm import make_local_communicator
-from tessera.hal.platform import Capabilities, Communicator, GraphRunner
+from tessera.hal.platform import Capabilities, Communicator, GraphRunner, QuantLinearKernel
 from tessera.hal.reference import reference_ops
 
 
@@ -27,6 +27,8 @@ class CpuPlatform(OpTablePlatform):
         default_dtype="float32",
         max_capture_batch=0,
         communicator_backends=("gloo",),
+        quant_schemes=("fp8", "int8", "int4"),
+        kv_cache_dtypes=("fp8_e4m3",),
     )
 
     @classmethod
@@ -35,6 +37,11 @@ class CpuPlatform(OpTablePlatform):
 
     def register_ops(self) -> dict[str, Callable[..., Any]]:
         return reference_ops()
+
+    def register_quant_linears(self) -> dict[str, QuantLinearKernel]:
+        from tessera.hal.cpu.quant_linear import quant_linears
+
+        return quant_linears()
 
     def device(self, rank: int = 0) -> torch.device:
         return torch.device("cpu")

@@ -57,9 +57,13 @@ def _thresholds(x: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     k_on = (top_k > 0) & (top_k < vocab)
     p_on = params.top_p < 1.0
     m_on = params.min_p > 0.0
-    any_k, any_p, any_m, k_max = torch.stack(
-        [k_on.any().long(), p_on.any().long(), m_on.any().long(),
-         torch.where(k_on, top_k, 0).max()]).tolist()
+    known = (params.any_top_k, params.any_top_p, params.any_min_p, params.max_top_k)
+    if all(flag is not None for flag in known):
+        any_k, any_p, any_m, k_max = known  # from the host: no wait for the device
+    else:
+        any_k, any_p, any_m, k_max = torch.stack(
+            [k_on.any().long(), p_on.any().long(), m_on.any().long(),
+             torch.where(k_on, top_k, 0).max()]).tolist()
     thresh = neg_inf
     if any_k or any_p:
         n_cand = min(vocab, max(CANDIDATES, k_max))

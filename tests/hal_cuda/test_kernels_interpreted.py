@@ -8,7 +8,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from tessera.hal.conformance_data import make_paged_case
+from tessera.hal.conformance_data import make_paged_case, pad_paged_case
 from tessera.hal.reference import reference_op
 from tessera.hal.rope import cos_sin_cache
 
@@ -99,6 +99,57 @@ def test_attention_extend(kernels: dict[str, ModuleType], seq_lens: tuple[int, .
             case.extend_lens, case.qo_indptr, case.scale)
     out = kernels["extend_attention"].attention_extend(*args)
     torch.testing.assert_close(out, reference_op("attention_extend")(*args), **TOL)
+
+
+@pytest.mark.parametrize("spare", [16, 0])  # 0: fewer programs than blocks, each loops
+def test_attention_extend_static_launch_with_padding(kernels: dict[str, ModuleType],
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     spare: int) -> None:
+    """Decode rows interleaved with chunks of several blocks (fp32 blocks are 32 rows), more
+    requests than one 16-wide lookup vector, then the same batch padded as a captured step
+    pads it: the real rows are the reference's and identical with and without padding, the
+    padding rows are zeros."""
+    monkeypatch.setattr(kernels["extend_attention"], "SPARE_PROGRAMS", spare)
+    extend = (1, 70, 1, 33, 2, 1, 64, 1, 1, 5, 1, 1, 40, 1, 1, 1, 3, 1, 1, 1)
+    prefix = (9, 0, 130, 12, 3, 1, 0, 64, 7, 31, 2, 90, 5, 16, 1, 4, 60, 11, 0, 33)
+    seq_lens = tuple(p + e for p, e in zip(prefix, extend, strict=True))
+    case = make_paged_case(seq_lens, extend, 4, 2, 32, torch.float32, seed=18)
+    run = kernels["extend_attention"].attention_extend
+    args = (case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens,
+            case.extend_lens, case.qo_indptr, case.scale)
+    out = run(*args)
+    torch.testing.assert_close(out, reference_op("attention_extend")(*args), **TOL)
+    padded = pad_paged_case(case, tokens=37, requests=3, seed=19)
+    out_padded = run(padded.q, padded.k_cache, padded.v_cache, padded.req_to_token,
+                     padded.seq_lens, padded.extend_lens, padded.qo_indptr, case.scale)
+    t = case.q.shape[0]
+    assert torch.equal(out_padded[:t], out)
+    assert torch.equal(out_padded[t:], torch.zeros_like(out_padded[t:]))
+    # The decode rows alone, merged from several splits or written at once from one.
+    decode_rows = case.qo_indptr[:-1][case.extend_lens == 1].long()
+    for splits in (1, 3):
+        only = torch.full_like(out, 7.0)
+        kernels["decode_attention"].launch_decode(
+            case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens, only,
+            case.scale, extend_lens=case.extend_lens, qo_indptr=case.qo_indptr, splits=splits)
+        torch.testing.assert_close(only[decode_rows], out[decode_rows], **TOL)
+        others = torch.ones(t, dtype=torch.bool)
+        others[decode_rows] = False
+        assert bool((only[others] == 7.0).all())  # rows of longer extends left alone
+
+
+def test_attention_extend_of_decodes_only_and_of_padding_only(
+        kernels: dict[str, ModuleType]) -> None:
+    run = kernels["extend_attention"].attention_extend
+    case = make_paged_case((1, 70, 5, 129), (1,) * 4, 8, 2, 32, torch.float32, seed=20)
+    args = (case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens,
+            case.extend_lens, case.qo_indptr, case.scale)
+    torch.testing.assert_close(run(*args), reference_op("attention_extend")(*args), **TOL)
+    empty = pad_paged_case(make_paged_case((), (), 8, 2, 32, torch.float32, seed=21),
+                           tokens=40, requests=2, seed=22)
+    out = run(empty.q, empty.k_cache, empty.v_cache, empty.req_to_token, empty.seq_lens,
+              empty.extend_lens, empty.qo_indptr, empty.scale)
+    assert torch.equal(out, torch.zeros_like(out))
 
 
 @pytest.mark.parametrize("with_bias", [False, True])

@@ -93,3 +93,25 @@ def test_apply_token_mask_matches_the_reference(kernels: dict[str, ModuleType]) 
         kernels["token_mask"].apply_token_mask(logits, bitmask, rows)
         assert torch.equal(logits, expected), vocab
         assert torch.isinf(logits[1]).any() and not torch.isinf(logits[0]).any()
+
+
+def test_host_known_filters_give_the_same_draws_without_a_read_back(
+        kernels: dict[str, ModuleType], monkeypatch) -> None:
+    """SamplingTensors saying which filters are in use (the worker knows them from the
+    request parameters): the same tokens, and the parameters are not read back from the
+    device to choose the path."""
+    sample = kernels["sampling"].sample
+    logits = _rand(6, 400, seed=5)
+    filters = {"top_k": torch.tensor([0, 5, 0, 50, 0, 0]),
+               "top_p": torch.tensor([1.0, 0.9, 0.5, 1.0, 1.0, 1.0]),
+               "min_p": torch.tensor([0.0, 0.0, 0.0, 0.0, 0.2, 0.0])}
+    params = sampling_params(6, torch.device("cpu"), temperature=0.8, seeds=torch.arange(6),
+                             **filters)
+    expected = sample(logits, params)
+    params.any_top_k, params.any_top_p, params.any_min_p, params.max_top_k = True, True, True, 50
+
+    def no_read_back(*args, **kwargs):
+        raise AssertionError("the sampler read its filters back from the device")
+
+    monkeypatch.setattr(torch, "stack", no_read_back)
+    assert torch.equal(sample(logits, params), expected)
