@@ -98,6 +98,9 @@ class EngineConfig(BatchingConfig):
     ep_size: int = _opt(1, "expert parallelism for Mixture-of-Experts layers: the TP ranks "
                         "form ep_size groups, each holding 1/ep_size of the experts (whole "
                         "experts when ep_size == tp_size); must divide --tp-size")
+    graph_max_tokens: int = _opt(1024, "largest prefill or mixed step (in tokens) replayed "
+                                 "from a captured graph; larger ones run eagerly (0: capture "
+                                 "decode steps only)")
     mem_fraction: float = _opt(0.85, "fraction of the device's free memory for weights + KV "
                                "cache (on the cpu plugin: of available RAM, capped by "
                                "--max-total-tokens)")
