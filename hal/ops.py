@@ -95,6 +95,11 @@ class SamplingTensors:
 
     all_greedy lets a plugin skip the random path when every row is greedy.
     offsets: tokens the request generated so far (the seeded stream's position).
+    The host knows the parameters, so it may also say which filters any row uses: any_top_k
+    (some top_k > 0), any_top_p (some top_p < 1), any_min_p (some min_p > 0) and max_top_k
+    (the largest top_k, 0 if none). A plugin then needs no read-back from the device to choose
+    its path; None means unknown (it may read the tensors). Each is a superset: a flag set
+    for rows whose filter turns out to be off (top_k >= V) changes nothing but the work.
     """
 
     temperature: torch.Tensor  # float32 [B]
@@ -104,3 +109,7 @@ class SamplingTensors:
     seeds: torch.Tensor  # int64 [B], -1 = unseeded
     offsets: torch.Tensor  # int64 [B]
     all_greedy: bool = False
+    any_top_k: bool | None = None
+    any_top_p: bool | None = None
+    any_min_p: bool | None = None
+    max_top_k: int | None = None

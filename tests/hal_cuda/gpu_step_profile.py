@@ -460,11 +460,21 @@ def part_sweep_decode(h: Harness) -> dict[str, Any]:
                 row[str(list(cfg))] = round(us, 1)
             best = min(row, key=row.__getitem__)
             default = row.get(str(list(saved)))
+            # The split count at the default tunables (the heuristic's choice beside others).
+            da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES = saved
+            chosen = da.num_splits(b, kv_heads, c["q"].device)
+            by_splits: dict[int, float] = {}
+            for n_split in sorted({1, 2, 4, 8, 16, 32, chosen}):
+                by_splits[n_split] = round(_graph_time_us(lambda c=c, n=n_split: da.attention_decode(
+                    c["q"], c["k_cache"], c["v_cache"], c["req_to_token"], c["seq_lens"],
+                    dim ** -0.5, splits=n)), 1)
             out[name] = {"us": row, "best": best, "kv_bytes": kv_bytes,
                          "best_gbps": round(kv_bytes / row[best] / 1e3, 0),
-                         "default_gbps": round(kv_bytes / default / 1e3, 0) if default else None}
+                         "default_gbps": round(kv_bytes / default / 1e3, 0) if default else None,
+                         "splits_chosen": chosen, "us_by_splits": by_splits}
             log(f"decode {name:14s} best {best} {row[best]} us ({out[name]['best_gbps']} GB/s); "
-                f"default {default} us ({out[name]['default_gbps']} GB/s)")
+                f"default {default} us ({out[name]['default_gbps']} GB/s); splits {chosen} "
+                f"chosen, by splits {by_splits}")
     finally:
         da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES = saved
     return out
