@@ -69,7 +69,8 @@ class ModelRunner:
         cls = model_class(mc.arch)
         self.model = cls(mc, platform, dtype=self.dtype, device=self.device,
                          max_positions=self.max_context_len, tp_rank=rank,
-                         tp_size=config.tp_size, communicator=communicator)
+                         tp_size=config.tp_size, communicator=communicator,
+                         ep_size=config.ep_size)
         if isinstance(self.files, DummyFiles):
             self.files.device = self.device  # draw random weights where they will live
         self.model.load_weights(self.files.iter_tensors(self.dtype))

@@ -39,10 +39,10 @@ class CausalLM(nn.Module):
 
     def __init__(self, config: ModelConfig, platform: Platform, *, dtype: torch.dtype,
                  device: torch.device, max_positions: int, tp_rank: int = 0, tp_size: int = 1,
-                 communicator: Communicator | None = None) -> None:
+                 communicator: Communicator | None = None, ep_size: int = 1) -> None:
         super().__init__()
         self.config = config
-        self.tp = TPShape.of(config, tp_rank, tp_size)
+        self.tp = TPShape.of(config, tp_rank, tp_size, ep_size)
         self.ctx = ModelContext(config, platform, self.tp, dtype, device, max_positions,
                                 communicator)
         self.dtype, self.device, self.max_positions = dtype, device, max_positions
