@@ -137,6 +137,18 @@ def test_attention_extend(kernels: dict[str, ModuleType], seq_lens: tuple[int, .
     torch.testing.assert_close(out, reference_op("attention_extend")(*args), **TOL)
 
 
+@pytest.mark.parametrize("head_dim", [32, 24])  # 24: the head-dim mask of unmasked tiles
+def test_attention_extend_chunk_after_long_prefix(kernels: dict[str, ModuleType],
+                                                  head_dim: int) -> None:
+    """A chunk after a prefix of several key tiles: the tiles before each query block run
+    without position masks, the rest with them."""
+    case = make_paged_case((100, 71), (40, 71), 4, 2, head_dim, torch.float32, seed=24)
+    args = (case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens,
+            case.extend_lens, case.qo_indptr, case.scale)
+    out = kernels["extend_attention"].attention_extend(*args)
+    torch.testing.assert_close(out, reference_op("attention_extend")(*args), **TOL)
+
+
 @pytest.mark.parametrize("spare", [16, 0])  # 0: fewer programs than blocks, each loops
 def test_attention_extend_static_launch_with_padding(kernels: dict[str, ModuleType],
                                                      monkeypatch: pytest.MonkeyPatch,
