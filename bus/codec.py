@@ -27,11 +27,24 @@ _ALLOWED_DTYPES = {
     for t in (np.int8, np.uint8, np.int16, np.int32, np.int64, np.uint32, np.float16,
               np.float32, np.float64, np.bool_)
 }
+# The largest header a receiver accepts. Senders check it too (`MessageTooLarge`), so that a
+# message the bus would refuse fails at once where it is made, never silently at the receiver;
+# the HTTP body limit is set well below it (server/formatting.py).
 MAX_HEADER_BYTES = 16 << 20
 
 
 class DecodeError(ValueError):
     """A frame set that is not a valid message. Receivers count, log and drop it."""
+
+
+class EncodeError(ValueError):
+    """A message whose values cannot travel on the bus (text that is not valid Unicode, an
+    integer beyond 64 bits, a type msgpack does not know). The sender answers the request
+    with a clear error instead of sending it."""
+
+
+class MessageTooLarge(EncodeError):
+    """A message whose header exceeds MAX_HEADER_BYTES: every receiver would drop it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,10 +137,24 @@ def encode(msg: Message) -> list[Any]:
         descs.append([name, arr.dtype.str, list(arr.shape)])
         # A zero-size array still takes a frame so that frame i always matches desc i.
         buffers.append(memoryview(arr).cast("B") if arr.size else b"")  # type: ignore[arg-type]
-    header = msgpack.packb(
-        {"t": cls.TYPE, "v": cls.VERSION, "f": fields, "a": descs}, use_bin_type=True
-    )
+    try:
+        header = msgpack.packb(
+            {"t": cls.TYPE, "v": cls.VERSION, "f": fields, "a": descs}, use_bin_type=True
+        )
+    except (TypeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
+        raise EncodeError(f"{cls.TYPE} cannot be encoded: {_reason(exc)}") from None
+    if len(header) > MAX_HEADER_BYTES:
+        raise MessageTooLarge(f"{cls.TYPE} has a header of {len(header)} bytes, more than the "
+                              f"bus carries ({MAX_HEADER_BYTES})")
     return [header, *buffers]
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, UnicodeEncodeError):
+        return "a string holds a lone surrogate (not valid Unicode text)"
+    if isinstance(exc, OverflowError):
+        return "an integer is too large (at most 64 bits)"
+    return str(exc)
 
 
 def _buffer(frame: Any) -> memoryview:

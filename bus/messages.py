@@ -59,6 +59,9 @@ class SamplingParams:
     MAX_TOP_LOGPROBS: ClassVar[int] = 20
     MAX_N: ClassVar[int] = 16
     MAX_STOP: ClassVar[int] = 16
+    MAX_STOP_CHARS: ClassVar[int] = 1024
+    MAX_TOKEN_ID: ClassVar[int] = 2**31 - 1  # ids travel as int32
+    MAX_STOP_TOKEN_IDS: ClassVar[int] = 1024
 
     @property
     def greedy(self) -> bool:
@@ -121,10 +124,18 @@ class SamplingParams:
             checks.append("stop must be a string or a list of non-empty strings")
         elif len(self.stop) > self.MAX_STOP:
             checks.append(f"stop accepts at most {self.MAX_STOP} strings, got {len(self.stop)}")
+        elif any(len(s) > self.MAX_STOP_CHARS for s in self.stop):
+            longest = max(len(s) for s in self.stop)
+            checks.append(f"stop strings may have at most {self.MAX_STOP_CHARS} characters, "
+                          f"got one of {longest}")
         if not isinstance(self.stop_token_ids, tuple | list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= self.MAX_TOKEN_ID
                 for t in self.stop_token_ids):
-            checks.append("stop_token_ids must be a list of non-negative integers")
+            checks.append(f"stop_token_ids must be a list of token ids in [0, "
+                          f"{self.MAX_TOKEN_ID}]")
+        elif len(self.stop_token_ids) > self.MAX_STOP_TOKEN_IDS:
+            checks.append(f"stop_token_ids accepts at most {self.MAX_STOP_TOKEN_IDS} ids, got "
+                          f"{len(self.stop_token_ids)}")
         for problem in checks:
             if problem:
                 return problem

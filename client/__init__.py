@@ -10,12 +10,14 @@ from tessera.client.errors import (
     AuthenticationError,
     BadRequestError,
     EngineDeadError,
+    EngineNotFoundError,
     InternalError,
     NotFoundError,
     OverloadedError,
     PromptTooLongError,
     RateLimitError,
     RequestTimeoutError,
+    SlowConsumerError,
     TesseraError,
     UnavailableError,
 )
@@ -31,7 +33,8 @@ from tessera.client.sync_client import Client, Stream
 
 __all__ = [
     "AsyncClient", "AsyncStream", "AuthenticationError", "BadRequestError", "Choice", "Client",
-    "Delta", "EngineDeadError", "GenerateResult", "InternalError", "NotFoundError",
-    "OverloadedError", "PromptTooLongError", "RateLimitError", "RequestTimeoutError", "Stream",
-    "TesseraError", "TokenLogprob", "TopLogprob", "UnavailableError", "Usage",
+    "Delta", "EngineDeadError", "EngineNotFoundError", "GenerateResult", "InternalError",
+    "NotFoundError", "OverloadedError", "PromptTooLongError", "RateLimitError",
+    "RequestTimeoutError", "SlowConsumerError", "Stream", "TesseraError", "TokenLogprob",
+    "TopLogprob", "UnavailableError", "Usage",
 ]

@@ -1,9 +1,9 @@
 """`AsyncClient`: the asyncio client library (what the HTTP server is built on).
 
-    client = AsyncClient(run_dir, config)
-    result = await client.generate("Hello", max_tokens=8)
-    stream = await client.generate(messages=[...], stream=True)
-    async for delta in stream: ...
+    async with AsyncClient(run_dir) as client:
+        result = await client.generate("Hello", max_tokens=8)
+        stream = await client.generate(messages=[...], stream=True)
+        async for delta in stream: ...
 
 The receiver thread of the BusConnection hands replies to the event loop with
 `call_soon_threadsafe`; nothing here blocks the loop (a send that finds the tokenizer's queue
@@ -53,6 +53,7 @@ class AsyncStream(StreamBase):
         if tracker.done:
             tracker.close()
             raise StopAsyncIteration
+        self._check_overflow()
         timeout = self._next_timeout()
         try:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
@@ -77,7 +78,14 @@ class AsyncStream(StreamBase):
 
 
 class AsyncClient(ClientBase):
-    """Asyncio client of a running engine. Create it inside the event loop that uses it."""
+    """Asyncio client of a running engine. Create it inside the event loop that uses it;
+    `async with AsyncClient(run_dir) as client:` closes it at the end."""
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
 
     def _deliver(self, loop: asyncio.AbstractEventLoop,
                  replies: asyncio.Queue[Item]) -> Any:
@@ -107,7 +115,8 @@ class AsyncClient(ClientBase):
                                     self._deliver(asyncio.get_running_loop(), replies),
                                     messages=messages, input_ids=input_ids, stream=stream,
                                     rid=rid, priority=priority,
-                                    add_generation_prompt=add_generation_prompt)
+                                    add_generation_prompt=add_generation_prompt,
+                                    buffer_limit=self.buffer_limit)
         try:
             await self._send(req)
         except BaseException:

@@ -34,7 +34,7 @@ import zmq
 
 from tessera.bus.breaker import CircuitBreaker, CircuitOpenError
 from tessera.bus.channel import DEFAULT_HWM, Outbox, SendTimeout, context
-from tessera.bus.codec import DecodeError, decode
+from tessera.bus.codec import DecodeError, EncodeError, MessageTooLarge, decode, encode
 from tessera.bus.messages import (
     AbortRequest,
     ErrorReply,
@@ -48,6 +48,7 @@ from tessera.client.errors import (
     BadRequestError,
     EngineDeadError,
     OverloadedError,
+    PromptTooLongError,
     TesseraError,
 )
 
@@ -148,9 +149,10 @@ class BusConnection:
         failure and raises OverloadedError (503)."""
         i = self._tokenizer_index(req.rid)
         wait = self.send_timeout_ms if timeout_ms is None else timeout_ms
+        frames = encode_request(req)
         try:
             with self._tok_locks[i]:
-                self._tokenizers[i].send(req, timeout_ms=wait)
+                self._tokenizers[i].send_frames(frames, timeout_ms=wait)
         except SendTimeout:
             if timeout_ms == 0:
                 raise  # a non-blocking attempt: the caller retries with the full timeout
@@ -303,6 +305,18 @@ class BusConnection:
         path = endpoint_path(self.endpoint)
         if path and os.path.exists(path):
             os.unlink(path)
+
+
+def encode_request(req: GenerateRequest) -> list[object]:
+    """The request's frames; a request the bus cannot carry is the caller's error (400, or
+    413 when it is too large), raised here at once instead of being dropped on the way."""
+    try:
+        return encode(req)
+    except MessageTooLarge as exc:
+        raise PromptTooLongError(f"the request is too large for the engine ({exc}); send a "
+                                 f"shorter prompt") from None
+    except EncodeError as exc:
+        raise BadRequestError(f"the request cannot be sent: {exc}") from None
 
 
 def endpoint_path(endpoint: str) -> str | None:

@@ -79,6 +79,18 @@ class EngineDeadError(UnavailableError):
     error_type = "engine_dead"
 
 
+class SlowConsumerError(UnavailableError):
+    """The caller stopped reading a stream: its request was aborted rather than buffered."""
+
+    error_type = "slow_consumer"
+
+
+class EngineNotFoundError(UnavailableError):
+    """No engine runs at the run directory the client was given."""
+
+    error_type = "engine_not_found"
+
+
 class RequestTimeoutError(TesseraError):
     """The engine made no progress on the request within the configured time."""
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import tokenizers
 
+from tessera.formats.chat_guard import ChatGuard
 from tessera.formats.chat_template import render_chat
 
 log = logging.getLogger(__name__)
@@ -31,8 +32,27 @@ class TokenizerError(ValueError):
     """The model's tokenizer files are missing or unusable (the message says what to do)."""
 
 
+# Texts longer than this are encoded with the GIL released (see _encode).
+_LONG_TEXT_CHARS = 4096
+
+
+def _encode(backend: tokenizers.Tokenizer, text: str, add_special_tokens: bool) -> list[int]:
+    if len(text) > _LONG_TEXT_CHARS:
+        # `Tokenizer.encode` holds the GIL for the whole call (seconds for megabytes), so no
+        # other thread of the process -- its heartbeat thread -- would run meanwhile;
+        # `encode_batch` releases it, and gives the same ids.
+        return backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+    return backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+
 class ModelTokenizer:
-    """Encode, decode and render chat for one model. Thread-safe for reading."""
+    """Encode, decode and render chat for one model. Thread-safe for reading.
+
+    `max_token_chars` is the most characters one token can stand for (the longest vocabulary
+    entry: byte-level and SentencePiece entries have at least one character per character of
+    text), so a text longer than `context * max_token_chars` cannot fit the context and is
+    refused before it is tokenized.
+    """
 
     def __init__(self, backend: tokenizers.Tokenizer, *, name: str,
                  chat_template: str | None, special_tokens: dict[str, str],
@@ -46,9 +66,28 @@ class ModelTokenizer:
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
         added = backend.get_added_tokens_decoder()
         self.special_ids = frozenset(i for i, tok in added.items() if tok.special)
+        self.max_token_chars = max(
+            (len(t) for t in backend.get_vocab(with_added_tokens=True)), default=1)
+        self._guards: dict[frozenset[str], ChatGuard] = {}
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return _encode(self.backend, text, add_special_tokens)
+
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    allowed_special: frozenset[str] = frozenset()) -> list[int]:
+        """The prompt ids of `messages`: `encode(apply_chat_template(...))`, except that a
+        special token's text inside a message is plain text, not the control token, unless it
+        is in `allowed_special` (see chat_guard.py). Raises ChatTokenError when that cannot be
+        done safely."""
+        guard = self._guards.get(allowed_special)
+        if guard is None:
+            guard = self._guards[allowed_special] = ChatGuard(self.backend, allowed_special)
+        if not guard.needs_guard(messages):
+            text = self.apply_chat_template(messages, add_generation_prompt)
+            return self.encode(text, add_special_tokens=False)
+        return guard.encode(messages,
+                            lambda m: self.apply_chat_template(m, add_generation_prompt),
+                            lambda backend, text: _encode(backend, text, False))
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         return [e.ids for e in self.backend.encode_batch(texts,
@@ -96,6 +135,7 @@ class IdsOnlyTokenizer(ModelTokenizer):
         self.context_length = context_length
         self.vocab_size = vocab_size
         self.special_ids = frozenset()
+        self.max_token_chars = 0  # it takes no text at all
 
     def _no_text(self) -> TokenizerError:
         return TokenizerError(f"the model {self.name} has no tokenizer (dummy weights from a "
@@ -115,6 +155,10 @@ class IdsOnlyTokenizer(ModelTokenizer):
 
     def apply_chat_template(self, messages: list[dict[str, Any]],
                             add_generation_prompt: bool = True, **extra: Any) -> str:
+        raise self._no_text()
+
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    allowed_special: frozenset[str] = frozenset()) -> list[int]:
         raise self._no_text()
 
 

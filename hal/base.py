@@ -4,6 +4,11 @@ A plugin subclasses it, returns its own implementations from `register_ops()` an
 `reference_fallbacks` the ops it deliberately borrows from the reference (cpu) plugin. Anything
 else is missing, and asking for it raises `MissingOpError`: a fallback is never silent, and
 `tessera doctor` shows which ops are native and which are borrowed.
+
+Quantized linears follow the same rule per scheme: `register_quant_linears()` gives the
+kernels of the schemes listed in `capabilities.quant_schemes`, `reference_quant_fallbacks` the
+schemes deliberately run by the reference (dequantize, then a dense matmul: correct, slow, and
+shown as such by `tessera doctor`); any other scheme raises `MissingSchemeError`.
 """
 
 from __future__ import annotations
@@ -13,9 +18,9 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from tessera.hal.errors import MissingOpError
+from tessera.hal.errors import MissingOpError, MissingSchemeError
 from tessera.hal.ops import OP_NAMES
-from tessera.hal.platform import KVArena, Platform
+from tessera.hal.platform import KVArena, Platform, QuantLinearKernel
 
 OpSource = Literal["native", "reference", "missing"]
 
@@ -26,6 +31,8 @@ class OpTablePlatform(Platform):
     # Ops this plugin borrows from the cpu reference on purpose (they run on this plugin's
     # device: the reference ops are device-generic PyTorch).
     reference_fallbacks: ClassVar[tuple[str, ...]] = ()
+    # Quantization schemes this plugin runs through the reference kernel on purpose.
+    reference_quant_fallbacks: ClassVar[tuple[str, ...]] = ()
     # Higher wins when no plugin is named ("best available"). cpu is 0, cuda 100.
     priority: ClassVar[int] = 50
 
@@ -39,10 +46,44 @@ class OpTablePlatform(Platform):
         if bad:
             raise ValueError(f"plugin {self.name!r} declares fallbacks for unknown ops {bad}")
         self._ops: dict[str, Callable[..., Any]] = ops
+        from tessera.hal.quant.weight import SCHEMES
+
+        quant = dict(self.register_quant_linears())
+        declared = tuple(self.capabilities.quant_schemes)
+        if set(quant) != set(declared):
+            raise ValueError(f"plugin {self.name!r} declares quant_schemes {list(declared)} but "
+                             f"registers quantized linears for {sorted(quant)}")
+        unknown = sorted((set(quant) | set(self.reference_quant_fallbacks)) - set(SCHEMES))
+        if unknown:
+            raise ValueError(f"plugin {self.name!r} names unknown quantization schemes "
+                             f"{unknown}; the schemes are {list(SCHEMES)}")
+        self._quant: dict[str, QuantLinearKernel] = quant
 
     def register_ops(self) -> dict[str, Callable[..., Any]]:
         """name -> implementation of the ops this plugin supplies itself."""
         return {}
+
+    def register_quant_linears(self) -> dict[str, QuantLinearKernel]:
+        """scheme -> the plugin's own kernel; the keys must be `capabilities.quant_schemes`."""
+        return {}
+
+    def scheme_source(self, scheme: str) -> OpSource:
+        if scheme in self._quant:
+            return "native"
+        if scheme in self.reference_quant_fallbacks:
+            return "reference"
+        return "missing"
+
+    def linear_kernel(self, scheme: str) -> QuantLinearKernel:
+        kernel = self._quant.get(scheme)
+        if kernel is not None:
+            return kernel
+        if scheme in self.reference_quant_fallbacks:
+            from tessera.hal.quant.reference import quant_linear_reference
+
+            return QuantLinearKernel(scheme, quant_linear_reference)
+        raise MissingSchemeError(scheme, self.name, tuple(sorted(self._quant)),
+                                 self.reference_quant_fallbacks)
 
     def registered_ops(self) -> list[str]:
         return sorted(self._ops)

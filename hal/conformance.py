@@ -41,7 +41,14 @@ from tessera.hal.conformance_data import (
     HEAD_DIMS,
     PagedCase,
     make_paged_case,
+    pad_paged_case,
     sampling_params,
+)
+from tessera.hal.conformance_quant import (  # noqa: F401  (the suite's quantized cases)
+    test_quant_linear,
+    test_quant_linear_act_order,
+    test_quant_prepare_keeps_the_values,
+    test_quant_schemes_resolve_or_refuse,
 )
 from tessera.hal.conformance_runtime import (  # noqa: F401 - collected from here
     test_an_event_marks_finished_work,
@@ -224,6 +231,43 @@ def test_silu_and_mul(hal_platform: Platform, dtype: torch.dtype, tokens: int,
     _close(out, _ref("silu_and_mul", x), dtype)
 
 
+@pytest.mark.parametrize("tokens,inner", [(0, 64), (1, 64), (6, 1536)])
+def test_gelu_tanh_and_mul(hal_platform: Platform, dtype: torch.dtype, tokens: int,
+                           inner: int) -> None:
+    x = _rand((tokens, 2 * inner), dtype, 41) * 3  # reaches the flat tails of tanh
+    out = hal_platform.op("gelu_tanh_and_mul")(*_on(hal_platform, x))
+    assert out.shape == (tokens, inner)
+    _close(out, _ref("gelu_tanh_and_mul", x), dtype)
+
+
+# tokens, experts, top_k, hidden, inner: decode-sized and prefill-sized batches, an expert
+# count that leaves some experts without tokens, sizes that are not powers of two
+MOE_CASES = {"one_token": (1, 8, 2, 64, 32), "decode": (5, 8, 2, 96, 80),
+             "prefill": (70, 6, 3, 64, 48), "empty": (0, 4, 2, 64, 32)}
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("case", sorted(MOE_CASES))
+def test_fused_moe(hal_platform: Platform, dtype: torch.dtype, case: str,
+                   activation: str) -> None:
+    tokens, experts, top_k, hidden, inner = MOE_CASES[case]
+    x = _rand((tokens, hidden), dtype, 42)
+    # Weights scaled so that every stage has unit-order values (the tolerances then mean the
+    # same thing at every size).
+    w13 = (_rand((experts, 2 * inner, hidden), dtype, 43).float() / math.sqrt(hidden)).to(dtype)
+    w2 = (_rand((experts, hidden, inner), dtype, 44).float() / math.sqrt(inner)).to(dtype)
+    scores = torch.softmax(_rand((tokens, experts), torch.float32, 45), dim=-1)
+    weights, ids = scores.topk(top_k, dim=-1)
+    ids = ids.to(torch.int32)
+    if tokens > 1:
+        ids[0, 0] = -1  # experts held by other ranks add nothing
+        ids[1, top_k - 1] = experts + 3
+    out = hal_platform.op("fused_moe")(*_on(hal_platform, x, w13, w2, weights, ids),
+                                       activation=activation)
+    assert out.shape == x.shape
+    _close(out, _ref("fused_moe", x, w13, w2, weights, ids, activation), dtype)
+
+
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("tokens", [0, 1, 13])
 def test_linear(hal_platform: Platform, dtype: torch.dtype, tokens: int, with_bias: bool) -> None:
@@ -278,6 +322,27 @@ def test_attention_extend(hal_platform: Platform, dtype: torch.dtype, head_dim: 
         dev.q, dev.k_cache, dev.v_cache, dev.req_to_token, dev.seq_lens, dev.extend_lens,
         dev.qo_indptr, data.scale, max_extend_len=max(extend_lens, default=0))
     _close(hinted, expected, dtype)
+
+
+@pytest.mark.parametrize("hq,hk", GQA_HEADS)
+@pytest.mark.parametrize("case", ["empty_batch", "prefill", "mixed"])
+def test_attention_extend_padded(hal_platform: Platform, dtype: torch.dtype, hq: int, hk: int,
+                                 case: str) -> None:
+    """A step captured at a padded size: padding requests and rows change no real row, and
+    the padding rows come out as zeros."""
+    seq_lens, extend_lens = EXTEND_CASES[case]
+    data = make_paged_case(seq_lens, extend_lens, hq, hk, 64, dtype, seed=22)
+    padded = _case_on(hal_platform, pad_paged_case(data, tokens=5, requests=2, seed=23))
+    out = hal_platform.op("attention_extend")(
+        padded.q, padded.k_cache, padded.v_cache, padded.req_to_token, padded.seq_lens,
+        padded.extend_lens, padded.qo_indptr, data.scale,
+        max_extend_len=padded.q.shape[0])  # what a captured step passes: an upper bound
+    t = data.q.shape[0]
+    assert out.shape == padded.q.shape
+    expected = _ref("attention_extend", data.q, data.k_cache, data.v_cache, data.req_to_token,
+                    data.seq_lens, data.extend_lens, data.qo_indptr, data.scale)
+    _close(out[:t], expected, dtype)
+    assert torch.equal(out[t:].cpu(), torch.zeros_like(out[t:].cpu()))
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
@@ -356,6 +421,44 @@ def test_sample_distribution(hal_platform: Platform, temperature: float) -> None
     sigma = (target * (1 - target) / n).sqrt()
     # five standard deviations: a correct sampler fails this about once in 10^6 runs
     assert ((freq - target).abs() <= 5 * sigma).all(), (freq, target)
+
+
+def _bitmask_of(allowed: torch.Tensor) -> torch.Tensor:
+    """int32 [G, ceil(V/32)] words packing a bool [G, V] allow-matrix (bit v % 32 of word
+    v // 32), written without the op under test."""
+    groups, vocab = allowed.shape
+    words = (vocab + 31) // 32
+    padded = torch.zeros((groups, words * 32), dtype=torch.int64)
+    padded[:, :vocab] = allowed.long()
+    weights = torch.tensor([1 << b for b in range(32)], dtype=torch.int64)
+    packed = (padded.view(groups, words, 32) * weights).sum(dim=-1)
+    return torch.where(packed >= 1 << 31, packed - (1 << 32), packed).to(torch.int32)
+
+
+@pytest.mark.parametrize("vocab", [37, 64, 1000, 4133])
+def test_apply_token_mask(hal_platform: Platform, vocab: int) -> None:
+    logits = _rand((5, vocab), torch.float32, 31)
+    gen = torch.Generator().manual_seed(32)
+    allowed = torch.rand((3, vocab), generator=gen) < 0.3
+    allowed[0] = False
+    allowed[0, vocab - 1] = True  # the last token alone, and bit 31 of some words
+    allowed[1, :] = True
+    rows = torch.tensor([4, 0, 2])
+    expected = logits.clone()
+    for g, row in enumerate(rows.tolist()):
+        expected[row][~allowed[g]] = float("-inf")
+    (dev_logits,) = _on(hal_platform, logits)
+    mask, dev_rows = _on(hal_platform, _bitmask_of(allowed), rows.to(torch.int32))
+    hal_platform.op("apply_token_mask")(dev_logits, mask, dev_rows)
+    assert torch.equal(dev_logits.cpu(), expected)  # untouched rows and logits stay exact
+    # a mask narrower than the vocabulary forbids the tokens past its end
+    narrow = _bitmask_of(torch.ones((1, 32), dtype=torch.bool))
+    (dev_logits,) = _on(hal_platform, logits)
+    hal_platform.op("apply_token_mask")(dev_logits, *_on(hal_platform, narrow,
+                                                         torch.tensor([1])))
+    assert torch.isinf(dev_logits[1, 32:]).all() and torch.equal(dev_logits[1, :32].cpu(),
+                                                                   logits[1, :32])
+    hal_platform.op("apply_token_mask")(dev_logits, mask[:0], dev_rows[:0])  # nothing to do
 
 
 # --- memory and graphs -------------------------------------------------------------------------

@@ -79,6 +79,26 @@ def make_paged_case(seq_lens: tuple[int, ...], extend_lens: tuple[int, ...], hq:
     )
 
 
+def pad_paged_case(case: PagedCase, tokens: int, requests: int, seed: int) -> PagedCase:
+    """`case` as a step captured at a larger size runs it: `tokens` more query rows (random,
+    as stale buffer contents would be) owned by no request, and `requests` padding requests
+    with seq_lens == extend_lens == 0 whose page-table rows name only slot 0 (page 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    t = case.q.shape[0]
+    extra_q = torch.randn((tokens, *case.q.shape[1:]), generator=gen).to(case.q.dtype)
+    zeros = torch.zeros(requests, dtype=torch.int32)
+    return PagedCase(
+        q=torch.cat([case.q, extra_q]), k_cache=case.k_cache, v_cache=case.v_cache,
+        req_to_token=torch.cat([case.req_to_token,
+                                torch.zeros((requests, case.req_to_token.shape[1]),
+                                            dtype=torch.int32)]),
+        seq_lens=torch.cat([case.seq_lens, zeros]),
+        extend_lens=torch.cat([case.extend_lens, zeros]),
+        qo_indptr=torch.cat([case.qo_indptr, torch.full((requests,), t, dtype=torch.int32)]),
+        scale=case.scale,
+    )
+
+
 def sampling_params(batch: int, device: torch.device | str = "cpu",
                     temperature: float | torch.Tensor = 1.0,
                     top_p: float | torch.Tensor = 1.0, top_k: int | torch.Tensor = 0,

@@ -170,6 +170,22 @@ def _op_rows(platform: Any) -> list[Row]:
             rows.append(Row(f"op {name}", "ok", "reference fallback (declared by the plugin)"))
         else:
             rows.append(Row(f"op {name}", "ok", "native"))
+    return rows + _scheme_rows(platform)
+
+
+def _scheme_rows(platform: Any) -> list[Row]:
+    """One row per quantization scheme: native kernel, declared reference, or not run."""
+    from tessera.hal.quant.weight import SCHEMES
+
+    source = getattr(platform, "scheme_source", None)
+    rows = []
+    for scheme in SCHEMES:
+        how = source(scheme) if source is not None else (
+            "native" if scheme in platform.capabilities.quant_schemes else "missing")
+        detail = {"native": "native", "reference": "reference fallback (declared by the plugin)",
+                  "missing": "not run: --quantization none dequantizes such weights at load"
+                  }[how]
+        rows.append(Row(f"linear {scheme}", "info" if how == "missing" else "ok", detail))
     return rows
 
 

@@ -11,9 +11,12 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+
+if TYPE_CHECKING:
+    from tessera.hal.quant.weight import QuantizedWeight
 
 HAL_API_VERSION = 1
 
@@ -28,6 +31,12 @@ class Capabilities:
     default_dtype: str = "float32"
     max_capture_batch: int = 0
     communicator_backends: tuple[str, ...] = ()
+    # Quantization schemes (hal/quant: fp8, int8, int4) whose `linear` the plugin runs with
+    # kernels of its own; see Platform.linear_kernel for the others.
+    quant_schemes: tuple[str, ...] = ()
+    # KV cache dtypes besides the serving dtype ("fp8_e4m3": half the bytes per token, stored
+    # with per-layer scales; the attention ops read it directly).
+    kv_cache_dtypes: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -44,6 +53,29 @@ class MemoryPolicy:
     shared_with_host: bool = False
     default_share: float = 1.0
     default_max_tokens: int | None = None
+
+
+def _same(weight: QuantizedWeight) -> QuantizedWeight:
+    return weight
+
+
+@dataclass(frozen=True)
+class QuantLinearKernel:
+    """The `linear` op for one quantization scheme: y = x @ dequantize(w)^T (+ bias), with the
+    accuracy hal/conformance_quant.py states for the scheme.
+
+    `prepare` runs once per weight at load and returns it in the layout `apply` reads (a
+    repacking, a transpose; by default the weight as it is); `apply(x[T, In], w, bias) ->
+    [T, Out]` in x.dtype. Resolve it with `Platform.linear_kernel(scheme)`, once per layer.
+    """
+
+    scheme: str
+    apply: Callable[[torch.Tensor, QuantizedWeight, torch.Tensor | None], torch.Tensor]
+    prepare: Callable[[QuantizedWeight], QuantizedWeight] = _same
+
+    def __call__(self, x: torch.Tensor, w: QuantizedWeight,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self.apply(x, w, bias)
 
 
 class KVArena:
@@ -202,6 +234,13 @@ class Platform(ABC):
     def op(self, name: str) -> Callable[..., Any]:
         """The implementation of op `name`; raises an error naming the op, the plugin and the
         ops it registered if it has none (see hal/registry.py)."""
+
+    def linear_kernel(self, scheme: str) -> QuantLinearKernel:
+        """The `linear` op for quantization scheme `scheme`. A plugin without quantized
+        kernels raises MissingSchemeError (OpTablePlatform resolves its declared ones)."""
+        from tessera.hal.errors import MissingSchemeError
+
+        raise MissingSchemeError(scheme, self.name, native=(), fallbacks=())
 
     @abstractmethod
     def create_kv_arena(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,

@@ -146,6 +146,14 @@ def _register(ns: str, op: Callable[[str], Callable[..., Any]]) -> dict[str, Cal
           seeds: Tensor, offsets: Tensor, all_greedy: bool) -> Tensor:
         return logits.new_empty((logits.shape[0],), dtype=torch.int64)
 
+    @custom_op(f"{ns}::apply_token_mask", mutates_args=("logits",))
+    def apply_token_mask(logits: Tensor, bitmask: Tensor, rows: Tensor) -> None:
+        op("apply_token_mask")(logits, bitmask, rows)
+
+    @apply_token_mask.register_fake
+    def _(logits: Tensor, bitmask: Tensor, rows: Tensor) -> None:
+        return None
+
     def sample_with_params(logits: Tensor, params: SamplingTensors) -> Tensor:
         return sample(logits, params.temperature, params.top_p, params.top_k, params.min_p,
                       params.seeds, params.offsets, params.all_greedy)
@@ -155,4 +163,5 @@ def _register(ns: str, op: Callable[[str], Callable[..., Any]]) -> dict[str, Cal
         "rotary_embedding": rotary_embedding, "silu_and_mul": silu_and_mul, "linear": linear,
         "store_kv": store_kv, "attention_extend": attention_extend,
         "attention_decode": attention_decode, "sample": sample_with_params,
+        "apply_token_mask": apply_token_mask,
     }

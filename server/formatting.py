@@ -11,7 +11,10 @@ from aiohttp import web
 from tessera.client import Delta, TokenLogprob
 from tessera.server.errors import ApiError
 
-MAX_BODY_BYTES = 32 << 20
+# Half the bus's largest message header (bus/codec.py MAX_HEADER_BYTES): whatever a body
+# holds becomes at most about as many bytes of msgpack, plus the fixed fields of one request,
+# so every request the server accepts can travel on the bus.
+MAX_BODY_BYTES = 8 << 20
 
 
 async def read_body(request: web.Request) -> bytes:

@@ -43,11 +43,48 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         raise bad_request("the request body is empty; send a JSON object")
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise bad_request("the request body is not valid JSON (nested too deeply)") from None
+    except ValueError as exc:  # bad JSON, bad UTF-8, or an integer of thousands of digits
+        raise bad_request(f"the request body is not valid JSON ({str(exc)[:200]})") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    bad = field_with_invalid_text(body)
+    if bad is not None:
+        raise bad_request(f"'{bad}' holds a lone UTF-16 surrogate (such as \\ud800), which is "
+                          f"not valid Unicode text; send valid UTF-8 text", bad)
     return body
+
+
+def field_with_invalid_text(body: dict[str, Any]) -> str | None:
+    """The top-level field whose value (at any depth) holds a string that is not valid
+    Unicode (JSON's "\\ud800" escapes decode to lone surrogates): such text can be neither
+    tokenized nor sent on the bus."""
+    if not _valid_text(body):  # a key of the body itself
+        return "body"
+    for key, value in body.items():
+        stack = [value]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):
+                if not _valid_text(item):
+                    return key
+            elif isinstance(item, list):
+                stack.extend(item)
+            elif isinstance(item, dict):
+                stack.extend(item.keys())
+                stack.extend(item.values())
+    return None
+
+
+def _valid_text(text: str | dict[str, Any]) -> bool:
+    for item in (text,) if isinstance(text, str) else text:
+        if not item.isascii():
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+    return True
 
 
 def take_stop(body: dict[str, Any], name: str = "stop") -> tuple[str, ...]:

@@ -18,8 +18,11 @@ offline and online share every line of the engine.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import sys
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -126,9 +129,26 @@ async def run_request(client: Any, prompt: PromptInput, sampling: SamplingInput,
         token_times=token_times if stream else [], choices=res.choices)
 
 
+# Engines not shut down yet: stopped at interpreter exit (atexit runs while threads still
+# work), since a garbage-collected engine cannot stop its processes safely during shutdown.
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_live_engines() -> None:
+    for engine in list(_LIVE):
+        try:
+            engine.shutdown()
+        except Exception:  # noqa: BLE001 - exiting: the supervisor stops on its own anyway
+            pass
+
+
 class _EngineBase:
     """Starts the engine's processes, or (`connect_to=RUN_DIR`) attaches to an engine that
-    is already running (a `tessera serve` run) and leaves it running on shutdown."""
+    is already running (a `tessera serve` run) and leaves it running on shutdown.
+
+    `shutdown()` (or `with`) stops them; an engine left running is stopped at interpreter
+    exit, or when it is garbage-collected."""
 
     def __init__(self, model: str = "default", *,
                  ready_timeout_s: float = READY_TIMEOUT_S["worker"],
@@ -140,10 +160,26 @@ class _EngineBase:
         else:
             self.processes = EngineProcesses(self.config, ready_timeout_s)
             self.run_dir = self.processes.run_dir
+        _LIVE.add(self)
 
     def _stop_processes(self) -> None:
-        if self.processes is not None and self.processes.alive:
-            self.processes.stop()
+        _LIVE.discard(self)
+        processes = getattr(self, "processes", None)
+        if processes is not None and processes.alive:
+            processes.stop()
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
+
+    def __del__(self) -> None:
+        # During interpreter shutdown threads and pipes are half torn down; the supervisor
+        # child stops the engine by itself when our end of its stdin closes.
+        if sys.is_finalizing():
+            return
+        try:
+            self.shutdown()
+        except Exception:  # noqa: BLE001 - a destructor must not raise
+            pass
 
     def _new_client(self) -> Any:
         from tessera.client.async_client import AsyncClient
@@ -225,6 +261,9 @@ class LLM(_EngineBase):
             except Exception:
                 pass
             self._client = None
+        if getattr(self, "_loop", None) is None:
+            self._stop_processes()  # the constructor failed before the loop existed
+            return
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
@@ -238,12 +277,6 @@ class LLM(_EngineBase):
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-    def __del__(self) -> None:
-        try:
-            self._stop_processes()
-        except Exception:
-            pass
 
 
 class Engine(_EngineBase):
@@ -272,7 +305,7 @@ class Engine(_EngineBase):
                 yield delta
 
     def shutdown(self) -> None:
-        if self._client is not None:
+        if getattr(self, "_client", None) is not None:
             self._client.close()
             self._client = None
         self._stop_processes()

@@ -72,8 +72,10 @@ class EngineProcesses:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True)
         self._ready = threading.Event()
-        threading.Thread(target=self._read_stdout, daemon=True).start()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self._pumps = [threading.Thread(target=self._read_stdout, daemon=True),
+                       threading.Thread(target=self._read_stderr, daemon=True)]
+        for pump in self._pumps:
+            pump.start()
         self._wait_ready(ready_timeout_s)
 
     # -- output pumps -----------------------------------------------------------------------
@@ -121,8 +123,17 @@ class EngineProcesses:
         """SIGTERM the supervisor (it stops its children in order), SIGKILL the group if it
         does not finish in time. Returns its exit code."""
         terminate_group(self.popen, timeout_s, 5)
-        for pipe in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
-            if pipe is not None:
+        if self.popen.stdin is not None:
+            try:
+                self.popen.stdin.close()
+            except OSError:
+                pass
+        # The pumps end at the pipes' EOF, now that the supervisor has exited. A pipe is closed
+        # only once its pump is done: closing it under a reading thread blocks on the
+        # reader's lock (a fatal error when the interpreter is exiting).
+        for pump, pipe in zip(self._pumps, (self.popen.stdout, self.popen.stderr), strict=True):
+            pump.join(5)
+            if pipe is not None and not pump.is_alive():
                 try:
                     pipe.close()
                 except OSError:

@@ -106,3 +106,10 @@ def test_graph_flags_keep_the_names_other_engines_use() -> None:
     assert cfg.disable_graph_capture and cfg.graph_max_bs == 32
     cfg = ServerConfig.from_cli(parse(["--graph-max-bs", "8"]), NO_ENV)
     assert cfg.graph_max_bs == 8 and not cfg.disable_graph_capture
+
+
+def test_allowed_special_tokens_flag_is_a_set() -> None:
+    config = ServerConfig.from_cli(
+        parse(["--allowed-special-tokens", "<|im_end|>, <|im_start|>"]), NO_ENV)
+    assert config.allowed_special == frozenset({"<|im_end|>", "<|im_start|>"})
+    assert ServerConfig.from_cli(parse([]), NO_ENV).allowed_special == frozenset()

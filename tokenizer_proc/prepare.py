@@ -4,7 +4,9 @@ Everything a client can get wrong is caught here, before the scheduler sees the 
 answered with an ErrorReply that names the field, what was wrong and what to do:
     400  malformed input: not exactly one of prompt / messages / input_ids, a bad message,
          a sampling value out of range, a token id outside the vocabulary, an empty prompt
-    413  the prompt plus max_tokens does not fit the model's context
+    413  the prompt plus max_tokens does not fit the model's context; a text too long to fit
+         whatever its tokens (more characters than context x the longest token) is refused
+         before it is tokenized, so no request costs more tokenizer work than a full context
 The `DetokInfo` written here is everything the detokenizer needs to finish the request; the
 scheduler carries it unchanged (see detokenizer_proc/sequence.py for the reader).
 """
@@ -23,11 +25,11 @@ from tessera.bus.messages import (
     SamplingParams,
     TokenizedRequest,
 )
+from tessera.formats.chat_guard import ChatTokenError
 from tessera.formats.chat_template import ChatTemplateError
 from tessera.formats.tokenizer import ModelTokenizer, TokenizerError
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
-MAX_STOP_CHARS = 1024
 
 
 class Rejected(Exception):
@@ -78,7 +80,21 @@ def check_messages(messages: Any) -> list[dict[str, Any]]:
     return clean
 
 
-def _prompt_ids(req: GenerateRequest, tok: ModelTokenizer) -> list[int]:
+def _check_chars(chars: int, what: str, param: str, tok: ModelTokenizer,
+                 context: int | None) -> None:
+    """413 before tokenizing a text that cannot fit the context whatever it encodes to."""
+    if context is None or not tok.max_token_chars:
+        return
+    limit = context * tok.max_token_chars
+    if chars > limit:
+        raise Rejected(413, f"{what} has {chars} characters: more than the model's context of "
+                       f"{context} tokens can hold (no token of this model is longer than "
+                       f"{tok.max_token_chars} characters, so at most {limit} could fit); "
+                       f"shorten it", param)
+
+
+def _prompt_ids(req: GenerateRequest, tok: ModelTokenizer, context: int | None,
+                allowed_special: frozenset[str]) -> list[int]:
     given = [name for name in ("prompt", "messages", "input_ids")
              if getattr(req, name) is not None]
     if len(given) != 1:
@@ -89,6 +105,7 @@ def _prompt_ids(req: GenerateRequest, tok: ModelTokenizer) -> list[int]:
             raise _bad(f"prompt must be a string, got {type(req.prompt).__name__}", "prompt")
         if not req.prompt:
             raise _bad("prompt is empty: send at least one character", "prompt")
+        _check_chars(len(req.prompt), "the prompt", "prompt", tok, context)
         try:
             return tok.encode(req.prompt, add_special_tokens=True)
         except TokenizerError as exc:  # a model without a tokenizer takes only input_ids
@@ -97,18 +114,26 @@ def _prompt_ids(req: GenerateRequest, tok: ModelTokenizer) -> list[int]:
         messages = check_messages(req.messages)
         if not isinstance(req.add_generation_prompt, bool):
             raise _bad("add_generation_prompt must be true or false", "add_generation_prompt")
+        if context is not None and len(messages) > context:
+            raise Rejected(413, f"messages has {len(messages)} messages: more than the model's "
+                           f"context of {context} tokens can hold; send fewer", "messages")
+        _check_chars(sum(len(m["content"]) for m in messages), "the messages' content",
+                     "messages", tok, context)
         try:
-            text = tok.apply_chat_template(messages, req.add_generation_prompt)
-        except (ChatTemplateError, TokenizerError) as exc:
+            # As transformers' apply_chat_template(tokenize=True): the template writes BOS
+            # itself; a special token's text inside a message stays text (chat_guard.py).
+            return tok.encode_chat(messages, req.add_generation_prompt, allowed_special)
+        except (ChatTemplateError, ChatTokenError, TokenizerError) as exc:
             raise _bad(str(exc), "messages") from None
-        # As transformers' apply_chat_template(tokenize=True): the template writes BOS itself.
-        return tok.encode(text, add_special_tokens=False)
     ids = np.asarray(req.input_ids)
     if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
         raise _bad(f"input_ids must be a flat list of integers, got {ids.dtype} {ids.shape}",
                    "input_ids")
     if ids.size == 0:
         raise _bad("input_ids is empty: send at least one token", "input_ids")
+    if context is not None and ids.size > context:
+        raise Rejected(413, f"input_ids has {ids.size} tokens: more than the model's context "
+                       f"length of {context}; shorten the prompt", "input_ids")
     bad = ids[(ids < 0) | (ids >= tok.vocab_size)]
     if bad.size:
         raise _bad(f"input_ids holds token {int(bad[0])}, outside the vocabulary "
@@ -126,10 +151,6 @@ def _check_sampling(sp: Any, tok: ModelTokenizer) -> SamplingParams:
         if token >= tok.vocab_size:
             raise _bad(f"stop_token_ids holds {token}, outside the vocabulary "
                        f"[0, {tok.vocab_size})", "stop_token_ids")
-    long = [s for s in sp.stop if len(s) > MAX_STOP_CHARS]
-    if long:
-        raise _bad(f"a stop string has {len(long[0])} characters; at most {MAX_STOP_CHARS} "
-                   f"are allowed", "stop")
     return sp
 
 
@@ -151,16 +172,17 @@ def _fit_context(n_prompt: int, sp: SamplingParams, context: int | None) -> Samp
     return sp
 
 
-def prepare(req: GenerateRequest, tok: ModelTokenizer,
-            context_length: int | None) -> TokenizedRequest | ErrorReply:
-    """The TokenizedRequest for `req`, or the ErrorReply to send to its reply_to."""
+def prepare(req: GenerateRequest, tok: ModelTokenizer, context_length: int | None,
+            allowed_special: frozenset[str] = frozenset()) -> TokenizedRequest | ErrorReply:
+    """The TokenizedRequest for `req`, or the ErrorReply to send to its reply_to.
+    `allowed_special`: special tokens a chat message may hold as control tokens."""
     try:
         sampling = _check_sampling(req.sampling, tok)
         if not isinstance(req.stream, bool):
             raise _bad("stream must be true or false", "stream")
         if isinstance(req.priority, bool) or not isinstance(req.priority, int):
             raise _bad("priority must be an integer", "priority")
-        ids = _prompt_ids(req, tok)
+        ids = _prompt_ids(req, tok, context_length, allowed_special)
         if not ids:
             raise _bad("the prompt encodes to no tokens; send some text", "prompt")
         sampling = _fit_context(len(ids), sampling, context_length)

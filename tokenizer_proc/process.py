@@ -15,6 +15,7 @@ from typing import Any
 
 from tessera.bus.breaker import CircuitBreaker, CircuitOpenError
 from tessera.bus.channel import Inbox, Outbox, OutboxPool, SendTimeout
+from tessera.bus.codec import EncodeError, MessageTooLarge
 from tessera.bus.messages import (
     AbortRequest,
     ErrorReply,
@@ -89,7 +90,8 @@ class TokenizerProcess(BusProcess):
                                                  message="rid must be a non-empty string",
                                                  param="rid", reply_to=req.reply_to))
             return
-        result = prepare(req, self.tokenizer, self.context_length)
+        result = prepare(req, self.tokenizer, self.context_length,
+                         self.config.allowed_special)
         if isinstance(result, ErrorReply):
             self.counts["rejected"] += 1
             self._reply(req.reply_to, result)
@@ -102,7 +104,14 @@ class TokenizerProcess(BusProcess):
         except CircuitOpenError as exc:
             self._error(req, 503, str(exc), "server_error")
             return
-        if self._to_scheduler(tokenized):
+        try:
+            sent = self._to_scheduler(tokenized)
+        except EncodeError as exc:  # answered now: the scheduler would drop it unread
+            status = 413 if isinstance(exc, MessageTooLarge) else 400
+            self._error(req, status, f"the request cannot be passed on: {exc}",
+                        "invalid_request_error")
+            return
+        if sent:
             self.counts["accepted"] += 1
         else:
             self._error(req, 503, "the scheduler did not take the request in time (overloaded "

@@ -21,6 +21,7 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     seq_list = seq_lens.tolist()
     ext_list = extend_lens.tolist()
     starts = qo_indptr.tolist()
+    out[starts[-1] if starts else 0:] = 0  # padding rows after the last request
     for b, (seq_len, ext_len) in enumerate(zip(seq_list, ext_list, strict=True)):
         if ext_len == 0:
             continue

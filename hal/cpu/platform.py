@@ -14,7 +14,13 @@ import torch
 
 from tessera.hal.base import OpTablePlatform
 from tessera.hal.local_comm import make_local_communicator
-from tessera.hal.platform import Capabilities, Communicator, GraphRunner, MemoryPolicy
+from tessera.hal.platform import (
+    Capabilities,
+    Communicator,
+    GraphRunner,
+    MemoryPolicy,
+    QuantLinearKernel,
+)
 from tessera.hal.reference import reference_ops
 
 
@@ -27,6 +33,8 @@ class CpuPlatform(OpTablePlatform):
         default_dtype="float32",
         max_capture_batch=0,
         communicator_backends=("gloo",),
+        quant_schemes=("fp8", "int8", "int4"),
+        kv_cache_dtypes=("fp8_e4m3",),
     )
     # Host memory is shared with everything else on the machine (often several engines in
     # CI): a modest share of it by default, and no more slots than a small host can use.
@@ -39,6 +47,11 @@ class CpuPlatform(OpTablePlatform):
 
     def register_ops(self) -> dict[str, Callable[..., Any]]:
         return reference_ops()
+
+    def register_quant_linears(self) -> dict[str, QuantLinearKernel]:
+        from tessera.hal.cpu.quant_linear import quant_linears
+
+        return quant_linears()
 
     def device(self, rank: int = 0) -> torch.device:
         return torch.device("cpu")

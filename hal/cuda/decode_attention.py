@@ -28,14 +28,22 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, mid_o_ptr, mid_lse_ptr,
-                   q_s0, q_s1, c_s0, c_s1, rtt_s0, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1,
+def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, qo_ptr,
+                   mid_o_ptr, mid_lse_ptr, out_ptr,
+                   q_s0, q_s1, c_s0, c_s1, rtt_s0, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1,
                    sm_scale_log2, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+                   BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, MIXED: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kh = tl.program_id(1)
     split = tl.program_id(2)
+    q_row = b
+    if MIXED:
+        # Rows of a mixed batch: only one-token extends are this kernel's (the extend kernel
+        # takes the others); the query sits at the request's offset in the token list.
+        if tl.load(ext_lens_ptr + b) != 1:
+            return
+        q_row = tl.load(qo_ptr + b).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * per_split
@@ -46,7 +54,7 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, mid_o_ptr, mid_
     hmask = hrow < GROUP
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
-    q = tl.load(q_ptr + b * q_s0 + heads[:, None] * q_s1 + d[None, :],
+    q = tl.load(q_ptr + q_row * q_s0 + heads[:, None] * q_s1 + d[None, :],
                 mask=hmask[:, None] & dmask[None, :], other=0.0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -75,19 +83,29 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, mid_o_ptr, mid_
     has = end > start
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = acc / safe_l[:, None]
-    lse = tl.where(has, m_i + tl.log2(safe_l), float("-inf"))
     omask = hmask[:, None] & dmask[None, :]
-    tl.store(mid_o_ptr + b * mo_s0 + heads[:, None] * mo_s1 + split * mo_s2 + d[None, :], out,
-             mask=omask)
-    tl.store(mid_lse_ptr + b * ml_s0 + heads * ml_s1 + split, lse, mask=hmask)
+    if NUM_SPLITS == 1:
+        # Nothing to merge (large batches): the final output, exactly what stage 2 would give.
+        tl.store(out_ptr + q_row * o_s0 + heads[:, None] * o_s1 + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=omask)
+    else:
+        lse = tl.where(has, m_i + tl.log2(safe_l), float("-inf"))
+        tl.store(mid_o_ptr + b * mo_s0 + heads[:, None] * mo_s1 + split * mo_s2 + d[None, :],
+                 out, mask=omask)
+        tl.store(mid_lse_ptr + b * ml_s0 + heads * ml_s1 + split, lse, mask=hmask)
 
 
 @triton.jit
-def _decode_stage2(mid_o_ptr, mid_lse_ptr, out_ptr, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1,
-                   o_s0, o_s1, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _decode_stage2(mid_o_ptr, mid_lse_ptr, out_ptr, ext_lens_ptr, qo_ptr, mo_s0, mo_s1, mo_s2,
+                   ml_s0, ml_s1, o_s0, o_s1, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, MIXED: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
+    o_row = b
+    if MIXED:
+        if tl.load(ext_lens_ptr + b) != 1:
+            return
+        o_row = tl.load(qo_ptr + b).to(tl.int64)
     s = tl.arange(0, BLOCK_S)
     smask = s < NUM_SPLITS
     d = tl.arange(0, BLOCK_D)
@@ -101,7 +119,7 @@ def _decode_stage2(mid_o_ptr, mid_lse_ptr, out_ptr, mo_s0, mo_s1, mo_s2, ml_s0, 
     denom = tl.sum(w, 0)
     denom = tl.where(denom > 0, denom, 1.0)
     out = tl.sum(o * w[:, None], 0) / denom
-    tl.store(out_ptr + b * o_s0 + h * o_s1 + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
+    tl.store(out_ptr + o_row * o_s0 + h * o_s1 + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
 
 
 @functools.lru_cache(maxsize=8)
@@ -137,27 +155,49 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      req_to_token: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                      splits: int | None = None) -> torch.Tensor:
     batch, q_heads, head_dim = q.shape
-    kv_heads = k_cache.shape[1]
     check_paged_inputs("attention_decode", q, k_cache, req_to_token)
     out = torch.empty((batch, q_heads, head_dim), dtype=q.dtype, device=q.device)
+    launch_decode(q, k_cache, v_cache, req_to_token, seq_lens, out, scale, splits=splits)
+    return out
+
+
+def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  req_to_token: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
+                  scale: float, *, extend_lens: torch.Tensor | None = None,
+                  qo_indptr: torch.Tensor | None = None, splits: int | None = None) -> None:
+    """Decode attention of the B requests into `out`. With extend_lens and qo_indptr (a mixed
+    batch, q and out [T, Hq, D]) only the requests extending by one token are computed, each
+    at its row qo_indptr[b]; the other rows of `out` are left alone. The launch depends only
+    on the shapes, never on the lengths, so it can be captured."""
+    batch = seq_lens.shape[0]
+    q_heads, head_dim = q.shape[1], q.shape[2]
+    kv_heads = k_cache.shape[1]
     if batch == 0:
-        return out
+        return
+    mixed = extend_lens is not None
+    if mixed and qo_indptr is None:
+        raise ValueError("launch_decode: a mixed batch needs qo_indptr with extend_lens")
+    ext = extend_lens if extend_lens is not None else seq_lens  # unread unless mixed
+    qo = qo_indptr if qo_indptr is not None else seq_lens
     group = q_heads // kv_heads
     n_split = splits or num_splits(batch, kv_heads, q.device)
-    mid_o = torch.empty((batch, q_heads, n_split, head_dim), dtype=torch.float32,
-                        device=q.device)
-    mid_lse = torch.empty((batch, q_heads, n_split), dtype=torch.float32, device=q.device)
+    # One split needs no merge: stage 1 then writes `out` and the buffers are not touched.
+    mid_shape = (batch, q_heads, n_split, head_dim) if n_split > 1 else (1, 1, 1, 1)
+    mid_o = torch.empty(mid_shape, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(mid_shape[:3], dtype=torch.float32, device=q.device)
     block_d = triton.next_power_of_2(head_dim)
     _decode_stage1[(batch, kv_heads, n_split)](
-        q, k_cache, v_cache, req_to_token, seq_lens, mid_o, mid_lse,
+        q, k_cache, v_cache, req_to_token, seq_lens, ext, qo, mid_o, mid_lse, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        float(scale) * LOG2E, GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=n_split,
+        out.stride(0), out.stride(1), float(scale) * LOG2E, GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=n_split,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=BLOCK_N,
-        DOT_PREC=dot_precision(q.dtype), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        DOT_PREC=dot_precision(q.dtype), MIXED=mixed, num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES)
+    if n_split == 1:
+        return
     _decode_stage2[(batch, q_heads)](
-        mid_o, mid_lse, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_o, mid_lse, out, ext, qo, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), HEAD_DIM=head_dim,
         NUM_SPLITS=n_split, BLOCK_S=triton.next_power_of_2(n_split), BLOCK_D=block_d,
-        num_warps=4)
-    return out
+        MIXED=mixed, num_warps=4)

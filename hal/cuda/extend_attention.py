@@ -1,9 +1,22 @@
 """Extend (prefill) attention over paged KV: ragged causal queries, cached prefix included.
 
-One program per (request, query head, block of BLOCK_M new tokens). The new tokens' KV is
-already in the cache, so a single loop over the request's slots covers the cached prefix and
-the new tokens alike; the causal mask only bites in the last blocks. The loop stops at the
-block's last query position, so work grows with the causal triangle, not the square.
+The launch is static: its grid depends only on the shapes (T tokens, B requests), never on
+the lengths, so a mixed or prefill step can be captured in a graph at a padded size and no
+length is read back to the host.
+
+- Requests extending by one token (the decodes of a mixed batch) go to the split-KV decode
+  kernel (`decode_attention.launch_decode`), which reads each KV row once per query group
+  instead of once per query head and wastes no tile rows on a single query.
+- The others are cut into blocks of BLOCK_M new tokens, numbered request by request; the
+  blocks of the padding rows after the last request (rows qo_indptr[B] .. T-1, which a step
+  captured at a padded size has) follow and are written as zeros. Each program finds the
+  request of a block on the device, from a prefix sum of the requests' block counts, and
+  takes every G-th block, G programs per query head (`extend_programs`): as many as a single
+  prefill of T tokens needs, plus a few spare for the partial blocks of further requests.
+
+Within a block, one loop over the request's slots covers the cached prefix and the new tokens
+alike (their KV is already stored); the causal mask only bites in the last blocks. The loop
+stops at the block's last query position, so work grows with the causal triangle.
 """
 
 from __future__ import annotations
@@ -12,34 +25,69 @@ import torch
 import triton
 import triton.language as tl
 
-from tessera.hal.cuda.decode_attention import LOG2E, check_paged_inputs, dot_precision
+from tessera.hal.cuda.decode_attention import (
+    LOG2E,
+    check_paged_inputs,
+    dot_precision,
+    launch_decode,
+)
 
+# Tunables, overridable by benchmarks (tests/hal_cuda/gpu_step_profile.py sweeps them).
 BLOCK_M = 64
 BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
+SPARE_PROGRAMS = 16  # per head, beyond one per BLOCK_M tokens (see extend_programs)
 
 
 @triton.jit
-def _extend_kernel(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, qo_ptr, out_ptr,
-                   q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1, sm_scale_log2,
-                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    mblk = tl.program_id(2)
-    ext = tl.load(ext_lens_ptr + b).to(tl.int32)
-    if mblk * BLOCK_M >= ext:
-        return
-    seq = tl.load(seq_lens_ptr + b).to(tl.int32)
-    prefix = seq - ext
-    q_start = tl.load(qo_ptr + b).to(tl.int64)
-    kh = h // GROUP
+def _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i, l_i, acc, c_s0, c_s1,
+                 sm_scale_log2, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr, MASKED: tl.constexpr):
+    """One BLOCK_N tile of keys for a block of queries. Unmasked tiles (wholly before the
+    block's first query position, every key allowed) skip the position masks entirely."""
+    pos = n0 + tl.arange(0, BLOCK_N)
+    pmask = pos < end
+    if MASKED:
+        slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
+    else:
+        slot = tl.load(row_base + pos).to(tl.int64)
+    kv_off = slot[:, None] * c_s0 + kh * c_s1 + d[None, :]
+    if MASKED:
+        kvmask = pmask[:, None] & (d < HEAD_DIM)[None, :]
+        k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
+        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
+    elif HEAD_DIM == BLOCK_D:
+        k = tl.load(kc_ptr + kv_off)
+        v = tl.load(vc_ptr + kv_off)
+    else:
+        k = tl.load(kc_ptr + kv_off, mask=(d < HEAD_DIM)[None, :], other=0.0)
+        v = tl.load(vc_ptr + kv_off, mask=(d < HEAD_DIM)[None, :], other=0.0)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * sm_scale_log2
+    if MASKED:
+        qk = tl.where(pmask[None, :] & (pos[None, :] <= qpos[:, None]), qk, float("-inf"))
+    # Position 0 is allowed for every row, so the first tile gives each row a finite max and
+    # later fully-masked tiles cannot produce -inf - -inf.
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    p = tl.exp2(qk - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return m_new, l_i, acc
 
-    i = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
-    imask = i < ext
+
+@triton.jit
+def _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b, mblk, ext, seq, q_start, h,
+                  q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1, sm_scale_log2,
+                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Block `mblk` of request b's new tokens, query head h."""
+    prefix = seq - ext
+    kh = h // GROUP
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
+    i = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+    imask = i < ext
     rows = q_start + i
     q = tl.load(q_ptr + rows[:, None] * q_s0 + h * q_s1 + d[None, :],
                 mask=imask[:, None] & dmask[None, :], other=0.0)
@@ -50,55 +98,93 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     end = tl.minimum(seq, prefix + (mblk + 1) * BLOCK_M)
     row_base = rtt_ptr + b * rtt_s0
-    for n0 in range(0, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        pmask = pos < end
-        slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
-        kv_off = slot[:, None] * c_s0 + kh * c_s1 + d[None, :]
-        kvmask = pmask[:, None] & dmask[None, :]
-        k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * sm_scale_log2
-        allowed = pmask[None, :] & (pos[None, :] <= qpos[:, None])
-        qk = tl.where(allowed, qk, float("-inf"))
-        # Position 0 is allowed for every row, so the first block gives each row a finite max
-        # and later fully-masked blocks cannot produce -inf - -inf.
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
+    # Keys before the block's first query position are visible to all its queries.
+    unmasked_end = (prefix + mblk * BLOCK_M) // BLOCK_N * BLOCK_N
+    for n0 in range(0, unmasked_end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i,
+                                     l_i, acc, c_s0, c_s1, sm_scale_log2, HEAD_DIM=HEAD_DIM,
+                                     BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC,
+                                     MASKED=False)
+    for n0 in range(unmasked_end, end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i,
+                                     l_i, acc, c_s0, c_s1, sm_scale_log2, HEAD_DIM=HEAD_DIM,
+                                     BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC,
+                                     MASKED=True)
 
     out = acc / l_i[:, None]
     tl.store(out_ptr + rows[:, None] * o_s0 + h * o_s1 + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=imask[:, None] & dmask[None, :])
 
 
+@triton.jit
+def _extend_kernel(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, qo_ptr, out_ptr,
+                   num_reqs, num_tokens, q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1,
+                   sm_scale_log2, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   REQS: tl.constexpr, DOT_PREC: tl.constexpr):
+    h = tl.program_id(1)
+    # The work, numbered: the blocks of the requests that extend by more than one token,
+    # request by request, then the blocks of padding rows after the last request.
+    r = tl.arange(0, REQS)
+    ext_all = tl.load(ext_lens_ptr + r, mask=r < num_reqs, other=0).to(tl.int32)
+    blocks = tl.where(ext_all > 1, (ext_all + BLOCK_M - 1) // BLOCK_M, 0)
+    ends = tl.cumsum(blocks, 0)
+    total = tl.sum(blocks, 0)
+    tail = tl.load(qo_ptr + num_reqs).to(tl.int32)
+    tail_blocks = (num_tokens - tail + BLOCK_M - 1) // BLOCK_M
+    for work in range(tl.program_id(0), total + tail_blocks, tl.num_programs(0)):
+        if work < total:
+            b = tl.sum((ends <= work).to(tl.int32), 0)
+            mine = r == b
+            mblk = work - tl.sum(tl.where(mine, ends - blocks, 0), 0)
+            ext = tl.sum(tl.where(mine, ext_all, 0), 0)
+            b64 = b.to(tl.int64)
+            seq = tl.load(seq_lens_ptr + b64).to(tl.int32)
+            q_start = tl.load(qo_ptr + b64).to(tl.int64)
+            _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b64, mblk, ext, seq, q_start,
+                          h, q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1, sm_scale_log2,
+                          GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                          BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC)
+        else:
+            # Padding rows belong to no request: zeros.
+            rows = (tail + (work - total) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+            d = tl.arange(0, BLOCK_D)
+            zeros = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+            tl.store(out_ptr + rows[:, None] * o_s0 + h * o_s1 + d[None, :],
+                     zeros.to(out_ptr.dtype.element_ty),
+                     mask=(rows < num_tokens)[:, None] & (d < HEAD_DIM)[None, :])
+
+
+def extend_programs(tokens: int, batch: int, block_m: int) -> int:
+    """Programs per query head. One per block of T tokens covers a single prefill or chunk
+    (and the padding rows); the spare ones take the extra partial blocks of further requests.
+    With more work than programs, each takes every G-th item: right for any composition."""
+    return triton.cdiv(tokens, block_m) + min(batch, SPARE_PROGRAMS) + 1
+
+
 def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      req_to_token: torch.Tensor, seq_lens: torch.Tensor,
                      extend_lens: torch.Tensor, qo_indptr: torch.Tensor, scale: float,
                      max_extend_len: int | None = None) -> torch.Tensor:
-    """`max_extend_len` (optional) spares a device-to-host read when the caller knows it."""
+    """`max_extend_len` is accepted for the contract and not needed: the launch is static."""
+    del max_extend_len
     tokens, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     check_paged_inputs("attention_extend", q, k_cache, req_to_token)
     out = torch.empty((tokens, q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if tokens == 0:
+        return out
     batch = seq_lens.shape[0]
-    if tokens == 0 or batch == 0:
-        return out
-    if max_extend_len is None:
-        max_extend_len = int(extend_lens.max())
-    if max_extend_len <= 0:
-        return out
+    launch_decode(q, k_cache, v_cache, req_to_token, seq_lens, out, scale,
+                  extend_lens=extend_lens, qo_indptr=qo_indptr)
     block_m = BLOCK_M if q.dtype != torch.float32 else min(BLOCK_M, 32)
     block_n = BLOCK_N if q.dtype != torch.float32 else min(BLOCK_N, 32)
-    grid = (batch, q_heads, triton.cdiv(max_extend_len, block_m))
+    grid = (extend_programs(tokens, batch, block_m), q_heads)
     _extend_kernel[grid](
-        q, k_cache, v_cache, req_to_token, seq_lens, extend_lens, qo_indptr, out,
+        q, k_cache, v_cache, req_to_token, seq_lens, extend_lens, qo_indptr, out, batch, tokens,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
         out.stride(0), out.stride(1), float(scale) * LOG2E, GROUP=q_heads // kv_heads,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=triton.next_power_of_2(head_dim), DOT_PREC=dot_precision(q.dtype),
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        BLOCK_D=triton.next_power_of_2(head_dim), REQS=max(16, triton.next_power_of_2(batch)),
+        DOT_PREC=dot_precision(q.dtype), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return out

@@ -11,8 +11,15 @@ import pytest
 import zmq
 
 from tessera.bus import messages as m
-from tessera.bus.codec import DecodeError, decode, encode
-from tessera.bus.messages import MESSAGE_TYPES, Message, SamplingParams
+from tessera.bus.codec import (
+    MAX_HEADER_BYTES,
+    DecodeError,
+    EncodeError,
+    MessageTooLarge,
+    decode,
+    encode,
+)
+from tessera.bus.messages import MESSAGE_TYPES, AbortRequest, ErrorReply, Message, SamplingParams
 
 
 def i32(*values: int) -> np.ndarray:
@@ -206,3 +213,17 @@ def test_encode_refuses_unregistered_and_object_arrays() -> None:
         encode(Stray())
     with pytest.raises(TypeError, match="cannot travel"):
         encode(m.SampledTokens(step=0, token_ids=np.array(["a"], dtype=object)))
+
+
+@pytest.mark.parametrize("msg, words", [
+    (AbortRequest(rid="\ud800"), "lone surrogate"),
+    (ErrorReply(rid="r", status=2**70, message="x"), "too large"),
+    (ErrorReply(rid="r", status=400, message="x" * MAX_HEADER_BYTES), "header of"),
+])
+def test_values_the_bus_cannot_carry_raise_encode_error_at_the_sender(msg: Message,
+                                                                      words: str) -> None:
+    """The sender learns at once (and answers its caller); nothing reaches a receiver that
+    would drop it."""
+    with pytest.raises(EncodeError, match=words) as info:
+        encode(msg)
+    assert isinstance(info.value, MessageTooLarge) == (words == "header of")

@@ -79,3 +79,28 @@ def test_cancelling_the_consumer_aborts_the_request(paths: RunPaths, config: Eng
             client.close()
     rid = run(main())
     assert any(a.rid == rid for a in engine.aborts)
+
+
+def test_async_with_closes_the_client(paths: RunPaths, config: EngineConfig,
+                                      engine: FakeEngine) -> None:
+    async def main() -> AsyncClient:
+        async with AsyncClient(paths, config) as client:
+            assert (await client.generate("hi", max_tokens=2)).text == "w0 w1"
+        return client
+    client = run(main())
+    assert client.conn._stop.is_set()  # closed: its receiver thread was told to stop
+
+
+def test_a_missing_run_directory_is_a_clear_error(run_root) -> None:  # noqa: ANN001
+    from tessera.client import Client, EngineNotFoundError
+
+    where = run_root / "nothing-here"
+    with pytest.raises(EngineNotFoundError, match="run directory") as info:
+        Client(str(where))
+    assert info.value.status == 503 and str(where) in info.value.message
+
+    async def main() -> None:
+        async with AsyncClient(str(where)):
+            pass
+    with pytest.raises(EngineNotFoundError, match="does not exist"):
+        run(main())

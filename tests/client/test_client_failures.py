@@ -166,3 +166,38 @@ def test_no_engine_running_fails_fast_with_503(paths: RunPaths) -> None:
         with pytest.raises(OverloadedError, match="retry in"):
             client.generate("hi")
         assert time.monotonic() - started < 0.1
+
+
+@pytest.mark.parametrize("kwargs, cls, param", [
+    ({"prompt": "x" * (17 << 20)}, PromptTooLongError, None),
+    ({"prompt": "bad \ud800 text"}, BadRequestError, None),
+    ({"messages": [{"role": "user", "content": "hi", "name": "\udfff"}]}, BadRequestError,
+     None),
+    ({"prompt": "hi", "rid": "r" * 300}, BadRequestError, "rid"),
+    ({"prompt": "hi", "rid": "\ud800"}, BadRequestError, "rid"),
+    ({"prompt": "hi", "stop_token_ids": [2**70]}, BadRequestError, "stop_token_ids"),
+    ({"prompt": "hi", "stop": ["s" * 1500]}, BadRequestError, "stop"),
+])
+def test_requests_the_bus_cannot_carry_fail_at_once(client: Client, engine: FakeEngine,
+                                                    kwargs: dict, cls: type[TesseraError],
+                                                    param: str | None) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(cls) as info:
+        client.generate(**kwargs)
+    assert time.monotonic() - t0 < 2.0  # not left waiting for the request timeout
+    assert info.value.param == param
+    assert not engine.requests  # nothing was sent
+    assert client.generate("hi", max_tokens=2).text == "w0 w1"
+
+
+def test_a_stream_left_unread_is_aborted_not_buffered(paths: RunPaths,
+                                                      engine: FakeEngine) -> None:
+    from tessera.client import SlowConsumerError
+
+    config = EngineConfig(request_timeout_s=5.0, stream_buffer_outputs=50)
+    with Client(paths, config) as client:
+        stream = client.generate("hi", stream=True, max_tokens=100_000, ignore_eos=True)
+        assert wait_for(lambda: any(a.rid == stream.rid for a in engine.aborts), 10.0)
+        with pytest.raises(SlowConsumerError, match="50 outputs unread"):
+            next(stream)
+        assert client.generate("hi", max_tokens=2).text == "w0 w1"

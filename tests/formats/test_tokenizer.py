@@ -153,3 +153,34 @@ def test_config_only_model_gives_an_ids_only_tokenizer(tmp_path):
     assert tok.decode([1, 2, 3]) == ""
     with pytest.raises(TokenizerError, match="send input_ids"):
         tok.encode("hello")
+
+
+def test_encoding_a_long_text_lets_other_threads_run(ours):
+    """A megabyte of text takes the tokenizer a good fraction of a second: the process's
+    heartbeat thread must run meanwhile, or the supervisor takes the process for hung."""
+    import threading
+    import time
+
+    text = "hello world " * 100_000
+    ticks: list[float] = []
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.005)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    time.sleep(0.05)
+    try:
+        start = time.monotonic()
+        ids = ours.encode(text)
+        end = time.monotonic()
+    finally:
+        stop.set()
+        ticker.join()
+    assert len(ids) == 200_001
+    during = [t for t in ticks if start + 0.01 < t < end - 0.01]
+    assert len(during) >= 3, f"{len(during)} ticks in {end - start:.2f} s of encoding"
+    assert ours.encode(text[:5000]) == ours.backend.encode(text[:5000]).ids  # same ids

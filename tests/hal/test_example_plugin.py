@@ -77,4 +77,4 @@ def test_shown_by_doctor(plugin_env: dict[str, str]) -> None:
     assert "example (by --hal)" in rows["selected plugin"]
     assert "native" in rows["op rms_norm"]
     assert "native" in rows["op attention_decode"]  # capturable, unlike the reference
-    assert "reference fallback" in rows["op attention_extend"]
+    assert "reference fallback" in rows["op linear"]

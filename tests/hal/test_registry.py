@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -8,7 +9,14 @@ import pytest
 
 from tessera.hal.cpu.dense import rms_norm
 from tessera.hal.cpu.platform import CpuPlatform
-from tessera.hal.errors import MissingOpError, PluginLoadError, PluginNotFoundError
+from tessera.hal.errors import (
+    MissingOpError,
+    MissingSchemeError,
+    PluginLoadError,
+    PluginNotFoundError,
+)
+from tessera.hal.platform import Capabilities, QuantLinearKernel
+from tessera.hal.quant import quant_linear_reference
 from tessera.hal.reference import reference_op
 from tessera.hal.registry import (
     discover_plugins,
@@ -129,3 +137,52 @@ def test_unknown_op_registration_is_rejected() -> None:
 
     with pytest.raises(ValueError, match="unknown ops \\['rmsnorm'\\]"):
         Typo()
+
+
+class _Fp8Only(CpuPlatform):
+    name: ClassVar[str] = "fp8only"
+    capabilities: ClassVar[Capabilities] = replace(CpuPlatform.capabilities,
+                                                   quant_schemes=("fp8",))
+    reference_quant_fallbacks: ClassVar[tuple[str, ...]] = ("int8",)
+
+    def register_quant_linears(self) -> dict[str, QuantLinearKernel]:
+        return {"fp8": QuantLinearKernel("fp8", quant_linear_reference)}
+
+
+def test_quant_scheme_rule_native_reference_or_clear_error() -> None:
+    platform = _Fp8Only()
+    assert platform.scheme_source("fp8") == "native"
+    assert platform.scheme_source("int8") == "reference"
+    assert platform.linear_kernel("int8").apply is quant_linear_reference
+    assert platform.scheme_source("int4") == "missing"
+    with pytest.raises(MissingSchemeError) as info:
+        platform.linear_kernel("int4")
+    message = str(info.value)
+    assert "'int4'" in message and "'fp8only'" in message and "native: fp8" in message
+    assert "reference fallbacks: int8" in message and "--quantization none" in message
+
+
+def test_quant_kernels_must_match_the_declared_schemes() -> None:
+    class Undeclared(CpuPlatform):
+        name: ClassVar[str] = "undeclared"
+        capabilities: ClassVar[Capabilities] = replace(CpuPlatform.capabilities,
+                                                       quant_schemes=("fp8", "int4"))
+
+        def register_quant_linears(self) -> dict[str, QuantLinearKernel]:
+            return {"fp8": QuantLinearKernel("fp8", quant_linear_reference)}
+
+    with pytest.raises(ValueError, match="declares quant_schemes"):
+        Undeclared()
+
+
+def test_a_plugin_without_quantized_kernels_refuses_every_scheme() -> None:
+    class Plain(CpuPlatform):
+        name: ClassVar[str] = "plain"
+        capabilities: ClassVar[Capabilities] = replace(CpuPlatform.capabilities,
+                                                       quant_schemes=())
+
+        def register_quant_linears(self) -> dict[str, QuantLinearKernel]:
+            return {}
+
+    with pytest.raises(MissingSchemeError, match="native: none"):
+        Plain().linear_kernel("fp8")

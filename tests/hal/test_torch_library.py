@@ -41,6 +41,11 @@ def test_results_equal_the_table(platform: CpuPlatform) -> None:
     logits = torch.randn(3, 50, generator=_gen(5))
     params = sampling_params(3, seeds=torch.tensor([1, 2, 3]))
     assert torch.equal(ops["sample"](logits, params), platform.op("sample")(logits, params))
+    masked, expected = logits.clone(), logits.clone()
+    mask = torch.tensor([[0b101], [-1]], dtype=torch.int32)
+    ops["apply_token_mask"](masked, mask, torch.tensor([2, 0]))
+    platform.op("apply_token_mask")(expected, mask, torch.tensor([2, 0]))
+    assert torch.equal(masked, expected) and torch.isinf(masked[2]).sum() == 48
     k_cache = torch.zeros(8, 2, 4)
     ops["store_kv"](k_cache, k_cache.clone(), torch.ones(1, 2, 4), torch.ones(1, 2, 4),
                     torch.tensor([5]))

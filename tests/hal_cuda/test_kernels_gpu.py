@@ -53,7 +53,8 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref).norm() / ref.norm())
 
 
-@pytest.mark.parametrize("seq_lens", [[1], [4096], [17, 600, 2049, 3, 1024, 77, 4000, 256]])
+@pytest.mark.parametrize("seq_lens", [[1], [4096], [17, 600, 2049, 3, 1024, 77, 4000, 256],
+                                      [37 * (i % 9) + 1 for i in range(64)]])  # one split
 def test_decode_attention_bf16(seq_lens: list[int]) -> None:
     from tessera.hal.cuda.decode_attention import attention_decode
 
@@ -74,6 +75,57 @@ def test_extend_attention_bf16(seq_lens: list[int], extend_lens: list[int]) -> N
     out = attention_extend(c["q"], c["k_cache"], c["v_cache"], c["req_to_token"],
                            c["seq_lens"], c["extend_lens"], c["qo_indptr"], D ** -0.5)
     assert _rel(out, _ref_attention(c)) < 1e-2
+
+
+def test_extend_attention_captured_once_replays_any_composition() -> None:
+    """attention_extend captured at a padded shape (T tokens, B requests) replays, for mixed
+    batches of any composition that fits, exactly what eager computes on the same buffers,
+    matches the reference on the real rows and gives zeros on the padding rows."""
+    from tessera.hal.cuda import CudaPlatform
+    from tessera.hal.cuda.extend_attention import attention_extend
+
+    t_pad, b_pad, width = 640, 48, 2048
+    runner = CudaPlatform().create_graph_runner()
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    slots = b_pad * width + 16
+    kc = torch.randn((slots, HK, D), device="cuda", generator=gen).bfloat16()
+    vc = torch.randn((slots, HK, D), device="cuda", generator=gen).bfloat16()
+    q = torch.zeros((t_pad, HQ, D), device="cuda", dtype=torch.bfloat16)
+    rtt = torch.zeros((b_pad, width), dtype=torch.int32, device="cuda")
+    seq = torch.zeros(b_pad, dtype=torch.int32, device="cuda")
+    ext = torch.zeros(b_pad, dtype=torch.int32, device="cuda")
+    qo = torch.zeros(b_pad + 1, dtype=torch.int32, device="cuda")
+
+    def step() -> torch.Tensor:
+        return attention_extend(q, kc, vc, rtt, seq, ext, qo, D ** -0.5, max_extend_len=t_pad)
+
+    out = runner.capture("mixed", step)
+    for n_dec, chunks in ((32, [256]), (0, [512]), (40, [1, 130, 7]), (3, []), (0, [600])):
+        extends = [1] * n_dec + chunks
+        prefixes = [int(x) for x in torch.randint(0, width - 640, (len(extends),),
+                                                  generator=gen, device="cuda")]
+        lens = [p + e for p, e in zip(prefixes, extends, strict=True)]
+        b, t = len(extends), sum(extends)
+        q.normal_(generator=gen)
+        rtt.copy_(torch.arange(b_pad * width, device="cuda").view(b_pad, width).int() + 16)
+        rtt[b:] = 0
+        seq.zero_()
+        ext.zero_()
+        seq[:b] = torch.tensor(lens, dtype=torch.int32)
+        ext[:b] = torch.tensor(extends, dtype=torch.int32)
+        qo.fill_(t)
+        qo[1:b + 1] = ext[:b].cumsum(0)
+        qo[0] = 0
+        runner.replay("mixed")
+        torch.cuda.synchronize()
+        replayed = out.clone()
+        assert torch.equal(replayed, step()), f"{n_dec} decodes + {chunks}: replay != eager"
+        case = {"q": q[:t], "k_cache": kc, "v_cache": vc, "req_to_token": rtt[:b],
+                "seq_lens": seq[:b], "extend_lens": ext[:b], "qo_indptr": qo[:b + 1]}
+        if t:
+            assert _rel(replayed[:t], _ref_attention(case)) < 1e-2
+        assert not replayed[t:].any()
+    runner.reset()
 
 
 def test_graph_replay_equals_eager_at_every_captured_size() -> None:

@@ -8,7 +8,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from tessera.hal.conformance_data import make_paged_case
+from tessera.hal.conformance_data import make_paged_case, pad_paged_case
 from tessera.hal.reference import reference_op
 from tessera.hal.rope import cos_sin_cache
 
@@ -55,6 +55,42 @@ def test_silu_and_mul(kernels: dict[str, ModuleType]) -> None:
                                reference_op("silu_and_mul")(x), **TOL)
 
 
+def test_gelu_tanh_and_mul(kernels: dict[str, ModuleType]) -> None:
+    x = _rand(3, 2 * 80, seed=7) * 4  # reaches the flat tails of tanh
+    torch.testing.assert_close(kernels["elementwise"].gelu_tanh_and_mul(x),
+                               reference_op("gelu_tanh_and_mul")(x), **TOL)
+
+
+@pytest.mark.parametrize("tokens,experts,top_k", [(1, 8, 2), (7, 5, 2), (80, 4, 3)])
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_fused_moe(kernels: dict[str, ModuleType], tokens: int, experts: int, top_k: int,
+                   activation: str) -> None:
+    hidden, inner = 48, 40  # not powers of two: the masks matter
+    x = _rand(tokens, hidden, seed=30)
+    w13 = _rand(experts, 2 * inner, hidden, seed=31) / hidden ** 0.5
+    w2 = _rand(experts, hidden, inner, seed=32) / inner ** 0.5
+    weights, ids = torch.softmax(_rand(tokens, experts, seed=33), -1).topk(top_k, dim=-1)
+    ids = ids.to(torch.int32)
+    if tokens > 1:
+        ids[0, 0], ids[1, -1] = -1, experts  # not held by this rank: nothing added
+    out = kernels["moe"].fused_moe(x, w13, w2, weights, ids, activation)
+    torch.testing.assert_close(out, reference_op("fused_moe")(x, w13, w2, weights, ids,
+                                                              activation), **TOL)
+
+
+def test_moe_alignment_groups_pairs_by_expert(kernels: dict[str, ModuleType]) -> None:
+    ids = torch.tensor([[2, 0], [2, 1], [-1, 2]], dtype=torch.int32)
+    align = kernels["moe"].align_by_expert(ids, 3, 16)
+    blocks = align.sorted_pairs.view(-1, 16)
+    assert align.block_expert.tolist()[:3] == [0, 1, 2]
+    assert set(align.block_expert.tolist()[3:]) <= {-1}
+    pad = ids.numel()
+    for b, expert in enumerate(align.block_expert.tolist()[:3]):
+        pairs = [p for p in blocks[b].tolist() if p != pad]
+        assert pairs == [p for p in range(pad) if ids.view(-1)[p] == expert]  # stable order
+    assert (blocks[3:] == pad).all()  # the pair of expert -1 is dropped
+
+
 def test_store_kv_writes_only_its_slots(kernels: dict[str, ModuleType]) -> None:
     k_cache, v_cache = _rand(16, 2, 24, seed=8), _rand(16, 2, 24, seed=9)
     k, v = _rand(3, 2, 24, seed=10), _rand(3, 2, 24, seed=11)
@@ -99,6 +135,69 @@ def test_attention_extend(kernels: dict[str, ModuleType], seq_lens: tuple[int, .
             case.extend_lens, case.qo_indptr, case.scale)
     out = kernels["extend_attention"].attention_extend(*args)
     torch.testing.assert_close(out, reference_op("attention_extend")(*args), **TOL)
+
+
+@pytest.mark.parametrize("head_dim", [32, 24])  # 24: the head-dim mask of unmasked tiles
+def test_attention_extend_chunk_after_long_prefix(kernels: dict[str, ModuleType],
+                                                  head_dim: int) -> None:
+    """A chunk after a prefix of several key tiles: the tiles before each query block run
+    without position masks, the rest with them."""
+    case = make_paged_case((100, 71), (40, 71), 4, 2, head_dim, torch.float32, seed=24)
+    args = (case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens,
+            case.extend_lens, case.qo_indptr, case.scale)
+    out = kernels["extend_attention"].attention_extend(*args)
+    torch.testing.assert_close(out, reference_op("attention_extend")(*args), **TOL)
+
+
+@pytest.mark.parametrize("spare", [16, 0])  # 0: fewer programs than blocks, each loops
+def test_attention_extend_static_launch_with_padding(kernels: dict[str, ModuleType],
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     spare: int) -> None:
+    """Decode rows interleaved with chunks of several blocks (fp32 blocks are 32 rows), more
+    requests than one 16-wide lookup vector, then the same batch padded as a captured step
+    pads it: the real rows are the reference's and identical with and without padding, the
+    padding rows are zeros."""
+    monkeypatch.setattr(kernels["extend_attention"], "SPARE_PROGRAMS", spare)
+    extend = (1, 70, 1, 33, 2, 1, 64, 1, 1, 5, 1, 1, 40, 1, 1, 1, 3, 1, 1, 1)
+    prefix = (9, 0, 130, 12, 3, 1, 0, 64, 7, 31, 2, 90, 5, 16, 1, 4, 60, 11, 0, 33)
+    seq_lens = tuple(p + e for p, e in zip(prefix, extend, strict=True))
+    case = make_paged_case(seq_lens, extend, 4, 2, 32, torch.float32, seed=18)
+    run = kernels["extend_attention"].attention_extend
+    args = (case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens,
+            case.extend_lens, case.qo_indptr, case.scale)
+    out = run(*args)
+    torch.testing.assert_close(out, reference_op("attention_extend")(*args), **TOL)
+    padded = pad_paged_case(case, tokens=37, requests=3, seed=19)
+    out_padded = run(padded.q, padded.k_cache, padded.v_cache, padded.req_to_token,
+                     padded.seq_lens, padded.extend_lens, padded.qo_indptr, case.scale)
+    t = case.q.shape[0]
+    assert torch.equal(out_padded[:t], out)
+    assert torch.equal(out_padded[t:], torch.zeros_like(out_padded[t:]))
+    # The decode rows alone, merged from several splits or written at once from one.
+    decode_rows = case.qo_indptr[:-1][case.extend_lens == 1].long()
+    for splits in (1, 3):
+        only = torch.full_like(out, 7.0)
+        kernels["decode_attention"].launch_decode(
+            case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens, only,
+            case.scale, extend_lens=case.extend_lens, qo_indptr=case.qo_indptr, splits=splits)
+        torch.testing.assert_close(only[decode_rows], out[decode_rows], **TOL)
+        others = torch.ones(t, dtype=torch.bool)
+        others[decode_rows] = False
+        assert bool((only[others] == 7.0).all())  # rows of longer extends left alone
+
+
+def test_attention_extend_of_decodes_only_and_of_padding_only(
+        kernels: dict[str, ModuleType]) -> None:
+    run = kernels["extend_attention"].attention_extend
+    case = make_paged_case((1, 70, 5, 129), (1,) * 4, 8, 2, 32, torch.float32, seed=20)
+    args = (case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens,
+            case.extend_lens, case.qo_indptr, case.scale)
+    torch.testing.assert_close(run(*args), reference_op("attention_extend")(*args), **TOL)
+    empty = pad_paged_case(make_paged_case((), (), 8, 2, 32, torch.float32, seed=21),
+                           tokens=40, requests=2, seed=22)
+    out = run(empty.q, empty.k_cache, empty.v_cache, empty.req_to_token, empty.seq_lens,
+              empty.extend_lens, empty.qo_indptr, empty.scale)
+    assert torch.equal(out, torch.zeros_like(out))
 
 
 @pytest.mark.parametrize("with_bias", [False, True])

@@ -56,3 +56,22 @@ def test_async_engine_streams(run_root: Path) -> None:
 
     ids, text = asyncio.run(main())
     assert len(ids) == 3 and text
+
+
+def test_llm_left_running_is_stopped_cleanly_at_exit(run_root: Path) -> None:
+    """No `with`, no shutdown(): the interpreter's exit stops the engine, exit code 0."""
+    import subprocess
+    import sys
+
+    script = ("from tessera import LLM, SamplingParams\n"
+              f"llm = LLM(model='default', **{ENGINE_ARGS!r})\n"
+              "out = llm.generate('Hello', SamplingParams(temperature=0, max_tokens=2), "
+              "use_tqdm=False)\n"
+              "print('RUN_DIR', llm.run_dir, len(out[0].token_ids))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Fatal Python error" not in proc.stderr
+    run_dir, count = proc.stdout.split("RUN_DIR ", 1)[1].split()
+    assert count == "2"
+    assert not Path(run_dir).exists()  # the supervisor stopped and cleaned up

@@ -44,7 +44,8 @@ class Engine:
     def __init__(self, run_root: Path, **config: object) -> None:
         self.paths = RunPaths.create(str(run_root / "run"))
         with open(self.paths.config_file, "w") as f:
-            f.write(ServerConfig(log_level="warning", **config).to_json())
+            self.config = ServerConfig(log_level="warning", **config)
+            f.write(self.config.to_json())
         self.supervisor = Inbox(self.paths.supervisor, name="test-supervisor")
         self.scheduler = Inbox(self.paths.scheduler, name="test-scheduler")
         self.client = Inbox(self.paths.client_endpoint(), name="test-client")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from tessera.bus.messages import (
     AbortRequest,
     ErrorReply,
     GenerateRequest,
+    Heartbeat,
     SamplingParams,
     TokenizedRequest,
 )
@@ -103,3 +105,18 @@ def test_max_tokens_none_is_filled_to_the_context(engine, tokenizer):
     send(engine, rid="fill", prompt="count", sampling=SamplingParams(max_tokens=None))
     got = wait_for(engine.scheduler, TokenizedRequest, predicate=lambda m: m.rid == "fill")
     assert got.sampling.max_tokens == CONTEXT - len(tokenizer.encode("count"))
+
+
+def test_a_huge_prompt_is_refused_without_starving_the_heartbeat(engine):
+    """8 MB of text (beyond any HTTP limit, sent on the bus directly): answered 413 at once,
+    and the process's heartbeats never pause as long as the supervisor's timeout."""
+    sent = time.time()
+    send(engine, rid="huge", prompt="hello world " * 699_050)
+    err = wait_for(engine.client, ErrorReply, timeout=60.0, predicate=lambda m: m.rid == "huge")
+    assert err.status == 413 and err.param == "prompt"
+    time.sleep(3 * engine.config.heartbeat_interval_s)
+    beats = sorted(m.time for m in engine.supervisor.seen + engine.supervisor.drain(0.1)
+                   if isinstance(m, Heartbeat) and m.process == "tokenizer0" and m.time >= sent)
+    gaps = np.diff([sent, *beats])
+    assert beats and gaps.max() < engine.config.heartbeat_timeout_s, gaps.max()
+    assert engine.alive()

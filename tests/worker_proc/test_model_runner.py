@@ -3,6 +3,7 @@ weights, clear load errors, reproducible seeded sampling, logprobs through a rea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -129,24 +130,23 @@ def test_decode_graphs_are_captured_and_replayed_with_the_same_tokens(llama_fold
                                                                        monkeypatch):
     """An out-of-tree plugin that captures graphs (tests/hal_plugin_example: a recording of
     aten ops, its own events) through the Platform contract alone: the runner captures decode
-    graphs at start-up and replays them; batches larger than the largest graph run eagerly.
-    Tokens are those of the eager cpu plugin."""
-    from tessera.hal.platform import Capabilities
-
+    and mixed-step graphs at start-up and replays them; batches larger than the largest graph
+    run eagerly. Tokens are those of the eager cpu plugin."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "hal_plugin_example"))
     from tessera_hal_example import ExamplePlatform
 
     class SmallGraphs(ExamplePlatform):
-        capabilities = Capabilities(graph_capture=True, max_capture_batch=4)
+        capabilities = dataclasses.replace(ExamplePlatform.capabilities, max_capture_batch=4)
 
     folder, model = llama_folder
     from tessera.worker_proc.model_runner import ModelRunner
 
     eager = make_runner(folder)
-    config = eager.config.replace(graph_max_bs=8)
+    config = eager.config.replace(graph_max_bs=8, graph_max_tokens=64)
     runner = ModelRunner(config, 0, SmallGraphs())
     assert runner.graphs is not None and runner.graphs.sizes == [1, 2, 4]
     assert runner.graphs.runner.tapes.keys() == {1, 2, 4}
+    assert runner.mixed_graphs is not None and runner.mixed_graphs.captured == {32, 64}
     calls = []
     run = runner.graphs.run
     runner.graphs.run = lambda inp: calls.append(int(inp.seq_lens.shape[0])) or run(inp)
@@ -177,3 +177,44 @@ def test_default_model_with_dummy_weights_keeps_its_config():
     assert files.kind == "dummy" and files.config == open_model("default").config
     name, tensor = next(iter(files.iter_tensors(progress=False)))
     assert tuple(tensor.shape) == hf_tensor_shapes(files.config)[name]
+
+
+def test_prefill_and_mixed_steps_replay_token_bucket_graphs(llama_folder):
+    """Where decode graphs are captured, steps with prefill chunks of up to --graph-max-tokens
+    tokens replay the graph of their token bucket (the stand-in runner reruns the captured
+    callable on the static buffers), and so do decode batches too large for the decode graphs;
+    longer steps run eagerly. Tokens do not change."""
+    from tessera.hal.cpu import CpuPlatform
+    from tests.worker_proc.test_graph_decode import RerunRunner
+
+    class CapturingCpu(CpuPlatform):
+        capabilities = dataclasses.replace(CpuPlatform.capabilities, graph_capture=True,
+                                           max_capture_batch=4)
+
+        def create_graph_runner(self):
+            return RerunRunner()
+
+    folder, _ = llama_folder
+    from tessera.worker_proc.model_runner import ModelRunner
+
+    eager = make_runner(folder)
+    runner = ModelRunner(eager.config.replace(graph_max_tokens=64), 0, CapturingCpu())
+    assert runner.mixed_graphs is not None and runner.mixed_graphs.buckets == [32, 64]
+    tokens = []
+    run = runner.mixed_graphs.run
+    runner.mixed_graphs.run = lambda inp: tokens.append(inp.num_tokens) or run(inp)
+
+    chunked = prompts(256, [3, 50, 90], seed=2)  # 40 prefill tokens per step at most
+    got = [r.out for r in MiniScheduler(runner, chunk_size=40).generate(chunked, 4)]
+    assert got == [r.out for r in MiniScheduler(eager, chunk_size=40).generate(chunked, 4)]
+    assert tokens == [41, 41, 42, 24]  # decodes and chunks; then 3 decodes: decode graph
+    tokens.clear()
+    five = prompts(256, [2, 4, 6, 9, 11], seed=5)  # one prefill step of 32 tokens
+    got = [r.out for r in MiniScheduler(runner).generate(five, 3)]
+    assert got == [r.out for r in MiniScheduler(eager).generate(five, 3)]
+    assert tokens == [32, 5, 5]  # 5 decodes exceed the decode graphs: a mixed graph
+    tokens.clear()
+    long = prompts(256, [70], seed=6)
+    got = [r.out for r in MiniScheduler(runner).generate(long, 2)]
+    assert got == [r.out for r in MiniScheduler(eager).generate(long, 2)]
+    assert tokens == []  # 70 tokens: eager; one decode: the decode graph

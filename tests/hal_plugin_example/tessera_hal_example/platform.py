@@ -49,7 +49,8 @@ class ExamplePlatform(OpTablePlatform):
         shared_with_host=True, default_share=0.1, default_max_tokens=32768)
     # Explicit, per op: these run the cpu reference, and `tessera doctor` says so.
     reference_fallbacks: ClassVar[tuple[str, ...]] = (
-        "embedding", "rotary_embedding", "linear", "attention_extend", "sample",
+        "embedding", "rotary_embedding", "linear", "sample", "apply_token_mask",
+        "gelu_tanh_and_mul", "fused_moe",
     )
 
     @classmethod
@@ -62,6 +63,7 @@ class ExamplePlatform(OpTablePlatform):
             "fused_add_rms_norm": ops.fused_add_rms_norm,
             "silu_and_mul": ops.silu_and_mul,
             "store_kv": ops.store_kv,
+            "attention_extend": ops.attention_extend,
             "attention_decode": ops.attention_decode,
         }
 

@@ -1,0 +1,126 @@
+"""Conformance of quantized linears (part of hal/conformance.py's suite; run through it).
+
+For every scheme the plugin runs (natively or through its declared reference fallback), the
+`linear_kernel(scheme)` output is compared with the scheme's definition,
+x @ dequantize(w)^T (+ bias), computed in float32 on the CPU from the same quantized weight and
+the same input values. Outputs have unit variance (weights scaled by 1/sqrt(in)), so the
+tolerances mean the same at every size. Stated tolerances:
+
+    int8, int4  the dense tolerances of the dtype (hal/conformance.py TOLERANCES): the weight
+                values are exact integers times float32 scales; only summation order and the
+                output's rounding differ
+    fp8         relative L2 error <= 0.05 and max error <= 0.25: an fp8 tensor-core GEMM
+                quantizes the activations to e4m3 per token (W8A8, 3 mantissa bits; the
+                emulation in hal/quant/reference.py measures about 0.027 and 0.11 here)
+
+A scheme the plugin does not declare must raise MissingSchemeError naming it and the plugin.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tessera.hal.errors import MissingSchemeError
+from tessera.hal.platform import Platform
+from tessera.hal.quant import SCHEMES, QuantizedWeight, quant_linear_reference, quantize
+
+FP8_REL_L2 = 0.05
+FP8_MAX_ABS = 0.25
+# (scheme, group size): the group sizes the checkpoint formats produce (Q6_K 16, GGUF 32,
+# AWQ/GPTQ 128; fp8 is per output row).
+QUANT_CASES = (("fp8", None), ("int8", 16), ("int8", 128), ("int4", 32), ("int4", 128))
+
+
+def _dense_tolerance(dtype: torch.dtype) -> dict[str, float]:
+    from tessera.hal.conformance import TOLERANCES
+
+    return TOLERANCES[dtype]
+
+
+def _quant_close(scheme: str, actual: torch.Tensor, expected: torch.Tensor,
+                 dtype: torch.dtype) -> None:
+    assert actual.dtype == dtype, f"output dtype {actual.dtype}, expected {dtype}"
+    assert actual.shape == expected.shape, f"shape {tuple(actual.shape)}, expected " \
+        f"{tuple(expected.shape)}"
+    got, want = actual.cpu().float(), expected.cpu().float()
+    if scheme != "fp8":
+        tol = _dense_tolerance(dtype)
+        torch.testing.assert_close(got, want, atol=tol["atol"], rtol=tol["rtol"])
+        return
+    if want.numel() == 0:
+        return
+    rel = float((got - want).norm() / want.norm().clamp_min(1e-12))
+    worst = float((got - want).abs().max())
+    assert rel <= FP8_REL_L2 and worst <= FP8_MAX_ABS, \
+        f"fp8 linear off its definition: relative L2 {rel:.4f} (<= {FP8_REL_L2}), max " \
+        f"{worst:.4f} (<= {FP8_MAX_ABS})"
+
+
+def _weight(scheme: str, group: int | None, out_f: int, in_f: int, seed: int
+            ) -> QuantizedWeight:
+    gen = torch.Generator().manual_seed(seed)
+    dense = torch.randn((out_f, in_f), generator=gen) / math.sqrt(in_f)
+    return quantize(dense, scheme, group)
+
+
+def _runs(platform: Platform, scheme: str) -> bool:
+    source = getattr(platform, "scheme_source", None)
+    if source is not None:
+        return bool(source(scheme) != "missing")
+    return scheme in platform.capabilities.quant_schemes
+
+
+def test_quant_schemes_resolve_or_refuse(hal_platform: Platform) -> None:
+    declared = hal_platform.capabilities.quant_schemes
+    assert set(declared) <= set(SCHEMES), f"unknown schemes declared: {declared}"
+    for scheme in SCHEMES:
+        if _runs(hal_platform, scheme):
+            kernel = hal_platform.linear_kernel(scheme)
+            assert kernel.scheme == scheme and callable(kernel)
+        else:
+            with pytest.raises(MissingSchemeError) as info:
+                hal_platform.linear_kernel(scheme)
+            assert scheme in str(info.value) and hal_platform.name in str(info.value)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("tokens", [0, 1, 5, 40])
+@pytest.mark.parametrize("scheme,group", QUANT_CASES, ids=[f"{s}-g{g}" for s, g in QUANT_CASES])
+def test_quant_linear(hal_platform: Platform, dtype: torch.dtype, scheme: str,
+                      group: int | None, tokens: int, with_bias: bool) -> None:
+    if not _runs(hal_platform, scheme):
+        pytest.skip(f"{hal_platform.name} does not run {scheme} (checked to refuse it above)")
+    # 272 outputs: not a multiple of the usual tiles; 256 inputs: two groups of 128
+    w = _weight(scheme, group, 272, 256, seed=30)
+    gen = torch.Generator().manual_seed(31)
+    x = torch.randn((tokens, 256), generator=gen).to(dtype)
+    bias = torch.randn((272,), generator=gen).to(dtype) if with_bias else None
+    kernel = hal_platform.linear_kernel(scheme)
+    dev = hal_platform.device()
+    prepared = kernel.prepare(w.to(dev))
+    out = kernel(x.to(dev), prepared, None if bias is None else bias.to(dev))
+    _quant_close(scheme, out, quant_linear_reference(x.float(), w, bias), dtype)
+
+
+def test_quant_prepare_keeps_the_values(hal_platform: Platform) -> None:
+    for scheme, group in QUANT_CASES:
+        if not _runs(hal_platform, scheme):
+            continue
+        w = _weight(scheme, group, 48, 256, seed=32)
+        prepared = hal_platform.linear_kernel(scheme).prepare(w.to(hal_platform.device()))
+        assert torch.equal(prepared.dequantize().cpu(), w.dequantize()), scheme
+
+
+def test_quant_linear_act_order(hal_platform: Platform, dtype: torch.dtype) -> None:
+    """GPTQ act-order: the input columns are permuted before the product."""
+    if not _runs(hal_platform, "int4"):
+        pytest.skip(f"{hal_platform.name} does not run int4")
+    w = _weight("int4", 64, 96, 256, seed=33)
+    w.input_perm = torch.randperm(256, generator=torch.Generator().manual_seed(34))
+    x = torch.randn((3, 256), generator=torch.Generator().manual_seed(35)).to(dtype)
+    kernel = hal_platform.linear_kernel("int4")
+    out = kernel(x.to(hal_platform.device()), kernel.prepare(w.to(hal_platform.device())))
+    _quant_close("int4", out, quant_linear_reference(x.float(), w), dtype)

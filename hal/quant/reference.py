@@ -1,0 +1,36 @@
+"""The definition of a quantized linear, and the W8A8 emulation its fp8 kernels are held to.
+
+    linear(x, w: QuantizedWeight, bias) = x @ w.dequantize()^T + bias      (float32, cast back)
+
+A kernel may compute it differently (per-group partial sums, activations quantized to fp8 per
+token for an fp8 tensor-core GEMM); the conformance suite states how far from this definition
+each scheme may land (hal/conformance_quant.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tessera.hal.quant.quantize import quantize_activations_fp8
+from tessera.hal.quant.weight import QuantizedWeight
+
+
+def quant_linear_reference(x: torch.Tensor, w: QuantizedWeight,
+                           bias: torch.Tensor | None = None) -> torch.Tensor:
+    out = F.linear(x.float(), w.dequantize(torch.float32).to(x.device),
+                   None if bias is None else bias.float())
+    return out.to(x.dtype)
+
+
+def fp8_w8a8_reference(x: torch.Tensor, w: QuantizedWeight,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What an fp8 GEMM with dynamic per-token activation scales computes: x quantized to e4m3
+    per token, products of e4m3 values accumulated in float32, then both scales applied."""
+    if w.scheme != "fp8":
+        raise ValueError(f"fp8_w8a8_reference takes an fp8 weight, got {w.scheme}")
+    xq, sx = quantize_activations_fp8(x)
+    out = (xq.float() @ w.qweight.float().t()) * sx * w.scales[:, 0].float()[None, :]
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
