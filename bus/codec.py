@@ -58,8 +58,17 @@ class _Fields:
     nullable: frozenset[str]  # fields that may be None
 
 
-@cache
+_FIELDS: dict[type, _Fields] = {}
+
+
 def _field_info(cls: type) -> _Fields:
+    info = _FIELDS.get(cls)
+    if info is None:
+        info = _FIELDS[cls] = _describe(cls)
+    return info
+
+
+def _describe(cls: type) -> _Fields:
     hints = typing.get_type_hints(cls)
     arrays: list[str] = []
     plain: list[str] = []

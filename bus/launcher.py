@@ -3,14 +3,12 @@ print where the server answers, and clean everything up on the way out.
 
 The process list is data (`build_specs`): stage by stage, workers (one per TP rank, started
 together), scheduler, detokenizer, tokenizers, then the HTTP server, which runs a warm-up
-request before it reports ready. A process package that is not there yet (no `__main__.py`)
-is skipped with a warning, so the command runs with whatever the checkout has.
+request before it reports ready.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import logging
 import os
@@ -19,7 +17,6 @@ import socket
 import sys
 import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
 from tessera.bus.cleanup import remove_run, remove_stale_runs
 from tessera.bus.process import setup_logging
@@ -32,22 +29,6 @@ log = logging.getLogger(__name__)
 MAX_IPC_PATH = 107  # sun_path of a Unix socket address on Linux, less the final NUL
 
 
-def module_available(module: str) -> bool:
-    """True if `python -m module` can run: the package exists and has a __main__.py.
-
-    Looks at files only, so the (possibly heavy) package is not imported here.
-    """
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return False
-    if spec is None:
-        return False
-    if spec.submodule_search_locations is None:
-        return True  # a plain module runs as a script
-    return any((Path(loc) / "__main__.py").is_file() for loc in spec.submodule_search_locations)
-
-
 def build_specs(config: ServerConfig, paths: RunPaths) -> list[ProcessSpec]:
     """The engine's processes in start order (see the module docstring)."""
     plan: list[tuple[str, str, list[str], int, bool]] = []  # name, module, args, stage, drains
@@ -58,19 +39,10 @@ def build_specs(config: ServerConfig, paths: RunPaths) -> list[ProcessSpec]:
     plan += [(f"tokenizer{i}", "tessera.tokenizer_proc", ["--index", str(i)], 3, False)
              for i in range(config.tokenizer_workers)]
     plan.append(("server", "tessera.server", [], 4, True))
-    specs: list[ProcessSpec] = []
-    missing: set[str] = set()
-    for name, module, args, stage, drains in plan:
-        if not module_available(module):
-            missing.add(module)
-            continue
-        kind = name.rstrip("0123456789")
-        specs.append(ProcessSpec.python_module(name, module, paths, *args, stage=stage,
-                                               ready_timeout_s=READY_TIMEOUT_S[kind],
-                                               drains=drains))
-    for module in sorted(missing):
-        log.warning("%s is not in this checkout yet (no __main__.py): not started", module)
-    return specs
+    return [ProcessSpec.python_module(name, module, paths, *args, stage=stage,
+                                      ready_timeout_s=READY_TIMEOUT_S[name.rstrip("0123456789")],
+                                      drains=drains)
+            for name, module, args, stage, drains in plan]
 
 
 def check_port_free(host: str, port: int) -> str | None:

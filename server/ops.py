@@ -9,7 +9,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tessera.bus.messages import StatusReply
-from tessera.client import TesseraError
+from tessera.client import GenerateResult, TesseraError
 from tessera.server.errors import ApiError
 from tessera.server.openapi import openapi_document
 from tessera.server.state import STATE, ServerState
@@ -64,6 +64,7 @@ async def health_generate(request: web.Request) -> web.Response:
         return _unhealthy(f"no token within {HEALTH_GENERATE_TIMEOUT_S:g} s")
     except TesseraError as exc:
         return _unhealthy(exc.message)
+    assert isinstance(result, GenerateResult)  # stream=False
     return web.json_response({"status": "ok",
                               "completion_tokens": result.usage.completion_tokens})
 

@@ -130,6 +130,9 @@ class EngineConfig(BatchingConfig):
                                       "reading must not make the engine work for nobody)")
     step_timeout_s: float = _opt(120.0, "a worker step unanswered this long fails its "
                                  "requests with 503 (the engine stays up)")
+    profile_ranges: bool = _opt(False, "mark the phases of each worker step (inputs, forward, "
+                                "sample, copy-out) for the chip's profiler: NVTX ranges on "
+                                "cuda, none on cpu")
     log_level: str = _opt("info", "debug | info | warning | error")
 
     @property

@@ -16,6 +16,7 @@ dummy token into slot 0 (page 0, reserved for padding: KVArena) with seq_len 1.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -85,7 +86,7 @@ class DecodeGraphs:
                                       device=probe.device)
             # Largest first: the smaller graphs' temporaries then fit in the pool it reserved.
             for bs in reversed(self.sizes):
-                self.outputs[bs] = self.runner.capture(bs, lambda bs=bs: self._step(bs))
+                self.outputs[bs] = self.runner.capture(bs, functools.partial(self._step, bs))
 
     def _step(self, bs: int) -> torch.Tensor:
         assert self.logits is not None

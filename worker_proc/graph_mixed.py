@@ -27,6 +27,7 @@ temporaries.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -117,7 +118,7 @@ class MixedGraphs:
                 self.residual = torch.empty((n, *residual.shape[1:]), dtype=residual.dtype,
                                             device=residual.device)
             for tokens in reversed(self.buckets):
-                self.runner.capture(("mixed", tokens), lambda tokens=tokens: self._step(tokens))
+                self.runner.capture(("mixed", tokens), functools.partial(self._step, tokens))
                 self.captured.add(tokens)
 
     def _step(self, tokens: int) -> torch.Tensor:

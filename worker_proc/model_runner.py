@@ -10,6 +10,7 @@ Platform contract.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -30,6 +31,13 @@ from tessera.worker_proc.models import model_class
 from tessera.worker_proc.sampler import DeviceSample, Sampler
 
 log = logging.getLogger(__name__)
+
+_NO_RANGE = contextlib.nullcontext()
+
+
+def _no_range(name: str) -> contextlib.AbstractContextManager[None]:
+    return _NO_RANGE
+
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -100,6 +108,8 @@ class ModelRunner:
         self.last_sampled = torch.zeros(config.max_running_requests, dtype=torch.int64,
                                         device=self.device)
         self.seed_default_rng()
+        # Profiler ranges around the phases of a step (--profile-ranges): NVTX on cuda.
+        self._phase = platform.profile_range if config.profile_ranges else _no_range
 
     def _capture_decode_graphs(self) -> None:
         """Capture decode graphs when the plugin can (`Capabilities.graph_capture`) and
@@ -166,22 +176,28 @@ class ModelRunner:
         start = time.perf_counter()
         if batch.batch_size == 0:
             return PendingStep(batch.step, None, start)
-        inputs = build_forward_inputs(batch, req_to_token, self.platform, self.device)
-        self._resolve_last_sampled(inputs)
-        with torch.inference_mode():
-            logits = self.forward(inputs)
-            sample = self.sampler.sample(logits, batch)
-        tokens = sample.tokens
-        if self.config.tp_size > 1:
-            # Unseeded draws may differ between ranks: every rank adopts rank 0's tokens.
-            assert self.communicator is not None
-            own = tokens if self.rank == 0 else torch.zeros_like(tokens)
-            tokens = sample.tokens = self.communicator.all_reduce(own)
-        if tokens.numel():
-            rows = to_device(self.platform, np.asarray(batch.rows, dtype=np.int64)[
-                np.asarray(batch.sample, dtype=bool)], torch.int64, self.device)
-            self.last_sampled[rows] = tokens
-        sample.start_copy()
+        phase = self._phase
+        with phase("step"):
+            with phase("inputs"):
+                inputs = build_forward_inputs(batch, req_to_token, self.platform, self.device)
+                self._resolve_last_sampled(inputs)
+            with torch.inference_mode():
+                with phase("forward"):
+                    logits = self.forward(inputs)
+                with phase("sample"):
+                    sample = self.sampler.sample(logits, batch)
+            tokens = sample.tokens
+            if self.config.tp_size > 1:
+                # Unseeded draws may differ between ranks: every rank adopts rank 0's tokens.
+                assert self.communicator is not None
+                own = tokens if self.rank == 0 else torch.zeros_like(tokens)
+                tokens = sample.tokens = self.communicator.all_reduce(own)
+            with phase("copy-out"):
+                if tokens.numel():
+                    rows = to_device(self.platform, np.asarray(batch.rows, dtype=np.int64)[
+                        np.asarray(batch.sample, dtype=bool)], torch.int64, self.device)
+                    self.last_sampled[rows] = tokens
+                sample.start_copy()
         return PendingStep(batch.step, sample, start)
 
     def finish(self, pending: PendingStep) -> SampledTokens:

@@ -218,3 +218,28 @@ def test_prefill_and_mixed_steps_replay_token_bucket_graphs(llama_folder):
     got = [r.out for r in MiniScheduler(runner).generate(long, 2)]
     assert got == [r.out for r in MiniScheduler(eager).generate(long, 2)]
     assert tokens == []  # 70 tokens: eager; one decode: the decode graph
+
+
+def test_profile_ranges_mark_each_step_phase_only_when_asked(llama_folder):
+    import contextlib
+
+    from tessera.hal.cpu import CpuPlatform
+    from tessera.worker_proc.model_runner import ModelRunner
+
+    opened: list[str] = []
+
+    class Recording(CpuPlatform):
+        def profile_range(self, name):
+            opened.append(name)
+            return contextlib.nullcontext()
+
+    folder, _ = llama_folder
+    base = make_runner(folder).config
+    batch = prompts(256, [5, 9])
+    quiet = MiniScheduler(ModelRunner(base, 0, Recording())).generate(batch, 2)
+    assert opened == []
+    marked = MiniScheduler(ModelRunner(base.replace(profile_ranges=True), 0, Recording())
+                           ).generate(batch, 2)
+    assert opened[:5] == ["step", "inputs", "forward", "sample", "copy-out"]
+    assert len(opened) == 5 * 2  # a prefill step and a decode step
+    assert [r.out for r in marked] == [r.out for r in quiet]
