@@ -3,7 +3,9 @@
 Order, as vLLM does it: logprobs are taken from the raw logits (what the model said, before
 any processing); then the repetition penalty (Hugging Face's rule, on prompt + output
 tokens), frequency and presence penalties (OpenAI's rule, on output tokens only), forbidden
-tokens (-inf), and finally temperature / top-k / top-p / min-p and the draw inside `sample`.
+tokens (-inf), the logit_bias (added), the grammar's token mask (the HAL op
+`apply_token_mask`), and finally temperature / top-k / top-p / min-p and the draw inside
+`sample`.
 Everything is vectorized over the S sampling rows; nothing loops per token.
 """
 
@@ -150,6 +152,23 @@ def apply_blocks(logits: torch.Tensor, batch: ForwardBatch, sel: np.ndarray) -> 
         logits[rows_t, toks_t] = float("-inf")
 
 
+def apply_bias(logits: torch.Tensor, batch: ForwardBatch, sel: np.ndarray) -> None:
+    """In place: add each request's logit_bias (OpenAI: -100 bans a token, 100 forces it)."""
+    if not np.asarray(batch.bias_offsets).shape[0]:
+        return
+    row, tok, within = _csr_gather(np.asarray(batch.bias_offsets), np.asarray(batch.bias_ids),
+                                   sel)
+    keep = (tok >= 0) & (tok < logits.shape[1])
+    if not keep.any():
+        return
+    starts = np.asarray(batch.bias_offsets, dtype=np.int64)[sel][row]
+    values = np.asarray(batch.bias_values, dtype=np.float32)[(starts + within)[keep]]
+    dev = logits.device
+    logits.index_put_((to_device(row[keep], torch.int64, dev), to_device(tok[keep], torch.int64,
+                                                                         dev)),
+                      to_device(values, torch.float32, dev), accumulate=True)
+
+
 class Sampler:
     def __init__(self, sample_op: Callable[..., Any], device: torch.device) -> None:
         self.sample_op = sample_op
@@ -167,6 +186,7 @@ class Sampler:
         if logits.shape[0]:  # penalties edit the logits in place: they are this step's own
             apply_penalties(logits, batch, sel)
             apply_blocks(logits, batch, sel)
+            apply_bias(logits, batch, sel)
         params = self._params(batch, sel)
         tokens = self.sample_op(logits, params).to(torch.int64)
         out = DeviceSample(tokens=tokens, want=want)
