@@ -12,10 +12,13 @@ import numpy as np
 
 from tessera.formats.config import ModelConfig
 from tessera.formats.errors import ModelFormatError, UnsupportedModelError
+from tessera.formats.layout import is_linear_weight
 from tessera.formats.model_files import ModelFiles
 
 if TYPE_CHECKING:
     import torch
+
+    from tessera.hal.quant.weight import QuantizedWeight
 
 # GGUF general.architecture -> our arch. llama.cpp converts Mistral as "llama".
 _ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -211,12 +214,52 @@ class GGUFFiles(ModelFiles):
                 f"with Q4_0/Q4_1/Q5_x/Q8_0/Kquants/F16/F32 tensors") from None
         shape = tuple(int(s) for s in reversed(tensor.shape))  # GGUF lists dims fastest first
         out = torch.from_numpy(np.array(data, dtype=np.float32).reshape(shape))
-        # llama.cpp permutes q/k only for its "llama" rope layout; Qwen uses NeoX (HF) order.
-        if self.config.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            out = unpermute_qk(out, self.config.num_heads)
-        elif self.config.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            out = unpermute_qk(out, self.config.num_kv_heads)
+        heads = self._qk_heads(name)
+        if heads is not None:
+            out = unpermute_qk(out, heads)
         return out.to(dtype)
+
+    def _load_quantized(self, name: str) -> QuantizedWeight | None:
+        """A linear weight in its runtime scheme, straight from its blocks (formats/
+        gguf_quant.py); None for float tensors and block types without a scheme."""
+        from tessera.formats.gguf_quant import from_gguf_blocks
+
+        if not is_linear_weight(name):
+            return None
+        tensor = self._tensors[self._hf_to_gguf[name]]
+        rows, in_features = (int(s) for s in reversed(tensor.shape))
+        weight = from_gguf_blocks(tensor.tensor_type.name, np.asarray(tensor.data), in_features)
+        if weight is None:
+            return None
+        if weight.out_features != rows:
+            raise ModelFormatError(f"{self.path}: tensor {tensor.name} holds "
+                                   f"{weight.out_features} rows, its shape says {rows}")
+        heads = self._qk_heads(name)
+        if heads is not None:
+            import torch
+
+            order = unpermute_qk(torch.arange(rows), heads)
+            weight = weight.index_rows(order)
+        return weight
+
+    def _qk_heads(self, name: str) -> int | None:
+        """llama.cpp permutes q/k rows only for its "llama" rope layout; Qwen uses NeoX (HF)
+        order. The heads to undo it over, or None."""
+        if self.config.arch != "llama":
+            return None
+        if name.endswith(("q_proj.weight", "q_proj.bias")):
+            return self.config.num_heads
+        if name.endswith(("k_proj.weight", "k_proj.bias")):
+            return self.config.num_kv_heads
+        return None
+
+    @property
+    def quantization(self) -> str | None:
+        from tessera.formats.gguf_quant import CONVERTERS
+
+        kinds = sorted({self._tensors[g].tensor_type.name for hf, g in self._hf_to_gguf.items()
+                        if is_linear_weight(hf)} & set(CONVERTERS))
+        return f"gguf {', '.join(kinds)}" if kinds else None
 
     @cached_property
     def _metadata(self) -> dict[str, Any]:

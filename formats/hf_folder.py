@@ -9,11 +9,19 @@ from typing import TYPE_CHECKING, Any
 from tessera.formats.config import ModelConfig
 from tessera.formats.errors import ModelFormatError
 from tessera.formats.model_files import ModelFiles
+from tessera.formats.quant_config import CheckpointQuant, parse_quantization_config
 
 if TYPE_CHECKING:
     import torch
 
+    from tessera.hal.quant.weight import QuantizedWeight
+
 _TENSOR_SKIP_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry
+# Tensors of a quantized linear "<module>.<suffix>" other than its weight: read together with
+# it (AWQ/GPTQ qweight + qzeros + scales + g_idx; fp8 weight + weight_scale). input_scale
+# (static fp8 activation scales) is not used; k_scale / v_scale belong to the KV cache.
+_QUANT_PARTS = ("qweight", "qzeros", "scales", "g_idx", "weight_scale", "input_scale")
+_KV_SCALE_SUFFIXES = ("k_scale", "v_scale")
 
 
 def read_config_json(folder: str) -> dict[str, Any]:
@@ -35,9 +43,12 @@ class HFFolderFiles(ModelFiles):
     kind = "safetensors"
 
     def __init__(self, folder: str) -> None:
-        super().__init__(folder, ModelConfig.from_hf_dict(read_config_json(folder)))
+        raw = read_config_json(folder)
+        super().__init__(folder, ModelConfig.from_hf_dict(raw))
+        self.checkpoint_quant: CheckpointQuant | None = parse_quantization_config(raw, folder)
         self._where = self._index_tensors(folder)
         self._handles: dict[str, Any] = {}
+        self._names = self._logical_names()
 
     @staticmethod
     def _index_tensors(folder: str) -> dict[str, str]:
@@ -68,11 +79,25 @@ class HFFolderFiles(ModelFiles):
                         where[key] = path
         return {k: v for k, v in where.items() if not k.endswith(_TENSOR_SKIP_SUFFIXES)}
 
-    def tensor_names(self) -> list[str]:
+    def _logical_names(self) -> list[str]:
+        """The model's tensor names: a quantized linear's parts appear as one
+        "<module>.weight"; KV cache scales are read apart (kv_cache_scales)."""
+        names = set()
+        for name in self._where:
+            module, _, suffix = name.rpartition(".")
+            if suffix == "qweight":
+                names.add(f"{module}.weight")
+            elif suffix not in _QUANT_PARTS and suffix not in _KV_SCALE_SUFFIXES:
+                names.add(name)
         # Grouped by file so that each shard is opened once, in order.
-        return sorted(self._where, key=lambda k: (self._where[k], k))
+        def where(n: str) -> str:
+            return self._where.get(n) or self._where[n.removesuffix("weight") + "qweight"]
+        return sorted(names, key=lambda n: (where(n), n))
 
-    def _load(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+    def tensor_names(self) -> list[str]:
+        return list(self._names)
+
+    def _tensor(self, name: str) -> torch.Tensor:
         from safetensors import safe_open
 
         path = self._where[name]
@@ -81,7 +106,54 @@ class HFFolderFiles(ModelFiles):
             # One shard open at a time: a 100-shard model must not hold 100 maps.
             self._handles.clear()
             handle = self._handles[path] = safe_open(path, framework="pt")
-        return handle.get_tensor(name).to(dtype)
+        return handle.get_tensor(name)  # type: ignore[no-any-return]
+
+    def _load_quantized(self, name: str) -> QuantizedWeight | None:
+        module = name.removesuffix(".weight")
+        if not name.endswith(".weight"):
+            return None
+        if f"{module}.qweight" in self._where:
+            return self._int4(module)
+        if f"{module}.weight_scale" in self._where:
+            from tessera.formats.hf_quant import fp8_weight
+
+            return fp8_weight(name, self._tensor(name), self._tensor(f"{module}.weight_scale"))
+        return None
+
+    def _int4(self, module: str) -> QuantizedWeight:
+        from tessera.formats.hf_quant import awq_weight, gptq_weight
+
+        quant = self.checkpoint_quant
+        if quant is None or quant.scheme != "int4":
+            raise ModelFormatError(f"{self.path}: {module}.qweight is packed 4-bit but "
+                                   f"config.json has no AWQ or GPTQ quantization_config")
+        parts = [self._tensor(f"{module}.{p}") for p in ("qweight", "qzeros", "scales")]
+        if quant.method == "awq":
+            return awq_weight(module, *parts, quant.group_size)
+        g_idx = self._tensor(f"{module}.g_idx") if f"{module}.g_idx" in self._where else None
+        return gptq_weight(module, *parts, g_idx, quant.group_size, quant.zeros_offset)
+
+    def _load(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        quantized = self._load_quantized(name)
+        if quantized is not None:
+            return quantized.dequantize(dtype)
+        return self._tensor(name).to(dtype)
+
+    @property
+    def quantization(self) -> str | None:
+        return None if self.checkpoint_quant is None else self.checkpoint_quant.describe()
+
+    def kv_cache_scales(self) -> dict[int, tuple[float, float]]:
+        """layer -> (k_scale, v_scale) of an fp8 KV cache, where the checkpoint has them
+        ("model.layers.N.self_attn.k_scale", or modelopt's "...k_proj.k_scale")."""
+        scales: dict[int, list[float]] = {}
+        for name in self._where:
+            module, _, suffix = name.rpartition(".")
+            parts = module.split(".")
+            if suffix in _KV_SCALE_SUFFIXES and len(parts) > 2 and parts[1] == "layers":
+                layer = scales.setdefault(int(parts[2]), [1.0, 1.0])
+                layer[_KV_SCALE_SUFFIXES.index(suffix)] = float(self._tensor(name).float().item())
+        return {i: (k, v) for i, (k, v) in scales.items()}
 
     def release(self) -> None:
         self._handles.clear()

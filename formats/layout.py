@@ -38,3 +38,9 @@ def hf_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def is_norm_weight(name: str) -> bool:
     return name.endswith("norm.weight")
+
+
+def is_linear_weight(name: str) -> bool:
+    """A weight multiplied as a linear layer (projections and the LM head): the tensors a
+    quantization scheme applies to. Embeddings and norms stay in floating point."""
+    return name.endswith("_proj.weight") or name == "lm_head.weight"

@@ -17,6 +17,8 @@ from tessera.formats.config import ModelConfig
 if TYPE_CHECKING:
     import torch
 
+    from tessera.hal.quant.weight import QuantizedWeight
+
 
 class ModelFiles(ABC):
     """A model on disk (or a dummy one). `kind` is "safetensors", "gguf" or "dummy"."""
@@ -35,10 +37,28 @@ class ModelFiles(ABC):
     def _load(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         """One tensor, by HF name, on the CPU in `dtype`."""
 
-    def iter_tensors(self, dtype: torch.dtype | None = None, *,
-                     progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    def _load_quantized(self, name: str) -> QuantizedWeight | None:
+        """The checkpoint's own quantized form of a linear weight, or None where it stores
+        the tensor in floating point (or in a form without a runtime scheme)."""
+        return None
+
+    def kv_cache_scales(self) -> dict[int, tuple[float, float]]:
+        """layer -> (k_scale, v_scale) for an fp8 KV cache, where the checkpoint has them."""
+        return {}
+
+    @property
+    def quantization(self) -> str | None:
+        """How the checkpoint's linear weights are quantized ("gguf Q4_1, Q8_0", "awq int4
+        group 128", ...), or None for a floating-point checkpoint."""
+        return None
+
+    def iter_tensors(self, dtype: torch.dtype | None = None, *, progress: bool = True,
+                     keep_quantized: bool = False
+                     ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
         """Yield (hf_name, cpu tensor in dtype) one at a time, with a progress bar on stderr,
-        so that a model never needs two copies of its weights in memory."""
+        so that a model never needs two copies of its weights in memory. With keep_quantized,
+        a linear weight the checkpoint stores quantized comes as a QuantizedWeight (hal/quant)
+        instead; everything else is dequantized to dtype."""
         import torch
 
         dtype = dtype or torch.float32
@@ -46,7 +66,8 @@ class ModelFiles(ABC):
         bar = _progress(len(names), f"Loading {self.kind} weights", progress)
         try:
             for name in names:
-                yield name, self._load(name, dtype)
+                quantized = self._load_quantized(name) if keep_quantized else None
+                yield name, quantized if quantized is not None else self._load(name, dtype)
                 bar.update(1)
         finally:
             bar.close()

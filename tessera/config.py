@@ -95,6 +95,9 @@ class EngineConfig(BatchingConfig):
     hal: str | None = _opt(None, "hardware plugin (cpu, cuda, ...); default: TESSERA_HAL, "
                            "else the best available")
     tp_size: int = _opt(1, "tensor-parallel ranks (one worker process per device)")
+    graph_max_tokens: int = _opt(1024, "largest prefill or mixed step (in tokens) replayed "
+                                 "from a captured graph; larger ones run eagerly (0: capture "
+                                 "decode steps only)")
     mem_fraction: float = _opt(0.85, "fraction of the device's free memory for weights + KV "
                                "cache (on the cpu plugin: of available RAM, capped by "
                                "--max-total-tokens)")

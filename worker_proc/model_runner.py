@@ -1,9 +1,10 @@
 """ModelRunner: one TP rank's model, KV arena and sampler. `step` runs one ForwardBatch.
 
 Mixed batches (prefill chunks and decodes together) run as one ragged forward through
-`attention_extend`; a batch of only decodes goes through `attention_decode` and, on a plugin
-that captures graphs, replays the graph captured at start-up for its padded batch size
-(`worker_proc/graph_decode.py`).
+`attention_extend`; a batch of only decodes goes through `attention_decode`. On a plugin that
+captures graphs, both replay graphs captured at start-up: decodes at their padded batch size
+(`worker_proc/graph_decode.py`), other steps of up to --graph-max-tokens tokens at their
+padded token count (`worker_proc/graph_mixed.py`).
 """
 
 from __future__ import annotations
@@ -88,7 +89,9 @@ class ModelRunner:
                                            tp.num_kv_heads, mc.head_dim, self.dtype)
         log.info("rank %d: %s", rank, self.kv_plan.describe())
         self.graphs: Any = None
+        self.mixed_graphs: Any = None
         self._capture_decode_graphs()
+        self._capture_mixed_graphs()
         self.sampler = Sampler(platform.op("sample"), self.device)
         # The token each page-table row sampled last: input ids < 0 refer to it.
         self.last_sampled = torch.zeros(config.max_running_requests, dtype=torch.int64,
@@ -117,6 +120,23 @@ class ModelRunner:
         self.graphs = graphs
         log.info("rank %d: captured decode graphs for batch sizes %s in %.1fs", self.rank,
                  graphs.sizes, time.perf_counter() - start)
+
+    def _capture_mixed_graphs(self) -> None:
+        """Capture prefill and mixed steps of up to --graph-max-tokens tokens, where the
+        decode graphs are captured (a runner and pool of their own)."""
+        cfg = self.config
+        if self.graphs is None or cfg.graph_max_tokens < 1:
+            return
+        from tessera.worker_proc.graph_mixed import MixedGraphs
+
+        start = time.perf_counter()
+        graphs = MixedGraphs(lambda inp: self.model(inp, self.kv),
+                             self.platform.create_graph_runner(), cfg.graph_max_tokens,
+                             cfg.max_running_requests, self.max_context_len, self.device)
+        graphs.capture_all()
+        self.mixed_graphs = graphs
+        log.info("rank %d: captured prefill/mixed graphs for %s tokens in %.1fs", self.rank,
+                 graphs.buckets, time.perf_counter() - start)
 
     def seed_default_rng(self) -> None:
         torch.manual_seed(self.config.seed)  # unseeded requests: reproducible per engine run
@@ -180,15 +200,21 @@ class ModelRunner:
             inputs.input_ids = torch.where(ids < 0, self.last_sampled[inputs.token_rows], ids)
 
     def forward(self, inputs: ForwardInputs) -> torch.Tensor:
-        """float32 logits [S, V]. A decode-only batch takes forward_decode."""
+        """float32 logits [S, V]. A decode-only batch takes forward_decode; another step
+        replays a graph captured for its padded token count when one holds it (the logits
+        are then a view of a static buffer, valid until the next replay), else runs eagerly."""
         if inputs.is_decode:
             return self.forward_decode(inputs)
+        if self.mixed_graphs is not None and self.mixed_graphs.can_run(inputs):
+            return self.mixed_graphs.run(inputs)  # type: ignore[no-any-return]
         return self.model(inputs, self.kv)
 
     def forward_decode(self, inputs: ForwardInputs) -> torch.Tensor:
-        """Forward of a decode batch (every extend_len is 1): a graph replay when one was
-        captured for its padded size (the logits are then a view of a static buffer, valid
-        until the next replay), else eager."""
+        """Forward of a decode batch (every extend_len is 1): a decode graph replay when one
+        was captured for its padded size (the logits are then a view of a static buffer, valid
+        until the next replay), else a mixed-step graph that holds it, else eager."""
         if self.graphs is not None and self.graphs.can_run(inputs):
             return self.graphs.run(inputs)  # type: ignore[no-any-return]
+        if self.mixed_graphs is not None and self.mixed_graphs.can_run(inputs):
+            return self.mixed_graphs.run(inputs)  # type: ignore[no-any-return]
         return self.model(inputs, self.kv)

@@ -29,8 +29,8 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, qo_ptr,
-                   mid_o_ptr, mid_lse_ptr,
-                   q_s0, q_s1, c_s0, c_s1, rtt_s0, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1,
+                   mid_o_ptr, mid_lse_ptr, out_ptr,
+                   q_s0, q_s1, c_s0, c_s1, rtt_s0, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1,
                    sm_scale_log2, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, MIXED: tl.constexpr):
@@ -83,11 +83,16 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
     has = end > start
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = acc / safe_l[:, None]
-    lse = tl.where(has, m_i + tl.log2(safe_l), float("-inf"))
     omask = hmask[:, None] & dmask[None, :]
-    tl.store(mid_o_ptr + b * mo_s0 + heads[:, None] * mo_s1 + split * mo_s2 + d[None, :], out,
-             mask=omask)
-    tl.store(mid_lse_ptr + b * ml_s0 + heads * ml_s1 + split, lse, mask=hmask)
+    if NUM_SPLITS == 1:
+        # Nothing to merge (large batches): the final output, exactly what stage 2 would give.
+        tl.store(out_ptr + q_row * o_s0 + heads[:, None] * o_s1 + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=omask)
+    else:
+        lse = tl.where(has, m_i + tl.log2(safe_l), float("-inf"))
+        tl.store(mid_o_ptr + b * mo_s0 + heads[:, None] * mo_s1 + split * mo_s2 + d[None, :],
+                 out, mask=omask)
+        tl.store(mid_lse_ptr + b * ml_s0 + heads * ml_s1 + split, lse, mask=hmask)
 
 
 @triton.jit
@@ -176,18 +181,21 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     qo = qo_indptr if qo_indptr is not None else seq_lens
     group = q_heads // kv_heads
     n_split = splits or num_splits(batch, kv_heads, q.device)
-    mid_o = torch.empty((batch, q_heads, n_split, head_dim), dtype=torch.float32,
-                        device=q.device)
-    mid_lse = torch.empty((batch, q_heads, n_split), dtype=torch.float32, device=q.device)
+    # One split needs no merge: stage 1 then writes `out` and the buffers are not touched.
+    mid_shape = (batch, q_heads, n_split, head_dim) if n_split > 1 else (1, 1, 1, 1)
+    mid_o = torch.empty(mid_shape, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(mid_shape[:3], dtype=torch.float32, device=q.device)
     block_d = triton.next_power_of_2(head_dim)
     _decode_stage1[(batch, kv_heads, n_split)](
-        q, k_cache, v_cache, req_to_token, seq_lens, ext, qo, mid_o, mid_lse,
+        q, k_cache, v_cache, req_to_token, seq_lens, ext, qo, mid_o, mid_lse, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        float(scale) * LOG2E, GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=n_split,
+        out.stride(0), out.stride(1), float(scale) * LOG2E, GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=n_split,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=BLOCK_N,
         DOT_PREC=dot_precision(q.dtype), MIXED=mixed, num_warps=NUM_WARPS,
         num_stages=NUM_STAGES)
+    if n_split == 1:
+        return
     _decode_stage2[(batch, q_heads)](
         mid_o, mid_lse, out, ext, qo, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), HEAD_DIM=head_dim,

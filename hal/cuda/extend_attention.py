@@ -7,12 +7,12 @@ length is read back to the host.
 - Requests extending by one token (the decodes of a mixed batch) go to the split-KV decode
   kernel (`decode_attention.launch_decode`), which reads each KV row once per query group
   instead of once per query head and wastes no tile rows on a single query.
-- The others are cut into blocks of BLOCK_M new tokens. The grid has one program per (block
-  slot, query head), cdiv(T, BLOCK_M) + B + 1 block slots: enough for every request's blocks
-  (each request adds at most one partial block) and for the padding rows after the last
-  request. Each program finds its request on the device from a prefix sum of the requests'
-  block counts; slots past the last block write zeros to the padding rows (rows
-  qo_indptr[B] .. T-1, which a captured step pads with) or do nothing.
+- The others are cut into blocks of BLOCK_M new tokens, numbered request by request; the
+  blocks of the padding rows after the last request (rows qo_indptr[B] .. T-1, which a step
+  captured at a padded size has) follow and are written as zeros. Each program finds the
+  request of a block on the device, from a prefix sum of the requests' block counts, and
+  takes every G-th block, G programs per query head (`extend_programs`): as many as a single
+  prefill of T tokens needs, plus a few spare for the partial blocks of further requests.
 
 Within a block, one loop over the request's slots covers the cached prefix and the new tokens
 alike (their KV is already stored); the causal mask only bites in the last blocks. The loop
@@ -37,45 +37,19 @@ BLOCK_M = 64
 BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
+SPARE_PROGRAMS = 16  # per head, beyond one per BLOCK_M tokens (see extend_programs)
 
 
 @triton.jit
-def _extend_kernel(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, qo_ptr, out_ptr,
-                   num_reqs, num_tokens, q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1,
-                   sm_scale_log2, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   REQS: tl.constexpr, DOT_PREC: tl.constexpr):
-    slot_id = tl.program_id(0)
-    h = tl.program_id(1)
+def _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b, mblk, ext, seq, q_start, h,
+                  q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1, sm_scale_log2,
+                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Block `mblk` of request b's new tokens, query head h."""
+    prefix = seq - ext
+    kh = h // GROUP
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
-
-    # Which request and which of its blocks this program has: blocks are numbered request
-    # by request, over the requests that extend by more than one token.
-    r = tl.arange(0, REQS)
-    ext_all = tl.load(ext_lens_ptr + r, mask=r < num_reqs, other=0).to(tl.int32)
-    blocks = tl.where(ext_all > 1, (ext_all + BLOCK_M - 1) // BLOCK_M, 0)
-    ends = tl.cumsum(blocks, 0)
-    total = tl.sum(blocks, 0)
-    if slot_id >= total:
-        # Padding rows after the last request belong to no request: zeros.
-        tail = tl.load(qo_ptr + num_reqs).to(tl.int64)
-        rows = tail + (slot_id - total).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-        zeros = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        tl.store(out_ptr + rows[:, None] * o_s0 + h * o_s1 + d[None, :],
-                 zeros.to(out_ptr.dtype.element_ty),
-                 mask=(rows < num_tokens)[:, None] & dmask[None, :])
-        return
-    b = tl.sum((ends <= slot_id).to(tl.int32), 0)
-    mine = r == b
-    mblk = slot_id - tl.sum(tl.where(mine, ends - blocks, 0), 0)
-    ext = tl.sum(tl.where(mine, ext_all, 0), 0)
-    b64 = b.to(tl.int64)
-    seq = tl.load(seq_lens_ptr + b64).to(tl.int32)
-    prefix = seq - ext
-    q_start = tl.load(qo_ptr + b64).to(tl.int64)
-    kh = h // GROUP
-
     i = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
     imask = i < ext
     rows = q_start + i
@@ -87,7 +61,7 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     end = tl.minimum(seq, prefix + (mblk + 1) * BLOCK_M)
-    row_base = rtt_ptr + b64 * rtt_s0
+    row_base = rtt_ptr + b * rtt_s0
     for n0 in range(0, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         pmask = pos < end
@@ -113,9 +87,50 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
              out.to(out_ptr.dtype.element_ty), mask=imask[:, None] & dmask[None, :])
 
 
-def extend_grid_blocks(tokens: int, batch: int, block_m: int) -> int:
-    """Block slots of the static grid: every request's blocks plus the padding rows' fit."""
-    return triton.cdiv(tokens, block_m) + batch + 1
+@triton.jit
+def _extend_kernel(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, qo_ptr, out_ptr,
+                   num_reqs, num_tokens, q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1,
+                   sm_scale_log2, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   REQS: tl.constexpr, DOT_PREC: tl.constexpr):
+    h = tl.program_id(1)
+    # The work, numbered: the blocks of the requests that extend by more than one token,
+    # request by request, then the blocks of padding rows after the last request.
+    r = tl.arange(0, REQS)
+    ext_all = tl.load(ext_lens_ptr + r, mask=r < num_reqs, other=0).to(tl.int32)
+    blocks = tl.where(ext_all > 1, (ext_all + BLOCK_M - 1) // BLOCK_M, 0)
+    ends = tl.cumsum(blocks, 0)
+    total = tl.sum(blocks, 0)
+    tail = tl.load(qo_ptr + num_reqs).to(tl.int32)
+    tail_blocks = (num_tokens - tail + BLOCK_M - 1) // BLOCK_M
+    for work in range(tl.program_id(0), total + tail_blocks, tl.num_programs(0)):
+        if work < total:
+            b = tl.sum((ends <= work).to(tl.int32), 0)
+            mine = r == b
+            mblk = work - tl.sum(tl.where(mine, ends - blocks, 0), 0)
+            ext = tl.sum(tl.where(mine, ext_all, 0), 0)
+            b64 = b.to(tl.int64)
+            seq = tl.load(seq_lens_ptr + b64).to(tl.int32)
+            q_start = tl.load(qo_ptr + b64).to(tl.int64)
+            _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b64, mblk, ext, seq, q_start,
+                          h, q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1, sm_scale_log2,
+                          GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                          BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC)
+        else:
+            # Padding rows belong to no request: zeros.
+            rows = (tail + (work - total) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+            d = tl.arange(0, BLOCK_D)
+            zeros = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+            tl.store(out_ptr + rows[:, None] * o_s0 + h * o_s1 + d[None, :],
+                     zeros.to(out_ptr.dtype.element_ty),
+                     mask=(rows < num_tokens)[:, None] & (d < HEAD_DIM)[None, :])
+
+
+def extend_programs(tokens: int, batch: int, block_m: int) -> int:
+    """Programs per query head. One per block of T tokens covers a single prefill or chunk
+    (and the padding rows); the spare ones take the extra partial blocks of further requests.
+    With more work than programs, each takes every G-th item: right for any composition."""
+    return triton.cdiv(tokens, block_m) + min(batch, SPARE_PROGRAMS) + 1
 
 
 def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -135,7 +150,7 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                   extend_lens=extend_lens, qo_indptr=qo_indptr)
     block_m = BLOCK_M if q.dtype != torch.float32 else min(BLOCK_M, 32)
     block_n = BLOCK_N if q.dtype != torch.float32 else min(BLOCK_N, 32)
-    grid = (extend_grid_blocks(tokens, batch, block_m), q_heads)
+    grid = (extend_programs(tokens, batch, block_m), q_heads)
     _extend_kernel[grid](
         q, k_cache, v_cache, req_to_token, seq_lens, extend_lens, qo_indptr, out, batch, tokens,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),

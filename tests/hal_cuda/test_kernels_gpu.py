@@ -53,7 +53,8 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref).norm() / ref.norm())
 
 
-@pytest.mark.parametrize("seq_lens", [[1], [4096], [17, 600, 2049, 3, 1024, 77, 4000, 256]])
+@pytest.mark.parametrize("seq_lens", [[1], [4096], [17, 600, 2049, 3, 1024, 77, 4000, 256],
+                                      [37 * (i % 9) + 1 for i in range(64)]])  # one split
 def test_decode_attention_bf16(seq_lens: list[int]) -> None:
     from tessera.hal.cuda.decode_attention import attention_decode
 

@@ -101,11 +101,15 @@ def test_attention_extend(kernels: dict[str, ModuleType], seq_lens: tuple[int, .
     torch.testing.assert_close(out, reference_op("attention_extend")(*args), **TOL)
 
 
-def test_attention_extend_static_launch_with_padding(kernels: dict[str, ModuleType]) -> None:
+@pytest.mark.parametrize("spare", [16, 0])  # 0: fewer programs than blocks, each loops
+def test_attention_extend_static_launch_with_padding(kernels: dict[str, ModuleType],
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     spare: int) -> None:
     """Decode rows interleaved with chunks of several blocks (fp32 blocks are 32 rows), more
     requests than one 16-wide lookup vector, then the same batch padded as a captured step
     pads it: the real rows are the reference's and identical with and without padding, the
     padding rows are zeros."""
+    monkeypatch.setattr(kernels["extend_attention"], "SPARE_PROGRAMS", spare)
     extend = (1, 70, 1, 33, 2, 1, 64, 1, 1, 5, 1, 1, 40, 1, 1, 1, 3, 1, 1, 1)
     prefix = (9, 0, 130, 12, 3, 1, 0, 64, 7, 31, 2, 90, 5, 16, 1, 4, 60, 11, 0, 33)
     seq_lens = tuple(p + e for p, e in zip(prefix, extend, strict=True))
@@ -121,6 +125,17 @@ def test_attention_extend_static_launch_with_padding(kernels: dict[str, ModuleTy
     t = case.q.shape[0]
     assert torch.equal(out_padded[:t], out)
     assert torch.equal(out_padded[t:], torch.zeros_like(out_padded[t:]))
+    # The decode rows alone, merged from several splits or written at once from one.
+    decode_rows = case.qo_indptr[:-1][case.extend_lens == 1].long()
+    for splits in (1, 3):
+        only = torch.full_like(out, 7.0)
+        kernels["decode_attention"].launch_decode(
+            case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens, only,
+            case.scale, extend_lens=case.extend_lens, qo_indptr=case.qo_indptr, splits=splits)
+        torch.testing.assert_close(only[decode_rows], out[decode_rows], **TOL)
+        others = torch.ones(t, dtype=torch.bool)
+        others[decode_rows] = False
+        assert bool((only[others] == 7.0).all())  # rows of longer extends left alone
 
 
 def test_attention_extend_of_decodes_only_and_of_padding_only(

@@ -3,6 +3,7 @@ weights, clear load errors, reproducible seeded sampling, logprobs through a rea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -129,11 +130,11 @@ def test_decode_graphs_are_captured_and_replayed_with_the_same_tokens(llama_fold
     replays them (here a stand-in runner that reruns the captured callable on the static
     buffers); batches larger than the largest graph run eagerly. Tokens do not change."""
     from tessera.hal.cpu import CpuPlatform
-    from tessera.hal.platform import Capabilities
     from tests.worker_proc.test_graph_decode import RerunRunner
 
     class CapturingCpu(CpuPlatform):
-        capabilities = Capabilities(graph_capture=True, max_capture_batch=4)
+        capabilities = dataclasses.replace(CpuPlatform.capabilities, graph_capture=True,
+                                           max_capture_batch=4)
 
         def create_graph_runner(self):
             return RerunRunner()

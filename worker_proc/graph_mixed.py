@@ -1,0 +1,158 @@
+"""Mixed and prefill steps through captured graphs: one graph per padded token count.
+
+A step that is not all decodes launches about ten kernels per layer, and launching them one by
+one costs the host more time than the device needs to run them, up to several hundred tokens
+(docs/performance.md). So steps of up to --graph-max-tokens tokens replay a graph captured at
+start-up for the smallest token bucket that holds them. The attention op's launch depends only
+on the shapes (hal/ops.py, attention_extend), so one graph serves every mix of decodes and
+prefill chunks that fits its bucket. ModelRunner uses it as
+
+    graphs = MixedGraphs(lambda inp: self.model(inp, self.kv), runner, max_tokens,
+                         max_requests, max_context_len, device)
+    graphs.capture_all()                                     # at start-up, largest first
+    if graphs.can_run(inputs): logits = graphs.run(inputs)   # else the eager forward
+
+A bucket of T_k tokens holds up to B_k = min(T_k, max_requests) requests (each brings at
+least one token) and as many sampled rows. Before each replay the unused part is padding:
+  tokens T .. T_k-1      id 0 at position 0, KV stored into slot 0 (page 0, reserved for
+                         padding: KVArena), owned by no request (attention gives them zeros);
+  requests B .. B_k-1    seq_len = extend_len = 0 and qo_indptr = T: no tokens, no KV read;
+  logits rows S .. B_k-1 token 0's, dropped.
+One set of static buffers sized for the largest bucket serves every bucket (views of its first
+rows), and every graph copies its logits into one shared buffer, so no graph keeps memory of
+its own alive after it ends: the capture pool only needs the largest graph's temporaries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from tessera.worker_proc.forward_inputs import ForwardInputs
+
+
+def token_buckets(max_tokens: int) -> list[int]:
+    """32, 64, 96, 128, 192, 256, then steps of 64 up to 512, of 128 up to 1024 and of 256
+    beyond, up to max_tokens (included). Up to about 256 tokens a step's matmuls cost what
+    reading the weights costs, so padding is nearly free there; beyond, it is compute and the
+    steps are finer."""
+    if max_tokens < 1:
+        return []
+    sizes = [32, 64, 96, 128, 192, 256]
+    sizes += list(range(320, 513, 64)) + list(range(640, 1025, 128))
+    sizes += list(range(1280, max_tokens + 1, 256))
+    sizes = [s for s in sizes if s <= max_tokens]
+    if not sizes or sizes[-1] != max_tokens:
+        sizes.append(max_tokens)
+    return sizes
+
+
+class MixedGraphs:
+    def __init__(self, forward: Callable[[ForwardInputs], torch.Tensor], runner: Any,
+                 max_tokens: int, max_requests: int, max_context_len: int,
+                 device: torch.device, buckets: Sequence[int] | None = None) -> None:
+        self.forward = forward
+        self.runner = runner  # a GraphRunner with capture(key, fn) / replay(key)
+        self.buckets = sorted(buckets) if buckets is not None else token_buckets(max_tokens)
+        self.max_requests = max_requests
+        self.max_context_len = max_context_len
+        n = self.buckets[-1] if self.buckets else 0
+        r = self.requests_for(n)
+
+        def zeros(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        self.input_ids = zeros(n, dtype=torch.int64)
+        self.token_rows = zeros(n, dtype=torch.int64)  # read by no captured op
+        self.positions = zeros(n, dtype=torch.int64)
+        self.out_slots = zeros(n, dtype=torch.int64)
+        self.req_to_token = zeros(r, max_context_len, dtype=torch.int32)
+        self.seq_lens = zeros(r, dtype=torch.int32)
+        self.extend_lens = zeros(r, dtype=torch.int32)
+        self.qo_indptr = zeros(r + 1, dtype=torch.int32)
+        self.logits_indices = zeros(r, dtype=torch.int64)
+        self.logits: torch.Tensor | None = None  # [B_k of the largest bucket, V]
+        self.outputs: dict[int, torch.Tensor] = {}
+
+    def requests_for(self, tokens: int) -> int:
+        """Requests (and sampled rows) a bucket of `tokens` holds."""
+        return min(tokens, self.max_requests)
+
+    def bucket_for(self, tokens: int) -> int | None:
+        fits = [s for s in self.buckets if s >= tokens]
+        return fits[0] if fits else None
+
+    def _static(self, tokens: int) -> ForwardInputs:
+        reqs = self.requests_for(tokens)
+        return ForwardInputs(
+            input_ids=self.input_ids[:tokens], token_rows=self.token_rows[:tokens],
+            positions=self.positions[:tokens], out_slots=self.out_slots[:tokens],
+            req_to_token=self.req_to_token[:reqs], seq_lens=self.seq_lens[:reqs],
+            extend_lens=self.extend_lens[:reqs], qo_indptr=self.qo_indptr[:reqs + 1],
+            logits_indices=self.logits_indices[:reqs], is_decode=False,
+            max_extend_len=tokens)  # an upper bound, as the op allows for captured steps
+
+    def capture_all(self) -> None:
+        """Capture every bucket, the largest first (the smaller ones' temporaries then fit in
+        the pool it reserved). The buffers hold padding only meanwhile: no request, no KV
+        read, every token stored into slot 0."""
+        if not self.buckets:
+            return
+        with torch.inference_mode():
+            probe = self.forward(self._static(self.buckets[0]))  # the logits' width and dtype
+            self.logits = torch.empty((self.requests_for(self.buckets[-1]), probe.shape[-1]),
+                                      dtype=probe.dtype, device=probe.device)
+            for tokens in reversed(self.buckets):
+                self.outputs[tokens] = self.runner.capture(
+                    ("mixed", tokens), lambda tokens=tokens: self._step(tokens))
+
+    def _step(self, tokens: int) -> torch.Tensor:
+        assert self.logits is not None
+        out = self.logits[:self.requests_for(tokens)]
+        out.copy_(self.forward(self._static(tokens)))
+        return out
+
+    def can_run(self, inputs: ForwardInputs) -> bool:
+        tokens = inputs.num_tokens
+        bucket = self.bucket_for(tokens)
+        if tokens == 0 or bucket is None or bucket not in self.outputs:
+            return False
+        reqs = self.requests_for(bucket)
+        return (0 < int(inputs.seq_lens.shape[0]) <= reqs
+                and int(inputs.logits_indices.shape[0]) <= reqs
+                and int(inputs.req_to_token.shape[1]) <= self.max_context_len)
+
+    def run(self, inputs: ForwardInputs) -> torch.Tensor:
+        """Logits [S, V] of the step's sampled rows: a view of the shared static buffer,
+        valid until the next run()."""
+        if not self.can_run(inputs):
+            raise ValueError(f"no graph for a step of {inputs.num_tokens} tokens and "
+                             f"{int(inputs.seq_lens.shape[0])} requests (buckets: "
+                             f"{sorted(self.outputs)})")
+        tokens, batch = inputs.num_tokens, int(inputs.seq_lens.shape[0])
+        sampled = int(inputs.logits_indices.shape[0])
+        bucket = self.bucket_for(tokens)
+        assert bucket is not None
+        reqs = self.requests_for(bucket)
+        width = int(inputs.req_to_token.shape[1])
+        self.input_ids[:tokens].copy_(inputs.input_ids)
+        self.positions[:tokens].copy_(inputs.positions)
+        self.out_slots[:tokens].copy_(inputs.out_slots)
+        self.req_to_token[:batch, :width].copy_(inputs.req_to_token)
+        self.seq_lens[:batch].copy_(inputs.seq_lens)
+        self.extend_lens[:batch].copy_(inputs.extend_lens)
+        self.qo_indptr[:batch + 1].copy_(inputs.qo_indptr)
+        self.logits_indices[:sampled].copy_(inputs.logits_indices)
+        if bucket > tokens:
+            for buf in (self.input_ids, self.positions, self.out_slots):
+                buf[tokens:bucket].zero_()
+        if reqs > batch:
+            self.seq_lens[batch:reqs].zero_()
+            self.extend_lens[batch:reqs].zero_()
+            self.qo_indptr[batch + 1:reqs + 1].fill_(tokens)
+        if reqs > sampled:
+            self.logits_indices[sampled:reqs].zero_()
+        self.runner.replay(("mixed", bucket))
+        return self.outputs[bucket][:sampled]

@@ -1,0 +1,126 @@
+"""CausalLM: what every model shares — its build context, the embedding, final norm and LM
+head, and checkpoint loading.
+
+A model is built on the meta device; each parameter is materialized on the real device when
+its first checkpoint tensor streams in (`load_weights`), so loading never holds two copies of
+the model. Every checkpoint tensor (Hugging Face names, `formats/layout.py`) has one or more
+`Target`s — the layer that takes it and which fused part it is — and the layer copies this
+rank's share of it (`layers/linear.py` holds the tensor-parallel layout).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from tessera.formats.config import ModelConfig
+from tessera.formats.errors import ModelFormatError, WeightShapeError
+from tessera.formats.layout import hf_tensor_shapes
+from tessera.hal.platform import Communicator, KVArena, Platform
+from tessera.worker_proc.forward_inputs import ForwardInputs
+from tessera.worker_proc.models.context import ModelContext
+from tessera.worker_proc.models.layers import (
+    LMHead,
+    RMSNorm,
+    Target,
+    Targets,
+    VocabEmbedding,
+    add_target,
+)
+from tessera.worker_proc.tp import TPShape
+
+
+class CausalLM(nn.Module):
+    """Subclasses build their layers in __init__ (after super().__init__) and define
+    `layer_targets` and `forward`."""
+
+    def __init__(self, config: ModelConfig, platform: Platform, *, dtype: torch.dtype,
+                 device: torch.device, max_positions: int, tp_rank: int = 0, tp_size: int = 1,
+                 communicator: Communicator | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.tp = TPShape.of(config, tp_rank, tp_size)
+        self.ctx = ModelContext(config, platform, self.tp, dtype, device, max_positions,
+                                communicator)
+        self.dtype, self.device, self.max_positions = dtype, device, max_positions
+        self.embed = VocabEmbedding(self.ctx, config.vocab_size, config.hidden_size)
+        self.final_norm = RMSNorm(self.ctx, config.hidden_size, config.rms_norm_eps,
+                                  unit_offset=self.norm_unit_offset)
+        self.lm_head = LMHead(self.ctx, config.vocab_size, config.hidden_size)
+
+    norm_unit_offset = False  # Gemma's norms scale by (1 + w)
+
+    @abstractmethod
+    def layer_targets(self) -> Targets:
+        """The checkpoint tensors of the decoder layers and where they go."""
+
+    @abstractmethod
+    def forward(self, inp: ForwardInputs, kv: KVArena) -> torch.Tensor:
+        """float32 logits [S, vocab] for the tokens at inp.logits_indices."""
+
+    def checkpoint_targets(self) -> Targets:
+        c = self.config
+        out = self.layer_targets()
+        add_target(out, "model.embed_tokens.weight", Target(self.embed))
+        add_target(out, "model.norm.weight", Target(self.final_norm))
+        if not c.tie_word_embeddings:
+            add_target(out, "lm_head.weight", Target(self.lm_head))
+        elif self.tp.size > 1:
+            # One rank shares the embedding as the head (tie()); several shard a copy of it.
+            add_target(out, "model.embed_tokens.weight", Target(self.lm_head))
+        return out
+
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named full tensors into this rank's (sharded, fused) parameters. Raises
+        WeightShapeError on a shape the config does not imply, ModelFormatError on a tensor
+        that is missing or unknown."""
+        c = self.config
+        expected = hf_tensor_shapes(c)
+        targets = self.checkpoint_targets()
+        seen: set[str] = set()
+        for name, tensor in tensors:
+            if name not in expected:
+                if name == "lm_head.weight" and c.tie_word_embeddings:
+                    continue  # some tied checkpoints store the head anyway
+                raise ModelFormatError(
+                    f"tensor {name!r} is not part of a {c.arch} model with this config "
+                    f"(qkv_bias={c.qkv_bias}, qk_norm={c.qk_norm}); does config.json match "
+                    f"the weights?")
+            if tuple(tensor.shape) != expected[name]:
+                raise WeightShapeError(
+                    f"tensor {name!r} has shape {tuple(tensor.shape)} but the model config "
+                    f"implies {expected[name]}; does config.json match the weights?")
+            if name not in targets:
+                raise ModelFormatError(f"the {c.arch} model has no place for tensor {name!r}")
+            for target in targets[name]:
+                target.load(tensor)
+            seen.add(name)
+        missing = sorted(set(expected) - seen)
+        if missing:
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise ModelFormatError(f"the checkpoint lacks {len(missing)} tensor(s): "
+                                   f"{', '.join(missing[:5])}{more}")
+        if c.tie_word_embeddings and self.tp.size == 1:
+            self.lm_head.tie(self.embed)
+        for module in self.modules():
+            finish = getattr(module, "finish_loading", None)
+            if finish is not None:
+                finish()
+        still_meta = [n for n, p in self.named_parameters() if p.is_meta]
+        if still_meta:
+            raise ModelFormatError(f"parameters never loaded: {', '.join(still_meta[:5])}")
+
+    def logits(self, h: torch.Tensor, residual: torch.Tensor | None,
+               inp: ForwardInputs) -> torch.Tensor:
+        """Final norm and LM head, only at the sampled positions (the vocabulary matmul is
+        large); float32 [S, vocab]."""
+        idx = inp.logits_indices
+        if residual is None:
+            h = self.final_norm(h.index_select(0, idx))
+        else:
+            h, _ = self.final_norm.add_forward(h.index_select(0, idx),
+                                               residual.index_select(0, idx))
+        return self.lm_head(h).float()  # type: ignore[no-any-return]

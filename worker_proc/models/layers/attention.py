@@ -1,0 +1,73 @@
+"""The attention block: fused q/k/v projection, optional per-head q/k norm, rotary embedding,
+KV store, paged attention (extend or decode) and the output projection."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from tessera.hal.platform import KVArena
+from tessera.worker_proc.forward_inputs import ForwardInputs
+from tessera.worker_proc.models.layers.linear import Linear, qkv_parts
+from tessera.worker_proc.models.layers.norm import RMSNorm
+from tessera.worker_proc.models.layers.params import Target, Targets, add_target
+
+if TYPE_CHECKING:
+    from tessera.worker_proc.models.context import ModelContext
+    from tessera.worker_proc.models.layers.rotary import RotaryEmbedding
+
+
+class Attention(nn.Module):
+    """One layer's self-attention on this rank's heads. `scale` defaults to head_dim^-0.5."""
+
+    def __init__(self, ctx: ModelContext, layer_index: int, rotary: RotaryEmbedding, *,
+                 head_dim: int, qkv_bias: bool = False, qk_norm: bool = False,
+                 norm_unit_offset: bool = False, scale: float | None = None) -> None:
+        super().__init__()
+        c, tp = ctx.config, ctx.tp
+        self.ctx, self.layer_index, self.rotary = ctx, layer_index, rotary
+        self.head_dim = head_dim
+        self.num_heads, self.num_kv_heads = tp.num_heads, tp.num_kv_heads
+        self.scale = head_dim ** -0.5 if scale is None else scale
+        self.qkv = Linear.column(ctx, c.hidden_size, qkv_parts(ctx, head_dim), bias=qkv_bias)
+        self.o = Linear.row(ctx, c.num_heads * head_dim, c.hidden_size)
+        self.q_norm = self.k_norm = None
+        if qk_norm:
+            self.q_norm = RMSNorm(ctx, head_dim, c.rms_norm_eps, unit_offset=norm_unit_offset)
+            self.k_norm = RMSNorm(ctx, head_dim, c.rms_norm_eps, unit_offset=norm_unit_offset)
+        self.store_kv = ctx.op("store_kv")
+        self.attention_extend = ctx.op("attention_extend")
+        self.attention_decode = ctx.op("attention_decode")
+
+    def targets(self, prefix: str) -> Targets:
+        """Hugging Face names under `prefix` (e.g. "model.layers.3.self_attn.")."""
+        out: Targets = {}
+        for part in ("q", "k", "v"):
+            add_target(out, f"{prefix}{part}_proj.weight", Target(self.qkv, "weight", part))
+            if self.qkv.has_bias:
+                add_target(out, f"{prefix}{part}_proj.bias", Target(self.qkv, "bias", part))
+        add_target(out, f"{prefix}o_proj.weight", Target(self.o))
+        if self.q_norm is not None and self.k_norm is not None:
+            add_target(out, f"{prefix}q_norm.weight", Target(self.q_norm))
+            add_target(out, f"{prefix}k_norm.weight", Target(self.k_norm))
+        return out
+
+    def forward(self, h: torch.Tensor, inp: ForwardInputs, kv: KVArena) -> torch.Tensor:
+        t, d, hq, hk = h.shape[0], self.head_dim, self.num_heads, self.num_kv_heads
+        q, k, v = self.qkv(h).split([hq * d, hk * d, hk * d], dim=-1)
+        q, k, v = q.reshape(t, hq, d), k.reshape(t, hk, d), v.reshape(t, hk, d)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm.heads(q), self.k_norm.heads(k)
+        q, k = self.rotary(inp.positions, q, k)
+        k_cache, v_cache = kv.k[self.layer_index], kv.v[self.layer_index]
+        self.store_kv(k_cache, v_cache, k, v, inp.out_slots)
+        if inp.is_decode:
+            o = self.attention_decode(q, k_cache, v_cache, inp.req_to_token, inp.seq_lens,
+                                      self.scale)
+        else:
+            o = self.attention_extend(q, k_cache, v_cache, inp.req_to_token, inp.seq_lens,
+                                      inp.extend_lens, inp.qo_indptr, self.scale,
+                                      max_extend_len=inp.max_extend_len)
+        return self.o(o.reshape(t, hq * d))  # type: ignore[no-any-return]
