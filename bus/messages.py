@@ -297,8 +297,10 @@ def _empty_u8() -> np.ndarray:
 class GenerateRequest(Message):
     """A generation request. Exactly one of `prompt`, `messages`, `input_ids` is given.
 
-    `messages` are OpenAI chat messages ({"role", "content"}); the tokenizer applies the model's
-    chat template. `reply_to` is the client's own PULL endpoint.
+    `messages` are OpenAI chat messages ({"role", "content"}, an assistant's "tool_calls", a
+    tool result's "tool_call_id"); the tokenizer applies the model's chat template, with
+    `tools` (OpenAI function tools) and `chat_template_kwargs` (extra template variables, such
+    as Qwen 3's enable_thinking). `reply_to` is the client's own PULL endpoint.
     """
 
     rid: str
@@ -311,6 +313,8 @@ class GenerateRequest(Message):
     priority: int = 0
     add_generation_prompt: bool = True
     arrival_time: float = 0.0
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 @register
@@ -598,7 +602,8 @@ class StatusRequest(Message):
 @register
 @dataclass(frozen=True)
 class StatusReply(Message):
-    """processes: name -> {"alive": bool, "pid": int, "age_s": float, "stats": {...}}."""
+    """processes: name -> {"alive": bool, "pid": int, "age_s": float, "ready": bool,
+    "stats": {...} (last heartbeat), "info": {...} (its Ready info)}."""
 
     nonce: int
     processes: dict[str, dict[str, Any]]

@@ -157,6 +157,8 @@ class WorkerProcess(BusProcess):
                 "forward_ms_avg": self.forward_ms_total / self.steps if self.steps else 0.0}
 
     def teardown(self) -> None:
+        if self.runner is not None and self.runner.grammar is not None:
+            self.runner.grammar.compiler.close()  # idle compile threads must not hold exit
         if self.table is not None:
             self.table.close()
         if self.results is not None:

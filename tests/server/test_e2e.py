@@ -173,7 +173,9 @@ def test_bad_inputs_through_the_engine_then_it_keeps_serving(serve: Serve) -> No
 
     too_long = [{"role": "user", "content": "hello " * 9000}]
     status, body = post({"messages": too_long, "max_tokens": 4})
-    assert status == 413 and "context" in check_error_body(body, 413)["message"]
+    err = check_error_body(body, 400)
+    assert status == 400 and "context" in err["message"]
+    assert err["code"] == "context_length_exceeded"
     status, body = post({"messages": MESSAGES, "max_tokens": 4, "stop_token_ids": [10**6]})
     assert status == 400 and check_error_body(body, 400)["param"] == "stop_token_ids"
     status, body = post({"messages": MESSAGES, "max_tokens": 4, "temperature": 0})

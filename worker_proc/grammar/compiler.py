@@ -10,6 +10,7 @@ compile, in the pool as well.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -21,6 +22,9 @@ from tessera.bus.messages import GrammarSpec
 log = logging.getLogger(__name__)
 
 CACHE_ENTRIES = 256
+# xgrammar's messages start with its C++ log location: "[12:00:00] /path/x.cc:12: Check
+# failed: (cond) is false: Failed to parse JSON ...". The user needs only the last part.
+_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?")
 
 
 class GrammarCompileError(ValueError):
@@ -89,10 +93,11 @@ class GrammarCompiler:
                     return compiler.compile_grammar(spec.spec)
                 return compiler.compile_lark(spec.spec)  # Lark, with a `start` rule
         except Exception as exc:  # xgrammar raises RuntimeError / ValueError subclasses
-            detail = str(exc).strip().splitlines()
+            lines = str(exc).strip().splitlines()
+            detail = _LOG_PREFIX.sub("", lines[0]) if lines else type(exc).__name__
             raise GrammarCompileError(
                 f"{spec.param}: the {spec.kind.replace('_', ' ')} cannot be used: "
-                f"{detail[0] if detail else type(exc).__name__}") from None
+                f"{detail}") from None
         raise GrammarCompileError(f"{spec.param}: unknown grammar kind {spec.kind!r}")
 
     def close(self) -> None:
