@@ -103,6 +103,9 @@ class EngineConfig(BatchingConfig):
     hal: str | None = _opt(None, "hardware plugin (cpu, cuda, ...); default: TESSERA_HAL, "
                            "else the best available")
     tp_size: int = _opt(1, "tensor-parallel ranks (one worker process per device)")
+    ep_size: int = _opt(1, "expert parallelism for Mixture-of-Experts layers: the TP ranks "
+                        "form ep_size groups, each holding 1/ep_size of the experts (whole "
+                        "experts when ep_size == tp_size); must divide --tp-size")
     graph_max_tokens: int = _opt(1024, "largest prefill or mixed step (in tokens) replayed "
                                  "from a captured graph; larger ones run eagerly (0: capture "
                                  "decode steps only)")
