@@ -320,10 +320,13 @@ class GenerateRequest(Message):
 @register
 @dataclass(frozen=True)
 class AbortRequest(Message):
-    """Abort a request (client gone, timeout, explicit). Sent to the tokenizer, forwarded on."""
+    """Abort a request (client gone, timeout, explicit). Sent to the tokenizer, forwarded on.
+    `index`: only that sample of an n > 1 request (the detokenizer ends a choice that matched
+    a stop string while the others go on); None: every sample."""
 
     rid: str
     reason: str = "abort"
+    index: int | None = None
 
 
 # --------------------------------------------------------------------------------------------

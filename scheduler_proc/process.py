@@ -143,7 +143,7 @@ class SchedulerProcess(BusProcess):
                     log.info("refused %s: %s", msg.rid, error.message)
                     self._emit(error)
             elif isinstance(msg, AbortRequest):
-                sched.abort(msg.rid, msg.reason)
+                sched.abort(msg.rid, msg.reason, msg.index)
             elif isinstance(msg, GrammarReady):
                 sched.on_grammar_ready(msg)
             elif isinstance(msg, FlushCache):

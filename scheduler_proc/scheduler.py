@@ -158,15 +158,24 @@ class Scheduler:
     def grammars_compiling(self) -> int:
         return len(self._grammar_waiting)
 
-    def abort(self, rid: str, reason: str = "abort") -> bool:
-        """Stop every sample of `rid` now; the detokenizer hears a final "abort" (or "stop"
-        when the detokenizer itself matched a stop string)."""
+    def abort(self, rid: str, reason: str = "abort", index: int | None = None) -> bool:
+        """Stop every sample of `rid` (or only sample `index`) now; the detokenizer hears a
+        final "abort" (or "stop" when the detokenizer itself matched a stop string)."""
         req = self.requests.get(rid)
         if req is None:
             return False
         finish = "stop" if reason == "stop" else "abort"
-        req.fork_pending = []
-        for seq in req.seqs:
+        if index is None:
+            req.fork_pending = []
+            chosen = req.seqs
+        else:
+            chosen = [s for s in req.seqs if s.index == index]
+            req.fork_pending = [s for s in req.fork_pending if s.index != index]
+            if index == 0 and req.fork_pending:
+                for sib in req.fork_pending:  # they waited for its prompt: compute it alone
+                    self.waiting.push(sib)
+                req.fork_pending = []
+        for seq in chosen:
             if seq.state is SeqState.FINISHED:
                 continue
             self._drop(seq)

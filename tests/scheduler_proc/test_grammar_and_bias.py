@@ -104,3 +104,19 @@ def test_logit_bias_outside_the_vocabulary_is_refused() -> None:
     sched = make(vocab_size=50)
     error = sched.add_request(make_request("a", prompt(8), logit_bias={50: 1.0}))
     assert error is not None and error.status == 400 and error.param == "logit_bias"
+
+
+def test_aborting_one_sample_leaves_the_others_running() -> None:
+    sched = make()
+    worker = FakeWorker(sched)
+    sched.add_request(make_request("r", prompt(8), max_tokens=6, ignore_eos=True, n=3))
+    collected = Collected()
+    for _ in range(3):
+        collected.add(sched.on_result(worker.step(sched.next_batch())))
+    assert sched.abort("r", "stop", index=1)
+    drive(sched, worker, collected)
+    assert collected.finish[("r", 1)] == ["stop"]
+    assert collected.finish[("r", 0)] == ["length"] == collected.finish[("r", 2)]
+    assert len(collected.tokens[("r", 0)]) == 6 > len(collected.tokens[("r", 1)])
+    assert "r" not in sched.requests
+    sched.check_invariant()

@@ -39,7 +39,7 @@ def free_port() -> int:
 class Serve:
     """`tessera serve` on the default model with a small KV cache, as a child process."""
 
-    def __init__(self) -> None:
+    def __init__(self, *extra: str) -> None:
         self.port = free_port()
         self.run_dir = os.path.join(tempfile.mkdtemp(prefix="tse-"), "run")
         self.url = f"http://127.0.0.1:{self.port}"
@@ -49,7 +49,7 @@ class Serve:
             [sys.executable, "-m", "tessera", "serve", "--port", str(self.port),
              "--run-dir", self.run_dir,
              "--hal", "cpu", "--max-total-tokens", "4096", "--heartbeat-timeout-s", "60",
-             "--drain-timeout-s", "120"],  # shared CI machines can be very slow
+             "--drain-timeout-s", "120", *extra],  # shared CI machines can be very slow
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
