@@ -53,6 +53,7 @@ class AsyncStream(StreamBase):
         if tracker.done:
             tracker.close()
             raise StopAsyncIteration
+        self._check_overflow()
         timeout = self._next_timeout()
         try:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
@@ -114,7 +115,8 @@ class AsyncClient(ClientBase):
                                     self._deliver(asyncio.get_running_loop(), replies),
                                     messages=messages, input_ids=input_ids, stream=stream,
                                     rid=rid, priority=priority,
-                                    add_generation_prompt=add_generation_prompt)
+                                    add_generation_prompt=add_generation_prompt,
+                                    buffer_limit=self.buffer_limit)
         try:
             await self._send(req)
         except BaseException:

@@ -41,6 +41,7 @@ class Stream(StreamBase):
         if tracker.done:
             tracker.close()
             raise StopIteration
+        self._check_overflow()
         timeout = self._next_timeout()
         try:
             item = self._replies.get(timeout=timeout)
@@ -80,7 +81,8 @@ class Client(ClientBase):
         req, tracker = open_request(self.conn, prompt, sampling, sampling_kwargs, replies.put,
                                     messages=messages, input_ids=input_ids, stream=stream,
                                     rid=rid, priority=priority,
-                                    add_generation_prompt=add_generation_prompt)
+                                    add_generation_prompt=add_generation_prompt,
+                                    buffer_limit=self.buffer_limit)
         try:
             self.conn.send_generate(req)
         except BaseException:

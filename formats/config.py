@@ -1,5 +1,5 @@
-"""ModelConfig: the one normalized description of a Llama-family model, whatever file it came
-from (a Hugging Face config.json, GGUF metadata, a benchmark config)."""
+"""ModelConfig: the one normalized description of a model, whatever file it came from (a
+Hugging Face config.json, GGUF metadata, a benchmark config)."""
 
 from __future__ import annotations
 
@@ -7,20 +7,32 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from tessera.formats.config_moe import MoEConfig, moe_from_hf, moe_to_hf
 from tessera.formats.errors import ModelFormatError, UnsupportedModelError
 
-# model_type -> (qkv bias by default, q/k norm). Mistral and Llama share one implementation.
-SUPPORTED_ARCHS: dict[str, tuple[bool, bool]] = {
-    "llama": (False, False),
-    "mistral": (False, False),
-    "qwen2": (True, False),
-    "qwen3": (False, True),
-}
-_HF_ARCH_NAMES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
+
+@dataclass(frozen=True)
+class ArchTraits:
+    """What a model_type implies that its config.json does not always say."""
+
+    hf_class: str  # transformers' class name (`architectures` in config.json)
+    qkv_bias: bool = False  # default when config.json has no attention_bias
+    qk_norm: bool = False
+    moe_style: str | None = None  # formats/config_moe.py; None: a dense model
+
+
+# model_type -> traits: the model types formats can normalize. Each has an implementation
+# registered under the same name in worker_proc/models.
+SUPPORTED_ARCHS: dict[str, ArchTraits] = {
+    "llama": ArchTraits("LlamaForCausalLM"),
+    "mistral": ArchTraits("MistralForCausalLM"),
+    "qwen2": ArchTraits("Qwen2ForCausalLM", qkv_bias=True),
+    "qwen3": ArchTraits("Qwen3ForCausalLM", qk_norm=True),
+    "mixtral": ArchTraits("MixtralForCausalLM", moe_style="mixtral"),
+    "qwen2_moe": ArchTraits("Qwen2MoeForCausalLM", qkv_bias=True, moe_style="qwen2_moe"),
+    "qwen3_moe": ArchTraits("Qwen3MoeForCausalLM", qk_norm=True, moe_style="qwen3_moe"),
+    # DeepSeek-V3 routing (sigmoid, grouped, shared experts) on Qwen3 attention.
+    "dots1": ArchTraits("Dots1ForCausalLM", qk_norm=True, moe_style="deepseek"),
 }
 
 
@@ -46,6 +58,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     # The dtype the weights are stored in: informational, not part of the model's identity.
     source_dtype: str = field(default="float32", compare=False)
+    moe: MoEConfig | None = None  # Mixture-of-Experts layers; None: every MLP is dense
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:
@@ -61,6 +74,10 @@ class ModelConfig:
         if self.num_heads % self.num_kv_heads:
             raise ModelFormatError(f"model config: num_attention_heads ({self.num_heads}) must "
                                    f"be a multiple of num_key_value_heads ({self.num_kv_heads})")
+        style = SUPPORTED_ARCHS[self.arch].moe_style
+        if style != (self.moe.style if self.moe is not None else None):
+            raise ModelFormatError(f"model config: a {self.arch} model needs "
+                                   f"{'MoE settings of style ' + style if style else 'no MoE'}")
         if self.head_dim % 2:
             raise ModelFormatError(f"model config: head_dim must be even for RoPE, got "
                                    f"{self.head_dim}")
@@ -82,7 +99,7 @@ class ModelConfig:
         arch = data.get("model_type")
         if arch is None:
             names = data.get("architectures") or []
-            arch = next((k for k, v in _HF_ARCH_NAMES.items() if v in names), None)
+            arch = next((k for k, v in SUPPORTED_ARCHS.items() if v.hf_class in names), None)
         if arch not in SUPPORTED_ARCHS:
             raise UnsupportedModelError(
                 f"model_type {arch!r} (architectures {data.get('architectures')}) is not "
@@ -95,7 +112,7 @@ class ModelConfig:
             vocab = int(data["vocab_size"])
         except KeyError as exc:
             raise ModelFormatError(f"config.json lacks the required key {exc.args[0]!r}") from None
-        default_bias, qk_norm = SUPPORTED_ARCHS[arch]
+        traits = SUPPORTED_ARCHS[arch]
         # transformers 5 folds rope_theta and the scaling dict into rope_parameters.
         params = dict(data.get("rope_parameters") or {})
         theta = data.get("rope_theta") or params.pop("rope_theta", None) or 10000.0
@@ -122,19 +139,20 @@ class ModelConfig:
             rope_theta=float(theta),
             max_position_embeddings=int(data.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
-            qkv_bias=bool(data.get("attention_bias", default_bias)),
-            qk_norm=qk_norm,
+            qkv_bias=bool(data.get("attention_bias", traits.qkv_bias)),
+            qk_norm=traits.qk_norm,
             rope_scaling=scaling,
             bos_token_id=data.get("bos_token_id"),
             eos_token_ids=eos_ids,
             source_dtype=str(data.get("torch_dtype") or data.get("dtype") or "float32"),
+            moe=None if traits.moe_style is None else moe_from_hf(traits.moe_style, data, layers),
         )
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A config.json that transformers reads back as the same model (used by tests and by
         anyone who wants to check tessera against transformers)."""
         out: dict[str, Any] = {
-            "architectures": [_HF_ARCH_NAMES[self.arch]],
+            "architectures": [SUPPORTED_ARCHS[self.arch].hf_class],
             "model_type": self.arch,
             "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_layers,
@@ -153,6 +171,8 @@ class ModelConfig:
             "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1
             else self.eos_token_ids[0],
         }
-        if self.arch != "qwen2":
+        if self.arch not in ("qwen2", "qwen2_moe"):
             out["attention_bias"] = self.qkv_bias
+        if self.moe is not None:
+            out.update(moe_to_hf(self.moe, self.num_layers))
         return out

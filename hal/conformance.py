@@ -222,6 +222,43 @@ def test_silu_and_mul(hal_platform: Platform, dtype: torch.dtype, tokens: int,
     _close(out, _ref("silu_and_mul", x), dtype)
 
 
+@pytest.mark.parametrize("tokens,inner", [(0, 64), (1, 64), (6, 1536)])
+def test_gelu_tanh_and_mul(hal_platform: Platform, dtype: torch.dtype, tokens: int,
+                           inner: int) -> None:
+    x = _rand((tokens, 2 * inner), dtype, 41) * 3  # reaches the flat tails of tanh
+    out = hal_platform.op("gelu_tanh_and_mul")(*_on(hal_platform, x))
+    assert out.shape == (tokens, inner)
+    _close(out, _ref("gelu_tanh_and_mul", x), dtype)
+
+
+# tokens, experts, top_k, hidden, inner: decode-sized and prefill-sized batches, an expert
+# count that leaves some experts without tokens, sizes that are not powers of two
+MOE_CASES = {"one_token": (1, 8, 2, 64, 32), "decode": (5, 8, 2, 96, 80),
+             "prefill": (70, 6, 3, 64, 48), "empty": (0, 4, 2, 64, 32)}
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("case", sorted(MOE_CASES))
+def test_fused_moe(hal_platform: Platform, dtype: torch.dtype, case: str,
+                   activation: str) -> None:
+    tokens, experts, top_k, hidden, inner = MOE_CASES[case]
+    x = _rand((tokens, hidden), dtype, 42)
+    # Weights scaled so that every stage has unit-order values (the tolerances then mean the
+    # same thing at every size).
+    w13 = (_rand((experts, 2 * inner, hidden), dtype, 43).float() / math.sqrt(hidden)).to(dtype)
+    w2 = (_rand((experts, hidden, inner), dtype, 44).float() / math.sqrt(inner)).to(dtype)
+    scores = torch.softmax(_rand((tokens, experts), torch.float32, 45), dim=-1)
+    weights, ids = scores.topk(top_k, dim=-1)
+    ids = ids.to(torch.int32)
+    if tokens > 1:
+        ids[0, 0] = -1  # experts held by other ranks add nothing
+        ids[1, top_k - 1] = experts + 3
+    out = hal_platform.op("fused_moe")(*_on(hal_platform, x, w13, w2, weights, ids),
+                                       activation=activation)
+    assert out.shape == x.shape
+    _close(out, _ref("fused_moe", x, w13, w2, weights, ids, activation), dtype)
+
+
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("tokens", [0, 1, 13])
 def test_linear(hal_platform: Platform, dtype: torch.dtype, tokens: int, with_bias: bool) -> None:

@@ -13,6 +13,9 @@ L = row length of the page table. Integer index tensors may be int32 or int64.
         rotate-half (NeoX / Hugging Face Llama) style; cos_sin[p, :D//2] is cos, [p, D//2:] is
         sin of position p (build it with `hal.rope.cos_sin_cache`, which applies rope scaling)
     silu_and_mul(x[T, 2I]) -> [T, I]                  silu(x[:, :I]) * x[:, I:]
+    gelu_tanh_and_mul(x[T, 2I]) -> [T, I]             gelu_tanh(x[:, :I]) * x[:, I:]
+        gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (Gemma's MLP). Both
+        compute in fp32 and round once to x.dtype.
     linear(x[T, In], weight[Out, In], bias[Out] | None) -> [T, Out]
         A quantized weight (hal/quant: QuantizedWeight of scheme fp8, int8 or int4) goes
         through `platform.linear_kernel(scheme)` instead, resolved once per layer: the same
@@ -37,6 +40,17 @@ L = row length of the page table. Integer index tensors may be int32 or int64.
     attention_decode(q[B, Hq, D], k_cache, v_cache, req_to_token[B, L], seq_lens[B],
                      scale: float) -> [B, Hq, D]
         attention_extend with extend_lens == 1, for static decode shapes (graph capture).
+    fused_moe(x[T, H], w13[E, 2I, H], w2[E, H, I], topk_weights[T, K] float32, topk_ids[T, K],
+              activation: str = "silu") -> [T, H]
+        The Mixture-of-Experts MLP over the E experts this rank holds: for every token t and
+        choice k whose expert e = topk_ids[t, k] is in [0, E),
+            out[t] += topk_weights[t, k] * (w2[e] @ act_and_mul(w13[e] @ x[t]))
+        with act_and_mul = silu_and_mul ("silu") or gelu_tanh_and_mul ("gelu_tanh") on the
+        [gate | up] rows of w13. A choice outside [0, E) adds nothing: expert parallelism
+        marks the experts held by other ranks so. Each expert's gate/up product and its
+        activation are rounded to x.dtype (as separate linears would be); the weighted sum
+        over the K choices may be accumulated in fp32; the output is in x.dtype. How tokens
+        are grouped by expert (sorting, padding, grouped GEMM) is the plugin's business.
     sample(logits[B, V] float32, params: SamplingTensors) -> token ids int64[B]
         temperature == 0 (or top_k == 1) is greedy (argmax, lowest index on ties). Otherwise
         logits / temperature, then top-k (k <= 0: off), top-p, min-p filtering, then a draw.
@@ -64,10 +78,12 @@ OP_NAMES: tuple[str, ...] = (
     "fused_add_rms_norm",
     "rotary_embedding",
     "silu_and_mul",
+    "gelu_tanh_and_mul",
     "linear",
     "store_kv",
     "attention_extend",
     "attention_decode",
+    "fused_moe",
     "sample",
     "apply_token_mask",
 )
@@ -79,6 +95,11 @@ class SamplingTensors:
 
     all_greedy lets a plugin skip the random path when every row is greedy.
     offsets: tokens the request generated so far (the seeded stream's position).
+    The host knows the parameters, so it may also say which filters any row uses: any_top_k
+    (some top_k > 0), any_top_p (some top_p < 1), any_min_p (some min_p > 0) and max_top_k
+    (the largest top_k, 0 if none). A plugin then needs no read-back from the device to choose
+    its path; None means unknown (it may read the tensors). Each is a superset: a flag set
+    for rows whose filter turns out to be off (top_k >= V) changes nothing but the work.
     """
 
     temperature: torch.Tensor  # float32 [B]
@@ -88,3 +109,7 @@ class SamplingTensors:
     seeds: torch.Tensor  # int64 [B], -1 = unseeded
     offsets: torch.Tensor  # int64 [B]
     all_greedy: bool = False
+    any_top_k: bool | None = None
+    any_top_p: bool | None = None
+    any_min_p: bool | None = None
+    max_top_k: int | None = None

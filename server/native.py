@@ -128,5 +128,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
             await sse.send(choices[index].body(rid, index, started, want_logprobs))
 
         if await gen.relay(sse, first, emit):
-            await sse.done()
+            try:
+                await sse.done()
+            except ConnectionResetError:
+                pass  # the client left (or stopped reading) at the very end
         return sse.response

@@ -63,6 +63,10 @@ class BatchingConfig:
     page_size: int = _opt(16, "tokens per KV page (prefix-cache granularity)")
     max_running_requests: int = _opt(256, "requests decoded together at most")
     chunked_prefill_size: int = _opt(2048, "prefill tokens per step at most (0: no chunking)")
+    step_target_ms: float = _opt(1000.0, "while other requests decode or wait, prefill chunks "
+                                 "are cut to about this much work per step at the measured "
+                                 "speed, so a long prompt on a slow device cannot hold them "
+                                 "for tens of seconds (0: --chunked-prefill-size only)")
     max_queued_requests: int = _opt(4096, "waiting requests before new ones get 503")
     disable_radix_cache: bool = _opt(False, "turn off prefix reuse")
     schedule_policy: str = _opt("fcfs", "fcfs | priority (higher `priority` first, then "
@@ -91,10 +95,17 @@ class EngineConfig(BatchingConfig):
     served_model_name: str | None = _opt(None, "model id shown by /v1/models")
     context_length: int | None = _opt(None, "override the model's maximum context length")
     seed: int = _opt(0, "seed for dummy weights and unseeded sampling")
+    allowed_special_tokens: str = _opt("", "special tokens (comma-separated, e.g. "
+                                       "'<|im_end|>') that chat messages may hold as control "
+                                       "tokens; any other special token's text inside a "
+                                       "message is tokenized as plain text")
     # --- hardware ----------------------------------------------------------------------------
     hal: str | None = _opt(None, "hardware plugin (cpu, cuda, ...); default: TESSERA_HAL, "
                            "else the best available")
     tp_size: int = _opt(1, "tensor-parallel ranks (one worker process per device)")
+    ep_size: int = _opt(1, "expert parallelism for Mixture-of-Experts layers: the TP ranks "
+                        "form ep_size groups, each holding 1/ep_size of the experts (whole "
+                        "experts when ep_size == tp_size); must divide --tp-size")
     graph_max_tokens: int = _opt(1024, "largest prefill or mixed step (in tokens) replayed "
                                  "from a captured graph; larger ones run eagerly (0: capture "
                                  "decode steps only)")
@@ -118,6 +129,9 @@ class EngineConfig(BatchingConfig):
     breaker_failures: int = _opt(5, "timeouts in a row that open the circuit breaker")
     breaker_cooldown_s: float = _opt(5.0, "seconds before an open breaker half-opens")
     request_timeout_s: float = _opt(600.0, "a request with no progress this long is aborted")
+    stream_buffer_outputs: int = _opt(1024, "outputs a streaming reader may leave unread "
+                                      "before its request is aborted (a reader that stopped "
+                                      "reading must not make the engine work for nobody)")
     step_timeout_s: float = _opt(120.0, "a worker step unanswered this long fails its "
                                  "requests with 503 (the engine stays up)")
     log_level: str = _opt("info", "debug | info | warning | error")
@@ -127,6 +141,10 @@ class EngineConfig(BatchingConfig):
         if self.intra_op_threads < 0:
             raise ValueError(f"intra_op_threads must be 0 (automatic) or positive, got "
                              f"{self.intra_op_threads}")
+
+    @property
+    def allowed_special(self) -> frozenset[str]:
+        return frozenset(t.strip() for t in self.allowed_special_tokens.split(",") if t.strip())
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
@@ -185,5 +203,8 @@ class ServerConfig(EngineConfig):
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' (or TESSERA_API_KEY)")
     disable_warmup: bool = _opt(False, "skip the warm-up request before reporting ready")
     drain_timeout_s: float = _opt(10.0, "on SIGTERM, wait this long for in-flight requests")
+    stream_stall_timeout_s: float = _opt(30.0, "a streaming HTTP client that takes no data "
+                                         "for this long is disconnected and its request "
+                                         "aborted")
     max_concurrent_requests: int = _opt(0, "HTTP generation requests in flight before new "
                                         "ones get 429 (0: max_running + max_queued requests)")

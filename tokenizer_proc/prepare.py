@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from tessera.bus.messages import ErrorReply, GenerateRequest, SamplingParams, TokenizedRequest
+from tessera.formats.chat_guard import ChatTokenError
 from tessera.formats.chat_template import ChatTemplateError
 from tessera.formats.tokenizer import ModelTokenizer, TokenizerError
 
@@ -86,7 +87,8 @@ def _check_chars(chars: int, what: str, param: str, tok: ModelTokenizer,
                        f"shorten it", param)
 
 
-def _prompt_ids(req: GenerateRequest, tok: ModelTokenizer, context: int | None) -> list[int]:
+def _prompt_ids(req: GenerateRequest, tok: ModelTokenizer, context: int | None,
+                allowed_special: frozenset[str]) -> list[int]:
     given = [name for name in ("prompt", "messages", "input_ids")
              if getattr(req, name) is not None]
     if len(given) != 1:
@@ -112,12 +114,11 @@ def _prompt_ids(req: GenerateRequest, tok: ModelTokenizer, context: int | None) 
         _check_chars(sum(len(m["content"]) for m in messages), "the messages' content",
                      "messages", tok, context)
         try:
-            text = tok.apply_chat_template(messages, req.add_generation_prompt)
-        except (ChatTemplateError, TokenizerError) as exc:
+            # As transformers' apply_chat_template(tokenize=True): the template writes BOS
+            # itself; a special token's text inside a message stays text (chat_guard.py).
+            return tok.encode_chat(messages, req.add_generation_prompt, allowed_special)
+        except (ChatTemplateError, ChatTokenError, TokenizerError) as exc:
             raise _bad(str(exc), "messages") from None
-        _check_chars(len(text), "the chat prompt", "messages", tok, context)
-        # As transformers' apply_chat_template(tokenize=True): the template writes BOS itself.
-        return tok.encode(text, add_special_tokens=False)
     ids = np.asarray(req.input_ids)
     if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
         raise _bad(f"input_ids must be a flat list of integers, got {ids.dtype} {ids.shape}",
@@ -165,16 +166,17 @@ def _fit_context(n_prompt: int, sp: SamplingParams, context: int | None) -> Samp
     return sp
 
 
-def prepare(req: GenerateRequest, tok: ModelTokenizer,
-            context_length: int | None) -> TokenizedRequest | ErrorReply:
-    """The TokenizedRequest for `req`, or the ErrorReply to send to its reply_to."""
+def prepare(req: GenerateRequest, tok: ModelTokenizer, context_length: int | None,
+            allowed_special: frozenset[str] = frozenset()) -> TokenizedRequest | ErrorReply:
+    """The TokenizedRequest for `req`, or the ErrorReply to send to its reply_to.
+    `allowed_special`: special tokens a chat message may hold as control tokens."""
     try:
         sampling = _check_sampling(req.sampling, tok)
         if not isinstance(req.stream, bool):
             raise _bad("stream must be true or false", "stream")
         if isinstance(req.priority, bool) or not isinstance(req.priority, int):
             raise _bad("priority must be an integer", "priority")
-        ids = _prompt_ids(req, tok, context_length)
+        ids = _prompt_ids(req, tok, context_length, allowed_special)
         if not ids:
             raise _bad("the prompt encodes to no tokens; send some text", "prompt")
         sampling = _fit_context(len(ids), sampling, context_length)

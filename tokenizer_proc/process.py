@@ -90,7 +90,8 @@ class TokenizerProcess(BusProcess):
                                                  message="rid must be a non-empty string",
                                                  param="rid", reply_to=req.reply_to))
             return
-        result = prepare(req, self.tokenizer, self.context_length)
+        result = prepare(req, self.tokenizer, self.context_length,
+                         self.config.allowed_special)
         if isinstance(result, ErrorReply):
             self.counts["rejected"] += 1
             self._reply(req.reply_to, result)

@@ -185,6 +185,8 @@ class Sampler:
 
         temperature = np.asarray(batch.temperature, np.float32)[sel]
         top_k = np.asarray(batch.top_k, np.int32)[sel]
+        top_p = np.asarray(batch.top_p, np.float32)[sel]
+        min_p = np.asarray(batch.min_p, np.float32)[sel]
         return SamplingTensors(
             temperature=dev(batch.temperature, np.float32),
             top_p=dev(batch.top_p, np.float32),
@@ -193,4 +195,7 @@ class Sampler:
             seeds=dev(batch.seeds, np.int64),
             offsets=dev(batch.output_lens, np.int64),
             all_greedy=bool(((temperature == 0) | (top_k == 1)).all()),
+            # which filters are in use, known here: the plugin need not read them back
+            any_top_k=bool((top_k > 0).any()), any_top_p=bool((top_p < 1.0).any()),
+            any_min_p=bool((min_p > 0.0).any()), max_top_k=int(top_k.max(initial=0)),
         )

@@ -41,6 +41,42 @@ SPARE_PROGRAMS = 16  # per head, beyond one per BLOCK_M tokens (see extend_progr
 
 
 @triton.jit
+def _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i, l_i, acc, c_s0, c_s1,
+                 sm_scale_log2, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr, MASKED: tl.constexpr):
+    """One BLOCK_N tile of keys for a block of queries. Unmasked tiles (wholly before the
+    block's first query position, every key allowed) skip the position masks entirely."""
+    pos = n0 + tl.arange(0, BLOCK_N)
+    pmask = pos < end
+    if MASKED:
+        slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
+    else:
+        slot = tl.load(row_base + pos).to(tl.int64)
+    kv_off = slot[:, None] * c_s0 + kh * c_s1 + d[None, :]
+    if MASKED:
+        kvmask = pmask[:, None] & (d < HEAD_DIM)[None, :]
+        k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
+        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
+    elif HEAD_DIM == BLOCK_D:
+        k = tl.load(kc_ptr + kv_off)
+        v = tl.load(vc_ptr + kv_off)
+    else:
+        k = tl.load(kc_ptr + kv_off, mask=(d < HEAD_DIM)[None, :], other=0.0)
+        v = tl.load(vc_ptr + kv_off, mask=(d < HEAD_DIM)[None, :], other=0.0)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * sm_scale_log2
+    if MASKED:
+        qk = tl.where(pmask[None, :] & (pos[None, :] <= qpos[:, None]), qk, float("-inf"))
+    # Position 0 is allowed for every row, so the first tile gives each row a finite max and
+    # later fully-masked tiles cannot produce -inf - -inf.
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    p = tl.exp2(qk - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b, mblk, ext, seq, q_start, h,
                   q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1, sm_scale_log2,
                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -62,25 +98,18 @@ def _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b, mblk, ext, seq, q_
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     end = tl.minimum(seq, prefix + (mblk + 1) * BLOCK_M)
     row_base = rtt_ptr + b * rtt_s0
-    for n0 in range(0, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        pmask = pos < end
-        slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
-        kv_off = slot[:, None] * c_s0 + kh * c_s1 + d[None, :]
-        kvmask = pmask[:, None] & dmask[None, :]
-        k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * sm_scale_log2
-        allowed = pmask[None, :] & (pos[None, :] <= qpos[:, None])
-        qk = tl.where(allowed, qk, float("-inf"))
-        # Position 0 is allowed for every row, so the first block gives each row a finite max
-        # and later fully-masked blocks cannot produce -inf - -inf.
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
+    # Keys before the block's first query position are visible to all its queries.
+    unmasked_end = (prefix + mblk * BLOCK_M) // BLOCK_N * BLOCK_N
+    for n0 in range(0, unmasked_end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i,
+                                     l_i, acc, c_s0, c_s1, sm_scale_log2, HEAD_DIM=HEAD_DIM,
+                                     BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC,
+                                     MASKED=False)
+    for n0 in range(unmasked_end, end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i,
+                                     l_i, acc, c_s0, c_s1, sm_scale_log2, HEAD_DIM=HEAD_DIM,
+                                     BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC,
+                                     MASKED=True)
 
     out = acc / l_i[:, None]
     tl.store(out_ptr + rows[:, None] * o_s0 + h * o_s1 + d[None, :],

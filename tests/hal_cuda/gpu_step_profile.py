@@ -269,11 +269,16 @@ def part_equality(h: Harness) -> dict[str, Any]:
             sampled = int(inputs.logits_indices.shape[0])
             replayed = graphs.run(inputs).clone()
             h.sync()
+            # eagerly, what the graph computed: the padded static inputs of its size
             if inputs.is_decode:
                 size = graphs.padded_size(int(inputs.seq_lens.shape[0]))
+                same_inputs = r.model(graphs._static(size), r.kv)[:sampled]
             else:
                 size = graphs.bucket_for(inputs.num_tokens)
-            same_inputs = r.model(graphs._static(size), r.kv)[:sampled]
+                hidden, residual = r.model.hidden(graphs._static(size), r.kv)
+                t = inputs.num_tokens
+                same_inputs = r.model.logits(
+                    hidden[:t], residual[:t] if residual is not None else None, inputs)
             unpadded = r.model(inputs, r.kv)
             out[name] = {
                 "graph_size": size,
@@ -460,11 +465,21 @@ def part_sweep_decode(h: Harness) -> dict[str, Any]:
                 row[str(list(cfg))] = round(us, 1)
             best = min(row, key=row.__getitem__)
             default = row.get(str(list(saved)))
+            # The split count at the default tunables (the heuristic's choice beside others).
+            da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES = saved
+            chosen = da.num_splits(b, kv_heads, c["q"].device)
+            by_splits: dict[int, float] = {}
+            for n_split in sorted({1, 2, 4, 8, 16, 32, chosen}):
+                by_splits[n_split] = round(_graph_time_us(lambda c=c, n=n_split: da.attention_decode(
+                    c["q"], c["k_cache"], c["v_cache"], c["req_to_token"], c["seq_lens"],
+                    dim ** -0.5, splits=n)), 1)
             out[name] = {"us": row, "best": best, "kv_bytes": kv_bytes,
                          "best_gbps": round(kv_bytes / row[best] / 1e3, 0),
-                         "default_gbps": round(kv_bytes / default / 1e3, 0) if default else None}
+                         "default_gbps": round(kv_bytes / default / 1e3, 0) if default else None,
+                         "splits_chosen": chosen, "us_by_splits": by_splits}
             log(f"decode {name:14s} best {best} {row[best]} us ({out[name]['best_gbps']} GB/s); "
-                f"default {default} us ({out[name]['default_gbps']} GB/s)")
+                f"default {default} us ({out[name]['default_gbps']} GB/s); splits {chosen} "
+                f"chosen, by splits {by_splits}")
     finally:
         da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES = saved
     return out

@@ -35,6 +35,22 @@ def tiny_hf_model(kind: str, folder: str, **overrides: Any) -> Any:
     elif kind == "mistral":
         cls, conf = tf.MistralForCausalLM, tf.MistralConfig
         cfg["num_key_value_heads"] = 1
+    elif kind == "mixtral":
+        cls, conf = tf.MixtralForCausalLM, tf.MixtralConfig
+        cfg.update(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48)
+    elif kind == "qwen2_moe":
+        cls, conf = tf.Qwen2MoeForCausalLM, tf.Qwen2MoeConfig
+        cfg.update(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+                   shared_expert_intermediate_size=48, norm_topk_prob=False)
+    elif kind == "qwen3_moe":
+        cls, conf = tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig
+        cfg.update(head_dim=32, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+                   norm_topk_prob=True, mlp_only_layers=[1])  # layer 1: a dense MLP
+    elif kind == "dots1":  # DeepSeek-V3 routing: grouped sigmoid scores, shared experts
+        cls, conf = tf.Dots1ForCausalLM, tf.Dots1Config
+        cfg.update(num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,
+                   moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
+                   n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5)
     else:
         raise ValueError(kind)
     cfg.update(overrides)
@@ -45,6 +61,10 @@ def tiny_hf_model(kind: str, folder: str, **overrides: Any) -> Any:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj,
                              layer.self_attn.v_proj):
                     proj.bias.normal_(0.0, 0.5)
+    if kind == "dots1":  # the score correction biases start at zero: make them matter
+        with torch.no_grad():
+            for layer in model.model.layers[1:]:
+                layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.3)
     model.save_pretrained(folder, safe_serialization=True)
     return model
 

@@ -27,18 +27,23 @@ from tessera.worker_proc.models.registry import register
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, ctx: ModelContext, index: int, rotary: RotaryEmbedding) -> None:
+    """`mlp` is any module with targets(prefix) (a GatedMLP, a SparseMoEBlock), whose
+    checkpoint tensors sit under `mlp_prefix` in the layer."""
+
+    def __init__(self, ctx: ModelContext, index: int, rotary: RotaryEmbedding, mlp: nn.Module,
+                 mlp_prefix: str = "mlp.") -> None:
         super().__init__()
         c = ctx.config
         self.input_norm = RMSNorm(ctx, c.hidden_size, c.rms_norm_eps)
         self.attn = Attention(ctx, index, rotary, head_dim=c.head_dim, qkv_bias=c.qkv_bias,
                               qk_norm=c.qk_norm)
         self.post_norm = RMSNorm(ctx, c.hidden_size, c.rms_norm_eps)
-        self.mlp = GatedMLP(ctx, c.hidden_size, c.intermediate_size)
+        self.mlp = mlp
+        self.mlp_prefix = mlp_prefix
 
     def targets(self, prefix: str) -> Targets:
         out = self.attn.targets(prefix + "self_attn.")
-        out.update(self.mlp.targets(prefix + "mlp."))
+        out.update(self.mlp.targets(prefix + self.mlp_prefix))
         add_target(out, prefix + "input_layernorm.weight", Target(self.input_norm))
         add_target(out, prefix + "post_attention_layernorm.weight", Target(self.post_norm))
         return out
@@ -60,8 +65,13 @@ class LlamaForCausalLM(CausalLM):
         super().__init__(*args, **kwargs)
         c = self.config
         rotary = RotaryEmbedding(self.ctx, c.head_dim, c.rope_theta, c.rope_scaling)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(self.ctx, i, rotary)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(self.ctx, i, rotary, *self.make_mlp(i))
                                     for i in range(c.num_layers))
+
+    def make_mlp(self, index: int) -> tuple[nn.Module, str]:
+        """Layer `index`'s MLP and the prefix of its checkpoint tensors."""
+        c = self.config
+        return GatedMLP(self.ctx, c.hidden_size, c.intermediate_size), "mlp."
 
     def layer_targets(self) -> Targets:
         out: Targets = {}
@@ -69,9 +79,9 @@ class LlamaForCausalLM(CausalLM):
             out.update(layer.targets(f"model.layers.{i}."))
         return out
 
-    def forward(self, inp: ForwardInputs, kv: KVArena) -> torch.Tensor:
+    def hidden(self, inp: ForwardInputs, kv: KVArena) -> tuple[torch.Tensor, torch.Tensor | None]:
         h = self.embed(inp.input_ids)
         residual: torch.Tensor | None = None
         for layer in self.layers:
             h, residual = layer(h, residual, inp, kv)
-        return self.logits(h, residual, inp)
+        return h, residual
