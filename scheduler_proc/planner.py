@@ -5,7 +5,10 @@ In order, every step:
      pages do not fit (after evicting unlocked cache pages), the youngest running sequence
      is retracted (`policy.retraction_victim`) until they do: decodes never deadlock;
   2. prefill chunks of sequences admitted earlier, under the token budget
-     (`chunked_prefill_size`; decodes do not count against it);
+     (`Planner.token_budget`: chunked_prefill_size, cut to about step_target_ms of
+     work when others decode or wait; decodes do not count against it). While requests
+     wait, these chunks take at most half the budget: a long prompt shares its steps with
+     new arrivals instead of holding them until its last chunk;
   3. admission: waiting sequences in policy order take a row, their cached prefix (locked)
      and a first chunk, while budget, rows and pages last. A page of headroom per running
      sequence is kept back so that new arrivals do not force retractions at once. A sequence
@@ -62,12 +65,24 @@ class Planner:
             return None  # nothing another request could match
         return seq.tokens[:ps].tobytes()
 
-    def plan(self) -> StepPlan:
+    def token_budget(self, ms_per_token: float) -> int:
+        """Prefill tokens this step may compute: --chunked-prefill-size, cut to about
+        step_target_ms of work at the measured speed (`ms_per_token`, 0: unknown) when other
+        requests would wait for the step (some decode or wait); never below a page."""
+        budget = self.config.chunked_prefill_size or (1 << 30)
+        target = self.config.step_target_ms
+        if target > 0 and ms_per_token > 0 and (len(self.running) > 1 or self.waiting):
+            budget = min(budget, max(self.page_size, int(target / ms_per_token)))
+        return budget
+
+    def plan(self, ms_per_token: float = 0.0) -> StepPlan:
+        """The next step, at the device's measured cost of a prefill token."""
         rows, inputs, retracted = self._plan_decodes()
         plan = StepPlan(rows, inputs, retracted=retracted)
-        budget = self.config.chunked_prefill_size or (1 << 30)
-        plan.chunks, budget = self._plan_prefills(budget)
-        self._admit(plan, budget)
+        budget = self.token_budget(ms_per_token)
+        share = max(self.page_size, budget // 2) if self.waiting else budget
+        plan.chunks, left = self._plan_prefills(min(share, budget))
+        self._admit(plan, left + budget - min(share, budget))
         return plan
 
     def _decode_ready(self) -> np.ndarray:

@@ -91,7 +91,7 @@ class RunningSet:
         row = self.row_pool.alloc()
         req = seq.req
         st.bind(row, self._uid, seq.tokens, req.prompt_len, req.max_total, req.sampling,
-                seq.index, bool(req.stop_ids))
+                seq.index, bool(req.stop_ids), seq.grammar_id)
         self._uid += 1
         st.set_prefix(row, prefix)
         if seq.cached_tokens < 0:

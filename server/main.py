@@ -63,6 +63,7 @@ class ServerProcess(AsyncBusProcess):
             except TesseraError as exc:
                 raise StartupError(f"warm-up generation failed ({exc}); the engine cannot "
                                    f"serve") from exc
+        await self.read_engine_info()
         self.state.ready = True
 
     async def serve(self) -> None:
@@ -102,6 +103,25 @@ class ServerProcess(AsyncBusProcess):
                 if attempt == WARMUP_ATTEMPTS:
                     raise
                 await asyncio.sleep(1.0)
+
+    async def read_engine_info(self) -> None:
+        """What the engine's processes reported when they became ready: the context length
+        (/v1/models) and the chat template's tool-call format (--tool-call-parser auto)."""
+        try:
+            status = await self.client.status(timeout=2.0)
+        except TesseraError as exc:
+            log.warning("no engine info from the supervisor (%s): defaults apply", exc)
+            return
+        def info(name: str) -> dict[str, Any]:
+            entry = status.processes.get(name)
+            found = entry.get("info") if isinstance(entry, dict) else None
+            return found if isinstance(found, dict) else {}
+        context = info("scheduler").get("max_context_len")
+        if isinstance(context, int):
+            self.state.max_model_len = context
+        fmt = info("tokenizer0").get("tool_call_format")
+        if isinstance(fmt, str):
+            self.state.tool_call_format = fmt
 
     async def drain(self) -> None:
         state, conn = self.state, self.client.conn

@@ -28,6 +28,8 @@ READY_TIMEOUT_S: dict[str, float] = {"worker": 1800.0, "scheduler": 300.0,
                                      "detokenizer": 300.0, "tokenizer": 600.0,
                                      "server": 1200.0}
 SCHEDULE_POLICIES = ("fcfs", "priority")
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
+REASONING_PARSERS = ("qwen3", "deepseek-r1")
 
 
 def _opt(default: Any, help: str, **kw: Any) -> Any:
@@ -63,6 +65,10 @@ class BatchingConfig:
     page_size: int = _opt(16, "tokens per KV page (prefix-cache granularity)")
     max_running_requests: int = _opt(256, "requests decoded together at most")
     chunked_prefill_size: int = _opt(2048, "prefill tokens per step at most (0: no chunking)")
+    step_target_ms: float = _opt(1000.0, "while other requests decode or wait, prefill chunks "
+                                 "are cut to about this much work per step at the measured "
+                                 "speed, so a long prompt on a slow device cannot hold them "
+                                 "for tens of seconds (0: --chunked-prefill-size only)")
     max_queued_requests: int = _opt(4096, "waiting requests before new ones get 503")
     disable_radix_cache: bool = _opt(False, "turn off prefix reuse")
     schedule_policy: str = _opt("fcfs", "fcfs | priority (higher `priority` first, then "
@@ -113,6 +119,8 @@ class EngineConfig(BatchingConfig):
                                        "captured graphs", aliases=["--disable-cuda-graph"])
     graph_max_bs: int = _opt(256, "largest decode batch captured as a graph",
                              aliases=["--cuda-graph-max-bs"])
+    intra_op_threads: int = _opt(0, "host threads of each worker's ops (0: the cores this "
+                                 "process may use, divided among the worker ranks)")
     # --- processes ---------------------------------------------------------------------------
     tokenizer_workers: int = _opt(1, "tokenizer processes")
     run_dir: str | None = _opt(None, "private run directory for sockets (default: a new one "
@@ -134,6 +142,12 @@ class EngineConfig(BatchingConfig):
                                 "sample, copy-out) for the chip's profiler: NVTX ranges on "
                                 "cuda, none on cpu")
     log_level: str = _opt("info", "debug | info | warning | error")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.intra_op_threads < 0:
+            raise ValueError(f"intra_op_threads must be 0 (automatic) or positive, got "
+                             f"{self.intra_op_threads}")
 
     @property
     def allowed_special(self) -> frozenset[str]:
@@ -203,3 +217,21 @@ class ServerConfig(EngineConfig):
                                          "aborted")
     max_concurrent_requests: int = _opt(0, "HTTP generation requests in flight before new "
                                         "ones get 429 (0: max_running + max_queued requests)")
+    lenient_params: bool = _opt(False, "ignore request fields this server does not know "
+                                "(logged once per field) instead of answering 400")
+    tool_call_parser: str = _opt("auto", "how tool calls are read from the model's answer: "
+                                 "hermes (<tool_call>), llama3_json, mistral ([TOOL_CALLS]), "
+                                 "or auto (from the chat template)",
+                                 choices=list(TOOL_CALL_PARSERS))
+    reasoning_parser: str | None = _opt(None, "put the model's <think> part in "
+                                        "reasoning_content: qwen3 or deepseek-r1",
+                                        choices=list(REASONING_PARSERS))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                             f"got {self.tool_call_parser!r}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
+                             f"got {self.reasoning_parser!r}")

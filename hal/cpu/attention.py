@@ -1,9 +1,9 @@
 """Reference attention over the paged KV cache (semantics: hal/ops.py).
 
-Written for clarity first, but the cpu worker serves real models with it, so decode is
-vectorised across the batch: each row's KV is gathered through `req_to_token` up to the
-longest sequence and the tail is masked. Extend loops over requests (prefill is rarer and its
-per-request cost is dominated by the matmuls anyway). Math runs in float32.
+Written for clarity: it is the oracle the conformance suite holds every plugin to (the cpu
+plugin serves with batched_attention.py, checked against this). Decode gathers each row's KV
+through `req_to_token` up to the longest sequence and masks the tail; extend goes request by
+request. Math runs in float32.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         v = v_cache[slots].float()
         prefix = seq_len - ext_len
         qb = q[start:start + ext_len].float()
-        out[start:start + ext_len] = _causal_sdpa(qb, k, v, prefix, scale).to(q.dtype)
+        out[start:start + ext_len] = causal_sdpa(qb, k, v, prefix, scale).to(q.dtype)
     return out
 
 
@@ -61,7 +61,7 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return out.to(q.dtype)
 
 
-def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int,
+def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int,
                  scale: float) -> torch.Tensor:
     """q [E, Hq, D] at positions prefix .. prefix + E - 1 over k/v [S, Hk, D] -> [E, Hq, D].
 
