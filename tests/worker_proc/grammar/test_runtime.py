@@ -51,7 +51,7 @@ def runtime(info: Any) -> GrammarRuntime:
 @pytest.fixture
 def sampler() -> Sampler:
     platform = load_platform("cpu")
-    return Sampler(platform.op("sample"), torch.device("cpu"), platform.op("apply_token_mask"))
+    return Sampler(platform, torch.device("cpu"), platform.op("apply_token_mask"))
 
 
 def _run(rt: GrammarRuntime, sampler: Sampler, gids: list[int], *, seed: int,
