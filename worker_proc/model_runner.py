@@ -118,7 +118,7 @@ class ModelRunner:
         self.last_sampled = torch.zeros(config.max_running_requests, dtype=torch.int64,
                                         device=self.device)
         self.seed_default_rng()
-        # Profiler ranges around the phases of a step (--profile-ranges): NVTX on cuda.
+        # Ranges of the chip's profiler around the phases of a step (--profile-ranges).
         self._phase = platform.profile_range if config.profile_ranges else _no_range
 
     def _capture_decode_graphs(self) -> None:
