@@ -131,7 +131,7 @@ class ModelRunner:
         from tessera.worker_proc.graph_mixed import MixedGraphs
 
         start = time.perf_counter()
-        graphs = MixedGraphs(lambda inp: self.model(inp, self.kv),
+        graphs = MixedGraphs(lambda inp: self.model.hidden(inp, self.kv), self.model.logits,
                              self.platform.create_graph_runner(), cfg.graph_max_tokens,
                              cfg.max_running_requests, self.max_context_len, self.device)
         graphs.capture_all()
@@ -203,7 +203,7 @@ class ModelRunner:
     def forward(self, inputs: ForwardInputs) -> torch.Tensor:
         """float32 logits [S, V]. A decode-only batch takes forward_decode; another step
         replays a graph captured for its padded token count when one holds it (the logits
-        are then a view of a static buffer, valid until the next replay), else runs eagerly."""
+        are computed after it for the sampled rows), else runs eagerly."""
         if inputs.is_decode:
             return self.forward_decode(inputs)
         if self.mixed_graphs is not None and self.mixed_graphs.can_run(inputs):

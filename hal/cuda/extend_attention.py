@@ -42,13 +42,55 @@ SPARE_PROGRAMS = 16  # per head, beyond one per BLOCK_M tokens (see extend_progr
 
 
 @triton.jit
+def _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i, l_i, acc, c_s0, c_s1,
+                 sm_scale_log2, window, logit_cap, HAS_CAP: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 DOT_PREC: tl.constexpr, MASKED: tl.constexpr):
+    """One BLOCK_N tile of keys for a block of queries. Unmasked tiles (every key visible to
+    every query of the block: before its first query position and, with a sliding window,
+    inside the window of its last) skip the position masks entirely."""
+    pos = n0 + tl.arange(0, BLOCK_N)
+    pmask = pos < end
+    if MASKED:
+        slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
+    else:
+        slot = tl.load(row_base + pos).to(tl.int64)
+    kv_off = slot[:, None] * c_s0 + kh * c_s1 + d[None, :]
+    if MASKED:
+        kvmask = pmask[:, None] & (d < HEAD_DIM)[None, :]
+        k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
+        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
+    elif HEAD_DIM == BLOCK_D:
+        k = tl.load(kc_ptr + kv_off)
+        v = tl.load(vc_ptr + kv_off)
+    else:
+        k = tl.load(kc_ptr + kv_off, mask=(d < HEAD_DIM)[None, :], other=0.0)
+        v = tl.load(vc_ptr + kv_off, mask=(d < HEAD_DIM)[None, :], other=0.0)
+    qk = scores_log2(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), sm_scale_log2,
+                     logit_cap, HAS_CAP)
+    if MASKED:
+        allowed = pmask[None, :] & (pos[None, :] <= qpos[:, None]) & \
+            ((window <= 0) | (pos[None, :] > qpos[:, None] - window))
+        qk = tl.where(allowed, qk, float("-inf"))
+    # A row may see nothing in a masked tile (before its window, or past its position): its
+    # max stays -inf; subtracting 0 instead keeps p = 0 and alpha = 0 or 1, not NaN.
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(qk - m_sub[:, None])
+    alpha = tl.exp2(m_i - m_sub)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b, mblk, ext, seq, q_start, h,
                   q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1, sm_scale_log2, window, logit_cap,
                   HAS_CAP: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   DOT_PREC: tl.constexpr):
     """Block `mblk` of request b's new tokens, query head h. With a sliding window the loop
-    starts at the first position the block's first query sees."""
+    starts at the tile of the first position the block's first query sees."""
     prefix = seq - ext
     kh = h // GROUP
     d = tl.arange(0, BLOCK_D)
@@ -64,30 +106,31 @@ def _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b, mblk, ext, seq, q_
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     end = tl.minimum(seq, prefix + (mblk + 1) * BLOCK_M)
-    lo = tl.where(window > 0, tl.maximum(prefix + mblk * BLOCK_M - window + 1, 0), 0)
     row_base = rtt_ptr + b * rtt_s0
-    for n0 in range(lo, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        pmask = pos < end
-        slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
-        kv_off = slot[:, None] * c_s0 + kh * c_s1 + d[None, :]
-        kvmask = pmask[:, None] & dmask[None, :]
-        k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
-        qk = scores_log2(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), sm_scale_log2,
-                         logit_cap, HAS_CAP)
-        allowed = pmask[None, :] & (pos[None, :] <= qpos[:, None]) & \
-            ((window <= 0) | (pos[None, :] > qpos[:, None] - window))
-        qk = tl.where(allowed, qk, float("-inf"))
-        # A row may see nothing in a block (before its window, or past its position): its
-        # max stays -inf; subtracting 0 instead keeps p = 0 and alpha = 0 or 1, not NaN.
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(qk - m_sub[:, None])
-        alpha = tl.exp2(m_i - m_sub)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
+    # Tiles [lo, full) may hold keys some rows do not see (before their window) and tiles
+    # from `diag` on keys at or past the first query position: both masked. Tiles between
+    # are visible to every query of the block.
+    first_q = prefix + mblk * BLOCK_M
+    last_q = prefix + tl.minimum(ext, (mblk + 1) * BLOCK_M) - 1
+    diag = first_q // BLOCK_N * BLOCK_N
+    lo = tl.where(window > 0, tl.maximum(first_q - window + 1, 0) // BLOCK_N * BLOCK_N, 0)
+    full = tl.where(window > 0, tl.maximum(last_q - window + 1, 0), 0)
+    full = tl.minimum(tl.maximum((full + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), diag)
+    for n0 in range(lo, full, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i,
+                                     l_i, acc, c_s0, c_s1, sm_scale_log2, window, logit_cap,
+                                     HAS_CAP=HAS_CAP, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+                                     BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC, MASKED=True)
+    for n0 in range(full, diag, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i,
+                                     l_i, acc, c_s0, c_s1, sm_scale_log2, window, logit_cap,
+                                     HAS_CAP=HAS_CAP, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+                                     BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC, MASKED=False)
+    for n0 in range(diag, end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i,
+                                     l_i, acc, c_s0, c_s1, sm_scale_log2, window, logit_cap,
+                                     HAS_CAP=HAS_CAP, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+                                     BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC, MASKED=True)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # l_i = 0 only on rows past the request
     tl.store(out_ptr + rows[:, None] * o_s0 + h * o_s1 + d[None, :],
@@ -97,8 +140,9 @@ def _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b, mblk, ext, seq, q_
 @triton.jit
 def _extend_kernel(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, qo_ptr, out_ptr,
                    num_reqs, num_tokens, q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1,
-                   sm_scale_log2, window, logit_cap, HAS_CAP: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   sm_scale_log2, window, logit_cap, HAS_CAP: tl.constexpr,
+                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    REQS: tl.constexpr, DOT_PREC: tl.constexpr):
     h = tl.program_id(1)
     # The work, numbered: the blocks of the requests that extend by more than one token,

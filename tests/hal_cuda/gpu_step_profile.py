@@ -269,11 +269,16 @@ def part_equality(h: Harness) -> dict[str, Any]:
             sampled = int(inputs.logits_indices.shape[0])
             replayed = graphs.run(inputs).clone()
             h.sync()
+            # eagerly, what the graph computed: the padded static inputs of its size
             if inputs.is_decode:
                 size = graphs.padded_size(int(inputs.seq_lens.shape[0]))
+                same_inputs = r.model(graphs._static(size), r.kv)[:sampled]
             else:
                 size = graphs.bucket_for(inputs.num_tokens)
-            same_inputs = r.model(graphs._static(size), r.kv)[:sampled]
+                hidden, residual = r.model.hidden(graphs._static(size), r.kv)
+                t = inputs.num_tokens
+                same_inputs = r.model.logits(
+                    hidden[:t], residual[:t] if residual is not None else None, inputs)
             unpadded = r.model(inputs, r.kv)
             out[name] = {
                 "graph_size": size,

@@ -137,7 +137,8 @@ def test_attention_extend(kernels: dict[str, ModuleType], seq_lens: tuple[int, .
     torch.testing.assert_close(out, reference_op("attention_extend")(*args), **TOL)
 
 
-@pytest.mark.parametrize("window,cap", [(5, 0.0), (40, 0.0), (0, 0.7), (33, 1.1)])
+# 70: tiles wholly inside every row's window run unmasked between masked ones
+@pytest.mark.parametrize("window,cap", [(5, 0.0), (40, 0.0), (70, 0.0), (0, 0.7), (33, 1.1)])
 def test_attention_sliding_window_and_soft_cap(kernels: dict[str, ModuleType], window: int,
                                                cap: float) -> None:
     """Windows inside one 32-row fp32 block and across blocks, decode rows mixed in; caps
@@ -154,6 +155,18 @@ def test_attention_sliding_window_and_soft_cap(kernels: dict[str, ModuleType], w
     for splits in (1, 3):
         out = kernels["decode_attention"].attention_decode(*dargs, splits=splits, **kw)
         torch.testing.assert_close(out, reference_op("attention_decode")(*dargs, **kw), **TOL)
+
+
+@pytest.mark.parametrize("head_dim", [32, 24])  # 24: the head-dim mask of unmasked tiles
+def test_attention_extend_chunk_after_long_prefix(kernels: dict[str, ModuleType],
+                                                  head_dim: int) -> None:
+    """A chunk after a prefix of several key tiles: the tiles before each query block run
+    without position masks, the rest with them."""
+    case = make_paged_case((100, 71), (40, 71), 4, 2, head_dim, torch.float32, seed=24)
+    args = (case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens,
+            case.extend_lens, case.qo_indptr, case.scale)
+    out = kernels["extend_attention"].attention_extend(*args)
+    torch.testing.assert_close(out, reference_op("attention_extend")(*args), **TOL)
 
 
 @pytest.mark.parametrize("spare", [16, 0])  # 0: fewer programs than blocks, each loops

@@ -134,3 +134,17 @@ def test_exact_top_p_threshold_matches_the_sorted_rule(kernels: dict[str, Module
     n_keep = (before < top_p[:, None]).sum(-1)
     expected = ordered.gather(1, (n_keep - 1)[:, None]).squeeze(1)
     assert torch.equal(got, expected)
+
+
+def test_split_argmax_takes_the_lowest_index_of_the_maximum(kernels: dict[str, ModuleType],
+                                                            monkeypatch) -> None:
+    sampling = kernels["sampling"]
+    monkeypatch.setattr(sampling, "ARGMAX_BLOCK", 16)  # 300 entries: 19 parts
+    x = _rand(5, 300, seed=7)
+    x[1, 40] = x[1, 250] = x[1].max() + 1  # tie across parts: 40
+    x[2, 33] = x[2, 35] = x[2].max() + 1  # tie within a part: 33
+    x[3] = float("-inf")  # nothing allowed: 0, as torch.argmax
+    x[4, 299] = x[4].max() + 1  # the last, partial part
+    got = sampling.argmax_rows(x)
+    assert torch.equal(got, torch.argmax(x, dim=-1))
+    assert got.tolist()[1:4] == [40, 33, 0] and got[4] == 299

@@ -35,7 +35,9 @@ from tessera.worker_proc.tp import TPShape
 
 class CausalLM(nn.Module):
     """Subclasses build their layers in __init__ (after super().__init__) and define
-    `layer_targets` and `forward`."""
+    `layer_targets` and `hidden`; `forward` is `hidden` then `logits`, which a captured
+    prefill step runs apart (worker_proc/graph_mixed.py: the graph ends at the hidden states,
+    the vocabulary matmul runs for the sampled rows only)."""
 
     def __init__(self, config: ModelConfig, platform: Platform, *, dtype: torch.dtype,
                  device: torch.device, max_positions: int, tp_rank: int = 0, tp_size: int = 1,
@@ -60,8 +62,14 @@ class CausalLM(nn.Module):
         """The checkpoint tensors of the decoder layers and where they go."""
 
     @abstractmethod
+    def hidden(self, inp: ForwardInputs, kv: KVArena) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The last decoder layer's output and residual stream for every token [T, hidden]
+        (residual None if the model folds it in), before the final norm."""
+
     def forward(self, inp: ForwardInputs, kv: KVArena) -> torch.Tensor:
         """float32 logits [S, vocab] for the tokens at inp.logits_indices."""
+        h, residual = self.hidden(inp, kv)
+        return self.logits(h, residual, inp)
 
     def checkpoint_targets(self) -> Targets:
         c = self.config

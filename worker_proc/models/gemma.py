@@ -84,9 +84,9 @@ class GemmaForCausalLM(CausalLM):
             out.update(layer.targets(f"model.layers.{i}."))
         return out
 
-    def forward(self, inp: ForwardInputs, kv: KVArena) -> torch.Tensor:
+    def hidden(self, inp: ForwardInputs, kv: KVArena) -> tuple[torch.Tensor, torch.Tensor | None]:
         h = self.embed_tokens(inp.input_ids)
         residual: torch.Tensor | None = None
         for layer in self.layers:
             h, residual = layer(h, residual, inp, kv)
-        return self.logits(h, residual, inp)
+        return h, residual
