@@ -40,6 +40,7 @@ class InFlight:
     prefill_uids: np.ndarray
     sent_at: float
     build_cpu_s: float = 0.0
+    tokens: int = 0  # tokens computed by the step (prefill chunks + decodes)
 
 
 def build(step: int, st: RowState, dec_rows: np.ndarray, dec_inputs: np.ndarray,
@@ -82,7 +83,7 @@ def build(step: int, st: RowState, dec_rows: np.ndarray, dec_inputs: np.ndarray,
     record = InFlight(step=step, rows=rows, uids=uids, seq_lens=seq_lens,
                       sampled_rows=rows[sampled], sampled_uids=uids[sampled],
                       prefill_rows=rows[n_dec:], prefill_uids=uids[n_dec:],
-                      sent_at=time.monotonic())
+                      sent_at=time.monotonic(), tokens=int(extend.sum()))
     return batch, record
 
 

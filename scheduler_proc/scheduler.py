@@ -93,6 +93,7 @@ class Scheduler:
         self.aborted_total = 0
         self.steps_done = 0
         self.cpu_ms_ema = 0.0
+        self.ms_per_token = 0.0  # the device's measured cost of one prefill token (EMA)
 
     # ---------------------------------------------------------------------------- requests
     def add_request(self, req: TokenizedRequest) -> ErrorReply | None:
@@ -313,11 +314,30 @@ class Scheduler:
                         self.planner.prefix_ready(seq)
         self._release_deferred_rows()
         self.steps_done += 1
+        self._measure(rec, res)
         cpu_ms = (rec.build_cpu_s + time.thread_time() - t0) * 1e3
         self.cpu_ms_ema = cpu_ms if self.steps_done == 1 else 0.9 * self.cpu_ms_ema + 0.1 * cpu_ms
         if self.config.debug_invariants:
             self.check_invariant()
         return self._out.take()
+
+    MIN_TOKENS_MEASURED = 32  # smaller steps are mostly fixed cost, not per token
+
+    def _measure(self, rec: InFlight, res: SampledTokens) -> None:
+        if res.forward_ms > 0 and rec.tokens >= self.MIN_TOKENS_MEASURED:
+            cost = res.forward_ms / rec.tokens
+            self.ms_per_token = cost if not self.ms_per_token else \
+                0.7 * self.ms_per_token + 0.3 * cost
+
+    def step_token_budget(self) -> int:
+        """Prefill tokens this step may compute: --chunked-prefill-size, cut to about
+        step_target_ms of work at the measured speed when other requests would wait for the
+        step (some decode or wait); never below a page."""
+        budget = self.config.chunked_prefill_size or (1 << 30)
+        target = self.config.step_target_ms
+        if target > 0 and self.ms_per_token > 0 and (len(self.running) > 1 or self.waiting):
+            budget = min(budget, max(self.page_size, int(target / self.ms_per_token)))
+        return budget
 
     def _apply_tokens(self, rec: InFlight, res: SampledTokens) -> None:
         st = self.st
@@ -399,6 +419,8 @@ class Scheduler:
             "cache_hit_rate": self.cache_hit_tokens / query if query else 0.0,
             **self.kv.stats(self.active_rows()),  # check_invariant(): the O(pages) version
             "sched_cpu_ms_per_step": self.cpu_ms_ema,
+            "prefill_ms_per_token": self.ms_per_token,
+            "step_token_budget": float(self.step_token_budget()),
             "steps": float(self.steps_done),
             "inflight_steps": float(len(self.inflight)),
         }

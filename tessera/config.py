@@ -63,6 +63,10 @@ class BatchingConfig:
     page_size: int = _opt(16, "tokens per KV page (prefix-cache granularity)")
     max_running_requests: int = _opt(256, "requests decoded together at most")
     chunked_prefill_size: int = _opt(2048, "prefill tokens per step at most (0: no chunking)")
+    step_target_ms: float = _opt(1000.0, "while other requests decode or wait, prefill chunks "
+                                 "are cut to about this much work per step at the measured "
+                                 "speed, so a long prompt on a slow device cannot hold them "
+                                 "for tens of seconds (0: --chunked-prefill-size only)")
     max_queued_requests: int = _opt(4096, "waiting requests before new ones get 503")
     disable_radix_cache: bool = _opt(False, "turn off prefix reuse")
     schedule_policy: str = _opt("fcfs", "fcfs | priority (higher `priority` first, then "

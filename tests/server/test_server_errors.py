@@ -189,6 +189,32 @@ def test_concurrency_limit_answers_429(keyed_server: ServerUnderTest) -> None:
     assert status == 200
 
 
+def test_health_generate_needs_the_key_and_a_free_slot(keyed_server: ServerUnderTest) -> None:
+    """It runs a generation: no way around the API key or the concurrency limit."""
+    auth = {"Authorization": "Bearer sekrit"}
+    status, _, body = keyed_server.request("GET", "/health_generate")
+    assert status == 401 and check_error_body(body, 401)["code"] == "invalid_api_key"
+    before = len(keyed_server.engine.requests)
+    conn = keyed_server.connection()
+    conn.request("POST", CHAT, body=json.dumps(chat(stream=True, max_tokens=10_000,
+                                                    ignore_eos=True)),
+                 headers={"Content-Type": "application/json", **auth})
+    held = conn.getresponse()
+    assert held.status == 200
+    held.fp.readline()  # the one slot is taken
+    status, headers, body = keyed_server.request("GET", "/health_generate", headers=auth)
+    assert status == 429 and int(headers["retry-after"]) >= 1
+    assert len(keyed_server.engine.requests) == before + 1  # no generation was started
+    conn.close()
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end:
+        status, _, body = keyed_server.request("GET", "/health_generate", headers=auth)
+        if status == 200:
+            break
+        time.sleep(0.05)
+    assert status == 200 and json.loads(body)["status"] == "ok"
+
+
 def test_stream_failing_before_its_first_output_gets_an_http_status(
         server: ServerUnderTest) -> None:
     """Until the first output the status line is not sent, so the error is a real status
