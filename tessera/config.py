@@ -115,6 +115,8 @@ class EngineConfig(BatchingConfig):
     max_total_tokens: int | None = _opt(None, "cap the KV cache at this many token slots")
     disable_cuda_graph: bool = _opt(False, "run decode eagerly instead of replaying graphs")
     cuda_graph_max_bs: int = _opt(256, "largest decode batch captured as a graph")
+    intra_op_threads: int = _opt(0, "host threads of each worker's ops (0: the cores this "
+                                 "process may use, divided among the worker ranks)")
     # --- processes ---------------------------------------------------------------------------
     tokenizer_workers: int = _opt(1, "tokenizer processes")
     run_dir: str | None = _opt(None, "private run directory for sockets (default: a new one "
@@ -133,6 +135,12 @@ class EngineConfig(BatchingConfig):
     step_timeout_s: float = _opt(120.0, "a worker step unanswered this long fails its "
                                  "requests with 503 (the engine stays up)")
     log_level: str = _opt("info", "debug | info | warning | error")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.intra_op_threads < 0:
+            raise ValueError(f"intra_op_threads must be 0 (automatic) or positive, got "
+                             f"{self.intra_op_threads}")
 
     @property
     def allowed_special(self) -> frozenset[str]:

@@ -43,6 +43,9 @@ class WorkerProcess(BusProcess):
         self.pending: tuple[Any, float] | None = None
 
     def setup(self) -> None:
+        from tessera.hal import host_threads
+
+        wait_policy = host_threads.set_wait_policy()  # before torch is imported
         from tessera.hal.registry import load_platform
         from tessera.worker_proc.model_runner import ModelRunner
         from tessera.worker_proc.page_table import AttachedPageTable
@@ -51,6 +54,9 @@ class WorkerProcess(BusProcess):
         if not 0 <= self.rank < cfg.tp_size:
             raise ValueError(f"--rank {self.rank} is outside --tp-size {cfg.tp_size}")
         self.inbox = Inbox(self.paths.worker(self.rank), name=self.name)
+        threads = host_threads.apply_thread_count(cfg.intra_op_threads, cfg.tp_size)
+        log.info("%s: %d intra-op threads, OpenMP wait policy %s", self.name, threads,
+                 wait_policy)
         platform = load_platform(cfg.hal)
         if cfg.tp_size > 1:
             init = f"file://{os.path.join(self.paths.run_dir, 'tp-rendezvous')}"

@@ -1,9 +1,9 @@
 """Reference attention over the paged KV cache (semantics: hal/ops.py).
 
-Written for clarity first, but the cpu worker serves real models with it, so decode is
-vectorised across the batch: each row's KV is gathered through `req_to_token` up to the
-longest sequence and the tail is masked. Extend loops over requests (prefill is rarer and its
-per-request cost is dominated by the matmuls anyway). Math runs in float32.
+Written for clarity: it is the oracle the conformance suite holds every plugin to (the cpu
+plugin serves with batched_attention.py, checked against this). Decode gathers each row's KV
+through `req_to_token` up to the longest sequence and masks the tail; extend goes request by
+request. Math runs in float32.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         v = v_cache[slots].float()
         prefix = seq_len - ext_len
         qb = q[start:start + ext_len].float()
-        out[start:start + ext_len] = _causal_attention(qb, k, v, prefix, scale, sliding_window,
-                                                       logit_cap).to(q.dtype)
+        out[start:start + ext_len] = causal_attention(qb, k, v, prefix, scale, sliding_window,
+                                                      logit_cap).to(q.dtype)
     return out
 
 
@@ -60,16 +60,17 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     # [B, Hk, group, D] lines each KV head up with its group, which SDPA treats as the query
     # length. The mask [B, 1, 1, L] broadcasts over heads and group.
     qg = q.float().view(batch, hk, hq // hk, dim)
-    out = _attention(qg, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), valid[:, None, None, :],
-                     scale, logit_cap)
+    out = masked_attention(qg, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3),
+                           valid[:, None, None, :], scale, logit_cap)
     out = out.reshape(batch, hq, dim)
     # A row of length 0 (padding) attends to nothing: define its output as zeros, not NaN.
     out = torch.where((seq_lens > 0)[:, None, None], out, torch.zeros_like(out))
     return out.to(q.dtype)
 
 
-def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int,
-                      scale: float, sliding_window: int, logit_cap: float) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int,
+                     scale: float, sliding_window: int = 0,
+                     logit_cap: float = 0.0) -> torch.Tensor:
     """q [E, Hq, D] at positions prefix .. prefix + E - 1 over k/v [S, Hk, D] -> [E, Hq, D].
 
     4-D inputs with enable_gqa reach PyTorch's fused CPU kernel (3-D ones fall back to the
@@ -88,10 +89,10 @@ def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix:
     mask = cols <= rows  # [E, S]
     if sliding_window > 0:
         mask &= cols > rows - sliding_window
-    return _attention(qh, kh, vh, mask[None, None], scale, logit_cap)[0].transpose(0, 1)
+    return masked_attention(qh, kh, vh, mask[None, None], scale, logit_cap)[0].transpose(0, 1)
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                scale: float, logit_cap: float) -> torch.Tensor:
     """softmax(cap(q k^T * scale) masked) v over [B, H, len, D] inputs, GQA by head groups.
     Soft-capping (cap * tanh(s / cap), Gemma 2) needs the scores, which SDPA does not
