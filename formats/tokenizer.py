@@ -75,19 +75,19 @@ class ModelTokenizer:
         return _encode(self.backend, text, add_special_tokens)
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    allowed_special: frozenset[str] = frozenset()) -> list[int]:
+                    allowed_special: frozenset[str] = frozenset(), **extra: Any) -> list[int]:
         """The prompt ids of `messages`: `encode(apply_chat_template(...))`, except that a
         special token's text inside a message is plain text, not the control token, unless it
         is in `allowed_special` (see chat_guard.py). Raises ChatTokenError when that cannot be
-        done safely."""
+        done safely. `extra`: template variables (tools, enable_thinking, ...)."""
         guard = self._guards.get(allowed_special)
         if guard is None:
             guard = self._guards[allowed_special] = ChatGuard(self.backend, allowed_special)
         if not guard.needs_guard(messages):
-            text = self.apply_chat_template(messages, add_generation_prompt)
+            text = self.apply_chat_template(messages, add_generation_prompt, **extra)
             return self.encode(text, add_special_tokens=False)
         return guard.encode(messages,
-                            lambda m: self.apply_chat_template(m, add_generation_prompt),
+                            lambda m: self.apply_chat_template(m, add_generation_prompt, **extra),
                             lambda backend, text: _encode(backend, text, False))
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
@@ -159,7 +159,7 @@ class IdsOnlyTokenizer(ModelTokenizer):
         raise self._no_text()
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    allowed_special: frozenset[str] = frozenset()) -> list[int]:
+                    allowed_special: frozenset[str] = frozenset(), **extra: Any) -> list[int]:
         raise self._no_text()
 
 
