@@ -20,6 +20,7 @@ import tokenizers
 
 from tessera.formats.chat_guard import ChatGuard
 from tessera.formats.chat_template import render_chat
+from tessera.formats.errors import ModelFormatError
 
 log = logging.getLogger(__name__)
 
@@ -163,12 +164,21 @@ class IdsOnlyTokenizer(ModelTokenizer):
 
 
 def load_tokenizer(model: str = DEFAULT_MODEL, ids_only_ok: bool = False) -> ModelTokenizer:
-    """The tokenizer of `model`: "default", a Hugging Face folder or a .gguf file.
+    """The tokenizer of `model`: "default", a Hugging Face folder (or `org/name` in the local
+    Hugging Face cache) or a .gguf file.
 
     With `ids_only_ok` (dummy weights), a config without tokenizer files (a config JSON, or a
     folder with config.json only) gives an IdsOnlyTokenizer instead of an error.
     """
     path = default_model_path() if model == DEFAULT_MODEL else os.path.expanduser(model)
+    if not os.path.exists(path):
+        from tessera.formats.hf_cache import looks_like_repo_id, resolve_repo_id
+
+        if looks_like_repo_id(model):
+            try:
+                path = resolve_repo_id(model)
+            except ModelFormatError as exc:
+                raise TokenizerError(str(exc)) from None
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "tokenizer.json")):
             return _load_hf_folder(path)
