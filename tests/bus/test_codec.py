@@ -62,12 +62,15 @@ EXAMPLES: dict[str, Message] = {
         hist_ids=i32(4, 5, 6), hist_prompt_lens=i32(0, 2),
         bias_offsets=i32(0, 2, 2), bias_ids=i32(7, 9), bias_values=f32(-100.0, 2.5),
         grammar_ids=np.array([-1, 6], dtype=np.int64),
-        grammar_free=np.array([2, 3], dtype=np.int64), is_decode=True),
+        grammar_free=np.array([2, 3], dtype=np.int64), prompt_targets=i32(-1, 18),
+        prompt_top_n=i32(-1, 2), is_decode=True),
     "SampledTokens": m.SampledTokens(
         step=9, token_ids=i32(11, 12), logprobs=f32(-0.1, -2.0),
         top_ids=np.array([[11, 3], [12, -1]], dtype=np.int32),
         top_logprobs=np.array([[-0.1, -3.0], [-2.0, -np.inf]], dtype=np.float32),
-        forward_ms=3.25, error=None, grammar_end=np.array([0, 1], dtype=np.uint8)),
+        forward_ms=3.25, error=None, grammar_end=np.array([0, 1], dtype=np.uint8),
+        prompt_logprobs=f32(-0.7), prompt_top_ids=np.array([[18, 4]], dtype=np.int32),
+        prompt_top_logprobs=np.array([[-0.7, -1.5]], dtype=np.float32)),
     "GrammarInit": m.GrammarInit(first_id=6, count=2,
                                  grammar=m.GrammarSpec("regex", "[a-z]+", "regex")),
     "GrammarReady": m.GrammarReady(first_id=6, error="the regex does not compile"),
@@ -75,12 +78,20 @@ EXAMPLES: dict[str, Message] = {
     "TokenBatch": m.TokenBatch(
         rids=["a", "b"], indices=[0, 1], counts=i32(1, 2), token_ids=i32(7, 8, 9),
         finish=[None, "stop"], prompt_tokens=[3, 4], cached_tokens=[0, 2],
+<<<<<<< HEAD
         new_requests={"a": m.DetokInfo(reply_to="ipc:///tmp/z.sock", stop=("\n",))},
         matched_stop=[None, 2]),
+=======
+        new_requests={"a": {"reply_to": "ipc:///tmp/z.sock"}}, matched_stop=[None, 2],
+        prompt_rids=["b"], prompt_counts=i32(2), prompt_token_ids=i32(5, 18),
+        prompt_logprobs=f32(np.nan, -0.7), prompt_top_ids=np.array([[-1], [18]], np.int32),
+        prompt_top_logprobs=np.array([[-np.inf], [-0.7]], dtype=np.float32)),
+>>>>>>> main
     "RequestOutput": m.RequestOutput(
         rid="a", index=0, text="Hello, wörld", token_ids=i32(7, 8), finish_reason="length",
         prompt_tokens=3, completion_tokens=2, cached_tokens=1, logprobs=f32(-0.5, -0.25),
-        token_texts=["Hello", ", wörld"]),
+        token_texts=["Hello", ", wörld"], prompt_token_ids=i32(5, 18),
+        prompt_logprobs=f32(np.nan, -0.7), prompt_token_texts=["a", "b"]),
     "ErrorReply": m.ErrorReply(rid="a", status=413, message="prompt too long",
                                param="messages", reply_to="ipc:///tmp/z.sock"),
     "Ready": m.Ready(process="worker0", pid=123, info={"model": "smol", "slots": 4096}),
