@@ -103,7 +103,7 @@ class Router:
         state = self.requests.get(rid)
         if state is None and rid not in self._finished:
             detok = batch.new_requests.get(rid)
-            if detok is not None and "reply_to" in detok:
+            if detok is not None:
                 state = self.requests[rid] = RequestState(rid, detok, self.tokenizer)
         return state
 

@@ -7,6 +7,8 @@ rides along in `new_requests`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tessera.bus.messages import DetokInfo, TokenBatch
@@ -80,7 +82,7 @@ class OutputBuilder:
         self.prompt_tokens.append(req.prompt_len)
         self.cached_tokens.append(max(cached_tokens, 0))
 
-    def _prompt_fields(self) -> dict[str, object]:
+    def _prompt_fields(self) -> dict[str, Any]:
         if not self.prompt_rids:
             return {}
         return {"prompt_rids": self.prompt_rids, **_prompt_arrays(self.prompt_parts)}

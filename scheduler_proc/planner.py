@@ -176,22 +176,14 @@ class Planner:
             seq = waiting.peek()
             if seq is None:
                 break
-<<<<<<< HEAD
-            prefix, node = kv.match(seq.tokens)
-            key = self._first_page(seq) if not prefix.shape[0] else None
-            if key is not None and key in running.prefixes:
-                kv.unlock(node)  # its prefix is being computed: reuse it when cached
-                deferred.append(waiting.pop())
-=======
             scores = seq.index == 0 and seq.req.sampling.prompt_logprobs is not None
             # A request scoring its prompt needs the logits of every prompt position: no
             # cached prefix (its KV may still go to the cache for others).
-            prefix, node = s.kv.match(seq.tokens[:1] if scores else seq.tokens)
+            prefix, node = kv.match(seq.tokens[:1] if scores else seq.tokens)
             key = self._first_page(seq) if not prefix.shape[0] and not scores else None
-            if key is not None and key in self._pending:
-                s.kv.unlock(node)  # its prefix is being computed: reuse it when cached
-                deferred.append(s.waiting.pop())
->>>>>>> main
+            if key is not None and key in running.prefixes:
+                kv.unlock(node)  # its prefix is being computed: reuse it when cached
+                deferred.append(waiting.pop())
                 if len(deferred) >= self.MAX_DEFERRED:
                     break
                 continue

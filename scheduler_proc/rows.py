@@ -94,8 +94,8 @@ class RowState:
         self.has_bias[row] = bool(sp.logit_bias)
         self.grammar_id[row] = grammar_id
         # Only the first sample scores the prompt (the others share it).
-        scores = sp.prompt_logprobs is not None and index == 0
-        self.prompt_top_n[row] = sp.prompt_logprobs if scores else -1
+        top_n = sp.prompt_logprobs
+        self.prompt_top_n[row] = top_n if top_n is not None and index == 0 else -1
         self.index[row] = index
 
     def set_prefix(self, row: int, pages: np.ndarray) -> None:

@@ -375,7 +375,7 @@ class Scheduler:
             top_lps = res.prompt_top_logprobs[offset:offset + k] if n_top else \
                 np.zeros((k, 0), np.float32)
             offset += k
-            seq = self.seq_of_row[sc.row]
+            seq = self.running.seq_of_row[sc.row]
             if seq is None or int(self.st.uid[sc.row]) != sc.uid:
                 continue
             if sc.first:  # the prompt's first token has no logprob
@@ -395,11 +395,11 @@ class Scheduler:
         done = rows[(st.max_total[rows] <= st.n_known[rows]) & (st.pending[rows] == 0)
                     & (st.kv_done[rows] >= st.n_known[rows])]
         for row in done.tolist():
-            seq = self.seq_of_row[row]
+            seq = self.running.seq_of_row[row]
             if seq is None:
                 continue
             cached = max(seq.cached_tokens, 0)
-            self.unbind(seq, insert=True)
+            self.running.unbind(seq, insert=True)
             self._finished(seq)
             self._out.add_finish(seq.req, seq.index, "length", cached)
             self.finished_total += 1

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -276,7 +277,7 @@ class ModelRunner:
         result = pending.sample.fetch()
         ends = self.grammar.step_ends(pending.step) if self.grammar is not None else \
             np.zeros(0, np.uint8)
-        prompt: dict[str, np.ndarray] = {}
+        prompt: dict[str, Any] = {}
         if pending.prompt is not None:
             lps, top_ids, top_lps = pending.prompt.fetch()
             prompt = {"prompt_logprobs": lps, "prompt_top_ids": top_ids,

@@ -78,15 +78,11 @@ EXAMPLES: dict[str, Message] = {
     "TokenBatch": m.TokenBatch(
         rids=["a", "b"], indices=[0, 1], counts=i32(1, 2), token_ids=i32(7, 8, 9),
         finish=[None, "stop"], prompt_tokens=[3, 4], cached_tokens=[0, 2],
-<<<<<<< HEAD
         new_requests={"a": m.DetokInfo(reply_to="ipc:///tmp/z.sock", stop=("\n",))},
-        matched_stop=[None, 2]),
-=======
-        new_requests={"a": {"reply_to": "ipc:///tmp/z.sock"}}, matched_stop=[None, 2],
+        matched_stop=[None, 2],
         prompt_rids=["b"], prompt_counts=i32(2), prompt_token_ids=i32(5, 18),
         prompt_logprobs=f32(np.nan, -0.7), prompt_top_ids=np.array([[-1], [18]], np.int32),
         prompt_top_logprobs=np.array([[-np.inf], [-0.7]], dtype=np.float32)),
->>>>>>> main
     "RequestOutput": m.RequestOutput(
         rid="a", index=0, text="Hello, wörld", token_ids=i32(7, 8), finish_reason="length",
         prompt_tokens=3, completion_tokens=2, cached_tokens=1, logprobs=f32(-0.5, -0.25),
