@@ -3,6 +3,8 @@
     serving   B3 (HTTP tiers) and B4 (prefix cache vs --disable-radix-cache)
     offline   B2 through the offline API, with the roofline bound of the run
     latency   B1: batch-1 decode ms/step and TTFT
+    quant     B12: B1 and B2 with quantized weights (fp8, int4, ...) beside the unquantized
+              model, KL of their next-token distributions, and the fp8 KV cache
     c1        C1: tessera vs transformers generate one at a time, same run
     peer      the transformers baseline of B1 (decode ms/step, TTFT; several batch sizes)
     scheduler C2: scheduler CPU time per decode step (bench_scheduler.py)
@@ -18,6 +20,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "serving": ("tessera.benchmarks.serving", "main"),
     "offline": ("tessera.benchmarks.offline", "main"),
     "latency": ("tessera.benchmarks.latency", "main"),
+    "quant": ("tessera.benchmarks.quant", "main"),
     "c1": ("tessera.benchmarks.peer", "main_c1"),
     "peer": ("tessera.benchmarks.peer", "main_peer"),
     "scheduler": ("tessera.benchmarks.bench_scheduler", "main"),

@@ -21,6 +21,11 @@ L = row length of the page table. Integer index tensors may be int32 or int64.
         fallback or a MissingSchemeError, never a silent slow path (hal/base.py).
     store_kv(k_cache[S, Hk, D], v_cache[S, Hk, D], k[T, Hk, D], v[T, Hk, D], slots[T]) -> None
         k_cache[slots[t]] = k[t]; v_cache[slots[t]] = v[t]   (in place)
+        An fp8 KV cache (float8_e4m3fn, Capabilities.kv_cache_dtypes "fp8_e4m3") adds the
+        keywords k_scale, v_scale (floats, one pair per layer): the cache holds k / k_scale,
+        saturated to +-448, rounded to nearest. The worker passes them only to a plugin that
+        declares the fp8 KV cache, and passes the same scales to the attention ops, which then
+        read K = k_cache * k_scale and V = v_cache * v_scale.
     attention_extend(q[T, Hq, D], k_cache, v_cache, req_to_token[B, L], seq_lens[B],
                      extend_lens[B], qo_indptr[B + 1], scale: float,
                      max_extend_len: int | None = None) -> [T, Hq, D]
@@ -34,6 +39,7 @@ L = row length of the page table. Integer index tensors may be int32 or int64.
         `max_extend_len`, when given, is max(extend_lens), known on the host: a plugin must
         not read it back from the device then (the worker calls this once per layer); a
         graph-captured step passes its padded token count instead, an upper bound.
+        (+ k_scale, v_scale keywords over an fp8 cache: see store_kv.)
     attention_decode(q[B, Hq, D], k_cache, v_cache, req_to_token[B, L], seq_lens[B],
                      scale: float) -> [B, Hq, D]
         attention_extend with extend_lens == 1, for static decode shapes (graph capture).

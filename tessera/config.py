@@ -91,6 +91,15 @@ class EngineConfig(BatchingConfig):
     served_model_name: str | None = _opt(None, "model id shown by /v1/models")
     context_length: int | None = _opt(None, "override the model's maximum context length")
     seed: int = _opt(0, "seed for dummy weights and unseeded sampling")
+    quantization: str = _opt(
+        "auto", "auto | none | fp8 | int8 | int4: auto keeps a quantized checkpoint's weights "
+        "quantized (GGUF, AWQ, GPTQ, fp8); none dequantizes them at load; fp8 (W8A8, per-row "
+        "scales), int8 and int4 (group-wise, 128) quantize the linear weights at load",
+        choices=["auto", "none", "fp8", "int8", "int4"])
+    kv_cache_dtype: str = _opt(
+        "auto", "auto | fp8_e4m3: auto stores the KV cache in the serving dtype; fp8_e4m3 in "
+        "float8 with per-layer scales (from the checkpoint, else 1.0): twice the tokens",
+        choices=["auto", "fp8_e4m3"])
     # --- hardware ----------------------------------------------------------------------------
     hal: str | None = _opt(None, "hardware plugin (cpu, cuda, ...); default: TESSERA_HAL, "
                            "else the best available")
@@ -119,6 +128,15 @@ class EngineConfig(BatchingConfig):
     step_timeout_s: float = _opt(120.0, "a worker step unanswered this long fails its "
                                  "requests with 503 (the engine stays up)")
     log_level: str = _opt("info", "debug | info | warning | error")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("quantization", "kv_cache_dtype"):
+            choices = next(f.metadata["choices"] for f in dataclasses.fields(self)
+                           if f.name == name)
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
+                                 f"{getattr(self, name)!r}")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)

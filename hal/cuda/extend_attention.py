@@ -68,7 +68,7 @@ def _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b, mblk, ext, seq, q_
         slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
         kv_off = slot[:, None] * c_s0 + kh * c_s1 + d[None, :]
         kvmask = pmask[:, None] & dmask[None, :]
-        k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
+        k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0).to(q_ptr.dtype.element_ty)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * sm_scale_log2
         allowed = pmask[None, :] & (pos[None, :] <= qpos[:, None])
         qk = tl.where(allowed, qk, float("-inf"))
@@ -78,7 +78,7 @@ def _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b, mblk, ext, seq, q_
         p = tl.exp2(qk - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
+        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0).to(q_ptr.dtype.element_ty)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
         m_i = m_new
 
@@ -136,9 +136,13 @@ def extend_programs(tokens: int, batch: int, block_m: int) -> int:
 def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      req_to_token: torch.Tensor, seq_lens: torch.Tensor,
                      extend_lens: torch.Tensor, qo_indptr: torch.Tensor, scale: float,
-                     max_extend_len: int | None = None) -> torch.Tensor:
-    """`max_extend_len` is accepted for the contract and not needed: the launch is static."""
+                     max_extend_len: int | None = None, *, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
+    """`max_extend_len` is accepted for the contract and not needed: the launch is static.
+    An fp8 cache's scales: k_scale folds into the softmax scale (q . k_cache * k_scale), and
+    v_scale multiplies the output (a sum of probabilities times v_cache * v_scale)."""
     del max_extend_len
+    scale = scale * k_scale
     tokens, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     check_paged_inputs("attention_extend", q, k_cache, req_to_token)
@@ -158,4 +162,4 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), REQS=max(16, triton.next_power_of_2(batch)),
         DOT_PREC=dot_precision(q.dtype), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-    return out
+    return out if v_scale == 1.0 else out.mul_(v_scale)

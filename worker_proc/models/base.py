@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -32,6 +33,10 @@ from tessera.worker_proc.models.layers import (
 )
 from tessera.worker_proc.tp import TPShape
 
+if TYPE_CHECKING:
+    from tessera.hal.quant import QuantizedWeight
+    from tessera.worker_proc.quant_plan import QuantPlan
+
 
 class CausalLM(nn.Module):
     """Subclasses build their layers in __init__ (after super().__init__) and define
@@ -39,12 +44,13 @@ class CausalLM(nn.Module):
 
     def __init__(self, config: ModelConfig, platform: Platform, *, dtype: torch.dtype,
                  device: torch.device, max_positions: int, tp_rank: int = 0, tp_size: int = 1,
-                 communicator: Communicator | None = None) -> None:
+                 communicator: Communicator | None = None,
+                 quant: QuantPlan | None = None) -> None:
         super().__init__()
         self.config = config
         self.tp = TPShape.of(config, tp_rank, tp_size)
         self.ctx = ModelContext(config, platform, self.tp, dtype, device, max_positions,
-                                communicator)
+                                communicator, quant)
         self.dtype, self.device, self.max_positions = dtype, device, max_positions
         self.embed = VocabEmbedding(self.ctx, config.vocab_size, config.hidden_size)
         self.final_norm = RMSNorm(self.ctx, config.hidden_size, config.rms_norm_eps,
@@ -73,7 +79,8 @@ class CausalLM(nn.Module):
             add_target(out, "model.embed_tokens.weight", Target(self.lm_head))
         return out
 
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor | QuantizedWeight]]
+                     ) -> None:
         """Copy HF-named full tensors into this rank's (sharded, fused) parameters. Raises
         WeightShapeError on a shape the config does not imply, ModelFormatError on a tensor
         that is missing or unknown."""
@@ -112,6 +119,25 @@ class CausalLM(nn.Module):
         still_meta = [n for n, p in self.named_parameters() if p.is_meta]
         if still_meta:
             raise ModelFormatError(f"parameters never loaded: {', '.join(still_meta[:5])}")
+
+    def weight_bytes(self) -> int:
+        """Bytes of every parameter and buffer (a tied table counted once)."""
+        seen, total = set(), 0
+        for t in list(self.parameters()) + list(self.buffers()):
+            if t.is_meta or t.data_ptr() in seen:
+                continue
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+        return total
+
+    def set_kv_cache_scales(self, scales: dict[int, tuple[float, float]]) -> None:
+        """Store and read the KV cache as fp8 with these per-layer (k_scale, v_scale)
+        (1.0 for a layer not named)."""
+        from tessera.worker_proc.models.layers.attention import Attention
+
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.kv_scales = scales.get(module.layer_index, (1.0, 1.0))
 
     def logits(self, h: torch.Tensor, residual: torch.Tensor | None,
                inp: ForwardInputs) -> torch.Tensor:
