@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
 # The GPU figures of BENCHMARKS.md on one H200: Llama-3-8B shape, bf16, random weights.
-#   benchmarks/run_gpu.sh [b1|b2|b3|b4|b12|peer|all] [extra tessera flags...]
-# Each part is one command of a few minutes (model load included) and writes
-# benchmarks/results/<part>_h200.json (+ PNGs where matplotlib is installed).
+#   benchmarks/run_gpu.sh [PART...] [extra tessera flags...]   PART: b1 b2 b3 b4 b8 peer b11 b12 all
+# (b11 runs the Mixtral-8x7B shape, benchmarks/configs/mixtral-8x7b.json, whatever MODEL says;
+# b12 runs B12, bf16 beside fp8 and int4 weights and the fp8 KV cache; neither is part of `all`)
+# e.g. `benchmarks/run_gpu.sh b1 b2 b3`. Each part is one command of a few minutes (model load
+# included) and writes benchmarks/results/<part>_h200.json (+ PNGs where matplotlib is
+# installed). The flags go to every part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 MODEL=${MODEL:-benchmarks/configs/llama3-8b.json}
 OUT=${OUT:-benchmarks/results}
 SUFFIX=${SUFFIX:-h200}
-part=${1:-all}
-shift || true
+parts=()
+while [[ $# -gt 0 && $1 != -* ]]; do parts+=("$1"); shift; done
+[[ ${#parts[@]} -gt 0 ]] || parts=(all)
+for part in "${parts[@]}"; do
+  case $part in
+    b1|b2|b3|b4|b8|peer|b11|b12|all) ;;
+    *) echo "usage: $0 [b1|b2|b3|b4|b8|peer|b11|b12|all ...] [flags]" >&2; exit 2 ;;
+  esac
+done
 common=(--model "$MODEL" --load-format dummy)
 # Measured on the reference H200 (BENCHMARKS.md); pass MEASURE=1 to measure them in the run.
 roof=(--bandwidth-gbps 4220 --peak-tflops 794)
@@ -18,13 +28,16 @@ roof=(--bandwidth-gbps 4220 --peak-tflops 794)
 
 run() { echo "+ $*" >&2; "$PY" -m tessera bench "$@"; }
 
-case $part in
-  b1|all) run latency "${common[@]}" "${roof[@]}" --out-dir "$OUT" --name "b1_$SUFFIX" "$@" ;;&
-  b2|all) run offline "${common[@]}" "${roof[@]}" --no-progress --out-dir "$OUT" --name "b2_$SUFFIX" "$@" ;;&
-  b3|all) run serving --workload B3 "${common[@]}" --out-dir "$OUT" --name "b3_$SUFFIX" "$@" ;;&
-  b4|all) run serving --workload B4 "${common[@]}" --out-dir "$OUT" --name "b4_$SUFFIX" "$@" ;;&
-  b12)    run quant "${common[@]}" --bandwidth-gbps 4220 --out-dir "$OUT" --name "b12_$SUFFIX" "$@" ;;
-  peer)   run peer "${common[@]}" --batch-sizes 1,16,64 --out-dir "$OUT" --name "b1_peer_transformers_$SUFFIX" "$@" ;;
-  b1|b2|b3|b4|all) ;;
-  *) echo "usage: $0 [b1|b2|b3|b4|b12|peer|all] [flags]" >&2; exit 2 ;;
-esac
+for part in "${parts[@]}"; do
+  case $part in
+    b1|all) run latency "${common[@]}" "${roof[@]}" --out-dir "$OUT" --name "b1_$SUFFIX" "$@" ;;&
+    b2|all) run offline "${common[@]}" "${roof[@]}" --no-progress --out-dir "$OUT" --name "b2_$SUFFIX" "$@" ;;&
+    b3|all) run serving --workload B3 "${common[@]}" --out-dir "$OUT" --name "b3_$SUFFIX" "$@" ;;&
+    b4|all) run serving --workload B4 "${common[@]}" --out-dir "$OUT" --name "b4_$SUFFIX" "$@" ;;&
+    b8|all) run serving --workload B8 "${common[@]}" --out-dir "$OUT" --name "b8_$SUFFIX" "$@" ;;&
+    peer)   run peer "${common[@]}" --batch-sizes 1,16,64 --out-dir "$OUT" --name "b1_peer_transformers_$SUFFIX" "$@" ;;
+    b12)    run quant "${common[@]}" --bandwidth-gbps 4220 --out-dir "$OUT" --name "b12_$SUFFIX" "$@" ;;
+    b11)    run b11 --model benchmarks/configs/mixtral-8x7b.json "${roof[@]}" --out-dir "$OUT" --suffix "$SUFFIX" "$@" ;;
+    *) ;;
+  esac
+done

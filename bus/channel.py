@@ -24,6 +24,13 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HWM = 10_000
 _POLL_MS = 100
+# An Outbox closes with a short linger, never 0: libzmq (4.3.5) aborts the whole process
+# (`Resource temporarily unavailable (src/session_base.cpp:233)`) when a PUSH socket half-way
+# through a large multipart message to a peer that stopped reading is closed at the moment
+# the peer closes too -- a slow client that goes away as we give up on it. With a linger the
+# half-sent message stays readable while the connection dies, and the socket is released
+# after CLOSE_LINGER_MS at most.
+CLOSE_LINGER_MS = 250
 
 
 class SendTimeout(TimeoutError):
@@ -144,7 +151,7 @@ class Outbox:
             raise SendTimeout(f"send to {self.endpoint} would block") from None
 
     def close(self) -> None:
-        self._sock.close(linger=0)
+        self._sock.close(linger=CLOSE_LINGER_MS)
 
 
 class OutboxPool:

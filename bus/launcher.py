@@ -89,6 +89,8 @@ def check_port_free(host: str, port: int) -> str | None:
 def check_config(config: ServerConfig) -> str | None:
     if config.tp_size < 1:
         return f"--tp-size must be at least 1, got {config.tp_size}"
+    if config.ep_size < 1 or config.tp_size % config.ep_size:
+        return f"--ep-size {config.ep_size} must divide --tp-size {config.tp_size}"
     if config.tokenizer_workers < 1:
         return f"--tokenizer-workers must be at least 1, got {config.tokenizer_workers}"
     if not 0 <= config.port <= 65535:

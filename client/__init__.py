@@ -17,6 +17,7 @@ from tessera.client.errors import (
     PromptTooLongError,
     RateLimitError,
     RequestTimeoutError,
+    SlowConsumerError,
     TesseraError,
     UnavailableError,
 )
@@ -32,7 +33,8 @@ from tessera.client.sync_client import Client, Stream
 
 __all__ = [
     "AsyncClient", "AsyncStream", "AuthenticationError", "BadRequestError", "Choice", "Client",
-    "Delta", "EngineDeadError", "EngineNotFoundError", "GenerateResult", "InternalError", "NotFoundError",
-    "OverloadedError", "PromptTooLongError", "RateLimitError", "RequestTimeoutError", "Stream",
-    "TesseraError", "TokenLogprob", "TopLogprob", "UnavailableError", "Usage",
+    "Delta", "EngineDeadError", "EngineNotFoundError", "GenerateResult", "InternalError",
+    "NotFoundError", "OverloadedError", "PromptTooLongError", "RateLimitError",
+    "RequestTimeoutError", "SlowConsumerError", "Stream", "TesseraError", "TokenLogprob",
+    "TopLogprob", "UnavailableError", "Usage",
 ]

@@ -79,6 +79,12 @@ class EngineDeadError(UnavailableError):
     error_type = "engine_dead"
 
 
+class SlowConsumerError(UnavailableError):
+    """The caller stopped reading a stream: its request was aborted rather than buffered."""
+
+    error_type = "slow_consumer"
+
+
 class EngineNotFoundError(UnavailableError):
     """No engine runs at the run directory the client was given."""
 

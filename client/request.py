@@ -22,6 +22,7 @@ from tessera.client.errors import (
     BadRequestError,
     EngineNotFoundError,
     RequestTimeoutError,
+    SlowConsumerError,
     TesseraError,
     UnavailableError,
     from_reply,
@@ -85,7 +86,9 @@ def coerce_sampling(sampling: SamplingParams | dict[str, Any] | None,
 def build_request(conn: BusConnection, prompt: Prompt, sampling: SamplingParams, *,
                   messages: Sequence[dict[str, Any]] | None, input_ids: Any, stream: bool,
                   rid: str | None, priority: int = 0,
-                  add_generation_prompt: bool = True) -> GenerateRequest:
+                  add_generation_prompt: bool = True,
+                  tools: list[dict[str, Any]] | None = None,
+                  chat_template_kwargs: dict[str, Any] | None = None) -> GenerateRequest:
     """One GenerateRequest: `prompt` may be text, chat messages (a list of dicts) or token ids
     (a list of ints / int array); exactly one form must be given."""
     if prompt is not None:
@@ -122,6 +125,7 @@ def build_request(conn: BusConnection, prompt: Prompt, sampling: SamplingParams,
         rid=rid or uuid.uuid4().hex, reply_to=conn.endpoint, sampling=sampling, prompt=prompt,
         messages=list(messages) if messages is not None else None, input_ids=ids,
         stream=stream, priority=priority, add_generation_prompt=add_generation_prompt,
+        tools=tools, chat_template_kwargs=chat_template_kwargs,
         arrival_time=time.time())
 
 
@@ -139,17 +143,61 @@ def check_rid(rid: Any) -> None:
                                   param="rid") from None
 
 
+class BoundedSink:
+    """Hands a request's replies to its consumer, with at most `limit` outputs unread. A
+    consumer that far behind has stopped reading (an HTTP client that never reads its
+    stream): the request is aborted in the engine instead of buffered without end, and the
+    consumer gets SlowConsumerError at its next read.
+
+    Called on the connection's receiver thread; `consumed` is counted by the consumer's
+    thread. Each count has one writer, so no lock is needed.
+    """
+
+    def __init__(self, conn: BusConnection, rid: str, put: Callable[[Item], None],
+                 limit: int) -> None:
+        self.conn = conn
+        self.rid = rid
+        self.put = put
+        self.limit = limit
+        self.delivered = 0
+        self.consumed = 0
+        self.overflow: SlowConsumerError | None = None
+
+    def __call__(self, item: Item) -> None:
+        if self.overflow is not None:
+            return
+        if isinstance(item, RequestOutput) and self.limit > 0 and \
+                self.delivered - self.consumed >= self.limit:
+            self.overflow = SlowConsumerError(
+                f"the stream's reader left {self.limit} outputs unread; the request was "
+                f"aborted (read streams as they come)")
+            self.conn.unregister(self.rid)
+            self.conn.send_abort(self.rid, "slow consumer")
+            self.put(self.overflow)  # wakes a consumer waiting for the next output
+            return
+        self.delivered += 1
+        self.put(item)
+
+
 class RequestTracker:
     """State of one request as its replies arrive: which choices have finished, whether the
     engine answered at all (a breaker success), and what to raise on an error."""
 
-    def __init__(self, conn: BusConnection, rid: str, n: int) -> None:
+    def __init__(self, conn: BusConnection, rid: str, n: int,
+                 sink: BoundedSink | None = None) -> None:
         self.conn = conn
         self.rid = rid
         self.n = n
         self.answered = False
         self.finished: set[int] = set()
         self.failed = False
+        self.sink = sink
+
+    def check_overflow(self) -> None:
+        """Raise SlowConsumerError if the reader fell too far behind (the request is gone)."""
+        if self.sink is not None and self.sink.overflow is not None:
+            self.failed = True
+            raise self.sink.overflow
 
     @property
     def done(self) -> bool:
@@ -157,6 +205,8 @@ class RequestTracker:
 
     def feed(self, item: Item) -> Delta:
         """The delta in `item`; raises the matching TesseraError for an error."""
+        if self.sink is not None:
+            self.sink.consumed += 1
         if isinstance(item, TesseraError):
             self.failed = True
             raise item
@@ -191,17 +241,22 @@ def open_request(conn: BusConnection, prompt: Prompt,
                  sampling: SamplingParams | dict[str, Any] | None,
                  sampling_kwargs: dict[str, Any], sink: Callable[[Item], None], *,
                  messages: Sequence[dict[str, Any]] | None, input_ids: Any, stream: bool,
-                 rid: str | None, priority: int,
-                 add_generation_prompt: bool) -> tuple[GenerateRequest, RequestTracker]:
+                 rid: str | None, priority: int, add_generation_prompt: bool,
+                 buffer_limit: int = 0, tools: list[dict[str, Any]] | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None,
+                 ) -> tuple[GenerateRequest, RequestTracker]:
     """Check the parameters and the breaker, build the request and route its replies to
-    `sink`; the caller sends it (and unregisters `req.rid` if the send fails)."""
+    `sink` (at most `buffer_limit` unread outputs, 0: no limit); the caller sends it (and
+    unregisters `req.rid` if the send fails)."""
     params = coerce_sampling(sampling, sampling_kwargs)
     conn.check_available()
     req = build_request(conn, prompt, params, messages=messages, input_ids=input_ids,
                         stream=stream, rid=rid, priority=priority,
-                        add_generation_prompt=add_generation_prompt)
-    conn.register(req.rid, sink)
-    return req, RequestTracker(conn, req.rid, params.n)
+                        add_generation_prompt=add_generation_prompt, tools=tools,
+                        chat_template_kwargs=chat_template_kwargs)
+    bounded = BoundedSink(conn, req.rid, sink, buffer_limit)
+    conn.register(req.rid, bounded)
+    return req, RequestTracker(conn, req.rid, params.n, bounded)
 
 
 class StreamBase:
@@ -229,8 +284,16 @@ class StreamBase:
         return RequestTimeoutError(f"no {what} from the engine within {timeout:g} s; the "
                                    f"request was aborted")
 
+    def _check_overflow(self) -> None:
+        try:
+            self._tracker.check_overflow()
+        except BaseException:
+            self._tracker.close()
+            raise
+
     def _feed(self, item: Item) -> Delta:
         try:
+            self._tracker.check_overflow()
             return self._tracker.feed(item)
         except BaseException:
             self._tracker.close()
@@ -247,6 +310,7 @@ class ClientBase:
         check_run_dir(_paths(run_dir))
         config = engine_config(run_dir, config)
         self.config = config
+        self.buffer_limit = config.stream_buffer_outputs
         self.inter_timeout_s = request_timeout_s or config.request_timeout_s
         self.first_timeout_s = first_output_timeout_s or self.inter_timeout_s
         try:

@@ -224,6 +224,43 @@ def test_silu_and_mul(hal_platform: Platform, dtype: torch.dtype, tokens: int,
     _close(out, _ref("silu_and_mul", x), dtype)
 
 
+@pytest.mark.parametrize("tokens,inner", [(0, 64), (1, 64), (6, 1536)])
+def test_gelu_tanh_and_mul(hal_platform: Platform, dtype: torch.dtype, tokens: int,
+                           inner: int) -> None:
+    x = _rand((tokens, 2 * inner), dtype, 41) * 3  # reaches the flat tails of tanh
+    out = hal_platform.op("gelu_tanh_and_mul")(*_on(hal_platform, x))
+    assert out.shape == (tokens, inner)
+    _close(out, _ref("gelu_tanh_and_mul", x), dtype)
+
+
+# tokens, experts, top_k, hidden, inner: decode-sized and prefill-sized batches, an expert
+# count that leaves some experts without tokens, sizes that are not powers of two
+MOE_CASES = {"one_token": (1, 8, 2, 64, 32), "decode": (5, 8, 2, 96, 80),
+             "prefill": (70, 6, 3, 64, 48), "empty": (0, 4, 2, 64, 32)}
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("case", sorted(MOE_CASES))
+def test_fused_moe(hal_platform: Platform, dtype: torch.dtype, case: str,
+                   activation: str) -> None:
+    tokens, experts, top_k, hidden, inner = MOE_CASES[case]
+    x = _rand((tokens, hidden), dtype, 42)
+    # Weights scaled so that every stage has unit-order values (the tolerances then mean the
+    # same thing at every size).
+    w13 = (_rand((experts, 2 * inner, hidden), dtype, 43).float() / math.sqrt(hidden)).to(dtype)
+    w2 = (_rand((experts, hidden, inner), dtype, 44).float() / math.sqrt(inner)).to(dtype)
+    scores = torch.softmax(_rand((tokens, experts), torch.float32, 45), dim=-1)
+    weights, ids = scores.topk(top_k, dim=-1)
+    ids = ids.to(torch.int32)
+    if tokens > 1:
+        ids[0, 0] = -1  # experts held by other ranks add nothing
+        ids[1, top_k - 1] = experts + 3
+    out = hal_platform.op("fused_moe")(*_on(hal_platform, x, w13, w2, weights, ids),
+                                       activation=activation)
+    assert out.shape == x.shape
+    _close(out, _ref("fused_moe", x, w13, w2, weights, ids, activation), dtype)
+
+
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("tokens", [0, 1, 13])
 def test_linear(hal_platform: Platform, dtype: torch.dtype, tokens: int, with_bias: bool) -> None:
@@ -299,6 +336,41 @@ def test_attention_extend_padded(hal_platform: Platform, dtype: torch.dtype, hq:
                     data.seq_lens, data.extend_lens, data.qo_indptr, data.scale)
     _close(out[:t], expected, dtype)
     assert torch.equal(out[t:].cpu(), torch.zeros_like(out[t:].cpu()))
+
+
+# sliding window, soft-capping cap: windows inside one KV block and across several, caps
+# that bite at the scores' scale (inputs of unit variance, head dim 64, scale 1/8)
+WINDOW_CAP_CASES = {"window5": (5, 0.0), "window70": (70, 0.0), "cap": (0, 1.5),
+                    "window_cap": (33, 2.0)}
+# (seq_lens, extend_lens): rows longer than the windows, prefixes, decode rows mixed in
+WINDOW_BATCHES = {"prefill": ((40, 150), (40, 150)), "cached_prefix": ((90, 13, 140), (20, 1, 7)),
+                  "mixed": ((1, 120, 4, 75), (1, 6, 1, 1))}
+
+
+@pytest.mark.parametrize("hq,hk", [(8, 2)])
+@pytest.mark.parametrize("case", sorted(WINDOW_BATCHES))
+@pytest.mark.parametrize("variant", sorted(WINDOW_CAP_CASES))
+def test_attention_sliding_window_and_soft_cap(hal_platform: Platform, dtype: torch.dtype,
+                                               hq: int, hk: int, case: str,
+                                               variant: str) -> None:
+    window, cap = WINDOW_CAP_CASES[variant]
+    seq_lens, extend_lens = WINDOW_BATCHES[case]
+    data = make_paged_case(seq_lens, extend_lens, hq, hk, 64, dtype, seed=46)
+    dev = _case_on(hal_platform, data)
+    kw = {"sliding_window": window, "logit_cap": cap}
+    out = hal_platform.op("attention_extend")(dev.q, dev.k_cache, dev.v_cache, dev.req_to_token,
+                                              dev.seq_lens, dev.extend_lens, dev.qo_indptr,
+                                              data.scale, **kw)
+    _close(out, reference_op("attention_extend")(
+        data.q.float(), data.k_cache.float(), data.v_cache.float(), data.req_to_token,
+        data.seq_lens, data.extend_lens, data.qo_indptr, data.scale, **kw), dtype)
+    dec = make_paged_case(seq_lens, (1,) * len(seq_lens), hq, hk, 64, dtype, seed=47)
+    ddev = _case_on(hal_platform, dec)
+    out = hal_platform.op("attention_decode")(ddev.q, ddev.k_cache, ddev.v_cache,
+                                              ddev.req_to_token, ddev.seq_lens, dec.scale, **kw)
+    _close(out, reference_op("attention_decode")(
+        dec.q.float(), dec.k_cache.float(), dec.v_cache.float(), dec.req_to_token,
+        dec.seq_lens, dec.scale, **kw), dtype)
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)

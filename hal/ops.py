@@ -13,6 +13,9 @@ L = row length of the page table. Integer index tensors may be int32 or int64.
         rotate-half (NeoX / Hugging Face Llama) style; cos_sin[p, :D//2] is cos, [p, D//2:] is
         sin of position p (build it with `hal.rope.cos_sin_cache`, which applies rope scaling)
     silu_and_mul(x[T, 2I]) -> [T, I]                  silu(x[:, :I]) * x[:, I:]
+    gelu_tanh_and_mul(x[T, 2I]) -> [T, I]             gelu_tanh(x[:, :I]) * x[:, I:]
+        gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (Gemma's MLP). Both
+        compute in fp32 and round once to x.dtype.
     linear(x[T, In], weight[Out, In], bias[Out] | None) -> [T, Out]
         A quantized weight (hal/quant: QuantizedWeight of scheme fp8, int8 or int4) goes
         through `platform.linear_kernel(scheme)` instead, resolved once per layer: the same
@@ -28,7 +31,8 @@ L = row length of the page table. Integer index tensors may be int32 or int64.
         read K = k_cache * k_scale and V = v_cache * v_scale.
     attention_extend(q[T, Hq, D], k_cache, v_cache, req_to_token[B, L], seq_lens[B],
                      extend_lens[B], qo_indptr[B + 1], scale: float,
-                     max_extend_len: int | None = None) -> [T, Hq, D]
+                     max_extend_len: int | None = None, *, sliding_window: int = 0,
+                     logit_cap: float = 0.0) -> [T, Hq, D]
         Ragged causal attention over paged KV, cached prefix included (the radix attention
         forward). Request b owns queries q[qo_indptr[b]:qo_indptr[b+1]] (extend_lens[b] of
         them) at positions seq_lens[b] - extend_lens[b] + i; query i attends to the KV in
@@ -39,10 +43,27 @@ L = row length of the page table. Integer index tensors may be int32 or int64.
         `max_extend_len`, when given, is max(extend_lens), known on the host: a plugin must
         not read it back from the device then (the worker calls this once per layer); a
         graph-captured step passes its padded token count instead, an upper bound.
+        sliding_window > 0: the query at position p attends only to positions
+        p - sliding_window + 1 .. p (the last sliding_window, itself included), as
+        transformers' sliding-window mask does; a plugin should skip the KV outside the window
+        rather than mask it. logit_cap > 0 soft-caps the scores before the softmax:
+        s = logit_cap * tanh(q.k * scale / logit_cap) (Gemma 2). Both 0: plain causal.
         (+ k_scale, v_scale keywords over an fp8 cache: see store_kv.)
     attention_decode(q[B, Hq, D], k_cache, v_cache, req_to_token[B, L], seq_lens[B],
-                     scale: float) -> [B, Hq, D]
+                     scale: float, *, sliding_window: int = 0, logit_cap: float = 0.0)
+                     -> [B, Hq, D]
         attention_extend with extend_lens == 1, for static decode shapes (graph capture).
+    fused_moe(x[T, H], w13[E, 2I, H], w2[E, H, I], topk_weights[T, K] float32, topk_ids[T, K],
+              activation: str = "silu") -> [T, H]
+        The Mixture-of-Experts MLP over the E experts this rank holds: for every token t and
+        choice k whose expert e = topk_ids[t, k] is in [0, E),
+            out[t] += topk_weights[t, k] * (w2[e] @ act_and_mul(w13[e] @ x[t]))
+        with act_and_mul = silu_and_mul ("silu") or gelu_tanh_and_mul ("gelu_tanh") on the
+        [gate | up] rows of w13. A choice outside [0, E) adds nothing: expert parallelism
+        marks the experts held by other ranks so. Each expert's gate/up product and its
+        activation are rounded to x.dtype (as separate linears would be); the weighted sum
+        over the K choices may be accumulated in fp32; the output is in x.dtype. How tokens
+        are grouped by expert (sorting, padding, grouped GEMM) is the plugin's business.
     sample(logits[B, V] float32, params: SamplingTensors) -> token ids int64[B]
         temperature == 0 (or top_k == 1) is greedy (argmax, lowest index on ties). Otherwise
         logits / temperature, then top-k (k <= 0: off), top-p, min-p filtering, then a draw.
@@ -70,10 +91,12 @@ OP_NAMES: tuple[str, ...] = (
     "fused_add_rms_norm",
     "rotary_embedding",
     "silu_and_mul",
+    "gelu_tanh_and_mul",
     "linear",
     "store_kv",
     "attention_extend",
     "attention_decode",
+    "fused_moe",
     "sample",
     "apply_token_mask",
 )
@@ -85,6 +108,11 @@ class SamplingTensors:
 
     all_greedy lets a plugin skip the random path when every row is greedy.
     offsets: tokens the request generated so far (the seeded stream's position).
+    The host knows the parameters, so it may also say which filters any row uses: any_top_k
+    (some top_k > 0), any_top_p (some top_p < 1), any_min_p (some min_p > 0) and max_top_k
+    (the largest top_k, 0 if none). A plugin then needs no read-back from the device to choose
+    its path; None means unknown (it may read the tensors). Each is a superset: a flag set
+    for rows whose filter turns out to be off (top_k >= V) changes nothing but the work.
     """
 
     temperature: torch.Tensor  # float32 [B]
@@ -94,3 +122,7 @@ class SamplingTensors:
     seeds: torch.Tensor  # int64 [B], -1 = unseeded
     offsets: torch.Tensor  # int64 [B]
     all_greedy: bool = False
+    any_top_k: bool | None = None
+    any_top_p: bool | None = None
+    any_min_p: bool | None = None
+    max_top_k: int | None = None

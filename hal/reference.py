@@ -19,10 +19,12 @@ REFERENCE_TARGETS: dict[str, str] = {
     "fused_add_rms_norm": "tessera.hal.cpu.dense:fused_add_rms_norm",
     "rotary_embedding": "tessera.hal.cpu.dense:rotary_embedding",
     "silu_and_mul": "tessera.hal.cpu.dense:silu_and_mul",
+    "gelu_tanh_and_mul": "tessera.hal.cpu.dense:gelu_tanh_and_mul",
     "linear": "tessera.hal.cpu.dense:linear",
     "store_kv": "tessera.hal.cpu.dense:store_kv",
     "attention_extend": "tessera.hal.cpu.attention:attention_extend",
     "attention_decode": "tessera.hal.cpu.attention:attention_decode",
+    "fused_moe": "tessera.hal.cpu.moe:fused_moe",
     "sample": "tessera.hal.cpu.sampling:sample",
     "apply_token_mask": "tessera.hal.cpu.token_mask:apply_token_mask",
 }

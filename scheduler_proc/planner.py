@@ -5,7 +5,10 @@ In order, every step:
      pages do not fit (after evicting unlocked cache pages), the youngest running sequence
      is retracted (`policy.retraction_victim`) until they do: decodes never deadlock;
   2. prefill chunks of sequences admitted earlier, under the token budget
-     (`chunked_prefill_size`; decodes do not count against it);
+     (`Scheduler.step_token_budget`: chunked_prefill_size, cut to about step_target_ms of
+     work when others decode or wait; decodes do not count against it). While requests
+     wait, these chunks take at most half the budget: a long prompt shares its steps with
+     new arrivals instead of holding them until its last chunk;
   3. admission: waiting sequences in policy order take a row, their cached prefix (locked)
      and a first chunk, while budget, rows and pages last. A page of headroom per running
      sequence is kept back so that new arrivals do not force retractions at once. A sequence
@@ -55,9 +58,10 @@ class Planner:
     def plan(self) -> tuple[np.ndarray, np.ndarray, list[Chunk]]:
         """(decode rows, their input ids, prefill chunks): everything already allocated."""
         dec_rows, dec_inputs = self._plan_decodes()
-        budget = self.s.config.chunked_prefill_size or (1 << 30)
-        chunks, budget = self._plan_prefills(budget)
-        self._admit(chunks, budget)
+        budget = self.s.step_token_budget()
+        share = max(self.s.page_size, budget // 2) if self.s.waiting else budget
+        chunks, left = self._plan_prefills(min(share, budget))
+        self._admit(chunks, left + budget - min(share, budget))
         return dec_rows, dec_inputs, chunks
 
     def _decode_ready(self) -> np.ndarray:

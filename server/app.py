@@ -3,7 +3,8 @@
     errors    any ApiError, aiohttp HTTP error (404 route, 405 method, 413 body) or bug
               becomes OpenAI's error JSON with its status (and Retry-After for 429/503)
     metrics   tessera_http_requests{route, status}
-    auth      with an API key configured, /v1/* and /generate need `Authorization: Bearer KEY`
+    auth      with an API key configured, /v1/*, /generate and /health_generate (it runs a
+              generation) need `Authorization: Bearer KEY`; /health and /metrics stay open
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tessera.server.state import STATE, ServerState
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_PROTECTED = ("/v1/", "/generate")
+_PROTECTED = ("/v1/", "/generate", "/health_generate")
 
 
 def _route_name(request: web.Request) -> str:

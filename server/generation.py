@@ -157,7 +157,10 @@ class Generation:
     async def _fail(self, sse: SseWriter, error: ApiError) -> None:
         # The status line said 200 long ago: count the real outcome here.
         self.state.metrics.errors.labels(str(error.status), error.error_type).inc()
-        await sse.error(error.body())
+        try:
+            await sse.error(error.body())
+        except ConnectionResetError:
+            pass  # nobody left to tell
 
 
 async def stream_choices(request: web.Request, gen: Generation, chunk: dict[str, Any],
@@ -182,7 +185,10 @@ async def stream_choices(request: web.Request, gen: Generation, chunk: dict[str,
 
     if not await gen.relay(sse, first, counted):
         return sse.response
-    if include_usage:
-        await sse.send({**chunk, "choices": [], "usage": tally.body()})
-    await sse.done()
+    try:
+        if include_usage:
+            await sse.send({**chunk, "choices": [], "usage": tally.body()})
+        await sse.done()
+    except ConnectionResetError:
+        pass  # the client left (or stopped reading) at the very end
     return sse.response

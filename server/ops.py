@@ -52,10 +52,13 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def health_generate(request: web.Request) -> web.Response:
-    """A real one-token generation through every process."""
+    """A real one-token generation through every process. It is a generation like any
+    other: behind the API key, and it takes a slot (429 when none is free) rather than
+    jumping the queue."""
     state: ServerState = request.app[STATE]
     if state.draining:
         return _unhealthy("the server is shutting down")
+    state.admit()  # ApiError 429 / 503, answered by the errors middleware
     try:
         result = await asyncio.wait_for(
             state.client.generate("ping", max_tokens=1, temperature=0.0),
@@ -64,6 +67,8 @@ async def health_generate(request: web.Request) -> web.Response:
         return _unhealthy(f"no token within {HEALTH_GENERATE_TIMEOUT_S:g} s")
     except TesseraError as exc:
         return _unhealthy(exc.message)
+    finally:
+        state.release()
     return web.json_response({"status": "ok",
                               "completion_tokens": result.usage.completion_tokens})
 
@@ -78,7 +83,7 @@ async def metrics(request: web.Request) -> web.Response:
 def _model_card(state: ServerState) -> dict[str, object]:
     return {"id": state.model_id, "object": "model", "created": state.created,
             "owned_by": "tessera", "root": state.config.model,
-            "max_model_len": state.config.context_length}
+            "max_model_len": state.max_model_len or state.config.context_length}
 
 
 async def models(request: web.Request) -> web.Response:

@@ -4,10 +4,13 @@ event, after which the stream ends (no [DONE])."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from aiohttp import web
+
+from tessera.server.state import STATE
 
 HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -17,10 +20,15 @@ HEADERS = {
 
 
 class SseWriter:
+    """Every write waits for the client at most `stream_stall_timeout_s`: a client that stops
+    reading holds its connection's buffers full, and would otherwise hold the request (and
+    its generation slot) for as long as it stays connected."""
+
     def __init__(self, request: web.Request) -> None:
         self.request = request
         self.response = web.StreamResponse(status=200, headers=HEADERS)
         self.started = False
+        self.stall_timeout_s = request.app[STATE].config.stream_stall_timeout_s
 
     async def start(self) -> None:
         await self.response.prepare(self.request)
@@ -29,12 +37,28 @@ class SseWriter:
     async def send(self, obj: dict[str, Any]) -> None:
         """Raises ConnectionResetError when the client has gone (the caller aborts)."""
         data = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-        await self.response.write(b"data: " + data.encode() + b"\n\n")
+        await self._write(b"data: " + data.encode() + b"\n\n")
 
     async def done(self) -> None:
-        await self.response.write(b"data: [DONE]\n\n")
-        await self.response.write_eof()
+        await self._write(b"data: [DONE]\n\n")
+        await self._write(None)
 
     async def error(self, body: dict[str, Any]) -> None:
         await self.send(body)
-        await self.response.write_eof()
+        await self._write(None)
+
+    async def _write(self, data: bytes | None) -> None:
+        """Write (None: end the body); a client that takes nothing for the stall timeout is
+        cut off (ConnectionResetError: the caller aborts the request)."""
+        try:
+            async with asyncio.timeout(self.stall_timeout_s):
+                if data is None:
+                    await self.response.write_eof()
+                else:
+                    await self.response.write(data)
+        except TimeoutError:
+            transport = self.request.transport
+            if transport is not None:
+                transport.abort()  # drop what it never read; free the connection now
+            raise ConnectionResetError(f"the client read nothing for "
+                                       f"{self.stall_timeout_s:g} s") from None

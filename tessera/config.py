@@ -28,6 +28,8 @@ READY_TIMEOUT_S: dict[str, float] = {"worker": 1800.0, "scheduler": 300.0,
                                      "detokenizer": 300.0, "tokenizer": 600.0,
                                      "server": 1200.0}
 SCHEDULE_POLICIES = ("fcfs", "priority")
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
+REASONING_PARSERS = ("qwen3", "deepseek-r1")
 
 
 def _opt(default: Any, help: str, **kw: Any) -> Any:
@@ -63,6 +65,10 @@ class BatchingConfig:
     page_size: int = _opt(16, "tokens per KV page (prefix-cache granularity)")
     max_running_requests: int = _opt(256, "requests decoded together at most")
     chunked_prefill_size: int = _opt(2048, "prefill tokens per step at most (0: no chunking)")
+    step_target_ms: float = _opt(1000.0, "while other requests decode or wait, prefill chunks "
+                                 "are cut to about this much work per step at the measured "
+                                 "speed, so a long prompt on a slow device cannot hold them "
+                                 "for tens of seconds (0: --chunked-prefill-size only)")
     max_queued_requests: int = _opt(4096, "waiting requests before new ones get 503")
     disable_radix_cache: bool = _opt(False, "turn off prefix reuse")
     schedule_policy: str = _opt("fcfs", "fcfs | priority (higher `priority` first, then "
@@ -91,6 +97,10 @@ class EngineConfig(BatchingConfig):
     served_model_name: str | None = _opt(None, "model id shown by /v1/models")
     context_length: int | None = _opt(None, "override the model's maximum context length")
     seed: int = _opt(0, "seed for dummy weights and unseeded sampling")
+    allowed_special_tokens: str = _opt("", "special tokens (comma-separated, e.g. "
+                                       "'<|im_end|>') that chat messages may hold as control "
+                                       "tokens; any other special token's text inside a "
+                                       "message is tokenized as plain text")
     quantization: str = _opt(
         "auto", "auto | none | fp8 | int8 | int4: auto keeps a quantized checkpoint's weights "
         "quantized (GGUF, AWQ, GPTQ, fp8); none dequantizes them at load; fp8 (W8A8, per-row "
@@ -104,6 +114,9 @@ class EngineConfig(BatchingConfig):
     hal: str | None = _opt(None, "hardware plugin (cpu, cuda, ...); default: TESSERA_HAL, "
                            "else the best available")
     tp_size: int = _opt(1, "tensor-parallel ranks (one worker process per device)")
+    ep_size: int = _opt(1, "expert parallelism for Mixture-of-Experts layers: the TP ranks "
+                        "form ep_size groups, each holding 1/ep_size of the experts (whole "
+                        "experts when ep_size == tp_size); must divide --tp-size")
     graph_max_tokens: int = _opt(1024, "largest prefill or mixed step (in tokens) replayed "
                                  "from a captured graph; larger ones run eagerly (0: capture "
                                  "decode steps only)")
@@ -113,6 +126,8 @@ class EngineConfig(BatchingConfig):
     max_total_tokens: int | None = _opt(None, "cap the KV cache at this many token slots")
     disable_cuda_graph: bool = _opt(False, "run decode eagerly instead of replaying graphs")
     cuda_graph_max_bs: int = _opt(256, "largest decode batch captured as a graph")
+    intra_op_threads: int = _opt(0, "host threads of each worker's ops (0: the cores this "
+                                 "process may use, divided among the worker ranks)")
     # --- processes ---------------------------------------------------------------------------
     tokenizer_workers: int = _opt(1, "tokenizer processes")
     run_dir: str | None = _opt(None, "private run directory for sockets (default: a new one "
@@ -125,6 +140,9 @@ class EngineConfig(BatchingConfig):
     breaker_failures: int = _opt(5, "timeouts in a row that open the circuit breaker")
     breaker_cooldown_s: float = _opt(5.0, "seconds before an open breaker half-opens")
     request_timeout_s: float = _opt(600.0, "a request with no progress this long is aborted")
+    stream_buffer_outputs: int = _opt(1024, "outputs a streaming reader may leave unread "
+                                      "before its request is aborted (a reader that stopped "
+                                      "reading must not make the engine work for nobody)")
     step_timeout_s: float = _opt(120.0, "a worker step unanswered this long fails its "
                                  "requests with 503 (the engine stays up)")
     log_level: str = _opt("info", "debug | info | warning | error")
@@ -137,6 +155,13 @@ class EngineConfig(BatchingConfig):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
                                  f"{getattr(self, name)!r}")
+        if self.intra_op_threads < 0:
+            raise ValueError(f"intra_op_threads must be 0 (automatic) or positive, got "
+                             f"{self.intra_op_threads}")
+
+    @property
+    def allowed_special(self) -> frozenset[str]:
+        return frozenset(t.strip() for t in self.allowed_special_tokens.split(",") if t.strip())
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
@@ -195,5 +220,26 @@ class ServerConfig(EngineConfig):
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' (or TESSERA_API_KEY)")
     disable_warmup: bool = _opt(False, "skip the warm-up request before reporting ready")
     drain_timeout_s: float = _opt(10.0, "on SIGTERM, wait this long for in-flight requests")
+    stream_stall_timeout_s: float = _opt(30.0, "a streaming HTTP client that takes no data "
+                                         "for this long is disconnected and its request "
+                                         "aborted")
     max_concurrent_requests: int = _opt(0, "HTTP generation requests in flight before new "
                                         "ones get 429 (0: max_running + max_queued requests)")
+    lenient_params: bool = _opt(False, "ignore request fields this server does not know "
+                                "(logged once per field) instead of answering 400")
+    tool_call_parser: str = _opt("auto", "how tool calls are read from the model's answer: "
+                                 "hermes (<tool_call>), llama3_json, mistral ([TOOL_CALLS]), "
+                                 "or auto (from the chat template)",
+                                 choices=list(TOOL_CALL_PARSERS))
+    reasoning_parser: str | None = _opt(None, "put the model's <think> part in "
+                                        "reasoning_content: qwen3 or deepseek-r1",
+                                        choices=list(REASONING_PARSERS))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                             f"got {self.tool_call_parser!r}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
+                             f"got {self.reasoning_parser!r}")

@@ -98,3 +98,10 @@ def test_importing_the_config_loads_nothing_else_of_tessera() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "['tessera', 'tessera.config']"
+
+
+def test_allowed_special_tokens_flag_is_a_set() -> None:
+    config = ServerConfig.from_cli(
+        parse(["--allowed-special-tokens", "<|im_end|>, <|im_start|>"]), NO_ENV)
+    assert config.allowed_special == frozenset({"<|im_end|>", "<|im_start|>"})
+    assert ServerConfig.from_cli(parse([]), NO_ENV).allowed_special == frozenset()

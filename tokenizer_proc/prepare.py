@@ -19,8 +19,10 @@ from typing import Any
 import numpy as np
 
 from tessera.bus.messages import ErrorReply, GenerateRequest, SamplingParams, TokenizedRequest
+from tessera.formats.chat_guard import ChatTokenError
 from tessera.formats.chat_template import ChatTemplateError
 from tessera.formats.tokenizer import ModelTokenizer, TokenizerError
+from tessera.tokenizer_proc.tool_prompt import template_inputs
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
 
@@ -73,6 +75,33 @@ def check_messages(messages: Any) -> list[dict[str, Any]]:
     return clean
 
 
+_RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "add_generation_prompt", "documents"})
+
+
+def _check_tools(tools: Any) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str) for t in tools):
+        raise _bad("tools must be a list of {\"type\": \"function\", \"function\": {\"name\", "
+                   "...}} objects", "tools")
+    return tools
+
+
+def _check_template_kwargs(kwargs: Any) -> dict[str, Any]:
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise _bad("chat_template_kwargs must be an object of template variables",
+                   "chat_template_kwargs")
+    clash = sorted(set(kwargs) & _RESERVED_TEMPLATE_VARS)
+    if clash:
+        raise _bad(f"chat_template_kwargs may not set {', '.join(clash)}; use the request "
+                   f"fields for them", "chat_template_kwargs")
+    return kwargs
+
+
 def _check_chars(chars: int, what: str, param: str, tok: ModelTokenizer,
                  context: int | None) -> None:
     """413 before tokenizing a text that cannot fit the context whatever it encodes to."""
@@ -86,7 +115,8 @@ def _check_chars(chars: int, what: str, param: str, tok: ModelTokenizer,
                        f"shorten it", param)
 
 
-def _prompt_ids(req: GenerateRequest, tok: ModelTokenizer, context: int | None) -> list[int]:
+def _prompt_ids(req: GenerateRequest, tok: ModelTokenizer, context: int | None,
+                allowed_special: frozenset[str]) -> list[int]:
     given = [name for name in ("prompt", "messages", "input_ids")
              if getattr(req, name) is not None]
     if len(given) != 1:
@@ -111,13 +141,15 @@ def _prompt_ids(req: GenerateRequest, tok: ModelTokenizer, context: int | None) 
                            f"context of {context} tokens can hold; send fewer", "messages")
         _check_chars(sum(len(m["content"]) for m in messages), "the messages' content",
                      "messages", tok, context)
+        messages, extra = template_inputs(messages, _check_tools(req.tools), tok.chat_template)
+        extra = {**_check_template_kwargs(req.chat_template_kwargs), **extra}
         try:
-            text = tok.apply_chat_template(messages, req.add_generation_prompt)
-        except (ChatTemplateError, TokenizerError) as exc:
+            # As transformers' apply_chat_template(tokenize=True): the template writes BOS
+            # itself; a special token's text inside a message stays text (chat_guard.py).
+            return tok.encode_chat(messages, req.add_generation_prompt, allowed_special,
+                                   **extra)
+        except (ChatTemplateError, ChatTokenError, TokenizerError) as exc:
             raise _bad(str(exc), "messages") from None
-        _check_chars(len(text), "the chat prompt", "messages", tok, context)
-        # As transformers' apply_chat_template(tokenize=True): the template writes BOS itself.
-        return tok.encode(text, add_special_tokens=False)
     ids = np.asarray(req.input_ids)
     if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
         raise _bad(f"input_ids must be a flat list of integers, got {ids.dtype} {ids.shape}",
@@ -165,16 +197,17 @@ def _fit_context(n_prompt: int, sp: SamplingParams, context: int | None) -> Samp
     return sp
 
 
-def prepare(req: GenerateRequest, tok: ModelTokenizer,
-            context_length: int | None) -> TokenizedRequest | ErrorReply:
-    """The TokenizedRequest for `req`, or the ErrorReply to send to its reply_to."""
+def prepare(req: GenerateRequest, tok: ModelTokenizer, context_length: int | None,
+            allowed_special: frozenset[str] = frozenset()) -> TokenizedRequest | ErrorReply:
+    """The TokenizedRequest for `req`, or the ErrorReply to send to its reply_to.
+    `allowed_special`: special tokens a chat message may hold as control tokens."""
     try:
         sampling = _check_sampling(req.sampling, tok)
         if not isinstance(req.stream, bool):
             raise _bad("stream must be true or false", "stream")
         if isinstance(req.priority, bool) or not isinstance(req.priority, int):
             raise _bad("priority must be an integer", "priority")
-        ids = _prompt_ids(req, tok, context_length)
+        ids = _prompt_ids(req, tok, context_length, allowed_special)
         if not ids:
             raise _bad("the prompt encodes to no tokens; send some text", "prompt")
         sampling = _fit_context(len(ids), sampling, context_length)

@@ -5,22 +5,24 @@ one costs the host more time than the device needs to run them, up to several hu
 (docs/performance.md). So steps of up to --graph-max-tokens tokens replay a graph captured at
 start-up for the smallest token bucket that holds them. The attention op's launch depends only
 on the shapes (hal/ops.py, attention_extend), so one graph serves every mix of decodes and
-prefill chunks that fits its bucket. ModelRunner uses it as
+prefill chunks that fits its bucket. The graph ends at the hidden states: the final norm and
+the vocabulary matmul then run eagerly for the step's sampled rows only (a bucket's padded
+rows would cost a 128k-wide matmul each). ModelRunner uses it as
 
-    graphs = MixedGraphs(lambda inp: self.model(inp, self.kv), runner, max_tokens,
-                         max_requests, max_context_len, device)
+    graphs = MixedGraphs(lambda inp: model.hidden(inp, kv), model.logits, runner,
+                         max_tokens, max_requests, max_context_len, device)
     graphs.capture_all()                                     # at start-up, largest first
     if graphs.can_run(inputs): logits = graphs.run(inputs)   # else the eager forward
 
 A bucket of T_k tokens holds up to B_k = min(T_k, max_requests) requests (each brings at
-least one token) and as many sampled rows. Before each replay the unused part is padding:
+least one token). Before each replay the unused part is padding:
   tokens T .. T_k-1      id 0 at position 0, KV stored into slot 0 (page 0, reserved for
                          padding: KVArena), owned by no request (attention gives them zeros);
-  requests B .. B_k-1    seq_len = extend_len = 0 and qo_indptr = T: no tokens, no KV read;
-  logits rows S .. B_k-1 token 0's, dropped.
+  requests B .. B_k-1    seq_len = extend_len = 0 and qo_indptr = T: no tokens, no KV read.
 One set of static buffers sized for the largest bucket serves every bucket (views of its first
-rows), and every graph copies its logits into one shared buffer, so no graph keeps memory of
-its own alive after it ends: the capture pool only needs the largest graph's temporaries.
+rows), and every graph copies its hidden states into one shared pair of buffers, so no graph
+keeps memory of its own alive after it ends: the capture pool only needs the largest graph's
+temporaries.
 """
 
 from __future__ import annotations
@@ -49,11 +51,17 @@ def token_buckets(max_tokens: int) -> list[int]:
     return sizes
 
 
+Hidden = tuple[torch.Tensor, torch.Tensor | None]
+
+
 class MixedGraphs:
-    def __init__(self, forward: Callable[[ForwardInputs], torch.Tensor], runner: Any,
-                 max_tokens: int, max_requests: int, max_context_len: int,
+    def __init__(self, hidden: Callable[[ForwardInputs], Hidden],
+                 logits: Callable[[torch.Tensor, torch.Tensor | None, ForwardInputs],
+                                  torch.Tensor],
+                 runner: Any, max_tokens: int, max_requests: int, max_context_len: int,
                  device: torch.device, buckets: Sequence[int] | None = None) -> None:
-        self.forward = forward
+        self.hidden = hidden
+        self.logits = logits
         self.runner = runner  # a GraphRunner with capture(key, fn) / replay(key)
         self.buckets = sorted(buckets) if buckets is not None else token_buckets(max_tokens)
         self.max_requests = max_requests
@@ -72,9 +80,10 @@ class MixedGraphs:
         self.seq_lens = zeros(r, dtype=torch.int32)
         self.extend_lens = zeros(r, dtype=torch.int32)
         self.qo_indptr = zeros(r + 1, dtype=torch.int32)
-        self.logits_indices = zeros(r, dtype=torch.int64)
-        self.logits: torch.Tensor | None = None  # [B_k of the largest bucket, V]
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.logits_indices = zeros(r, dtype=torch.int64)  # read by no captured op
+        self.h: torch.Tensor | None = None  # [largest bucket, hidden], written by every graph
+        self.residual: torch.Tensor | None = None
+        self.captured: set[int] = set()
 
     def requests_for(self, tokens: int) -> int:
         """Requests (and sampled rows) a bucket of `tokens` holds."""
@@ -101,38 +110,43 @@ class MixedGraphs:
         if not self.buckets:
             return
         with torch.inference_mode():
-            probe = self.forward(self._static(self.buckets[0]))  # the logits' width and dtype
-            self.logits = torch.empty((self.requests_for(self.buckets[-1]), probe.shape[-1]),
-                                      dtype=probe.dtype, device=probe.device)
+            h, residual = self.hidden(self._static(self.buckets[0]))  # widths and dtypes
+            n = self.buckets[-1]
+            self.h = torch.empty((n, *h.shape[1:]), dtype=h.dtype, device=h.device)
+            if residual is not None:
+                self.residual = torch.empty((n, *residual.shape[1:]), dtype=residual.dtype,
+                                            device=residual.device)
             for tokens in reversed(self.buckets):
-                self.outputs[tokens] = self.runner.capture(
-                    ("mixed", tokens), lambda tokens=tokens: self._step(tokens))
+                self.runner.capture(("mixed", tokens), lambda tokens=tokens: self._step(tokens))
+                self.captured.add(tokens)
 
     def _step(self, tokens: int) -> torch.Tensor:
-        assert self.logits is not None
-        out = self.logits[:self.requests_for(tokens)]
-        out.copy_(self.forward(self._static(tokens)))
-        return out
+        """The captured work: the hidden states of the bucket into the shared buffers (its
+        output, rewritten by every replay, is the view of them it wrote)."""
+        assert self.h is not None
+        h, residual = self.hidden(self._static(tokens))
+        self.h[:tokens].copy_(h)
+        if self.residual is not None:
+            assert residual is not None
+            self.residual[:tokens].copy_(residual)
+        return self.h[:tokens]
 
     def can_run(self, inputs: ForwardInputs) -> bool:
         tokens = inputs.num_tokens
         bucket = self.bucket_for(tokens)
-        if tokens == 0 or bucket is None or bucket not in self.outputs:
+        if tokens == 0 or bucket is None or bucket not in self.captured:
             return False
-        reqs = self.requests_for(bucket)
-        return (0 < int(inputs.seq_lens.shape[0]) <= reqs
-                and int(inputs.logits_indices.shape[0]) <= reqs
+        return (0 < int(inputs.seq_lens.shape[0]) <= self.requests_for(bucket)
                 and int(inputs.req_to_token.shape[1]) <= self.max_context_len)
 
     def run(self, inputs: ForwardInputs) -> torch.Tensor:
-        """Logits [S, V] of the step's sampled rows: a view of the shared static buffer,
-        valid until the next run()."""
+        """float32 logits [S, V] of the step's sampled rows (inputs.logits_indices): the
+        bucket's graph, then the final norm and LM head on those rows."""
         if not self.can_run(inputs):
             raise ValueError(f"no graph for a step of {inputs.num_tokens} tokens and "
                              f"{int(inputs.seq_lens.shape[0])} requests (buckets: "
-                             f"{sorted(self.outputs)})")
+                             f"{sorted(self.captured)})")
         tokens, batch = inputs.num_tokens, int(inputs.seq_lens.shape[0])
-        sampled = int(inputs.logits_indices.shape[0])
         bucket = self.bucket_for(tokens)
         assert bucket is not None
         reqs = self.requests_for(bucket)
@@ -144,7 +158,6 @@ class MixedGraphs:
         self.seq_lens[:batch].copy_(inputs.seq_lens)
         self.extend_lens[:batch].copy_(inputs.extend_lens)
         self.qo_indptr[:batch + 1].copy_(inputs.qo_indptr)
-        self.logits_indices[:sampled].copy_(inputs.logits_indices)
         if bucket > tokens:
             for buf in (self.input_ids, self.positions, self.out_slots):
                 buf[tokens:bucket].zero_()
@@ -152,7 +165,7 @@ class MixedGraphs:
             self.seq_lens[batch:reqs].zero_()
             self.extend_lens[batch:reqs].zero_()
             self.qo_indptr[batch + 1:reqs + 1].fill_(tokens)
-        if reqs > sampled:
-            self.logits_indices[sampled:reqs].zero_()
         self.runner.replay(("mixed", bucket))
-        return self.outputs[bucket][:sampled]
+        assert self.h is not None
+        residual = self.residual[:tokens] if self.residual is not None else None
+        return self.logits(self.h[:tokens], residual, inputs)

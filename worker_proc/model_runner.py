@@ -17,12 +17,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from tessera.bus.messages import ForwardBatch, SampledTokens, WorkerReady
+from tessera.bus.messages import (
+    ForwardBatch,
+    GrammarInit,
+    GrammarReady,
+    SampledTokens,
+    WorkerReady,
+)
 from tessera.config import EngineConfig
 from tessera.formats import ModelFiles, open_model
 from tessera.formats.dummy import DummyFiles
 from tessera.hal.platform import Communicator, KVArena, Platform
 from tessera.worker_proc.forward_inputs import ForwardInputs, build_forward_inputs, to_device
+from tessera.worker_proc.grammar.runtime import GrammarRuntime
 from tessera.worker_proc.kv_sizing import KVPlan, plan_kv
 from tessera.worker_proc.models import model_class
 from tessera.worker_proc.quant_plan import plan_quantization
@@ -85,7 +92,8 @@ class ModelRunner:
         cls = model_class(mc.arch)
         self.model = cls(mc, platform, dtype=self.dtype, device=self.device,
                          max_positions=self.max_context_len, tp_rank=rank,
-                         tp_size=config.tp_size, communicator=communicator, quant=self.quant)
+                         tp_size=config.tp_size, communicator=communicator,
+                         ep_size=config.ep_size, quant=self.quant)
         if isinstance(self.files, DummyFiles):
             self.files.device = self.device  # draw random weights where they will live
         self.model.load_weights(self.files.iter_tensors(
@@ -114,6 +122,9 @@ class ModelRunner:
         self._capture_decode_graphs()
         self._capture_mixed_graphs()
         self.sampler = Sampler(platform.op("sample"), self.device)
+        # Rank 0's grammar matchers (structured output), made on the first GrammarInit.
+        self.grammar: GrammarRuntime | None = None
+        self._grammar_error: str | None = None
         # The token each page-table row sampled last: input ids < 0 refer to it.
         self.last_sampled = torch.zeros(config.max_running_requests, dtype=torch.int64,
                                         device=self.device)
@@ -151,7 +162,7 @@ class ModelRunner:
         from tessera.worker_proc.graph_mixed import MixedGraphs
 
         start = time.perf_counter()
-        graphs = MixedGraphs(lambda inp: self.model(inp, self.kv),
+        graphs = MixedGraphs(lambda inp: self.model.hidden(inp, self.kv), self.model.logits,
                              self.platform.create_graph_runner(), cfg.graph_max_tokens,
                              cfg.max_running_requests, self.max_context_len, self.device)
         graphs.capture_all()
@@ -168,6 +179,42 @@ class ModelRunner:
             page_size=self.kv_plan.page_size, max_context_len=self.max_context_len,
             vocab_size=self.model_config.vocab_size,
             eos_token_ids=list(self.model_config.eos_token_ids), device=str(self.device))
+
+    # -- grammars (rank 0) --------------------------------------------------------------------
+
+    def _grammar_runtime(self) -> GrammarRuntime | None:
+        if self.grammar is None and self._grammar_error is None:
+            from tessera.worker_proc.grammar.compiler import GrammarCompiler
+            from tessera.worker_proc.grammar.vocab import tokenizer_info
+
+            try:
+                self.sampler.mask_op = self.platform.op("apply_token_mask")
+            except Exception as exc:  # noqa: BLE001 - the plugin cannot mask: say so
+                self._grammar_error = f"structured output is not available: {exc}"
+                return None
+            model, vocab = self.config.model, self.model_config.vocab_size
+            eos = list(self.model_config.eos_token_ids)
+            compiler = GrammarCompiler(lambda: tokenizer_info(model, vocab, eos))
+            self.grammar = GrammarRuntime(compiler, vocab,
+                                          lambda a, dtype: to_device(a, dtype, self.device))
+        return self.grammar
+
+    def grammar_init(self, msg: GrammarInit) -> list[GrammarReady]:
+        """Start compiling a request's grammar; replies that are ready now (errors)."""
+        runtime = self._grammar_runtime()
+        if runtime is None:
+            return [GrammarReady(first_id=msg.first_id,
+                                 error=f"{msg.grammar.param}: {self._grammar_error}")]
+        runtime.init(msg)
+        return runtime.ready()
+
+    def grammar_ready(self) -> list[GrammarReady]:
+        """GrammarReady for every compile finished since the last call."""
+        return self.grammar.ready() if self.grammar is not None else []
+
+    @property
+    def grammars_compiling(self) -> bool:
+        return self.grammar is not None and self.grammar.compiling
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -189,9 +236,18 @@ class ModelRunner:
             return PendingStep(batch.step, None, start)
         inputs = build_forward_inputs(batch, req_to_token, self.device)
         self._resolve_last_sampled(inputs)
+        grammar = self.grammar
+        if grammar is None and self.rank == 0 and batch.grammar_ids.shape[0]:
+            grammar = self._grammar_runtime()  # (its matchers are unknown: the rows fail)
+        record = None
         with torch.inference_mode():
             logits = self.forward(inputs)
-            sample = self.sampler.sample(logits, batch)
+            mask = None
+            if grammar is not None:
+                # After the forward is queued: the device works while the matchers catch up.
+                grammar.free(batch)
+                mask, record = grammar.before_sample(batch, np.flatnonzero(batch.sample))
+            sample = self.sampler.sample(logits, batch, mask)
         tokens = sample.tokens
         if self.config.tp_size > 1:
             # Unseeded draws may differ between ranks: every rank adopts rank 0's tokens.
@@ -203,6 +259,8 @@ class ModelRunner:
                 np.asarray(batch.sample, dtype=bool)], torch.int64, self.device)
             self.last_sampled[rows] = tokens
         sample.start_copy()
+        if grammar is not None:
+            grammar.after_sample(record, lambda: sample.fetch().token_ids)
         return PendingStep(batch.step, sample, start)
 
     def finish(self, pending: PendingStep) -> SampledTokens:
@@ -210,10 +268,13 @@ class ModelRunner:
         if pending.sample is None:
             return SampledTokens(step=pending.step, token_ids=np.zeros(0, np.int32))
         result = pending.sample.fetch()
+        ends = self.grammar.step_ends(pending.step) if self.grammar is not None else \
+            np.zeros(0, np.uint8)
         return SampledTokens(step=pending.step, token_ids=result.token_ids,
                              logprobs=result.logprobs, top_ids=result.top_ids,
                              top_logprobs=result.top_logprobs,
-                             forward_ms=(time.perf_counter() - pending.start) * 1000.0)
+                             forward_ms=(time.perf_counter() - pending.start) * 1000.0,
+                             grammar_end=ends)
 
     def _resolve_last_sampled(self, inputs: ForwardInputs) -> None:
         if inputs.has_last_sampled:
@@ -223,7 +284,7 @@ class ModelRunner:
     def forward(self, inputs: ForwardInputs) -> torch.Tensor:
         """float32 logits [S, V]. A decode-only batch takes forward_decode; another step
         replays a graph captured for its padded token count when one holds it (the logits
-        are then a view of a static buffer, valid until the next replay), else runs eagerly."""
+        are computed after it for the sampled rows), else runs eagerly."""
         if inputs.is_decode:
             return self.forward_decode(inputs)
         if self.mixed_graphs is not None and self.mixed_graphs.can_run(inputs):

@@ -9,6 +9,12 @@ Megatron layout, as in SGLang/vLLM:
                    to the layers and a replicated lookup needs no collective.
 KV heads: with tp_size > num_kv_heads each KV head is replicated on tp_size / num_kv_heads
 ranks (GQA keeps working because each rank's query heads map onto its one KV head).
+
+Mixture-of-Experts layers: the tp_size ranks form ep_size expert groups of
+moe_tp = tp_size / ep_size ranks. Expert group g holds experts [g * E / ep_size, ...), and
+inside a group every expert's intermediate dimension is split like a dense MLP's. Each rank
+computes its partial sum over the tokens' chosen experts it holds; one all_reduce over all
+tp_size ranks sums them (ep_size == 1: pure TP; ep_size == tp_size: whole experts per rank).
 """
 
 from __future__ import annotations
@@ -30,22 +36,41 @@ class TPShape:
     intermediate: int  # MLP rows on this rank
     vocab_padded: int  # full vocabulary rounded up to a multiple of size
     vocab_local: int
+    ep_size: int = 1
+    ep_rank: int = 0  # this rank's expert group
+    moe_tp_size: int = 1  # ranks sharing each expert
+    moe_tp_rank: int = 0
 
     @classmethod
-    def of(cls, config: ModelConfig, rank: int, size: int) -> TPShape:
+    def of(cls, config: ModelConfig, rank: int, size: int, ep_size: int = 1) -> TPShape:
         if size < 1 or not 0 <= rank < size:
             raise ValueError(f"bad tensor-parallel rank {rank} of {size}")
+        if ep_size < 1 or size % ep_size:
+            raise ValueError(f"--ep-size {ep_size} must divide --tp-size {size}")
+        if ep_size > 1 and config.moe is None:
+            raise ValueError(f"--ep-size {ep_size} needs a Mixture-of-Experts model; "
+                             f"{config.arch} has no experts")
         problems = []
         if config.num_heads % size:
             problems.append(f"num_attention_heads ({config.num_heads})")
-        if config.intermediate_size % size:
+        moe = config.moe
+        if (moe is None or moe.dense_layers) and config.intermediate_size % size:
             problems.append(f"intermediate_size ({config.intermediate_size})")
         kv = config.num_kv_heads
         if (kv % size) if kv >= size else (size % kv):
             problems.append(f"num_key_value_heads ({kv})")
+        moe_tp = size // ep_size
+        if moe is not None:
+            if moe.intermediate_size % moe_tp:
+                problems.append(f"the expert intermediate size ({moe.intermediate_size}) by "
+                                f"tp/ep = {moe_tp}")
+            if moe.num_experts % ep_size:
+                problems.append(f"the number of experts ({moe.num_experts}) by ep {ep_size}")
+            if moe.shared_intermediate_size % size:
+                problems.append(f"the shared expert size ({moe.shared_intermediate_size})")
         if problems:
-            raise ValueError(f"--tp-size {size} does not divide {', '.join(problems)}; "
-                             f"choose a tp size that divides them")
+            raise ValueError(f"--tp-size {size} (--ep-size {ep_size}) does not divide "
+                             f"{', '.join(problems)}; choose sizes that divide them")
         if kv >= size:
             kv_local, kv_start = kv // size, rank * (kv // size)
         else:
@@ -54,4 +79,6 @@ class TPShape:
         return cls(rank=rank, size=size, num_heads=config.num_heads // size,
                    num_kv_heads=kv_local, kv_head_start=kv_start,
                    intermediate=config.intermediate_size // size,
-                   vocab_padded=vocab_padded, vocab_local=vocab_padded // size)
+                   vocab_padded=vocab_padded, vocab_local=vocab_padded // size,
+                   ep_size=ep_size, ep_rank=rank // moe_tp, moe_tp_size=moe_tp,
+                   moe_tp_rank=rank % moe_tp)

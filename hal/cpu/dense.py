@@ -50,6 +50,21 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return (F.silu(x[..., :half].float()) * x[..., half:].float()).to(x.dtype)
 
 
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    gate = F.gelu(x[..., :half].float(), approximate="tanh")
+    return (gate * x[..., half:].float()).to(x.dtype)
+
+
+def act_and_mul(x: torch.Tensor, activation: str) -> torch.Tensor:
+    """silu_and_mul or gelu_tanh_and_mul by name (the `activation` of fused_moe)."""
+    if activation == "silu":
+        return silu_and_mul(x)
+    if activation == "gelu_tanh":
+        return gelu_tanh_and_mul(x)
+    raise ValueError(f"unknown activation {activation!r}; have silu, gelu_tanh")
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
            ) -> torch.Tensor:
     return F.linear(x, weight, bias)

@@ -1,4 +1,4 @@
-"""Small memory-bound ops as Triton kernels: rotary embedding, SiLU-and-mul, KV store.
+"""Small memory-bound ops as Triton kernels: rotary embedding, SiLU/GELU-and-mul, KV store.
 
 Each reads its inputs once and writes its outputs once, math in fp32. Inputs may be strided
 views (q/k/v slices of a fused QKV projection) as long as the innermost dimension is
@@ -77,29 +77,45 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, x_s0, o_s0, inter, BLOCK: tl.constexpr):
+def _act_and_mul_kernel(x_ptr, out_ptr, x_s0, o_s0, inter, BLOCK: tl.constexpr,
+                        GELU: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
     gate = tl.load(x_ptr + t * x_s0 + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + t * x_s0 + inter + cols, mask=mask, other=0.0).to(tl.float32)
-    y = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(out_ptr + t * o_s0 + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+    if GELU:
+        # tanh(z) = 1 - 2 / (exp(2z) + 1)
+        # |z| <= 20 already gives tanh = +-1 in fp32; the clamp keeps exp finite.
+        z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        z = tl.minimum(tl.maximum(z, -20.0), 20.0)
+        act = 0.5 * gate * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0))
+    else:
+        act = gate / (1.0 + tl.exp(-gate))
+    tl.store(out_ptr + t * o_s0 + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    _check_inner_contiguous("silu_and_mul input", x)
+def _act_and_mul(x: torch.Tensor, name: str, gelu: bool) -> torch.Tensor:
+    _check_inner_contiguous(f"{name} input", x)
     tokens, width = x.shape
     if width % 2:
-        raise ValueError(f"silu_and_mul expects an even last dimension (gate | up), got {width}")
+        raise ValueError(f"{name} expects an even last dimension (gate | up), got {width}")
     inter = width // 2
     out = torch.empty((tokens, inter), dtype=x.dtype, device=x.device)
     if tokens == 0:
         return out
     block = min(1024, triton.next_power_of_2(inter))
-    _silu_and_mul_kernel[(tokens, triton.cdiv(inter, block))](
-        x, out, x.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4)
+    _act_and_mul_kernel[(tokens, triton.cdiv(inter, block))](
+        x, out, x.stride(0), out.stride(0), inter, BLOCK=block, GELU=gelu, num_warps=4)
     return out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return _act_and_mul(x, "silu_and_mul", gelu=False)
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return _act_and_mul(x, "gelu_tanh_and_mul", gelu=True)
 
 
 @triton.jit

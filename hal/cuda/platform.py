@@ -58,6 +58,7 @@ class CudaPlatform(OpTablePlatform):
             elementwise,
             extend_attention,
             gemv,
+            moe,
             norm,
             sampling,
             token_mask,
@@ -69,10 +70,12 @@ class CudaPlatform(OpTablePlatform):
             "fused_add_rms_norm": norm.fused_add_rms_norm,
             "rotary_embedding": elementwise.rotary_embedding,
             "silu_and_mul": elementwise.silu_and_mul,
+            "gelu_tanh_and_mul": elementwise.gelu_tanh_and_mul,
             "linear": gemv.linear,  # cuBLAS, or the tuned one-token GEMV
             "store_kv": elementwise.store_kv,
             "attention_extend": extend_attention.attention_extend,
             "attention_decode": decode_attention.attention_decode,
+            "fused_moe": moe.fused_moe,
             "sample": sampling.sample,
             "apply_token_mask": token_mask.apply_token_mask,
         }

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -140,3 +142,13 @@ def test_outbox_pool_reaches_many_clients_and_caps_open_sockets(paths: RunPaths)
         pool.close()
         for inbox in inboxes:
             inbox.close()
+
+
+def test_closing_a_stalled_outbox_as_its_peer_closes_does_not_abort() -> None:
+    """Back-pressure then both ends closing at once (a slow client that leaves as we give up
+    on it): libzmq must not abort the process. Run in a child, since an abort kills it."""
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "tests.bus.stalled_close", "60"], cwd=repo,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "survived 60"

@@ -188,3 +188,16 @@ def test_requests_the_bus_cannot_carry_fail_at_once(client: Client, engine: Fake
     assert info.value.param == param
     assert not engine.requests  # nothing was sent
     assert client.generate("hi", max_tokens=2).text == "w0 w1"
+
+
+def test_a_stream_left_unread_is_aborted_not_buffered(paths: RunPaths,
+                                                      engine: FakeEngine) -> None:
+    from tessera.client import SlowConsumerError
+
+    config = EngineConfig(request_timeout_s=5.0, stream_buffer_outputs=50)
+    with Client(paths, config) as client:
+        stream = client.generate("hi", stream=True, max_tokens=100_000, ignore_eos=True)
+        assert wait_for(lambda: any(a.rid == stream.rid for a in engine.aborts), 10.0)
+        with pytest.raises(SlowConsumerError, match="50 outputs unread"):
+            next(stream)
+        assert client.generate("hi", max_tokens=2).text == "w0 w1"

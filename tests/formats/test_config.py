@@ -100,3 +100,40 @@ def test_dummy_from_a_benchmark_config(tmp_path):
     assert (a[name] == b[name]).all() and not (a[name] == c[name]).all()
     assert (a["model.norm.weight"] == 1).all()
     assert 0.015 < float(a[name].std()) < 0.025
+
+
+MOE_BASE = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
+            "num_hidden_layers": 4, "num_key_value_heads": 2, "vocab_size": 128}
+
+
+def test_moe_configs_normalize_and_round_trip():
+    mixtral = ModelConfig.from_hf_dict({**MOE_BASE, "model_type": "mixtral",
+                                        "num_local_experts": 8, "num_experts_per_tok": 2})
+    assert mixtral.moe is not None and mixtral.moe.intermediate_size == 96
+    assert mixtral.moe.scoring == "softmax" and mixtral.moe.norm_topk_prob
+    qwen = ModelConfig.from_hf_dict({**MOE_BASE, "model_type": "qwen3_moe", "num_experts": 8,
+                                     "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                     "decoder_sparse_step": 2, "mlp_only_layers": [3]})
+    assert qwen.moe is not None and qwen.moe.dense_layers == (0, 2, 3)
+    dots = ModelConfig.from_hf_dict({**MOE_BASE, "model_type": "dots1", "n_routed_experts": 8,
+                                     "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                     "n_shared_experts": 2, "first_k_dense_replace": 1,
+                                     "n_group": 4, "topk_group": 2})
+    assert dots.moe is not None and dots.moe.scoring == "sigmoid"
+    assert dots.moe.shared_intermediate_size == 64 and dots.moe.dense_layers == (0,)
+    for c in (mixtral, qwen, dots):
+        assert ModelConfig.from_hf_dict(c.to_hf_dict()) == c
+    shapes = hf_tensor_shapes(dots)
+    assert "model.layers.0.mlp.gate_proj.weight" in shapes  # the dense first layer
+    assert shapes["model.layers.1.mlp.experts.7.down_proj.weight"] == (64, 32)
+    assert shapes["model.layers.1.mlp.gate.e_score_correction_bias"] == (8,)
+    assert shapes["model.layers.1.mlp.shared_experts.up_proj.weight"] == (64, 64)
+    assert "model.layers.2.block_sparse_moe.experts.0.w1.weight" in hf_tensor_shapes(mixtral)
+
+
+def test_bad_moe_configs_are_refused():
+    with pytest.raises(ModelFormatError, match="num_experts_per_tok"):
+        ModelConfig.from_hf_dict({**MOE_BASE, "model_type": "mixtral",
+                                  "num_local_experts": 2, "num_experts_per_tok": 3})
+    with pytest.raises(ModelFormatError, match="number of experts"):
+        ModelConfig.from_hf_dict({**MOE_BASE, "model_type": "qwen3_moe"})

@@ -55,6 +55,42 @@ def test_silu_and_mul(kernels: dict[str, ModuleType]) -> None:
                                reference_op("silu_and_mul")(x), **TOL)
 
 
+def test_gelu_tanh_and_mul(kernels: dict[str, ModuleType]) -> None:
+    x = _rand(3, 2 * 80, seed=7) * 4  # reaches the flat tails of tanh
+    torch.testing.assert_close(kernels["elementwise"].gelu_tanh_and_mul(x),
+                               reference_op("gelu_tanh_and_mul")(x), **TOL)
+
+
+@pytest.mark.parametrize("tokens,experts,top_k", [(1, 8, 2), (7, 5, 2), (80, 4, 3)])
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_fused_moe(kernels: dict[str, ModuleType], tokens: int, experts: int, top_k: int,
+                   activation: str) -> None:
+    hidden, inner = 48, 40  # not powers of two: the masks matter
+    x = _rand(tokens, hidden, seed=30)
+    w13 = _rand(experts, 2 * inner, hidden, seed=31) / hidden ** 0.5
+    w2 = _rand(experts, hidden, inner, seed=32) / inner ** 0.5
+    weights, ids = torch.softmax(_rand(tokens, experts, seed=33), -1).topk(top_k, dim=-1)
+    ids = ids.to(torch.int32)
+    if tokens > 1:
+        ids[0, 0], ids[1, -1] = -1, experts  # not held by this rank: nothing added
+    out = kernels["moe"].fused_moe(x, w13, w2, weights, ids, activation)
+    torch.testing.assert_close(out, reference_op("fused_moe")(x, w13, w2, weights, ids,
+                                                              activation), **TOL)
+
+
+def test_moe_alignment_groups_pairs_by_expert(kernels: dict[str, ModuleType]) -> None:
+    ids = torch.tensor([[2, 0], [2, 1], [-1, 2]], dtype=torch.int32)
+    align = kernels["moe"].align_by_expert(ids, 3, 16)
+    blocks = align.sorted_pairs.view(-1, 16)
+    assert align.block_expert.tolist()[:3] == [0, 1, 2]
+    assert set(align.block_expert.tolist()[3:]) <= {-1}
+    pad = ids.numel()
+    for b, expert in enumerate(align.block_expert.tolist()[:3]):
+        pairs = [p for p in blocks[b].tolist() if p != pad]
+        assert pairs == [p for p in range(pad) if ids.view(-1)[p] == expert]  # stable order
+    assert (blocks[3:] == pad).all()  # the pair of expert -1 is dropped
+
+
 def test_store_kv_writes_only_its_slots(kernels: dict[str, ModuleType]) -> None:
     k_cache, v_cache = _rand(16, 2, 24, seed=8), _rand(16, 2, 24, seed=9)
     k, v = _rand(3, 2, 24, seed=10), _rand(3, 2, 24, seed=11)
@@ -95,6 +131,38 @@ def test_attention_decode_empty_batch(kernels: dict[str, ModuleType]) -> None:
 def test_attention_extend(kernels: dict[str, ModuleType], seq_lens: tuple[int, ...],
                           extend_lens: tuple[int, ...]) -> None:
     case = make_paged_case(seq_lens, extend_lens, 8, 2, 32, torch.float32, seed=14)
+    args = (case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens,
+            case.extend_lens, case.qo_indptr, case.scale)
+    out = kernels["extend_attention"].attention_extend(*args)
+    torch.testing.assert_close(out, reference_op("attention_extend")(*args), **TOL)
+
+
+# 70: tiles wholly inside every row's window run unmasked between masked ones
+@pytest.mark.parametrize("window,cap", [(5, 0.0), (40, 0.0), (70, 0.0), (0, 0.7), (33, 1.1)])
+def test_attention_sliding_window_and_soft_cap(kernels: dict[str, ModuleType], window: int,
+                                               cap: float) -> None:
+    """Windows inside one 32-row fp32 block and across blocks, decode rows mixed in; caps
+    below the scores' scale."""
+    seq_lens, extend_lens = (80, 13, 12, 70), (75, 1, 4, 1)
+    case = make_paged_case(seq_lens, extend_lens, 8, 2, 32, torch.float32, seed=20)
+    kw = {"sliding_window": window, "logit_cap": cap}
+    args = (case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens,
+            case.extend_lens, case.qo_indptr, case.scale)
+    out = kernels["extend_attention"].attention_extend(*args, **kw)
+    torch.testing.assert_close(out, reference_op("attention_extend")(*args, **kw), **TOL)
+    dec = make_paged_case(seq_lens, (1,) * 4, 8, 2, 32, torch.float32, seed=21)
+    dargs = (dec.q, dec.k_cache, dec.v_cache, dec.req_to_token, dec.seq_lens, dec.scale)
+    for splits in (1, 3):
+        out = kernels["decode_attention"].attention_decode(*dargs, splits=splits, **kw)
+        torch.testing.assert_close(out, reference_op("attention_decode")(*dargs, **kw), **TOL)
+
+
+@pytest.mark.parametrize("head_dim", [32, 24])  # 24: the head-dim mask of unmasked tiles
+def test_attention_extend_chunk_after_long_prefix(kernels: dict[str, ModuleType],
+                                                  head_dim: int) -> None:
+    """A chunk after a prefix of several key tiles: the tiles before each query block run
+    without position masks, the rest with them."""
+    case = make_paged_case((100, 71), (40, 71), 4, 2, head_dim, torch.float32, seed=24)
     args = (case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens,
             case.extend_lens, case.qo_indptr, case.scale)
     out = kernels["extend_attention"].attention_extend(*args)

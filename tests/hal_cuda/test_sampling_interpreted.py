@@ -55,7 +55,7 @@ def test_filters_keep_exactly_the_allowed_tokens(kernels: dict[str, ModuleType])
         assert set(sample(logits, params).tolist()) == {0, 1}, filters
 
 
-def test_top_p_falls_back_to_a_full_sort_on_flat_rows(kernels: dict[str, ModuleType],
+def test_top_p_falls_back_to_an_exact_threshold_on_flat_rows(kernels: dict[str, ModuleType],
                                                       monkeypatch) -> None:
     sampling = kernels["sampling"]
     monkeypatch.setattr(sampling, "CANDIDATES", 8)  # 8 of 64 flat tokens hold 1/8 < top_p
@@ -93,3 +93,58 @@ def test_apply_token_mask_matches_the_reference(kernels: dict[str, ModuleType]) 
         kernels["token_mask"].apply_token_mask(logits, bitmask, rows)
         assert torch.equal(logits, expected), vocab
         assert torch.isinf(logits[1]).any() and not torch.isinf(logits[0]).any()
+
+
+def test_host_known_filters_give_the_same_draws_without_a_read_back(
+        kernels: dict[str, ModuleType], monkeypatch) -> None:
+    """SamplingTensors saying which filters are in use (the worker knows them from the
+    request parameters): the same tokens, and the parameters are not read back from the
+    device to choose the path."""
+    sample = kernels["sampling"].sample
+    logits = _rand(6, 400, seed=5)
+    filters = {"top_k": torch.tensor([0, 5, 0, 50, 0, 0]),
+               "top_p": torch.tensor([1.0, 0.9, 0.5, 1.0, 1.0, 1.0]),
+               "min_p": torch.tensor([0.0, 0.0, 0.0, 0.0, 0.2, 0.0])}
+    params = sampling_params(6, torch.device("cpu"), temperature=0.8, seeds=torch.arange(6),
+                             **filters)
+    expected = sample(logits, params)
+    params.any_top_k, params.any_top_p, params.any_min_p, params.max_top_k = True, True, True, 50
+
+    def no_read_back(*args, **kwargs):
+        raise AssertionError("the sampler read its filters back from the device")
+
+    monkeypatch.setattr(torch, "stack", no_read_back)
+    assert torch.equal(sample(logits, params), expected)
+
+
+def test_exact_top_p_threshold_matches_the_sorted_rule(kernels: dict[str, ModuleType],
+                                                       monkeypatch) -> None:
+    """Rows whose candidates hold too little mass get the threshold a full sort would give:
+    the value of the last token whose preceding mass is below top_p."""
+    sampling = kernels["sampling"]
+    monkeypatch.setattr(sampling, "CANDIDATES", 4)
+    x = _rand(5, 300, seed=6) * 0.5  # flat: 4 candidates never hold top_p
+    x[3, 7] = float("-inf")  # a forbidden token takes no part
+    top_p = torch.tensor([0.3, 0.5, 0.9, 0.95, 0.99])
+    params = sampling_params(5, torch.device("cpu"), temperature=1.0, top_p=top_p)
+    got = sampling._thresholds(x, params)
+    ordered = torch.sort(x, dim=-1, descending=True).values
+    probs = torch.softmax(ordered, dim=-1)
+    before = probs.cumsum(-1) - probs
+    n_keep = (before < top_p[:, None]).sum(-1)
+    expected = ordered.gather(1, (n_keep - 1)[:, None]).squeeze(1)
+    assert torch.equal(got, expected)
+
+
+def test_split_argmax_takes_the_lowest_index_of_the_maximum(kernels: dict[str, ModuleType],
+                                                            monkeypatch) -> None:
+    sampling = kernels["sampling"]
+    monkeypatch.setattr(sampling, "ARGMAX_BLOCK", 16)  # 300 entries: 19 parts
+    x = _rand(5, 300, seed=7)
+    x[1, 40] = x[1, 250] = x[1].max() + 1  # tie across parts: 40
+    x[2, 33] = x[2, 35] = x[2].max() + 1  # tie within a part: 33
+    x[3] = float("-inf")  # nothing allowed: 0, as torch.argmax
+    x[4, 299] = x[4].max() + 1  # the last, partial part
+    got = sampling.argmax_rows(x)
+    assert torch.equal(got, torch.argmax(x, dim=-1))
+    assert got.tolist()[1:4] == [40, 33, 0] and got[4] == 299

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from tessera.bus.messages import SampledTokens
+from tessera.bus.messages import SampledTokens, SamplingParams
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.scheduler import Scheduler
 from tests.scheduler_proc.sched_fakes import (
@@ -378,3 +380,66 @@ def test_requests_arriving_together_compute_a_shared_prefix_once(overlap: bool) 
         assert got.tokens[(f"s{i}", 0)] == want
     # 66 + 40 prompt tokens, 2 for each later request, and the decodes (3 per request).
     assert computed == 66 + 40 + 3 * 2 + 5 * 3
+
+
+def prefill_left(sched: Scheduler, rid: str) -> int:
+    seq = sched.requests[rid].seqs[0]
+    """Prompt tokens of `rid` not in KV yet."""
+    return max(0, int(sched.st.prompt_len[seq.row] - sched.st.kv_len[seq.row]))
+
+
+def test_short_requests_are_not_held_behind_a_long_prefill() -> None:
+    """A long prompt shares its steps with requests that arrive while it prefills: they are
+    admitted at once and finish long before its last chunk."""
+    sched = make()  # budget 32 tokens a step
+    worker = FakeWorker(sched)
+    got = Collected()
+    sched.add_request(make_request("long", prompt(400), max_tokens=2, ignore_eos=True))
+    got.add(sched.on_result(worker.step(sched.next_batch())))
+    for i in range(3):
+        sched.add_request(make_request(f"short{i}", prompt(8, 2 + i), max_tokens=3,
+                                       ignore_eos=True))
+    fb = sched.next_batch()
+    assert fb.extend_lens.tolist() == [16, 8, 8]  # half the budget to the long prompt
+    got.add(sched.on_result(worker.step(fb)))
+    while not all((f"short{i}", 0) in got.finish for i in range(3)):
+        got.add(sched.on_result(worker.step(sched.next_batch())))
+    assert prefill_left(sched, "long") > 250  # most of the long prompt is still to come
+    drive(sched, worker, got)
+    for rid, p, n in [("long", prompt(400), 2)] + [(f"short{i}", prompt(8, 2 + i), 3)
+                                                   for i in range(3)]:
+        want, _ = reference_output(p, SamplingParams(max_tokens=n, ignore_eos=True), 0,
+                                   len(p) + n)
+        assert got.tokens[(rid, 0)] == want
+
+
+def timed(worker: FakeWorker, fb, ms_per_token: float) -> SampledTokens:  # noqa: ANN001
+    """The fake worker's answer, as if the device took `ms_per_token` per token."""
+    return dataclasses.replace(worker.step(fb),
+                               forward_ms=ms_per_token * float(fb.extend_lens.sum()))
+
+
+def test_prefill_chunks_shrink_to_the_step_time_target_while_others_decode() -> None:
+    """On a slow device (10 ms a token, so 32 tokens take 320 ms) and a 100 ms target, a
+    prefill next to a decoding request takes 10-token steps... at least one page (16)."""
+    sched = make(step_target_ms=100.0)
+    worker = FakeWorker(sched)
+    sched.add_request(make_request("alone", prompt(96), max_tokens=40, ignore_eos=True))
+    sizes = []
+    for _ in range(3):
+        fb = sched.next_batch()
+        sizes.append(fb.extend_lens.tolist())
+        sched.on_result(timed(worker, fb, 10.0))
+    assert sizes == [[32], [32], [32]]  # alone: the whole budget, nobody waits for it
+    assert sched.ms_per_token == pytest.approx(10.0)
+    assert sched.add_request(make_request("next", prompt(96, 3), max_tokens=2,
+                                          ignore_eos=True)) is None
+    sizes = []
+    for _ in range(6):
+        fb = sched.next_batch()
+        sizes.append(fb.extend_lens.tolist())
+        sched.on_result(timed(worker, fb, 10.0))
+    # "alone" decodes one token a step; "next" prefills a page a step, not 32 tokens.
+    assert sizes == [[1, 16]] * 6
+    assert prefill_left(sched, "next") == 0
+    assert sched.stats()["step_token_budget"] == 16

@@ -21,7 +21,7 @@ from tests.worker_proc.test_graph_decode import CONFIG, WIDTH, RerunRunner
 
 
 @pytest.fixture(scope="module")
-def setup() -> tuple[Callable[[ForwardInputs], torch.Tensor], Any]:
+def setup() -> tuple[Callable[[ForwardInputs], torch.Tensor], Any, LlamaForCausalLM]:
     """The tiny model of test_graph_decode and its KV arena (page 0: slots < WIDTH, zeros)."""
     mc = ModelConfig.from_hf_dict(CONFIG)
     platform = CpuPlatform()
@@ -36,7 +36,14 @@ def setup() -> tuple[Callable[[ForwardInputs], torch.Tensor], Any]:
     def forward(inp: ForwardInputs) -> torch.Tensor:
         with torch.inference_mode():
             return model(inp, kv)
-    return forward, kv
+    return forward, kv, model
+
+
+def mixed_graphs(setup: Any, max_tokens: int, max_requests: int,
+                 buckets: list[int]) -> MixedGraphs:
+    _, kv, model = setup
+    return MixedGraphs(lambda inp: model.hidden(inp, kv), model.logits, RerunRunner(),
+                       max_tokens, max_requests, WIDTH, torch.device("cpu"), buckets=buckets)
 
 
 def step_inputs(rows: list[int], prefixes: list[int], extends: list[int],
@@ -70,11 +77,10 @@ def test_token_buckets() -> None:
 
 
 def test_padded_replay_matches_eager_and_touches_only_its_slots(setup: Any) -> None:
-    forward, kv = setup
-    graphs = MixedGraphs(forward, RerunRunner(), 48, 4, WIDTH, torch.device("cpu"),
-                         buckets=[8, 16, 48])
+    forward, kv, _ = setup
+    graphs = mixed_graphs(setup, 48, 4, [8, 16, 48])
     graphs.capture_all()
-    assert sorted(graphs.outputs) == [8, 16, 48]
+    assert sorted(graphs.captured) == [8, 16, 48]
     assert [graphs.requests_for(b) for b in (8, 16, 48)] == [4, 4, 4]
     # the largest first, so that the smaller steps after it find stale rows to reset
     steps = [
@@ -110,9 +116,8 @@ def test_padded_replay_matches_eager_and_touches_only_its_slots(setup: Any) -> N
 def test_sampling_only_some_rows(setup: Any) -> None:
     """A chunk that does not end its prompt samples nothing: fewer logits rows than
     requests."""
-    forward, _ = setup
-    graphs = MixedGraphs(forward, RerunRunner(), 16, 4, WIDTH, torch.device("cpu"),
-                         buckets=[16])
+    forward, _, _ = setup
+    graphs = mixed_graphs(setup, 16, 4, [16])
     graphs.capture_all()
     inp = step_inputs([0, 1], [4, 0], [1, 9], list(range(10, 20)))
     inp.logits_indices = inp.logits_indices[:1]  # the decode samples, the chunk does not
@@ -122,9 +127,7 @@ def test_sampling_only_some_rows(setup: Any) -> None:
 
 
 def test_can_run_refuses_what_no_graph_holds(setup: Any) -> None:
-    forward, _ = setup
-    graphs = MixedGraphs(forward, RerunRunner(), 16, 2, WIDTH, torch.device("cpu"),
-                         buckets=[8, 16])
+    graphs = mixed_graphs(setup, 16, 2, [8, 16])
     assert not graphs.can_run(step_inputs([0], [0], [4], [1, 2, 3, 4]))  # nothing captured
     graphs.capture_all()
     assert graphs.can_run(step_inputs([0], [0], [4], [1, 2, 3, 4]))

@@ -180,3 +180,44 @@ def test_default_model_with_dummy_weights_keeps_its_config():
     assert files.kind == "dummy" and files.config == open_model("default").config
     name, tensor = next(iter(files.iter_tensors(progress=False)))
     assert tuple(tensor.shape) == hf_tensor_shapes(files.config)[name]
+
+
+def test_prefill_and_mixed_steps_replay_token_bucket_graphs(llama_folder):
+    """Where decode graphs are captured, steps with prefill chunks of up to --graph-max-tokens
+    tokens replay the graph of their token bucket (the stand-in runner reruns the captured
+    callable on the static buffers), and so do decode batches too large for the decode graphs;
+    longer steps run eagerly. Tokens do not change."""
+    from tessera.hal.cpu import CpuPlatform
+    from tests.worker_proc.test_graph_decode import RerunRunner
+
+    class CapturingCpu(CpuPlatform):
+        capabilities = dataclasses.replace(CpuPlatform.capabilities, graph_capture=True,
+                                           max_capture_batch=4)
+
+        def create_graph_runner(self):
+            return RerunRunner()
+
+    folder, _ = llama_folder
+    from tessera.worker_proc.model_runner import ModelRunner
+
+    eager = make_runner(folder)
+    runner = ModelRunner(eager.config.replace(graph_max_tokens=64), 0, CapturingCpu())
+    assert runner.mixed_graphs is not None and runner.mixed_graphs.buckets == [32, 64]
+    tokens = []
+    run = runner.mixed_graphs.run
+    runner.mixed_graphs.run = lambda inp: tokens.append(inp.num_tokens) or run(inp)
+
+    chunked = prompts(256, [3, 50, 90], seed=2)  # 40 prefill tokens per step at most
+    got = [r.out for r in MiniScheduler(runner, chunk_size=40).generate(chunked, 4)]
+    assert got == [r.out for r in MiniScheduler(eager, chunk_size=40).generate(chunked, 4)]
+    assert tokens == [41, 41, 42, 24]  # decodes and chunks; then 3 decodes: decode graph
+    tokens.clear()
+    five = prompts(256, [2, 4, 6, 9, 11], seed=5)  # one prefill step of 32 tokens
+    got = [r.out for r in MiniScheduler(runner).generate(five, 3)]
+    assert got == [r.out for r in MiniScheduler(eager).generate(five, 3)]
+    assert tokens == [32, 5, 5]  # 5 decodes exceed the decode graphs: a mixed graph
+    tokens.clear()
+    long = prompts(256, [70], seed=6)
+    got = [r.out for r in MiniScheduler(runner).generate(long, 2)]
+    assert got == [r.out for r in MiniScheduler(eager).generate(long, 2)]
+    assert tokens == []  # 70 tokens: eager; one decode: the decode graph

@@ -1,6 +1,7 @@
 """Tensor parallelism on the cpu plugin: two gloo ranks serve a tiny model and give
 transformers' logits and greedy tokens; unseeded sampling agrees across ranks (rank 0's
-tokens are adopted). Mistral's single KV head checks KV-head replication."""
+tokens are adopted). Mistral's single KV head checks KV-head replication; Mixture-of-Experts
+models run with experts sharded (tensor parallel) or split between the ranks (--ep-size)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,18 @@ from tests.worker_proc.helpers import hf_greedy, hf_last_logits, prompts, tiny_h
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("kind", ["llama31", "mistral"])
-def test_two_ranks_match_transformers(tmp_path, kind):
+@pytest.mark.parametrize("kind,ep_size", [("llama31", 1), ("mistral", 1), ("mixtral", 1),
+                                          ("qwen3_moe", 2), ("dots1", 1)])
+def test_two_ranks_match_transformers(tmp_path, kind, ep_size):
+    """MoE models: ep_size 1 splits every expert's intermediate dimension across the ranks,
+    ep_size 2 gives each rank whole experts (half of them)."""
     model = tiny_hf_model(kind, str(tmp_path / "model"))
     batch = prompts(256, [5, 17, 30])
     init = f"file://{tmp_path / 'rendezvous'}"
     procs = [subprocess.Popen([sys.executable, "-m", "tests.worker_proc.tp_rank",
                                str(tmp_path / "model"), str(rank), "2", init,
-                               str(tmp_path / f"rank{rank}.json"), json.dumps(batch)])
+                               str(tmp_path / f"rank{rank}.json"), json.dumps(batch),
+                               str(ep_size)])
              for rank in range(2)]
     for p in procs:
         assert p.wait(timeout=300) == 0

@@ -1,5 +1,5 @@
 """One TP rank for test_tensor_parallel: `python -m tests.worker_proc.tp_rank MODEL RANK
-WORLD INIT OUT PROMPTS_JSON`. Writes its tokens (and logits) as JSON to OUT."""
+WORLD INIT OUT PROMPTS_JSON [EP_SIZE]`. Writes its tokens (and logits) as JSON to OUT."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ from tessera.worker_proc.model_runner import ModelRunner
 from tests.worker_proc.driver import MiniScheduler
 
 
-def main(model: str, rank: int, world: int, init: str, out: str, prompts_json: str) -> None:
+def main(model: str, rank: int, world: int, init: str, out: str, prompts_json: str,
+         ep_size: int = 1) -> None:
     import torch
 
     torch.set_num_threads(1)
     prompts = json.loads(prompts_json)
     config = EngineConfig(model=model, hal="cpu", dtype="float32", page_size=4,
                           max_running_requests=16, context_length=128, max_total_tokens=1024,
-                          tp_size=world)
+                          tp_size=world, ep_size=ep_size)
     platform = load_platform("cpu")
     comm = platform.create_communicator(rank, world, init)
     runner = ModelRunner(config, rank, platform, comm)
@@ -35,4 +36,4 @@ def main(model: str, rank: int, world: int, init: str, out: str, prompts_json: s
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    main(a[0], int(a[1]), int(a[2]), a[3], a[4], a[5])
+    main(a[0], int(a[1]), int(a[2]), a[3], a[4], a[5], int(a[6]) if len(a) > 6 else 1)

@@ -24,6 +24,7 @@ from tessera.hal.platform import Communicator, KVArena, Platform
 from tessera.worker_proc.forward_inputs import ForwardInputs
 from tessera.worker_proc.models.context import ModelContext
 from tessera.worker_proc.models.layers import (
+    Linear,
     LMHead,
     RMSNorm,
     Target,
@@ -40,15 +41,17 @@ if TYPE_CHECKING:
 
 class CausalLM(nn.Module):
     """Subclasses build their layers in __init__ (after super().__init__) and define
-    `layer_targets` and `forward`."""
+    `layer_targets` and `hidden`; `forward` is `hidden` then `logits`, which a captured
+    prefill step runs apart (worker_proc/graph_mixed.py: the graph ends at the hidden states,
+    the vocabulary matmul runs for the sampled rows only)."""
 
     def __init__(self, config: ModelConfig, platform: Platform, *, dtype: torch.dtype,
                  device: torch.device, max_positions: int, tp_rank: int = 0, tp_size: int = 1,
-                 communicator: Communicator | None = None,
+                 communicator: Communicator | None = None, ep_size: int = 1,
                  quant: QuantPlan | None = None) -> None:
         super().__init__()
         self.config = config
-        self.tp = TPShape.of(config, tp_rank, tp_size)
+        self.tp = TPShape.of(config, tp_rank, tp_size, ep_size)
         self.ctx = ModelContext(config, platform, self.tp, dtype, device, max_positions,
                                 communicator, quant)
         self.dtype, self.device, self.max_positions = dtype, device, max_positions
@@ -56,6 +59,8 @@ class CausalLM(nn.Module):
         self.final_norm = RMSNorm(self.ctx, config.hidden_size, config.rms_norm_eps,
                                   unit_offset=self.norm_unit_offset)
         self.lm_head = LMHead(self.ctx, config.vocab_size, config.hidden_size)
+        # The embedding scale as transformers applies it: a tensor in the serving dtype.
+        self.embed_scale = float(torch.tensor(config.embedding_scale, dtype=dtype))
 
     norm_unit_offset = False  # Gemma's norms scale by (1 + w)
 
@@ -64,8 +69,14 @@ class CausalLM(nn.Module):
         """The checkpoint tensors of the decoder layers and where they go."""
 
     @abstractmethod
+    def hidden(self, inp: ForwardInputs, kv: KVArena) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The last decoder layer's output and residual stream for every token [T, hidden]
+        (residual None if the model folds it in), before the final norm."""
+
     def forward(self, inp: ForwardInputs, kv: KVArena) -> torch.Tensor:
         """float32 logits [S, vocab] for the tokens at inp.logits_indices."""
+        h, residual = self.hidden(inp, kv)
+        return self.logits(h, residual, inp)
 
     def checkpoint_targets(self) -> Targets:
         c = self.config
@@ -103,7 +114,10 @@ class CausalLM(nn.Module):
             if name not in targets:
                 raise ModelFormatError(f"the {c.arch} model has no place for tensor {name!r}")
             for target in targets[name]:
-                target.load(tensor)
+                if isinstance(target.module, Linear | LMHead) or isinstance(tensor, torch.Tensor):
+                    target.load(tensor)
+                else:  # a quantized checkpoint tensor for a layer without a quantized path
+                    target.load(tensor.dequantize(self.dtype))
             seen.add(name)
         missing = sorted(set(expected) - seen)
         if missing:
@@ -119,6 +133,10 @@ class CausalLM(nn.Module):
         still_meta = [n for n, p in self.named_parameters() if p.is_meta]
         if still_meta:
             raise ModelFormatError(f"parameters never loaded: {', '.join(still_meta[:5])}")
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        return h * self.embed_scale if self.embed_scale != 1.0 else h
 
     def weight_bytes(self) -> int:
         """Bytes of every parameter and buffer (a tied table counted once)."""
@@ -142,11 +160,17 @@ class CausalLM(nn.Module):
     def logits(self, h: torch.Tensor, residual: torch.Tensor | None,
                inp: ForwardInputs) -> torch.Tensor:
         """Final norm and LM head, only at the sampled positions (the vocabulary matmul is
-        large); float32 [S, vocab]."""
+        large), then the config's logit scaling or soft-capping; float32 [S, vocab]."""
         idx = inp.logits_indices
         if residual is None:
             h = self.final_norm(h.index_select(0, idx))
         else:
             h, _ = self.final_norm.add_forward(h.index_select(0, idx),
                                                residual.index_select(0, idx))
-        return self.lm_head(h).float()  # type: ignore[no-any-return]
+        logits = self.lm_head(h).float()
+        c = self.config
+        if c.logits_scaling != 1.0:
+            logits = logits / c.logits_scaling
+        if c.final_logit_softcap > 0:
+            logits = torch.tanh(logits / c.final_logit_softcap) * c.final_logit_softcap
+        return logits  # type: ignore[no-any-return]

@@ -24,7 +24,7 @@ class ExamplePlatform(OpTablePlatform):
     # Explicit, per op: these run the cpu reference, and `tessera doctor` says so.
     reference_fallbacks: ClassVar[tuple[str, ...]] = (
         "embedding", "rotary_embedding", "linear", "attention_extend", "attention_decode",
-        "sample", "apply_token_mask",
+        "sample", "apply_token_mask", "gelu_tanh_and_mul", "fused_moe",
     )
 
     @classmethod

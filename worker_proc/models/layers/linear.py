@@ -67,7 +67,9 @@ class DenseLinear:
     def load(self, layer: Linear, name: str, tensor: torch.Tensor, part: str | None) -> None:
         if name not in ("weight", "bias") or (name == "bias" and not layer.has_bias):
             raise KeyError(f"a dense linear layer has no tensor {name!r}")
-        dest = materialize(layer, name, layer.ctx.dtype, layer.ctx.device)
+        if not isinstance(tensor, torch.Tensor):  # a quantized weight for a dense layer
+            tensor = tensor.dequantize(layer.params_dtype)
+        dest = materialize(layer, name, layer.params_dtype, layer.ctx.device)
         out = layer.output_part(part)
         if name == "weight":
             start, size = layer.input_range
@@ -79,7 +81,7 @@ class DenseLinear:
     def finish(self, layer: Linear) -> None:
         if layer.has_bias and layer.bias is not None and layer.bias.is_meta:
             # A row-parallel bias lives on rank 0 only: the other ranks add zeros.
-            materialize(layer, "bias", layer.ctx.dtype, layer.ctx.device)
+            materialize(layer, "bias", layer.params_dtype, layer.ctx.device)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         return layer.linear_op(x, layer.weight, layer.bias)  # type: ignore[no-any-return]
@@ -88,9 +90,11 @@ class DenseLinear:
 def make_method(layer: Linear) -> LinearMethod:
     """The LinearMethod a layer uses: dense, unless the model's quantization plan
     (worker_proc/quant_plan.py) keeps a checkpoint's quantized weights or quantizes at load.
-    The LM head is never quantized at load, and a head tied to the embedding stays dense."""
+    The LM head is never quantized at load, a head tied to the embedding stays dense, and so
+    does a layer that asked for its own precision (a router kept in float32)."""
     plan = layer.ctx.quant
-    if plan is None or not plan.active or layer.role == "tied_lm_head":
+    if plan is None or not plan.active or layer.role == "tied_lm_head" or \
+            layer.params_dtype != layer.ctx.dtype:
         return DenseLinear()
     from tessera.worker_proc.models.layers.quant_linear import QuantLinear
 
@@ -111,9 +115,10 @@ class Linear(nn.Module):
     def __init__(self, ctx: ModelContext, in_features: int, out_features: int,
                  parts: list[OutputPart], *, bias: bool, input_range: tuple[int, int] | None,
                  reduce: bool = False, bias_on_this_rank: bool = True,
-                 role: str = "linear") -> None:
+                 params_dtype: torch.dtype | None = None, role: str = "linear") -> None:
         super().__init__()
         self.ctx = ctx
+        self.params_dtype = params_dtype or ctx.dtype
         self.role = role  # "linear", "lm_head" or "tied_lm_head" (see make_method)
         self.in_features, self.out_features = in_features, out_features
         self.parts = {p.name: p for p in parts}
@@ -149,9 +154,11 @@ class Linear(nn.Module):
 
     @classmethod
     def replicated(cls, ctx: ModelContext, in_features: int, out_features: int, *,
-                   bias: bool = False) -> Linear:
+                   bias: bool = False, params_dtype: torch.dtype | None = None) -> Linear:
+        """Whole on every rank. `params_dtype` overrides the serving dtype (a router kept in
+        float32); the input must then be in that dtype too."""
         return cls(ctx, in_features, out_features, [OutputPart(None, 0, 0, out_features)],
-                   bias=bias, input_range=None)
+                   bias=bias, input_range=None, params_dtype=params_dtype)
 
     # -- loading and running ----------------------------------------------------------------
 

@@ -1,0 +1,156 @@
+"""The fused Mixture-of-Experts MLP (semantics: hal/ops.py `fused_moe`) as a grouped GEMM.
+
+1. Align: the T*K (token, choice) pairs are sorted by expert and each expert's run is padded
+   to a multiple of BLOCK_M, so that every block of BLOCK_M sorted pairs belongs to one expert
+   (`block_expert`; -1 for blocks past the end). Pairs of experts this rank does not hold are
+   dropped. Plain torch ops with shapes that depend only on T, K and E: the step can be
+   captured in a graph.
+2. Grouped GEMM 1: each block multiplies its tokens' rows of x by its expert's w13 -> the
+   pairs' [gate | up] rows.
+3. act_and_mul (the elementwise kernel) -> [T*K, I].
+4. Grouped GEMM 2: each block multiplies its pairs' rows by its expert's w2 and scales them by
+   the routing weight -> fp32 [T*K, H] (rows of dropped pairs stay zero).
+5. The K choices of each token are summed (fp32) and rounded to x.dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from tessera.hal.cuda.decode_attention import dot_precision
+from tessera.hal.cuda.elementwise import gelu_tanh_and_mul, silu_and_mul
+
+_ACTIVATIONS = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """Pairs grouped by expert: sorted_pairs[i] is a pair index (t * K + k), or num_pairs for
+    padding; block b of BLOCK_M entries belongs to expert block_expert[b] (-1: unused)."""
+
+    sorted_pairs: torch.Tensor  # int32 [num_blocks * block_m]
+    block_expert: torch.Tensor  # int32 [num_blocks]
+    block_m: int
+
+
+def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
+    dev = topk_ids.device
+    flat = topk_ids.reshape(-1).long()
+    pairs = flat.numel()
+    held = (flat >= 0) & (flat < num_experts)
+    key = torch.where(held, flat, num_experts)  # bucket E: experts of other ranks, dropped
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev)
+    counts.scatter_add_(0, key, torch.ones_like(key))
+    padded = (counts[:num_experts] + block_m - 1) // block_m * block_m
+    padded_end = torch.cumsum(padded, 0)
+    order = torch.argsort(key, stable=True)
+    sorted_key = key[order]
+    run_start = torch.cumsum(counts, 0) - counts  # where each expert's run starts in `order`
+    rank_in_run = torch.arange(pairs, device=dev) - run_start[sorted_key]
+    num_blocks = triton.cdiv(pairs + num_experts * (block_m - 1), block_m)
+    length = num_blocks * block_m
+    start = (padded_end - padded)[sorted_key.clamp(max=num_experts - 1)]
+    dest = torch.where(sorted_key < num_experts, start + rank_in_run, length)  # length: dropped
+    sorted_pairs = torch.full((length + 1,), pairs, dtype=torch.int32, device=dev)
+    sorted_pairs.scatter_(0, dest, order.to(torch.int32))
+    block_start = torch.arange(num_blocks, device=dev) * block_m
+    expert = torch.searchsorted(padded_end, block_start, right=True)
+    block_expert = torch.where(expert < num_experts, expert, -1).to(torch.int32)
+    return Alignment(sorted_pairs[:length], block_expert, block_m)
+
+
+@triton.jit
+def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, w_ptr, pairs_ptr, expert_ptr, num_pairs, N, K,
+                         a_s0, b_s0, b_s1, c_s0, TOP_K: tl.constexpr,
+                         A_ROW_IS_TOKEN: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         DOT_PREC: tl.constexpr):
+    # c[pair, n] = sum_k a[row(pair), k] * b[expert, n, k] (* w[pair]) for this block's pairs.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(expert_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        return
+    pairs = tl.load(pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    valid = pairs < num_pairs
+    if A_ROW_IS_TOKEN:
+        rows = pairs // TOP_K
+    else:
+        rows = pairs
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    a_ptrs = a_ptr + rows[:, None] * a_s0 + offs_k[None, :]
+    b_ptrs = b_ptr + expert * b_s0 + offs_n[None, :] * b_s1 + offs_k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_mask = offs_k + k0 < K
+        a = tl.load(a_ptrs, mask=valid[:, None] & k_mask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        acc += tl.dot(a, b, input_precision=DOT_PREC)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    if MUL_WEIGHT:
+        acc *= tl.load(w_ptr + pairs, mask=valid, other=0.0)[:, None]
+    c_ptrs = c_ptr + pairs[:, None] * c_s0 + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
+
+
+def _block_sizes(tokens: int, n: int) -> tuple[int, int, int]:
+    # Small batches (decode) give each expert a few rows: a small BLOCK_M wastes less padding.
+    block_m = 16 if tokens <= 64 else 64
+    block_n = min(128, max(16, triton.next_power_of_2(n)))
+    return block_m, block_n, 64
+
+
+def grouped_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, align: Alignment,
+                 top_k: int, *, a_row_is_token: bool, weights: torch.Tensor | None = None,
+                 block_n: int = 128, block_k: int = 64, num_warps: int = 4,
+                 num_stages: int | None = None) -> None:
+    """out[pair] = a[row(pair)] @ b[expert(pair)]^T (* weights[pair]) for every held pair;
+    b is [E, N, K] (contiguous in K), a [rows, K], out [pairs, N]."""
+    num_pairs, n = out.shape[0], b.shape[1]
+    k = b.shape[2]
+    if a.stride(-1) != 1 or b.stride(-1) != 1 or out.stride(-1) != 1:
+        raise ValueError("fused_moe: activations and expert weights must be contiguous in "
+                         "their last dimension")
+    grid = (align.block_expert.shape[0], triton.cdiv(n, block_n))
+    _grouped_gemm_kernel[grid](
+        a, b, out, weights if weights is not None else out, align.sorted_pairs,
+        align.block_expert, num_pairs, n, k, a.stride(0), b.stride(0), b.stride(1),
+        out.stride(0), TOP_K=top_k, A_ROW_IS_TOKEN=a_row_is_token,
+        MUL_WEIGHT=weights is not None, BLOCK_M=align.block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k, DOT_PREC=dot_precision(a.dtype), num_warps=num_warps,
+        **({"num_stages": num_stages} if num_stages is not None else {}))
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"fused_moe: unknown activation {activation!r}; have "
+                         f"{', '.join(_ACTIVATIONS)}")
+    tokens, hidden = x.shape
+    num_experts, two_inter, _ = w13.shape
+    top_k = topk_ids.shape[1]
+    if w2.shape != (num_experts, hidden, two_inter // 2) or w13.shape[2] != hidden:
+        raise ValueError(f"fused_moe: w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} do not "
+                         f"fit x {tuple(x.shape)}")
+    if tokens == 0:
+        return torch.empty_like(x)
+    pairs = tokens * top_k
+    block_m, block_n, block_k = _block_sizes(tokens, two_inter)
+    align = align_by_expert(topk_ids, num_experts, block_m)
+    gate_up = torch.empty((pairs, two_inter), dtype=x.dtype, device=x.device)
+    grouped_gemm(x, w13, gate_up, align, top_k, a_row_is_token=True, block_n=block_n,
+                 block_k=block_k)
+    hidden_act = _ACTIVATIONS[activation](gate_up)
+    out = torch.zeros((pairs, hidden), dtype=torch.float32, device=x.device)
+    _, block_n, _ = _block_sizes(tokens, hidden)
+    grouped_gemm(hidden_act, w2, out, align, top_k, a_row_is_token=False,
+                 weights=topk_weights.reshape(-1).float().contiguous(), block_n=block_n,
+                 block_k=block_k)
+    return out.view(tokens, top_k, hidden).sum(dim=1).to(x.dtype)
