@@ -198,3 +198,34 @@ def test_fp8_kv_cache_scales_come_from_the_checkpoint(tmp_path):
     scales = [m.kv_scales for m in runner.model.modules() if isinstance(m, Attention)]
     assert scales == [(1.0, 1.0), (0.5, 0.25)]
     assert make_runner(folder).model.layers[1].attn.kv_scales is None  # not an fp8 cache
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("method,quantization", [("gptq", "auto"), ("float", "fp8"),
+                                                 ("float", "int4")])
+def test_two_ranks_serve_quantized_like_one(tmp_path, method: str, quantization: str):
+    """Column-parallel rows and row-parallel groups of a quantized weight, on two gloo ranks:
+    the logits and greedy tokens of one rank serving the same weights."""
+    import json
+    import subprocess
+    import sys
+
+    folder = str(tmp_path / "m")
+    # wide enough that int4's groups of 128 hold whole on each rank's half of o and down
+    tiny_hf_model("llama31", folder, rope_scaling=None, hidden_size=256, intermediate_size=512)
+    if method == "gptq":
+        write_quantized(folder, str(tmp_path / "twin"), "gptq", group=32)
+    batch = prompts(256, [5, 17, 30], seed=8)
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.worker_proc.tp_rank", folder,
+                               str(rank), "2", init, str(tmp_path / f"rank{rank}.json"),
+                               json.dumps(batch), "1", quantization])
+             for rank in range(2)]
+    for p in procs:
+        assert p.wait(timeout=300) == 0
+    out = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    one = make_runner(folder, quantization=quantization)
+    torch.testing.assert_close(torch.tensor(out[0]["logits"]),
+                               MiniScheduler(one).prefill_logits(batch), atol=1e-4, rtol=1e-4)
+    assert out[0]["greedy"] == [r.out for r in MiniScheduler(one).generate(batch, 12)]
+    assert out[1]["greedy"] == out[0]["greedy"]

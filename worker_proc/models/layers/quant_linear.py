@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, TypeAlias
 import torch
 
 from tessera.hal.quant import QuantizedWeight, cat_rows, quantize
+from tessera.hal.quant.quantize import group_size_for
 from tessera.worker_proc.models.layers.params import materialize, meta_param, narrow
 
 if TYPE_CHECKING:
@@ -71,7 +72,9 @@ class QuantLinear:
         start, size = layer.input_range
         weight = tensor
         if isinstance(weight, torch.Tensor) and self.quantize_to is not None:
-            weight = quantize(weight, self.quantize_to)  # the full tensor: same on every rank
+            # The full tensor, so every rank holds the same values, in groups that divide this
+            # rank's columns (a row-parallel layer gets a slice of them)
+            weight = quantize(weight, self.quantize_to, group_size_for(layer.in_features))
         weight = narrow(narrow(weight, 0, out.src, out.size), 1, start, size)  # type: ignore[arg-type]
         device = layer.ctx.device
         if isinstance(weight, torch.Tensor):
