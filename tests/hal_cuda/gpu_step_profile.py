@@ -520,6 +520,11 @@ def part_traces(h: Harness, out_dir: Path) -> dict[str, Any]:
              "prefill_only_512": lambda: h.batch([(200, 512, 512)]),
              "decode_bs32": lambda: h.batch(decode_entries(32))}
     written = []
+    # The worker's own phase ranges (--profile-ranges: NVTX through the plugin) as profiler
+    # ranges here, so the chrome trace shows inputs / forward / sample / copy-out per step.
+    saved_phase = getattr(h.runner, "_phase", None)
+    if saved_phase is not None:
+        h.runner._phase = record_function
     for name, make in comps.items():
         for label, ctx in (("graph", contextlib.nullcontext()), ("eager", h.eager())):
             if name == "decode_bs32" and label == "eager":
@@ -541,6 +546,8 @@ def part_traces(h: Harness, out_dir: Path) -> dict[str, Any]:
             (out_dir / f"prof_{tag}.txt").write_text(table)
             written.append(tag)
             log(f"trace {tag} written")
+    if saved_phase is not None:
+        h.runner._phase = saved_phase
     return {"written": written}
 
 
