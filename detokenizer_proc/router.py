@@ -56,6 +56,8 @@ class Router:
         tokens = batch.token_ids.tolist()
         counts = batch.counts.tolist()
         n_matched, n_cached = len(batch.matched_stop), len(batch.cached_tokens)
+        if batch.prompt_rids:
+            self._on_prompt_scores(batch)
         start = 0
         for r, rid in enumerate(batch.rids):
             row_start, count = start, counts[r]
@@ -83,6 +85,27 @@ class Router:
                 self._send_scheduler(AbortRequest(rid=rid, reason="stop", index=index))
             if state.done:
                 self._finish(rid, abort_reason="stop" if state.scheduler_running else None)
+
+    def _on_prompt_scores(self, batch: TokenBatch) -> None:
+        """Scored prompt tokens: kept by their request until its sample 0 sends an output."""
+        start = 0
+        for q, rid in enumerate(batch.prompt_rids):
+            count = int(batch.prompt_counts[q])
+            part = slice(start, start + count)
+            start += count
+            state = self._state(rid, batch)
+            if state is None:
+                continue
+            state.add_prompt(batch.prompt_token_ids[part], batch.prompt_logprobs[part],
+                             batch.prompt_top_ids[part], batch.prompt_top_logprobs[part])
+
+    def _state(self, rid: str, batch: TokenBatch) -> RequestState | None:
+        state = self.requests.get(rid)
+        if state is None and rid not in self._finished:
+            detok = batch.new_requests.get(rid)
+            if detok is not None and "reply_to" in detok:
+                state = self.requests[rid] = RequestState(rid, detok, self.tokenizer)
+        return state
 
     def _reply(self, state: RequestState, msg: RequestOutput | ErrorReply) -> bool:
         """Send to the client; False (and the request dropped) when the client is gone."""
