@@ -55,6 +55,8 @@ class ServerState:
     in_flight: int = 0
     ready: bool = False
     draining: bool = False
+    sse_events: int = 0  # SSE events written, and the writes that carried them
+    sse_writes: int = 0
 
     @property
     def model_id(self) -> str:
