@@ -264,6 +264,7 @@ class Supervisor:
             processes[spec.name] = {
                 "alive": child.alive, "pid": child.popen.pid, "age_s": round(now - seen, 3),
                 "ready": child.ready_at is not None, "stats": child.stats,
+                "info": child.info,
             }
         ready = self._all_ready and self._stop_signal is None and \
             all(p["alive"] for p in processes.values())

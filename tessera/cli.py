@@ -9,7 +9,8 @@ import sys
 # and returns an exit code.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": ("tessera.bus.launcher", "main", "start and supervise every process, serve HTTP"),
-    "doctor": ("tessera.hal.doctor", "main", "pre-flight check of plugins, devices, versions"),
+    "doctor": ("tessera.doctor", "main", "pre-flight check of plugins, devices, versions, "
+               "models"),
     "bench": ("tessera.benchmarks.cli", "main", "run a benchmark (serving, offline, latency, ...)"),
 }
 

@@ -28,6 +28,8 @@ READY_TIMEOUT_S: dict[str, float] = {"worker": 1800.0, "scheduler": 300.0,
                                      "detokenizer": 300.0, "tokenizer": 600.0,
                                      "server": 1200.0}
 SCHEDULE_POLICIES = ("fcfs", "priority")
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
+REASONING_PARSERS = ("qwen3", "deepseek-r1")
 
 
 def _opt(default: Any, help: str, **kw: Any) -> Any:
@@ -208,3 +210,21 @@ class ServerConfig(EngineConfig):
                                          "aborted")
     max_concurrent_requests: int = _opt(0, "HTTP generation requests in flight before new "
                                         "ones get 429 (0: max_running + max_queued requests)")
+    lenient_params: bool = _opt(False, "ignore request fields this server does not know "
+                                "(logged once per field) instead of answering 400")
+    tool_call_parser: str = _opt("auto", "how tool calls are read from the model's answer: "
+                                 "hermes (<tool_call>), llama3_json, mistral ([TOOL_CALLS]), "
+                                 "or auto (from the chat template)",
+                                 choices=list(TOOL_CALL_PARSERS))
+    reasoning_parser: str | None = _opt(None, "put the model's <think> part in "
+                                        "reasoning_content: qwen3 or deepseek-r1",
+                                        choices=list(REASONING_PARSERS))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                             f"got {self.tool_call_parser!r}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
+                             f"got {self.reasoning_parser!r}")

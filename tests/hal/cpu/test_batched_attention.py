@@ -81,3 +81,22 @@ def test_extend_of_only_decodes_and_of_only_prefills() -> None:
         got, want = _extend(case)
         assert got.shape == want.shape
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window,cap", [(6, 0.0), (0, 0.9), (20, 1.3)])
+def test_sliding_window_and_soft_cap_match_reference(window: int, cap: float) -> None:
+    """Several length groups of decodes, and a mixed step (one-token extends between chunks),
+    with windows shorter than most rows."""
+    seq_lens = _lengths(5, 24, 1, 70)
+    dec = make_paged_case(tuple(seq_lens), (1,) * len(seq_lens), 8, 2, 32, torch.float32,
+                          seed=6)
+    kw = {"sliding_window": window, "logit_cap": cap}
+    args = (dec.q, dec.k_cache, dec.v_cache, dec.req_to_token, dec.seq_lens, dec.scale)
+    torch.testing.assert_close(batched_attention.attention_decode(*args, **kw),
+                               attention.attention_decode(*args, **kw), atol=1e-5, rtol=1e-5)
+    mixed = make_paged_case((40, 9, 33, 1, 50), (12, 1, 33, 1, 1), 8, 2, 32, torch.float32,
+                            seed=7)
+    margs = (mixed.q, mixed.k_cache, mixed.v_cache, mixed.req_to_token, mixed.seq_lens,
+             mixed.extend_lens, mixed.qo_indptr, mixed.scale)
+    torch.testing.assert_close(batched_attention.attention_extend(*margs, **kw),
+                               attention.attention_extend(*margs, **kw), atol=1e-5, rtol=1e-5)
