@@ -48,6 +48,38 @@ SUPPORTED_ARCHS: dict[str, ArchTraits] = {
     # Llama with multipliers on the embeddings, residual branches, attention and logits.
     "granite": ArchTraits("GraniteForCausalLM"),
 }
+# transformers' Gemma 3 defaults, which hub configs rely on: their text_config often lists only
+# what differs (the rope bases only where rope_parameters is absent)
+_GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
+    "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "head_dim": 256, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6,
+    "query_pre_attn_scalar": 256, "sliding_window": 4096, "bos_token_id": 2, "eos_token_id": 1,
+}
+# multimodal model_type -> the text model inside it (served text-only: the vision tower's
+# tensors are skipped, formats/hf_folder.py)
+MULTIMODAL_TEXT_MODELS = {"gemma3": "gemma3_text"}
+
+
+def text_model_dict(data: dict[str, Any]) -> dict[str, Any]:
+    """The config of the language model: a multimodal config's text_config (with the
+    top-level token ids where it has none), or the config itself."""
+    arch = data.get("model_type")
+    if arch in MULTIMODAL_TEXT_MODELS and isinstance(data.get("text_config"), dict):
+        text = dict(data["text_config"])
+        for key in ("bos_token_id", "eos_token_id", "tie_word_embeddings"):
+            if key not in text and key in data:
+                text[key] = data[key]
+        text["model_type"] = MULTIMODAL_TEXT_MODELS[arch]
+        data = text
+    if data.get("model_type") == "gemma3_text":
+        data = {**_GEMMA3_TEXT_DEFAULTS, **data}
+        if not data.get("rope_parameters"):
+            data.setdefault("rope_theta", 1_000_000.0)
+            data.setdefault("rope_local_base_freq", 10_000.0)
+    return data
+
+
 # config.json's hidden_act / hidden_activation -> the activation the MLP ops implement
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh",
                 "gelu_tanh": "gelu_tanh"}
@@ -133,6 +165,7 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, data: dict[str, Any]) -> ModelConfig:
         """Normalize a Hugging Face config.json (transformers 4.x or 5.x layout)."""
+        data = text_model_dict(data)
         arch = data.get("model_type")
         if arch is None:
             names = data.get("architectures") or []

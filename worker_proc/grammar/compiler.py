@@ -85,7 +85,9 @@ class GrammarCompiler:
                 return compiler.compile_json_schema(spec.spec, any_whitespace=False,
                                                     strict_mode=True)
             if spec.kind == "json_object":
-                return compiler.compile_builtin_json_grammar()
+                # An object (OpenAI's json_object), with any properties: not any JSON value.
+                return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False,
+                                                    strict_mode=False)
             if spec.kind == "regex":
                 return compiler.compile_regex(spec.spec)
             if spec.kind == "grammar":

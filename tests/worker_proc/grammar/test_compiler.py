@@ -65,3 +65,15 @@ def test_a_model_without_tokenizer_cannot_serve_grammars(tmp_path) -> None:  # n
     config.write_text('{"vocab_size": 100, "architectures": ["LlamaForCausalLM"]}')
     with pytest.raises(GrammarUnavailable, match="tokenizer"):
         tokenizer_info(str(config), 100, [2])
+
+
+def test_json_object_means_an_object_with_any_properties(info: Any) -> None:
+    import xgrammar as xgr
+
+    compiler = GrammarCompiler(lambda: info)
+    compiled = compiler.submit(GrammarSpec("json_object", "", "response_format")).result(60)
+    for text, ok in (('{"a": [1, {"b": null}], "c": "x"}', True), ("{}", True),
+                     ("[1]", False), ('"text"', False)):
+        matcher = xgr.GrammarMatcher(compiled)
+        assert (matcher.accept_string(text) and matcher.is_completed()) == ok, text
+    compiler.close()
