@@ -1,6 +1,7 @@
 """RequestOutputs to and from the columns of a RequestOutputBatch (bus/messages.py).
 
     batch = pack_outputs(outputs)      # the detokenizer, once per step and client
+                                       # (outputs carrying a scored prompt: see batchable)
     outputs = unpack_outputs(batch)    # the client's receiver thread
 
 `unpack_outputs(pack_outputs(xs)) == xs` field by field (tests/bus/test_output_batch.py). A
@@ -21,7 +22,17 @@ def _offsets(counts: list[int]) -> np.ndarray:
     return out
 
 
+def batchable(out: RequestOutput) -> bool:
+    """Whether a batch can carry it: the scored prompt of a prompt-logprobs request (sent once
+    per such request) travels in a RequestOutput of its own."""
+    return not (out.prompt_token_ids.shape[0] or out.prompt_logprobs.shape[0]
+                or out.prompt_token_texts)
+
+
 def pack_outputs(outputs: list[RequestOutput]) -> RequestOutputBatch:
+    """Outputs for which `batchable` holds, as one batch (ValueError for any other)."""
+    if not all(batchable(o) for o in outputs):
+        raise ValueError("an output with a scored prompt travels as a RequestOutput")
     token_ids = [o.token_ids for o in outputs]
     columns = dict(
         rids=[o.rid for o in outputs], indices=[o.index for o in outputs],

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from tessera.bus.messages import AbortRequest, ErrorReply, Message, RequestOutput, TokenBatch
-from tessera.bus.output_batch import pack_outputs
+from tessera.bus.output_batch import batchable, pack_outputs
 from tessera.detokenizer_proc.replies import Replies
 from tessera.detokenizer_proc.sequence import Logprobs, RequestState
 from tessera.formats.tokenizer import ModelTokenizer
@@ -79,6 +79,8 @@ class Router:
         tokens = batch.token_ids.tolist()
         counts = batch.counts.tolist()
         n_matched, n_cached = len(batch.matched_stop), len(batch.cached_tokens)
+        if batch.prompt_rids:
+            self._on_prompt_scores(batch)
         start = 0
         for r, rid in enumerate(batch.rids):
             row_start, count = start, counts[r]
@@ -108,12 +110,39 @@ class Router:
                 self._finish(rid, abort_reason="stop" if state.scheduler_running else None)
 
     def _flush(self) -> None:
-        """Send each client its outputs of this step in one message."""
+        """Send each client its outputs of this step in one message (an output that carries
+        a scored prompt, once per such request, travels on its own after it)."""
         pending, self._pending = self._pending, {}
         for endpoint, items in pending.items():
-            rids = list(dict.fromkeys(state.rid for state, _ in items))
-            self.replies.send(endpoint, pack_outputs([out for _, out in items]), rids)
+            plain = [(state, out) for state, out in items if batchable(out)]
+            if plain:
+                rids = list(dict.fromkeys(state.rid for state, _ in plain))
+                self.replies.send(endpoint, pack_outputs([out for _, out in plain]), rids)
+            for state, out in items:
+                if not batchable(out):
+                    self.replies.send(endpoint, out, [state.rid])
             self.outputs_sent += len(items)
+
+    def _on_prompt_scores(self, batch: TokenBatch) -> None:
+        """Scored prompt tokens: kept by their request until its sample 0 sends an output."""
+        start = 0
+        for q, rid in enumerate(batch.prompt_rids):
+            count = int(batch.prompt_counts[q])
+            part = slice(start, start + count)
+            start += count
+            state = self._state(rid, batch)
+            if state is None:
+                continue
+            state.add_prompt(batch.prompt_token_ids[part], batch.prompt_logprobs[part],
+                             batch.prompt_top_ids[part], batch.prompt_top_logprobs[part])
+
+    def _state(self, rid: str, batch: TokenBatch) -> RequestState | None:
+        state = self.requests.get(rid)
+        if state is None and rid not in self._finished:
+            detok = batch.new_requests.get(rid)
+            if detok is not None and "reply_to" in detok:
+                state = self.requests[rid] = RequestState(rid, detok, self.tokenizer)
+        return state
 
     def _finish(self, rid: str, abort_reason: str | None) -> None:
         self.requests.pop(rid, None)
