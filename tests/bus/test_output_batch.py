@@ -79,6 +79,6 @@ def test_inconsistent_columns_are_refused() -> None:
 def test_outputs_with_a_scored_prompt_are_not_batched() -> None:
     scored = dataclasses.replace(_plain(1, "p"), prompt_token_ids=np.array([5, 6], np.int32),
                                  prompt_logprobs=np.array([np.nan, -0.5], np.float32))
-    assert not pack_outputs([_plain(1)]).rids == []
+    assert pack_outputs([_plain(1)]).rids == ["r"]
     with pytest.raises(ValueError, match="scored prompt"):
         pack_outputs([_plain(1), scored])

@@ -59,9 +59,13 @@ class Harness:
 
     def outputs(self, rid=None, index=None):
         """Every RequestOutput sent, taken out of the batches they travelled in."""
-        outs = [o for _, m in self.replies if isinstance(m, RequestOutputBatch)
-                for o in unpack_outputs(m)]
-        assert not any(isinstance(m, RequestOutput) for _, m in self.replies)
+        outs: list[RequestOutput] = []
+        for _, m in self.replies:
+            if isinstance(m, RequestOutputBatch):
+                outs += unpack_outputs(m)
+            elif isinstance(m, RequestOutput):  # alone only to carry a scored prompt
+                assert m.prompt_token_ids.size, m
+                outs.append(m)
         return [m for m in outs
                 if (rid is None or m.rid == rid) and (index is None or m.index == index)]
 
