@@ -8,7 +8,7 @@ frames (see `codec.py`); every other field goes into the msgpack header and must
 Path of one request (ARCHITECTURE.md):
   client --GenerateRequest--> tokenizer --TokenizedRequest--> scheduler
   scheduler --ForwardBatch--> worker (every rank) --SampledTokens (rank 0)--> scheduler
-  scheduler --TokenBatch / ErrorReply--> detokenizer --RequestOutput / ErrorReply--> reply_to
+  scheduler --TokenBatch / ErrorReply--> detokenizer --RequestOutputBatch / ErrorReply--> reply_to
 Control: every process --Ready / Heartbeat--> supervisor; worker --WorkerReady--> scheduler.
 Grammars: scheduler --GrammarInit--> worker rank 0 --GrammarReady--> scheduler.
 
@@ -587,6 +587,39 @@ class RequestOutput(Message):
     prompt_top_logprobs: np.ndarray = field(default_factory=_empty_f32)
     prompt_token_texts: list[str] = field(default_factory=list)
     prompt_top_token_texts: list[list[str]] = field(default_factory=list)
+
+
+@register
+@dataclass(frozen=True)
+class RequestOutputBatch(Message):
+    """Detokenizer -> one client: every RequestOutput of one step bound for the same reply_to,
+    as columns, so that a step costs one message per client instead of one per request
+    (`bus/output_batch.py` packs and unpacks them).
+
+    Row r is RequestOutput(rids[r], indices[r], texts[r],
+    token_ids[token_offsets[r]:token_offsets[r + 1]], finish_reasons[r], prompt_tokens[r],
+    completion_tokens[r], cached_tokens[r]) plus, when logprob_offsets is not empty, the
+    logprob rows logprob_offsets[r]:logprob_offsets[r + 1] of logprobs / top_ids /
+    top_logprobs (the first top_widths[r] columns; the batch is padded to its widest row with
+    id -1 / -inf) and token_texts[r] / top_token_texts[r].
+    """
+
+    rids: list[str]
+    indices: list[int]
+    texts: list[str]
+    token_offsets: np.ndarray  # int32 [R + 1]
+    token_ids: np.ndarray  # int32
+    finish_reasons: list[str | None]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    logprob_offsets: np.ndarray = field(default_factory=_empty_i32)  # int32 [R + 1] or []
+    logprobs: np.ndarray = field(default_factory=_empty_f32)
+    top_widths: list[int] = field(default_factory=list)
+    top_ids: np.ndarray = field(default_factory=_empty_i32)  # int32 [L, K]
+    top_logprobs: np.ndarray = field(default_factory=_empty_f32)  # float32 [L, K]
+    token_texts: list[list[str]] = field(default_factory=list)
+    top_token_texts: list[list[list[str]]] = field(default_factory=list)
 
 
 @register
