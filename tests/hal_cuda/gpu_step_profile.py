@@ -198,13 +198,28 @@ class Harness:
             out["host_bound"] = out["launch_host_ms"] > out["gpu_ms"]
         return out
 
+    _cycles_per_ms: float | None = None
+
+    def spin_cycles_per_ms(self) -> float:
+        """torch.cuda._sleep's cycles per millisecond, measured once."""
+        if self._cycles_per_ms is None:
+            start, end = (torch.cuda.Event(enable_timing=True),
+                          torch.cuda.Event(enable_timing=True))
+            cycles = 20_000_000
+            torch.cuda._sleep(cycles // 10)  # warm
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            self.sync()
+            self._cycles_per_ms = cycles / max(start.elapsed_time(end), 1e-3)
+        return self._cycles_per_ms
+
     def gpu_ms(self, bt: ForwardBatch, hold_ms: float = 60.0) -> float:
         """The step's device time: a spin kernel holds the device while the host queues the
         whole step, so the step's kernels then run back to back."""
-        clock_khz = torch.cuda.get_device_properties(0).clock_rate
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         self.sync()
-        torch.cuda._sleep(int(hold_ms * clock_khz))
+        torch.cuda._sleep(int(hold_ms * self.spin_cycles_per_ms()))
         start.record()
         launched = time.perf_counter()
         pending = self.runner.launch(bt, self.rtt)
