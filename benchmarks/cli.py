@@ -11,6 +11,7 @@
     peer      the transformers baseline of B1 (decode ms/step, TTFT; several batch sizes)
     scheduler C2: scheduler CPU time per decode step (bench_scheduler.py)
     bus       messages/s and latency through the bus (bench_bus.py)
+    host      the host path's CPU per streamed token, fake worker (bench_host.py)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "peer": ("tessera.benchmarks.peer", "main_peer"),
     "scheduler": ("tessera.benchmarks.bench_scheduler", "main"),
     "bus": ("tessera.benchmarks.bench_bus", "main"),
+    "host": ("tessera.benchmarks.bench_host", "main"),
 }
 
 

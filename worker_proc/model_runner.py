@@ -32,6 +32,7 @@ from tessera.worker_proc.forward_inputs import ForwardInputs, build_forward_inpu
 from tessera.worker_proc.grammar.runtime import GrammarRuntime
 from tessera.worker_proc.kv_sizing import KVPlan, plan_kv
 from tessera.worker_proc.models import model_class
+from tessera.worker_proc.prompt_scores import PromptScores, score, with_score_rows
 from tessera.worker_proc.quant_plan import plan_quantization
 from tessera.worker_proc.sampler import DeviceSample, Sampler
 
@@ -68,6 +69,7 @@ class PendingStep:
     step: int
     sample: DeviceSample | None
     start: float
+    prompt: PromptScores | None = None  # prompt logprobs of requests scoring their prompt
 
     def ready(self) -> bool:
         return self.sample is None or self.sample.ready()
@@ -240,8 +242,13 @@ class ModelRunner:
         if grammar is None and self.rank == 0 and batch.grammar_ids.shape[0]:
             grammar = self._grammar_runtime()  # (its matchers are unknown: the rows fail)
         record = None
+        scored = with_score_rows(batch, inputs, self.device)
+        prompt = None
         with torch.inference_mode():
             logits = self.forward(inputs)
+            if scored is not None:  # prompt positions' logits ride after the sampled rows'
+                prompt = score(logits[scored.first:], scored)
+                logits = logits[:scored.first]
             mask = None
             if grammar is not None:
                 # After the forward is queued: the device works while the matchers catch up.
@@ -258,10 +265,12 @@ class ModelRunner:
             rows = to_device(np.asarray(batch.rows, dtype=np.int64)[
                 np.asarray(batch.sample, dtype=bool)], torch.int64, self.device)
             self.last_sampled[rows] = tokens
+        if prompt is not None:
+            prompt.start_copy()  # before the sample's copies: their event covers these too
         sample.start_copy()
         if grammar is not None:
             grammar.after_sample(record, lambda: sample.fetch().token_ids)
-        return PendingStep(batch.step, sample, start)
+        return PendingStep(batch.step, sample, start, prompt)
 
     def finish(self, pending: PendingStep) -> SampledTokens:
         """Wait for a launched step and return its answer."""
@@ -270,11 +279,16 @@ class ModelRunner:
         result = pending.sample.fetch()
         ends = self.grammar.step_ends(pending.step) if self.grammar is not None else \
             np.zeros(0, np.uint8)
+        prompt: dict[str, np.ndarray] = {}
+        if pending.prompt is not None:
+            lps, top_ids, top_lps = pending.prompt.fetch()
+            prompt = {"prompt_logprobs": lps, "prompt_top_ids": top_ids,
+                      "prompt_top_logprobs": top_lps}
         return SampledTokens(step=pending.step, token_ids=result.token_ids,
                              logprobs=result.logprobs, top_ids=result.top_ids,
                              top_logprobs=result.top_logprobs,
                              forward_ms=(time.perf_counter() - pending.start) * 1000.0,
-                             grammar_end=ends)
+                             grammar_end=ends, **prompt)
 
     def _resolve_last_sampled(self, inputs: ForwardInputs) -> None:
         if inputs.has_last_sampled:

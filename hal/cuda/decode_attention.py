@@ -41,8 +41,10 @@ def scores_log2(qk, sm_scale_log2, logit_cap, HAS_CAP: tl.constexpr):
     cap * tanh(q.k * scale / cap)."""
     if HAS_CAP:
         s = qk * (sm_scale_log2 / LOG2E_C)
-        return logit_cap * tanh(s / logit_cap) * LOG2E_C
-    return qk * sm_scale_log2
+        out = logit_cap * tanh(s / logit_cap) * LOG2E_C
+    else:
+        out = qk * sm_scale_log2
+    return out
 
 
 @triton.jit
