@@ -164,6 +164,7 @@ def part_engine(base: dict[str, Any], variants: list[str], parts: set[str],
             ready = time.perf_counter() - start
             stats = _worker_stats(llm)
             figures[f"{v}_weight_bytes"] = stats.get("weight_bytes")
+            figures[f"{v}_worker_rss_bytes"] = stats.get("rss_bytes")
             figures[f"{v}_ready_s"] = ready
             if "b1" in parts:
                 b1 = run_b1(llm, args, mconf.vocab_size)

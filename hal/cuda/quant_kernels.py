@@ -144,10 +144,11 @@ def quant_rows_fp8_kernel(x_ptr, out_ptr, scale_ptr, K, x_s0, out_s0,
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * x_s0 + k, mask=k < K, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(x))
-    scale = tl.maximum(tl.max(amax, 0) / 448.0, 1e-12)
+    scale = tl.maximum(tl.div_rn(tl.max(amax, 0), 448.0), 1e-12)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * x_s0 + k, mask=k < K, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+        # div_rn: IEEE division, as torch's (Triton's `/` may be off by an ulp in fp32)
+        q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0)
         tl.store(out_ptr + row * out_s0 + k, q.to(out_ptr.dtype.element_ty), mask=k < K)
     tl.store(scale_ptr + row, scale)
