@@ -221,15 +221,24 @@ class GenerateRequest(Message):
     priority: int = 0
     add_generation_prompt: bool = True
     arrival_time: float = 0.0
+    # Sent again by a client whose tokenizer died before answering: the scheduler ignores it
+    # if the first copy got through.
+    resent: bool = False
 
 
 @register
 @dataclass(frozen=True)
 class AbortRequest(Message):
-    """Abort a request (client gone, timeout, explicit). Sent to the tokenizer, forwarded on."""
+    """Abort a request (client gone, timeout, explicit). Sent to the tokenizer, forwarded on.
+
+    reason LOST_ROUTE (from a restarted detokenizer that never saw the request start): the
+    scheduler fails it with an error to its reply_to instead of a plain "abort" finish.
+    """
 
     rid: str
     reason: str = "abort"
+
+    LOST_ROUTE: ClassVar[str] = "lost_route"
 
 
 # --------------------------------------------------------------------------------------------
@@ -253,6 +262,7 @@ class TokenizedRequest(Message):
     detok: dict[str, Any]
     priority: int = 0
     arrival_time: float = 0.0
+    resent: bool = False  # see GenerateRequest.resent
 
 
 # --------------------------------------------------------------------------------------------
@@ -389,6 +399,16 @@ class TokenBatch(Message):
     logprobs: np.ndarray = field(default_factory=_empty_f32)
     top_ids: np.ndarray = field(default_factory=_empty_i32)
     top_logprobs: np.ndarray = field(default_factory=_empty_f32)
+
+
+@register
+@dataclass(frozen=True)
+class ResetRequests(Message):
+    """Scheduler -> detokenizer when a scheduler starts: requests the detokenizer still tracks
+    belonged to a scheduler that is gone (a restart) and will get no more output; each is
+    answered with an error and forgotten."""
+
+    reason: str = ""
 
 
 @register

@@ -130,6 +130,15 @@ class EngineConfig(BatchingConfig):
     stream_buffer_outputs: int = _opt(1024, "outputs a streaming reader may leave unread "
                                       "before its request is aborted (a reader that stopped "
                                       "reading must not make the engine work for nobody)")
+    restart_policy: str = _opt("on", "on: a process that dies or hangs is restarted (the "
+                               "worker ranks and the scheduler together) and the engine "
+                               "serves again without the operator; off: any death stops the "
+                               "engine", choices=["on", "off"])
+    restart_max: int = _opt(5, "failures of one process (or of the workers + scheduler) "
+                            "within --restart-window-s before the engine stops (a crash loop)")
+    restart_window_s: float = _opt(300.0, "the window in which --restart-max failures count")
+    restart_backoff_s: float = _opt(1.0, "wait before the first restart; doubles with each "
+                                    "failure in the window, up to 30 s")
     step_timeout_s: float = _opt(120.0, "a worker step unanswered this long fails its "
                                  "requests with 503 (the engine stays up)")
     log_level: str = _opt("info", "debug | info | warning | error")

@@ -10,7 +10,6 @@ abort its requests; the process stays up.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
@@ -53,7 +52,7 @@ class WorkerProcess(BusProcess):
         self.inbox = Inbox(self.paths.worker(self.rank), name=self.name)
         platform = load_platform(cfg.hal)
         if cfg.tp_size > 1:
-            init = f"file://{os.path.join(self.paths.run_dir, 'tp-rendezvous')}"
+            init = f"file://{self.paths.tp_rendezvous}"
             self.communicator = platform.create_communicator(self.rank, cfg.tp_size, init)
         self.runner = ModelRunner(cfg, self.rank, platform, self.communicator)
         self.table = AttachedPageTable(self.paths.shm_req_to_token, cfg.max_running_requests,

@@ -1,0 +1,216 @@
+"""The restart policy on the real engine (default model, cpu): kill -9 of each process kind
+while requests stream. Every request ends -- completed, or answered with an explicit error
+(an SSE error event, an HTTP error status, or the connection of a dead server closing); none
+is left waiting -- and the engine serves again without the operator. One engine for every
+case: each kill is followed by the restart it causes (a reload of the weights for the worker
+and the scheduler)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from tessera.client import Client, TesseraError
+
+pytestmark = pytest.mark.integration
+
+STREAMS = 3
+STALL_S = 90.0  # no request moved this long: those not ended are lost
+DEADLINE_S = 600.0  # for the engine to serve again (a weights reload on a busy machine)
+
+
+@dataclass
+class Engine:
+    proc: subprocess.Popen[str]
+    run_dir: str
+    port: int
+    log: list[str] = field(default_factory=list)
+
+    def status(self) -> dict:
+        with Client(self.run_dir) as client:
+            return client.status(timeout=5.0).processes
+
+    def ready(self) -> bool:
+        with Client(self.run_dir) as client:
+            try:
+                return client.status(timeout=2.0).ready
+            except TesseraError:
+                return False
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    root = tempfile.mkdtemp(prefix="tsr-")  # short: ipc paths are limited to 107 bytes
+    run_dir = os.path.join(root, "run")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tessera.bus.launcher", "--port", str(port), "--run-dir",
+         run_dir, "--max-total-tokens", "8192", "--heartbeat-interval-s", "0.2",
+         "--heartbeat-timeout-s", "10", "--restart-backoff-s", "0.2",
+         "--log-level", "info"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "TESSERA_RUN_ROOT": root})
+    eng = Engine(proc, run_dir, port)
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            eng.log.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + 600
+    while not any("tessera is ready" in line for line in eng.log):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("the engine did not start:\n" + "".join(eng.log[-40:]))
+        time.sleep(0.2)
+    try:
+        yield eng
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass
+class Outcome:
+    chunks: int = 0
+    end: str = ""  # "done", "error: ...", or "" while running (lost, if it stays so)
+
+
+def stream(port: int, outcome: Outcome, max_tokens: int) -> None:
+    body = json.dumps({"messages": [{"role": "user", "content": "Count to one hundred."}],
+                       "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+                       "temperature": 0})
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=DEADLINE_S)
+        conn.request("POST", "/v1/chat/completions", body=body,
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            outcome.end = f"error: HTTP {resp.status}"
+            return
+        for raw in resp:
+            line = raw.strip()
+            if line == b"data: [DONE]":
+                outcome.end = "done"
+                return
+            if line.startswith(b"data: "):
+                event = json.loads(line[6:])
+                if "error" in event:
+                    outcome.end = f"error: {event['error']['type']}"
+                    return
+                outcome.chunks += 1
+        outcome.end = "error: the stream ended without [DONE]"
+    except (OSError, http.client.HTTPException) as exc:  # the server died: connection reset
+        outcome.end = f"error: {type(exc).__name__}"
+
+
+def one_request(port: int) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"},
+                     body=json.dumps({"messages": [{"role": "user", "content": "Hi"}],
+                                      "max_tokens": 4}))
+        return conn.getresponse().status
+    except OSError:
+        return 0
+    finally:
+        conn.close()
+
+
+def watch_ready(engine: Engine, victim: str, old_pid: int, when: list[float]) -> None:
+    """Note when the engine is ready again with a new `victim` process."""
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        try:
+            with Client(engine.run_dir) as client:
+                reply = client.status(timeout=2.0)
+            if reply.ready and reply.processes[victim]["pid"] != old_pid:
+                when.append(time.monotonic())
+                return
+        except TesseraError:
+            pass
+        time.sleep(0.2)
+
+
+def wait_until_ended_or_stalled(outcomes: list[Outcome]) -> None:
+    """Until every request ended, or none moved for STALL_S (a slow machine is not a loss)."""
+    last, moved = None, time.monotonic()
+    while not all(o.end for o in outcomes):
+        now_seen = [(o.chunks, o.end) for o in outcomes]
+        if now_seen != last:
+            last, moved = now_seen, time.monotonic()
+        elif time.monotonic() - moved > STALL_S:
+            return
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("victim", ["tokenizer0", "detokenizer", "server", "scheduler",
+                                    "worker0"])
+def test_kill_9_during_a_stream_loses_no_request_and_the_engine_serves_again(
+        engine: Engine, victim: str) -> None:
+    before = engine.status()
+    outcomes = [Outcome() for _ in range(STREAMS)]
+    threads = [threading.Thread(target=stream, args=(engine.port, o, 48), daemon=True)
+               for o in outcomes]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + DEADLINE_S
+    while not all(o.chunks >= 2 or o.end for o in outcomes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    late = [Outcome() for _ in range(2)]  # sent as the victim dies: maybe not answered yet
+    late_threads = [threading.Thread(target=stream, args=(engine.port, o, 8), daemon=True)
+                    for o in late]
+    for t in late_threads:
+        t.start()
+    os.kill(before[victim]["pid"], signal.SIGKILL)
+    killed_at = time.monotonic()
+    ready_again: list[float] = []
+    watcher = threading.Thread(target=watch_ready, daemon=True,
+                               args=(engine, victim, before[victim]["pid"], ready_again))
+    watcher.start()
+    everyone = outcomes + late
+    wait_until_ended_or_stalled(everyone)
+    lost = [o for o in everyone if not o.end]
+    summary = {"victim": victim, "requests": len(everyone),
+               "done": sum(o.end == "done" for o in everyone),
+               "errors": sorted(o.end for o in everyone if o.end.startswith("error")),
+               "lost": len(lost)}
+    assert not lost, f"{summary}\n" + "".join(engine.log[-80:])
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline and not engine.ready():
+        time.sleep(0.5)
+    after = engine.status()
+    assert after[victim]["pid"] != before[victim]["pid"] and after[victim]["restarts"] >= 1
+    status = 0
+    while time.monotonic() < deadline and (status := one_request(engine.port)) != 200:
+        time.sleep(0.5)
+    assert status == 200, "".join(engine.log[-60:])
+    assert engine.proc.poll() is None  # the supervisor never gave up
+    watcher.join(DEADLINE_S)
+    summary["ready_again_after_s"] = round(ready_again[0] - killed_at, 1) if ready_again \
+        else None
+    print(json.dumps(summary))
