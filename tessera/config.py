@@ -95,6 +95,11 @@ class EngineConfig(BatchingConfig):
     served_model_name: str | None = _opt(None, "model id shown by /v1/models")
     context_length: int | None = _opt(None, "override the model's maximum context length")
     seed: int = _opt(0, "seed for dummy weights and unseeded sampling")
+    verify_weights: str | None = _opt(None, "a manifest written by `tessera hash MODEL`: "
+                                      "every worker refuses to load a model whose files "
+                                      "differ from it")
+    verify_key: str | None = _opt(None, "an Ed25519 public key (PEM): the --verify-weights "
+                                  "manifest must carry a valid signature by it (MANIFEST.sig)")
     allowed_special_tokens: str = _opt("", "special tokens (comma-separated, e.g. "
                                        "'<|im_end|>') that chat messages may hold as control "
                                        "tokens; any other special token's text inside a "
