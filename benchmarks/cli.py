@@ -3,6 +3,8 @@
     serving   B3 (HTTP tiers) and B4 (prefix cache vs --disable-radix-cache)
     offline   B2 through the offline API, with the roofline bound of the run
     latency   B1: batch-1 decode ms/step and TTFT
+    b11       B11: the Mixtral-8x7B shape's B1 and B2, and the MoE kernel figure (one GPU)
+    moe-kernel  B11's grouped GEMM against a dense GEMM of the same FLOPs (one GPU)
     c1        C1: tessera vs transformers generate one at a time, same run
     peer      the transformers baseline of B1 (decode ms/step, TTFT; several batch sizes)
     scheduler C2: scheduler CPU time per decode step (bench_scheduler.py)
@@ -18,6 +20,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "serving": ("tessera.benchmarks.serving", "main"),
     "offline": ("tessera.benchmarks.offline", "main"),
     "latency": ("tessera.benchmarks.latency", "main"),
+    "b11": ("tessera.benchmarks.b11", "main"),
+    "moe-kernel": ("tessera.benchmarks.moe_kernel", "main"),
     "c1": ("tessera.benchmarks.peer", "main_c1"),
     "peer": ("tessera.benchmarks.peer", "main_peer"),
     "scheduler": ("tessera.benchmarks.bench_scheduler", "main"),

@@ -26,6 +26,8 @@ class RequestMetrics:
     start_s: float = 0.0  # when it was sent, relative to the start of its tier
     cached_tokens: int | None = None  # from usage.prompt_tokens_details, if the server says
     error: str = ""
+    text: str = ""  # what was streamed (completions API)
+    finish_reason: str | None = None
 
     @property
     def tpot_s(self) -> float | None:
@@ -96,9 +98,11 @@ def parse_sse_line(line: bytes) -> dict[str, Any] | None:
 
 async def send_request(session: Any, url: str, req: BenchRequest, *, model: str | None = None,
                        api_key: str | None = None, ignore_eos: bool = True,
-                       t_origin: float = 0.0, api: str = "completions") -> RequestMetrics:
+                       t_origin: float = 0.0, api: str = "completions",
+                       extra_body: dict[str, Any] | None = None) -> RequestMetrics:
     """POST one streaming request and time it. Never raises: failures are in the result.
-    `url` is the endpoint (API_PATHS[api] under the server's base URL)."""
+    `url` is the endpoint (API_PATHS[api] under the server's base URL); `extra_body`: more
+    request fields (a response_format, ...)."""
     import aiohttp
 
     headers = {"Content-Type": "application/json"}
@@ -106,6 +110,8 @@ async def send_request(session: Any, url: str, req: BenchRequest, *, model: str 
         headers["Authorization"] = f"Bearer {api_key}"
     body = native_body(req, ignore_eos=ignore_eos) if api == "native" else \
         completion_body(model, req, ignore_eos=ignore_eos)
+    if extra_body:
+        body.update(extra_body)
     m = RequestMetrics(ok=False, prompt_len=req.prompt_len)
     start = time.perf_counter()
     m.start_s = start - t_origin if t_origin else 0.0
@@ -128,6 +134,9 @@ async def send_request(session: Any, url: str, req: BenchRequest, *, model: str 
                     break
                 new, event_usage = reader.read(data)
                 usage = event_usage or usage
+                for choice in data.get("choices") or []:
+                    m.text += choice.get("text") or ""
+                    m.finish_reason = choice.get("finish_reason") or m.finish_reason
                 if new <= 0:
                     continue
                 now = time.perf_counter()

@@ -56,7 +56,9 @@ def run_bound(cost: ModelCost, device: Device, reqs: list[BenchRequest], before:
               ) -> tuple[RooflineResult, str, int]:
     """(bound, where its steps came from, steps simulated or counted)."""
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("steps", *COUNTERS)}
-    if all(k in after for k in COUNTERS) and delta["steps"] > 0:
+    # A Mixture-of-Experts step reads the experts its tokens chose: its bound needs each
+    # step's token count, which only the replayed schedule has.
+    if not cost.is_moe and all(k in after for k in COUNTERS) and delta["steps"] > 0:
         res = roofline_from_totals(cost, int(delta["steps"]), int(delta[COUNTERS[0]]),
                                    int(delta[COUNTERS[1]]), int(delta[COUNTERS[2]]), device)
         return res, "scheduler counters", int(delta["steps"])

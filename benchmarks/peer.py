@@ -29,6 +29,13 @@ from tessera.benchmarks.engine_args import (
     resolve_engine,
 )
 from tessera.benchmarks.hf_peer import PeerRun, generate, load_peer
+from tessera.hal.host_threads import set_wait_policy
+
+
+def intra_op_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
 
 
 def _free(peer: Any) -> None:
@@ -57,6 +64,9 @@ def _common(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def main_c1(argv: list[str] | None = None) -> int:
+    # The peer gets the OpenMP wait policy the engine's workers run with (hal/host_threads.py):
+    # on a machine shared with other work, spinning threads cost it as much as the engine.
+    wait_policy = set_wait_policy()  # before torch is imported
     p = argparse.ArgumentParser(prog="tessera bench c1", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-requests", type=int, default=32)
@@ -75,6 +85,7 @@ def main_c1(argv: list[str] | None = None) -> int:
     print(f"[bench] C1 peer: transformers generate, {len(peer_reqs)} requests one at a time",
           file=sys.stderr)
     peer = load_peer(engine.model, engine.load_format, dtype, device, engine.seed)
+    peer_threads = intra_op_threads()
     generate(peer, [reqs[0].prompt_ids[:8]], 2)  # warm-up
     peer_runs: list[PeerRun] = []
     for i, r in enumerate(peer_reqs):
@@ -115,7 +126,9 @@ def main_c1(argv: list[str] | None = None) -> int:
     print(f"[bench] C1: tessera {tok_s:.1f} tok/s, transformers {peer_tok_s:.1f} tok/s: "
           f"{tok_s / peer_tok_s:.2f}x", file=sys.stderr)
     result = new_result("C1", {**vars(args), "engine": kwargs, "dtype": dtype,
-                               "peer": "transformers generate, one request at a time"})
+                               "peer": "transformers generate, one request at a time",
+                               "omp_wait_policy": wait_policy,
+                               "peer_intra_op_threads": peer_threads})
     result["figures"] = figures
     png = plots.bars(["tessera (32 at once)", "transformers (one by one)"], [tok_s, peer_tok_s],
                      os.path.join(args.out_dir, f"{args.name}.png"),

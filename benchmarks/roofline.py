@@ -1,7 +1,8 @@
 """The roofline bound of a run: how fast the steps it made could go at best on this device.
 
 Per step, a forward pass must at least
-  - read every weight once (bytes = all parameters x dtype size; BENCHMARKS.md's 16.06 GB),
+  - read every weight once (bytes = all parameters x dtype size; BENCHMARKS.md's 16.06 GB);
+    of a Mixture-of-Experts layer, only the experts the step's tokens chose (ModelCost),
   - read the KV cache of every request in the batch (sum of seq_lens x KV bytes per token),
   - do the matmul FLOPs (2 x matmul parameters x new tokens) and attention FLOPs
     (4 x q_size x layers x attended positions, causal within an extend),
@@ -26,20 +27,28 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 @dataclass(frozen=True)
 class ModelCost:
-    """Byte and FLOP constants of one model at one dtype."""
+    """Byte and FLOP constants of one model at one dtype.
 
-    weight_bytes: float  # every parameter, once
+    Mixture-of-Experts: a step reads only the routed experts its tokens chose. With routing
+    spread evenly (random weights), a step of T tokens reads on average
+    E * (1 - (1 - k/E)^T) of the E experts of each MoE layer (`experts_read`); every token
+    multiplies by k of them.
+    """
+
+    weight_bytes: float  # every parameter but the routed experts, once
     matmul_params: float  # parameters that multiply each new token (all but the embedding)
     kv_bytes_per_token: float  # K and V, every layer
     attn_flops_per_position: float  # per (query token, attended position) pair, all layers
+    expert_bytes: float = 0.0  # one routed expert of every MoE layer
+    num_experts: int = 0  # routed experts per MoE layer (0: a dense model)
+    top_k: int = 0
 
     @classmethod
     def of(cls, config: ModelConfig, dtype: str = "bfloat16") -> ModelCost:
         from tessera.formats.layout import hf_tensor_shapes
 
         size = DTYPE_BYTES[dtype]
-        params = 0
-        embed = 0
+        params = embed = experts = 0
         for name, shape in hf_tensor_shapes(config).items():
             n = 1
             for dim in shape:
@@ -47,12 +56,33 @@ class ModelCost:
             params += n
             if name == "model.embed_tokens.weight":
                 embed = n
+            elif ".experts." in name:
+                experts += n
+        moe = config.moe
+        num_experts, top_k = (moe.num_experts, moe.top_k) if moe is not None else (0, 0)
+        per_expert = experts / num_experts if num_experts else 0.0
         # With tied embeddings the table is also the LM head: it still multiplies every token.
-        matmul = params if config.tie_word_embeddings else params - embed
+        dense = params - experts
+        matmul = (dense if config.tie_word_embeddings else dense - embed) + top_k * per_expert
         kv = 2 * config.num_layers * config.kv_size * size
-        return cls(weight_bytes=float(params * size), matmul_params=float(matmul),
+        return cls(weight_bytes=float(dense * size), matmul_params=float(matmul),
                    kv_bytes_per_token=float(kv),
-                   attn_flops_per_position=float(4 * config.q_size * config.num_layers))
+                   attn_flops_per_position=float(4 * config.q_size * config.num_layers),
+                   expert_bytes=float(per_expert * size), num_experts=num_experts,
+                   top_k=top_k)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def experts_read(self, tokens: int) -> float:
+        """Expected routed experts a step of `tokens` tokens reads per MoE layer."""
+        if not self.num_experts:
+            return 0.0
+        return self.num_experts * (1.0 - (1.0 - self.top_k / self.num_experts) ** tokens)
+
+    def step_weight_bytes(self, tokens: int) -> float:
+        return self.weight_bytes + self.expert_bytes * self.experts_read(tokens)
 
 
 @dataclass(frozen=True)
@@ -91,7 +121,7 @@ def step_cost(cost: ModelCost, step: StepShape) -> tuple[float, float]:
         # new tokens attend to seq-ext cached positions plus 1..ext causally
         positions += ext * (seq - ext) + ext * (ext + 1) // 2
     flops = 2 * cost.matmul_params * tokens + cost.attn_flops_per_position * positions
-    return cost.weight_bytes + kv_read, flops
+    return cost.step_weight_bytes(tokens) + kv_read, flops
 
 
 def roofline(cost: ModelCost, steps: Iterable[StepShape], device: Device) -> RooflineResult:
@@ -115,7 +145,10 @@ def roofline_from_totals(cost: ModelCost, steps: int, new_tokens: int, kv_tokens
                          attended_positions: int, device: Device) -> RooflineResult:
     """The bound from an engine's step counters alone (no per-step shapes): memory and compute
     time summed over the run, bound = the larger. This is never above the per-step bound
-    (sum of max >= max of sums), so tokens/s against it is a stricter test."""
+    (sum of max >= max of sums), so tokens/s against it is a stricter test. Not for
+    Mixture-of-Experts models: the experts a step reads depend on its own token count."""
+    if cost.is_moe:
+        raise ValueError("a Mixture-of-Experts bound needs the steps' shapes (roofline())")
     nbytes = steps * cost.weight_bytes + kv_tokens_read * cost.kv_bytes_per_token
     flops = 2 * cost.matmul_params * new_tokens + cost.attn_flops_per_position * attended_positions
     mem = nbytes / (device.bandwidth_gbps * 1e9)

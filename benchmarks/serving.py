@@ -5,6 +5,8 @@
     B4  16 groups x 32 requests sharing a 2048-token prefix + 128-token suffix, 64 outputs, run
         against a server with the radix cache and one with --disable-radix-cache: cache hit rate
         (vs the ideal) and speed-up.
+    B8  B3's c=32 tier plain and with a JSON schema on every request, one server, one run:
+        fraction_of_plain (grammar_serving.py).
 
 The server is either given (`--base-url`, for B4 also `--no-cache-url`) or started here with
 `tessera serve --model M --load-format F <--server-args>`.
@@ -33,7 +35,7 @@ from tessera.benchmarks.serving_driver import run_tier, tier_stats
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", choices=["B3", "B4"], default="B3")
+    p.add_argument("--workload", choices=["B3", "B4", "B8"], default="B3")
     p.add_argument("--base-url", help="a running server (default: start one here)")
     p.add_argument("--no-cache-url", help="B4: a running server with --disable-radix-cache")
     p.add_argument("--model", default="default")
@@ -71,7 +73,8 @@ def resolve_model(args: argparse.Namespace) -> None:
     """A shape config under --load-format dummy becomes a model folder with a tokenizer."""
     from tessera.benchmarks.dummy_model import resolve_dummy_model
 
-    args.model = resolve_dummy_model(args.model, args.load_format)
+    args.model = resolve_dummy_model(args.model, args.load_format,
+                                     byte_level=args.workload == "B8")
 
 
 def vocab_size(args: argparse.Namespace) -> int:
@@ -203,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     add_args(p)
     args = p.parse_args(argv)
     if args.concurrency is None:
-        args.concurrency = "1,32,128" if args.workload == "B3" else "128"
+        args.concurrency = {"B3": "1,32,128", "B8": "32"}.get(args.workload, "128")
     if not args.base_url:
         resolve_model(args)
     vocab = vocab_size(args)
@@ -227,6 +230,19 @@ def main(argv: list[str] | None = None) -> int:
                 [t["itl_p99_ms"] for t in tiers],
                 os.path.join(args.out_dir, f"{name}_throughput.png"),
                 "B3: throughput and ITL p99 against concurrency")) if x]
+    elif args.workload == "B8":
+        from tessera.benchmarks.grammar_serving import run_b8
+
+        def b8(url: str) -> dict[str, Any]:
+            return run_b8(args, url, vocab)
+        figures = _with_server(args, args.base_url, [], b8)
+        result["figures"] = figures
+        result["plots"] = [x for x in (plots.bars(
+            ["plain", "json_schema"], [figures["plain"]["output_tok_per_s"],
+                                       figures["grammar"]["output_tok_per_s"]],
+            os.path.join(args.out_dir, f"{name}_throughput.png"),
+            f"B8: c={args.concurrency}, fraction of plain {figures['fraction_of_plain']:.3f}",
+            "output tok/s"),) if x]
     else:
         reqs = shared_prefix_requests(args.groups, args.group_size, args.prefix_len,
                                       args.suffix_len, args.prefix_output_len, vocab, args.seed)

@@ -20,6 +20,7 @@ async def run_tier(base_url: str, requests: list[BenchRequest], *, concurrency: 
                    rate: float = float("inf"), model: str | None = None,
                    api_key: str | None = None, ignore_eos: bool = True, seed: int = 0,
                    timeout_s: float = 3600.0, api: str = "completions",
+                   extra_body: dict[str, Any] | None = None,
                    ) -> tuple[list[RequestMetrics], float]:
     """Send `requests` with at most `concurrency` in flight (None: no limit), arrivals spaced
     by a Poisson process of `rate` requests/s. Returns per-request metrics (in request order)
@@ -36,7 +37,8 @@ async def run_tier(base_url: str, requests: list[BenchRequest], *, concurrency: 
 
         async def send(i: int) -> RequestMetrics:
             return await send_request(session, url, requests[i], model=model, api_key=api_key,
-                                      ignore_eos=ignore_eos, t_origin=t0, api=api)
+                                      ignore_eos=ignore_eos, t_origin=t0, api=api,
+                                      extra_body=extra_body)
 
         async def one(i: int) -> None:
             if limit is None:

@@ -10,6 +10,7 @@ Path of one request (ARCHITECTURE.md):
   scheduler --ForwardBatch--> worker (every rank) --SampledTokens (rank 0)--> scheduler
   scheduler --TokenBatch / ErrorReply--> detokenizer --RequestOutput / ErrorReply--> reply_to
 Control: every process --Ready / Heartbeat--> supervisor; worker --WorkerReady--> scheduler.
+Grammars: scheduler --GrammarInit--> worker rank 0 --GrammarReady--> scheduler.
 
 Array conventions: token ids int32, lengths int32, per-request float parameters float32.
 Arrays decoded from a frame are read-only views of the frame's memory: copy before writing.
@@ -30,6 +31,45 @@ PROTOCOL_VERSION = 1
 # --------------------------------------------------------------------------------------------
 
 
+GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "grammar")
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A constraint on the output, enforced token by token by the worker's grammar engine.
+
+    kind: "json_schema" (spec: the schema as JSON text), "json_object" (any JSON object; spec
+    unused), "regex" (spec: the pattern), "grammar" (spec: EBNF/GBNF with `root ::= ...`, or
+    Lark with a `start` rule). `param` names the request field it came from, for errors.
+    """
+
+    kind: str
+    spec: str = ""
+    param: str = "response_format"
+
+    MAX_SPEC_CHARS: ClassVar[int] = 1 << 20
+
+    def validate(self) -> str | None:
+        if self.kind not in GRAMMAR_KINDS:
+            return f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.kind!r}"
+        if not isinstance(self.spec, str) or not isinstance(self.param, str):
+            return "a grammar's spec and param must be strings"
+        if self.kind != "json_object" and not self.spec:
+            return f"{self.param}: the {self.kind} is empty"
+        if len(self.spec) > self.MAX_SPEC_CHARS:
+            return (f"{self.param}: the {self.kind} has {len(self.spec)} characters; at most "
+                    f"{self.MAX_SPEC_CHARS} are accepted")
+        return None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GrammarSpec:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown grammar field(s): {', '.join(unknown)}")
+        return cls(**data)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling parameters as OpenAI / vLLM / SGLang users know them.
@@ -37,6 +77,8 @@ class SamplingParams:
     `max_tokens=None` means "until the context is full". `top_k <= 0` disables top-k.
     `logprobs=None`: no logprobs; `logprobs=k` (k >= 0): the sampled token's logprob and the
     top-k alternatives. `seed=None`: nondeterministic; an int makes sampling reproducible.
+    `logit_bias`: (token id, bias) pairs added to the logits before sampling (OpenAI's rule:
+    -100 bans a token, 100 forces it). `grammar`: the output must follow it (GrammarSpec).
     """
 
     temperature: float = 1.0
@@ -55,13 +97,20 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logprobs: int | None = None
     n: int = 1
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    grammar: GrammarSpec | None = None
 
     MAX_TOP_LOGPROBS: ClassVar[int] = 20
     MAX_N: ClassVar[int] = 16
     MAX_STOP: ClassVar[int] = 16
+    MAX_LOGIT_BIAS: ClassVar[int] = 1024
     MAX_STOP_CHARS: ClassVar[int] = 1024
     MAX_TOKEN_ID: ClassVar[int] = 2**31 - 1  # ids travel as int32
     MAX_STOP_TOKEN_IDS: ClassVar[int] = 1024
+
+    def __post_init__(self) -> None:
+        if isinstance(self.logit_bias, dict):  # {token id: bias}, as OpenAI users write it
+            object.__setattr__(self, "logit_bias", tuple(sorted(self.logit_bias.items())))
 
     @property
     def greedy(self) -> bool:
@@ -136,9 +185,35 @@ class SamplingParams:
         elif len(self.stop_token_ids) > self.MAX_STOP_TOKEN_IDS:
             checks.append(f"stop_token_ids accepts at most {self.MAX_STOP_TOKEN_IDS} ids, got "
                           f"{len(self.stop_token_ids)}")
+        checks.append(self._bad_logit_bias())
+        if self.grammar is not None:
+            if not isinstance(self.grammar, GrammarSpec):
+                checks.append("grammar must be a GrammarSpec")
+            else:
+                checks.append(self.grammar.validate())
+                if self.min_tokens:
+                    checks.append(f"min_tokens cannot be combined with {self.grammar.param}: "
+                                  f"the grammar decides where the output ends")
         for problem in checks:
             if problem:
                 return problem
+        return None
+
+    def _bad_logit_bias(self) -> str | None:
+        pairs = self.logit_bias
+        if not isinstance(pairs, tuple | list):
+            return "logit_bias must map token ids to numbers"
+        if len(pairs) > self.MAX_LOGIT_BIAS:
+            return f"logit_bias has {len(pairs)} entries; at most {self.MAX_LOGIT_BIAS}"
+        for pair in pairs:
+            if not isinstance(pair, tuple | list) or len(pair) != 2:
+                return "logit_bias must map token ids to numbers"
+            token, bias = pair
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                return f"logit_bias keys must be token ids (non-negative integers), got {token!r}"
+            if isinstance(bias, bool) or not isinstance(bias, int | float) or \
+                    not -100.0 <= bias <= 100.0:
+                return f"logit_bias values must be numbers in [-100, 100], got {bias!r}"
         return None
 
     def to_dict(self) -> dict[str, Any]:
@@ -152,6 +227,13 @@ class SamplingParams:
         if unknown:
             raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
         values = dict(data)
+        if isinstance(values.get("grammar"), dict):
+            values["grammar"] = GrammarSpec.from_dict(values["grammar"])
+        bias = values.get("logit_bias")
+        if isinstance(bias, list | tuple):
+            values["logit_bias"] = tuple(tuple(p) if isinstance(p, list) else p for p in bias)
+        elif bias is None and "logit_bias" in values:
+            values["logit_bias"] = ()
         for key in ("stop", "stop_token_ids"):
             if key in values:
                 v = values[key]
@@ -178,7 +260,7 @@ class Message:
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {}
-NESTED_TYPES: dict[str, type] = {"SamplingParams": SamplingParams}
+NESTED_TYPES: dict[str, type] = {"SamplingParams": SamplingParams, "GrammarSpec": GrammarSpec}
 
 
 def register(cls: type[Message]) -> type[Message]:
@@ -197,6 +279,14 @@ def _empty_f32() -> np.ndarray:
     return np.zeros(0, dtype=np.float32)
 
 
+def _empty_i64() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
+
+
+def _empty_u8() -> np.ndarray:
+    return np.zeros(0, dtype=np.uint8)
+
+
 # --------------------------------------------------------------------------------------------
 # Client -> tokenizer
 # --------------------------------------------------------------------------------------------
@@ -207,8 +297,10 @@ def _empty_f32() -> np.ndarray:
 class GenerateRequest(Message):
     """A generation request. Exactly one of `prompt`, `messages`, `input_ids` is given.
 
-    `messages` are OpenAI chat messages ({"role", "content"}); the tokenizer applies the model's
-    chat template. `reply_to` is the client's own PULL endpoint.
+    `messages` are OpenAI chat messages ({"role", "content"}, an assistant's "tool_calls", a
+    tool result's "tool_call_id"); the tokenizer applies the model's chat template, with
+    `tools` (OpenAI function tools) and `chat_template_kwargs` (extra template variables, such
+    as Qwen 3's enable_thinking). `reply_to` is the client's own PULL endpoint.
     """
 
     rid: str
@@ -221,6 +313,8 @@ class GenerateRequest(Message):
     priority: int = 0
     add_generation_prompt: bool = True
     arrival_time: float = 0.0
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     # Sent again by a client whose tokenizer died before answering: the scheduler ignores it
     # if the first copy got through.
     resent: bool = False
@@ -230,6 +324,8 @@ class GenerateRequest(Message):
 @dataclass(frozen=True)
 class AbortRequest(Message):
     """Abort a request (client gone, timeout, explicit). Sent to the tokenizer, forwarded on.
+    `index`: only that sample of an n > 1 request (the detokenizer ends a choice that matched
+    a stop string while the others go on); None: every sample.
 
     reason LOST_ROUTE (from a restarted detokenizer that never saw the request start): the
     scheduler fails it with an error to its reply_to instead of a plain "abort" finish.
@@ -237,6 +333,7 @@ class AbortRequest(Message):
 
     rid: str
     reason: str = "abort"
+    index: int | None = None
 
     LOST_ROUTE: ClassVar[str] = "lost_route"
 
@@ -313,6 +410,13 @@ class ForwardBatch(Message):
       hist_offsets  int32  [B+1] CSR offsets into hist_ids (empty arrays if no request has
       hist_ids      int32  penalties): prompt then output tokens of requests with penalties
       hist_prompt_lens int32 [B] how many of a request's hist_ids are prompt tokens
+      bias_offsets  int32  [B+1] CSR offsets into bias_ids / bias_values (empty arrays if no
+      bias_ids      int32  request has a logit_bias): token ids and the bias added to their
+      bias_values   float32 logits
+      grammar_ids   int64  [B] the grammar matcher of each request (-1: none; empty if no
+                           request of the batch has a grammar). Rank 0 holds the matchers
+                           (GrammarInit) and masks the logits of these rows.
+      grammar_free  int64  matchers whose sequences ended: rank 0 may drop them
     """
 
     step: int
@@ -336,6 +440,11 @@ class ForwardBatch(Message):
     hist_offsets: np.ndarray = field(default_factory=_empty_i32)
     hist_ids: np.ndarray = field(default_factory=_empty_i32)
     hist_prompt_lens: np.ndarray = field(default_factory=_empty_i32)
+    bias_offsets: np.ndarray = field(default_factory=_empty_i32)
+    bias_ids: np.ndarray = field(default_factory=_empty_i32)
+    bias_values: np.ndarray = field(default_factory=_empty_f32)
+    grammar_ids: np.ndarray = field(default_factory=_empty_i64)
+    grammar_free: np.ndarray = field(default_factory=_empty_i64)
     is_decode: bool = False  # every request has extend_len 1 (graph replay may be used)
 
     @property
@@ -351,7 +460,13 @@ class SampledTokens(Message):
     logprobs float32 [S]: log-probability of each sampled token (empty if none asked).
     top_ids int32 / top_logprobs float32 [S, N]: top-N alternatives, N = max asked (padded
     with -1 / -inf for requests that asked fewer).
+    grammar_end uint8 [S] (empty when no request of the step has a grammar): GRAMMAR_DONE when
+    the token completed the request's grammar (it was a stop token the grammar allowed),
+    GRAMMAR_FAILED when the grammar engine could not follow the request (it is failed).
     """
+
+    GRAMMAR_DONE: ClassVar[int] = 1
+    GRAMMAR_FAILED: ClassVar[int] = 2
 
     step: int
     token_ids: np.ndarray
@@ -360,6 +475,29 @@ class SampledTokens(Message):
     top_logprobs: np.ndarray = field(default_factory=_empty_f32)
     forward_ms: float = 0.0
     error: str | None = None  # the step failed: the scheduler aborts its requests
+    grammar_end: np.ndarray = field(default_factory=_empty_u8)
+
+
+@register
+@dataclass(frozen=True)
+class GrammarInit(Message):
+    """Scheduler -> worker rank 0: compile `grammar` (off the step path) and make `count`
+    matchers for it, ids `first_id` .. `first_id + count - 1` (one per sample of a request).
+    Answered with GrammarReady; the request is scheduled only after it."""
+
+    first_id: int
+    count: int
+    grammar: GrammarSpec
+
+
+@register
+@dataclass(frozen=True)
+class GrammarReady(Message):
+    """Worker rank 0 -> scheduler: the matchers of GrammarInit(first_id) exist, or `error`
+    says why the grammar cannot be used (the request then fails with 400)."""
+
+    first_id: int
+    error: str | None = None
 
 
 @register
@@ -487,7 +625,8 @@ class StatusRequest(Message):
 @register
 @dataclass(frozen=True)
 class StatusReply(Message):
-    """processes: name -> {"alive": bool, "pid": int, "age_s": float, "stats": {...}}."""
+    """processes: name -> {"alive": bool, "pid": int, "age_s": float, "ready": bool,
+    "stats": {...} (last heartbeat), "info": {...} (its Ready info)}."""
 
     nonce: int
     processes: dict[str, dict[str, Any]]

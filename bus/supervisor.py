@@ -311,7 +311,7 @@ class Supervisor:
             processes[spec.name] = {
                 "alive": child.alive and not child.restarting, "pid": child.popen.pid,
                 "age_s": round(now - seen, 3), "ready": child.ready_at is not None,
-                "stats": child.stats, "restarts": child.restarts,
+                "stats": child.stats, "restarts": child.restarts, "info": child.info,
             }
         ready = self._all_ready and self._stop_signal is None and not self._restarts and \
             all(p["alive"] and p["ready"] for p in processes.values())

@@ -107,6 +107,8 @@ class AsyncClient(ClientBase):
                     messages: Sequence[dict[str, Any]] | None = None, input_ids: Any = None,
                     stream: bool = True, rid: str | None = None, priority: int = 0,
                     add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None,
+                    chat_template_kwargs: dict[str, Any] | None = None,
                     **sampling_kwargs: Any) -> AsyncStream:
         """Send a request and return its stream of deltas (errors before sending, such as
         bad parameters or an open breaker, raise here)."""
@@ -116,6 +118,7 @@ class AsyncClient(ClientBase):
                                     messages=messages, input_ids=input_ids, stream=stream,
                                     rid=rid, priority=priority,
                                     add_generation_prompt=add_generation_prompt,
+                                    tools=tools, chat_template_kwargs=chat_template_kwargs,
                                     buffer_limit=self.buffer_limit)
         try:
             await self._send(req)

@@ -86,7 +86,9 @@ def coerce_sampling(sampling: SamplingParams | dict[str, Any] | None,
 def build_request(conn: BusConnection, prompt: Prompt, sampling: SamplingParams, *,
                   messages: Sequence[dict[str, Any]] | None, input_ids: Any, stream: bool,
                   rid: str | None, priority: int = 0,
-                  add_generation_prompt: bool = True) -> GenerateRequest:
+                  add_generation_prompt: bool = True,
+                  tools: list[dict[str, Any]] | None = None,
+                  chat_template_kwargs: dict[str, Any] | None = None) -> GenerateRequest:
     """One GenerateRequest: `prompt` may be text, chat messages (a list of dicts) or token ids
     (a list of ints / int array); exactly one form must be given."""
     if prompt is not None:
@@ -123,6 +125,7 @@ def build_request(conn: BusConnection, prompt: Prompt, sampling: SamplingParams,
         rid=rid or uuid.uuid4().hex, reply_to=conn.endpoint, sampling=sampling, prompt=prompt,
         messages=list(messages) if messages is not None else None, input_ids=ids,
         stream=stream, priority=priority, add_generation_prompt=add_generation_prompt,
+        tools=tools, chat_template_kwargs=chat_template_kwargs,
         arrival_time=time.time())
 
 
@@ -239,7 +242,9 @@ def open_request(conn: BusConnection, prompt: Prompt,
                  sampling_kwargs: dict[str, Any], sink: Callable[[Item], None], *,
                  messages: Sequence[dict[str, Any]] | None, input_ids: Any, stream: bool,
                  rid: str | None, priority: int, add_generation_prompt: bool,
-                 buffer_limit: int = 0) -> tuple[GenerateRequest, RequestTracker]:
+                 buffer_limit: int = 0, tools: list[dict[str, Any]] | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None,
+                 ) -> tuple[GenerateRequest, RequestTracker]:
     """Check the parameters and the breaker, build the request and route its replies to
     `sink` (at most `buffer_limit` unread outputs, 0: no limit); the caller sends it (and
     unregisters `req.rid` if the send fails)."""
@@ -247,7 +252,8 @@ def open_request(conn: BusConnection, prompt: Prompt,
     conn.check_available()
     req = build_request(conn, prompt, params, messages=messages, input_ids=input_ids,
                         stream=stream, rid=rid, priority=priority,
-                        add_generation_prompt=add_generation_prompt)
+                        add_generation_prompt=add_generation_prompt, tools=tools,
+                        chat_template_kwargs=chat_template_kwargs)
     bounded = BoundedSink(conn, req.rid, sink, buffer_limit)
     conn.register(req.rid, bounded)
     return req, RequestTracker(conn, req.rid, params.n, bounded)

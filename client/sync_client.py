@@ -73,6 +73,8 @@ class Client(ClientBase):
                  messages: Sequence[dict[str, Any]] | None = None, input_ids: Any = None,
                  stream: bool = False, rid: str | None = None, priority: int = 0,
                  add_generation_prompt: bool = True,
+                 tools: list[dict[str, Any]] | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None,
                  **sampling_kwargs: Any) -> GenerateResult | Stream:
         """Generate from text, chat messages or token ids. `stream=False` returns the whole
         GenerateResult; `stream=True` returns a Stream of Deltas. Sampling parameters come
@@ -82,6 +84,7 @@ class Client(ClientBase):
                                     messages=messages, input_ids=input_ids, stream=stream,
                                     rid=rid, priority=priority,
                                     add_generation_prompt=add_generation_prompt,
+                                    tools=tools, chat_template_kwargs=chat_template_kwargs,
                                     buffer_limit=self.buffer_limit)
         try:
             self.conn.send_generate(req)

@@ -92,6 +92,8 @@ class Router:
                 logprobs=Logprobs.rows(batch, row_start, count, state.top_logprobs))
             if out is not None and not self._reply(state, out):
                 continue
+            for index in state.take_stops():
+                self._send_scheduler(AbortRequest(rid=rid, reason="stop", index=index))
             if state.done:
                 self._finish(rid, abort_reason="stop" if state.scheduler_running else None)
 

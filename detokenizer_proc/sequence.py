@@ -84,6 +84,7 @@ class RequestState:
         self.hidden_stop_ids = set(detok.get("stop_token_ids", [])) | set(tokenizer.eos_token_ids)
         self.seqs: dict[int, Sequence] = {}
         self.finished_count = 0
+        self.told: set[int] = set()  # samples the scheduler was told to stop (take_stops)
 
     def _seq(self, index: int) -> Sequence:
         seq = self.seqs.get(index)
@@ -105,9 +106,20 @@ class RequestState:
 
     @property
     def scheduler_running(self) -> bool:
-        """Some sample ended on a stop string here while the scheduler still generates it:
-        once the whole request is done, the scheduler must be told to abort it."""
-        return any(s.finished and not s.scheduler_done for s in self.seqs.values())
+        """Some sample ended on a stop string here while the scheduler still generates it
+        and was not told yet: once the whole request is done, it must be told to abort it."""
+        return any(s.finished and not s.scheduler_done and i not in self.told
+                   for i, s in self.seqs.items())
+
+    def take_stops(self) -> list[int]:
+        """n > 1: samples that just ended on a stop string while the scheduler still runs
+        them and other samples go on; the scheduler stops each at once (its own choice)."""
+        if self.n == 1 or self.done:
+            return []
+        stopped = [i for i, s in self.seqs.items()
+                   if s.finished and not s.scheduler_done and i not in self.told]
+        self.told.update(stopped)
+        return stopped
 
     def add(self, index: int, tokens: list[int], finish: str | None, matched_stop: Any,
             cached_tokens: int, logprobs: Logprobs | None) -> RequestOutput | None:

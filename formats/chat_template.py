@@ -72,3 +72,20 @@ def render_chat(source: str, messages: list[dict[str, Any]], *, add_generation_p
         raise ChatTemplateError(
             f"the chat template failed on these messages ({type(exc).__name__}: {exc}); check "
             f"each message's role and content") from None
+
+
+def template_knows_tools(source: str | None) -> bool:
+    """Whether the template renders `tools` itself (tool definitions in the prompt)."""
+    return bool(source) and "tools" in source  # type: ignore[operator]
+
+
+def template_tool_format(source: str | None) -> str:
+    """The tool-call format the template teaches its model: "mistral" ([TOOL_CALLS]),
+    "llama3_json" (Llama 3.1+ JSON calls), or "hermes" (<tool_call> tags: Qwen, Hermes, and
+    the format tessera describes itself to a model whose template knows no tools)."""
+    text = source or ""
+    if "[TOOL_CALLS]" in text:
+        return "mistral"
+    if "<|python_tag|>" in text or ("<|eot_id|>" in text and "tools" in text):
+        return "llama3_json"
+    return "hermes"

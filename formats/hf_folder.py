@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from tessera.formats.config import ModelConfig
+from tessera.formats.config import MULTIMODAL_TEXT_MODELS, ModelConfig
 from tessera.formats.errors import ModelFormatError
 from tessera.formats.model_files import ModelFiles
 from tessera.formats.quant_config import CheckpointQuant, parse_quantization_config
@@ -39,6 +40,26 @@ def read_config_json(folder: str) -> dict[str, Any]:
     return data
 
 
+# Where a multimodal checkpoint keeps its language model (transformers 4 and 5 layouts)
+_TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
+                  ("language_model.lm_head.", "lm_head."), ("lm_head.", "lm_head."))
+
+
+def text_model_tensors(config: dict[str, Any], names: Iterable[str]) -> dict[str, str]:
+    """Our tensor name -> the stored one: the same names for a text model; for a multimodal
+    one (MULTIMODAL_TEXT_MODELS) the language model's tensors renamed to a text model's,
+    and the vision tower's and projector's left out (the text is served alone)."""
+    if config.get("model_type") not in MULTIMODAL_TEXT_MODELS:
+        return {n: n for n in names}
+    out = {}
+    for name in names:
+        for prefix, ours in _TEXT_PREFIXES:
+            if name.startswith(prefix):
+                out[ours + name[len(prefix):]] = name
+                break
+    return out
+
+
 class HFFolderFiles(ModelFiles):
     kind = "safetensors"
 
@@ -46,7 +67,10 @@ class HFFolderFiles(ModelFiles):
         raw = read_config_json(folder)
         super().__init__(folder, ModelConfig.from_hf_dict(raw))
         self.checkpoint_quant: CheckpointQuant | None = parse_quantization_config(raw, folder)
-        self._where = self._index_tensors(folder)
+        stored = self._index_tensors(folder)
+        # our name -> the name in the file (they differ inside a multimodal checkpoint)
+        self._stored = text_model_tensors(raw, stored)
+        self._where = {ours: stored[name] for ours, name in self._stored.items()}
         self._handles: dict[str, Any] = {}
         self._names = self._logical_names()
 
@@ -106,7 +130,7 @@ class HFFolderFiles(ModelFiles):
             # One shard open at a time: a 100-shard model must not hold 100 maps.
             self._handles.clear()
             handle = self._handles[path] = safe_open(path, framework="pt")
-        return handle.get_tensor(name)  # type: ignore[no-any-return]
+        return handle.get_tensor(self._stored[name])  # type: ignore[no-any-return]
 
     def _load_quantized(self, name: str) -> QuantizedWeight | None:
         module = name.removesuffix(".weight")

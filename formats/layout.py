@@ -3,7 +3,7 @@ their tensors to these; the model and the dummy loader check against them."""
 
 from __future__ import annotations
 
-from tessera.formats.config import ModelConfig
+from tessera.formats.config import SUPPORTED_ARCHS, ModelConfig
 from tessera.formats.config_moe import MoEConfig
 
 # MoE style -> (block name, expert gate / up / down names, shared expert name)
@@ -29,13 +29,20 @@ def hf_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     }
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, h)
+    traits = SUPPORTED_ARCHS[config.arch]
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
         shapes[p + "input_layernorm.weight"] = (h,)
         shapes[p + "post_attention_layernorm.weight"] = (h,)
-        shapes[p + "self_attn.q_proj.weight"] = (config.q_size, h)
-        shapes[p + "self_attn.k_proj.weight"] = (config.kv_size, h)
-        shapes[p + "self_attn.v_proj.weight"] = (config.kv_size, h)
+        if traits.gemma_norms:
+            shapes[p + "pre_feedforward_layernorm.weight"] = (h,)
+            shapes[p + "post_feedforward_layernorm.weight"] = (h,)
+        if traits.fused_checkpoint:
+            shapes[p + "self_attn.qkv_proj.weight"] = (config.q_size + 2 * config.kv_size, h)
+        else:
+            shapes[p + "self_attn.q_proj.weight"] = (config.q_size, h)
+            shapes[p + "self_attn.k_proj.weight"] = (config.kv_size, h)
+            shapes[p + "self_attn.v_proj.weight"] = (config.kv_size, h)
         shapes[p + "self_attn.o_proj.weight"] = (h, config.q_size)
         if config.qkv_bias:
             shapes[p + "self_attn.q_proj.bias"] = (config.q_size,)
@@ -46,6 +53,10 @@ def hf_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.k_norm.weight"] = (d,)
         if config.moe is not None and config.moe.is_moe_layer(i):
             shapes.update(_moe_shapes(config, config.moe, p))
+        elif traits.fused_checkpoint:
+            inter = config.intermediate_size
+            shapes[p + "mlp.gate_up_proj.weight"] = (2 * inter, h)
+            shapes[p + "mlp.down_proj.weight"] = (h, inter)
         else:
             shapes.update(mlp_shapes(p + "mlp.", h, config.intermediate_size))
     return shapes

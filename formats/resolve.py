@@ -28,13 +28,24 @@ def default_model_path() -> str:
 
 
 def resolve_model_path(model: str) -> str:
-    return default_model_path() if model == DEFAULT_MODEL else os.path.expanduser(model)
+    """"default", a local path, or `org/name` in the local Hugging Face cache (a local path of
+    that name wins)."""
+    if model == DEFAULT_MODEL:
+        return default_model_path()
+    path = os.path.expanduser(model)
+    if not os.path.exists(path):
+        from tessera.formats.hf_cache import looks_like_repo_id, resolve_repo_id
+
+        if looks_like_repo_id(model):
+            return resolve_repo_id(model)
+    return path
 
 
 def open_model(model: str = DEFAULT_MODEL, load_format: str = "auto",
                seed: int = 0) -> ModelFiles:
-    """Open a model: "default", a Hugging Face folder, a .gguf file, or (with
-    load_format="dummy") anything that has a config, including a JSON file of HF config keys.
+    """Open a model: "default", a Hugging Face folder, `org/name` from the local Hugging Face
+    cache, a .gguf file, or (with load_format="dummy") anything that has a config, including a
+    JSON file of HF config keys.
     """
     from tessera.formats.dummy import dummy_from_path
     from tessera.formats.gguf_file import GGUFFiles
@@ -44,7 +55,8 @@ def open_model(model: str = DEFAULT_MODEL, load_format: str = "auto",
     if not os.path.exists(path):
         raise ModelFormatError(
             f"model {model!r} not found: pass a Hugging Face folder (config.json + "
-            f"*.safetensors), a .gguf file, or 'default'")
+            f"*.safetensors), org/name of a model in the Hugging Face cache, a .gguf file, or "
+            f"'default'")
     if load_format == "dummy":
         if path.endswith(".gguf"):
             real = GGUFFiles(path)

@@ -20,6 +20,7 @@ import tokenizers
 
 from tessera.formats.chat_guard import ChatGuard
 from tessera.formats.chat_template import render_chat
+from tessera.formats.errors import ModelFormatError
 
 log = logging.getLogger(__name__)
 
@@ -74,19 +75,19 @@ class ModelTokenizer:
         return _encode(self.backend, text, add_special_tokens)
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    allowed_special: frozenset[str] = frozenset()) -> list[int]:
+                    allowed_special: frozenset[str] = frozenset(), **extra: Any) -> list[int]:
         """The prompt ids of `messages`: `encode(apply_chat_template(...))`, except that a
         special token's text inside a message is plain text, not the control token, unless it
         is in `allowed_special` (see chat_guard.py). Raises ChatTokenError when that cannot be
-        done safely."""
+        done safely. `extra`: template variables (tools, enable_thinking, ...)."""
         guard = self._guards.get(allowed_special)
         if guard is None:
             guard = self._guards[allowed_special] = ChatGuard(self.backend, allowed_special)
         if not guard.needs_guard(messages):
-            text = self.apply_chat_template(messages, add_generation_prompt)
+            text = self.apply_chat_template(messages, add_generation_prompt, **extra)
             return self.encode(text, add_special_tokens=False)
         return guard.encode(messages,
-                            lambda m: self.apply_chat_template(m, add_generation_prompt),
+                            lambda m: self.apply_chat_template(m, add_generation_prompt, **extra),
                             lambda backend, text: _encode(backend, text, False))
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
@@ -158,17 +159,26 @@ class IdsOnlyTokenizer(ModelTokenizer):
         raise self._no_text()
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    allowed_special: frozenset[str] = frozenset()) -> list[int]:
+                    allowed_special: frozenset[str] = frozenset(), **extra: Any) -> list[int]:
         raise self._no_text()
 
 
 def load_tokenizer(model: str = DEFAULT_MODEL, ids_only_ok: bool = False) -> ModelTokenizer:
-    """The tokenizer of `model`: "default", a Hugging Face folder or a .gguf file.
+    """The tokenizer of `model`: "default", a Hugging Face folder (or `org/name` in the local
+    Hugging Face cache) or a .gguf file.
 
     With `ids_only_ok` (dummy weights), a config without tokenizer files (a config JSON, or a
     folder with config.json only) gives an IdsOnlyTokenizer instead of an error.
     """
     path = default_model_path() if model == DEFAULT_MODEL else os.path.expanduser(model)
+    if not os.path.exists(path):
+        from tessera.formats.hf_cache import looks_like_repo_id, resolve_repo_id
+
+        if looks_like_repo_id(model):
+            try:
+                path = resolve_repo_id(model)
+            except ModelFormatError as exc:
+                raise TokenizerError(str(exc)) from None
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "tokenizer.json")):
             return _load_hf_folder(path)

@@ -336,6 +336,41 @@ def test_attention_extend_padded(hal_platform: Platform, dtype: torch.dtype, hq:
     assert torch.equal(out[t:].cpu(), torch.zeros_like(out[t:].cpu()))
 
 
+# sliding window, soft-capping cap: windows inside one KV block and across several, caps
+# that bite at the scores' scale (inputs of unit variance, head dim 64, scale 1/8)
+WINDOW_CAP_CASES = {"window5": (5, 0.0), "window70": (70, 0.0), "cap": (0, 1.5),
+                    "window_cap": (33, 2.0)}
+# (seq_lens, extend_lens): rows longer than the windows, prefixes, decode rows mixed in
+WINDOW_BATCHES = {"prefill": ((40, 150), (40, 150)), "cached_prefix": ((90, 13, 140), (20, 1, 7)),
+                  "mixed": ((1, 120, 4, 75), (1, 6, 1, 1))}
+
+
+@pytest.mark.parametrize("hq,hk", [(8, 2)])
+@pytest.mark.parametrize("case", sorted(WINDOW_BATCHES))
+@pytest.mark.parametrize("variant", sorted(WINDOW_CAP_CASES))
+def test_attention_sliding_window_and_soft_cap(hal_platform: Platform, dtype: torch.dtype,
+                                               hq: int, hk: int, case: str,
+                                               variant: str) -> None:
+    window, cap = WINDOW_CAP_CASES[variant]
+    seq_lens, extend_lens = WINDOW_BATCHES[case]
+    data = make_paged_case(seq_lens, extend_lens, hq, hk, 64, dtype, seed=46)
+    dev = _case_on(hal_platform, data)
+    kw = {"sliding_window": window, "logit_cap": cap}
+    out = hal_platform.op("attention_extend")(dev.q, dev.k_cache, dev.v_cache, dev.req_to_token,
+                                              dev.seq_lens, dev.extend_lens, dev.qo_indptr,
+                                              data.scale, **kw)
+    _close(out, reference_op("attention_extend")(
+        data.q.float(), data.k_cache.float(), data.v_cache.float(), data.req_to_token,
+        data.seq_lens, data.extend_lens, data.qo_indptr, data.scale, **kw), dtype)
+    dec = make_paged_case(seq_lens, (1,) * len(seq_lens), hq, hk, 64, dtype, seed=47)
+    ddev = _case_on(hal_platform, dec)
+    out = hal_platform.op("attention_decode")(ddev.q, ddev.k_cache, ddev.v_cache,
+                                              ddev.req_to_token, ddev.seq_lens, dec.scale, **kw)
+    _close(out, reference_op("attention_decode")(
+        dec.q.float(), dec.k_cache.float(), dec.v_cache.float(), dec.req_to_token,
+        dec.seq_lens, dec.scale, **kw), dtype)
+
+
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("hq,hk", GQA_HEADS)
 @pytest.mark.parametrize("seq_lens", DECODE_SEQ_LENS, ids=lambda s: f"lens{len(s)}")

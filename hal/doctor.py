@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import platform as pyplatform
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
@@ -25,12 +26,15 @@ class Row:
     detail: str
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], extra: Callable[[], list[Row]] | None = None) -> int:
+    """`extra` adds the rows of checks outside the HAL (`tessera doctor` adds the models)."""
     parser = argparse.ArgumentParser(prog="tessera doctor", description=__doc__.splitlines()[0])
     parser.add_argument("--hal", default=None,
                         help="plugin to check (default: TESSERA_HAL, else the best available)")
     args = parser.parse_args(argv)
     rows = run_checks(args.hal)
+    if extra is not None:
+        rows += extra()
     print(render(rows))
     failed = [r for r in rows if r.status == "FAIL"]
     if failed:

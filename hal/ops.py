@@ -26,7 +26,8 @@ L = row length of the page table. Integer index tensors may be int32 or int64.
         k_cache[slots[t]] = k[t]; v_cache[slots[t]] = v[t]   (in place)
     attention_extend(q[T, Hq, D], k_cache, v_cache, req_to_token[B, L], seq_lens[B],
                      extend_lens[B], qo_indptr[B + 1], scale: float,
-                     max_extend_len: int | None = None) -> [T, Hq, D]
+                     max_extend_len: int | None = None, *, sliding_window: int = 0,
+                     logit_cap: float = 0.0) -> [T, Hq, D]
         Ragged causal attention over paged KV, cached prefix included (the radix attention
         forward). Request b owns queries q[qo_indptr[b]:qo_indptr[b+1]] (extend_lens[b] of
         them) at positions seq_lens[b] - extend_lens[b] + i; query i attends to the KV in
@@ -37,8 +38,14 @@ L = row length of the page table. Integer index tensors may be int32 or int64.
         `max_extend_len`, when given, is max(extend_lens), known on the host: a plugin must
         not read it back from the device then (the worker calls this once per layer); a
         graph-captured step passes its padded token count instead, an upper bound.
+        sliding_window > 0: the query at position p attends only to positions
+        p - sliding_window + 1 .. p (the last sliding_window, itself included), as
+        transformers' sliding-window mask does; a plugin should skip the KV outside the window
+        rather than mask it. logit_cap > 0 soft-caps the scores before the softmax:
+        s = logit_cap * tanh(q.k * scale / logit_cap) (Gemma 2). Both 0: plain causal.
     attention_decode(q[B, Hq, D], k_cache, v_cache, req_to_token[B, L], seq_lens[B],
-                     scale: float) -> [B, Hq, D]
+                     scale: float, *, sliding_window: int = 0, logit_cap: float = 0.0)
+                     -> [B, Hq, D]
         attention_extend with extend_lens == 1, for static decode shapes (graph capture).
     fused_moe(x[T, H], w13[E, 2I, H], w2[E, H, I], topk_weights[T, K] float32, topk_ids[T, K],
               activation: str = "silu") -> [T, H]

@@ -96,6 +96,25 @@ def _register(ns: str, op: Callable[[str], Callable[..., Any]]) -> dict[str, Cal
     def _(x: Tensor) -> Tensor:
         return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
 
+    @custom_op(f"{ns}::gelu_tanh_and_mul", mutates_args=())
+    def gelu_tanh_and_mul(x: Tensor) -> Tensor:
+        return _fresh(op("gelu_tanh_and_mul")(x), x)
+
+    @gelu_tanh_and_mul.register_fake
+    def _(x: Tensor) -> Tensor:
+        return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+    @custom_op(f"{ns}::fused_moe", mutates_args=())
+    def fused_moe(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
+                  activation: str = "silu") -> Tensor:
+        return _fresh(op("fused_moe")(x, w13, w2, topk_weights, topk_ids, activation=activation),
+                      x)
+
+    @fused_moe.register_fake
+    def _(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
+          activation: str = "silu") -> Tensor:
+        return torch.empty_like(x)
+
     @custom_op(f"{ns}::linear", mutates_args=())
     def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return _fresh(op("linear")(x, weight, bias), x, weight, bias)
@@ -163,5 +182,6 @@ def _register(ns: str, op: Callable[[str], Callable[..., Any]]) -> dict[str, Cal
         "rotary_embedding": rotary_embedding, "silu_and_mul": silu_and_mul, "linear": linear,
         "store_kv": store_kv, "attention_extend": attention_extend,
         "attention_decode": attention_decode, "sample": sample_with_params,
-        "apply_token_mask": apply_token_mask,
+        "apply_token_mask": apply_token_mask, "gelu_tanh_and_mul": gelu_tanh_and_mul,
+        "fused_moe": fused_moe,
     }

@@ -38,6 +38,10 @@ class Limits:
         if c.vocab_size > 0 and (int(ids.min()) < 0 or int(ids.max()) >= c.vocab_size):
             return (400, f"token ids must be in [0, {c.vocab_size}); got ids from "
                     f"{int(ids.min())} to {int(ids.max())}", "input_ids")
+        if c.vocab_size > 0 and sp.logit_bias and \
+                max(t for t, _ in sp.logit_bias) >= c.vocab_size:
+            return (400, f"logit_bias names token {max(t for t, _ in sp.logit_bias)}, outside "
+                    f"the vocabulary [0, {c.vocab_size})", "logit_bias")
         if queued >= c.max_queued_requests:
             return (503, f"the server has {queued} requests waiting (max_queued_requests="
                     f"{c.max_queued_requests}); retry later", None)
@@ -82,6 +86,9 @@ def make_request(req: TokenizedRequest, ids: np.ndarray, order: int, max_total: 
         rid=req.rid, prompt=ids, sampling=sp, detok=req.detok, priority=int(req.priority),
         order=order, arrival_time=req.arrival_time, max_total=max_total,
         block_ids=np.asarray(sorted(blocked), dtype=np.int32), stop_ids=stop_ids)
+    if sp.logit_bias:
+        request.bias_ids = np.array([t for t, _ in sp.logit_bias], dtype=np.int32)
+        request.bias_values = np.array([b for _, b in sp.logit_bias], dtype=np.float32)
     request.seqs = [Sequence(request, i, ids) for i in range(max(1, sp.n))]
     request.live = len(request.seqs)
     request.fork_pending = request.seqs[1:]

@@ -44,7 +44,10 @@ class InFlight:
 
 
 def build(step: int, st: RowState, dec_rows: np.ndarray, dec_inputs: np.ndarray,
-          chunks: list[Chunk], seq_of_row: list[Sequence | None]) -> tuple[ForwardBatch, InFlight]:
+          chunks: list[Chunk], seq_of_row: list[Sequence | None],
+          grammar_free: np.ndarray | None = None) -> tuple[ForwardBatch, InFlight]:
+    """The step's ForwardBatch and its in-flight record. `grammar_free`: matcher ids of
+    sequences that ended, for the worker to drop."""
     n_dec = int(dec_rows.shape[0])
     if chunks:
         ch_rows = np.fromiter((c.row for c in chunks), dtype=np.int32, count=len(chunks))
@@ -66,6 +69,10 @@ def build(step: int, st: RowState, dec_rows: np.ndarray, dec_inputs: np.ndarray,
     output_lens -= sample.astype(np.int32)
     block_offsets, block_ids = _blocks(rows, sample, output_lens, st, seq_of_row)
     hist = _history(rows, st, seq_of_row)
+    bias = _bias(rows, sample, st, seq_of_row)
+    grammar_ids = st.grammar_id[rows]
+    if not (grammar_ids >= 0).any():
+        grammar_ids = np.zeros(0, dtype=np.int64)
     batch = ForwardBatch(
         step=step, rows=rows.astype(np.int32, copy=False), seq_lens=seq_lens,
         extend_lens=extend, input_ids=input_ids.astype(np.int32, copy=False), sample=sample,
@@ -76,6 +83,8 @@ def build(step: int, st: RowState, dec_rows: np.ndarray, dec_inputs: np.ndarray,
         presence_penalty=st.presence_penalty[rows], seeds=st.seeds[rows],
         logprobs=st.logprobs[rows], block_offsets=block_offsets, block_ids=block_ids,
         hist_offsets=hist[0], hist_ids=hist[1], hist_prompt_lens=hist[2],
+        bias_offsets=bias[0], bias_ids=bias[1], bias_values=bias[2], grammar_ids=grammar_ids,
+        grammar_free=grammar_free if grammar_free is not None else np.zeros(0, np.int64),
         is_decode=not chunks,
     )
     sampled = sample.astype(bool)
@@ -104,6 +113,27 @@ def _blocks(rows: np.ndarray, sample: np.ndarray, output_lens: np.ndarray, st: R
     offsets = np.zeros(rows.shape[0] + 1, dtype=np.int32)
     np.cumsum(counts, out=offsets[1:])
     return offsets, np.concatenate(parts).astype(np.int32)
+
+
+def _bias(rows: np.ndarray, sample: np.ndarray, st: RowState,
+          seq_of_row: list[Sequence | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSR of the logit_bias (token ids, values) of sampling requests (empty if none)."""
+    active = st.has_bias[rows] & (sample == 1)
+    if not active.any():
+        return np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float32)
+    counts = np.zeros(rows.shape[0], dtype=np.int32)
+    ids: list[np.ndarray] = []
+    values: list[np.ndarray] = []
+    for i in np.flatnonzero(active).tolist():
+        seq = seq_of_row[int(rows[i])]
+        assert seq is not None and seq.req.bias_ids is not None
+        assert seq.req.bias_values is not None
+        counts[i] = seq.req.bias_ids.shape[0]
+        ids.append(seq.req.bias_ids)
+        values.append(seq.req.bias_values)
+    offsets = np.zeros(rows.shape[0] + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets, np.concatenate(ids), np.concatenate(values)
 
 
 def _history(rows: np.ndarray, st: RowState, seq_of_row: list[Sequence | None]

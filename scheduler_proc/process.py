@@ -2,9 +2,11 @@
 
 Started after the worker ranks are up. Inboxes (one shared buffer, so one wait covers both):
   RunPaths.scheduler          TokenizedRequest, AbortRequest, FlushCache (tokenizer, detokenizer)
-  RunPaths.scheduler_results  WorkerReady (every rank, at start), SampledTokens (rank 0)
-Outboxes: RunPaths.worker(r) for every rank (ForwardBatch), RunPaths.detokenizer (TokenBatch,
-ErrorReply). Every send has a timeout; nothing here waits on a socket without one.
+  RunPaths.scheduler_results  WorkerReady (every rank, at start), SampledTokens and
+                              GrammarReady (rank 0)
+Outboxes: RunPaths.worker(r) for every rank (ForwardBatch; GrammarInit to rank 0 only),
+RunPaths.detokenizer (TokenBatch, ErrorReply). Every send has a timeout; nothing here waits
+on a socket without one.
 
 Each loop iteration: handle what arrived (results first in arrival order), then launch steps
 until the pipeline is full (two in flight with overlap: the worker never waits for us), then
@@ -26,6 +28,7 @@ from tessera.bus.messages import (
     ErrorReply,
     FlushCache,
     ForwardBatch,
+    GrammarReady,
     Message,
     ResetRequests,
     SampledTokens,
@@ -143,7 +146,9 @@ class SchedulerProcess(BusProcess):
                     log.info("refused %s: %s", msg.rid, error.message)
                     self._emit(error)
             elif isinstance(msg, AbortRequest):
-                sched.abort(msg.rid, msg.reason)
+                sched.abort(msg.rid, msg.reason, msg.index)
+            elif isinstance(msg, GrammarReady):
+                sched.on_grammar_ready(msg)
             elif isinstance(msg, FlushCache):
                 log.info("flushed %d cached KV pages (%s)", sched.flush_cache(), msg.reason)
             elif isinstance(msg, WorkerReady):
@@ -159,6 +164,7 @@ class SchedulerProcess(BusProcess):
             self._emit(ErrorReply(rid=req.rid, status=503, error_type="server_error",
                                   message="the scheduler's inbox is full; retry later",
                                   reply_to=req.detok.get("reply_to")))
+        self._send_grammar_inits()
         while (batch := sched.next_batch()) is not None:
             self._send_batch(batch)
         if sched.inflight and time.monotonic() - sched.inflight[0].sent_at > self.step_timeout_s:
@@ -174,6 +180,18 @@ class SchedulerProcess(BusProcess):
         for error in sched.take_errors():
             self._emit(error)
         self._flush_backlog()
+
+    def _send_grammar_inits(self) -> None:
+        """Rank 0 holds the grammar matchers (it samples the tokens every rank adopts)."""
+        assert self.sched is not None
+        for init in self.sched.take_grammar_inits():
+            try:
+                self.workers[0].send(init)
+            except SendTimeout as exc:
+                log.error("cannot send a grammar to worker 0: %s", exc)
+                self.sched.on_grammar_ready(GrammarReady(
+                    first_id=init.first_id, error=f"the model worker is not accepting work "
+                                                  f"({exc}); retry later"), 503)
 
     def _send_batch(self, batch: ForwardBatch) -> None:
         frames = encode(batch)
@@ -218,6 +236,8 @@ class SchedulerProcess(BusProcess):
         out["batches_sent"] = float(self.batches_sent)
         out["send_failures"] = float(self.send_failures)
         out["output_backlog"] = float(len(self._backlog))
+        if self.sched is not None:
+            out["grammars_compiling"] = float(self.sched.grammars_compiling)
         return out
 
     def teardown(self) -> None:

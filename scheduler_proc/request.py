@@ -42,6 +42,8 @@ class Request:
     live: int = 0  # sequences not finished
     announced: bool = False  # detok dict sent in a TokenBatch
     queued_at: float = 0.0  # time.monotonic() at admission (request timeout)
+    bias_ids: np.ndarray | None = None  # logit_bias token ids (int32), None without a bias
+    bias_values: np.ndarray | None = None  # their biases (float32)
 
     @property
     def prompt_len(self) -> int:
@@ -60,6 +62,7 @@ class Sequence:
     last_node: Node | None = None  # deepest radix node this sequence holds a lock on
     queued: int = 0  # bumps on every (re)queue: heap entries with an older value are stale
     pending_key: bytes | None = None  # first page, while its KV is not in the cache yet
+    grammar_id: int = -1  # the worker's grammar matcher of this sample (-1: no grammar)
 
     def sort_key(self, by_priority: bool) -> tuple[int, int, int]:
         """Smaller runs first; the largest is retracted first."""

@@ -58,11 +58,13 @@ class RowState:
         self.ignore_eos = np.zeros(rows, dtype=bool)
         self.has_stop_ids = np.zeros(rows, dtype=bool)
         self.has_penalty = np.zeros(rows, dtype=bool)
+        self.has_bias = np.zeros(rows, dtype=bool)
+        self.grammar_id = np.full(rows, -1, dtype=np.int64)  # worker matcher (-1: none)
         self.index = np.zeros(rows, dtype=i32)  # sample index (n > 1)
         self.fresh = np.zeros(rows, dtype=bool)  # its request may still need announcing
 
     def bind(self, row: int, uid: int, tokens: np.ndarray, prompt_len: int, max_total: int,
-             sp: SamplingParams, index: int, has_stop_ids: bool) -> None:
+             sp: SamplingParams, index: int, has_stop_ids: bool, grammar_id: int = -1) -> None:
         n = int(tokens.shape[0])
         self.tokens[row, :n] = tokens
         self.n_known[row] = n
@@ -88,6 +90,8 @@ class RowState:
         self.ignore_eos[row] = sp.ignore_eos
         self.has_stop_ids[row] = has_stop_ids
         self.has_penalty[row] = sp.has_penalties
+        self.has_bias[row] = bool(sp.logit_bias)
+        self.grammar_id[row] = grammar_id
         self.index[row] = index
 
     def set_prefix(self, row: int, pages: np.ndarray) -> None:

@@ -3,6 +3,7 @@
 No sockets here (process.py does the I/O), so tests and the benchmark drive it directly:
 
     sched.add_request(TokenizedRequest) -> ErrorReply | None   (refused at admission)
+    sched.take_grammar_inits() / on_grammar_ready(GrammarReady) (requests with a grammar)
     sched.abort(rid, reason)                                    (frees everything at once)
     sched.next_batch() -> ForwardBatch | None                   (plan, allocate, write slots)
     sched.on_result(SampledTokens) -> TokenBatch | None         (apply, finish, cache)
@@ -16,7 +17,11 @@ one step late (the extra token is dropped).
 
 Page invariant (`check_invariant`): every usable page is exactly one of free, held by a
 running sequence (its own pages, or a cache page on a path it locks), or held only by the
-cache. Pages of a sequence that stops are freed or handed to the cache at once: any step built
+cache. A request with a grammar waits outside the queue until worker rank 0 has compiled it (the
+GrammarInit / GrammarReady exchange), so a slow compile never holds up a step; the matcher
+ids of sequences that end ride on the next ForwardBatch (`grammar_free`).
+
+Pages of a sequence that stops are freed or handed to the cache at once: any step built
 later runs after the steps in flight, so a page is never reused too early. Rows are different:
 a row may be rewritten only once no step in flight names it (`_release_row`).
 """
@@ -33,6 +38,8 @@ from tessera.bus.messages import (
     AbortRequest,
     ErrorReply,
     ForwardBatch,
+    GrammarInit,
+    GrammarReady,
     SampledTokens,
     TokenBatch,
     TokenizedRequest,
@@ -86,6 +93,10 @@ class Scheduler:
         self._completed_step = -1
         self._uid = 0
         self._order = 0
+        self._next_grammar_id = 0
+        self._grammar_inits: list[GrammarInit] = []
+        self._grammar_waiting: dict[int, Request] = {}  # first matcher id -> request
+        self._grammar_free: list[int] = []
         # metrics
         self.retracted_total = 0
         self.cache_hit_tokens = 0
@@ -110,12 +121,49 @@ class Scheduler:
         self._order += 1
         request.queued_at = time.monotonic()
         self.requests[req.rid] = request
-        self.waiting.push(request.seqs[0])
+        grammar = req.sampling.grammar
+        if grammar is None:
+            self.waiting.push(request.seqs[0])
+            return None
+        first = self._next_grammar_id
+        self._next_grammar_id += len(request.seqs)
+        for seq in request.seqs:
+            seq.grammar_id = first + seq.index
+        self._grammar_waiting[first] = request
+        self._grammar_inits.append(GrammarInit(first_id=first, count=len(request.seqs),
+                                               grammar=grammar))
         return None
 
-    def abort(self, rid: str, reason: str = "abort") -> bool:
-        """Stop every sample of `rid` now; the detokenizer hears a final "abort" (or "stop"
-        when the detokenizer itself matched a stop string)."""
+    def take_grammar_inits(self) -> list[GrammarInit]:
+        """GrammarInit messages for worker rank 0 (requests admitted since the last call)."""
+        inits, self._grammar_inits = self._grammar_inits, []
+        return inits
+
+    def on_grammar_ready(self, msg: GrammarReady, error_status: int = 400) -> None:
+        """A grammar is compiled (the request may run now) or refused (the request fails with
+        `error_status`: 400 for a grammar the engine cannot use)."""
+        req = self._grammar_waiting.pop(msg.first_id, None)
+        if req is None or self.requests.get(req.rid) is not req:
+            # Aborted while compiling: the worker made matchers nobody will use.
+            count = len(req.seqs) if req is not None else 1
+            self._grammar_free.extend(range(msg.first_id, msg.first_id + count))
+            return
+        if msg.error is not None:
+            grammar = req.sampling.grammar
+            self._fail_request(req, error_status, msg.error,
+                               error_type="invalid_request_error" if error_status < 500
+                               else "server_error",
+                               param=grammar.param if grammar is not None else None)
+            return
+        self.waiting.push(req.seqs[0])
+
+    @property
+    def grammars_compiling(self) -> int:
+        return len(self._grammar_waiting)
+
+    def abort(self, rid: str, reason: str = "abort", index: int | None = None) -> bool:
+        """Stop every sample of `rid` (or only sample `index`) now; the detokenizer hears a
+        final "abort" (or "stop" when the detokenizer itself matched a stop string)."""
         req = self.requests.get(rid)
         if req is None:
             return False
@@ -125,8 +173,17 @@ class Scheduler:
             self.aborted_total += 1
             return True
         finish = "stop" if reason == "stop" else "abort"
-        req.fork_pending = []
-        for seq in req.seqs:
+        if index is None:
+            req.fork_pending = []
+            chosen = req.seqs
+        else:
+            chosen = [s for s in req.seqs if s.index == index]
+            req.fork_pending = [s for s in req.fork_pending if s.index != index]
+            if index == 0 and req.fork_pending:
+                for sib in req.fork_pending:  # they waited for its prompt: compute it alone
+                    self.waiting.push(sib)
+                req.fork_pending = []
+        for seq in chosen:
             if seq.state is SeqState.FINISHED:
                 continue
             self._drop(seq)
@@ -175,8 +232,12 @@ class Scheduler:
             self.retract(self.victim())
         step = self._step
         self._step += 1
+        free = None
+        if self._grammar_free:
+            free = np.array(self._grammar_free, dtype=np.int64)
+            self._grammar_free = []
         batch, record = batch_mod.build(step, self.st, dec_rows, dec_inputs, chunks,
-                                        self.seq_of_row)
+                                        self.seq_of_row, free)
         self.st.last_step[batch.rows] = step
         record.build_cpu_s = time.thread_time() - t0
         self.inflight.append(record)
@@ -197,7 +258,7 @@ class Scheduler:
         row = self.row_pool.alloc()
         req = seq.req
         st.bind(row, self._uid, seq.tokens, req.prompt_len, req.max_total, req.sampling,
-                seq.index, bool(req.stop_ids))
+                seq.index, bool(req.stop_ids), seq.grammar_id)
         self._uid += 1
         st.set_prefix(row, prefix)
         if seq.cached_tokens < 0:
@@ -266,19 +327,22 @@ class Scheduler:
         self._finished(seq)
 
     def _finished(self, seq: Sequence) -> None:
+        if seq.grammar_id >= 0:
+            self._grammar_free.append(seq.grammar_id)
         seq.state = SeqState.FINISHED
         req = seq.req
         req.live -= 1
         if req.live <= 0:
             self.requests.pop(req.rid, None)
 
-    def _fail_request(self, req: Request, status: int, message: str) -> None:
+    def _fail_request(self, req: Request, status: int, message: str,
+                      error_type: str = "server_error", param: str | None = None) -> None:
         req.fork_pending = []
         for seq in req.seqs:
             if seq.state is not SeqState.FINISHED:
                 self._drop(seq)
         self._errors.append(ErrorReply(rid=req.rid, status=status, message=message,
-                                       error_type="server_error",
+                                       error_type=error_type, param=param,
                                        reply_to=req.detok.get("reply_to")))
 
     # ---------------------------------------------------------------------------- results
@@ -360,7 +424,10 @@ class Scheduler:
         st.tokens[rows, pos] = toks
         st.n_known[rows] = pos + 1
         st.pending[rows] -= 1
-        fin = finish.detect(st, rows, toks, self.config.eos_token_ids, self.seq_of_row)
+        ends = None
+        if res.grammar_end.shape[0]:
+            ends = res.grammar_end if all_valid else res.grammar_end[valid]
+        fin = finish.detect(st, rows, toks, self.config.eos_token_ids, self.seq_of_row, ends)
         logprobs = None
         if res.logprobs.shape[0]:
             pick = slice(None) if all_valid else valid
@@ -383,6 +450,11 @@ class Scheduler:
             self.unbind(seq, insert=True)
             self._finished(seq)
             self.finished_total += 1
+        for i in fin.failed:
+            seq = self.seq_of_row[row_list[i]]
+            if seq is not None:
+                self._fail_request(seq.req, 500, "the grammar engine could not follow this "
+                                   "request's output; the server log has the details")
 
     def _fork(self, seq: Sequence) -> None:
         """Index 0 has its prompt in KV (and, after this step, in the cache): start the other

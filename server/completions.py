@@ -12,6 +12,7 @@ from aiohttp import web
 
 from tessera.client import Delta
 from tessera.server.errors import bad_request
+from tessera.server.fields import COMPLETIONS, check_fields
 from tessera.server.formatting import UsageTally, completion_logprobs, gather, read_body
 from tessera.server.generation import Generation, SendChoice, stream_choices
 from tessera.server.params import (
@@ -63,6 +64,7 @@ def prompts(body: dict[str, Any]) -> list[dict[str, Any]]:
 async def completions(request: web.Request) -> web.StreamResponse:
     state: ServerState = request.app[STATE]
     body = parse_json_body(await read_body(request))
+    check_fields(body, COMPLETIONS, state.config.lenient_params)
     model = check_model(body, state.model_ids)
     reject_unsupported(body)
     batch = prompts(body)

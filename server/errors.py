@@ -41,6 +41,11 @@ class ApiError(Exception):
 
     @classmethod
     def from_client(cls, exc: TesseraError) -> ApiError:
+        if exc.status == 413:
+            # A prompt (plus max_tokens) longer than the context: OpenAI answers 400 with
+            # this code, and clients look for it.
+            return cls(400, exc.message, param=exc.param, error_type="invalid_request_error",
+                       code="context_length_exceeded")
         return cls(exc.status, exc.message, param=exc.param, error_type=exc.error_type,
                    retry_after=exc.retry_after)
 

@@ -96,6 +96,25 @@ class ServerProcess:
                     raise
                 await asyncio.sleep(1.0)
 
+    async def read_engine_info(self) -> None:
+        """What the engine's processes reported when they became ready: the context length
+        (/v1/models) and the chat template's tool-call format (--tool-call-parser auto)."""
+        try:
+            status = await self.client.status(timeout=2.0)
+        except TesseraError as exc:
+            log.warning("no engine info from the supervisor (%s): defaults apply", exc)
+            return
+        def info(name: str) -> dict[str, Any]:
+            entry = status.processes.get(name)
+            found = entry.get("info") if isinstance(entry, dict) else None
+            return found if isinstance(found, dict) else {}
+        context = info("scheduler").get("max_context_len")
+        if isinstance(context, int):
+            self.state.max_model_len = context
+        fmt = info("tokenizer0").get("tool_call_format")
+        if isinstance(fmt, str):
+            self.state.tool_call_format = fmt
+
     async def drain(self) -> None:
         state, conn = self.state, self.client.conn
         state.draining = True
@@ -140,6 +159,7 @@ class ServerProcess:
                 except TesseraError as exc:
                     log.error("warm-up generation failed (%s); the engine cannot serve", exc)
                     return 1
+            await self.read_engine_info()
             self.state.ready = True
             self.notify(Ready(process=NAME, pid=os.getpid(),
                               info={"url": self.url, "model": self.state.model_id}))

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from tessera.client import Delta
 from tessera.server.errors import bad_request
+from tessera.server.fields import check_fields
 from tessera.server.formatting import read_body
 from tessera.server.generation import Generation
 from tessera.server.params import (
@@ -29,10 +30,12 @@ from tessera.server.params import (
     sampling,
     take,
     take_int_list,
+    take_logit_bias,
     take_stop,
 )
 from tessera.server.sse import SseWriter
 from tessera.server.state import STATE, ServerState
+from tessera.server.structured import read_grammar
 
 # SGLang name -> SamplingParams name
 _RENAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",
@@ -40,12 +43,18 @@ _RENAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",
 _NUMBERS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
             "repetition_penalty")
 _INTS = ("max_new_tokens", "min_new_tokens", "top_k", "n", "sampling_seed", "seed")
+_SAMPLING_FIELDS = frozenset({*_NUMBERS, *_INTS, "ignore_eos", "skip_special_tokens", "stop",
+                              "stop_token_ids", "logit_bias", "json_schema", "regex", "ebnf"})
+_BODY_FIELDS = frozenset({"text", "input_ids", "sampling_params", "stream", "return_logprob",
+                          "top_logprobs_num", "rid", "model"})
 
 
-def native_sampling(body: dict[str, Any]) -> dict[str, Any]:
+def native_sampling(body: dict[str, Any], lenient: bool = False) -> dict[str, Any]:
     raw = body.get("sampling_params") or {}
     if not isinstance(raw, dict):
         raise bad_request("'sampling_params' must be an object", "sampling_params")
+    check_fields(body, _BODY_FIELDS, lenient)
+    check_fields(raw, _SAMPLING_FIELDS, lenient)
     values: dict[str, Any] = {"max_tokens": 128}
     for name in _NUMBERS:
         values[name] = take(raw, name, NUMBER)
@@ -57,6 +66,8 @@ def native_sampling(body: dict[str, Any]) -> dict[str, Any]:
         values[name] = take(raw, name, BOOL)
     values["stop"] = take_stop(raw)
     values["stop_token_ids"] = take_int_list(raw, "stop_token_ids")
+    values["logit_bias"] = take_logit_bias(raw)
+    values["grammar"] = read_grammar(raw)  # SGLang's json_schema / regex / ebnf
     return values
 
 
@@ -104,7 +115,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raise bad_request("give exactly one of 'text' (a string) or 'input_ids'", "text")
     prompt: dict[str, Any] = {"input_ids": take_int_list(body, "input_ids")} if ids is not None \
         else {"prompt": take(body, "text", STR)}
-    values = native_sampling(body)
+    values = native_sampling(body, state.config.lenient_params)
     want_logprobs = take(body, "return_logprob", BOOL, False)
     values["logprobs"] = take(body, "top_logprobs_num", INT, 0) if want_logprobs else None
     params = sampling(values)

@@ -83,7 +83,7 @@ async def metrics(request: web.Request) -> web.Response:
 def _model_card(state: ServerState) -> dict[str, object]:
     return {"id": state.model_id, "object": "model", "created": state.created,
             "owned_by": "tessera", "root": state.config.model,
-            "max_model_len": state.config.context_length}
+            "max_model_len": state.max_model_len or state.config.context_length}
 
 
 async def models(request: web.Request) -> web.Response:

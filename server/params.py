@@ -1,7 +1,7 @@
 """Reading OpenAI request bodies: typed fields, chat messages, and SamplingParams.
 
-Unknown fields are ignored, as OpenAI does; a known field of the wrong type is a 400 that
-names the field and the type it must have. Values are then checked by
+Unknown fields are refused (fields.py); a known field of the wrong type is a 400 that names
+the field and the type it must have. Values are then checked by
 `SamplingParams.validate`, whose message also names the field.
 """
 
@@ -13,6 +13,7 @@ from typing import Any
 
 from tessera.bus.messages import SamplingParams
 from tessera.server.errors import ApiError, bad_request
+from tessera.server.structured import read_grammar
 
 _MISSING = object()
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -126,8 +127,30 @@ def sampling(values: dict[str, Any], keep_none: tuple[str, ...] = ()) -> Samplin
                                        if v is not None or k in keep_none})
     problem = params.validate()
     if problem:
-        raise bad_request(problem, problem.split(" ", 1)[0])
+        raise bad_request(problem, problem.split(" ", 1)[0].rstrip(":"))
     return params
+
+
+def take_logit_bias(body: dict[str, Any]) -> dict[int, float] | None:
+    """OpenAI's {"token id as a string": bias}; the range is SamplingParams' to check."""
+    value = body.get("logit_bias")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise bad_request("'logit_bias' must be an object mapping token ids to numbers",
+                          "logit_bias")
+    out: dict[int, float] = {}
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise bad_request(f"logit_bias keys must be token ids, got {json.dumps(key)[:40]}",
+                              "logit_bias") from None
+        if isinstance(bias, bool) or not isinstance(bias, int | float):
+            raise bad_request(f"logit_bias values must be numbers, got {json.dumps(bias)[:40]}",
+                              "logit_bias")
+        out[token] = float(bias)
+    return out
 
 
 def common_sampling(body: dict[str, Any]) -> dict[str, Any]:
@@ -147,6 +170,8 @@ def common_sampling(body: dict[str, Any]) -> dict[str, Any]:
         "n": take(body, "n", INT),
         "stop": take_stop(body),
         "stop_token_ids": take_int_list(body, "stop_token_ids"),
+        "logit_bias": take_logit_bias(body),
+        "grammar": read_grammar(body),
     }
 
 
@@ -186,8 +211,27 @@ def _content_text(content: Any, where: str) -> str:
     raise bad_request(f"{where}.content must be a string or a list of text parts", "messages")
 
 
+def _tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant turn's earlier tool calls, as the template and the model saw them."""
+    if not isinstance(value, list):
+        raise bad_request(f"{where}.tool_calls must be a list", "messages")
+    calls = []
+    for j, call in enumerate(value):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or \
+                not isinstance(fn.get("arguments", ""), str):
+            raise bad_request(f"{where}.tool_calls[{j}] must be {{\"id\", \"type\": "
+                              f"\"function\", \"function\": {{\"name\", \"arguments\": "
+                              f"JSON text}}}}", "messages")
+        calls.append({"id": str(call.get("id") or f"call_{j}"), "type": "function",
+                      "function": {"name": fn["name"], "arguments": fn.get("arguments", "")}})
+    return calls
+
+
 def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """OpenAI messages, reduced to {"role", "content": str} (plus `name` when given)."""
+    """OpenAI messages, reduced to {"role", "content": str} plus `name`, an assistant's
+    `tool_calls` and a tool result's `tool_call_id`. Legacy forms map to them: an assistant's
+    `function_call` to one tool call, a "function" message to a tool result."""
     messages = body.get("messages")
     if messages is None:
         raise bad_request("'messages' is required: a list of {\"role\", \"content\"} objects",
@@ -201,29 +245,34 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             raise bad_request(f"{where} must be an object with 'role' and 'content'",
                               "messages")
         role = msg.get("role")
-        if role not in ROLES:
+        if role not in ROLES and role != "function":
             raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}; got "
                               f"{json.dumps(role)[:40]}", "messages")
         if "content" not in msg and role != "assistant":
             raise bad_request(f"{where}.content is required", "messages")
-        entry: dict[str, Any] = {"role": role,
+        entry: dict[str, Any] = {"role": "tool" if role == "function" else role,
                                  "content": _content_text(msg.get("content"), where)}
         if isinstance(msg.get("name"), str):
             entry["name"] = msg["name"]
+        if role == "assistant" and msg.get("tool_calls") is not None:
+            entry["tool_calls"] = _tool_calls(msg["tool_calls"], where)
+        elif role == "assistant" and isinstance(msg.get("function_call"), dict):
+            entry["tool_calls"] = _tool_calls([{"id": f"call_{i}", "type": "function",
+                                                "function": msg["function_call"]}], where)
+        if role == "tool":
+            call = msg.get("tool_call_id")
+            if not isinstance(call, str):
+                raise bad_request(f"{where}.tool_call_id is required: the id of the call this "
+                                  f"result answers", "messages")
+            entry["tool_call_id"] = call
+        if role == "assistant" and isinstance(msg.get("reasoning_content"), str):
+            entry["reasoning_content"] = msg["reasoning_content"]
         out.append(entry)
     return out
 
 
 def reject_unsupported(body: dict[str, Any]) -> None:
-    """Fields whose silent dropping would give a wrong answer rather than a plain one."""
-    tools = body.get("tools")
-    if tools and body.get("tool_choice") != "none":
-        raise bad_request("tool calling is not supported by this server; remove 'tools'",
-                          "tools")
-    fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise bad_request("only response_format {\"type\": \"text\"} is supported",
-                          "response_format")
+    """Known fields this server cannot honour (a value that would change the answer)."""
     suffix = body.get("suffix")
     if suffix:
         raise bad_request("'suffix' is not supported; remove it", "suffix")

@@ -55,10 +55,19 @@ class ServerState:
     in_flight: int = 0
     ready: bool = False
     draining: bool = False
+    # From the engine's Ready info (server/main.py read_engine_info); None / hermes until then.
+    max_model_len: int | None = None
+    tool_call_format: str = "hermes"
 
     @property
     def model_id(self) -> str:
         return self.model_ids[0]
+
+    @property
+    def tool_call_parser(self) -> str:
+        """--tool-call-parser, or under "auto" the format the chat template teaches."""
+        chosen = self.config.tool_call_parser
+        return self.tool_call_format if chosen == "auto" else chosen
 
     def admit(self) -> None:
         """Take a generation slot, or raise 503 (draining / not ready) or 429 (full)."""

@@ -28,6 +28,8 @@ READY_TIMEOUT_S: dict[str, float] = {"worker": 1800.0, "scheduler": 300.0,
                                      "detokenizer": 300.0, "tokenizer": 600.0,
                                      "server": 1200.0}
 SCHEDULE_POLICIES = ("fcfs", "priority")
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
+REASONING_PARSERS = ("qwen3", "deepseek-r1")
 
 
 def _opt(default: Any, help: str, **kw: Any) -> Any:
@@ -120,6 +122,8 @@ class EngineConfig(BatchingConfig):
     max_total_tokens: int | None = _opt(None, "cap the KV cache at this many token slots")
     disable_cuda_graph: bool = _opt(False, "run decode eagerly instead of replaying graphs")
     cuda_graph_max_bs: int = _opt(256, "largest decode batch captured as a graph")
+    intra_op_threads: int = _opt(0, "host threads of each worker's ops (0: the cores this "
+                                 "process may use, divided among the worker ranks)")
     # --- processes ---------------------------------------------------------------------------
     tokenizer_workers: int = _opt(1, "tokenizer processes")
     run_dir: str | None = _opt(None, "private run directory for sockets (default: a new one "
@@ -147,6 +151,12 @@ class EngineConfig(BatchingConfig):
     step_timeout_s: float = _opt(120.0, "a worker step unanswered this long fails its "
                                  "requests with 503 (the engine stays up)")
     log_level: str = _opt("info", "debug | info | warning | error")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.intra_op_threads < 0:
+            raise ValueError(f"intra_op_threads must be 0 (automatic) or positive, got "
+                             f"{self.intra_op_threads}")
 
     @property
     def allowed_special(self) -> frozenset[str]:
@@ -214,3 +224,21 @@ class ServerConfig(EngineConfig):
                                          "aborted")
     max_concurrent_requests: int = _opt(0, "HTTP generation requests in flight before new "
                                         "ones get 429 (0: max_running + max_queued requests)")
+    lenient_params: bool = _opt(False, "ignore request fields this server does not know "
+                                "(logged once per field) instead of answering 400")
+    tool_call_parser: str = _opt("auto", "how tool calls are read from the model's answer: "
+                                 "hermes (<tool_call>), llama3_json, mistral ([TOOL_CALLS]), "
+                                 "or auto (from the chat template)",
+                                 choices=list(TOOL_CALL_PARSERS))
+    reasoning_parser: str | None = _opt(None, "put the model's <think> part in "
+                                        "reasoning_content: qwen3 or deepseek-r1",
+                                        choices=list(REASONING_PARSERS))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                             f"got {self.tool_call_parser!r}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
+                             f"got {self.reasoning_parser!r}")

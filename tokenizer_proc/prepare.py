@@ -22,6 +22,7 @@ from tessera.bus.messages import ErrorReply, GenerateRequest, SamplingParams, To
 from tessera.formats.chat_guard import ChatTokenError
 from tessera.formats.chat_template import ChatTemplateError
 from tessera.formats.tokenizer import ModelTokenizer, TokenizerError
+from tessera.tokenizer_proc.tool_prompt import template_inputs
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
 
@@ -74,6 +75,33 @@ def check_messages(messages: Any) -> list[dict[str, Any]]:
     return clean
 
 
+_RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "add_generation_prompt", "documents"})
+
+
+def _check_tools(tools: Any) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str) for t in tools):
+        raise _bad("tools must be a list of {\"type\": \"function\", \"function\": {\"name\", "
+                   "...}} objects", "tools")
+    return tools
+
+
+def _check_template_kwargs(kwargs: Any) -> dict[str, Any]:
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise _bad("chat_template_kwargs must be an object of template variables",
+                   "chat_template_kwargs")
+    clash = sorted(set(kwargs) & _RESERVED_TEMPLATE_VARS)
+    if clash:
+        raise _bad(f"chat_template_kwargs may not set {', '.join(clash)}; use the request "
+                   f"fields for them", "chat_template_kwargs")
+    return kwargs
+
+
 def _check_chars(chars: int, what: str, param: str, tok: ModelTokenizer,
                  context: int | None) -> None:
     """413 before tokenizing a text that cannot fit the context whatever it encodes to."""
@@ -113,10 +141,13 @@ def _prompt_ids(req: GenerateRequest, tok: ModelTokenizer, context: int | None,
                            f"context of {context} tokens can hold; send fewer", "messages")
         _check_chars(sum(len(m["content"]) for m in messages), "the messages' content",
                      "messages", tok, context)
+        messages, extra = template_inputs(messages, _check_tools(req.tools), tok.chat_template)
+        extra = {**_check_template_kwargs(req.chat_template_kwargs), **extra}
         try:
             # As transformers' apply_chat_template(tokenize=True): the template writes BOS
             # itself; a special token's text inside a message stays text (chat_guard.py).
-            return tok.encode_chat(messages, req.add_generation_prompt, allowed_special)
+            return tok.encode_chat(messages, req.add_generation_prompt, allowed_special,
+                                   **extra)
         except (ChatTemplateError, ChatTokenError, TokenizerError) as exc:
             raise _bad(str(exc), "messages") from None
     ids = np.asarray(req.input_ids)

@@ -26,6 +26,7 @@ from tessera.bus.messages import (
 from tessera.bus.process import BusProcess, process_main
 from tessera.bus.run_paths import RunPaths
 from tessera.config import EngineConfig
+from tessera.formats.chat_template import template_knows_tools, template_tool_format
 from tessera.formats.tokenizer import ModelTokenizer, load_tokenizer
 from tessera.tokenizer_proc.prepare import prepare
 
@@ -60,8 +61,12 @@ class TokenizerProcess(BusProcess):
 
     def ready_info(self) -> dict[str, Any]:
         assert self.tokenizer is not None
+        template = self.tokenizer.chat_template
         return {"vocab_size": self.tokenizer.vocab_size, "context_length": self.context_length,
-                "eos_token_ids": self.tokenizer.eos_token_ids}
+                "eos_token_ids": self.tokenizer.eos_token_ids,
+                # what the server's --tool-call-parser auto reads
+                "tool_call_format": template_tool_format(template),
+                "template_knows_tools": template_knows_tools(template)}
 
     # -- messages ---------------------------------------------------------------------------
     def handle(self, msgs: list[Message]) -> None:

@@ -17,12 +17,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from tessera.bus.messages import ForwardBatch, SampledTokens, WorkerReady
+from tessera.bus.messages import (
+    ForwardBatch,
+    GrammarInit,
+    GrammarReady,
+    SampledTokens,
+    WorkerReady,
+)
 from tessera.config import EngineConfig
 from tessera.formats import ModelFiles, open_model
 from tessera.formats.dummy import DummyFiles
 from tessera.hal.platform import Communicator, KVArena, Platform
 from tessera.worker_proc.forward_inputs import ForwardInputs, build_forward_inputs, to_device
+from tessera.worker_proc.grammar.runtime import GrammarRuntime
 from tessera.worker_proc.kv_sizing import KVPlan, plan_kv
 from tessera.worker_proc.models import model_class
 from tessera.worker_proc.sampler import DeviceSample, Sampler
@@ -94,6 +101,9 @@ class ModelRunner:
         self._capture_decode_graphs()
         self._capture_mixed_graphs()
         self.sampler = Sampler(platform.op("sample"), self.device)
+        # Rank 0's grammar matchers (structured output), made on the first GrammarInit.
+        self.grammar: GrammarRuntime | None = None
+        self._grammar_error: str | None = None
         # The token each page-table row sampled last: input ids < 0 refer to it.
         self.last_sampled = torch.zeros(config.max_running_requests, dtype=torch.int64,
                                         device=self.device)
@@ -149,6 +159,42 @@ class ModelRunner:
             vocab_size=self.model_config.vocab_size,
             eos_token_ids=list(self.model_config.eos_token_ids), device=str(self.device))
 
+    # -- grammars (rank 0) --------------------------------------------------------------------
+
+    def _grammar_runtime(self) -> GrammarRuntime | None:
+        if self.grammar is None and self._grammar_error is None:
+            from tessera.worker_proc.grammar.compiler import GrammarCompiler
+            from tessera.worker_proc.grammar.vocab import tokenizer_info
+
+            try:
+                self.sampler.mask_op = self.platform.op("apply_token_mask")
+            except Exception as exc:  # noqa: BLE001 - the plugin cannot mask: say so
+                self._grammar_error = f"structured output is not available: {exc}"
+                return None
+            model, vocab = self.config.model, self.model_config.vocab_size
+            eos = list(self.model_config.eos_token_ids)
+            compiler = GrammarCompiler(lambda: tokenizer_info(model, vocab, eos))
+            self.grammar = GrammarRuntime(compiler, vocab,
+                                          lambda a, dtype: to_device(a, dtype, self.device))
+        return self.grammar
+
+    def grammar_init(self, msg: GrammarInit) -> list[GrammarReady]:
+        """Start compiling a request's grammar; replies that are ready now (errors)."""
+        runtime = self._grammar_runtime()
+        if runtime is None:
+            return [GrammarReady(first_id=msg.first_id,
+                                 error=f"{msg.grammar.param}: {self._grammar_error}")]
+        runtime.init(msg)
+        return runtime.ready()
+
+    def grammar_ready(self) -> list[GrammarReady]:
+        """GrammarReady for every compile finished since the last call."""
+        return self.grammar.ready() if self.grammar is not None else []
+
+    @property
+    def grammars_compiling(self) -> bool:
+        return self.grammar is not None and self.grammar.compiling
+
     # -- one step ---------------------------------------------------------------------------
 
     @property
@@ -169,9 +215,18 @@ class ModelRunner:
             return PendingStep(batch.step, None, start)
         inputs = build_forward_inputs(batch, req_to_token, self.device)
         self._resolve_last_sampled(inputs)
+        grammar = self.grammar
+        if grammar is None and self.rank == 0 and batch.grammar_ids.shape[0]:
+            grammar = self._grammar_runtime()  # (its matchers are unknown: the rows fail)
+        record = None
         with torch.inference_mode():
             logits = self.forward(inputs)
-            sample = self.sampler.sample(logits, batch)
+            mask = None
+            if grammar is not None:
+                # After the forward is queued: the device works while the matchers catch up.
+                grammar.free(batch)
+                mask, record = grammar.before_sample(batch, np.flatnonzero(batch.sample))
+            sample = self.sampler.sample(logits, batch, mask)
         tokens = sample.tokens
         if self.config.tp_size > 1:
             # Unseeded draws may differ between ranks: every rank adopts rank 0's tokens.
@@ -183,6 +238,8 @@ class ModelRunner:
                 np.asarray(batch.sample, dtype=bool)], torch.int64, self.device)
             self.last_sampled[rows] = tokens
         sample.start_copy()
+        if grammar is not None:
+            grammar.after_sample(record, lambda: sample.fetch().token_ids)
         return PendingStep(batch.step, sample, start)
 
     def finish(self, pending: PendingStep) -> SampledTokens:
@@ -190,10 +247,13 @@ class ModelRunner:
         if pending.sample is None:
             return SampledTokens(step=pending.step, token_ids=np.zeros(0, np.int32))
         result = pending.sample.fetch()
+        ends = self.grammar.step_ends(pending.step) if self.grammar is not None else \
+            np.zeros(0, np.uint8)
         return SampledTokens(step=pending.step, token_ids=result.token_ids,
                              logprobs=result.logprobs, top_ids=result.top_ids,
                              top_logprobs=result.top_logprobs,
-                             forward_ms=(time.perf_counter() - pending.start) * 1000.0)
+                             forward_ms=(time.perf_counter() - pending.start) * 1000.0,
+                             grammar_end=ends)
 
     def _resolve_last_sampled(self, inputs: ForwardInputs) -> None:
         if inputs.has_last_sampled:

@@ -4,7 +4,8 @@ One process per TP rank. Inbox RunPaths.worker(rank): ForwardBatch (every rank g
 batches in the same order). Outbox RunPaths.scheduler_results: WorkerReady once the model is
 loaded and the KV arena carved; then (rank 0 only) one SampledTokens per ForwardBatch, sent as
 zero-copy frames. A step that fails answers with SampledTokens.error so the scheduler can
-abort its requests; the process stays up.
+abort its requests; the process stays up. Rank 0 also takes GrammarInit and answers each with
+a GrammarReady once the grammar is compiled (worker_proc/grammar/).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from tessera.bus.channel import Inbox, Outbox, SendTimeout
-from tessera.bus.messages import ForwardBatch, Message, SampledTokens
+from tessera.bus.messages import ForwardBatch, GrammarInit, GrammarReady, Message, SampledTokens
 from tessera.bus.process import BusProcess
 from tessera.bus.run_paths import RunPaths
 from tessera.config import EngineConfig
@@ -42,6 +43,9 @@ class WorkerProcess(BusProcess):
         self.pending: tuple[Any, float] | None = None
 
     def setup(self) -> None:
+        from tessera.hal import host_threads
+
+        wait_policy = host_threads.set_wait_policy()  # before torch is imported
         from tessera.hal.registry import load_platform
         from tessera.worker_proc.model_runner import ModelRunner
         from tessera.worker_proc.page_table import AttachedPageTable
@@ -52,6 +56,9 @@ class WorkerProcess(BusProcess):
         if cfg.verify_weights or cfg.verify_key:
             self._verify_weights()
         self.inbox = Inbox(self.paths.worker(self.rank), name=self.name)
+        threads = host_threads.apply_thread_count(cfg.intra_op_threads, cfg.tp_size)
+        log.info("%s: %d intra-op threads, OpenMP wait policy %s", self.name, threads,
+                 wait_policy)
         platform = load_platform(cfg.hal)
         if cfg.tp_size > 1:
             init = f"file://{self.paths.tp_rendezvous}"
@@ -85,6 +92,8 @@ class WorkerProcess(BusProcess):
         for msg in msgs:
             if isinstance(msg, ForwardBatch):
                 self._launch(msg)
+            elif isinstance(msg, GrammarInit):
+                self._send_grammar_replies(self.runner.grammar_init(msg))
             else:
                 log.warning("%s: ignoring unexpected %s", self.name, type(msg).__name__)
 
@@ -137,14 +146,28 @@ class WorkerProcess(BusProcess):
             log.error("%s: the scheduler did not take step %d's result in time", self.name,
                       step)
 
+    def _send_grammar_replies(self, replies: list[GrammarReady]) -> None:
+        assert self.results is not None
+        for reply in replies:
+            try:
+                self.results.send(reply)
+            except SendTimeout:
+                log.error("%s: the scheduler did not take a GrammarReady in time", self.name)
+
     def tick(self) -> None:
         if self.pending is not None and self.pending[0].ready():
             self._finish_pending()
+        if self.runner is not None and self.runner.grammars_compiling:
+            self._send_grammar_replies(self.runner.grammar_ready())
 
     def wait_timeout(self) -> float:
         # While a step runs on the device, look often for the next batch (to queue it behind)
         # and for the step's end (to answer at once).
-        return 0.0002 if self.pending is not None else self.loop_timeout_s
+        if self.pending is not None:
+            return 0.0002
+        # A compile finishing in a pool thread is noticed here: look every few milliseconds.
+        compiling = self.runner is not None and self.runner.grammars_compiling
+        return 0.002 if compiling else self.loop_timeout_s
 
     def stats(self) -> dict[str, float]:
         return {"steps": float(self.steps), "failed_steps": float(self.failed_steps),
@@ -152,6 +175,8 @@ class WorkerProcess(BusProcess):
                 "forward_ms_avg": self.forward_ms_total / self.steps if self.steps else 0.0}
 
     def teardown(self) -> None:
+        if self.runner is not None and self.runner.grammar is not None:
+            self.runner.grammar.compiler.close()  # idle compile threads must not hold exit
         if self.table is not None:
             self.table.close()
         if self.results is not None:

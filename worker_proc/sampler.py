@@ -3,7 +3,9 @@
 Order, as vLLM does it: logprobs are taken from the raw logits (what the model said, before
 any processing); then the repetition penalty (Hugging Face's rule, on prompt + output
 tokens), frequency and presence penalties (OpenAI's rule, on output tokens only), forbidden
-tokens (-inf), and finally temperature / top-k / top-p / min-p and the draw inside `sample`.
+tokens (-inf), the logit_bias (added), the grammar's token mask (the HAL op
+`apply_token_mask`), and finally temperature / top-k / top-p / min-p and the draw inside
+`sample`.
 Everything is vectorized over the S sampling rows; nothing loops per token.
 """
 
@@ -19,6 +21,7 @@ import torch
 from tessera.bus.messages import ForwardBatch
 from tessera.hal.ops import SamplingTensors
 from tessera.worker_proc.forward_inputs import to_device
+from tessera.worker_proc.grammar.runtime import TokenMask
 
 
 @dataclass
@@ -46,6 +49,7 @@ class DeviceSample:
     top_indices: torch.Tensor | None = None
     _host: list[torch.Tensor | None] | None = None
     _event: Any = None
+    _result: SampleResult | None = None
 
     def start_copy(self) -> None:
         def to_host(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -66,6 +70,9 @@ class DeviceSample:
         return self._event is None or bool(self._event.query())
 
     def fetch(self) -> SampleResult:
+        """The host arrays (waits for the device); computed once, then returned again."""
+        if self._result is not None:
+            return self._result
         if self._host is None:
             self.start_copy()
         if self._event is not None:
@@ -86,6 +93,7 @@ class DeviceSample:
             top_ids[fewer] = -1  # this row asked for fewer alternatives
             top_lp[fewer] = -np.inf
             out.top_ids, out.top_logprobs = top_ids, top_lp
+        self._result = out
         return out
 
 
@@ -150,23 +158,48 @@ def apply_blocks(logits: torch.Tensor, batch: ForwardBatch, sel: np.ndarray) -> 
         logits[rows_t, toks_t] = float("-inf")
 
 
+def apply_bias(logits: torch.Tensor, batch: ForwardBatch, sel: np.ndarray) -> None:
+    """In place: add each request's logit_bias (OpenAI: -100 bans a token, 100 forces it)."""
+    if not np.asarray(batch.bias_offsets).shape[0]:
+        return
+    row, tok, within = _csr_gather(np.asarray(batch.bias_offsets), np.asarray(batch.bias_ids),
+                                   sel)
+    keep = (tok >= 0) & (tok < logits.shape[1])
+    if not keep.any():
+        return
+    starts = np.asarray(batch.bias_offsets, dtype=np.int64)[sel][row]
+    values = np.asarray(batch.bias_values, dtype=np.float32)[(starts + within)[keep]]
+    dev = logits.device
+    logits.index_put_((to_device(row[keep], torch.int64, dev), to_device(tok[keep], torch.int64,
+                                                                         dev)),
+                      to_device(values, torch.float32, dev), accumulate=True)
+
+
 class Sampler:
-    def __init__(self, sample_op: Callable[..., Any], device: torch.device) -> None:
+    def __init__(self, sample_op: Callable[..., Any], device: torch.device,
+                 mask_op: Callable[..., Any] | None = None) -> None:
         self.sample_op = sample_op
+        self.mask_op = mask_op  # the HAL's apply_token_mask, where grammars are served
         self.device = device
 
     def __call__(self, logits: torch.Tensor, batch: ForwardBatch) -> SampleResult:
         """logits float32 [S, V] for the requests with sample == 1, in batch order."""
         return self.sample(logits, batch).fetch()
 
-    def sample(self, logits: torch.Tensor, batch: ForwardBatch) -> DeviceSample:
-        """Sample on the device; nothing waits for the device here (see DeviceSample)."""
+    def sample(self, logits: torch.Tensor, batch: ForwardBatch,
+               token_mask: TokenMask | None = None) -> DeviceSample:
+        """Sample on the device; nothing waits for the device here (see DeviceSample).
+        `token_mask`: the grammars' allowed tokens for some of the rows."""
         sel = np.flatnonzero(np.asarray(batch.sample))
         want = np.asarray(batch.logprobs, dtype=np.int64)[sel]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if (want >= 0).any() else None
         if logits.shape[0]:  # penalties edit the logits in place: they are this step's own
             apply_penalties(logits, batch, sel)
             apply_blocks(logits, batch, sel)
+            apply_bias(logits, batch, sel)
+        if token_mask is not None:
+            assert self.mask_op is not None, "a token mask without apply_token_mask"
+            self.mask_op(logits, token_mask.bitmask, token_mask.rows)
         params = self._params(batch, sel)
         tokens = self.sample_op(logits, params).to(torch.int64)
         out = DeviceSample(tokens=tokens, want=want)

@@ -1,9 +1,9 @@
 """Reference attention over the paged KV cache (semantics: hal/ops.py).
 
-Written for clarity first, but the cpu worker serves real models with it, so decode is
-vectorised across the batch: each row's KV is gathered through `req_to_token` up to the
-longest sequence and the tail is masked. Extend loops over requests (prefill is rarer and its
-per-request cost is dominated by the matmuls anyway). Math runs in float32.
+Written for clarity: it is the oracle the conformance suite holds every plugin to (the cpu
+plugin serves with batched_attention.py, checked against this). Decode gathers each row's KV
+through `req_to_token` up to the longest sequence and masks the tail; extend goes request by
+request. Math runs in float32.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import torch.nn.functional as F
 def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      req_to_token: torch.Tensor, seq_lens: torch.Tensor,
                      extend_lens: torch.Tensor, qo_indptr: torch.Tensor,
-                     scale: float, max_extend_len: int | None = None) -> torch.Tensor:
+                     scale: float, max_extend_len: int | None = None, *,
+                     sliding_window: int = 0, logit_cap: float = 0.0) -> torch.Tensor:
     del max_extend_len  # the reference reads the lengths on the host anyway
     out = torch.empty_like(q)
     seq_list = seq_lens.tolist()
@@ -31,13 +32,15 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         v = v_cache[slots].float()
         prefix = seq_len - ext_len
         qb = q[start:start + ext_len].float()
-        out[start:start + ext_len] = _causal_sdpa(qb, k, v, prefix, scale).to(q.dtype)
+        out[start:start + ext_len] = causal_attention(qb, k, v, prefix, scale, sliding_window,
+                                                      logit_cap).to(q.dtype)
     return out
 
 
 def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      req_to_token: torch.Tensor, seq_lens: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+                     scale: float, *, sliding_window: int = 0,
+                     logit_cap: float = 0.0) -> torch.Tensor:
     batch = q.shape[0]
     if batch == 0:
         return torch.empty_like(q)
@@ -47,22 +50,27 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     slots = req_to_token[:, :max_len].long().clamp(0, k_cache.shape[0] - 1)
     k = k_cache[slots].float()  # [B, L, Hk, D]
     v = v_cache[slots].float()
-    valid = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None].long()  # [B, L]
+    pos = torch.arange(max_len, device=q.device)[None, :]
+    lens = seq_lens[:, None].long()
+    valid = pos < lens  # [B, L]
+    if sliding_window > 0:
+        valid &= pos >= lens - sliding_window  # the query sits at position len - 1
     hq, hk, dim = q.shape[1], k.shape[2], q.shape[2]
     # GQA without copying KV: query head h uses KV head h // group, so viewing the queries as
     # [B, Hk, group, D] lines each KV head up with its group, which SDPA treats as the query
     # length. The mask [B, 1, 1, L] broadcasts over heads and group.
     qg = q.float().view(batch, hk, hq // hk, dim)
-    out = F.scaled_dot_product_attention(qg, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3),
-                                         attn_mask=valid[:, None, None, :], scale=scale)
+    out = masked_attention(qg, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3),
+                           valid[:, None, None, :], scale, logit_cap)
     out = out.reshape(batch, hq, dim)
     # A row of length 0 (padding) attends to nothing: define its output as zeros, not NaN.
     out = torch.where((seq_lens > 0)[:, None, None], out, torch.zeros_like(out))
     return out.to(q.dtype)
 
 
-def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int,
-                 scale: float) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int,
+                     scale: float, sliding_window: int = 0,
+                     logit_cap: float = 0.0) -> torch.Tensor:
     """q [E, Hq, D] at positions prefix .. prefix + E - 1 over k/v [S, Hk, D] -> [E, Hq, D].
 
     4-D inputs with enable_gqa reach PyTorch's fused CPU kernel (3-D ones fall back to the
@@ -70,13 +78,31 @@ def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int,
     """
     ext, seq = q.shape[0], k.shape[0]
     qh, kh, vh = (t.transpose(0, 1)[None] for t in (q, k, v))  # [1, H, len, D]
-    if prefix == 0:
+    if prefix == 0 and sliding_window <= 0 and logit_cap <= 0:
         out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale,
                                              enable_gqa=True)
-    else:
-        # query i sits at position prefix + i and sees keys 0 .. prefix + i
-        rows = torch.arange(ext, device=q.device)[:, None] + prefix
-        mask = torch.arange(seq, device=q.device)[None, :] <= rows  # [E, S]
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[None, None],
-                                             scale=scale, enable_gqa=True)
-    return out[0].transpose(0, 1)
+        return out[0].transpose(0, 1)
+    # query i sits at position prefix + i and sees keys 0 .. prefix + i (the last
+    # sliding_window of them with a window)
+    rows = torch.arange(ext, device=q.device)[:, None] + prefix
+    cols = torch.arange(seq, device=q.device)[None, :]
+    mask = cols <= rows  # [E, S]
+    if sliding_window > 0:
+        mask &= cols > rows - sliding_window
+    return masked_attention(qh, kh, vh, mask[None, None], scale, logit_cap)[0].transpose(0, 1)
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+               scale: float, logit_cap: float) -> torch.Tensor:
+    """softmax(cap(q k^T * scale) masked) v over [B, H, len, D] inputs, GQA by head groups.
+    Soft-capping (cap * tanh(s / cap), Gemma 2) needs the scores, which SDPA does not
+    expose: then the scores are computed explicitly, as transformers' eager attention does."""
+    if logit_cap <= 0:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                              enable_gqa=True)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / logit_cap) * logit_cap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)

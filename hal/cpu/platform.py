@@ -1,7 +1,9 @@
 """The `cpu` plugin: every op in plain PyTorch, gloo for collectives, eager execution.
 
-It is the oracle of the conformance suite (its ops are hal/reference.py's) and the plugin
-the worker uses to serve small models on a machine without an accelerator.
+Its ops are the oracle of the conformance suite (hal/reference.py), except attention, which
+it runs in a batched form (`batched_attention.py`) that the suite checks against the reference:
+it is also the plugin the worker uses to serve small models on a machine without an
+accelerator.
 """
 
 from __future__ import annotations
@@ -36,7 +38,12 @@ class CpuPlatform(OpTablePlatform):
         return True
 
     def register_ops(self) -> dict[str, Callable[..., Any]]:
-        return reference_ops()
+        from tessera.hal.cpu import batched_attention
+
+        # The reference ops, but attention in its batched form (same results, checked by the
+        # conformance suite against the reference).
+        return {**reference_ops(), "attention_extend": batched_attention.attention_extend,
+                "attention_decode": batched_attention.attention_decode}
 
     def register_quant_linears(self) -> dict[str, QuantLinearKernel]:
         from tessera.hal.cpu.quant_linear import quant_linears

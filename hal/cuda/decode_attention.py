@@ -25,13 +25,31 @@ NUM_WARPS = 4
 NUM_STAGES = 2
 MAX_SPLITS = 32
 LOG2E = 1.4426950408889634
+LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
+
+
+@triton.jit
+def tanh(x):
+    """tanh through exp (the interpreter has no libdevice); |x| <= 20 is already +-1."""
+    x = tl.minimum(tl.maximum(x, -20.0), 20.0)
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def scores_log2(qk, sm_scale_log2, logit_cap, HAS_CAP: tl.constexpr):
+    """Raw q.k products -> the softmax's scores in log2 units, soft-capped if HAS_CAP:
+    cap * tanh(q.k * scale / cap)."""
+    if HAS_CAP:
+        s = qk * (sm_scale_log2 / LOG2E_C)
+        return logit_cap * tanh(s / logit_cap) * LOG2E_C
+    return qk * sm_scale_log2
 
 
 @triton.jit
 def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, qo_ptr,
                    mid_o_ptr, mid_lse_ptr, out_ptr,
                    q_s0, q_s1, c_s0, c_s1, rtt_s0, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1,
-                   sm_scale_log2, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   sm_scale_log2, window, logit_cap, HAS_CAP: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, MIXED: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
@@ -45,8 +63,11 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
             return
         q_row = tl.load(qo_ptr + b).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
-    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * per_split
+    # A sliding window: the query (position seq_len - 1) sees only the last `window`
+    # positions; the splits share out just those.
+    lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    per_split = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * per_split
     end = tl.minimum(start + per_split, seq_len)
 
     hrow = tl.arange(0, BLOCK_H)
@@ -71,7 +92,8 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
         # V is issued with K: at small batch each program runs only a block or two, so the
         # time is memory latency and the two loads should overlap.
         v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * sm_scale_log2
+        qk = scores_log2(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), sm_scale_log2,
+                         logit_cap, HAS_CAP)
         qk = tl.where(pmask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.exp2(qk - m_new[:, None])
@@ -153,18 +175,21 @@ def check_paged_inputs(op: str, q: torch.Tensor, k_cache: torch.Tensor,
 
 def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      req_to_token: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                     splits: int | None = None) -> torch.Tensor:
+                     splits: int | None = None, *, sliding_window: int = 0,
+                     logit_cap: float = 0.0) -> torch.Tensor:
     batch, q_heads, head_dim = q.shape
     check_paged_inputs("attention_decode", q, k_cache, req_to_token)
     out = torch.empty((batch, q_heads, head_dim), dtype=q.dtype, device=q.device)
-    launch_decode(q, k_cache, v_cache, req_to_token, seq_lens, out, scale, splits=splits)
+    launch_decode(q, k_cache, v_cache, req_to_token, seq_lens, out, scale, splits=splits,
+                  sliding_window=sliding_window, logit_cap=logit_cap)
     return out
 
 
 def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   req_to_token: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
                   scale: float, *, extend_lens: torch.Tensor | None = None,
-                  qo_indptr: torch.Tensor | None = None, splits: int | None = None) -> None:
+                  qo_indptr: torch.Tensor | None = None, splits: int | None = None,
+                  sliding_window: int = 0, logit_cap: float = 0.0) -> None:
     """Decode attention of the B requests into `out`. With extend_lens and qo_indptr (a mixed
     batch, q and out [T, Hq, D]) only the requests extending by one token are computed, each
     at its row qo_indptr[b]; the other rows of `out` are left alone. The launch depends only
@@ -190,7 +215,9 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         q, k_cache, v_cache, req_to_token, seq_lens, ext, qo, mid_o, mid_lse, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1), float(scale) * LOG2E, GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=n_split,
+        out.stride(0), out.stride(1), float(scale) * LOG2E, int(sliding_window),
+        float(logit_cap), HAS_CAP=logit_cap > 0, GROUP=group, HEAD_DIM=head_dim,
+        NUM_SPLITS=n_split,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=BLOCK_N,
         DOT_PREC=dot_precision(q.dtype), MIXED=mixed, num_warps=NUM_WARPS,
         num_stages=NUM_STAGES)

@@ -30,6 +30,7 @@ from tessera.hal.cuda.decode_attention import (
     check_paged_inputs,
     dot_precision,
     launch_decode,
+    scores_log2,
 )
 
 # Tunables, overridable by benchmarks (tests/hal_cuda/gpu_step_profile.py sweeps them).
@@ -42,10 +43,12 @@ SPARE_PROGRAMS = 16  # per head, beyond one per BLOCK_M tokens (see extend_progr
 
 @triton.jit
 def _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i, l_i, acc, c_s0, c_s1,
-                 sm_scale_log2, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr, MASKED: tl.constexpr):
-    """One BLOCK_N tile of keys for a block of queries. Unmasked tiles (wholly before the
-    block's first query position, every key allowed) skip the position masks entirely."""
+                 sm_scale_log2, window, logit_cap, HAS_CAP: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 DOT_PREC: tl.constexpr, MASKED: tl.constexpr):
+    """One BLOCK_N tile of keys for a block of queries. Unmasked tiles (every key visible to
+    every query of the block: before its first query position and, with a sliding window,
+    inside the window of its last) skip the position masks entirely."""
     pos = n0 + tl.arange(0, BLOCK_N)
     pmask = pos < end
     if MASKED:
@@ -63,14 +66,18 @@ def _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i, l_i, ac
     else:
         k = tl.load(kc_ptr + kv_off, mask=(d < HEAD_DIM)[None, :], other=0.0)
         v = tl.load(vc_ptr + kv_off, mask=(d < HEAD_DIM)[None, :], other=0.0)
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * sm_scale_log2
+    qk = scores_log2(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), sm_scale_log2,
+                     logit_cap, HAS_CAP)
     if MASKED:
-        qk = tl.where(pmask[None, :] & (pos[None, :] <= qpos[:, None]), qk, float("-inf"))
-    # Position 0 is allowed for every row, so the first tile gives each row a finite max and
-    # later fully-masked tiles cannot produce -inf - -inf.
+        allowed = pmask[None, :] & (pos[None, :] <= qpos[:, None]) & \
+            ((window <= 0) | (pos[None, :] > qpos[:, None] - window))
+        qk = tl.where(allowed, qk, float("-inf"))
+    # A row may see nothing in a masked tile (before its window, or past its position): its
+    # max stays -inf; subtracting 0 instead keeps p = 0 and alpha = 0 or 1, not NaN.
     m_new = tl.maximum(m_i, tl.max(qk, 1))
-    p = tl.exp2(qk - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(qk - m_sub[:, None])
+    alpha = tl.exp2(m_i - m_sub)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
     return m_new, l_i, acc
@@ -78,10 +85,12 @@ def _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i, l_i, ac
 
 @triton.jit
 def _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b, mblk, ext, seq, q_start, h,
-                  q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1, sm_scale_log2,
-                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Block `mblk` of request b's new tokens, query head h."""
+                  q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1, sm_scale_log2, window, logit_cap,
+                  HAS_CAP: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                  DOT_PREC: tl.constexpr):
+    """Block `mblk` of request b's new tokens, query head h. With a sliding window the loop
+    starts at the tile of the first position the block's first query sees."""
     prefix = seq - ext
     kh = h // GROUP
     d = tl.arange(0, BLOCK_D)
@@ -98,20 +107,32 @@ def _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b, mblk, ext, seq, q_
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     end = tl.minimum(seq, prefix + (mblk + 1) * BLOCK_M)
     row_base = rtt_ptr + b * rtt_s0
-    # Keys before the block's first query position are visible to all its queries.
-    unmasked_end = (prefix + mblk * BLOCK_M) // BLOCK_N * BLOCK_N
-    for n0 in range(0, unmasked_end, BLOCK_N):
+    # Tiles [lo, full) may hold keys some rows do not see (before their window) and tiles
+    # from `diag` on keys at or past the first query position: both masked. Tiles between
+    # are visible to every query of the block.
+    first_q = prefix + mblk * BLOCK_M
+    last_q = prefix + tl.minimum(ext, (mblk + 1) * BLOCK_M) - 1
+    diag = first_q // BLOCK_N * BLOCK_N
+    lo = tl.where(window > 0, tl.maximum(first_q - window + 1, 0) // BLOCK_N * BLOCK_N, 0)
+    full = tl.where(window > 0, tl.maximum(last_q - window + 1, 0), 0)
+    full = tl.minimum(tl.maximum((full + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), diag)
+    for n0 in range(lo, full, BLOCK_N):
         m_i, l_i, acc = _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i,
-                                     l_i, acc, c_s0, c_s1, sm_scale_log2, HEAD_DIM=HEAD_DIM,
-                                     BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC,
-                                     MASKED=False)
-    for n0 in range(unmasked_end, end, BLOCK_N):
+                                     l_i, acc, c_s0, c_s1, sm_scale_log2, window, logit_cap,
+                                     HAS_CAP=HAS_CAP, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+                                     BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC, MASKED=True)
+    for n0 in range(full, diag, BLOCK_N):
         m_i, l_i, acc = _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i,
-                                     l_i, acc, c_s0, c_s1, sm_scale_log2, HEAD_DIM=HEAD_DIM,
-                                     BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC,
-                                     MASKED=True)
+                                     l_i, acc, c_s0, c_s1, sm_scale_log2, window, logit_cap,
+                                     HAS_CAP=HAS_CAP, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+                                     BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC, MASKED=False)
+    for n0 in range(diag, end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i,
+                                     l_i, acc, c_s0, c_s1, sm_scale_log2, window, logit_cap,
+                                     HAS_CAP=HAS_CAP, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+                                     BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC, MASKED=True)
 
-    out = acc / l_i[:, None]
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # l_i = 0 only on rows past the request
     tl.store(out_ptr + rows[:, None] * o_s0 + h * o_s1 + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=imask[:, None] & dmask[None, :])
 
@@ -119,8 +140,9 @@ def _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b, mblk, ext, seq, q_
 @triton.jit
 def _extend_kernel(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, qo_ptr, out_ptr,
                    num_reqs, num_tokens, q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1,
-                   sm_scale_log2, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   sm_scale_log2, window, logit_cap, HAS_CAP: tl.constexpr,
+                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    REQS: tl.constexpr, DOT_PREC: tl.constexpr):
     h = tl.program_id(1)
     # The work, numbered: the blocks of the requests that extend by more than one token,
@@ -143,7 +165,7 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
             q_start = tl.load(qo_ptr + b64).to(tl.int64)
             _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b64, mblk, ext, seq, q_start,
                           h, q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1, sm_scale_log2,
-                          GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                          window, logit_cap, HAS_CAP=HAS_CAP, GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                           BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC)
         else:
             # Padding rows belong to no request: zeros.
@@ -165,7 +187,8 @@ def extend_programs(tokens: int, batch: int, block_m: int) -> int:
 def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      req_to_token: torch.Tensor, seq_lens: torch.Tensor,
                      extend_lens: torch.Tensor, qo_indptr: torch.Tensor, scale: float,
-                     max_extend_len: int | None = None) -> torch.Tensor:
+                     max_extend_len: int | None = None, *, sliding_window: int = 0,
+                     logit_cap: float = 0.0) -> torch.Tensor:
     """`max_extend_len` is accepted for the contract and not needed: the launch is static."""
     del max_extend_len
     tokens, q_heads, head_dim = q.shape
@@ -176,14 +199,16 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return out
     batch = seq_lens.shape[0]
     launch_decode(q, k_cache, v_cache, req_to_token, seq_lens, out, scale,
-                  extend_lens=extend_lens, qo_indptr=qo_indptr)
+                  extend_lens=extend_lens, qo_indptr=qo_indptr, sliding_window=sliding_window,
+                  logit_cap=logit_cap)
     block_m = BLOCK_M if q.dtype != torch.float32 else min(BLOCK_M, 32)
     block_n = BLOCK_N if q.dtype != torch.float32 else min(BLOCK_N, 32)
     grid = (extend_programs(tokens, batch, block_m), q_heads)
     _extend_kernel[grid](
         q, k_cache, v_cache, req_to_token, seq_lens, extend_lens, qo_indptr, out, batch, tokens,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
-        out.stride(0), out.stride(1), float(scale) * LOG2E, GROUP=q_heads // kv_heads,
+        out.stride(0), out.stride(1), float(scale) * LOG2E, int(sliding_window),
+        float(logit_cap), HAS_CAP=logit_cap > 0, GROUP=q_heads // kv_heads,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), REQS=max(16, triton.next_power_of_2(batch)),
         DOT_PREC=dot_precision(q.dtype), num_warps=NUM_WARPS, num_stages=NUM_STAGES)

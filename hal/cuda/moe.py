@@ -109,7 +109,8 @@ def _block_sizes(tokens: int, n: int) -> tuple[int, int, int]:
 
 def grouped_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, align: Alignment,
                  top_k: int, *, a_row_is_token: bool, weights: torch.Tensor | None = None,
-                 block_n: int = 128, block_k: int = 64) -> None:
+                 block_n: int = 128, block_k: int = 64, num_warps: int = 4,
+                 num_stages: int | None = None) -> None:
     """out[pair] = a[row(pair)] @ b[expert(pair)]^T (* weights[pair]) for every held pair;
     b is [E, N, K] (contiguous in K), a [rows, K], out [pairs, N]."""
     num_pairs, n = out.shape[0], b.shape[1]
@@ -123,7 +124,8 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, align: Ali
         align.block_expert, num_pairs, n, k, a.stride(0), b.stride(0), b.stride(1),
         out.stride(0), TOP_K=top_k, A_ROW_IS_TOKEN=a_row_is_token,
         MUL_WEIGHT=weights is not None, BLOCK_M=align.block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, DOT_PREC=dot_precision(a.dtype), num_warps=4)
+        BLOCK_K=block_k, DOT_PREC=dot_precision(a.dtype), num_warps=num_warps,
+        **({"num_stages": num_stages} if num_stages is not None else {}))
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

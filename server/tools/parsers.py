@@ -211,14 +211,3 @@ def make_parser(name: str) -> ToolParser:
         raise ValueError(f"unknown tool-call parser {name!r}; choose one of "
                          f"{', '.join(sorted(PARSERS))}")
     return cls()
-
-
-def parser_for_template(template: str | None) -> str:
-    """The parser that reads what a chat template teaches its model to write. A template that
-    knows no tools gets the Hermes format, which the server then describes in the prompt."""
-    source = template or ""
-    if "[TOOL_CALLS]" in source:
-        return "mistral"
-    if "<|python_tag|>" in source or ("<|eot_id|>" in source and "tools" in source):
-        return "llama3_json"
-    return "hermes"

@@ -19,6 +19,7 @@ class FakeOpenAI:
         self.token_delay_s = token_delay_s
         self.cache = cache
         self.fail_every = fail_every
+        self.document = ""  # the answer to requests with a response_format
         self.bodies: list[dict[str, Any]] = []
         self._prefixes: set[tuple[int, ...]] = set()
         self.prompt_tokens = 0
@@ -51,11 +52,18 @@ class FakeOpenAI:
         self.cached_tokens += cached
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for i in range(body["max_tokens"]):
+        # With a response_format, a document that fits it (the `document` the test gives),
+        # one character a token, ended by the grammar; else `max_tokens` words.
+        pieces = list(self.document) if "response_format" in body and self.document else \
+            [f" t{i}" for i in range(body["max_tokens"])]
+        for i, piece in enumerate(pieces):
             await asyncio.sleep(self.token_delay_s)
-            chunk = {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}
+            last = i == len(pieces) - 1
+            chunk = {"choices": [{"index": 0, "text": piece, "finish_reason": (
+                "stop" if self.document and "response_format" in body else "length")
+                if last else None}]}
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        usage = {"prompt_tokens": len(ids), "completion_tokens": body["max_tokens"],
+        usage = {"prompt_tokens": len(ids), "completion_tokens": len(pieces),
                  "prompt_tokens_details": {"cached_tokens": cached}}
         await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")

@@ -26,6 +26,7 @@ from tessera.benchmarks.roofline import (
     ModelCost,
     StepShape,
     roofline,
+    roofline_from_totals,
     simulate_steps,
     step_cost,
 )
@@ -117,6 +118,39 @@ def test_llama3_8b_roofline_matches_benchmarks_md() -> None:
     # BENCHMARKS.md: 16.06 GB / 4.22 TB/s = 3.80 ms per step at batch 1 (+ 512 tokens of KV)
     assert one.bound_s * 1000 == pytest.approx(3.80 + 512 * 131072 / 4.22e12 * 1000, rel=0.01)
     assert 4 == read_config_file(str(CONFIGS / "llama3-8b-4layer.json")).num_layers
+
+
+def test_mixtral_roofline_counts_the_experts_a_step_reads() -> None:
+    config = read_config_file(str(CONFIGS / "mixtral-8x7b.json"))
+    cost = ModelCost.of(config, "bfloat16")
+    assert cost.is_moe and (cost.num_experts, cost.top_k) == (8, 2)
+    # 46.7B parameters; a token's forward touches 12.9B of them (2 of 8 experts)
+    assert (cost.weight_bytes + 8 * cost.expert_bytes) / 1e9 == pytest.approx(93.4, abs=0.1)
+    assert cost.step_weight_bytes(1) / 1e9 == pytest.approx(25.76, abs=0.01)
+    assert cost.experts_read(1) == 2 and cost.experts_read(2) == pytest.approx(3.5)
+    assert cost.experts_read(256) == pytest.approx(8.0)  # a big batch reads every expert
+    assert cost.matmul_params / 1e9 == pytest.approx(12.75, abs=0.01)
+    h200 = Device(bandwidth_gbps=4220, peak_tflops=794)
+    assert roofline(cost, [StepShape((1,), (1,))], h200).bound_s * 1000 == \
+        pytest.approx(25.76 / 4.22, rel=0.01)
+    with pytest.raises(ValueError, match="steps' shapes"):
+        roofline_from_totals(cost, 10, 10, 10, 10, h200)
+
+
+def test_b11_combines_its_parts() -> None:
+    from tessera.benchmarks.b11 import combine
+    from tessera.benchmarks.common import missing_figures
+
+    b1 = {"figures": {"decode_ms_per_step": 8.0, "roofline_fraction": 0.76, "ttft_ms": 60.0,
+                      "roofline_decode_ms_per_step": 6.1}}
+    b2 = {"figures": {"output_tok_per_s": 3000.0, "roofline_bound_tok_per_s": 5000.0,
+                      "roofline_fraction": 0.6}}
+    kernel = {"figures": {"moe_gemm_fraction_of_dense": 0.7, "grouped_gemm_tflops": 400.0,
+                          "dense_gemm_tflops": 570.0, "fused_moe_tflops": 300.0,
+                          "fused_moe_fraction_of_dense": 0.55}}
+    figures = combine(b1, b2, kernel)
+    assert figures["decode_ms_per_step"] == 8.0 and figures["b2_roofline_fraction"] == 0.6
+    assert not missing_figures({"workload": "B11", "figures": figures})
 
 
 def test_step_cost_counts_causal_attention() -> None:

@@ -100,3 +100,29 @@ def test_b4_hit_rate_and_speedup(tmp_path: Path) -> None:
     assert figures["cache_hit_rate"] == pytest.approx(figures["ideal_hit_rate"])
     assert figures["no_cache"]["cache_hit_rate"] == 0
     assert figures["speedup_vs_no_cache"] > 0
+
+
+def test_b8_compares_plain_and_schema_tiers_in_one_run(fake: FakeOpenAI, tmp_path: Path) -> None:
+    from tessera.benchmarks.grammar_serving import SCHEMA
+
+    doc = {"id": 1, "title": "t", "tags": [], "author": {"name": "a", "email": "e"},
+           "status": "draft", "body": "b"}
+    fake.document = json.dumps(doc)
+    rc = serving.main(["--workload", "B8", "--base-url", fake.url, "--vocab-size", "1000",
+                       "--concurrency", "4", "--prompt-len", "8,16", "--output-len", "60,80",
+                       "--min-requests", "8", "--warmup", "2", "--out-dir", str(tmp_path),
+                       "--name", "b8"])
+    assert rc == 0
+    result = json.loads((tmp_path / "b8.json").read_text())
+    figures = result["figures"]
+    assert result["workload"] == "B8" and missing_figures(result) == []
+    plain, grammar = figures["plain"], figures["grammar"]
+    assert figures["fraction_of_plain"] == pytest.approx(
+        grammar["output_tok_per_s"] / plain["output_tok_per_s"])
+    assert figures["grammar_outcomes"] == {"finished_by_grammar": 16, "valid_json": 16,
+                                           "cut_by_max_tokens": 0}
+    assert figures["schema"] == SCHEMA and figures["errors"] == 0
+    measured = [b for b in fake.bodies if b["max_tokens"] >= 60]
+    assert len(measured) == 32  # 16 requests plain, the same 16 with the schema
+    assert sum("response_format" in b for b in measured) == 16
+    assert [b["prompt"] for b in measured[:16]] == [b["prompt"] for b in measured[16:]]

@@ -41,7 +41,9 @@ EXAMPLES: dict[str, Message] = {
         stream=False, priority=-2, arrival_time=1.5),
     "AbortRequest": m.AbortRequest(rid="r1", reason="client gone"),
     "TokenizedRequest": m.TokenizedRequest(
-        rid="r2", input_ids=i32(5, 6, 7, 8), sampling=SamplingParams(n=2),
+        rid="r2", input_ids=i32(5, 6, 7, 8),
+        sampling=SamplingParams(n=2, logit_bias={7: -100.0, 9: 2.5}, grammar=m.GrammarSpec(
+            "json_schema", '{"type": "object"}', "response_format")),
         detok={"reply_to": "ipc:///tmp/y.sock", "stop": ["x"], "nested": {"a": [1, 2.5]}},
         priority=1, arrival_time=2.0),
     "WorkerReady": m.WorkerReady(rank=0, world_size=2, num_slots=4096, page_size=16,
@@ -55,12 +57,18 @@ EXAMPLES: dict[str, Message] = {
         frequency_penalty=f32(0.0, 0.5), presence_penalty=f32(0.0, 0.2),
         seeds=np.array([-1, 123], dtype=np.int64), logprobs=i32(-1, 2),
         block_offsets=i32(0, 1, 1), block_ids=i32(2), hist_offsets=i32(0, 0, 3),
-        hist_ids=i32(4, 5, 6), hist_prompt_lens=i32(0, 2), is_decode=True),
+        hist_ids=i32(4, 5, 6), hist_prompt_lens=i32(0, 2),
+        bias_offsets=i32(0, 2, 2), bias_ids=i32(7, 9), bias_values=f32(-100.0, 2.5),
+        grammar_ids=np.array([-1, 6], dtype=np.int64),
+        grammar_free=np.array([2, 3], dtype=np.int64), is_decode=True),
     "SampledTokens": m.SampledTokens(
         step=9, token_ids=i32(11, 12), logprobs=f32(-0.1, -2.0),
         top_ids=np.array([[11, 3], [12, -1]], dtype=np.int32),
         top_logprobs=np.array([[-0.1, -3.0], [-2.0, -np.inf]], dtype=np.float32),
-        forward_ms=3.25, error=None),
+        forward_ms=3.25, error=None, grammar_end=np.array([0, 1], dtype=np.uint8)),
+    "GrammarInit": m.GrammarInit(first_id=6, count=2,
+                                 grammar=m.GrammarSpec("regex", "[a-z]+", "regex")),
+    "GrammarReady": m.GrammarReady(first_id=6, error="the regex does not compile"),
     "FlushCache": m.FlushCache(reason="admin"),
     "TokenBatch": m.TokenBatch(
         rids=["a", "b"], indices=[0, 1], counts=i32(1, 2), token_ids=i32(7, 8, 9),

@@ -117,16 +117,17 @@ def test_skip_special_tokens_false_shows_them(tokenizer):
         assert "".join(o.text for o in h.outputs()) == want
 
 
-def test_n_samples_abort_only_when_all_done(tokenizer):
+def test_n_samples_each_stop_on_their_own(tokenizer):
     h = Harness(tokenizer)
     a = tokenizer.encode("yes STOP no", add_special_tokens=False)
     info = detok(n=2, stop=["STOP"])
     h.router.handle([batch([("r4", 0, a[:1], None), ("r4", 1, a[:1], None)], {"r4": info})])
     h.router.handle([batch([("r4", 0, a[1:], None), ("r4", 1, a[1:2], None)])])
     assert h.outputs(index=0)[-1].finish_reason == "stop"
-    assert h.scheduler == []  # sample 1 still runs
-    h.router.handle([batch([("r4", 0, [5], None), ("r4", 1, [EOS], "stop")])])
-    assert h.scheduler == [AbortRequest(rid="r4", reason="stop")]
+    # sample 0 is stopped in the scheduler at once; sample 1 goes on
+    assert h.scheduler == [AbortRequest(rid="r4", reason="stop", index=0)]
+    h.router.handle([batch([("r4", 0, [5], "stop"), ("r4", 1, [EOS], "stop")])])
+    assert h.scheduler == [AbortRequest(rid="r4", reason="stop", index=0)]  # nothing more
     assert "".join(o.text for o in h.outputs(index=0)) == "yes "
     # sample 1 ended (EOS) on a partial "ST": released at its end, since it never became "STOP"
     assert "".join(o.text for o in h.outputs(index=1)) == tokenizer.decode(a[:2])

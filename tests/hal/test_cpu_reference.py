@@ -54,17 +54,22 @@ def test_rotary_is_a_rotation_of_pairs() -> None:
                 x2 * math.cos(a) + x1 * math.sin(a), abs=1e-5)
 
 
-def _naive_attention(case, b: int, i: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    """Output [Hq, D] of query i of request b: a dense softmax over the visible keys."""
+def _naive_attention(case, b: int, i: int, window: int = 0,  # type: ignore[no-untyped-def]
+                     cap: float = 0.0) -> torch.Tensor:
+    """Output [Hq, D] of query i of request b: a dense softmax over the visible keys (the
+    last `window` of them with a window), scores soft-capped at `cap`."""
     seq_len, ext_len = int(case.seq_lens[b]), int(case.extend_lens[b])
     visible = seq_len - ext_len + i + 1
-    slots = case.req_to_token[b, :visible].long()
+    first = max(0, visible - window) if window > 0 else 0
+    slots = case.req_to_token[b, first:visible].long()
     q = case.q[int(case.qo_indptr[b]) + i].double()
     k, v = case.k_cache[slots].double(), case.v_cache[slots].double()
     group = q.shape[0] // k.shape[1]
     out = torch.empty_like(q)
     for h in range(q.shape[0]):
         scores = (k[:, h // group] @ q[h]) * case.scale
+        if cap > 0:
+            scores = cap * torch.tanh(scores / cap)
         weights = torch.exp(scores - scores.max())
         out[h] = (weights / weights.sum()) @ v[:, h // group]
     return out
@@ -91,6 +96,29 @@ def test_attention_decode_against_dense_softmax() -> None:
     for b in range(4):
         torch.testing.assert_close(out[b].double(), _naive_attention(case, b, 0), atol=1e-5,
                                    rtol=1e-5)
+
+
+@pytest.mark.parametrize("window,cap", [(3, 0.0), (0, 0.5), (6, 0.8), (100, 0.0)])
+def test_sliding_window_and_soft_capping(window: int, cap: float) -> None:
+    """Scores of order 1 (scale 1, cap < 1 bites), windows shorter and longer than the rows."""
+    seq_lens, extend_lens = (9, 17, 4, 12), (9, 5, 1, 12)
+    case = make_paged_case(seq_lens, extend_lens, 4, 2, 16, torch.float32, seed=9)
+    case.scale = 0.25
+    out = attention.attention_extend(case.q, case.k_cache, case.v_cache, case.req_to_token,
+                                     case.seq_lens, case.extend_lens, case.qo_indptr, case.scale,
+                                     sliding_window=window, logit_cap=cap)
+    for b, ext_len in enumerate(extend_lens):
+        for i in range(ext_len):
+            torch.testing.assert_close(out[int(case.qo_indptr[b]) + i].double(),
+                                       _naive_attention(case, b, i, window, cap), atol=1e-5,
+                                       rtol=1e-5)
+    dec = make_paged_case(seq_lens, (1,) * 4, 4, 2, 16, torch.float32, seed=10)
+    out = attention.attention_decode(dec.q, dec.k_cache, dec.v_cache, dec.req_to_token,
+                                     dec.seq_lens, dec.scale, sliding_window=window,
+                                     logit_cap=cap)
+    for b in range(4):
+        torch.testing.assert_close(out[b].double(), _naive_attention(dec, b, 0, window, cap),
+                                   atol=1e-5, rtol=1e-5)
 
 
 def test_attention_decode_padding_row_is_zero() -> None:

@@ -49,3 +49,14 @@ def test_cli_unknown_plugin_exits_non_zero_listing_installed() -> None:
     line = next(li for li in proc.stdout.splitlines() if li.startswith("selected plugin"))
     assert "'nosuch' (from TESSERA_HAL) is not installed" in line
     assert "cpu (built-in)" in line and "cuda (built-in)" in line
+
+
+def test_tessera_doctor_lists_the_model_types(capsys: pytest.CaptureFixture[str]) -> None:
+    from tessera.doctor import main as tessera_doctor
+
+    assert tessera_doctor(["--hal", "cpu"]) == 0
+    out = capsys.readouterr().out
+    line = next(li for li in out.splitlines() if li.startswith("model types"))
+    for model_type in ("llama", "mixtral", "qwen3_moe", "dots1", "gemma2", "phi3", "granite"):
+        assert model_type in line
+    assert "HF cache" in out and "FAIL" not in out

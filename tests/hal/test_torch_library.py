@@ -52,6 +52,19 @@ def test_results_equal_the_table(platform: CpuPlatform) -> None:
     assert k_cache[5].eq(1).all() and k_cache.sum() == 8
 
 
+def test_moe_and_gelu_ops(platform: CpuPlatform) -> None:
+    ops = library_ops(platform)
+    x = torch.randn(5, 16, generator=_gen(9))
+    w13, w2 = torch.randn(4, 24, 16, generator=_gen(10)), torch.randn(4, 16, 12, generator=_gen(11))
+    weights, ids = torch.softmax(torch.randn(5, 4, generator=_gen(12)), -1).topk(2, dim=-1)
+    for activation in ("silu", "gelu_tanh"):
+        assert torch.equal(ops["fused_moe"](x, w13, w2, weights, ids, activation),
+                           platform.op("fused_moe")(x, w13, w2, weights, ids,
+                                                    activation=activation))
+    assert torch.equal(ops["gelu_tanh_and_mul"](x), platform.op("gelu_tanh_and_mul")(x))
+    torch.library.opcheck(torch.ops.tessera_cpu.fused_moe.default, (x, w13, w2, weights, ids))
+
+
 def test_opcheck(platform: CpuPlatform) -> None:
     library_ops(platform)
     x, w = torch.randn(3, 16, generator=_gen(6)), torch.randn(16, generator=_gen(7))

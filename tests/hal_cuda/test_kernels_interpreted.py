@@ -137,6 +137,26 @@ def test_attention_extend(kernels: dict[str, ModuleType], seq_lens: tuple[int, .
     torch.testing.assert_close(out, reference_op("attention_extend")(*args), **TOL)
 
 
+# 70: tiles wholly inside every row's window run unmasked between masked ones
+@pytest.mark.parametrize("window,cap", [(5, 0.0), (40, 0.0), (70, 0.0), (0, 0.7), (33, 1.1)])
+def test_attention_sliding_window_and_soft_cap(kernels: dict[str, ModuleType], window: int,
+                                               cap: float) -> None:
+    """Windows inside one 32-row fp32 block and across blocks, decode rows mixed in; caps
+    below the scores' scale."""
+    seq_lens, extend_lens = (80, 13, 12, 70), (75, 1, 4, 1)
+    case = make_paged_case(seq_lens, extend_lens, 8, 2, 32, torch.float32, seed=20)
+    kw = {"sliding_window": window, "logit_cap": cap}
+    args = (case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens,
+            case.extend_lens, case.qo_indptr, case.scale)
+    out = kernels["extend_attention"].attention_extend(*args, **kw)
+    torch.testing.assert_close(out, reference_op("attention_extend")(*args, **kw), **TOL)
+    dec = make_paged_case(seq_lens, (1,) * 4, 8, 2, 32, torch.float32, seed=21)
+    dargs = (dec.q, dec.k_cache, dec.v_cache, dec.req_to_token, dec.seq_lens, dec.scale)
+    for splits in (1, 3):
+        out = kernels["decode_attention"].attention_decode(*dargs, splits=splits, **kw)
+        torch.testing.assert_close(out, reference_op("attention_decode")(*dargs, **kw), **TOL)
+
+
 @pytest.mark.parametrize("head_dim", [32, 24])  # 24: the head-dim mask of unmasked tiles
 def test_attention_extend_chunk_after_long_prefix(kernels: dict[str, ModuleType],
                                                   head_dim: int) -> None:

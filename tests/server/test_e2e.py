@@ -39,7 +39,7 @@ def free_port() -> int:
 class Serve:
     """`tessera serve` on the default model with a small KV cache, as a child process."""
 
-    def __init__(self) -> None:
+    def __init__(self, *extra: str) -> None:
         self.port = free_port()
         self.run_dir = os.path.join(tempfile.mkdtemp(prefix="tse-"), "run")
         self.url = f"http://127.0.0.1:{self.port}"
@@ -49,7 +49,7 @@ class Serve:
             [sys.executable, "-m", "tessera", "serve", "--port", str(self.port),
              "--run-dir", self.run_dir,
              "--hal", "cpu", "--max-total-tokens", "4096", "--heartbeat-timeout-s", "60",
-             "--drain-timeout-s", "120"],  # shared CI machines can be very slow
+             "--drain-timeout-s", "120", *extra],  # shared CI machines can be very slow
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -173,7 +173,9 @@ def test_bad_inputs_through_the_engine_then_it_keeps_serving(serve: Serve) -> No
 
     too_long = [{"role": "user", "content": "hello " * 9000}]
     status, body = post({"messages": too_long, "max_tokens": 4})
-    assert status == 413 and "context" in check_error_body(body, 413)["message"]
+    err = check_error_body(body, 400)
+    assert status == 400 and "context" in err["message"]
+    assert err["code"] == "context_length_exceeded"
     status, body = post({"messages": MESSAGES, "max_tokens": 4, "stop_token_ids": [10**6]})
     assert status == 400 and check_error_body(body, 400)["param"] == "stop_token_ids"
     status, body = post({"messages": MESSAGES, "max_tokens": 4, "temperature": 0})

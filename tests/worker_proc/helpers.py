@@ -32,9 +32,28 @@ def tiny_hf_model(kind: str, folder: str, **overrides: Any) -> Any:
     elif kind == "qwen3":
         cls, conf = tf.Qwen3ForCausalLM, tf.Qwen3Config
         cfg["head_dim"] = 32  # != hidden / heads, as in real Qwen3
-    elif kind == "mistral":
+    elif kind == "mistral":  # MQA, and a sliding window shorter than the prompts
         cls, conf = tf.MistralForCausalLM, tf.MistralConfig
-        cfg["num_key_value_heads"] = 1
+        cfg.update(num_key_value_heads=1, sliding_window=9)
+    elif kind == "gemma2":  # soft-capping that bites (scale 1), layer 0 sliding
+        cls, conf = tf.Gemma2ForCausalLM, tf.Gemma2Config
+        cfg.update(head_dim=16, sliding_window=10, query_pre_attn_scalar=1,
+                   attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
+    elif kind == "gemma3":  # q/k norm; sliding layers with their own rope base
+        cls, conf = tf.Gemma3ForCausalLM, tf.Gemma3TextConfig
+        cfg.update(head_dim=16, num_hidden_layers=3, sliding_window=11,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                   rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                       "rope_theta": 1e6},
+                                    "sliding_attention": {"rope_type": "default",
+                                                          "rope_theta": 1e4}})
+    elif kind == "phi3":  # fused qkv / gate_up checkpoint, partial rotary, sliding window
+        cls, conf = tf.Phi3ForCausalLM, tf.Phi3Config
+        cfg.update(pad_token_id=0, sliding_window=12, partial_rotary_factor=0.5)
+    elif kind == "granite":
+        cls, conf = tf.GraniteForCausalLM, tf.GraniteConfig
+        cfg.update(embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.3,
+                   logits_scaling=3.0)
     elif kind == "mixtral":
         cls, conf = tf.MixtralForCausalLM, tf.MixtralConfig
         cfg.update(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48)
@@ -61,6 +80,11 @@ def tiny_hf_model(kind: str, folder: str, **overrides: Any) -> Any:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj,
                              layer.self_attn.v_proj):
                     proj.bias.normal_(0.0, 0.5)
+    if kind in ("gemma2", "gemma3"):  # norm weights (1 + w) start at w = 0: make them matter
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.normal_(0.0, 0.3)
     if kind == "dots1":  # the score correction biases start at zero: make them matter
         with torch.no_grad():
             for layer in model.model.layers[1:]:

@@ -1,5 +1,8 @@
 """Greedy parity with transformers on tiny random models saved as safetensors folders:
-Llama 3.1 (rope scaling), Qwen2 (qkv bias, tied embeddings), Qwen3 (q/k norm), Mistral (MQA);
+Llama 3.1 (rope scaling), Qwen2 (qkv bias, tied embeddings), Qwen3 (q/k norm), Mistral (MQA,
+a sliding window shorter than the prompts), Gemma 2 (soft-capping, sliding and global layers),
+Gemma 3 (q/k norm, a rope base per layer type), Phi-3 (fused checkpoint tensors, partial
+rotary), Granite (multipliers);
 Mixture-of-Experts: Mixtral, Qwen2-MoE (gated shared expert), Qwen3-MoE (a dense layer among
 MoE ones), dots.llm1 (DeepSeek-V3 grouped sigmoid routing, shared experts).
 Also: the tokens do not change with chunked prefill or with a prefix served from the cache."""
@@ -16,7 +19,8 @@ NEW = 32
 
 
 @pytest.fixture(scope="module", params=["llama31", "qwen2", "qwen3", "mistral", "mixtral",
-                                        "qwen2_moe", "qwen3_moe", "dots1"])
+                                        "qwen2_moe", "qwen3_moe", "dots1", "gemma2", "gemma3",
+                                        "phi3", "granite"])
 def tiny(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     model = tiny_hf_model(request.param, str(folder))

@@ -28,6 +28,7 @@ class FakeRunner:
     log: list[str] = field(default_factory=list)
     launched: list[FakePending] = field(default_factory=list)
     fail_launch: set[int] = field(default_factory=set)
+    grammars_compiling: bool = False
 
     def launch(self, batch: ForwardBatch, table: np.ndarray) -> FakePending:
         if batch.step in self.fail_launch:

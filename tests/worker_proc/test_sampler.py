@@ -141,3 +141,19 @@ def test_penalties_match_hugging_face_and_openai(sampler):
     want1 = logits[1].clone()
     want1[6] -= 0.5 * 3 + 0.25  # output counts only: the prompt token 5 is not penalized
     assert torch.allclose(got[1], want1)
+
+
+def test_logit_bias_bans_and_forces_tokens(sampler):
+    logits = LOGITS.repeat(3, 1)
+    batch = make_batch(
+        3, temperature=[0.0, 0.0, 1.0], seeds=[1, 2, 3],
+        bias_offsets=np.array([0, 1, 1, 3], np.int32), bias_ids=np.array([0, 1, 5], np.int32),
+        bias_values=np.array([-100.0, -100.0, 100.0], np.float32))
+    out = sampler(logits.clone(), batch).token_ids
+    # row 0: the best token banned -> the second best; row 1: no bias -> the best;
+    # row 2 (sampled): token 5 forced by +100 over a -100 on token 1
+    assert out.tolist() == [1, 0, 5]
+    many = make_batch(400, seeds=np.arange(400), bias_offsets=np.arange(401, dtype=np.int32),
+                      bias_ids=np.zeros(400, np.int32), bias_values=np.full(400, -100.0,
+                                                                            np.float32))
+    assert 0 not in sampler(LOGITS.repeat(400, 1), many).token_ids.tolist()

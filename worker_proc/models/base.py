@@ -52,6 +52,8 @@ class CausalLM(nn.Module):
         self.final_norm = RMSNorm(self.ctx, config.hidden_size, config.rms_norm_eps,
                                   unit_offset=self.norm_unit_offset)
         self.lm_head = LMHead(self.ctx, config.vocab_size, config.hidden_size)
+        # The embedding scale as transformers applies it: a tensor in the serving dtype.
+        self.embed_scale = float(torch.tensor(config.embedding_scale, dtype=dtype))
 
     norm_unit_offset = False  # Gemma's norms scale by (1 + w)
 
@@ -121,14 +123,24 @@ class CausalLM(nn.Module):
         if still_meta:
             raise ModelFormatError(f"parameters never loaded: {', '.join(still_meta[:5])}")
 
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        return h * self.embed_scale if self.embed_scale != 1.0 else h
+
     def logits(self, h: torch.Tensor, residual: torch.Tensor | None,
                inp: ForwardInputs) -> torch.Tensor:
         """Final norm and LM head, only at the sampled positions (the vocabulary matmul is
-        large); float32 [S, vocab]."""
+        large), then the config's logit scaling or soft-capping; float32 [S, vocab]."""
         idx = inp.logits_indices
         if residual is None:
             h = self.final_norm(h.index_select(0, idx))
         else:
             h, _ = self.final_norm.add_forward(h.index_select(0, idx),
                                                residual.index_select(0, idx))
-        return self.lm_head(h).float()  # type: ignore[no-any-return]
+        logits = self.lm_head(h).float()
+        c = self.config
+        if c.logits_scaling != 1.0:
+            logits = logits / c.logits_scaling
+        if c.final_logit_softcap > 0:
+            logits = torch.tanh(logits / c.final_logit_softcap) * c.final_logit_softcap
+        return logits  # type: ignore[no-any-return]

@@ -1,5 +1,6 @@
-"""The Llama family: Llama 2/3/3.1 (rope scaling), Mistral, Qwen2/2.5 (qkv bias), Qwen3
-(q/k norm), tied or untied embeddings.
+"""The Llama family: Llama 2/3/3.1 (rope scaling), Mistral (sliding window), Qwen2/2.5 (qkv
+bias), Qwen3 (q/k norm), Granite (multipliers on embeddings, residual branches, attention
+scores and logits), tied or untied embeddings.
 
 A pre-norm decoder layer: x + attn(norm(x)), then + mlp(norm(...)), the residual adds fused
 into the next norm (`fused_add_rms_norm`).
@@ -36,7 +37,10 @@ class LlamaDecoderLayer(nn.Module):
         c = ctx.config
         self.input_norm = RMSNorm(ctx, c.hidden_size, c.rms_norm_eps)
         self.attn = Attention(ctx, index, rotary, head_dim=c.head_dim, qkv_bias=c.qkv_bias,
-                              qk_norm=c.qk_norm)
+                              qk_norm=c.qk_norm, scale=c.attn_scale,
+                              sliding_window=c.sliding_window if index in c.sliding_layers
+                              else 0)
+        self.residual_scale = c.residual_scale
         self.post_norm = RMSNorm(ctx, c.hidden_size, c.rms_norm_eps)
         self.mlp = mlp
         self.mlp_prefix = mlp_prefix
@@ -55,23 +59,30 @@ class LlamaDecoderLayer(nn.Module):
         else:
             h, residual = self.input_norm.add_forward(h, residual)
         h = self.attn(h, inp, kv)
+        if self.residual_scale != 1.0:
+            h = h * self.residual_scale
         h, residual = self.post_norm.add_forward(h, residual)
-        return self.mlp(h), residual
+        h = self.mlp(h)
+        if self.residual_scale != 1.0:
+            h = h * self.residual_scale
+        return h, residual
 
 
-@register("llama", "mistral", "qwen2", "qwen3")
+@register("llama", "mistral", "qwen2", "qwen3", "granite")
 class LlamaForCausalLM(CausalLM):
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         c = self.config
-        rotary = RotaryEmbedding(self.ctx, c.head_dim, c.rope_theta, c.rope_scaling)
+        rotary = RotaryEmbedding(self.ctx, c.head_dim, c.rope_theta, c.rope_scaling,
+                                 c.rotary_dim)
         self.layers = nn.ModuleList(LlamaDecoderLayer(self.ctx, i, rotary, *self.make_mlp(i))
                                     for i in range(c.num_layers))
 
     def make_mlp(self, index: int) -> tuple[nn.Module, str]:
         """Layer `index`'s MLP and the prefix of its checkpoint tensors."""
         c = self.config
-        return GatedMLP(self.ctx, c.hidden_size, c.intermediate_size), "mlp."
+        return GatedMLP(self.ctx, c.hidden_size, c.intermediate_size,
+                        activation=c.hidden_act), "mlp."
 
     def layer_targets(self) -> Targets:
         out: Targets = {}
@@ -80,7 +91,7 @@ class LlamaForCausalLM(CausalLM):
         return out
 
     def hidden(self, inp: ForwardInputs, kv: KVArena) -> tuple[torch.Tensor, torch.Tensor | None]:
-        h = self.embed(inp.input_ids)
+        h = self.embed_tokens(inp.input_ids)
         residual: torch.Tensor | None = None
         for layer in self.layers:
             h, residual = layer(h, residual, inp, kv)

@@ -22,5 +22,7 @@ class MoEForCausalLM(LlamaForCausalLM):
         c, moe = self.config, self.config.moe
         assert moe is not None
         if not moe.is_moe_layer(index):
-            return GatedMLP(self.ctx, c.hidden_size, c.intermediate_size), "mlp."
-        return SparseMoEBlock(self.ctx, moe, c.hidden_size), moe_names(moe)[0] + "."
+            return GatedMLP(self.ctx, c.hidden_size, c.intermediate_size,
+                            activation=c.hidden_act), "mlp."
+        return SparseMoEBlock(self.ctx, moe, c.hidden_size, activation=c.hidden_act), \
+            moe_names(moe)[0] + "."

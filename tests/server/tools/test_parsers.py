@@ -6,11 +6,8 @@ import json
 
 import pytest
 
-from tessera.server.tools.parsers import (
-    ParsedCall,
-    make_parser,
-    parser_for_template,
-)
+from tessera.formats.chat_template import template_tool_format
+from tessera.server.tools.parsers import ParsedCall, make_parser
 from tessera.server.tools.stream import ToolCallStream
 
 W = ParsedCall("get_weather", json.dumps({"city": "Paris", "unit": "c"}))
@@ -77,10 +74,10 @@ def test_stream_emits_a_call_as_soon_as_it_is_complete() -> None:
 
 
 def test_template_picks_the_parser() -> None:
-    assert parser_for_template("{{ '[TOOL_CALLS]' }}") == "mistral"
-    assert parser_for_template("{% if tools %}<|python_tag|>{% endif %}<|eot_id|>") == \
+    assert template_tool_format("{{ '[TOOL_CALLS]' }}") == "mistral"
+    assert template_tool_format("{% if tools %}<|python_tag|>{% endif %}<|eot_id|>") == \
         "llama3_json"
-    assert parser_for_template("<tool_call>") == "hermes"
-    assert parser_for_template(None) == "hermes"
+    assert template_tool_format("<tool_call>") == "hermes"
+    assert template_tool_format(None) == "hermes"
     with pytest.raises(ValueError, match="hermes"):
         make_parser("gpt")

@@ -20,17 +20,27 @@ if TYPE_CHECKING:
 
 
 class Attention(nn.Module):
-    """One layer's self-attention on this rank's heads. `scale` defaults to head_dim^-0.5."""
+    """One layer's self-attention on this rank's heads. `scale` defaults to head_dim^-0.5;
+    sliding_window > 0 limits each query to the last sliding_window positions; logit_cap > 0
+    soft-caps the scores (hal/ops.py)."""
 
     def __init__(self, ctx: ModelContext, layer_index: int, rotary: RotaryEmbedding, *,
                  head_dim: int, qkv_bias: bool = False, qk_norm: bool = False,
-                 norm_unit_offset: bool = False, scale: float | None = None) -> None:
+                 norm_unit_offset: bool = False, scale: float | None = None,
+                 sliding_window: int = 0, logit_cap: float = 0.0) -> None:
         super().__init__()
         c, tp = ctx.config, ctx.tp
         self.ctx, self.layer_index, self.rotary = ctx, layer_index, rotary
         self.head_dim = head_dim
         self.num_heads, self.num_kv_heads = tp.num_heads, tp.num_kv_heads
-        self.scale = head_dim ** -0.5 if scale is None else scale
+        self.scale = head_dim ** -0.5 if not scale else scale
+        # Only what is set is passed, so that a plugin without these options still serves
+        # models that do not need them.
+        self.attn_options: dict[str, float] = {}
+        if sliding_window > 0:
+            self.attn_options["sliding_window"] = sliding_window
+        if logit_cap > 0:
+            self.attn_options["logit_cap"] = logit_cap
         self.qkv = Linear.column(ctx, c.hidden_size, qkv_parts(ctx, head_dim), bias=qkv_bias)
         self.o = Linear.row(ctx, c.num_heads * head_dim, c.hidden_size)
         self.q_norm = self.k_norm = None
@@ -65,9 +75,9 @@ class Attention(nn.Module):
         self.store_kv(k_cache, v_cache, k, v, inp.out_slots)
         if inp.is_decode:
             o = self.attention_decode(q, k_cache, v_cache, inp.req_to_token, inp.seq_lens,
-                                      self.scale)
+                                      self.scale, **self.attn_options)
         else:
             o = self.attention_extend(q, k_cache, v_cache, inp.req_to_token, inp.seq_lens,
                                       inp.extend_lens, inp.qo_indptr, self.scale,
-                                      max_extend_len=inp.max_extend_len)
+                                      max_extend_len=inp.max_extend_len, **self.attn_options)
         return self.o(o.reshape(t, hq * d))  # type: ignore[no-any-return]

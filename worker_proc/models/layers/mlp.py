@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from tessera.worker_proc.models.context import ModelContext
 
 # hidden_act of config.json -> the HAL op that applies it to the fused [gate | up] output
-ACTIVATION_OPS = {"silu": "silu_and_mul"}
+ACTIVATION_OPS = {"silu": "silu_and_mul", "gelu_tanh": "gelu_tanh_and_mul"}
 
 
 class GatedMLP(nn.Module):

@@ -1,0 +1,89 @@
+"""`tessera bench b11`: workload B11 (BENCHMARKS.md) in one command — the Mixtral-8x7B shape
+(bf16, random weights, one GPU): B1 (batch-1 decode against its roofline, which counts only the
+experts each step reads), B2 (offline throughput against the bound of its steps) and the MoE
+kernel figure (grouped GEMM at 256 tokens against a dense GEMM of the same FLOPs).
+
+    tessera bench b11 [--model benchmarks/configs/mixtral-8x7b.json] [--suffix h200]
+                      [--bandwidth-gbps 4220 --peak-tflops 794] [engine flags...]
+
+Writes b11_b1_<suffix>.json (a B1 result), b11_b2_<suffix>.json (a B2 result),
+b11_moe_kernel_<suffix>.json and b11_<suffix>.json (workload "B11": decode_ms_per_step,
+roofline_fraction, moe_gemm_fraction_of_dense, and the rest of the three parts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from tessera.benchmarks import latency, moe_kernel, offline
+from tessera.benchmarks.common import default_results_dir, new_result, write_result
+
+
+def _read(out_dir: str, name: str) -> dict[str, Any]:
+    with open(os.path.join(out_dir, f"{name}.json"), encoding="utf-8") as f:
+        return json.load(f)  # type: ignore[no-any-return]
+
+
+def combine(b1: dict[str, Any], b2: dict[str, Any], kernel: dict[str, Any]) -> dict[str, Any]:
+    """The B11 figures from its three parts."""
+    f1, f2, fk = b1["figures"], b2["figures"], kernel["figures"]
+    return {
+        "decode_ms_per_step": f1["decode_ms_per_step"],
+        "roofline_fraction": f1["roofline_fraction"],
+        "roofline_decode_ms_per_step": f1["roofline_decode_ms_per_step"],
+        "ttft_ms": f1["ttft_ms"],
+        "b2_output_tok_per_s": f2["output_tok_per_s"],
+        "b2_roofline_bound_tok_per_s": f2["roofline_bound_tok_per_s"],
+        "b2_roofline_fraction": f2["roofline_fraction"],
+        "moe_gemm_fraction_of_dense": fk["moe_gemm_fraction_of_dense"],
+        "grouped_gemm_tflops": fk["grouped_gemm_tflops"],
+        "dense_gemm_tflops": fk["dense_gemm_tflops"],
+        "fused_moe_tflops": fk["fused_moe_tflops"],
+        "fused_moe_fraction_of_dense": fk["fused_moe_fraction_of_dense"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tessera bench b11", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=moe_kernel.DEFAULT_MODEL)
+    p.add_argument("--suffix", default="h200")
+    p.add_argument("--out-dir", default=default_results_dir())
+    p.add_argument("--bandwidth-gbps", type=float)
+    p.add_argument("--peak-tflops", type=float)
+    p.add_argument("--no-sweep", action="store_true", help="skip the kernel's block sweep")
+    args, engine_flags = p.parse_known_args(argv)
+    common = ["--model", args.model, "--load-format", "dummy", "--out-dir", args.out_dir]
+    if args.bandwidth_gbps:
+        common += ["--bandwidth-gbps", str(args.bandwidth_gbps)]
+    if args.peak_tflops:
+        common += ["--peak-tflops", str(args.peak_tflops)]
+    names = {part: f"b11_{part}_{args.suffix}" for part in ("b1", "b2", "moe_kernel")}
+    for part, bench, extra in (("b1", latency, []), ("b2", offline, ["--no-progress"])):
+        code = bench.main([*common, "--name", names[part], *extra, *engine_flags])
+        if code:
+            print(f"tessera bench b11: the {part} part failed ({code})", file=sys.stderr)
+            return code
+    code = moe_kernel.main(["--model", args.model, "--out-dir", args.out_dir, "--name",
+                            names["moe_kernel"], *([] if args.no_sweep else ["--sweep"])])
+    if code:
+        return code
+    parts = {part: _read(args.out_dir, name) for part, name in names.items()}
+    result = new_result("B11", {**vars(args), "engine_flags": engine_flags,
+                                "parts": {k: f"{v}.json" for k, v in names.items()}})
+    result["figures"] = combine(parts["b1"], parts["b2"], parts["moe_kernel"])
+    path = write_result(result, args.out_dir, f"b11_{args.suffix}")
+    f = result["figures"]
+    print(f"[bench] B11: decode {f['decode_ms_per_step']:.2f} ms/step "
+          f"({f['roofline_fraction']:.0%} of roofline), B2 {f['b2_output_tok_per_s']:.0f} tok/s "
+          f"({f['b2_roofline_fraction']:.0%}), grouped GEMM {f['moe_gemm_fraction_of_dense']:.2f}"
+          f" of dense; wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

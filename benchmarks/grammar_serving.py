@@ -1,0 +1,90 @@
+"""B8: the price of structured output. B3's c=32 tier twice against one server, in one run:
+plain, then with the same requests each carrying a JSON schema (`response_format`).
+
+    fraction_of_plain = output tok/s with the schema / output tok/s without   (target >= 0.9)
+
+Requests keep B3's lengths and ignore_eos, so a constrained request runs to its max_tokens
+unless its JSON is complete first (then the grammar ends it). With random weights the model
+is mostly writing one long string value, as a real model filling a `body` field would. A
+dummy shape config is served with a byte-level vocabulary (benchmarks/dummy_model.py) so the
+grammar engine has tokens that spell JSON. The schema compiles (and the grammar engine reads
+the vocabulary) during warm-up, not in the measured tiers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from tessera.benchmarks.datasets import parse_range, random_requests
+from tessera.benchmarks.http_client import RequestMetrics
+from tessera.benchmarks.serving_driver import run_tier, tier_stats
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "title": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "author": {"type": "object",
+                   "properties": {"name": {"type": "string"}, "email": {"type": "string"}},
+                   "required": ["name", "email"]},
+        "status": {"enum": ["draft", "published", "archived"]},
+        "body": {"type": "string"},
+    },
+    "required": ["id", "title", "tags", "author", "status", "body"],
+}
+RESPONSE_FORMAT = {"response_format": {"type": "json_schema", "json_schema": {
+    "name": "document", "schema": SCHEMA, "strict": True}}}
+
+
+def json_outcomes(metrics: list[RequestMetrics]) -> dict[str, int]:
+    """How the constrained requests ended: complete JSON that validates, or cut by length."""
+    import jsonschema
+
+    out = {"finished_by_grammar": 0, "valid_json": 0, "cut_by_max_tokens": 0}
+    for m in metrics:
+        if not m.ok:
+            continue
+        if m.finish_reason == "length":
+            out["cut_by_max_tokens"] += 1
+            continue
+        out["finished_by_grammar"] += 1
+        try:
+            jsonschema.validate(json.loads(m.text), SCHEMA)
+            out["valid_json"] += 1
+        except (ValueError, jsonschema.ValidationError):
+            pass
+    return out
+
+
+def run_b8(args: argparse.Namespace, url: str, vocab: int) -> dict[str, Any]:
+    c = int(str(args.concurrency).split(",")[0])
+    n = max(args.min_requests, args.requests_per_concurrency * c)
+    reqs = random_requests(n, parse_range(args.prompt_len), parse_range(args.output_len),
+                           vocab, seed=args.seed + c)
+    warm = random_requests(max(2, args.warmup), (16, 32), (4, 8), vocab, seed=args.seed + 999)
+    for extra in (None, RESPONSE_FORMAT):
+        asyncio.run(run_tier(url, warm, concurrency=len(warm), api_key=args.api_key,
+                             extra_body=extra, timeout_s=1800.0))
+    tiers: dict[str, dict[str, Any]] = {}
+    outcomes: dict[str, int] = {}
+    for name, extra in (("plain", None), ("grammar", RESPONSE_FORMAT)):
+        metrics, wall = asyncio.run(run_tier(url, reqs, concurrency=c, api_key=args.api_key,
+                                             seed=args.seed, extra_body=extra))
+        tiers[name] = tier_stats(metrics, wall, concurrency=c)
+        if extra is not None:
+            outcomes = json_outcomes(metrics)
+        t = tiers[name]
+        print(f"[bench] B8 {name}: {t['output_tok_per_s']:.1f} out tok/s, ITL p50 "
+              f"{t['itl_p50_ms']:.2f} ms p99 {t['itl_p99_ms']:.2f} ms, errors {t['errors']}",
+              file=sys.stderr)
+    plain, grammar = tiers["plain"]["output_tok_per_s"], tiers["grammar"]["output_tok_per_s"]
+    fraction = grammar / plain if plain else float("nan")
+    print(f"[bench] B8: fraction_of_plain {fraction:.3f} ({outcomes})", file=sys.stderr)
+    return {"fraction_of_plain": fraction, "plain": tiers["plain"],
+            "grammar": tiers["grammar"], "grammar_outcomes": outcomes, "schema": SCHEMA,
+            "errors": tiers["plain"]["errors"] + tiers["grammar"]["errors"]}

@@ -1,0 +1,66 @@
+"""Which request fields each route honours. Anything else is answered 400 naming the field:
+a parameter dropped silently gives wrong results with no error, which is worse than a refusal.
+`--lenient-params` restores ignoring unknown fields (each one logged once).
+
+Fields accepted with no effect on the output are the ones that never have one: `user` and
+`metadata` (bookkeeping), `service_tier` "auto"/"default", `store` false, `modalities`
+["text"]; their other values are refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tessera.server.errors import bad_request
+from tessera.server.structured import GRAMMAR_FIELDS
+
+log = logging.getLogger(__name__)
+
+SAMPLING = frozenset({
+    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
+    "presence_penalty", "seed", "min_tokens", "ignore_eos", "skip_special_tokens", "n", "stop",
+    "stop_token_ids", "logit_bias", "stream", "stream_options", "model", "max_tokens",
+    *GRAMMAR_FIELDS})
+BOOKKEEPING = frozenset({"user", "metadata", "service_tier", "store", "modalities"})
+CHAT = SAMPLING | BOOKKEEPING | {
+    "messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+    "parallel_tool_calls", "functions", "function_call", "add_generation_prompt",
+    "chat_template_kwargs"}
+COMPLETIONS = SAMPLING | BOOKKEEPING | {"prompt", "echo", "logprobs", "best_of", "suffix"}
+
+_warned: set[str] = set()
+
+
+def check_fields(body: dict[str, Any], known: frozenset[str], lenient: bool) -> None:
+    unknown = sorted(set(body) - known)
+    if unknown:
+        if not lenient:
+            raise bad_request(
+                f"unknown or unsupported field {', '.join(repr(u) for u in unknown)}: this "
+                f"server does not honour it, so it refuses it rather than ignore it (start the "
+                f"server with --lenient-params to ignore unknown fields)", unknown[0])
+        for name in unknown:
+            if name not in _warned:
+                _warned.add(name)
+                log.warning("ignoring the unknown request field %r (--lenient-params)", name)
+    _check_bookkeeping(body)
+
+
+def _check_bookkeeping(body: dict[str, Any]) -> None:
+    tier = body.get("service_tier")
+    if tier is not None and tier not in ("auto", "default"):
+        raise bad_request("'service_tier' may only be \"auto\" or \"default\" here",
+                          "service_tier")
+    if body.get("store") not in (None, False):
+        raise bad_request("'store' is not supported: this server keeps no completions",
+                          "store")
+    modalities = body.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise bad_request("'modalities' may only be [\"text\"]", "modalities")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad_request("'user' must be a string", "user")
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise bad_request("'metadata' must be an object", "metadata")

@@ -1,0 +1,122 @@
+"""Requests with a grammar (the GrammarInit / GrammarReady exchange, matcher ids in batches,
+grammar ends) and with a logit_bias (its CSR in the batch), on the fake worker."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tessera.bus.messages import GrammarReady, GrammarSpec, SampledTokens
+from tests.scheduler_proc.sched_fakes import Collected, FakeWorker, drive, make_request
+from tests.scheduler_proc.test_scheduler_behaviour import make, prompt
+
+SCHEMA = GrammarSpec("json_schema", '{"type": "object"}', "response_format")
+
+
+def test_a_grammar_request_waits_for_its_compile_without_holding_others_back() -> None:
+    sched = make()
+    worker = FakeWorker(sched)
+    sched.add_request(make_request("g", prompt(8), max_tokens=3, ignore_eos=True, n=2,
+                                   grammar=SCHEMA))
+    sched.add_request(make_request("plain", prompt(8, 5), max_tokens=3, ignore_eos=True))
+    (init,) = sched.take_grammar_inits()
+    assert (init.count, init.grammar) == (2, SCHEMA) and sched.take_grammar_inits() == []
+    fb = sched.next_batch()  # only the plain request runs while the grammar compiles
+    assert fb.batch_size == 1 and fb.grammar_ids.shape == (0,)
+    collected = Collected()
+    collected.add(sched.on_result(worker.step(fb)))
+    sched.on_grammar_ready(GrammarReady(first_id=init.first_id))
+    ids, freed = set(), set()
+    while sched.has_work() or sched.inflight:
+        fb = sched.next_batch()
+        if fb.grammar_ids.shape[0]:
+            ids |= set(fb.grammar_ids[fb.grammar_ids >= 0].tolist())
+        freed |= set(fb.grammar_free.tolist())
+        collected.add(sched.on_result(worker.step(fb)))
+    assert ids == {init.first_id, init.first_id + 1}  # one matcher per sample
+    assert collected.finish[("g", 0)] == ["length"] and collected.finish[("g", 1)] == ["length"]
+    # a later batch tells the worker to drop each finished matcher
+    sched.add_request(make_request("later", prompt(4), max_tokens=1, ignore_eos=True))
+    freed |= set(sched.next_batch().grammar_free.tolist())
+    assert freed == ids
+    sched.check_invariant()
+
+
+def test_a_grammar_the_worker_refuses_fails_its_request_with_400() -> None:
+    sched = make()
+    sched.add_request(make_request("g", prompt(8), max_tokens=3, grammar=SCHEMA))
+    (init,) = sched.take_grammar_inits()
+    sched.on_grammar_ready(GrammarReady(first_id=init.first_id, error="bad schema: x"))
+    (error,) = sched.take_errors()
+    assert (error.rid, error.status, error.param) == ("g", 400, "response_format")
+    assert error.message == "bad schema: x" and error.reply_to == "ipc://nowhere/g"
+    assert not sched.has_work() and "g" not in sched.requests
+
+
+def test_an_abort_while_compiling_frees_the_matchers_made_later() -> None:
+    sched = make()
+    sched.add_request(make_request("g", prompt(8), max_tokens=3, grammar=SCHEMA))
+    (init,) = sched.take_grammar_inits()
+    assert sched.abort("g")
+    sched.on_grammar_ready(GrammarReady(first_id=init.first_id))
+    assert not sched.has_work()
+    sched.add_request(make_request("next", prompt(4), max_tokens=1, ignore_eos=True))
+    assert init.first_id in sched.next_batch().grammar_free.tolist()
+
+
+def test_grammar_end_finishes_and_grammar_failure_fails() -> None:
+    sched = make()
+    for rid in ("done", "broken", "free"):
+        sched.add_request(make_request(rid, prompt(6), max_tokens=20, ignore_eos=True,
+                                       grammar=SCHEMA))
+    for init in sched.take_grammar_inits():
+        sched.on_grammar_ready(GrammarReady(first_id=init.first_id))
+    worker = FakeWorker(sched)
+    fb = sched.next_batch()
+    res = worker.step(fb)
+    ends = np.array([SampledTokens.GRAMMAR_DONE, SampledTokens.GRAMMAR_FAILED, 0], np.uint8)
+    out = sched.on_result(dataclasses.replace(res, grammar_end=ends))
+    finish = dict(zip(out.rids, out.finish, strict=True))
+    assert finish["done"] == "stop" and finish["free"] is None
+    (error,) = sched.take_errors()
+    assert error.rid == "broken" and error.status == 500
+    assert set(sched.requests) == {"free"}
+    sched.check_invariant()
+
+
+def test_logit_bias_travels_as_csr_for_sampling_rows() -> None:
+    sched = make()
+    worker = FakeWorker(sched)
+    sched.add_request(make_request("a", prompt(8), max_tokens=2, ignore_eos=True,
+                                   logit_bias={5: -100.0, 9: 3.0}))
+    sched.add_request(make_request("b", prompt(8, 3), max_tokens=2, ignore_eos=True))
+    fb = sched.next_batch()
+    assert fb.bias_offsets.tolist() == [0, 2, 2]
+    assert fb.bias_ids.tolist() == [5, 9] and fb.bias_values.tolist() == [-100.0, 3.0]
+    collected = Collected()
+    collected.add(sched.on_result(worker.step(fb)))
+    drive(sched, worker, collected)
+    assert collected.finish[("a", 0)] == ["length"]
+
+
+def test_logit_bias_outside_the_vocabulary_is_refused() -> None:
+    sched = make(vocab_size=50)
+    error = sched.add_request(make_request("a", prompt(8), logit_bias={50: 1.0}))
+    assert error is not None and error.status == 400 and error.param == "logit_bias"
+
+
+def test_aborting_one_sample_leaves_the_others_running() -> None:
+    sched = make()
+    worker = FakeWorker(sched)
+    sched.add_request(make_request("r", prompt(8), max_tokens=6, ignore_eos=True, n=3))
+    collected = Collected()
+    for _ in range(3):
+        collected.add(sched.on_result(worker.step(sched.next_batch())))
+    assert sched.abort("r", "stop", index=1)
+    drive(sched, worker, collected)
+    assert collected.finish[("r", 1)] == ["stop"]
+    assert collected.finish[("r", 0)] == ["length"] == collected.finish[("r", 2)]
+    assert len(collected.tokens[("r", 0)]) == 6 > len(collected.tokens[("r", 1)])
+    assert "r" not in sched.requests
+    sched.check_invariant()
