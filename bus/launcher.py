@@ -110,6 +110,8 @@ def check_config(config: ServerConfig) -> str | None:
         return f"--tokenizer-workers must be at least 1, got {config.tokenizer_workers}"
     if not 0 <= config.port <= 65535:
         return f"--port must be in [0, 65535], got {config.port}"
+    if config.api_key_file and not os.access(config.api_key_file, os.R_OK):
+        return f"--api-key-file {config.api_key_file} cannot be read"
     if config.restart_max < 1 or config.restart_backoff_s < 0 or config.restart_window_s <= 0:
         return (f"--restart-max must be at least 1 and --restart-backoff-s, "
                 f"--restart-window-s not negative (got {config.restart_max}, "
@@ -129,13 +131,24 @@ def ready_banner(config: ServerConfig, children: list[Child]) -> str:
                  None) or config.served_model_name or "default"
     body = json.dumps({"model": model, "max_tokens": 32,
                        "messages": [{"role": "user", "content": "Say hello."}]})
-    auth = " -H \"Authorization: Bearer $TESSERA_API_KEY\"" if config.api_key else ""
+    keyed = config.api_key_file or Env.read().api_key
+    auth = " -H \"Authorization: Bearer $KEY\"" if keyed else ""
     return (f"\ntessera is ready at {url}  (model: {model}; stop with Ctrl-C)\n"
             f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
             f"-d {shlex.quote(body)}\n")
 
 
+def key_on_command_line(argv: list[str]) -> bool:
+    return any(a == "--api-key" or a.startswith("--api-key=") for a in argv)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if key_on_command_line(argv):
+        print("tessera serve: an API key on the command line is visible to every user of the "
+              "machine (ps); put it in a file given with --api-key-file (mode 0600), or in "
+              "TESSERA_API_KEY", file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(
         prog="tessera serve",
         description="Start and supervise every tessera process and serve the OpenAI API over "

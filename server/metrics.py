@@ -89,5 +89,8 @@ class ServerMetrics:
                                      registry=r)
         self.generation_tokens = Counter("tessera_generation_tokens", "tokens generated",
                                          registry=r)
+        self.rate_limited = Counter("tessera_rate_limited_requests",
+                                    "generations refused (429) by their API key's rate limits",
+                                    ["key"], registry=r)
         self.engine = EngineStatusCollector()
         r.register(self.engine)

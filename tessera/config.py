@@ -206,9 +206,8 @@ class EngineConfig(BatchingConfig):
             values["model"] = env.default_model
         if "log_level" not in values and env.log_level:
             values["log_level"] = env.log_level
-        if "api_key" in {f.name for f in dataclasses.fields(cls)} and "api_key" not in values \
-                and env.api_key:
-            values["api_key"] = env.api_key
+        # TESSERA_API_KEY is not copied: a secret must not land in the run's config.json;
+        # the server reads it from its environment itself.
         return cls(**values)
 
 
@@ -216,7 +215,14 @@ class EngineConfig(BatchingConfig):
 class ServerConfig(EngineConfig):
     host: str = _opt("127.0.0.1", "address the HTTP server binds")
     port: int = _opt(30000, "HTTP port")
-    api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' (or TESSERA_API_KEY)")
+    api_key_file: str | None = _opt(None, "require 'Authorization: Bearer KEY' with a key of "
+                                    "this file (one a line: KEY [rpm=N] [tpm=N] [name=LABEL]); "
+                                    "TESSERA_API_KEY adds one. Never a key on the command "
+                                    "line: anyone on the machine reads it in `ps`")
+    key_rpm: int = _opt(0, "requests per minute each API key may make, unless its line in "
+                        "--api-key-file says otherwise (0: no limit); over it: 429")
+    key_tpm: int = _opt(0, "tokens (prompt + completion) per minute each API key may use, "
+                        "unless its line says otherwise (0: no limit); over it: 429")
     disable_warmup: bool = _opt(False, "skip the warm-up request before reporting ready")
     drain_timeout_s: float = _opt(10.0, "on SIGTERM, wait this long for in-flight requests")
     stream_stall_timeout_s: float = _opt(30.0, "a streaming HTTP client that takes no data "
