@@ -8,7 +8,7 @@ frames (see `codec.py`); every other field goes into the msgpack header and must
 Path of one request (ARCHITECTURE.md):
   client --GenerateRequest--> tokenizer --TokenizedRequest--> scheduler
   scheduler --ForwardBatch--> worker (every rank) --SampledTokens (rank 0)--> scheduler
-  scheduler --TokenBatch / ErrorReply--> detokenizer --RequestOutput / ErrorReply--> reply_to
+  scheduler --TokenBatch / ErrorReply--> detokenizer --RequestOutputBatch / ErrorReply--> reply_to
 Control: every process --Ready / Heartbeat--> supervisor; worker --WorkerReady--> scheduler.
 Grammars: scheduler --GrammarInit--> worker rank 0 --GrammarReady--> scheduler.
 
@@ -79,6 +79,9 @@ class SamplingParams:
     top-k alternatives. `seed=None`: nondeterministic; an int makes sampling reproducible.
     `logit_bias`: (token id, bias) pairs added to the logits before sampling (OpenAI's rule:
     -100 bans a token, 100 forces it). `grammar`: the output must follow it (GrammarSpec).
+    `prompt_logprobs=k`: the logprob of every prompt token given the ones before it, with the
+    top-k alternatives (scoring a prompt; OpenAI's echo + logprobs). Only with it may
+    `max_tokens` be 0: the prompt is scored and nothing is generated.
     """
 
     temperature: float = 1.0
@@ -99,6 +102,7 @@ class SamplingParams:
     n: int = 1
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: GrammarSpec | None = None
+    prompt_logprobs: int | None = None
 
     MAX_TOP_LOGPROBS: ClassVar[int] = 20
     MAX_N: ClassVar[int] = 16
@@ -155,13 +159,18 @@ class SamplingParams:
             bad_number("n", self.n, 1, self.MAX_N, integer=True),
         ]
         if self.max_tokens is not None:
-            checks.append(bad_number("max_tokens", self.max_tokens, 1, 2**31 - 1, integer=True))
+            scoring = self.prompt_logprobs is not None
+            checks.append(bad_number("max_tokens", self.max_tokens, 0 if scoring else 1,
+                                     2**31 - 1, integer=True))
             if isinstance(self.max_tokens, int) and isinstance(self.min_tokens, int) \
                     and self.min_tokens > self.max_tokens:
                 checks.append(f"min_tokens ({self.min_tokens}) must not exceed max_tokens "
                               f"({self.max_tokens})")
         if self.seed is not None:
             checks.append(bad_number("seed", self.seed, -(2**63), 2**63 - 1, integer=True))
+        if self.prompt_logprobs is not None:
+            checks.append(bad_number("prompt_logprobs", self.prompt_logprobs, 0,
+                                     self.MAX_TOP_LOGPROBS, integer=True))
         if self.logprobs is not None:
             checks.append(bad_number("logprobs", self.logprobs, 0, self.MAX_TOP_LOGPROBS,
                                      integer=True))
@@ -417,6 +426,10 @@ class ForwardBatch(Message):
                            request of the batch has a grammar). Rank 0 holds the matchers
                            (GrammarInit) and masks the logits of these rows.
       grammar_free  int64  matchers whose sequences ended: rank 0 may drop them
+      prompt_targets int32 [sum(extend_lens)] aligned with input_ids: for requests that score
+                           their prompt (prompt_logprobs), the token that follows each
+                           position, whose logprob rank 0 returns; -1 elsewhere (empty when no
+      prompt_top_n  int32  [B] request scores its prompt): top alternatives wanted (-1: none)
     """
 
     step: int
@@ -445,6 +458,8 @@ class ForwardBatch(Message):
     bias_values: np.ndarray = field(default_factory=_empty_f32)
     grammar_ids: np.ndarray = field(default_factory=_empty_i64)
     grammar_free: np.ndarray = field(default_factory=_empty_i64)
+    prompt_targets: np.ndarray = field(default_factory=_empty_i32)
+    prompt_top_n: np.ndarray = field(default_factory=_empty_i32)
     is_decode: bool = False  # every request has extend_len 1 (graph replay may be used)
 
     @property
@@ -463,6 +478,9 @@ class SampledTokens(Message):
     grammar_end uint8 [S] (empty when no request of the step has a grammar): GRAMMAR_DONE when
     the token completed the request's grammar (it was a stop token the grammar allowed),
     GRAMMAR_FAILED when the grammar engine could not follow the request (it is failed).
+    prompt_logprobs float32 [P], prompt_top_ids int32 / prompt_top_logprobs float32 [P, N]:
+    for each position of the batch whose ForwardBatch.prompt_targets is >= 0, in order, the
+    logprob of that target and the top-N alternatives (empty when none was asked).
     """
 
     GRAMMAR_DONE: ClassVar[int] = 1
@@ -476,6 +494,9 @@ class SampledTokens(Message):
     forward_ms: float = 0.0
     error: str | None = None  # the step failed: the scheduler aborts its requests
     grammar_end: np.ndarray = field(default_factory=_empty_u8)
+    prompt_logprobs: np.ndarray = field(default_factory=_empty_f32)
+    prompt_top_ids: np.ndarray = field(default_factory=_empty_i32)
+    prompt_top_logprobs: np.ndarray = field(default_factory=_empty_f32)
 
 
 @register
@@ -523,6 +544,9 @@ class TokenBatch(Message):
     "abort". new_requests maps rid -> the TokenizedRequest.detok dict, sent once, the first
     time a rid appears. logprobs / top_ids / top_logprobs follow SampledTokens' layout, one row
     per token in token_ids, when any request asked for them.
+    Prompt scoring (prompt_logprobs): prompt_counts[q] entries of the prompt_* arrays belong to
+    request prompt_rids[q]: each a prompt token, its logprob given the tokens before it (NaN
+    for the first token of the prompt) and the top alternatives.
     """
 
     rids: list[str]
@@ -537,6 +561,12 @@ class TokenBatch(Message):
     logprobs: np.ndarray = field(default_factory=_empty_f32)
     top_ids: np.ndarray = field(default_factory=_empty_i32)
     top_logprobs: np.ndarray = field(default_factory=_empty_f32)
+    prompt_rids: list[str] = field(default_factory=list)
+    prompt_counts: np.ndarray = field(default_factory=_empty_i32)
+    prompt_token_ids: np.ndarray = field(default_factory=_empty_i32)
+    prompt_logprobs: np.ndarray = field(default_factory=_empty_f32)
+    prompt_top_ids: np.ndarray = field(default_factory=_empty_i32)
+    prompt_top_logprobs: np.ndarray = field(default_factory=_empty_f32)
 
 
 @register
@@ -553,7 +583,9 @@ class ResetRequests(Message):
 @dataclass(frozen=True)
 class RequestOutput(Message):
     """Detokenizer -> client: text (and tokens) produced since the last RequestOutput for
-    (rid, index). `finish_reason` set on the last one, with the usage counts."""
+    (rid, index). `finish_reason` set on the last one, with the usage counts. A request that
+    scores its prompt gets, once (index 0), every prompt token with its logprob (NaN for the
+    first), its text and its top alternatives in the prompt_* fields."""
 
     rid: str
     index: int
@@ -569,6 +601,45 @@ class RequestOutput(Message):
     token_texts: list[str] = field(default_factory=list)  # per token, when logprobs asked
     # per token, the text of each of top_ids' alternatives (OpenAI's top_logprobs show text)
     top_token_texts: list[list[str]] = field(default_factory=list)
+    prompt_token_ids: np.ndarray = field(default_factory=_empty_i32)
+    prompt_logprobs: np.ndarray = field(default_factory=_empty_f32)
+    prompt_top_ids: np.ndarray = field(default_factory=_empty_i32)
+    prompt_top_logprobs: np.ndarray = field(default_factory=_empty_f32)
+    prompt_token_texts: list[str] = field(default_factory=list)
+    prompt_top_token_texts: list[list[str]] = field(default_factory=list)
+
+
+@register
+@dataclass(frozen=True)
+class RequestOutputBatch(Message):
+    """Detokenizer -> one client: every RequestOutput of one step bound for the same reply_to,
+    as columns, so that a step costs one message per client instead of one per request
+    (`bus/output_batch.py` packs and unpacks them).
+
+    Row r is RequestOutput(rids[r], indices[r], texts[r],
+    token_ids[token_offsets[r]:token_offsets[r + 1]], finish_reasons[r], prompt_tokens[r],
+    completion_tokens[r], cached_tokens[r]) plus, when logprob_offsets is not empty, the
+    logprob rows logprob_offsets[r]:logprob_offsets[r + 1] of logprobs / top_ids /
+    top_logprobs (the first top_widths[r] columns; the batch is padded to its widest row with
+    id -1 / -inf) and token_texts[r] / top_token_texts[r].
+    """
+
+    rids: list[str]
+    indices: list[int]
+    texts: list[str]
+    token_offsets: np.ndarray  # int32 [R + 1]
+    token_ids: np.ndarray  # int32
+    finish_reasons: list[str | None]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    logprob_offsets: np.ndarray = field(default_factory=_empty_i32)  # int32 [R + 1] or []
+    logprobs: np.ndarray = field(default_factory=_empty_f32)
+    top_widths: list[int] = field(default_factory=list)
+    top_ids: np.ndarray = field(default_factory=_empty_i32)  # int32 [L, K]
+    top_logprobs: np.ndarray = field(default_factory=_empty_f32)  # float32 [L, K]
+    token_texts: list[list[str]] = field(default_factory=list)
+    top_token_texts: list[list[list[str]]] = field(default_factory=list)
 
 
 @register

@@ -25,6 +25,7 @@ from tessera.client.outputs import (
     Choice,
     Delta,
     GenerateResult,
+    PromptLogprob,
     TokenLogprob,
     TopLogprob,
     Usage,
@@ -34,7 +35,7 @@ from tessera.client.sync_client import Client, Stream
 __all__ = [
     "AsyncClient", "AsyncStream", "AuthenticationError", "BadRequestError", "Choice", "Client",
     "Delta", "EngineDeadError", "EngineNotFoundError", "GenerateResult", "InternalError",
-    "NotFoundError", "OverloadedError", "PromptTooLongError", "RateLimitError",
+    "NotFoundError", "OverloadedError", "PromptLogprob", "PromptTooLongError", "RateLimitError",
     "RequestTimeoutError", "SlowConsumerError", "Stream", "TesseraError", "TokenLogprob",
     "TopLogprob", "UnavailableError", "Usage",
 ]

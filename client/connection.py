@@ -20,11 +20,15 @@ Every client object owns a `BusConnection`:
     next status answer, and the caller must still get an error rather than a cut stream.
 
 Sinks are called on the receiver thread; they must only hand the item over (a queue put or
-`loop.call_soon_threadsafe`), never block.
+`loop.call_soon_threadsafe`), never block. The receiver takes every message waiting on the
+socket at once (each RequestOutputBatch holds a step's outputs for many requests) and wakes
+each event loop once for all of them: `LoopSink`s are handed over together, so 128 streams
+served by one asyncio server cost one wake-up per step, not 128.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -32,7 +36,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import zmq
 
@@ -44,9 +48,11 @@ from tessera.bus.messages import (
     ErrorReply,
     GenerateRequest,
     RequestOutput,
+    RequestOutputBatch,
     StatusReply,
     StatusRequest,
 )
+from tessera.bus.output_batch import unpack_outputs
 from tessera.bus.run_paths import RunPaths
 from tessera.client.errors import (
     BadRequestError,
@@ -65,6 +71,46 @@ Sink: TypeAlias = Callable[[Item], None]
 _POLL_MS = 50
 _PID_CHECK_S = 0.05
 SERVER_PROCESS = "server"  # the HTTP front end: not on the path of a bus client's requests
+_DRAIN_MAX = 256  # messages taken off the socket before their items are handed over
+
+
+class ForwardingSink:
+    """A sink that looks at each item before passing it on to `put` (which may be a
+    LoopSink): `admit` returns what to pass on, or None to drop it."""
+
+    put: Sink
+
+    def admit(self, item: Item) -> Item | None:
+        raise NotImplementedError
+
+    def __call__(self, item: Item) -> None:
+        passed = self.admit(item)
+        if passed is not None:
+            self.put(passed)
+
+
+class LoopSink:
+    """A sink whose items go to an asyncio queue on the loop that owns it. Called alone it
+    wakes the loop for one item; the receiver thread hands many over in one wake-up."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any]) -> None:
+        self.loop = loop
+        self.queue = queue
+
+    def __call__(self, item: Item) -> None:
+        _wake(self.loop, [(self.queue, item)])
+
+
+def _wake(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue[Any], Item]]) -> None:
+    try:
+        loop.call_soon_threadsafe(_put_all, items)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass
+
+
+def _put_all(items: list[tuple[asyncio.Queue[Any], Item]]) -> None:
+    for queue, item in items:
+        queue.put_nowait(item)
 
 
 def tokenizer_endpoints(paths: RunPaths, workers: int = 1) -> list[str]:
@@ -93,6 +139,8 @@ class BusConnection:
         self.last_status: StatusReply | None = None
         self.last_status_at = 0.0
         self.dropped = 0
+        self.received = 0  # messages taken from the reply socket
+        self.loop_wakeups = 0  # event-loop wake-ups that handed items to LoopSinks
         self._seen_alive: set[str] = set()
         # name -> pid of engine processes on this host (ipc transport), from status replies
         self._pids: dict[str, int] = {}
@@ -318,30 +366,69 @@ class BusConnection:
                     next_poll = self._watch(time.monotonic(), next_poll)
                 if not poller.poll(_POLL_MS):
                     continue
-                frames = self._sock.recv_multipart(copy=False)
+                batch = [self._sock.recv_multipart(copy=False)]
+                while len(batch) < _DRAIN_MAX:
+                    try:
+                        batch.append(self._sock.recv_multipart(zmq.NOBLOCK, copy=False))
+                    except zmq.Again:
+                        break
             except zmq.ZMQError:
                 if self._stop.is_set():
                     break
                 log.exception("client receive failed")
                 continue
-            try:
-                msg = decode(frames)
-            except DecodeError as exc:
-                self.dropped += 1
-                log.warning("client dropped a malformed message (%s)", exc)
-                continue
-            if isinstance(msg, StatusReply):
-                self._on_status(msg)
-            elif isinstance(msg, RequestOutput | ErrorReply):
-                with self._lock:
-                    sink = self._routes.get(msg.rid)
-                self._resend.answered(msg.rid)
-                if sink is not None:
-                    sink(msg)  # outputs of finished or aborted requests are dropped
-            else:
-                self.dropped += 1
-                log.warning("client dropped an unexpected %s", type(msg).__name__)
+            self.received += len(batch)
+            deliveries: list[tuple[Sink, Item]] = []
+            for frames in batch:
+                self._take(frames, deliveries)
+            self._deliver(deliveries)
         self._sock.close(linger=0)
+
+    def _take(self, frames: list[Any], deliveries: list[tuple[Sink, Item]]) -> None:
+        """Decode one message; its items for registered requests join `deliveries`."""
+        try:
+            msg = decode(frames)
+            items = unpack_outputs(msg) if isinstance(msg, RequestOutputBatch) else [msg]
+        except (DecodeError, ValueError) as exc:
+            self.dropped += 1
+            log.warning("client dropped a malformed message (%s)", exc)
+            return
+        if isinstance(msg, StatusReply):
+            # What arrived before it goes first: a death it reports comes after those outputs.
+            self._deliver(deliveries)
+            deliveries.clear()
+            self._on_status(msg)
+            return
+        if not isinstance(msg, RequestOutput | ErrorReply | RequestOutputBatch):
+            self.dropped += 1
+            log.warning("client dropped an unexpected %s", type(msg).__name__)
+            return
+        with self._lock:
+            for item in items:
+                sink = self._routes.get(item.rid)  # type: ignore[union-attr]
+                if sink is not None:  # outputs of finished or aborted requests are dropped
+                    deliveries.append((sink, item))  # type: ignore[arg-type]
+        for item in items:
+            self._resend.answered(item.rid)  # type: ignore[union-attr]
+
+    def _deliver(self, deliveries: list[tuple[Sink, Item]]) -> None:
+        """Hand items over in arrival order: each event loop is woken once for all of its
+        items, other sinks are called one by one."""
+        loops: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Item]]] = {}
+        for sink, item in deliveries:
+            passed: Item | None = item
+            while isinstance(sink, ForwardingSink) and passed is not None:
+                passed, sink = sink.admit(passed), sink.put
+            if passed is None:
+                continue
+            item = passed
+            if isinstance(sink, LoopSink):
+                loops.setdefault(sink.loop, []).append((sink.queue, item))
+            else:
+                sink(item)
+        for loop, items in loops.items():
+            self.loop_wakeups += 1
+            _wake(loop, items)
 
     def close(self) -> None:
         self._stop.set()

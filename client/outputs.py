@@ -52,6 +52,19 @@ class Delta:
     finish_reason: str | None = None
     usage: Usage | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None
+    # prompt_logprobs asked: every prompt token with its logprob (None for the first), once
+    prompt_logprobs: tuple[PromptLogprob, ...] | None = None
+
+
+@dataclass(frozen=True)
+class PromptLogprob:
+    """A prompt token's log-probability given the tokens before it (None for the first
+    token of the prompt) and the top alternatives at its position."""
+
+    token_id: int
+    token: str
+    logprob: float | None
+    top: tuple[TopLogprob, ...] = ()
 
 
 @dataclass
@@ -62,6 +75,7 @@ class Choice:
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
     usage: Usage | None = None
+    prompt_logprobs: list[PromptLogprob] | None = None
 
 
 @dataclass
@@ -103,13 +117,33 @@ def _logprobs(out: RequestOutput) -> tuple[TokenLogprob, ...] | None:
     return tuple(entries)
 
 
+def _prompt_logprobs(out: RequestOutput) -> tuple[PromptLogprob, ...] | None:
+    if out.prompt_token_ids.size == 0:
+        return None
+    texts = out.prompt_token_texts
+    top_texts = out.prompt_top_token_texts
+    entries = []
+    for i, (tid, lp) in enumerate(zip(out.prompt_token_ids.tolist(),
+                                      out.prompt_logprobs.tolist(), strict=True)):
+        top = tuple(TopLogprob(int(alt), top_texts[i][j] if i < len(top_texts) else "",
+                               float(alt_lp))
+                    for j, (alt, alt_lp) in enumerate(zip(out.prompt_top_ids[i].tolist(),
+                                                          out.prompt_top_logprobs[i].tolist(),
+                                                          strict=True)) if alt >= 0) \
+            if out.prompt_top_ids.ndim == 2 else ()
+        entries.append(PromptLogprob(int(tid), texts[i] if i < len(texts) else "",
+                                     None if lp != lp else float(lp), top))  # NaN: the first
+    return tuple(entries)
+
+
 def delta_from_output(out: RequestOutput) -> Delta:
     usage = None
     if out.finish_reason is not None:
         usage = Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
     return Delta(rid=out.rid, index=out.index, text=out.text,
                  token_ids=tuple(int(t) for t in out.token_ids.tolist()),
-                 finish_reason=out.finish_reason, usage=usage, logprobs=_logprobs(out))
+                 finish_reason=out.finish_reason, usage=usage, logprobs=_logprobs(out),
+                 prompt_logprobs=_prompt_logprobs(out))
 
 
 class ResultBuilder:
@@ -125,6 +159,8 @@ class ResultBuilder:
         choice.token_ids.extend(delta.token_ids)
         if delta.logprobs is not None:
             choice.logprobs = (choice.logprobs or []) + list(delta.logprobs)
+        if delta.prompt_logprobs is not None:
+            choice.prompt_logprobs = (choice.prompt_logprobs or []) + list(delta.prompt_logprobs)
         if delta.finish_reason is not None:
             choice.finish_reason = delta.finish_reason
             choice.usage = delta.usage

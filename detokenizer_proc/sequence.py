@@ -85,6 +85,8 @@ class RequestState:
         self.seqs: dict[int, Sequence] = {}
         self.finished_count = 0
         self.told: set[int] = set()  # samples the scheduler was told to stop (take_stops)
+        # prompt_logprobs: scored prompt tokens not sent yet (they go with sample 0's output)
+        self.prompt: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
 
     def _seq(self, index: int) -> Sequence:
         seq = self.seqs.get(index)
@@ -120,6 +122,31 @@ class RequestState:
                    if s.finished and not s.scheduler_done and i not in self.told]
         self.told.update(stopped)
         return stopped
+
+    def add_prompt(self, ids: np.ndarray, logprobs: np.ndarray, top_ids: np.ndarray,
+                   top_logprobs: np.ndarray) -> None:
+        self.prompt.append((ids, logprobs, top_ids, top_logprobs))
+
+    def _take_prompt(self) -> dict[str, Any]:
+        """The scored prompt tokens gathered so far, as RequestOutput fields."""
+        if not self.prompt:
+            return {}
+        parts, self.prompt = self.prompt, []
+        width = max(p[2].shape[1] if p[2].ndim == 2 else 0 for p in parts)
+
+        def pad(a: np.ndarray, fill: float) -> np.ndarray:
+            a = a.reshape(a.shape[0], -1)
+            return np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=fill)
+        ids = np.concatenate([p[0] for p in parts]).astype(np.int32)
+        top_ids = np.concatenate([pad(p[2], -1) for p in parts]).astype(np.int32)
+        return {"prompt_token_ids": ids,
+                "prompt_logprobs": np.concatenate([p[1] for p in parts]).astype(np.float32),
+                "prompt_top_ids": top_ids,
+                "prompt_top_logprobs": np.concatenate(
+                    [pad(p[3], -np.inf) for p in parts]).astype(np.float32),
+                "prompt_token_texts": [self._token_text(t) for t in ids.tolist()],
+                "prompt_top_token_texts": [[self._token_text(t) for t in row]
+                                           for row in top_ids.tolist()]}
 
     def add(self, index: int, tokens: list[int], finish: str | None, matched_stop: Any,
             cached_tokens: int, logprobs: Logprobs | None) -> RequestOutput | None:
@@ -173,12 +200,14 @@ class RequestState:
             if seq.logprobs:
                 probs = Logprobs(*(np.concatenate([getattr(p, name) for p in seq.logprobs])
                                    for name in ("logprobs", "top_ids", "top_logprobs")))
-        elif finish is None and not text and not new_ids:
+        elif finish is None and not text and not new_ids and not (index == 0 and self.prompt):
             return None
         extra = _NO_EXTRA if probs is None else {
             "logprobs": probs.logprobs, "top_ids": probs.top_ids,
             "top_logprobs": probs.top_logprobs, "token_texts": texts,
             "top_token_texts": top_texts}
+        if index == 0 and self.prompt:
+            extra = {**extra, **self._take_prompt()}
         return RequestOutput(
             rid=self.rid, index=index, text=text, token_ids=np.array(new_ids, np.int32),
             finish_reason=finish, prompt_tokens=self.prompt_tokens,

@@ -9,7 +9,7 @@ same sequence still holds it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,6 +29,23 @@ class Chunk:
 
 
 @dataclass
+class Scored:
+    """A request scoring its prompt in this step: the prompt tokens whose logprobs the step
+    returns, in order (the prompt's first token, which has none, leads when `first`)."""
+
+    row: int
+    uid: int
+    ids: np.ndarray
+    first: bool
+    end: int  # prompt tokens reported once this step's are
+
+    @property
+    def computed(self) -> int:
+        """Logprobs the worker returns for this request."""
+        return int(self.ids.shape[0]) - int(self.first)
+
+
+@dataclass
 class InFlight:
     step: int
     rows: np.ndarray  # every request of the batch
@@ -40,6 +57,7 @@ class InFlight:
     prefill_uids: np.ndarray
     sent_at: float
     build_cpu_s: float = 0.0
+    scored: list[Scored] = field(default_factory=list)
     tokens: int = 0  # tokens computed by the step (prefill chunks + decodes)
 
 
@@ -73,6 +91,7 @@ def build(step: int, st: RowState, dec_rows: np.ndarray, dec_inputs: np.ndarray,
     grammar_ids = st.grammar_id[rows]
     if not (grammar_ids >= 0).any():
         grammar_ids = np.zeros(0, dtype=np.int64)
+    targets, top_n, scored = _prompt_targets(rows, extend, n_dec, chunks, st, seq_of_row)
     batch = ForwardBatch(
         step=step, rows=rows.astype(np.int32, copy=False), seq_lens=seq_lens,
         extend_lens=extend, input_ids=input_ids.astype(np.int32, copy=False), sample=sample,
@@ -85,6 +104,7 @@ def build(step: int, st: RowState, dec_rows: np.ndarray, dec_inputs: np.ndarray,
         hist_offsets=hist[0], hist_ids=hist[1], hist_prompt_lens=hist[2],
         bias_offsets=bias[0], bias_ids=bias[1], bias_values=bias[2], grammar_ids=grammar_ids,
         grammar_free=grammar_free if grammar_free is not None else np.zeros(0, np.int64),
+        prompt_targets=targets, prompt_top_n=top_n,
         is_decode=not chunks,
     )
     sampled = sample.astype(bool)
@@ -92,7 +112,7 @@ def build(step: int, st: RowState, dec_rows: np.ndarray, dec_inputs: np.ndarray,
     record = InFlight(step=step, rows=rows, uids=uids, seq_lens=seq_lens,
                       sampled_rows=rows[sampled], sampled_uids=uids[sampled],
                       prefill_rows=rows[n_dec:], prefill_uids=uids[n_dec:],
-                      sent_at=time.monotonic(), tokens=int(extend.sum()))
+                      sent_at=time.monotonic(), tokens=int(extend.sum()), scored=scored)
     return batch, record
 
 
@@ -113,6 +133,42 @@ def _blocks(rows: np.ndarray, sample: np.ndarray, output_lens: np.ndarray, st: R
     offsets = np.zeros(rows.shape[0] + 1, dtype=np.int32)
     np.cumsum(counts, out=offsets[1:])
     return offsets, np.concatenate(parts).astype(np.int32)
+
+
+def _prompt_targets(rows: np.ndarray, extend: np.ndarray, n_dec: int, chunks: list[Chunk],
+                    st: RowState, seq_of_row: list[Sequence | None]
+                    ) -> tuple[np.ndarray, np.ndarray, list[Scored]]:
+    """ForwardBatch.prompt_targets / prompt_top_n for the chunks of requests scoring their
+    prompt: position p asks for the logprob of the prompt token at p + 1, for every prompt
+    token not reported yet (a retracted request recomputes, but never reports twice)."""
+    empty = np.zeros(0, dtype=np.int32)
+    top_n = st.prompt_top_n[rows]
+    if not chunks or not (top_n[n_dec:] >= 0).any():
+        return empty, empty, []
+    targets = np.full(int(extend.sum()), -1, dtype=np.int32)
+    scored: list[Scored] = []
+    offset = int(n_dec)  # decodes come first, one token each
+    for chunk in chunks:
+        row = chunk.row
+        seq = seq_of_row[row]
+        if st.prompt_top_n[row] >= 0 and seq is not None:
+            prompt_len = int(st.prompt_len[row])
+            # entry e (the prompt token at position e) comes from position e - 1
+            first_entry = max(seq.prompt_scored, chunk.start + 1)
+            last_entry = min(prompt_len, chunk.start + chunk.extend + 1)  # exclusive
+            if last_entry > first_entry:
+                at = offset + (first_entry - 1 - chunk.start)
+                targets[at:at + last_entry - first_entry] = st.tokens[row,
+                                                                      first_entry:last_entry]
+            includes_first = seq.prompt_scored == 0 and chunk.start == 0
+            ids = st.tokens[row, first_entry:max(first_entry, last_entry)].copy()
+            if includes_first:
+                ids = np.concatenate([st.tokens[row, :1], ids])
+            if ids.shape[0]:
+                scored.append(Scored(row, int(st.uid[row]), ids.astype(np.int32),
+                                     includes_first, max(first_entry, last_entry)))
+        offset += chunk.extend
+    return targets, top_n.astype(np.int32), scored
 
 
 def _bias(rows: np.ndarray, sample: np.ndarray, st: RowState,

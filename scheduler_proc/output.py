@@ -30,9 +30,11 @@ class OutputBuilder:
         self.logprobs: list[np.ndarray] = []
         self.top_ids: list[np.ndarray] = []
         self.top_logprobs: list[np.ndarray] = []
+        self.prompt_rids: list[str] = []
+        self.prompt_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
 
     def __bool__(self) -> bool:
-        return bool(self.rids)
+        return bool(self.rids) or bool(self.prompt_rids)
 
     def _announce(self, reqs: list[Request]) -> None:
         for req in reqs:
@@ -60,6 +62,13 @@ class OutputBuilder:
             self.top_ids.append(logprobs[1])
             self.top_logprobs.append(logprobs[2])
 
+    def add_prompt(self, req: Request, ids: np.ndarray, logprobs: np.ndarray,
+                   top_ids: np.ndarray, top_logprobs: np.ndarray) -> None:
+        """Prompt tokens of a request scoring its prompt, with their logprobs."""
+        self._announce([req])
+        self.prompt_rids.append(req.rid)
+        self.prompt_parts.append((ids, logprobs, top_ids, top_logprobs))
+
     def add_finish(self, req: Request, index: int, reason: str, cached_tokens: int) -> None:
         """A finish without a token (abort)."""
         self._announce([req])
@@ -71,8 +80,13 @@ class OutputBuilder:
         self.prompt_tokens.append(req.prompt_len)
         self.cached_tokens.append(max(cached_tokens, 0))
 
+    def _prompt_fields(self) -> dict[str, object]:
+        if not self.prompt_rids:
+            return {}
+        return {"prompt_rids": self.prompt_rids, **_prompt_arrays(self.prompt_parts)}
+
     def take(self) -> TokenBatch | None:
-        if not self.rids:
+        if not self.rids and not self.prompt_rids:
             return None
         i32 = np.int32
         batch = TokenBatch(
@@ -85,9 +99,21 @@ class OutputBuilder:
             logprobs=_cat(self.logprobs, np.float32),
             top_ids=_cat(self.top_ids, np.int32),
             top_logprobs=_cat(self.top_logprobs, np.float32),
+            **self._prompt_fields(),
         )
         self._reset()
         return batch
+
+
+def _prompt_arrays(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+                   ) -> dict[str, np.ndarray]:
+    if not parts:
+        return {}
+    return {"prompt_counts": np.array([p[0].shape[0] for p in parts], dtype=np.int32),
+            "prompt_token_ids": _cat([p[0] for p in parts], np.int32),
+            "prompt_logprobs": _cat([p[1] for p in parts], np.float32),
+            "prompt_top_ids": _cat([p[2] for p in parts], np.int32),
+            "prompt_top_logprobs": _cat([p[3] for p in parts], np.float32)}
 
 
 def _cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:

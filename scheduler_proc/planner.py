@@ -119,7 +119,9 @@ class Planner:
             st.add_pages(row, s.kv.alloc(need))
         st.write_slots(row, start, start + extend)
         st.kv_len[row] = start + extend
-        sample = start + extend == int(st.n_known[row])
+        # max_tokens 0 (a scored prompt): the prompt is all there is, nothing is sampled.
+        sample = start + extend == int(st.n_known[row]) and \
+            int(st.n_known[row]) < int(st.max_total[row])
         if sample:
             st.pending[row] += 1
         return Chunk(row, start, extend, sample)
@@ -154,8 +156,11 @@ class Planner:
             seq = s.waiting.peek()
             if seq is None:
                 break
-            prefix, node = s.kv.match(seq.tokens)
-            key = self._first_page(seq) if not prefix.shape[0] else None
+            scores = seq.index == 0 and seq.req.sampling.prompt_logprobs is not None
+            # A request scoring its prompt needs the logits of every prompt position: no
+            # cached prefix (its KV may still go to the cache for others).
+            prefix, node = s.kv.match(seq.tokens[:1] if scores else seq.tokens)
+            key = self._first_page(seq) if not prefix.shape[0] and not scores else None
             if key is not None and key in self._pending:
                 s.kv.unlock(node)  # its prefix is being computed: reuse it when cached
                 deferred.append(s.waiting.pop())

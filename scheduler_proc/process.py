@@ -234,6 +234,7 @@ class SchedulerProcess(BusProcess):
     def stats(self) -> dict[str, float]:
         out = dict(self.sched.stats()) if self.sched is not None else {}
         out["batches_sent"] = float(self.batches_sent)
+        out["detokenizer_messages_sent"] = float(self.detok.sent if self.detok else 0)
         out["send_failures"] = float(self.send_failures)
         out["output_backlog"] = float(len(self._backlog))
         if self.sched is not None:

@@ -60,6 +60,7 @@ class RowState:
         self.has_penalty = np.zeros(rows, dtype=bool)
         self.has_bias = np.zeros(rows, dtype=bool)
         self.grammar_id = np.full(rows, -1, dtype=np.int64)  # worker matcher (-1: none)
+        self.prompt_top_n = np.full(rows, -1, dtype=i32)  # scores its prompt (-1: no)
         self.index = np.zeros(rows, dtype=i32)  # sample index (n > 1)
         self.fresh = np.zeros(rows, dtype=bool)  # its request may still need announcing
 
@@ -92,6 +93,9 @@ class RowState:
         self.has_penalty[row] = sp.has_penalties
         self.has_bias[row] = bool(sp.logit_bias)
         self.grammar_id[row] = grammar_id
+        # Only the first sample scores the prompt (the others share it).
+        scores = sp.prompt_logprobs is not None and index == 0
+        self.prompt_top_n[row] = sp.prompt_logprobs if scores else -1
         self.index[row] = index
 
     def set_prefix(self, row: int, pages: np.ndarray) -> None:

@@ -375,7 +375,10 @@ class Scheduler:
                                 f"{rec.sampled_rows.shape[0]} requests")
             self._fail_records([rec], 500, f"the model step failed: {why}")
         else:
+            if rec.scored:
+                self._apply_prompt_logprobs(rec, res)
             self._apply_tokens(rec, res)
+            self._finish_prefill_only(rec)
             if self.kv.use_cache and rec.prefill_rows.shape[0]:
                 ok = st.uid[rec.prefill_rows] == rec.prefill_uids
                 for row in rec.prefill_rows[ok].tolist():
@@ -455,6 +458,48 @@ class Scheduler:
             if seq is not None:
                 self._fail_request(seq.req, 500, "the grammar engine could not follow this "
                                    "request's output; the server log has the details")
+
+    def _apply_prompt_logprobs(self, rec: InFlight, res: SampledTokens) -> None:
+        """Pass on the prompt logprobs of requests scoring their prompt (a stale row's are
+        dropped: it reports them again when it recomputes)."""
+        n_top = res.prompt_top_ids.shape[1] if res.prompt_top_ids.ndim == 2 else 0
+        offset = 0
+        for sc in rec.scored:
+            k = sc.computed
+            lps = res.prompt_logprobs[offset:offset + k]
+            tops = res.prompt_top_ids[offset:offset + k] if n_top else \
+                np.zeros((k, 0), np.int32)
+            top_lps = res.prompt_top_logprobs[offset:offset + k] if n_top else \
+                np.zeros((k, 0), np.float32)
+            offset += k
+            seq = self.seq_of_row[sc.row]
+            if seq is None or int(self.st.uid[sc.row]) != sc.uid:
+                continue
+            if sc.first:  # the prompt's first token has no logprob
+                lps = np.concatenate([np.full(1, np.nan, np.float32), lps])
+                tops = np.concatenate([np.full((1, n_top), -1, np.int32), tops])
+                top_lps = np.concatenate([np.full((1, n_top), -np.inf, np.float32), top_lps])
+            self._out.add_prompt(seq.req, sc.ids, lps, tops, top_lps)
+            seq.prompt_scored = max(seq.prompt_scored, sc.end)
+
+    def _finish_prefill_only(self, rec: InFlight) -> None:
+        """A request with max_tokens 0 (a scored prompt) ends once its prompt is in KV."""
+        st = self.st
+        if not rec.prefill_rows.shape[0]:
+            return
+        ok = st.uid[rec.prefill_rows] == rec.prefill_uids
+        rows = rec.prefill_rows[ok]
+        done = rows[(st.max_total[rows] <= st.n_known[rows]) & (st.pending[rows] == 0)
+                    & (st.kv_done[rows] >= st.n_known[rows])]
+        for row in done.tolist():
+            seq = self.seq_of_row[row]
+            if seq is None:
+                continue
+            cached = max(seq.cached_tokens, 0)
+            self.unbind(seq, insert=True)
+            self._finished(seq)
+            self._out.add_finish(seq.req, seq.index, "length", cached)
+            self.finished_total += 1
 
     def _fork(self, seq: Sequence) -> None:
         """Index 0 has its prompt in KV (and, after this step, in the cache): start the other

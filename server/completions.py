@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tessera.client import Delta
+from tessera.client import Delta, PromptLogprob
 from tessera.server.errors import bad_request
 from tessera.server.fields import COMPLETIONS, check_fields
 from tessera.server.formatting import UsageTally, completion_logprobs, gather, read_body
@@ -71,21 +71,33 @@ async def completions(request: web.Request) -> web.StreamResponse:
     opts = stream_options(body)
     echo = take(body, "echo", BOOL, False)
     top_n = take(body, "logprobs", INT)
-    if echo and top_n is not None:
-        raise bad_request("'echo' together with 'logprobs' is not supported", "echo")
+    scoring = echo and top_n is not None  # the prompt's tokens get logprobs too
     best_of = take(body, "best_of", INT)
     values = common_sampling(body)
     if best_of is not None and best_of != (values["n"] or 1):
         raise bad_request("'best_of' other than n is not supported", "best_of")
     values["max_tokens"] = take(body, "max_tokens", INT, 16)
     values["logprobs"] = top_n
+    if scoring:
+        values["prompt_logprobs"] = top_n
+    elif values["max_tokens"] == 0:
+        raise bad_request("'max_tokens' 0 generates nothing: it needs 'echo' with 'logprobs' "
+                          "(scoring the prompt)", "max_tokens")
     params = sampling(values)
+    if scoring and opts.stream and params.n > 1:
+        raise bad_request("streamed 'echo' with 'logprobs' takes n = 1; send n requests or "
+                          "stream=false", "n")
     rid = uuid.uuid4().hex
     head = {"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()),
             "model": model, "system_fingerprint": None}
 
-    def echo_of(index: int) -> str:
-        return batch[index // params.n].get("prompt", "") if echo else ""
+    def echo_of(index: int, scored: list[PromptLogprob] | None = None) -> str:
+        if not echo:
+            return ""
+        prompt = batch[index // params.n].get("prompt")
+        if prompt is None and scored:  # token ids: their text, as the scoring read them
+            return "".join(e.token for e in scored)
+        return prompt or ""
 
     async with Generation(state) as gen:
         for i, prompt in enumerate(batch):
@@ -93,20 +105,24 @@ async def completions(request: web.Request) -> web.StreamResponse:
         if not opts.stream:
             tally = UsageTally()
             choices = gather(await gen.collect(), tally)
+            # The prompt is scored once per prompt (its first choice) and shown in each.
+            scored = {i: choices[i - i % params.n].prompt_logprobs for i in choices}
             return web.json_response({**head, "choices": [
-                {"index": i, "text": echo_of(i) + c.text,
-                 "logprobs": completion_logprobs(c.logprobs, top_n, 0)[0]
+                {"index": i, "text": echo_of(i, scored[i]) + c.text,
+                 "logprobs": completion_logprobs([*scored[i], *c.logprobs], top_n, 0)[0]
                  if top_n is not None else None,
                  "finish_reason": c.finish_reason}
                 for i, c in choices.items()], "usage": tally.body()})
         offsets: dict[int, int] = {}
 
         async def emit(index: int, delta: Delta, send: SendChoice) -> None:
-            text = delta.text if index in offsets else echo_of(index) + delta.text
+            first = index not in offsets
+            prompt = list(delta.prompt_logprobs or ()) if first else []
+            text = delta.text if not first else echo_of(index, prompt) + delta.text
             lps = None
             if top_n is not None:
-                lps, offsets[index] = completion_logprobs(delta.logprobs or (), top_n,
-                                                          offsets.get(index, 0))
+                lps, offsets[index] = completion_logprobs([*prompt, *(delta.logprobs or ())],
+                                                          top_n, offsets.get(index, 0))
             offsets.setdefault(index, 0)
             if text or lps or delta.finish_reason is not None:
                 await send({"index": index, "text": text, "logprobs": lps,

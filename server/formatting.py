@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tessera.client import Delta, TokenLogprob
+from tessera.client import Delta, PromptLogprob, TokenLogprob
 from tessera.server.errors import ApiError
 
 # Half the bus's largest message header (bus/codec.py MAX_HEADER_BYTES): whatever a body
@@ -59,14 +59,16 @@ def chat_logprobs(entries: Sequence[TokenLogprob], top_n: int) -> dict[str, Any]
         for e in entries], "refusal": None}
 
 
-def completion_logprobs(entries: Sequence[TokenLogprob], top_n: int,
+def completion_logprobs(entries: Sequence[TokenLogprob | PromptLogprob], top_n: int,
                         text_offset: int) -> tuple[dict[str, Any], int]:
-    """Legacy completions logprobs; returns the body and the text offset after it."""
+    """Legacy completions logprobs; returns the body and the text offset after it. A prompt
+    token without a logprob (the first, under echo) shows null, as OpenAI's does."""
     tokens, token_lps, tops, offsets = [], [], [], []
     for e in entries:
         tokens.append(e.token)
         token_lps.append(e.logprob)
-        tops.append({t.token: t.logprob for t in e.top[:top_n]} if top_n else None)
+        tops.append({t.token: t.logprob for t in e.top[:top_n]}
+                    if top_n and e.logprob is not None else None)
         offsets.append(text_offset)
         text_offset += len(e.token)
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops,
@@ -79,12 +81,15 @@ class ChoiceText:
     def __init__(self) -> None:
         self.text = ""
         self.logprobs: list[TokenLogprob] = []
+        self.prompt_logprobs: list[PromptLogprob] = []
         self.finish_reason: str | None = None
 
     def add(self, delta: Delta) -> None:
         self.text += delta.text
         if delta.logprobs:
             self.logprobs.extend(delta.logprobs)
+        if delta.prompt_logprobs:
+            self.prompt_logprobs.extend(delta.prompt_logprobs)
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason
 

@@ -111,6 +111,12 @@ class Generation:
                 self._count(delta)
                 yield base + delta.index, delta
 
+    def ready(self) -> bool:
+        """A delta is waiting: reading it will not wait."""
+        if len(self.streams) == 1:
+            return self.streams[0].ready()
+        return not self._queue.empty()
+
     async def first(self) -> tuple[int, Delta] | None:
         """The first delta; an engine error here raises ApiError (answered as HTTP status)."""
         self._iter = self._merged()
@@ -147,8 +153,12 @@ class Generation:
         try:
             if first is not None:
                 await emit(*first)
+            if not self.ready():
+                await sse.flush()
             async for index, delta in self.rest():
                 await emit(index, delta)
+                if not self.ready():  # the events of every delta at hand go in one write
+                    await sse.flush()
             return True
         except TesseraError as exc:
             await self._fail(sse, ApiError.from_client(exc))

@@ -59,6 +59,8 @@ class ServerState:
     in_flight: int = 0
     ready: bool = False
     draining: bool = False
+    sse_events: int = 0  # SSE events written, and the writes that carried them
+    sse_writes: int = 0
     # From the engine's Ready info (server/main.py read_engine_info); None / hermes until then.
     max_model_len: int | None = None
     tool_call_format: str = "hermes"

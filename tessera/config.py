@@ -106,6 +106,15 @@ class EngineConfig(BatchingConfig):
                                        "'<|im_end|>') that chat messages may hold as control "
                                        "tokens; any other special token's text inside a "
                                        "message is tokenized as plain text")
+    quantization: str = _opt(
+        "auto", "auto | none | fp8 | int8 | int4: auto keeps a quantized checkpoint's weights "
+        "quantized (GGUF, AWQ, GPTQ, fp8); none dequantizes them at load; fp8 (W8A8, per-row "
+        "scales), int8 and int4 (group-wise, 128) quantize the linear weights at load",
+        choices=["auto", "none", "fp8", "int8", "int4"])
+    kv_cache_dtype: str = _opt(
+        "auto", "auto | fp8_e4m3: auto stores the KV cache in the serving dtype; fp8_e4m3 in "
+        "float8 with per-layer scales (from the checkpoint, else 1.0): twice the tokens",
+        choices=["auto", "fp8_e4m3"])
     # --- hardware ----------------------------------------------------------------------------
     hal: str | None = _opt(None, "hardware plugin (cpu, cuda, ...); default: TESSERA_HAL, "
                            "else the best available")
@@ -154,6 +163,12 @@ class EngineConfig(BatchingConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        for name in ("quantization", "kv_cache_dtype"):
+            choices = next(f.metadata["choices"] for f in dataclasses.fields(self)
+                           if f.name == name)
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
+                                 f"{getattr(self, name)!r}")
         if self.intra_op_threads < 0:
             raise ValueError(f"intra_op_threads must be 0 (automatic) or positive, got "
                              f"{self.intra_op_threads}")

@@ -11,6 +11,7 @@ a GrammarReady once the grammar is compiled (worker_proc/grammar/).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -23,6 +24,17 @@ from tessera.bus.run_paths import RunPaths
 from tessera.config import EngineConfig
 
 log = logging.getLogger(__name__)
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (Linux /proc; the peak RSS elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 class WorkerProcess(BusProcess):
@@ -86,7 +98,8 @@ class WorkerProcess(BusProcess):
         plan = self.runner.kv_plan
         return {"rank": self.rank, "device": str(self.runner.device),
                 "kv_pages": plan.num_pages, "kv_tokens": plan.usable_tokens,
-                "model": self.config.model}
+                "model": self.config.model, "quantization": self.runner.quant.describe(),
+                "weight_bytes": self.runner.weight_bytes, "kv_cache_bytes": plan.total_bytes}
 
     def handle(self, msgs: list[Message]) -> None:
         for msg in msgs:
@@ -170,9 +183,11 @@ class WorkerProcess(BusProcess):
         return 0.002 if compiling else self.loop_timeout_s
 
     def stats(self) -> dict[str, float]:
+        weights = float(self.runner.weight_bytes) if self.runner is not None else 0.0
         return {"steps": float(self.steps), "failed_steps": float(self.failed_steps),
                 "tokens": float(self.tokens),
-                "forward_ms_avg": self.forward_ms_total / self.steps if self.steps else 0.0}
+                "forward_ms_avg": self.forward_ms_total / self.steps if self.steps else 0.0,
+                "weight_bytes": weights, "rss_bytes": float(resident_bytes())}
 
     def teardown(self) -> None:
         if self.runner is not None and self.runner.grammar is not None:

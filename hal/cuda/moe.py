@@ -1,10 +1,10 @@
 """The fused Mixture-of-Experts MLP (semantics: hal/ops.py `fused_moe`) as a grouped GEMM.
 
-1. Align: the T*K (token, choice) pairs are sorted by expert and each expert's run is padded
-   to a multiple of BLOCK_M, so that every block of BLOCK_M sorted pairs belongs to one expert
-   (`block_expert`; -1 for blocks past the end). Pairs of experts this rank does not hold are
-   dropped. Plain torch ops with shapes that depend only on T, K and E: the step can be
-   captured in a graph.
+1. Align: the T*K (token, choice) pairs are grouped by expert (stably) and each expert's run
+   is padded to a multiple of BLOCK_M, so that every block of BLOCK_M grouped pairs belongs to
+   one expert (`block_expert`; -1 for blocks past the end). Pairs of experts this rank does
+   not hold are dropped. Plain torch ops with shapes that depend only on T, K and E, and no
+   sort: the step can be captured in a graph.
 2. Grouped GEMM 1: each block multiplies its tokens' rows of x by its expert's w13 -> the
    pairs' [gate | up] rows.
 3. act_and_mul (the elementwise kernel) -> [T*K, I].
@@ -43,20 +43,21 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> A
     pairs = flat.numel()
     held = (flat >= 0) & (flat < num_experts)
     key = torch.where(held, flat, num_experts)  # bucket E: experts of other ranks, dropped
-    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev)
-    counts.scatter_add_(0, key, torch.ones_like(key))
-    padded = (counts[:num_experts] + block_m - 1) // block_m * block_m
+    # Each pair's rank among the earlier pairs of its expert, from a running count per expert
+    # (no sort: every op here has a fixed shape and never waits for the host).
+    onehot = (key[:, None] == torch.arange(num_experts + 1, device=dev)[None, :]).to(torch.int32)
+    running = torch.cumsum(onehot, 0, dtype=torch.int32)  # [pairs, E + 1]
+    rank = running.gather(1, key[:, None]).squeeze(1).long() - 1
+    counts = running[-1, :num_experts].long() if pairs else \
+        torch.zeros(num_experts, dtype=torch.int64, device=dev)
+    padded = (counts + block_m - 1) // block_m * block_m
     padded_end = torch.cumsum(padded, 0)
-    order = torch.argsort(key, stable=True)
-    sorted_key = key[order]
-    run_start = torch.cumsum(counts, 0) - counts  # where each expert's run starts in `order`
-    rank_in_run = torch.arange(pairs, device=dev) - run_start[sorted_key]
     num_blocks = triton.cdiv(pairs + num_experts * (block_m - 1), block_m)
     length = num_blocks * block_m
-    start = (padded_end - padded)[sorted_key.clamp(max=num_experts - 1)]
-    dest = torch.where(sorted_key < num_experts, start + rank_in_run, length)  # length: dropped
+    start = (padded_end - padded)[key.clamp(max=num_experts - 1)]
+    dest = torch.where(held, start + rank, length)  # index `length`: dropped
     sorted_pairs = torch.full((length + 1,), pairs, dtype=torch.int32, device=dev)
-    sorted_pairs.scatter_(0, dest, order.to(torch.int32))
+    sorted_pairs.scatter_(0, dest, torch.arange(pairs, dtype=torch.int32, device=dev))
     block_start = torch.arange(num_blocks, device=dev) * block_m
     expert = torch.searchsorted(padded_end, block_start, right=True)
     block_expert = torch.where(expert < num_experts, expert, -1).to(torch.int32)
@@ -101,10 +102,13 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, w_ptr, pairs_ptr, expert_ptr, num_
 
 
 def _block_sizes(tokens: int, n: int) -> tuple[int, int, int]:
-    # Small batches (decode) give each expert a few rows: a small BLOCK_M wastes less padding.
-    block_m = 16 if tokens <= 64 else 64
-    block_n = min(128, max(16, triton.next_power_of_2(n)))
-    return block_m, block_n, 64
+    """(BLOCK_M, BLOCK_N, BLOCK_K). Small batches (decode) give each expert a few rows: a small
+    BLOCK_M wastes less padding, and narrow BLOCK_N tiles give the few experts read enough
+    programs to stream their weights with the whole chip (the down projection of one expert
+    has only hidden / BLOCK_N tiles)."""
+    if tokens <= 64:
+        return 16, min(32, max(16, triton.next_power_of_2(n))), 64
+    return 64, min(128, max(16, triton.next_power_of_2(n))), 64
 
 
 def grouped_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, align: Alignment,

@@ -75,3 +75,25 @@ def test_llm_left_running_is_stopped_cleanly_at_exit(run_root: Path) -> None:
     run_dir, count = proc.stdout.split("RUN_DIR ", 1)[1].split()
     assert count == "2"
     assert not Path(run_dir).exists()  # the supervisor stopped and cleaned up
+
+
+def test_a_scored_prompt_matches_the_logprobs_of_its_generation(run_root: Path) -> None:
+    """Greedy tokens with their logprobs, then prompt + those tokens scored (max_tokens 0):
+    the scored logprobs of the generated part are the ones the generation reported."""
+    from tessera import LLM
+
+    prompt = [1, 504, 3458, 314, 4649, 314]
+    with LLM(model="default", **ENGINE_ARGS) as llm:
+        (gen,) = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=5,
+                                                       logprobs=2), use_tqdm=False)
+        (scored,) = llm.generate([prompt + gen.token_ids], SamplingParams(
+            max_tokens=0, prompt_logprobs=2), use_tqdm=False)
+    entries = scored.choices[0].prompt_logprobs
+    assert [e.token_id for e in entries] == prompt + gen.token_ids
+    assert entries[0].logprob is None and scored.token_ids == []
+    assert scored.finish_reason == "length" and scored.completion_tokens == 0
+    generated = [e.logprob for e in entries[len(prompt):]]
+    wanted = [e.logprob for e in gen.choices[0].logprobs]
+    assert generated == pytest.approx(wanted, abs=2e-3)
+    for e in entries[1:]:
+        assert len(e.top) == 2 and e.top[0].logprob >= e.logprob - 1e-5  # the best is first

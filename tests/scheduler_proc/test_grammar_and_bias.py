@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 
 from tessera.bus.messages import GrammarReady, GrammarSpec, SampledTokens
 from tests.scheduler_proc.sched_fakes import Collected, FakeWorker, drive, make_request
@@ -119,4 +120,55 @@ def test_aborting_one_sample_leaves_the_others_running() -> None:
     assert collected.finish[("r", 0)] == ["length"] == collected.finish[("r", 2)]
     assert len(collected.tokens[("r", 0)]) == 6 > len(collected.tokens[("r", 1)])
     assert "r" not in sched.requests
+    sched.check_invariant()
+
+
+def _scoring_worker(sched):  # noqa: ANN001, ANN202
+    """The fake worker, answering prompt targets with logprob -target/100 and top-1 == it."""
+    base = FakeWorker(sched)
+
+    def step(fb):  # noqa: ANN001, ANN202
+        res = base.step(fb)
+        targets = fb.prompt_targets[fb.prompt_targets >= 0] if fb.prompt_targets.shape[0] \
+            else np.zeros(0, np.int32)
+        return dataclasses.replace(
+            res, prompt_logprobs=(-targets / 100).astype(np.float32),
+            prompt_top_ids=targets[:, None].astype(np.int32),
+            prompt_top_logprobs=(-targets[:, None] / 100).astype(np.float32))
+    return step
+
+
+def test_a_scored_prompt_reports_every_token_once_and_max_tokens_0_ends_after_it() -> None:
+    sched = make(chunked_prefill_size=8)
+    step = _scoring_worker(sched)
+    p = prompt(30)
+    # a request with the same prompt first, so that its pages are in the cache
+    sched.add_request(make_request("warm", p, max_tokens=1, ignore_eos=True))
+    collected = Collected()
+    while sched.has_work() or sched.inflight:
+        collected.add(sched.on_result(step(sched.next_batch())))
+    sched.add_request(make_request("score", p, max_tokens=0, prompt_logprobs=1))
+    sched.add_request(make_request("both", p, max_tokens=2, ignore_eos=True,
+                                   prompt_logprobs=0))
+    reported: dict[str, list[tuple[int, float]]] = {}
+    while sched.has_work() or sched.inflight:
+        fb = sched.next_batch()
+        tb = sched.on_result(step(fb))
+        collected.add(tb)
+        if tb is not None and tb.prompt_rids:
+            start = 0
+            for q, rid in enumerate(tb.prompt_rids):
+                n = int(tb.prompt_counts[q])
+                reported.setdefault(rid, []).extend(zip(
+                    tb.prompt_token_ids[start:start + n].tolist(),
+                    tb.prompt_logprobs[start:start + n].tolist(), strict=True))
+                start += n
+    for rid in ("score", "both"):
+        ids = [t for t, _ in reported[rid]]
+        lps = [lp for _, lp in reported[rid]]
+        assert ids == p.tolist()  # every prompt token once, in order, despite the cache
+        assert np.isnan(lps[0]) and lps[1:] == pytest.approx([-t / 100 for t in ids[1:]])
+    assert collected.finish[("score", 0)] == ["length"]
+    assert collected.tokens.get(("score", 0), []) == []  # nothing generated
+    assert len(collected.tokens[("both", 0)]) == 2
     sched.check_invariant()

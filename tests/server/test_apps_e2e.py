@@ -224,3 +224,24 @@ def test_reasoning_goes_to_reasoning_content(oai: Any) -> None:
     thought = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
     said = "".join(d.content or "" for d in deltas)
     assert (thought, said) == (message.reasoning_content, message.content)
+
+
+def test_echo_with_logprobs_and_max_tokens_0_scores_the_prompt(oai: Any) -> None:
+    text = "The capital of France is Paris."
+    r = oai.completions.create(model="default", prompt=text, max_tokens=0, echo=True,
+                               logprobs=2)
+    choice = r.choices[0]
+    assert choice.text == text and choice.finish_reason == "length"
+    lp = choice.logprobs
+    assert len(lp.tokens) == r.usage.prompt_tokens and r.usage.completion_tokens == 0
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(x <= 0 for x in lp.token_logprobs[1:])
+    assert all(len(top) == 2 for top in lp.top_logprobs[1:])
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    # echo with logprobs and generation: the prompt's entries, then the new tokens'
+    r = oai.completions.create(model="default", prompt=text, max_tokens=3, echo=True,
+                               logprobs=0, temperature=0)
+    assert r.choices[0].text.startswith(text)
+    assert len(r.choices[0].logprobs.tokens) == r.usage.prompt_tokens + 3
+    with pytest.raises(openai.BadRequestError, match="echo"):
+        oai.completions.create(model="default", prompt=text, max_tokens=0)
