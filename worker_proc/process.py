@@ -65,19 +65,32 @@ class WorkerProcess(BusProcess):
         cfg = self.config
         if not 0 <= self.rank < cfg.tp_size:
             raise ValueError(f"--rank {self.rank} is outside --tp-size {cfg.tp_size}")
+        if cfg.verify_weights or cfg.verify_key:
+            self._verify_weights()
         self.inbox = Inbox(self.paths.worker(self.rank), name=self.name)
         threads = host_threads.apply_thread_count(cfg.intra_op_threads, cfg.tp_size)
         log.info("%s: %d intra-op threads, OpenMP wait policy %s", self.name, threads,
                  wait_policy)
         platform = load_platform(cfg.hal)
         if cfg.tp_size > 1:
-            init = f"file://{os.path.join(self.paths.run_dir, 'tp-rendezvous')}"
+            init = f"file://{self.paths.tp_rendezvous}"
             self.communicator = platform.create_communicator(self.rank, cfg.tp_size, init)
         self.runner = ModelRunner(cfg, self.rank, platform, self.communicator)
         self.table = AttachedPageTable(self.paths.shm_req_to_token, cfg.max_running_requests,
                                        self.runner.max_context_len)
         self.results = Outbox(self.paths.scheduler_results, timeout_ms=cfg.send_timeout_ms)
         self.results.send(self.runner.ready_message())
+
+    def _verify_weights(self) -> None:
+        """Before anything is read: every start (a restart too) checks the files it loads."""
+        from tessera.formats.integrity import verify_model
+
+        cfg = self.config
+        if not cfg.verify_weights:
+            raise ValueError("--verify-key needs --verify-weights MANIFEST")
+        checked = verify_model(cfg.model, cfg.verify_weights, cfg.verify_key)
+        log.info("%s: the %d model file(s) match %s%s", self.name, checked, cfg.verify_weights,
+                 " (signature valid)" if cfg.verify_key else "")
 
     def ready_info(self) -> dict[str, Any]:
         if self.runner is None:
