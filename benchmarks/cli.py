@@ -5,6 +5,8 @@
     latency   B1: batch-1 decode ms/step and TTFT
     b11       B11: the Mixtral-8x7B shape's B1 and B2, and the MoE kernel figure (one GPU)
     moe-kernel  B11's grouped GEMM against a dense GEMM of the same FLOPs (one GPU)
+    quant     B12: B1 and B2 with quantized weights (fp8, int4, ...) beside the unquantized
+              model, KL of their next-token distributions, and the fp8 KV cache
     c1        C1: tessera vs transformers generate one at a time, same run
     peer      the transformers baseline of B1 (decode ms/step, TTFT; several batch sizes)
     scheduler C2: scheduler CPU time per decode step (bench_scheduler.py)
@@ -23,6 +25,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "latency": ("tessera.benchmarks.latency", "main"),
     "b11": ("tessera.benchmarks.b11", "main"),
     "moe-kernel": ("tessera.benchmarks.moe_kernel", "main"),
+    "quant": ("tessera.benchmarks.quant", "main"),
     "c1": ("tessera.benchmarks.peer", "main_c1"),
     "peer": ("tessera.benchmarks.peer", "main_peer"),
     "scheduler": ("tessera.benchmarks.bench_scheduler", "main"),

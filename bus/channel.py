@@ -166,12 +166,18 @@ class OutboxPool:
         self._boxes: dict[str, Outbox] = {}
 
     def send(self, endpoint: str, msg: Message) -> None:
+        """Raises SendTimeout for a peer that does not take the message, or an endpoint no
+        peer can have (a reply_to that is not an endpoint: the client is unreachable)."""
         box = self._boxes.get(endpoint)
         if box is None:
             if len(self._boxes) >= self.max_open:
                 oldest = next(iter(self._boxes))
                 self._boxes.pop(oldest).close()
-            box = self._boxes[endpoint] = Outbox(endpoint, self.timeout_ms, immediate=True)
+            try:
+                box = Outbox(endpoint, self.timeout_ms, immediate=True)
+            except (zmq.ZMQError, TypeError) as exc:
+                raise SendTimeout(f"cannot connect to {endpoint!r}: {exc}") from None
+            self._boxes[endpoint] = box
         box.send(msg)
         self.sent += 1
 

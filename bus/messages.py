@@ -324,6 +324,9 @@ class GenerateRequest(Message):
     arrival_time: float = 0.0
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # Sent again by a client whose tokenizer died before answering: the scheduler ignores it
+    # if the first copy got through.
+    resent: bool = False
 
 
 @register
@@ -331,11 +334,17 @@ class GenerateRequest(Message):
 class AbortRequest(Message):
     """Abort a request (client gone, timeout, explicit). Sent to the tokenizer, forwarded on.
     `index`: only that sample of an n > 1 request (the detokenizer ends a choice that matched
-    a stop string while the others go on); None: every sample."""
+    a stop string while the others go on); None: every sample.
+
+    reason LOST_ROUTE (from a restarted detokenizer that never saw the request start): the
+    scheduler fails it with an error to its reply_to instead of a plain "abort" finish.
+    """
 
     rid: str
     reason: str = "abort"
     index: int | None = None
+
+    LOST_ROUTE: ClassVar[str] = "lost_route"
 
 
 # --------------------------------------------------------------------------------------------
@@ -359,6 +368,7 @@ class TokenizedRequest(Message):
     detok: dict[str, Any]
     priority: int = 0
     arrival_time: float = 0.0
+    resent: bool = False  # see GenerateRequest.resent
 
 
 # --------------------------------------------------------------------------------------------
@@ -559,6 +569,16 @@ class TokenBatch(Message):
     prompt_logprobs: np.ndarray = field(default_factory=_empty_f32)
     prompt_top_ids: np.ndarray = field(default_factory=_empty_i32)
     prompt_top_logprobs: np.ndarray = field(default_factory=_empty_f32)
+
+
+@register
+@dataclass(frozen=True)
+class ResetRequests(Message):
+    """Scheduler -> detokenizer when a scheduler starts: requests the detokenizer still tracks
+    belonged to a scheduler that is gone (a restart) and will get no more output; each is
+    answered with an error and forgotten."""
+
+    reason: str = ""
 
 
 @register

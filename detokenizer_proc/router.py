@@ -17,7 +17,14 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 
-from tessera.bus.messages import AbortRequest, ErrorReply, Message, RequestOutput, TokenBatch
+from tessera.bus.messages import (
+    AbortRequest,
+    ErrorReply,
+    Message,
+    RequestOutput,
+    ResetRequests,
+    TokenBatch,
+)
 from tessera.bus.output_batch import batchable, pack_outputs
 from tessera.detokenizer_proc.replies import Replies
 from tessera.detokenizer_proc.sequence import Logprobs, RequestState
@@ -55,6 +62,8 @@ class Router:
                     self._on_batch(msg)
                 elif isinstance(msg, ErrorReply):
                     self._on_error(msg)
+                elif isinstance(msg, ResetRequests):
+                    self._on_reset(msg)
                 else:
                     log.warning("detokenizer: unexpected %s dropped", type(msg).__name__)
             except Exception:  # one bad message must not stop every other request's output
@@ -91,8 +100,12 @@ class Router:
                     continue
                 detok = batch.new_requests.get(rid)
                 if detok is None or "reply_to" not in detok:
+                    # Started before this detokenizer (a restart): its route and text so far
+                    # are lost. The scheduler fails it to its reply_to, which it knows.
                     self.rows_dropped += 1
-                    log.warning("detokenizer: row for unknown request %s dropped", rid)
+                    log.warning("detokenizer: request %s started before this detokenizer; "
+                                "asking the scheduler to fail it", rid)
+                    self._finish(rid, abort_reason=AbortRequest.LOST_ROUTE)
                     continue
                 state = self.requests[rid] = RequestState(rid, detok, self.tokenizer)
             out = state.add(
@@ -151,6 +164,18 @@ class Router:
             self._finished.popitem(last=False)
         if abort_reason is not None:
             self._send_scheduler(AbortRequest(rid=rid, reason=abort_reason))
+
+    # -- ResetRequests ----------------------------------------------------------------------
+    def _on_reset(self, msg: ResetRequests) -> None:
+        if self.requests:
+            log.warning("detokenizer: failing %d request(s): %s", len(self.requests),
+                        msg.reason)
+        for rid, state in list(self.requests.items()):
+            self._finish(rid, abort_reason=None)
+            self.replies.send(state.reply_to, ErrorReply(
+                rid=rid, status=503, error_type="engine_restarted",
+                message=f"{msg.reason or 'the engine restarted'}; this request was lost, "
+                        f"retry it"), [rid])
 
     # -- ErrorReply -------------------------------------------------------------------------
     def _on_error(self, err: ErrorReply) -> None:

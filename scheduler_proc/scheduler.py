@@ -35,6 +35,7 @@ from collections import deque
 import numpy as np
 
 from tessera.bus.messages import (
+    AbortRequest,
     ErrorReply,
     ForwardBatch,
     GrammarInit,
@@ -109,6 +110,8 @@ class Scheduler:
 
     # ---------------------------------------------------------------------------- requests
     def add_request(self, req: TokenizedRequest) -> ErrorReply | None:
+        if req.resent and req.rid in self.requests:
+            return None  # the first copy got through before its tokenizer died
         ids = np.array(req.input_ids, dtype=np.int32).reshape(-1)
         problem = self.limits.check(req, ids, len(self.waiting), req.rid in self.requests)
         if problem is not None:
@@ -165,6 +168,11 @@ class Scheduler:
         req = self.requests.get(rid)
         if req is None:
             return False
+        if reason == AbortRequest.LOST_ROUTE:
+            self._fail_request(req, 503, "the detokenizer restarted and lost this request's "
+                                         "output; retry it")
+            self.aborted_total += 1
+            return True
         finish = "stop" if reason == "stop" else "abort"
         if index is None:
             req.fork_pending = []

@@ -95,6 +95,7 @@ EXAMPLES: dict[str, Message] = {
         token_texts=[["Hi"], [" w", "örld"]], top_token_texts=[[["Hi"]], [[], []]]),
     "ErrorReply": m.ErrorReply(rid="a", status=413, message="prompt too long",
                                param="messages", reply_to="ipc:///tmp/z.sock"),
+    "ResetRequests": m.ResetRequests(reason="the scheduler restarted"),
     "Ready": m.Ready(process="worker0", pid=123, info={"model": "smol", "slots": 4096}),
     "Heartbeat": m.Heartbeat(process="scheduler", pid=5, time=1e9,
                              stats={"running": 3.0, "queued": 0.0}),

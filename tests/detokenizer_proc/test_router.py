@@ -13,6 +13,7 @@ from tessera.bus.messages import (
     ErrorReply,
     RequestOutput,
     RequestOutputBatch,
+    ResetRequests,
     TokenBatch,
 )
 from tessera.bus.output_batch import unpack_outputs
@@ -240,6 +241,31 @@ def test_any_stop_string_cut_exactly(tokenizer, data):
     # right after it can delay that by the few tokens that complete the character)
     need = next(k for k in range(1, len(ids) + 1) if stop in tokenizer.decode(ids[:k]))
     assert need <= outs[-1].completion_tokens <= min(need + 3, len(ids))
+
+
+def test_rows_of_a_request_started_before_a_restart_ask_the_scheduler_to_fail_it(tokenizer):
+    """A restarted detokenizer never saw the request's route: the scheduler, which knows it,
+    fails the request with an error (LOST_ROUTE), once."""
+    h = Harness(tokenizer)
+    h.router.handle([batch([("old", 0, [5], None)])])
+    h.router.handle([batch([("old", 0, [6], None)])])
+    assert h.scheduler == [AbortRequest(rid="old", reason=AbortRequest.LOST_ROUTE)]
+    assert h.replies == []
+
+
+def test_reset_fails_every_tracked_request_and_forgets_it(tokenizer):
+    h = Harness(tokenizer)
+    h.router.handle([batch([("a", 0, [5], None), ("b", 0, [6], None)],
+                           new={"a": detok(), "b": detok(reply_to="ipc://gone")})])
+    h.replies.clear()
+    h.gone.add("ipc://gone")  # b's client left meanwhile
+    h.router.handle([ResetRequests(reason="the engine's scheduler restarted")])
+    errors = [(ep, m) for ep, m in h.replies if isinstance(m, ErrorReply)]
+    assert [(ep, m.rid, m.status) for ep, m in errors] == [("ipc://client", "a", 503)]
+    assert "scheduler restarted" in errors[0][1].message
+    assert h.router.requests == {}
+    h.router.handle([batch([("a", 0, [7], None)])])  # a late row of a failed request
+    assert h.scheduler == []  # remembered as finished: no abort, no output
 
 
 def test_a_step_sends_one_message_per_client(tokenizer):
