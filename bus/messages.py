@@ -491,6 +491,8 @@ class SampledTokens(Message):
     logprobs: np.ndarray = field(default_factory=_empty_f32)
     top_ids: np.ndarray = field(default_factory=_empty_i32)
     top_logprobs: np.ndarray = field(default_factory=_empty_f32)
+    # the step's own time on the worker: launch (or the previous step's end, when queued
+    # behind it) to result
     forward_ms: float = 0.0
     error: str | None = None  # the step failed: the scheduler aborts its requests
     grammar_end: np.ndarray = field(default_factory=_empty_u8)

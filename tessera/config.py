@@ -69,6 +69,11 @@ class BatchingConfig:
                                  "are cut to about this much work per step at the measured "
                                  "speed, so a long prompt on a slow device cannot hold them "
                                  "for tens of seconds (0: --chunked-prefill-size only)")
+    max_mixed_step_ratio: float = _opt(1.8, "while requests decode, a step that also "
+                                       "prefills is sized to take at most this many decode "
+                                       "steps at the measured costs, so a prompt never stalls "
+                                       "running streams for long; its chunk stays at least an "
+                                       "eighth of --chunked-prefill-size (0: no limit)")
     max_queued_requests: int = _opt(4096, "waiting requests before new ones get 503")
     disable_radix_cache: bool = _opt(False, "turn off prefix reuse")
     schedule_policy: str = _opt("fcfs", "fcfs | priority (higher `priority` first, then "
@@ -83,6 +88,9 @@ class BatchingConfig:
                              f"got {self.schedule_policy!r}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be at least 1")
+        if self.max_mixed_step_ratio != 0 and self.max_mixed_step_ratio <= 1:
+            raise ValueError(f"max_mixed_step_ratio must be 0 (no limit) or above 1, got "
+                             f"{self.max_mixed_step_ratio}")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ a GrammarReady once the grammar is compiled (worker_proc/grammar/).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -53,6 +54,7 @@ class WorkerProcess(BusProcess):
         self.tokens = 0
         self.forward_ms_total = 0.0
         self.pending: tuple[Any, float] | None = None
+        self._last_done = 0.0  # when the last step's result was taken
 
     def setup(self) -> None:
         from tessera.hal import host_threads
@@ -148,8 +150,16 @@ class WorkerProcess(BusProcess):
         self._done(pending.step, start, result)
 
     def _done(self, step: int, start: float, result: SampledTokens) -> None:
+        # The step's own time: from its launch or, when it was queued behind the previous
+        # step (pipelined), from that step's end. Launch-to-end would count the previous
+        # step's tail too, and the scheduler sizes prefill chunks from this.
+        now = time.perf_counter()
+        own_ms = (now - max(start, self._last_done)) * 1000.0
+        self._last_done = now
         self.steps += 1
-        self.forward_ms_total += (time.perf_counter() - start) * 1000.0
+        self.forward_ms_total += own_ms
+        if result.error is None:
+            result = dataclasses.replace(result, forward_ms=own_ms)
         if self.rank != 0:
             return
         assert self.results is not None
