@@ -699,11 +699,13 @@ class StatusRequest(Message):
 @dataclass(frozen=True)
 class StatusReply(Message):
     """processes: name -> {"alive": bool, "pid": int, "age_s": float, "ready": bool,
-    "stats": {...} (last heartbeat), "info": {...} (its Ready info)}."""
+    "stats": {...} (last heartbeat), "info": {...} (its Ready info)}; `startup` the start-up
+    report once every process was ready (bus/startup.py: ready_s, phases, stages, detail)."""
 
     nonce: int
     processes: dict[str, dict[str, Any]]
     ready: bool
+    startup: dict[str, Any] = field(default_factory=dict)
 
 
 @register

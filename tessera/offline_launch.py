@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with open(args[0]) as f:
         config = ServerConfig.from_json(f.read())
-    setup_logging(config.log_level, "supervisor")
+    setup_logging(config.log_level, "supervisor", config.log_format)
     problem = check_config(config)
     if problem:
         print(problem, file=sys.stderr)

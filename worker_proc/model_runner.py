@@ -83,12 +83,14 @@ class ModelRunner:
         self.communicator = communicator
         self.device = platform.device(rank)
         self.dtype = serving_dtype(config, platform)
+        # Seconds of each start-up phase (bus/startup.py): weights, kv_arena, graph_capture.
+        self.phases: dict[str, float] = {}
+        start = time.perf_counter()
         self.files = files or open_model(config.model, config.load_format, config.seed)
         mc = self.files.config
         self.model_config = mc
         self.max_context_len = int(config.context_length or mc.max_position_embeddings)
         free_before = platform.mem_get_info()[0]
-        start = time.perf_counter()
         self.quant = plan_quantization(config.quantization, self.files, platform)
         self.kv_dtype = kv_cache_dtype(config, platform, self.dtype)
         cls = model_class(mc.arch)
@@ -103,11 +105,13 @@ class ModelRunner:
         if self.kv_dtype != self.dtype:
             self.model.set_kv_cache_scales(self.files.kv_cache_scales())
         platform.synchronize()
+        self.phases["weights"] = time.perf_counter() - start
         self.weight_bytes = self.model.weight_bytes()
         log.info("rank %d: loaded %s (%s, %s; %s) in %.1fs: %.1f MiB of weights", rank,
                  config.model, mc.arch, self.files.kind, self.quant.describe(),
                  time.perf_counter() - start, self.weight_bytes / 2**20)
         tp = self.model.tp
+        start = time.perf_counter()
         self.kv_plan: KVPlan = plan_kv(
             free_bytes_now=platform.mem_get_info()[0], free_bytes_before_weights=free_before,
             is_cpu=platform.name == "cpu", mem_fraction=config.mem_fraction,
@@ -118,11 +122,16 @@ class ModelRunner:
             max_running_requests=config.max_running_requests)
         self.kv = platform.create_kv_arena(mc.num_layers, self.kv_plan.num_slots,
                                            tp.num_kv_heads, mc.head_dim, self.kv_dtype)
+        platform.synchronize()
+        self.phases["kv_arena"] = time.perf_counter() - start
         log.info("rank %d: %s", rank, self.kv_plan.describe())
         self.graphs: Any = None
         self.mixed_graphs: Any = None
+        start = time.perf_counter()
         self._capture_decode_graphs()
         self._capture_mixed_graphs()
+        if self.graphs is not None:
+            self.phases["graph_capture"] = time.perf_counter() - start
         self.sampler = Sampler(platform.op("sample"), self.device)
         # Rank 0's grammar matchers (structured output), made on the first GrammarInit.
         self.grammar: GrammarRuntime | None = None
@@ -152,6 +161,8 @@ class ModelRunner:
                               self.max_context_len, self.device)
         graphs.capture_all()
         self.graphs = graphs
+        self.phases["graph_capture_decode"] = time.perf_counter() - start
+        self.phases["graph_decode_sizes"] = float(len(graphs.sizes))
         log.info("rank %d: captured decode graphs for batch sizes %s in %.1fs", self.rank,
                  graphs.sizes, time.perf_counter() - start)
 
@@ -169,6 +180,8 @@ class ModelRunner:
                              cfg.max_running_requests, self.max_context_len, self.device)
         graphs.capture_all()
         self.mixed_graphs = graphs
+        self.phases["graph_capture_mixed"] = time.perf_counter() - start
+        self.phases["graph_mixed_sizes"] = float(len(graphs.buckets))
         log.info("rank %d: captured prefill/mixed graphs for %s tokens in %.1fs", self.rank,
                  graphs.buckets, time.perf_counter() - start)
 
