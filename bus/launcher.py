@@ -10,6 +10,7 @@ is skipped with a warning, so the command runs with whatever the checkout has.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -29,6 +30,7 @@ from tessera.bus.run_paths import RunPaths
 from tessera.bus.supervisor import Child, ProcessSpec, Supervisor
 from tessera.codes import MODEL_NOT_FOUND, PORT_IN_USE, coded
 from tessera.config import READY_TIMEOUT_S, EngineConfig, Env, ServerConfig
+from tessera.manifest import RunManifest, now_iso, platform_sections, runs_dir
 from tessera.version import version_line
 
 log = logging.getLogger(__name__)
@@ -193,19 +195,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     return run_supervised(config, env,
                           preflight=lambda: check_port_free(config.host, config.port),
-                          launched_at=launched_at)
+                          launched_at=launched_at, argv=argv)
 
 
 def run_supervised(config: ServerConfig, env: Env,
                    build: Callable[[ServerConfig, RunPaths], list[ProcessSpec]] = build_specs,
                    on_ready: Callable[[list[Child]], None] | None = None,
                    preflight: Callable[[], str | None] | None = None,
-                   launched_at: float | None = None) -> int:
+                   launched_at: float | None = None, kind: str = "serve",
+                   argv: list[str] | None = None) -> int:
     """Clean up crashed runs, create this run's directory, supervise `build`'s processes,
     and remove the directory and this run's shared memory whatever happens.
 
     `preflight` runs after the clean-up (an orphan of a crashed run may have held the port)
     and before anything starts; a message from it ends the run with exit code 2.
+    The run's manifest (tessera/manifest.py) is written at the start, at ready and at the end.
     """
     remove_stale_runs(env.run_root or tempfile.gettempdir())
     problem = preflight() if preflight is not None else None
@@ -232,16 +236,31 @@ def run_supervised(config: ServerConfig, env: Env,
             log.error("no engine process exists in this checkout; nothing to serve")
             return 2
         log.info("run directory %s", paths.run_dir)
+        manifest = RunManifest(kind, dataclasses.asdict(config), argv=argv or sys.argv[1:],
+                               model=config.model, load_format=config.load_format,
+                               run_dir=paths.run_dir, runs_folder=runs_dir(env.runs_dir),
+                               keep=config.runs_keep, run_id=paths.run_id)
+        manifest.write()
 
         def banner(children: list[Child]) -> None:
             startup = supervisor.startup.line() if supervisor.startup else ""
             print(ready_banner(config, children, startup), flush=True)
 
+        def ready(children: list[Child]) -> None:
+            hal, devices = platform_sections((c.spec.name, c.info) for c in children)
+            startup = supervisor.startup.to_dict() if supervisor.startup else {}
+            manifest.update(hal=hal, devices=devices,
+                            run={"outcome": "ready", "startup": startup})
+            manifest.hash_missing()  # in the background: start-up does not wait for it
+            (on_ready or banner)(children)
+
         supervisor = Supervisor(paths, specs, heartbeat_timeout_s=config.heartbeat_timeout_s,
-                                drain_timeout_s=config.drain_timeout_s,
-                                on_ready=on_ready or banner, restart=restart_policy(config),
-                                launched_at=launched_at)
-        return supervisor.run()
+                                drain_timeout_s=config.drain_timeout_s, on_ready=ready,
+                                restart=restart_policy(config), launched_at=launched_at)
+        code = supervisor.run()
+        manifest.update(run={"outcome": f"exit {code}", "failure": supervisor.failure,
+                             "ended": now_iso()})
+        return code
     finally:
         segments = remove_run(paths, keep_dir=not own_dir)
         if segments:

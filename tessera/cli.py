@@ -14,7 +14,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "hash": ("tessera.formats.integrity", "main",
              "write a SHA-256 manifest of a model's files (for serve --verify-weights)"),
     "bench": ("tessera.benchmarks.cli", "main", "run a benchmark (serving, offline, latency, ...)"),
-    "manifest": ("tessera.manifest.cli", "main",
+    "manifest": ("tessera.manifest_cli", "main",
                  "list recorded runs, show one, or diff two (what changed between them)"),
 }
 

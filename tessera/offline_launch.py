@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     def on_ready(children: object) -> None:
         print(f"{READY_MARK} {config.run_dir}", flush=True)
 
-    return run_supervised(config, Env.read(), build=engine_only, on_ready=on_ready)
+    return run_supervised(config, Env.read(), build=engine_only, on_ready=on_ready,
+                          kind="offline", argv=[])
 
 
 if __name__ == "__main__":

@@ -27,7 +27,9 @@ from tessera.bus.messages import (
 from tessera.config import EngineConfig
 from tessera.formats import ModelFiles, open_model
 from tessera.formats.dummy import DummyFiles
+from tessera.formats.hf_folder import HFFolderFiles
 from tessera.hal.platform import Communicator, KVArena, Platform
+from tessera.worker_proc.capture_plan import decode_batch_limit, mixed_token_limit, quiet_gc
 from tessera.worker_proc.forward_inputs import ForwardInputs, build_forward_inputs, to_device
 from tessera.worker_proc.grammar.runtime import GrammarRuntime
 from tessera.worker_proc.kv_sizing import KVPlan, plan_kv
@@ -98,8 +100,9 @@ class ModelRunner:
                          max_positions=self.max_context_len, tp_rank=rank,
                          tp_size=config.tp_size, communicator=communicator,
                          ep_size=config.ep_size, quant=self.quant)
-        if isinstance(self.files, DummyFiles):
-            self.files.device = self.device  # draw random weights where they will live
+        if isinstance(self.files, DummyFiles | HFFolderFiles):
+            # Random weights drawn, or safetensors read, straight onto the device.
+            self.files.device = self.device
         self.model.load_weights(self.files.iter_tensors(
             self.dtype, keep_quantized=self.quant.keep_checkpoint))
         if self.kv_dtype != self.dtype:
@@ -128,8 +131,9 @@ class ModelRunner:
         self.graphs: Any = None
         self.mixed_graphs: Any = None
         start = time.perf_counter()
-        self._capture_decode_graphs()
-        self._capture_mixed_graphs()
+        with quiet_gc():
+            self._capture_decode_graphs()
+            self._capture_mixed_graphs()
         if self.graphs is not None:
             self.phases["graph_capture"] = time.perf_counter() - start
         self.sampler = Sampler(platform.op("sample"), self.device)
@@ -154,8 +158,8 @@ class ModelRunner:
             return
         from tessera.worker_proc.graph_decode import DecodeGraphs
 
-        max_bs = min(cfg.cuda_graph_max_bs, cfg.max_running_requests,
-                     platform.capabilities.max_capture_batch or cfg.cuda_graph_max_bs)
+        max_bs = decode_batch_limit(cfg, platform.capabilities.max_capture_batch,
+                                    self.kv_plan.num_pages)
         start = time.perf_counter()
         graphs = DecodeGraphs(lambda inp: self.model(inp, self.kv), runner, max_bs,
                               self.max_context_len, self.device)
@@ -170,13 +174,14 @@ class ModelRunner:
         """Capture prefill and mixed steps of up to --graph-max-tokens tokens, where the
         decode graphs are captured (a runner and pool of their own)."""
         cfg = self.config
-        if self.graphs is None or cfg.graph_max_tokens < 1:
+        if self.graphs is None or mixed_token_limit(cfg, self.kv_plan.num_slots) < 1:
             return
         from tessera.worker_proc.graph_mixed import MixedGraphs
 
         start = time.perf_counter()
         graphs = MixedGraphs(lambda inp: self.model.hidden(inp, self.kv), self.model.logits,
-                             self.platform.create_graph_runner(), cfg.graph_max_tokens,
+                             self.platform.create_graph_runner(),
+                             mixed_token_limit(cfg, self.kv_plan.num_slots),
                              cfg.max_running_requests, self.max_context_len, self.device)
         graphs.capture_all()
         self.mixed_graphs = graphs

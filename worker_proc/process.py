@@ -23,6 +23,7 @@ from tessera.bus.messages import ForwardBatch, GrammarInit, GrammarReady, Messag
 from tessera.bus.process import BusProcess
 from tessera.bus.run_paths import RunPaths
 from tessera.config import EngineConfig
+from tessera.hal.facts import platform_facts
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,8 @@ class WorkerProcess(BusProcess):
                 "kv_pages": plan.num_pages, "kv_tokens": plan.usable_tokens,
                 "model": self.config.model, "quantization": self.runner.quant.describe(),
                 "weight_bytes": self.runner.weight_bytes, "kv_cache_bytes": plan.total_bytes,
-                "phases": {k: round(v, 4) for k, v in self.runner.phases.items()}}
+                "phases": {k: round(v, 4) for k, v in self.runner.phases.items()},
+                "platform": platform_facts(self.runner.platform)}
 
     def handle(self, msgs: list[Message]) -> None:
         for msg in msgs:
