@@ -156,9 +156,10 @@ class Planner:
             seq = s.waiting.peek()
             if seq is None:
                 break
-            scores = seq.index == 0 and seq.req.sampling.prompt_logprobs is not None
-            # A request scoring its prompt needs the logits of every prompt position: no
-            # cached prefix (its KV may still go to the cache for others).
+            sp = seq.req.sampling
+            scores = seq.index == 0 and (sp.prompt_logprobs is not None or sp.embed == "mean")
+            # A request scoring its prompt (or averaging its hidden states) needs every prompt
+            # position computed: no cached prefix (its KV may still go to the cache).
             prefix, node = s.kv.match(seq.tokens[:1] if scores else seq.tokens)
             key = self._first_page(seq) if not prefix.shape[0] and not scores else None
             if key is not None and key in self._pending:

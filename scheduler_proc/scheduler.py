@@ -369,6 +369,8 @@ class Scheduler:
         else:
             if rec.scored:
                 self._apply_prompt_logprobs(rec, res)
+            if rec.embedded:
+                self._apply_embeddings(rec, res)
             self._apply_tokens(rec, res)
             self._finish_prefill_only(rec)
             if self.kv.use_cache and rec.prefill_rows.shape[0]:
@@ -473,6 +475,26 @@ class Scheduler:
                 top_lps = np.concatenate([np.full((1, n_top), -np.inf, np.float32), top_lps])
             self._out.add_prompt(seq.req, sc.ids, lps, tops, top_lps)
             seq.prompt_scored = max(seq.prompt_scored, sc.end)
+
+    def _apply_embeddings(self, rec: InFlight, res: SampledTokens) -> None:
+        """Pool the chunks' hidden states; a prompt's last chunk gives its embedding."""
+        if res.embeddings.shape[0] != len(rec.embedded):
+            log.error("step %d: %d embeddings for %d requests", rec.step,
+                      res.embeddings.shape[0], len(rec.embedded))
+            return
+        for emb, vector in zip(rec.embedded, res.embeddings, strict=True):
+            seq = self.seq_of_row[emb.row]
+            if seq is None or int(self.st.uid[emb.row]) != emb.uid:
+                continue  # retracted: it recomputes from its first chunk
+            if seq.req.sampling.embed == "mean":
+                if emb.start == 0:
+                    seq.embed_sum = np.zeros(vector.shape[0], dtype=np.float64)
+                assert seq.embed_sum is not None
+                seq.embed_sum += vector
+            if emb.final:
+                out = vector if seq.embed_sum is None else seq.embed_sum / seq.req.prompt_len
+                self._out.add_embedding(seq.req, np.asarray(out, dtype=np.float32))
+                seq.embed_sum = None
 
     def _finish_prefill_only(self, rec: InFlight) -> None:
         """A request with max_tokens 0 (a scored prompt) ends once its prompt is in KV."""

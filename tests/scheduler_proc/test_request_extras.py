@@ -1,5 +1,6 @@
-"""Requests with a grammar (the GrammarInit / GrammarReady exchange, matcher ids in batches,
-grammar ends) and with a logit_bias (its CSR in the batch), on the fake worker."""
+"""What requests ask for beyond plain sampling, on the fake worker: a grammar (the
+GrammarInit / GrammarReady exchange, matcher ids in batches, grammar ends), a logit_bias
+(its CSR in the batch), one choice stopped alone, a scored prompt, an embedding."""
 
 from __future__ import annotations
 
@@ -171,4 +172,45 @@ def test_a_scored_prompt_reports_every_token_once_and_max_tokens_0_ends_after_it
     assert collected.finish[("score", 0)] == ["length"]
     assert collected.tokens.get(("score", 0), []) == []  # nothing generated
     assert len(collected.tokens[("both", 0)]) == 2
+    sched.check_invariant()
+
+
+def test_embeddings_pool_over_chunks_and_end_the_request() -> None:
+    sched = make(chunked_prefill_size=8)
+    base = FakeWorker(sched)
+    width = 3
+
+    def step(fb):  # noqa: ANN001, ANN202
+        # every row's "hidden state" is (position sum of the chunk, its last position, 1)
+        res = base.step(fb)
+        rows = []
+        start = 0
+        for b in range(fb.batch_size):
+            n = int(fb.extend_lens[b])
+            last = int(fb.seq_lens[b]) - 1
+            if fb.embed.shape[0] and fb.embed[b] == 1:
+                rows.append([last, last, 1.0])
+            elif fb.embed.shape[0] and fb.embed[b] == 2:
+                positions = np.arange(last - n + 1, last + 1)
+                rows.append([positions.sum(), last, n])
+            start += n
+        vectors = np.asarray(rows, np.float32).reshape(-1, width)
+        return dataclasses.replace(res, embeddings=vectors)
+
+    p = prompt(20)
+    sched.add_request(make_request("last", p, max_tokens=0, embed="last"))
+    sched.add_request(make_request("mean", p, max_tokens=0, embed="mean"))
+    got: dict[str, np.ndarray] = {}
+    collected = Collected()
+    while sched.has_work() or sched.inflight:
+        tb = sched.on_result(step(sched.next_batch()))
+        collected.add(tb)
+        if tb is not None:
+            got.update(zip(tb.embedding_rids, tb.embeddings, strict=True))
+    assert got["last"].tolist() == [19, 19, 1]  # the prompt's last token, from its last chunk
+    # mean: every position 0..19 summed once over the chunks, divided by the prompt length
+    mean = got["mean"].tolist()
+    assert (mean[0], mean[2]) == pytest.approx((np.arange(20).mean(), 1.0))
+    assert collected.finish[("last", 0)] == ["length"] == collected.finish[("mean", 0)]
+    assert "last" not in sched.requests and not sched.has_work()
     sched.check_invariant()
