@@ -134,7 +134,11 @@ class Planner:
         chunks: list[Chunk] = []
         if not rows.shape[0]:
             return chunks, budget
-        prefilling = rows[st.kv_len[rows] < st.n_known[rows] + st.pending[rows] - 1]
+        known, kv = st.n_known[rows], st.kv_len[rows]
+        # A prompt's last token is usually computed as the first decode (it samples); a
+        # prefill-only request (max_tokens 0: scored or embedded) prefills it instead.
+        prefill_only = st.max_total[rows] <= known
+        prefilling = rows[(kv < known + st.pending[rows] - 1) | (prefill_only & (kv < known))]
         seqs: list[Sequence] = [s.seq_of_row[r] for r in prefilling.tolist()]  # type: ignore[misc]
         seqs.sort(key=lambda q: q.sort_key(s.by_priority))
         for seq in seqs:
