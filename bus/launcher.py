@@ -23,13 +23,24 @@ from pathlib import Path
 
 from tessera.bus.cleanup import remove_run, remove_stale_runs
 from tessera.bus.process import setup_logging
+from tessera.bus.restarts import RestartPolicy
 from tessera.bus.run_paths import RunPaths
 from tessera.bus.supervisor import Child, ProcessSpec, Supervisor
-from tessera.config import READY_TIMEOUT_S, Env, ServerConfig
+from tessera.config import READY_TIMEOUT_S, EngineConfig, Env, ServerConfig
 
 log = logging.getLogger(__name__)
 
 MAX_IPC_PATH = 107  # sun_path of a Unix socket address on Linux, less the final NUL
+
+
+CORE_GROUP = "core"
+
+
+def restart_policy(config: EngineConfig) -> RestartPolicy | None:
+    if config.restart_policy == "off":
+        return None
+    return RestartPolicy(max_restarts=config.restart_max, window_s=config.restart_window_s,
+                         backoff_s=config.restart_backoff_s)
 
 
 def module_available(module: str) -> bool:
@@ -65,9 +76,13 @@ def build_specs(config: ServerConfig, paths: RunPaths) -> list[ProcessSpec]:
             missing.add(module)
             continue
         kind = name.rstrip("0123456789")
+        # The worker ranks and the scheduler restart together: a new scheduler writes a new
+        # page table, and the workers' KV arena means nothing without the old one.
+        group = CORE_GROUP if kind in ("worker", "scheduler") else ""
+        stale = (paths.tp_rendezvous,) if kind == "worker" else ()
         specs.append(ProcessSpec.python_module(name, module, paths, *args, stage=stage,
                                                ready_timeout_s=READY_TIMEOUT_S[kind],
-                                               drains=drains))
+                                               drains=drains, group=group, stale_files=stale))
     for module in sorted(missing):
         log.warning("%s is not in this checkout yet (no __main__.py): not started", module)
     return specs
@@ -95,6 +110,12 @@ def check_config(config: ServerConfig) -> str | None:
         return f"--tokenizer-workers must be at least 1, got {config.tokenizer_workers}"
     if not 0 <= config.port <= 65535:
         return f"--port must be in [0, 65535], got {config.port}"
+    if config.api_key_file and not os.access(config.api_key_file, os.R_OK):
+        return f"--api-key-file {config.api_key_file} cannot be read"
+    if config.restart_max < 1 or config.restart_backoff_s < 0 or config.restart_window_s <= 0:
+        return (f"--restart-max must be at least 1 and --restart-backoff-s, "
+                f"--restart-window-s not negative (got {config.restart_max}, "
+                f"{config.restart_backoff_s}, {config.restart_window_s})")
     if config.heartbeat_timeout_s <= config.heartbeat_interval_s:
         return (f"--heartbeat-timeout-s ({config.heartbeat_timeout_s}) must exceed "
                 f"--heartbeat-interval-s ({config.heartbeat_interval_s})")
@@ -110,13 +131,24 @@ def ready_banner(config: ServerConfig, children: list[Child]) -> str:
                  None) or config.served_model_name or "default"
     body = json.dumps({"model": model, "max_tokens": 32,
                        "messages": [{"role": "user", "content": "Say hello."}]})
-    auth = " -H \"Authorization: Bearer $TESSERA_API_KEY\"" if config.api_key else ""
+    keyed = config.api_key_file or Env.read().api_key
+    auth = " -H \"Authorization: Bearer $KEY\"" if keyed else ""
     return (f"\ntessera is ready at {url}  (model: {model}; stop with Ctrl-C)\n"
             f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
             f"-d {shlex.quote(body)}\n")
 
 
+def key_on_command_line(argv: list[str]) -> bool:
+    return any(a == "--api-key" or a.startswith("--api-key=") for a in argv)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if key_on_command_line(argv):
+        print("tessera serve: an API key on the command line is visible to every user of the "
+              "machine (ps); put it in a file given with --api-key-file (mode 0600), or in "
+              "TESSERA_API_KEY", file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(
         prog="tessera serve",
         description="Start and supervise every tessera process and serve the OpenAI API over "
@@ -175,7 +207,8 @@ def run_supervised(config: ServerConfig, env: Env,
         log.info("run directory %s", paths.run_dir)
         banner = on_ready or (lambda children: print(ready_banner(config, children), flush=True))
         supervisor = Supervisor(paths, specs, heartbeat_timeout_s=config.heartbeat_timeout_s,
-                                drain_timeout_s=config.drain_timeout_s, on_ready=banner)
+                                drain_timeout_s=config.drain_timeout_s, on_ready=banner,
+                                restart=restart_policy(config))
         return supervisor.run()
     finally:
         segments = remove_run(paths, keep_dir=not own_dir)

@@ -8,7 +8,7 @@ frames (see `codec.py`); every other field goes into the msgpack header and must
 Path of one request (ARCHITECTURE.md):
   client --GenerateRequest--> tokenizer --TokenizedRequest--> scheduler
   scheduler --ForwardBatch--> worker (every rank) --SampledTokens (rank 0)--> scheduler
-  scheduler --TokenBatch / ErrorReply--> detokenizer --RequestOutput / ErrorReply--> reply_to
+  scheduler --TokenBatch / ErrorReply--> detokenizer --RequestOutputBatch / ErrorReply--> reply_to
 Control: every process --Ready / Heartbeat--> supervisor; worker --WorkerReady--> scheduler.
 Grammars: scheduler --GrammarInit--> worker rank 0 --GrammarReady--> scheduler.
 
@@ -335,6 +335,9 @@ class GenerateRequest(Message):
     arrival_time: float = 0.0
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # Sent again by a client whose tokenizer died before answering: the scheduler ignores it
+    # if the first copy got through.
+    resent: bool = False
 
 
 @register
@@ -342,11 +345,17 @@ class GenerateRequest(Message):
 class AbortRequest(Message):
     """Abort a request (client gone, timeout, explicit). Sent to the tokenizer, forwarded on.
     `index`: only that sample of an n > 1 request (the detokenizer ends a choice that matched
-    a stop string while the others go on); None: every sample."""
+    a stop string while the others go on); None: every sample.
+
+    reason LOST_ROUTE (from a restarted detokenizer that never saw the request start): the
+    scheduler fails it with an error to its reply_to instead of a plain "abort" finish.
+    """
 
     rid: str
     reason: str = "abort"
     index: int | None = None
+
+    LOST_ROUTE: ClassVar[str] = "lost_route"
 
 
 # --------------------------------------------------------------------------------------------
@@ -370,6 +379,7 @@ class TokenizedRequest(Message):
     detok: dict[str, Any]
     priority: int = 0
     arrival_time: float = 0.0
+    resent: bool = False  # see GenerateRequest.resent
 
 
 # --------------------------------------------------------------------------------------------
@@ -501,6 +511,8 @@ class SampledTokens(Message):
     logprobs: np.ndarray = field(default_factory=_empty_f32)
     top_ids: np.ndarray = field(default_factory=_empty_i32)
     top_logprobs: np.ndarray = field(default_factory=_empty_f32)
+    # the step's own time on the worker: launch (or the previous step's end, when queued
+    # behind it) to result
     forward_ms: float = 0.0
     error: str | None = None  # the step failed: the scheduler aborts its requests
     grammar_end: np.ndarray = field(default_factory=_empty_u8)
@@ -585,6 +597,16 @@ class TokenBatch(Message):
 
 @register
 @dataclass(frozen=True)
+class ResetRequests(Message):
+    """Scheduler -> detokenizer when a scheduler starts: requests the detokenizer still tracks
+    belonged to a scheduler that is gone (a restart) and will get no more output; each is
+    answered with an error and forgotten."""
+
+    reason: str = ""
+
+
+@register
+@dataclass(frozen=True)
 class RequestOutput(Message):
     """Detokenizer -> client: text (and tokens) produced since the last RequestOutput for
     (rid, index). `finish_reason` set on the last one, with the usage counts. A request that
@@ -612,6 +634,39 @@ class RequestOutput(Message):
     prompt_token_texts: list[str] = field(default_factory=list)
     prompt_top_token_texts: list[list[str]] = field(default_factory=list)
     embedding: np.ndarray = field(default_factory=_empty_f32)  # float32 [hidden], with sample 0
+
+
+@register
+@dataclass(frozen=True)
+class RequestOutputBatch(Message):
+    """Detokenizer -> one client: every RequestOutput of one step bound for the same reply_to,
+    as columns, so that a step costs one message per client instead of one per request
+    (`bus/output_batch.py` packs and unpacks them).
+
+    Row r is RequestOutput(rids[r], indices[r], texts[r],
+    token_ids[token_offsets[r]:token_offsets[r + 1]], finish_reasons[r], prompt_tokens[r],
+    completion_tokens[r], cached_tokens[r]) plus, when logprob_offsets is not empty, the
+    logprob rows logprob_offsets[r]:logprob_offsets[r + 1] of logprobs / top_ids /
+    top_logprobs (the first top_widths[r] columns; the batch is padded to its widest row with
+    id -1 / -inf) and token_texts[r] / top_token_texts[r].
+    """
+
+    rids: list[str]
+    indices: list[int]
+    texts: list[str]
+    token_offsets: np.ndarray  # int32 [R + 1]
+    token_ids: np.ndarray  # int32
+    finish_reasons: list[str | None]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    logprob_offsets: np.ndarray = field(default_factory=_empty_i32)  # int32 [R + 1] or []
+    logprobs: np.ndarray = field(default_factory=_empty_f32)
+    top_widths: list[int] = field(default_factory=list)
+    top_ids: np.ndarray = field(default_factory=_empty_i32)  # int32 [L, K]
+    top_logprobs: np.ndarray = field(default_factory=_empty_f32)  # float32 [L, K]
+    token_texts: list[list[str]] = field(default_factory=list)
+    top_token_texts: list[list[list[str]]] = field(default_factory=list)
 
 
 @register

@@ -167,6 +167,9 @@ class HFFolderFiles(ModelFiles):
     def quantization(self) -> str | None:
         return None if self.checkpoint_quant is None else self.checkpoint_quant.describe()
 
+    def quant_schemes(self) -> set[str]:
+        return set() if self.checkpoint_quant is None else {self.checkpoint_quant.scheme}
+
     def kv_cache_scales(self) -> dict[int, tuple[float, float]]:
         """layer -> (k_scale, v_scale) of an fp8 KV cache, where the checkpoint has them
         ("model.layers.N.self_attn.k_scale", or modelopt's "...k_proj.k_scale")."""

@@ -5,8 +5,10 @@ In order, every step:
      pages do not fit (after evicting unlocked cache pages), the youngest running sequence
      is retracted (`policy.retraction_victim`) until they do: decodes never deadlock;
   2. prefill chunks of sequences admitted earlier, under the token budget
-     (`Scheduler.step_token_budget`: chunked_prefill_size, cut to about step_target_ms of
-     work when others decode or wait; decodes do not count against it). While requests
+     (`Scheduler.step_token_budget`: chunked_prefill_size; while streams decode, what keeps
+     the step within max_mixed_step_ratio decode steps at the measured costs; about
+     step_target_ms of work when others decode or wait; decodes do not count against it,
+     they are planned first and never wait for a prefill). While requests
      wait, these chunks take at most half the budget: a long prompt shares its steps with
      new arrivals instead of holding them until its last chunk;
   3. admission: waiting sequences in policy order take a row, their cached prefix (locked)
@@ -58,7 +60,7 @@ class Planner:
     def plan(self) -> tuple[np.ndarray, np.ndarray, list[Chunk]]:
         """(decode rows, their input ids, prefill chunks): everything already allocated."""
         dec_rows, dec_inputs = self._plan_decodes()
-        budget = self.s.step_token_budget()
+        budget = self.s.step_token_budget(decoding=dec_rows.shape[0] > 0)
         share = max(self.s.page_size, budget // 2) if self.s.waiting else budget
         chunks, left = self._plan_prefills(min(share, budget))
         self._admit(chunks, left + budget - min(share, budget))

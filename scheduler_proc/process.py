@@ -30,6 +30,7 @@ from tessera.bus.messages import (
     ForwardBatch,
     GrammarReady,
     Message,
+    ResetRequests,
     SampledTokens,
     TokenizedRequest,
     WorkerReady,
@@ -81,6 +82,8 @@ class SchedulerProcess(BusProcess):
         self.workers = [Outbox(paths.worker(r), timeout_ms=cfg.send_timeout_ms)
                         for r in range(cfg.tp_size)]
         self.detok = Outbox(paths.detokenizer, timeout_ms=cfg.send_timeout_ms)
+        # Whatever the detokenizer still tracks ran on a scheduler before this one.
+        self._emit(ResetRequests(reason="the engine's scheduler restarted"))
         log.info("scheduler: %d KV pages of %d tokens, context %d, %d rows, overlap %s, "
                  "radix cache %s", self.sched.allocator.total_pages, sc.page_size,
                  sc.max_context_len, sc.max_running_requests, sc.overlap,
@@ -231,6 +234,7 @@ class SchedulerProcess(BusProcess):
     def stats(self) -> dict[str, float]:
         out = dict(self.sched.stats()) if self.sched is not None else {}
         out["batches_sent"] = float(self.batches_sent)
+        out["detokenizer_messages_sent"] = float(self.detok.sent if self.detok else 0)
         out["send_failures"] = float(self.send_failures)
         out["output_backlog"] = float(len(self._backlog))
         if self.sched is not None:

@@ -35,6 +35,7 @@ from collections import deque
 import numpy as np
 
 from tessera.bus.messages import (
+    AbortRequest,
     ErrorReply,
     ForwardBatch,
     GrammarInit,
@@ -56,6 +57,7 @@ from tessera.scheduler_proc.policy import WaitingQueue, retraction_victim
 from tessera.scheduler_proc.radix_cache import Node
 from tessera.scheduler_proc.request import Request, SeqState, Sequence
 from tessera.scheduler_proc.rows import RowState
+from tessera.scheduler_proc.step_cost import StepCost
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +106,12 @@ class Scheduler:
         self.aborted_total = 0
         self.steps_done = 0
         self.cpu_ms_ema = 0.0
-        self.ms_per_token = 0.0  # the device's measured cost of one prefill token (EMA)
+        self.step_cost = StepCost()  # decode step and prefill token, measured
 
     # ---------------------------------------------------------------------------- requests
     def add_request(self, req: TokenizedRequest) -> ErrorReply | None:
+        if req.resent and req.rid in self.requests:
+            return None  # the first copy got through before its tokenizer died
         ids = np.array(req.input_ids, dtype=np.int32).reshape(-1)
         problem = self.limits.check(req, ids, len(self.waiting), req.rid in self.requests)
         if problem is not None:
@@ -164,6 +168,11 @@ class Scheduler:
         req = self.requests.get(rid)
         if req is None:
             return False
+        if reason == AbortRequest.LOST_ROUTE:
+            self._fail_request(req, 503, "the detokenizer restarted and lost this request's "
+                                         "output; retry it")
+            self.aborted_total += 1
+            return True
         finish = "stop" if reason == "stop" else "abort"
         if index is None:
             req.fork_pending = []
@@ -390,23 +399,26 @@ class Scheduler:
             self.check_invariant()
         return self._out.take()
 
-    MIN_TOKENS_MEASURED = 32  # smaller steps are mostly fixed cost, not per token
+    @property
+    def ms_per_token(self) -> float:
+        """The measured cost of one prefill token on the device (0: not measured yet)."""
+        return self.step_cost.prefill_ms_per_token
 
     def _measure(self, rec: InFlight, res: SampledTokens) -> None:
-        if res.forward_ms > 0 and rec.tokens >= self.MIN_TOKENS_MEASURED:
-            cost = res.forward_ms / rec.tokens
-            self.ms_per_token = cost if not self.ms_per_token else \
-                0.7 * self.ms_per_token + 0.3 * cost
+        decodes = int(rec.rows.shape[0] - rec.prefill_rows.shape[0])
+        self.step_cost.observe(decodes, rec.tokens - decodes, res.forward_ms)
 
-    def step_token_budget(self) -> int:
-        """Prefill tokens this step may compute: --chunked-prefill-size, cut to about
-        step_target_ms of work at the measured speed when other requests would wait for the
-        step (some decode or wait); never below a page."""
-        budget = self.config.chunked_prefill_size or (1 << 30)
-        target = self.config.step_target_ms
-        if target > 0 and self.ms_per_token > 0 and (len(self.running) > 1 or self.waiting):
-            budget = min(budget, max(self.page_size, int(target / self.ms_per_token)))
-        return budget
+    def step_token_budget(self, decoding: bool) -> int:
+        """Prefill tokens this step may compute (`step_cost.py`): --chunked-prefill-size;
+        while streams decode, what keeps the step within --max-mixed-step-ratio decode steps
+        (at least an eighth of the chunk size, so arrivals are not starved); while other
+        requests decode or wait, about --step-target-ms of work at the measured speed."""
+        c = self.config
+        cap = c.chunked_prefill_size or (1 << 30)
+        return self.step_cost.prefill_budget(
+            decoding=decoding, others_waiting=len(self.running) > 1 or bool(self.waiting),
+            cap=cap, min_tokens=max(self.page_size, cap // 8), floor=self.page_size,
+            max_mixed_step_ratio=c.max_mixed_step_ratio, step_target_ms=c.step_target_ms)
 
     def _apply_tokens(self, rec: InFlight, res: SampledTokens) -> None:
         st = self.st
@@ -559,7 +571,8 @@ class Scheduler:
             **self.kv.stats(self.active_rows()),  # check_invariant(): the O(pages) version
             "sched_cpu_ms_per_step": self.cpu_ms_ema,
             "prefill_ms_per_token": self.ms_per_token,
-            "step_token_budget": float(self.step_token_budget()),
+            "decode_step_ms": self.step_cost.decode_ms,
+            "step_token_budget": float(self.step_token_budget(bool(self.running))),
             "steps": float(self.steps_done),
             "inflight_steps": float(len(self.inflight)),
         }

@@ -22,7 +22,7 @@ from tessera.client import AsyncStream, Delta, TesseraError
 from tessera.server.errors import ApiError
 from tessera.server.formatting import UsageTally
 from tessera.server.sse import SseWriter
-from tessera.server.state import ServerState
+from tessera.server.state import CURRENT_KEY, ServerState
 
 log = logging.getLogger(__name__)
 _END = object()
@@ -41,6 +41,8 @@ class Generation:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._iter: AsyncIterator[tuple[int, Delta]] | None = None
         self._admitted = False
+        self.key = CURRENT_KEY.get()  # whose rate limits this generation counts against
+        self.tokens = 0  # prompt + completion tokens, charged to the key at the end
 
     async def __aenter__(self) -> Generation:
         self.state.admit()
@@ -56,6 +58,8 @@ class Generation:
             self.state.release()
             if self.first_at is not None:
                 self.state.metrics.e2e.observe(time.monotonic() - self.started_at)
+        if self.key is not None:
+            self.state.limiter.charge(self.key, self.tokens)
 
     async def start(self, **kwargs: Any) -> AsyncStream:
         try:
@@ -71,8 +75,10 @@ class Generation:
             self.first_at = time.monotonic()
             metrics.ttft.observe(self.first_at - self.started_at)
         metrics.generation_tokens.inc(len(delta.token_ids))
+        self.tokens += len(delta.token_ids)
         if delta.usage is not None and delta.index == 0:
             metrics.prompt_tokens.inc(delta.usage.prompt_tokens)
+            self.tokens += delta.usage.prompt_tokens
 
     async def _pump(self, offset: int, stream: AsyncStream) -> None:
         try:
@@ -104,6 +110,12 @@ class Generation:
                 base, delta = item
                 self._count(delta)
                 yield base + delta.index, delta
+
+    def ready(self) -> bool:
+        """A delta is waiting: reading it will not wait."""
+        if len(self.streams) == 1:
+            return self.streams[0].ready()
+        return not self._queue.empty()
 
     async def first(self) -> tuple[int, Delta] | None:
         """The first delta; an engine error here raises ApiError (answered as HTTP status)."""
@@ -141,8 +153,12 @@ class Generation:
         try:
             if first is not None:
                 await emit(*first)
+            if not self.ready():
+                await sse.flush()
             async for index, delta in self.rest():
                 await emit(index, delta)
+                if not self.ready():  # the events of every delta at hand go in one write
+                    await sse.flush()
             return True
         except TesseraError as exc:
             await self._fail(sse, ApiError.from_client(exc))

@@ -65,8 +65,15 @@ class ServerProcess:
             s = self.state
             self.notify(Heartbeat(process=NAME, pid=os.getpid(), time=time.time(), stats={
                 "requests_in_flight": float(s.in_flight), "ready": float(s.ready),
-                "draining": float(s.draining)}))
+                "draining": float(s.draining), **self.host_path_stats()}))
             await asyncio.sleep(self.config.heartbeat_interval_s)
+
+    def host_path_stats(self) -> dict[str, float]:
+        """Counters of the way back to HTTP clients (`tessera bench host` reads them)."""
+        return {"bus_messages_received": float(self.client.conn.received),
+                "loop_wakeups": float(self.client.conn.loop_wakeups),
+                "sse_events": float(self.state.sse_events),
+                "sse_writes": float(self.state.sse_writes)}
 
     async def bind(self) -> None:
         self.runner = web.AppRunner(create_app(self.state), handler_cancellation=True,

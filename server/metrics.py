@@ -41,6 +41,9 @@ class EngineStatusCollector(Collector):
                                   labels=["process"])
         age = GaugeMetricFamily("tessera_process_heartbeat_age_seconds",
                                 "seconds since a process's last heartbeat", labels=["process"])
+        restarts = GaugeMetricFamily("tessera_process_restarts",
+                                     "times the supervisor restarted a process",
+                                     labels=["process"])
         stats: dict[str, GaugeMetricFamily] = {}
         for process, info in sorted(status.processes.items()):
             if not isinstance(info, dict):
@@ -48,6 +51,8 @@ class EngineStatusCollector(Collector):
             alive.add_metric([process], 1.0 if info.get("alive") else 0.0)
             if isinstance(info.get("age_s"), int | float):
                 age.add_metric([process], float(info["age_s"]))
+            if isinstance(info.get("restarts"), int):
+                restarts.add_metric([process], float(info["restarts"]))
             kind = re.sub(r"\d+$", "", process) or process
             for stat, value in (info.get("stats") or {}).items():
                 if isinstance(value, bool) or not isinstance(value, int | float):
@@ -60,6 +65,7 @@ class EngineStatusCollector(Collector):
                 family.add_metric([process], float(value))
         yield alive
         yield age
+        yield restarts
         yield from stats.values()
 
 
@@ -83,5 +89,8 @@ class ServerMetrics:
                                      registry=r)
         self.generation_tokens = Counter("tessera_generation_tokens", "tokens generated",
                                          registry=r)
+        self.rate_limited = Counter("tessera_rate_limited_requests",
+                                    "generations refused (429) by their API key's rate limits",
+                                    ["key"], registry=r)
         self.engine = EngineStatusCollector()
         r.register(self.engine)

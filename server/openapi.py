@@ -107,9 +107,9 @@ def openapi_document(model_id: str) -> dict[str, Any]:
                                            gen_errors)},
             "/health": {"get": {**_json_op("every process alive and ready", None, "healthy",
                                            errors=(503,)), "security": []}},
-            "/health_generate": {"get": {**_json_op("a real one-token generation", None,
-                                                    "generated", errors=(503,)),
-                                         "security": []}},
+            "/health_generate": {"get": _json_op("a real one-token generation (a slot and "
+                                                 "the API key, like any generation)", None,
+                                                 "generated", errors=(401, 429, 503))},
             "/metrics": {"get": {"summary": "Prometheus metrics", "security": [],
                                  "responses": {"200": {"description": "text exposition",
                                                        "content": {"text/plain": {}}}}}},

@@ -11,6 +11,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": ("tessera.bus.launcher", "main", "start and supervise every process, serve HTTP"),
     "doctor": ("tessera.doctor", "main", "pre-flight check of plugins, devices, versions, "
                "models"),
+    "hash": ("tessera.formats.integrity", "main",
+             "write a SHA-256 manifest of a model's files (for serve --verify-weights)"),
     "bench": ("tessera.benchmarks.cli", "main", "run a benchmark (serving, offline, latency, ...)"),
 }
 

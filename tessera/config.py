@@ -70,6 +70,11 @@ class BatchingConfig:
                                  "are cut to about this much work per step at the measured "
                                  "speed, so a long prompt on a slow device cannot hold them "
                                  "for tens of seconds (0: --chunked-prefill-size only)")
+    max_mixed_step_ratio: float = _opt(1.8, "while requests decode, a step that also "
+                                       "prefills is sized to take at most this many decode "
+                                       "steps at the measured costs, so a prompt never stalls "
+                                       "running streams for long; its chunk stays at least an "
+                                       "eighth of --chunked-prefill-size (0: no limit)")
     max_queued_requests: int = _opt(4096, "waiting requests before new ones get 503")
     disable_radix_cache: bool = _opt(False, "turn off prefix reuse")
     schedule_policy: str = _opt("fcfs", "fcfs | priority (higher `priority` first, then "
@@ -84,6 +89,9 @@ class BatchingConfig:
                              f"got {self.schedule_policy!r}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be at least 1")
+        if self.max_mixed_step_ratio != 0 and self.max_mixed_step_ratio <= 1:
+            raise ValueError(f"max_mixed_step_ratio must be 0 (no limit) or above 1, got "
+                             f"{self.max_mixed_step_ratio}")
 
 
 @dataclass(frozen=True)
@@ -98,10 +106,24 @@ class EngineConfig(BatchingConfig):
     served_model_name: str | None = _opt(None, "model id shown by /v1/models")
     context_length: int | None = _opt(None, "override the model's maximum context length")
     seed: int = _opt(0, "seed for dummy weights and unseeded sampling")
+    verify_weights: str | None = _opt(None, "a manifest written by `tessera hash MODEL`: "
+                                      "every worker refuses to load a model whose files "
+                                      "differ from it")
+    verify_key: str | None = _opt(None, "an Ed25519 public key (PEM): the --verify-weights "
+                                  "manifest must carry a valid signature by it (MANIFEST.sig)")
     allowed_special_tokens: str = _opt("", "special tokens (comma-separated, e.g. "
                                        "'<|im_end|>') that chat messages may hold as control "
                                        "tokens; any other special token's text inside a "
                                        "message is tokenized as plain text")
+    quantization: str = _opt(
+        "auto", "auto | none | fp8 | int8 | int4: auto keeps a quantized checkpoint's weights "
+        "quantized (GGUF, AWQ, GPTQ, fp8); none dequantizes them at load; fp8 (W8A8, per-row "
+        "scales), int8 and int4 (group-wise, 128) quantize the linear weights at load",
+        choices=["auto", "none", "fp8", "int8", "int4"])
+    kv_cache_dtype: str = _opt(
+        "auto", "auto | fp8_e4m3: auto stores the KV cache in the serving dtype; fp8_e4m3 in "
+        "float8 with per-layer scales (from the checkpoint, else 1.0): twice the tokens",
+        choices=["auto", "fp8_e4m3"])
     # --- hardware ----------------------------------------------------------------------------
     hal: str | None = _opt(None, "hardware plugin (cpu, cuda, ...); default: TESSERA_HAL, "
                            "else the best available")
@@ -135,12 +157,27 @@ class EngineConfig(BatchingConfig):
     stream_buffer_outputs: int = _opt(1024, "outputs a streaming reader may leave unread "
                                       "before its request is aborted (a reader that stopped "
                                       "reading must not make the engine work for nobody)")
+    restart_policy: str = _opt("on", "on: a process that dies or hangs is restarted (the "
+                               "worker ranks and the scheduler together) and the engine "
+                               "serves again without the operator; off: any death stops the "
+                               "engine", choices=["on", "off"])
+    restart_max: int = _opt(5, "failures of one process (or of the workers + scheduler) "
+                            "within --restart-window-s before the engine stops (a crash loop)")
+    restart_window_s: float = _opt(300.0, "the window in which --restart-max failures count")
+    restart_backoff_s: float = _opt(1.0, "wait before the first restart; doubles with each "
+                                    "failure in the window, up to 30 s")
     step_timeout_s: float = _opt(120.0, "a worker step unanswered this long fails its "
                                  "requests with 503 (the engine stays up)")
     log_level: str = _opt("info", "debug | info | warning | error")
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        for name in ("quantization", "kv_cache_dtype"):
+            choices = next(f.metadata["choices"] for f in dataclasses.fields(self)
+                           if f.name == name)
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
+                                 f"{getattr(self, name)!r}")
         if self.intra_op_threads < 0:
             raise ValueError(f"intra_op_threads must be 0 (automatic) or positive, got "
                              f"{self.intra_op_threads}")
@@ -193,9 +230,8 @@ class EngineConfig(BatchingConfig):
             values["model"] = env.default_model
         if "log_level" not in values and env.log_level:
             values["log_level"] = env.log_level
-        if "api_key" in {f.name for f in dataclasses.fields(cls)} and "api_key" not in values \
-                and env.api_key:
-            values["api_key"] = env.api_key
+        # TESSERA_API_KEY is not copied: a secret must not land in the run's config.json;
+        # the server reads it from its environment itself.
         return cls(**values)
 
 
@@ -203,7 +239,14 @@ class EngineConfig(BatchingConfig):
 class ServerConfig(EngineConfig):
     host: str = _opt("127.0.0.1", "address the HTTP server binds")
     port: int = _opt(30000, "HTTP port")
-    api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' (or TESSERA_API_KEY)")
+    api_key_file: str | None = _opt(None, "require 'Authorization: Bearer KEY' with a key of "
+                                    "this file (one a line: KEY [rpm=N] [tpm=N] [name=LABEL]); "
+                                    "TESSERA_API_KEY adds one. Never a key on the command "
+                                    "line: anyone on the machine reads it in `ps`")
+    key_rpm: int = _opt(0, "requests per minute each API key may make, unless its line in "
+                        "--api-key-file says otherwise (0: no limit); over it: 429")
+    key_tpm: int = _opt(0, "tokens (prompt + completion) per minute each API key may use, "
+                        "unless its line says otherwise (0: no limit); over it: 429")
     disable_warmup: bool = _opt(False, "skip the warm-up request before reporting ready")
     drain_timeout_s: float = _opt(10.0, "on SIGTERM, wait this long for in-flight requests")
     stream_stall_timeout_s: float = _opt(30.0, "a streaming HTTP client that takes no data "

@@ -82,8 +82,12 @@ class TokenizerProcess(BusProcess):
             except Exception as exc:  # a bug on one request must not take the front door down
                 log.exception("%s: failed on %s", self.name, type(msg).__name__)
                 if isinstance(msg, GenerateRequest):
-                    self._error(msg, 500, f"internal error while tokenizing: {exc}",
-                                "server_error")
+                    try:
+                        self._error(msg, 500, f"internal error while tokenizing: {exc}",
+                                    "server_error")
+                    except Exception:
+                        log.exception("%s: could not answer %r either", self.name,
+                                      getattr(msg, "rid", None))
 
     def _on_generate(self, req: GenerateRequest) -> None:
         assert self.tokenizer is not None

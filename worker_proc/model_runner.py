@@ -34,11 +34,25 @@ from tessera.worker_proc.kv_sizing import KVPlan, plan_kv
 from tessera.worker_proc.models import model_class
 from tessera.worker_proc.pooling import pool_hidden, wants_pooling
 from tessera.worker_proc.prompt_scores import PromptScores, score, with_score_rows
+from tessera.worker_proc.quant_plan import plan_quantization
 from tessera.worker_proc.sampler import DeviceSample, Sampler
 
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def kv_cache_dtype(config: EngineConfig, platform: Platform, dtype: torch.dtype
+                   ) -> torch.dtype:
+    """The KV arena's dtype: the serving dtype, or fp8 where asked and declared."""
+    if config.kv_cache_dtype == "auto":
+        return dtype
+    if config.kv_cache_dtype not in platform.capabilities.kv_cache_dtypes:
+        raise ValueError(f"--kv-cache-dtype {config.kv_cache_dtype} is not supported by the "
+                         f"{platform.name} plugin (it declares "
+                         f"{', '.join(platform.capabilities.kv_cache_dtypes) or 'none'}); "
+                         f"use --kv-cache-dtype auto")
+    return torch.float8_e4m3fn
 
 
 def serving_dtype(config: EngineConfig, platform: Platform) -> torch.dtype:
@@ -77,28 +91,35 @@ class ModelRunner:
         self.max_context_len = int(config.context_length or mc.max_position_embeddings)
         free_before = platform.mem_get_info()[0]
         start = time.perf_counter()
+        self.quant = plan_quantization(config.quantization, self.files, platform)
+        self.kv_dtype = kv_cache_dtype(config, platform, self.dtype)
         cls = model_class(mc.arch)
         self.model = cls(mc, platform, dtype=self.dtype, device=self.device,
                          max_positions=self.max_context_len, tp_rank=rank,
                          tp_size=config.tp_size, communicator=communicator,
-                         ep_size=config.ep_size)
+                         ep_size=config.ep_size, quant=self.quant)
         if isinstance(self.files, DummyFiles):
             self.files.device = self.device  # draw random weights where they will live
-        self.model.load_weights(self.files.iter_tensors(self.dtype))
+        self.model.load_weights(self.files.iter_tensors(
+            self.dtype, keep_quantized=self.quant.keep_checkpoint))
+        if self.kv_dtype != self.dtype:
+            self.model.set_kv_cache_scales(self.files.kv_cache_scales())
         platform.synchronize()
-        log.info("rank %d: loaded %s (%s, %s) in %.1fs", rank, config.model, mc.arch,
-                 self.files.kind, time.perf_counter() - start)
+        self.weight_bytes = self.model.weight_bytes()
+        log.info("rank %d: loaded %s (%s, %s; %s) in %.1fs: %.1f MiB of weights", rank,
+                 config.model, mc.arch, self.files.kind, self.quant.describe(),
+                 time.perf_counter() - start, self.weight_bytes / 2**20)
         tp = self.model.tp
         self.kv_plan: KVPlan = plan_kv(
             free_bytes_now=platform.mem_get_info()[0], free_bytes_before_weights=free_before,
             is_cpu=platform.name == "cpu", mem_fraction=config.mem_fraction,
             max_total_tokens=config.max_total_tokens, page_size=config.page_size,
             bytes_per_slot=KVArena.bytes_per_slot(mc.num_layers, tp.num_kv_heads, mc.head_dim,
-                                                  self.dtype),
+                                                  self.kv_dtype),
             max_context_len=self.max_context_len,
             max_running_requests=config.max_running_requests)
         self.kv = platform.create_kv_arena(mc.num_layers, self.kv_plan.num_slots,
-                                           tp.num_kv_heads, mc.head_dim, self.dtype)
+                                           tp.num_kv_heads, mc.head_dim, self.kv_dtype)
         log.info("rank %d: %s", rank, self.kv_plan.describe())
         self.graphs: Any = None
         self.mixed_graphs: Any = None

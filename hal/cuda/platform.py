@@ -14,7 +14,13 @@ import torch.nn.functional as F
 
 from tessera.hal.base import OpTablePlatform
 from tessera.hal.local_comm import make_local_communicator
-from tessera.hal.platform import Capabilities, Communicator, GraphRunner, KVArena
+from tessera.hal.platform import (
+    Capabilities,
+    Communicator,
+    GraphRunner,
+    KVArena,
+    QuantLinearKernel,
+)
 
 
 def _embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -30,7 +36,12 @@ class CudaPlatform(OpTablePlatform):
         default_dtype="bfloat16",
         max_capture_batch=256,
         communicator_backends=("nccl",),
-        extra={"kernels": "triton", "linear": "cublas; triton gemv for tuned one-token shapes"},
+        # fp8 weights need compute capability 8.9+ (checked when a weight is prepared)
+        quant_schemes=("fp8", "int8", "int4"),
+        kv_cache_dtypes=("fp8_e4m3",),
+        extra={"kernels": "triton", "linear": "cublas; triton gemv for tuned one-token shapes",
+               "quantized linear": "triton dequantizing GEMV / GEMM; fp8 prefill through "
+                                   "torch._scaled_mm (W8A8)"},
     )
 
     @classmethod
@@ -68,6 +79,11 @@ class CudaPlatform(OpTablePlatform):
             "sample": sampling.sample,
             "apply_token_mask": token_mask.apply_token_mask,
         }
+
+    def register_quant_linears(self) -> dict[str, QuantLinearKernel]:
+        from tessera.hal.cuda.quant_linear import quant_linears
+
+        return quant_linears()
 
     def device(self, rank: int = 0) -> torch.device:
         count = max(1, torch.cuda.device_count())
