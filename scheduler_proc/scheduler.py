@@ -107,6 +107,8 @@ class Scheduler:
         self.steps_done = 0
         self.cpu_ms_ema = 0.0
         self.step_cost = StepCost()  # decode step and prefill token, measured
+        self.decode_tokens_total = 0  # tokens of the steps answered, by kind
+        self.prefill_tokens_total = 0
 
     # ---------------------------------------------------------------------------- requests
     def add_request(self, req: TokenizedRequest) -> ErrorReply | None:
@@ -406,6 +408,8 @@ class Scheduler:
 
     def _measure(self, rec: InFlight, res: SampledTokens) -> None:
         decodes = int(rec.rows.shape[0] - rec.prefill_rows.shape[0])
+        self.decode_tokens_total += decodes
+        self.prefill_tokens_total += rec.tokens - decodes
         self.step_cost.observe(decodes, rec.tokens - decodes, res.forward_ms)
 
     def step_token_budget(self, decoding: bool) -> int:
@@ -574,6 +578,8 @@ class Scheduler:
             "decode_step_ms": self.step_cost.decode_ms,
             "step_token_budget": float(self.step_token_budget(bool(self.running))),
             "steps": float(self.steps_done),
+            "decode_tokens_total": float(self.decode_tokens_total),
+            "prefill_tokens_total": float(self.prefill_tokens_total),
             "inflight_steps": float(len(self.inflight)),
         }
 
