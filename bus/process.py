@@ -117,7 +117,8 @@ class BusProcess:
             self.stopping = True
         if now - self._last_beat < self.config.heartbeat_interval_s:
             return
-        stats = {"dropped_messages": float(self.inbox.dropped if self.inbox else 0)}
+        stats = {"dropped_messages": float(self.inbox.dropped if self.inbox else 0),
+                 "cpu_s": time.process_time()}  # the process's CPU so far (per-step figures)
         stats.update(self.stats())
         self._stats = stats
         assert self._supervisor is not None

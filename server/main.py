@@ -71,7 +71,8 @@ class ServerProcess:
 
     def host_path_stats(self) -> dict[str, float]:
         """Counters of the way back to HTTP clients (`tessera bench host` reads them)."""
-        return {"bus_messages_received": float(self.client.conn.received),
+        return {"cpu_s": time.process_time(),
+                "bus_messages_received": float(self.client.conn.received),
                 "loop_wakeups": float(self.client.conn.loop_wakeups),
                 "sse_events": float(self.state.sse_events),
                 "sse_writes": float(self.state.sse_writes)}

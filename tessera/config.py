@@ -31,6 +31,7 @@ SCHEDULE_POLICIES = ("fcfs", "priority")
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
 REASONING_PARSERS = ("qwen3", "deepseek-r1")
 LOG_FORMATS = ("text", "json")
+EMBEDDING_POOLINGS = ("last", "mean")
 
 
 def _opt(default: Any, help: str, **kw: Any) -> Any:
@@ -56,7 +57,6 @@ class Env:
     log_level: str | None
     default_model: str | None
     runs_dir: str | None = None
-
 
     @classmethod
     def read(cls) -> Env:
@@ -297,8 +297,15 @@ class ServerConfig(EngineConfig):
                                         "reasoning_content: qwen3 or deepseek-r1",
                                         choices=list(REASONING_PARSERS))
 
+    embedding_pooling: str = _opt("last", "how /v1/embeddings pools the final hidden states: "
+                                  "last (the last token's) or mean", choices=list(
+                                      EMBEDDING_POOLINGS))
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.embedding_pooling not in EMBEDDING_POOLINGS:
+            raise ValueError(f"embedding_pooling must be last or mean, got "
+                             f"{self.embedding_pooling!r}")
         if self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
                              f"got {self.tool_call_parser!r}")

@@ -34,6 +34,7 @@ from tessera.worker_proc.forward_inputs import ForwardInputs, build_forward_inpu
 from tessera.worker_proc.grammar.runtime import GrammarRuntime
 from tessera.worker_proc.kv_sizing import KVPlan, plan_kv
 from tessera.worker_proc.models import model_class
+from tessera.worker_proc.pooling import pool_hidden, wants_pooling
 from tessera.worker_proc.prompt_scores import PromptScores, score, with_score_rows
 from tessera.worker_proc.quant_plan import plan_quantization
 from tessera.worker_proc.sampler import DeviceSample, Sampler
@@ -71,7 +72,8 @@ class PendingStep:
     step: int
     sample: DeviceSample | None
     start: float
-    prompt: PromptScores | None = None  # prompt logprobs of requests scoring their prompt
+    # prompt logprobs of requests scoring their prompt, embeddings of those embedding it
+    prompt: PromptScores | None = None
 
     def ready(self) -> bool:
         return self.sample is None or self.sample.ready()
@@ -262,8 +264,14 @@ class ModelRunner:
         record = None
         scored = with_score_rows(batch, inputs, self.device)
         prompt = None
+        embeddings = None
         with torch.inference_mode():
-            logits = self.forward(inputs)
+            if wants_pooling(batch):  # eager: the pooled hidden states stay inside graphs
+                hidden, residual = self.model.hidden(inputs, self.kv)
+                logits = self.model.logits(hidden, residual, inputs)
+                embeddings = pool_hidden(self.model, hidden, residual, batch, self.device)
+            else:
+                logits = self.forward(inputs)
             if scored is not None:  # prompt positions' logits ride after the sampled rows'
                 prompt = score(logits[scored.first:], scored)
                 logits = logits[:scored.first]
@@ -283,6 +291,9 @@ class ModelRunner:
             rows = to_device(np.asarray(batch.rows, dtype=np.int64)[
                 np.asarray(batch.sample, dtype=bool)], torch.int64, self.device)
             self.last_sampled[rows] = tokens
+        if embeddings is not None:
+            prompt = prompt or PromptScores(torch.zeros(0, device=self.device))
+            prompt.embeddings = embeddings
         if prompt is not None:
             prompt.start_copy()  # before the sample's copies: their event covers these too
         sample.start_copy()
@@ -302,6 +313,8 @@ class ModelRunner:
             lps, top_ids, top_lps = pending.prompt.fetch()
             prompt = {"prompt_logprobs": lps, "prompt_top_ids": top_ids,
                       "prompt_top_logprobs": top_lps}
+            if pending.prompt.embeddings is not None:
+                prompt["embeddings"] = pending.prompt.fetch_embeddings()
         return SampledTokens(step=pending.step, token_ids=result.token_ids,
                              logprobs=result.logprobs, top_ids=result.top_ids,
                              top_logprobs=result.top_logprobs,

@@ -203,6 +203,7 @@ class WorkerProcess(BusProcess):
         return {"steps": float(self.steps), "failed_steps": float(self.failed_steps),
                 "tokens": float(self.tokens),
                 "forward_ms_avg": self.forward_ms_total / self.steps if self.steps else 0.0,
+                "forward_ms_total": self.forward_ms_total,
                 "weight_bytes": weights, "rss_bytes": float(resident_bytes())}
 
     def teardown(self) -> None:
