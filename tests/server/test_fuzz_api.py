@@ -1,7 +1,7 @@
 """The HTTP API fuzzed from its own OpenAPI description (schemathesis): whatever the body,
 the answer is never a 5xx other than 503/504, and the server lives on. Against the fake
 engine, so that a few hundred cases take seconds; the real engine's turn (with the page
-invariant checked afterwards) is in tests/bus/test_engine_faults.py."""
+invariant checked afterwards) is in tests/test_engine_faults.py."""
 
 from __future__ import annotations
 
