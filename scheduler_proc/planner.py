@@ -5,8 +5,10 @@ In order, every step:
      pages do not fit (after evicting unlocked cache pages), the youngest running sequence
      is retracted (`policy.retraction_victim`) until they do: decodes never deadlock;
   2. prefill chunks of sequences admitted earlier, under the token budget
-     (`Scheduler.step_token_budget`: chunked_prefill_size, cut to about step_target_ms of
-     work when others decode or wait; decodes do not count against it). While requests
+     (`Scheduler.step_token_budget`: chunked_prefill_size; while streams decode, what keeps
+     the step within max_mixed_step_ratio decode steps at the measured costs; about
+     step_target_ms of work when others decode or wait; decodes do not count against it,
+     they are planned first and never wait for a prefill). While requests
      wait, these chunks take at most half the budget: a long prompt shares its steps with
      new arrivals instead of holding them until its last chunk;
   3. admission: waiting sequences in policy order take a row, their cached prefix (locked)
@@ -58,7 +60,7 @@ class Planner:
     def plan(self) -> tuple[np.ndarray, np.ndarray, list[Chunk]]:
         """(decode rows, their input ids, prefill chunks): everything already allocated."""
         dec_rows, dec_inputs = self._plan_decodes()
-        budget = self.s.step_token_budget()
+        budget = self.s.step_token_budget(decoding=dec_rows.shape[0] > 0)
         share = max(self.s.page_size, budget // 2) if self.s.waiting else budget
         chunks, left = self._plan_prefills(min(share, budget))
         self._admit(chunks, left + budget - min(share, budget))
@@ -134,7 +136,11 @@ class Planner:
         chunks: list[Chunk] = []
         if not rows.shape[0]:
             return chunks, budget
-        prefilling = rows[st.kv_len[rows] < st.n_known[rows] + st.pending[rows] - 1]
+        known, kv = st.n_known[rows], st.kv_len[rows]
+        # A prompt's last token is usually computed as the first decode (it samples); a
+        # prefill-only request (max_tokens 0: scored or embedded) prefills it instead.
+        prefill_only = st.max_total[rows] <= known
+        prefilling = rows[(kv < known + st.pending[rows] - 1) | (prefill_only & (kv < known))]
         seqs: list[Sequence] = [s.seq_of_row[r] for r in prefilling.tolist()]  # type: ignore[misc]
         seqs.sort(key=lambda q: q.sort_key(s.by_priority))
         for seq in seqs:
@@ -156,9 +162,10 @@ class Planner:
             seq = s.waiting.peek()
             if seq is None:
                 break
-            scores = seq.index == 0 and seq.req.sampling.prompt_logprobs is not None
-            # A request scoring its prompt needs the logits of every prompt position: no
-            # cached prefix (its KV may still go to the cache for others).
+            sp = seq.req.sampling
+            scores = seq.index == 0 and (sp.prompt_logprobs is not None or sp.embed == "mean")
+            # A request scoring its prompt (or averaging its hidden states) needs every prompt
+            # position computed: no cached prefix (its KV may still go to the cache).
             prefix, node = s.kv.match(seq.tokens[:1] if scores else seq.tokens)
             key = self._first_page(seq) if not prefix.shape[0] and not scores else None
             if key is not None and key in self._pending:

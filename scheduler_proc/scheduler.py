@@ -57,6 +57,7 @@ from tessera.scheduler_proc.policy import WaitingQueue, retraction_victim
 from tessera.scheduler_proc.radix_cache import Node
 from tessera.scheduler_proc.request import Request, SeqState, Sequence
 from tessera.scheduler_proc.rows import RowState
+from tessera.scheduler_proc.step_cost import StepCost
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,9 @@ class Scheduler:
         self.aborted_total = 0
         self.steps_done = 0
         self.cpu_ms_ema = 0.0
-        self.ms_per_token = 0.0  # the device's measured cost of one prefill token (EMA)
+        self.step_cost = StepCost()  # decode step and prefill token, measured
+        self.decode_tokens_total = 0  # tokens of the steps answered, by kind
+        self.prefill_tokens_total = 0
 
     # ---------------------------------------------------------------------------- requests
     def add_request(self, req: TokenizedRequest) -> ErrorReply | None:
@@ -377,6 +380,8 @@ class Scheduler:
         else:
             if rec.scored:
                 self._apply_prompt_logprobs(rec, res)
+            if rec.embedded:
+                self._apply_embeddings(rec, res)
             self._apply_tokens(rec, res)
             self._finish_prefill_only(rec)
             if self.kv.use_cache and rec.prefill_rows.shape[0]:
@@ -396,23 +401,28 @@ class Scheduler:
             self.check_invariant()
         return self._out.take()
 
-    MIN_TOKENS_MEASURED = 32  # smaller steps are mostly fixed cost, not per token
+    @property
+    def ms_per_token(self) -> float:
+        """The measured cost of one prefill token on the device (0: not measured yet)."""
+        return self.step_cost.prefill_ms_per_token
 
     def _measure(self, rec: InFlight, res: SampledTokens) -> None:
-        if res.forward_ms > 0 and rec.tokens >= self.MIN_TOKENS_MEASURED:
-            cost = res.forward_ms / rec.tokens
-            self.ms_per_token = cost if not self.ms_per_token else \
-                0.7 * self.ms_per_token + 0.3 * cost
+        decodes = int(rec.rows.shape[0] - rec.prefill_rows.shape[0])
+        self.decode_tokens_total += decodes
+        self.prefill_tokens_total += rec.tokens - decodes
+        self.step_cost.observe(decodes, rec.tokens - decodes, res.forward_ms)
 
-    def step_token_budget(self) -> int:
-        """Prefill tokens this step may compute: --chunked-prefill-size, cut to about
-        step_target_ms of work at the measured speed when other requests would wait for the
-        step (some decode or wait); never below a page."""
-        budget = self.config.chunked_prefill_size or (1 << 30)
-        target = self.config.step_target_ms
-        if target > 0 and self.ms_per_token > 0 and (len(self.running) > 1 or self.waiting):
-            budget = min(budget, max(self.page_size, int(target / self.ms_per_token)))
-        return budget
+    def step_token_budget(self, decoding: bool) -> int:
+        """Prefill tokens this step may compute (`step_cost.py`): --chunked-prefill-size;
+        while streams decode, what keeps the step within --max-mixed-step-ratio decode steps
+        (at least an eighth of the chunk size, so arrivals are not starved); while other
+        requests decode or wait, about --step-target-ms of work at the measured speed."""
+        c = self.config
+        cap = c.chunked_prefill_size or (1 << 30)
+        return self.step_cost.prefill_budget(
+            decoding=decoding, others_waiting=len(self.running) > 1 or bool(self.waiting),
+            cap=cap, min_tokens=max(self.page_size, cap // 8), floor=self.page_size,
+            max_mixed_step_ratio=c.max_mixed_step_ratio, step_target_ms=c.step_target_ms)
 
     def _apply_tokens(self, rec: InFlight, res: SampledTokens) -> None:
         st = self.st
@@ -482,6 +492,26 @@ class Scheduler:
             self._out.add_prompt(seq.req, sc.ids, lps, tops, top_lps)
             seq.prompt_scored = max(seq.prompt_scored, sc.end)
 
+    def _apply_embeddings(self, rec: InFlight, res: SampledTokens) -> None:
+        """Pool the chunks' hidden states; a prompt's last chunk gives its embedding."""
+        if res.embeddings.shape[0] != len(rec.embedded):
+            log.error("step %d: %d embeddings for %d requests", rec.step,
+                      res.embeddings.shape[0], len(rec.embedded))
+            return
+        for emb, vector in zip(rec.embedded, res.embeddings, strict=True):
+            seq = self.seq_of_row[emb.row]
+            if seq is None or int(self.st.uid[emb.row]) != emb.uid:
+                continue  # retracted: it recomputes from its first chunk
+            if seq.req.sampling.embed == "mean":
+                if emb.start == 0:
+                    seq.embed_sum = np.zeros(vector.shape[0], dtype=np.float64)
+                assert seq.embed_sum is not None
+                seq.embed_sum += vector
+            if emb.final:
+                out = vector if seq.embed_sum is None else seq.embed_sum / seq.req.prompt_len
+                self._out.add_embedding(seq.req, np.asarray(out, dtype=np.float32))
+                seq.embed_sum = None
+
     def _finish_prefill_only(self, rec: InFlight) -> None:
         """A request with max_tokens 0 (a scored prompt) ends once its prompt is in KV."""
         st = self.st
@@ -545,8 +575,11 @@ class Scheduler:
             **self.kv.stats(self.active_rows()),  # check_invariant(): the O(pages) version
             "sched_cpu_ms_per_step": self.cpu_ms_ema,
             "prefill_ms_per_token": self.ms_per_token,
-            "step_token_budget": float(self.step_token_budget()),
+            "decode_step_ms": self.step_cost.decode_ms,
+            "step_token_budget": float(self.step_token_budget(bool(self.running))),
             "steps": float(self.steps_done),
+            "decode_tokens_total": float(self.decode_tokens_total),
+            "prefill_tokens_total": float(self.prefill_tokens_total),
             "inflight_steps": float(len(self.inflight)),
         }
 
