@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,6 +35,10 @@ from tessera.worker_proc.models import model_class
 from tessera.worker_proc.prompt_scores import PromptScores, score, with_score_rows
 from tessera.worker_proc.quant_plan import plan_quantization
 from tessera.worker_proc.sampler import DeviceSample, Sampler
+from tessera.worker_proc.verify import VerifiedSample, accept, plan_verify
+
+if TYPE_CHECKING:
+    from tessera.worker_proc.draft_model import DraftModel
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +71,7 @@ class PendingStep:
     """A launched step (ModelRunner.launch) whose result has not been fetched yet."""
 
     step: int
-    sample: DeviceSample | None
+    sample: DeviceSample | VerifiedSample | None
     start: float
     prompt: PromptScores | None = None  # prompt logprobs of requests scoring their prompt
 
@@ -107,22 +111,34 @@ class ModelRunner:
         log.info("rank %d: loaded %s (%s, %s; %s) in %.1fs: %.1f MiB of weights", rank,
                  config.model, mc.arch, self.files.kind, self.quant.describe(),
                  time.perf_counter() - start, self.weight_bytes / 2**20)
+        # --speculative-algorithm draft: the draft model, its KV at the target's slots
+        self.draft: DraftModel | None = None
+        if config.speculative_algorithm == "draft":
+            from tessera.worker_proc.draft_model import DraftModel
+
+            self.draft = DraftModel(self)
+            self.weight_bytes += self.draft.weight_bytes
         tp = self.model.tp
         self.kv_plan: KVPlan = plan_kv(
             free_bytes_now=platform.mem_get_info()[0], free_bytes_before_weights=free_before,
             is_cpu=platform.name == "cpu", mem_fraction=config.mem_fraction,
             max_total_tokens=config.max_total_tokens, page_size=config.page_size,
             bytes_per_slot=KVArena.bytes_per_slot(mc.num_layers, tp.num_kv_heads, mc.head_dim,
-                                                  self.kv_dtype),
+                                                  self.kv_dtype)
+            + (self.draft.bytes_per_slot if self.draft is not None else 0),
             max_context_len=self.max_context_len,
             max_running_requests=config.max_running_requests)
         self.kv = platform.create_kv_arena(mc.num_layers, self.kv_plan.num_slots,
                                            tp.num_kv_heads, mc.head_dim, self.kv_dtype)
+        if self.draft is not None:
+            self.draft.create_arena(self.kv_plan.num_slots)
         log.info("rank %d: %s", rank, self.kv_plan.describe())
         self.graphs: Any = None
         self.mixed_graphs: Any = None
         self._capture_decode_graphs()
         self._capture_mixed_graphs()
+        if self.draft is not None and self.graphs is not None:
+            self.draft.capture_graphs(self._new_decode_graphs, self._new_mixed_graphs)
         self.sampler = Sampler(platform.op("sample"), self.device)
         # Rank 0's grammar matchers (structured output), made on the first GrammarInit.
         self.grammar: GrammarRuntime | None = None
@@ -143,17 +159,23 @@ class ModelRunner:
             log.info("rank %d: %s offers no capture(key, fn) graph runner: decode runs eagerly",
                      self.rank, platform.name)
             return
-        from tessera.worker_proc.graph_decode import DecodeGraphs
-
-        max_bs = min(cfg.cuda_graph_max_bs, cfg.max_running_requests,
-                     platform.capabilities.max_capture_batch or cfg.cuda_graph_max_bs)
         start = time.perf_counter()
-        graphs = DecodeGraphs(lambda inp: self.model(inp, self.kv), runner, max_bs,
-                              self.max_context_len, self.device)
-        graphs.capture_all()
-        self.graphs = graphs
+        self.graphs = graphs = self._new_decode_graphs(lambda inp: self.model(inp, self.kv),
+                                                       runner)
         log.info("rank %d: captured decode graphs for batch sizes %s in %.1fs", self.rank,
                  graphs.sizes, time.perf_counter() - start)
+
+    def _new_decode_graphs(self, forward: Any, runner: Any = None) -> Any:
+        """Decode graphs of `forward` (logits of a decode batch), captured."""
+        from tessera.worker_proc.graph_decode import DecodeGraphs
+
+        cfg, platform = self.config, self.platform
+        max_bs = min(cfg.cuda_graph_max_bs, cfg.max_running_requests,
+                     platform.capabilities.max_capture_batch or cfg.cuda_graph_max_bs)
+        graphs = DecodeGraphs(forward, runner or platform.create_graph_runner(), max_bs,
+                              self.max_context_len, self.device)
+        graphs.capture_all()
+        return graphs
 
     def _capture_mixed_graphs(self) -> None:
         """Capture prefill and mixed steps of up to --graph-max-tokens tokens, where the
@@ -161,16 +183,25 @@ class ModelRunner:
         cfg = self.config
         if self.graphs is None or cfg.graph_max_tokens < 1:
             return
-        from tessera.worker_proc.graph_mixed import MixedGraphs
-
         start = time.perf_counter()
-        graphs = MixedGraphs(lambda inp: self.model.hidden(inp, self.kv), self.model.logits,
-                             self.platform.create_graph_runner(), cfg.graph_max_tokens,
-                             cfg.max_running_requests, self.max_context_len, self.device)
-        graphs.capture_all()
-        self.mixed_graphs = graphs
+        self.mixed_graphs = graphs = self._new_mixed_graphs(
+            lambda inp: self.model.hidden(inp, self.kv), self.model.logits)
         log.info("rank %d: captured prefill/mixed graphs for %s tokens in %.1fs", self.rank,
                  graphs.buckets, time.perf_counter() - start)
+
+    def _new_mixed_graphs(self, hidden: Any, logits: Any) -> Any:
+        """Prefill / mixed-step graphs of `hidden` (then `logits` eagerly), captured, or None
+        with --graph-max-tokens 0."""
+        from tessera.worker_proc.graph_mixed import MixedGraphs
+
+        cfg = self.config
+        if cfg.graph_max_tokens < 1:
+            return None
+        graphs = MixedGraphs(hidden, logits, self.platform.create_graph_runner(),
+                             cfg.graph_max_tokens, cfg.max_running_requests,
+                             self.max_context_len, self.device)
+        graphs.capture_all()
+        return graphs
 
     def seed_default_rng(self) -> None:
         torch.manual_seed(self.config.seed)  # unseeded requests: reproducible per engine run
@@ -238,6 +269,9 @@ class ModelRunner:
             return PendingStep(batch.step, None, start)
         inputs = build_forward_inputs(batch, req_to_token, self.device)
         self._resolve_last_sampled(inputs)
+        verify = plan_verify(batch, self.device)
+        if self.draft is not None:  # its KV for every token; the proposals it is asked for
+            self.draft.step(batch, inputs, req_to_token)
         grammar = self.grammar
         if grammar is None and self.rank == 0 and batch.grammar_ids.shape[0]:
             grammar = self._grammar_runtime()  # (its matchers are unknown: the rows fail)
@@ -254,23 +288,33 @@ class ModelRunner:
                 # After the forward is queued: the device works while the matchers catch up.
                 grammar.free(batch)
                 mask, record = grammar.before_sample(batch, np.flatnonzero(batch.sample))
-            sample = self.sampler.sample(logits, batch, mask)
+                if mask is not None and verify is not None:  # a request's first logits row
+                    mask.rows = verify.first_dev[mask.rows]
+            if verify is None:
+                sample = self.sampler.sample(logits, batch, mask)
+            else:
+                sample = self.sampler.sample(logits, batch, mask, verify.sel, verify.offset_add)
         tokens = sample.tokens
         if self.config.tp_size > 1:
             # Unseeded draws may differ between ranks: every rank adopts rank 0's tokens.
             assert self.communicator is not None
             own = tokens if self.rank == 0 else torch.zeros_like(tokens)
             tokens = sample.tokens = self.communicator.all_reduce(own)
+        result: DeviceSample | VerifiedSample = sample
+        if verify is not None:  # every rank keeps the same proposals: the draws agree
+            counts, tokens = accept(tokens, inputs.input_ids, verify)
+            result = VerifiedSample(sample, counts, verify)
         if tokens.numel():
             rows = to_device(np.asarray(batch.rows, dtype=np.int64)[
                 np.asarray(batch.sample, dtype=bool)], torch.int64, self.device)
             self.last_sampled[rows] = tokens
         if prompt is not None:
             prompt.start_copy()  # before the sample's copies: their event covers these too
-        sample.start_copy()
+        result.start_copy()
         if grammar is not None:
-            grammar.after_sample(record, lambda: sample.fetch().token_ids)
-        return PendingStep(batch.step, sample, start, prompt)
+            grammar.after_sample(record, (lambda: sample.fetch().token_ids) if verify is None
+                                 else result.first_draws)  # type: ignore[union-attr]
+        return PendingStep(batch.step, result, start, prompt)
 
     def finish(self, pending: PendingStep) -> SampledTokens:
         """Wait for a launched step and return its answer."""
@@ -288,7 +332,7 @@ class ModelRunner:
                              logprobs=result.logprobs, top_ids=result.top_ids,
                              top_logprobs=result.top_logprobs,
                              forward_ms=(time.perf_counter() - pending.start) * 1000.0,
-                             grammar_end=ends, **prompt)
+                             grammar_end=ends, counts=result.counts, **prompt)
 
     def _resolve_last_sampled(self, inputs: ForwardInputs) -> None:
         if inputs.has_last_sampled:
