@@ -24,26 +24,17 @@ import argparse
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Any
 
 from tessera.bus.channel import Inbox, Outbox, SendTimeout
+from tessera.bus.logs import setup_logging
 from tessera.bus.messages import Heartbeat, Message, Ready, Shutdown
 from tessera.bus.run_paths import RunPaths
 from tessera.config import EngineConfig, ServerConfig
 
 log = logging.getLogger(__name__)
-
-
-def setup_logging(level: str, process: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format=f"%(asctime)s {process}[%(process)d] %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-        force=True,
-    )
 
 
 def load_config(paths: RunPaths) -> ServerConfig:
@@ -126,7 +117,8 @@ class BusProcess:
             self.stopping = True
         if now - self._last_beat < self.config.heartbeat_interval_s:
             return
-        stats = {"dropped_messages": float(self.inbox.dropped if self.inbox else 0)}
+        stats = {"dropped_messages": float(self.inbox.dropped if self.inbox else 0),
+                 "cpu_s": time.process_time()}  # the process's CPU so far (per-step figures)
         stats.update(self.stats())
         self._stats = stats
         assert self._supervisor is not None
@@ -190,7 +182,7 @@ def process_main(cls: type[BusProcess], argv: list[str] | None = None,
     args = parser.parse_args(argv)
     paths = RunPaths(run_dir=os.path.abspath(args.run_dir))
     config = load_config(paths)
-    setup_logging(config.log_level, cls.name)
     kwargs = {k: v for k, v in vars(args).items() if k != "run_dir"}
     proc = cls(paths, config, **kwargs)  # type: ignore[call-arg]
+    setup_logging(config.log_level, proc.name, config.log_format)  # worker1, tokenizer0, ...
     return proc.run()

@@ -46,6 +46,16 @@ class Scored:
 
 
 @dataclass
+class Embedded:
+    """A request's prefill chunk whose pooled hidden states the step returns."""
+
+    row: int
+    uid: int
+    start: int  # the chunk's first position
+    final: bool  # the chunk ends the prompt
+
+
+@dataclass
 class InFlight:
     step: int
     rows: np.ndarray  # every request of the batch
@@ -58,6 +68,7 @@ class InFlight:
     sent_at: float
     build_cpu_s: float = 0.0
     scored: list[Scored] = field(default_factory=list)
+    embedded: list[Embedded] = field(default_factory=list)
     tokens: int = 0  # tokens computed by the step (prefill chunks + decodes + proposals)
     draft_lens: np.ndarray | None = None  # per sampled row: proposals it verifies (or None)
     draft_tokens: int = 0  # proposals verified by the step
@@ -102,6 +113,7 @@ def build(step: int, st: RowState, dec_rows: np.ndarray, dec_inputs: np.ndarray,
         grammar_ids = np.zeros(0, dtype=np.int64)
     targets, top_n, scored = _prompt_targets(rows, extend, int(dec_extend.sum()), chunks, st,
                                              seq_of_row)
+    embed, embedded = _embeds(rows, n_dec, chunks, st)
     batch = ForwardBatch(
         step=step, rows=rows.astype(np.int32, copy=False), seq_lens=seq_lens,
         extend_lens=extend, input_ids=input_ids.astype(np.int32, copy=False), sample=sample,
@@ -114,7 +126,7 @@ def build(step: int, st: RowState, dec_rows: np.ndarray, dec_inputs: np.ndarray,
         hist_offsets=hist[0], hist_ids=hist[1], hist_prompt_lens=hist[2],
         bias_offsets=bias[0], bias_ids=bias[1], bias_values=bias[2], grammar_ids=grammar_ids,
         grammar_free=grammar_free if grammar_free is not None else np.zeros(0, np.int64),
-        prompt_targets=targets, prompt_top_n=top_n, draft_lens=draft_lens,
+        prompt_targets=targets, prompt_top_n=top_n, draft_lens=draft_lens, embed=embed,
         is_decode=not chunks and not verifying,
     )
     sampled = sample.astype(bool)
@@ -122,7 +134,8 @@ def build(step: int, st: RowState, dec_rows: np.ndarray, dec_inputs: np.ndarray,
     record = InFlight(step=step, rows=rows, uids=uids, seq_lens=seq_lens,
                       sampled_rows=rows[sampled], sampled_uids=uids[sampled],
                       prefill_rows=rows[n_dec:], prefill_uids=uids[n_dec:],
-                      sent_at=time.monotonic(), tokens=int(extend.sum()), scored=scored)
+                      sent_at=time.monotonic(), tokens=int(extend.sum()), scored=scored,
+                      embedded=embedded)
     if verifying:
         record.draft_lens = draft_lens[sampled]
         record.draft_tokens = int(dec_drafts.sum())
@@ -183,6 +196,19 @@ def _prompt_targets(rows: np.ndarray, extend: np.ndarray, dec_tokens: int,
                                      includes_first, max(first_entry, last_entry)))
         offset += chunk.extend
     return targets, top_n.astype(np.int32), scored
+
+
+def _embeds(rows: np.ndarray, n_dec: int, chunks: list[Chunk], st: RowState
+            ) -> tuple[np.ndarray, list[Embedded]]:
+    """ForwardBatch.embed: the prefill chunks of requests that want their prompt embedded."""
+    modes = st.embed[rows].copy()
+    modes[:n_dec] = 0  # a decode never embeds
+    if not (modes > 0).any():
+        return np.zeros(0, dtype=np.int8), []
+    embedded = [Embedded(c.row, int(st.uid[c.row]), c.start,
+                         c.start + c.extend >= int(st.prompt_len[c.row]))
+                for c in chunks if st.embed[c.row] > 0]
+    return modes, embedded
 
 
 def _bias(rows: np.ndarray, sample: np.ndarray, st: RowState,

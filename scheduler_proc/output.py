@@ -33,9 +33,11 @@ class OutputBuilder:
         self.top_logprobs: list[np.ndarray] = []
         self.prompt_rids: list[str] = []
         self.prompt_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.embedding_rids: list[str] = []
+        self.embeddings: list[np.ndarray] = []
 
     def __bool__(self) -> bool:
-        return bool(self.rids) or bool(self.prompt_rids)
+        return bool(self.rids) or bool(self.prompt_rids) or bool(self.embedding_rids)
 
     def _announce(self, reqs: list[Request]) -> None:
         for req in reqs:
@@ -72,6 +74,11 @@ class OutputBuilder:
         self.prompt_rids.append(req.rid)
         self.prompt_parts.append((ids, logprobs, top_ids, top_logprobs))
 
+    def add_embedding(self, req: Request, vector: np.ndarray) -> None:
+        self._announce([req])
+        self.embedding_rids.append(req.rid)
+        self.embeddings.append(vector)
+
     def add_finish(self, req: Request, index: int, reason: str, cached_tokens: int) -> None:
         """A finish without a token (abort)."""
         self._announce([req])
@@ -84,12 +91,16 @@ class OutputBuilder:
         self.cached_tokens.append(max(cached_tokens, 0))
 
     def _prompt_fields(self) -> dict[str, object]:
-        if not self.prompt_rids:
-            return {}
-        return {"prompt_rids": self.prompt_rids, **_prompt_arrays(self.prompt_parts)}
+        out: dict[str, object] = {}
+        if self.prompt_rids:
+            out.update(prompt_rids=self.prompt_rids, **_prompt_arrays(self.prompt_parts))
+        if self.embedding_rids:
+            out.update(embedding_rids=self.embedding_rids,
+                       embeddings=np.stack(self.embeddings).astype(np.float32))
+        return out
 
     def take(self) -> TokenBatch | None:
-        if not self.rids and not self.prompt_rids:
+        if not self.rids and not self.prompt_rids and not self.embedding_rids:
             return None
         i32 = np.int32
         batch = TokenBatch(

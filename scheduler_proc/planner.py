@@ -201,7 +201,11 @@ class Planner:
         chunks: list[Chunk] = []
         if not rows.shape[0]:
             return chunks, budget
-        prefilling = rows[st.kv_len[rows] < st.n_known[rows] + st.pending[rows] - 1]
+        known, kv = st.n_known[rows], st.kv_len[rows]
+        # A prompt's last token is usually computed as the first decode (it samples); a
+        # prefill-only request (max_tokens 0: scored or embedded) prefills it instead.
+        prefill_only = st.max_total[rows] <= known
+        prefilling = rows[(kv < known + st.pending[rows] - 1) | (prefill_only & (kv < known))]
         seqs: list[Sequence] = [s.seq_of_row[r] for r in prefilling.tolist()]  # type: ignore[misc]
         seqs.sort(key=lambda q: q.sort_key(s.by_priority))
         for seq in seqs:
@@ -223,9 +227,10 @@ class Planner:
             seq = s.waiting.peek()
             if seq is None:
                 break
-            scores = seq.index == 0 and seq.req.sampling.prompt_logprobs is not None
-            # A request scoring its prompt needs the logits of every prompt position: no
-            # cached prefix (its KV may still go to the cache for others).
+            sp = seq.req.sampling
+            scores = seq.index == 0 and (sp.prompt_logprobs is not None or sp.embed == "mean")
+            # A request scoring its prompt (or averaging its hidden states) needs every prompt
+            # position computed: no cached prefix (its KV may still go to the cache).
             prefix, node = s.kv.match(seq.tokens[:1] if scores else seq.tokens)
             key = self._first_page(seq) if not prefix.shape[0] and not scores else None
             if key is not None and key in self._pending:

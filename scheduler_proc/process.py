@@ -1,6 +1,6 @@
 """The scheduler process: `python -m tessera.scheduler_proc --run-dir DIR`.
 
-Started after the worker ranks are up. Inboxes (one shared buffer, so one wait covers both):
+Started with the worker ranks; it is ready once they are. Inboxes (one shared buffer, so one wait covers both):
   RunPaths.scheduler          TokenizedRequest, AbortRequest, FlushCache (tokenizer, detokenizer)
   RunPaths.scheduler_results  WorkerReady (every rank, at start), SampledTokens and
                               GrammarReady (rank 0)
@@ -52,7 +52,8 @@ class SchedulerProcess(BusProcess):
 
     def __init__(self, paths: RunPaths, config: EngineConfig) -> None:
         super().__init__(paths, config)
-        self.ready_timeout_s = READY_TIMEOUT_S["scheduler"]
+        # Started beside the workers: it waits as long as they may take to load.
+        self.ready_timeout_s = READY_TIMEOUT_S["worker"] + READY_TIMEOUT_S["scheduler"]
         self.step_timeout_s = config.step_timeout_s
         self.sched: Scheduler | None = None
         self.table: SharedPageTable | None = None

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tessera.bus.messages import SamplingParams
+from tessera.bus.messages import ForwardBatch, SamplingParams
 
 
 class RowState:
@@ -65,6 +65,7 @@ class RowState:
         self.has_bias = np.zeros(rows, dtype=bool)
         self.grammar_id = np.full(rows, -1, dtype=np.int64)  # worker matcher (-1: none)
         self.prompt_top_n = np.full(rows, -1, dtype=i32)  # scores its prompt (-1: no)
+        self.embed = np.zeros(rows, dtype=np.int8)  # ForwardBatch.embed of its chunks
         self.index = np.zeros(rows, dtype=i32)  # sample index (n > 1)
         self.fresh = np.zeros(rows, dtype=bool)  # its request may still need announcing
 
@@ -101,6 +102,8 @@ class RowState:
         # Only the first sample scores the prompt (the others share it).
         scores = sp.prompt_logprobs is not None and index == 0
         self.prompt_top_n[row] = sp.prompt_logprobs if scores else -1
+        self.embed[row] = {"last": ForwardBatch.EMBED_LAST, "mean": ForwardBatch.EMBED_MEAN}.get(
+            sp.embed or "", 0)
         self.index[row] = index
 
     def set_prefix(self, row: int, pages: np.ndarray) -> None:

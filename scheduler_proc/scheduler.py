@@ -108,6 +108,8 @@ class Scheduler:
         self.steps_done = 0
         self.cpu_ms_ema = 0.0
         self.step_cost = StepCost()  # decode step and prefill token, measured
+        self.decode_tokens_total = 0  # tokens of the steps answered, by kind
+        self.prefill_tokens_total = 0
         proposer = make_proposer(c, self.st)
         self.spec = Speculation(proposer, self.st) if proposer is not None else None
 
@@ -385,6 +387,8 @@ class Scheduler:
         else:
             if rec.scored:
                 self._apply_prompt_logprobs(rec, res)
+            if rec.embedded:
+                self._apply_embeddings(rec, res)
             self._apply_tokens(rec, res)
             self._finish_prefill_only(rec)
             if self.kv.use_cache and rec.prefill_rows.shape[0]:
@@ -413,8 +417,10 @@ class Scheduler:
         decodes = int(rec.rows.shape[0] - rec.prefill_rows.shape[0])
         # Proposals ride with their decodes, like them reading the weights once: they are
         # not prefill work.
-        self.step_cost.observe(decodes, rec.tokens - decodes - rec.draft_tokens,
-                               res.forward_ms)
+        prefill = rec.tokens - decodes - rec.draft_tokens
+        self.decode_tokens_total += decodes + rec.draft_tokens
+        self.prefill_tokens_total += prefill
+        self.step_cost.observe(decodes, prefill, res.forward_ms)
 
     def step_token_budget(self, decoding: bool) -> int:
         """Prefill tokens this step may compute (`step_cost.py`): --chunked-prefill-size;
@@ -562,6 +568,26 @@ class Scheduler:
             self._out.add_prompt(seq.req, sc.ids, lps, tops, top_lps)
             seq.prompt_scored = max(seq.prompt_scored, sc.end)
 
+    def _apply_embeddings(self, rec: InFlight, res: SampledTokens) -> None:
+        """Pool the chunks' hidden states; a prompt's last chunk gives its embedding."""
+        if res.embeddings.shape[0] != len(rec.embedded):
+            log.error("step %d: %d embeddings for %d requests", rec.step,
+                      res.embeddings.shape[0], len(rec.embedded))
+            return
+        for emb, vector in zip(rec.embedded, res.embeddings, strict=True):
+            seq = self.seq_of_row[emb.row]
+            if seq is None or int(self.st.uid[emb.row]) != emb.uid:
+                continue  # retracted: it recomputes from its first chunk
+            if seq.req.sampling.embed == "mean":
+                if emb.start == 0:
+                    seq.embed_sum = np.zeros(vector.shape[0], dtype=np.float64)
+                assert seq.embed_sum is not None
+                seq.embed_sum += vector
+            if emb.final:
+                out = vector if seq.embed_sum is None else seq.embed_sum / seq.req.prompt_len
+                self._out.add_embedding(seq.req, np.asarray(out, dtype=np.float32))
+                seq.embed_sum = None
+
     def _finish_prefill_only(self, rec: InFlight) -> None:
         """A request with max_tokens 0 (a scored prompt) ends once its prompt is in KV."""
         st = self.st
@@ -628,6 +654,8 @@ class Scheduler:
             "decode_step_ms": self.step_cost.decode_ms,
             "step_token_budget": float(self.step_token_budget(bool(self.running))),
             "steps": float(self.steps_done),
+            "decode_tokens_total": float(self.decode_tokens_total),
+            "prefill_tokens_total": float(self.prefill_tokens_total),
             "inflight_steps": float(len(self.inflight)),
             **self._spec_stats(),
         }

@@ -80,6 +80,23 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+async def status(request: web.Request) -> web.Response:
+    """The engine at a glance, as JSON (the status page at / reads it): readiness, every
+    process (alive, pid, heartbeat age, restarts, its heartbeat stats), the start-up report,
+    and the recent history of throughput, latency, KV usage and cache hits."""
+    state: ServerState = request.app[STATE]
+    engine = await engine_status(state)
+    processes = {} if engine is None else {
+        name: {k: info.get(k) for k in ("alive", "pid", "age_s", "ready", "restarts", "stats")}
+        for name, info in sorted(engine.processes.items()) if isinstance(info, dict)}
+    return web.json_response({
+        "model": state.model_id, "ready": state.ready and engine is not None and engine.ready,
+        "draining": state.draining, "uptime_s": round(time.time() - state.created, 1),
+        "processes": processes, "startup": engine.startup if engine is not None else {},
+        "history": state.history.samples() if state.history is not None else [],
+    })
+
+
 def _model_card(state: ServerState) -> dict[str, object]:
     return {"id": state.model_id, "object": "model", "created": state.created,
             "owned_by": "tessera", "root": state.config.model,

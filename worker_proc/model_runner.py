@@ -27,11 +27,14 @@ from tessera.bus.messages import (
 from tessera.config import EngineConfig
 from tessera.formats import ModelFiles, open_model
 from tessera.formats.dummy import DummyFiles
+from tessera.formats.hf_folder import HFFolderFiles
 from tessera.hal.platform import Communicator, KVArena, Platform
+from tessera.worker_proc.capture_plan import decode_batch_limit, mixed_token_limit, quiet_gc
 from tessera.worker_proc.forward_inputs import ForwardInputs, build_forward_inputs, to_device
 from tessera.worker_proc.grammar.runtime import GrammarRuntime
 from tessera.worker_proc.kv_sizing import KVPlan, plan_kv
 from tessera.worker_proc.models import model_class
+from tessera.worker_proc.pooling import pool_hidden, wants_pooling
 from tessera.worker_proc.prompt_scores import PromptScores, score, with_score_rows
 from tessera.worker_proc.quant_plan import plan_quantization
 from tessera.worker_proc.sampler import DeviceSample, Sampler
@@ -73,7 +76,8 @@ class PendingStep:
     step: int
     sample: DeviceSample | VerifiedSample | None
     start: float
-    prompt: PromptScores | None = None  # prompt logprobs of requests scoring their prompt
+    # prompt logprobs of requests scoring their prompt, embeddings of those embedding it
+    prompt: PromptScores | None = None
 
     def ready(self) -> bool:
         return self.sample is None or self.sample.ready()
@@ -87,12 +91,14 @@ class ModelRunner:
         self.communicator = communicator
         self.device = platform.device(rank)
         self.dtype = serving_dtype(config, platform)
+        # Seconds of each start-up phase (bus/startup.py): weights, kv_arena, graph_capture.
+        self.phases: dict[str, float] = {}
+        start = time.perf_counter()
         self.files = files or open_model(config.model, config.load_format, config.seed)
         mc = self.files.config
         self.model_config = mc
         self.max_context_len = int(config.context_length or mc.max_position_embeddings)
         free_before = platform.mem_get_info()[0]
-        start = time.perf_counter()
         self.quant = plan_quantization(config.quantization, self.files, platform)
         self.kv_dtype = kv_cache_dtype(config, platform, self.dtype)
         cls = model_class(mc.arch)
@@ -100,13 +106,15 @@ class ModelRunner:
                          max_positions=self.max_context_len, tp_rank=rank,
                          tp_size=config.tp_size, communicator=communicator,
                          ep_size=config.ep_size, quant=self.quant)
-        if isinstance(self.files, DummyFiles):
-            self.files.device = self.device  # draw random weights where they will live
+        if isinstance(self.files, DummyFiles | HFFolderFiles):
+            # Random weights drawn, or safetensors read, straight onto the device.
+            self.files.device = self.device
         self.model.load_weights(self.files.iter_tensors(
             self.dtype, keep_quantized=self.quant.keep_checkpoint))
         if self.kv_dtype != self.dtype:
             self.model.set_kv_cache_scales(self.files.kv_cache_scales())
         platform.synchronize()
+        self.phases["weights"] = time.perf_counter() - start
         self.weight_bytes = self.model.weight_bytes()
         log.info("rank %d: loaded %s (%s, %s; %s) in %.1fs: %.1f MiB of weights", rank,
                  config.model, mc.arch, self.files.kind, self.quant.describe(),
@@ -119,6 +127,7 @@ class ModelRunner:
             self.draft = DraftModel(self)
             self.weight_bytes += self.draft.weight_bytes
         tp = self.model.tp
+        start = time.perf_counter()
         self.kv_plan: KVPlan = plan_kv(
             free_bytes_now=platform.mem_get_info()[0], free_bytes_before_weights=free_before,
             is_cpu=platform.name == "cpu", mem_fraction=config.mem_fraction,
@@ -132,13 +141,19 @@ class ModelRunner:
                                            tp.num_kv_heads, mc.head_dim, self.kv_dtype)
         if self.draft is not None:
             self.draft.create_arena(self.kv_plan.num_slots)
+        platform.synchronize()
+        self.phases["kv_arena"] = time.perf_counter() - start
         log.info("rank %d: %s", rank, self.kv_plan.describe())
         self.graphs: Any = None
         self.mixed_graphs: Any = None
-        self._capture_decode_graphs()
-        self._capture_mixed_graphs()
-        if self.draft is not None and self.graphs is not None:
-            self.draft.capture_graphs(self._new_decode_graphs, self._new_mixed_graphs)
+        start = time.perf_counter()
+        with quiet_gc():
+            self._capture_decode_graphs()
+            self._capture_mixed_graphs()
+            if self.draft is not None and self.graphs is not None:
+                self.draft.capture_graphs(self._decode_graphs_of, self._mixed_graphs_of)
+        if self.graphs is not None:
+            self.phases["graph_capture"] = time.perf_counter() - start
         self.sampler = Sampler(platform.op("sample"), self.device)
         # Rank 0's grammar matchers (structured output), made on the first GrammarInit.
         self.grammar: GrammarRuntime | None = None
@@ -160,46 +175,49 @@ class ModelRunner:
                      self.rank, platform.name)
             return
         start = time.perf_counter()
-        self.graphs = graphs = self._new_decode_graphs(lambda inp: self.model(inp, self.kv),
-                                                       runner)
+        self.graphs = graphs = self._decode_graphs_of(lambda inp: self.model(inp, self.kv),
+                                                      runner)
+        self.phases["graph_capture_decode"] = time.perf_counter() - start
+        self.phases["graph_decode_sizes"] = float(len(graphs.sizes))
         log.info("rank %d: captured decode graphs for batch sizes %s in %.1fs", self.rank,
                  graphs.sizes, time.perf_counter() - start)
-
-    def _new_decode_graphs(self, forward: Any, runner: Any = None) -> Any:
-        """Decode graphs of `forward` (logits of a decode batch), captured."""
-        from tessera.worker_proc.graph_decode import DecodeGraphs
-
-        cfg, platform = self.config, self.platform
-        max_bs = min(cfg.cuda_graph_max_bs, cfg.max_running_requests,
-                     platform.capabilities.max_capture_batch or cfg.cuda_graph_max_bs)
-        graphs = DecodeGraphs(forward, runner or platform.create_graph_runner(), max_bs,
-                              self.max_context_len, self.device)
-        graphs.capture_all()
-        return graphs
 
     def _capture_mixed_graphs(self) -> None:
         """Capture prefill and mixed steps of up to --graph-max-tokens tokens, where the
         decode graphs are captured (a runner and pool of their own)."""
         cfg = self.config
-        if self.graphs is None or cfg.graph_max_tokens < 1:
+        if self.graphs is None or mixed_token_limit(cfg, self.kv_plan.num_slots) < 1:
             return
         start = time.perf_counter()
-        self.mixed_graphs = graphs = self._new_mixed_graphs(
+        self.mixed_graphs = graphs = self._mixed_graphs_of(
             lambda inp: self.model.hidden(inp, self.kv), self.model.logits)
+        self.phases["graph_capture_mixed"] = time.perf_counter() - start
+        self.phases["graph_mixed_sizes"] = float(len(graphs.buckets))
         log.info("rank %d: captured prefill/mixed graphs for %s tokens in %.1fs", self.rank,
                  graphs.buckets, time.perf_counter() - start)
 
-    def _new_mixed_graphs(self, hidden: Any, logits: Any) -> Any:
-        """Prefill / mixed-step graphs of `hidden` (then `logits` eagerly), captured, or None
-        with --graph-max-tokens 0."""
+    def _decode_graphs_of(self, forward: Any, runner: Any = None) -> Any:
+        """Decode graphs of `forward` (a decode batch's logits), captured."""
+        from tessera.worker_proc.graph_decode import DecodeGraphs
+
+        max_bs = decode_batch_limit(self.config, self.platform.capabilities.max_capture_batch,
+                                    self.kv_plan.num_pages)
+        graphs = DecodeGraphs(forward, runner or self.platform.create_graph_runner(), max_bs,
+                              self.max_context_len, self.device)
+        graphs.capture_all()
+        return graphs
+
+    def _mixed_graphs_of(self, hidden: Any, logits: Any) -> Any:
+        """Prefill / mixed-step graphs of `hidden` (`logits` then runs eagerly), captured;
+        None when no such step can be captured."""
         from tessera.worker_proc.graph_mixed import MixedGraphs
 
-        cfg = self.config
-        if cfg.graph_max_tokens < 1:
+        limit = mixed_token_limit(self.config, self.kv_plan.num_slots)
+        if limit < 1:
             return None
-        graphs = MixedGraphs(hidden, logits, self.platform.create_graph_runner(),
-                             cfg.graph_max_tokens, cfg.max_running_requests,
-                             self.max_context_len, self.device)
+        graphs = MixedGraphs(hidden, logits, self.platform.create_graph_runner(), limit,
+                             self.config.max_running_requests, self.max_context_len,
+                             self.device)
         graphs.capture_all()
         return graphs
 
@@ -278,8 +296,14 @@ class ModelRunner:
         record = None
         scored = with_score_rows(batch, inputs, self.device)
         prompt = None
+        embeddings = None
         with torch.inference_mode():
-            logits = self.forward(inputs)
+            if wants_pooling(batch):  # eager: the pooled hidden states stay inside graphs
+                hidden, residual = self.model.hidden(inputs, self.kv)
+                logits = self.model.logits(hidden, residual, inputs)
+                embeddings = pool_hidden(self.model, hidden, residual, batch, self.device)
+            else:
+                logits = self.forward(inputs)
             if scored is not None:  # prompt positions' logits ride after the sampled rows'
                 prompt = score(logits[scored.first:], scored)
                 logits = logits[:scored.first]
@@ -308,6 +332,9 @@ class ModelRunner:
             rows = to_device(np.asarray(batch.rows, dtype=np.int64)[
                 np.asarray(batch.sample, dtype=bool)], torch.int64, self.device)
             self.last_sampled[rows] = tokens
+        if embeddings is not None:
+            prompt = prompt or PromptScores(torch.zeros(0, device=self.device))
+            prompt.embeddings = embeddings
         if prompt is not None:
             prompt.start_copy()  # before the sample's copies: their event covers these too
         result.start_copy()
@@ -328,6 +355,8 @@ class ModelRunner:
             lps, top_ids, top_lps = pending.prompt.fetch()
             prompt = {"prompt_logprobs": lps, "prompt_top_ids": top_ids,
                       "prompt_top_logprobs": top_lps}
+            if pending.prompt.embeddings is not None:
+                prompt["embeddings"] = pending.prompt.fetch_embeddings()
         return SampledTokens(step=pending.step, token_ids=result.token_ids,
                              logprobs=result.logprobs, top_ids=result.top_ids,
                              top_logprobs=result.top_logprobs,

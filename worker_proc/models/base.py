@@ -138,6 +138,16 @@ class CausalLM(nn.Module):
         h = self.embed(ids)
         return h * self.embed_scale if self.embed_scale != 1.0 else h
 
+    def normed(self, h: torch.Tensor, residual: torch.Tensor | None,
+               idx: torch.Tensor) -> torch.Tensor:
+        """The final hidden states (after the last norm, as transformers' last_hidden_state)
+        of the tokens at `idx`."""
+        if residual is None:
+            return self.final_norm(h.index_select(0, idx))  # type: ignore[no-any-return]
+        out, _ = self.final_norm.add_forward(h.index_select(0, idx),
+                                             residual.index_select(0, idx))
+        return out  # type: ignore[no-any-return]
+
     def weight_bytes(self) -> int:
         """Bytes of every parameter and buffer (a tied table counted once)."""
         seen, total = set(), 0
@@ -161,13 +171,7 @@ class CausalLM(nn.Module):
                inp: ForwardInputs) -> torch.Tensor:
         """Final norm and LM head, only at the sampled positions (the vocabulary matmul is
         large), then the config's logit scaling or soft-capping; float32 [S, vocab]."""
-        idx = inp.logits_indices
-        if residual is None:
-            h = self.final_norm(h.index_select(0, idx))
-        else:
-            h, _ = self.final_norm.add_forward(h.index_select(0, idx),
-                                               residual.index_select(0, idx))
-        logits = self.lm_head(h).float()
+        logits = self.lm_head(self.normed(h, residual, inp.logits_indices)).float()
         c = self.config
         if c.logits_scaling != 1.0:
             logits = logits / c.logits_scaling
