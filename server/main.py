@@ -3,9 +3,9 @@
 Started by the supervisor as the last process. Life cycle:
   bind the HTTP socket -> heartbeat task -> one warm-up generation (1 token, unless
   --disable-warmup) -> Ready(process="server") to the supervisor -> serve
-  SIGTERM / SIGINT: stop accepting connections, answer new requests on open connections
-  with 503, let requests in flight finish for up to drain_timeout_s, fail what is left
-  with an error event, exit 0.
+  SIGTERM / SIGINT: answer new requests with 503 (Retry-After) and /health with "stopping",
+  let requests in flight finish for up to drain_timeout_s, fail what is left with an error
+  event, close the socket, exit 0.
 """
 
 from __future__ import annotations
@@ -131,9 +131,10 @@ class ServerProcess:
 
     async def drain(self) -> None:
         state, conn = self.state, self.client.conn
+        # The socket stays open while we drain: a new request is answered 503 with
+        # Retry-After (a load balancer moves on) and /health says "stopping", instead of a
+        # refused connection that says nothing.
         state.draining = True
-        if self.site is not None:
-            await self.site.stop()
         # A supervisor stopping the engine cleanly stops answering status while we drain:
         # from now on only the pids of the engine processes tell whether it is alive.
         conn.silence_timeout_s = float("inf")

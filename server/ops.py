@@ -28,15 +28,15 @@ async def engine_status(state: ServerState, max_age_s: float = 0.5) -> StatusRep
         return None
 
 
-def _unhealthy(reason: str) -> web.Response:
-    return web.json_response({"status": "unavailable", "reason": reason}, status=503,
+def _unhealthy(reason: str, status: str = "unavailable") -> web.Response:
+    return web.json_response({"status": status, "reason": reason}, status=503,
                              headers={"Retry-After": "1"})
 
 
 async def health(request: web.Request) -> web.Response:
     state: ServerState = request.app[STATE]
     if state.draining:
-        return _unhealthy("the server is shutting down")
+        return _unhealthy("the server is shutting down", status="stopping")
     if not state.ready:
         return _unhealthy("the server is warming up")
     status = await engine_status(state)

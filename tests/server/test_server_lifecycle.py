@@ -127,8 +127,13 @@ def test_sigterm_drains_in_flight_streams_then_exits_0(fresh_server: ServerUnder
     first = next(stream)
     fresh_server.signal(signal.SIGTERM)
     time.sleep(0.2)
-    with pytest.raises(ConnectionRefusedError):  # no new connections while draining
-        fresh_server.request("GET", "/health")
+    # While it drains the server still answers: "stopping", and 503 to new work.
+    status, headers, body = fresh_server.request("GET", "/health")
+    assert status == 503 and json.loads(body)["status"] == "stopping"
+    status, headers, body = fresh_server.request("POST", CHAT, {
+        "messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+    assert status == 503 and int(headers["retry-after"]) >= 1
+    assert "shutting down" in json.loads(body)["error"]["message"]
     rest = list(stream)
     assert rest[-1] == "[DONE]"
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in [first, *rest[:-1]])
