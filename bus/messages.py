@@ -441,6 +441,14 @@ class ForwardBatch(Message):
                            their prompt (prompt_logprobs), the token that follows each
                            position, whose logprob rank 0 returns; -1 elsewhere (empty when no
       prompt_top_n  int32  [B] request scores its prompt): top alternatives wanted (-1: none)
+      draft_lens    int32  [B] speculative decoding (empty when no request of the step has
+                           proposals): the last draft_lens[i] of request i's extend_lens[i]
+                           tokens are proposed continuations, verified in this step. Such a
+                           request samples a token after each of its last draft_lens[i] + 1
+                           tokens and keeps the longest run of proposals equal to its samples
+                           plus the sample after that run (SampledTokens.counts). With
+                           --speculative-algorithm draft the proposals are the worker's
+                           draft model's: their input ids are placeholders it overwrites.
       embed         int8   [B] pooled final hidden states wanted from the request's chunk:
                            0 none, EMBED_LAST (its last token's), EMBED_MEAN (the sum over
                            its tokens); empty when no request embeds
@@ -477,6 +485,7 @@ class ForwardBatch(Message):
     grammar_free: np.ndarray = field(default_factory=_empty_i64)
     prompt_targets: np.ndarray = field(default_factory=_empty_i32)
     prompt_top_n: np.ndarray = field(default_factory=_empty_i32)
+    draft_lens: np.ndarray = field(default_factory=_empty_i32)
     embed: np.ndarray = field(default_factory=_empty_i8)
     is_decode: bool = False  # every request has extend_len 1 (graph replay may be used)
 
@@ -499,6 +508,10 @@ class SampledTokens(Message):
     prompt_logprobs float32 [P], prompt_top_ids int32 / prompt_top_logprobs float32 [P, N]:
     for each position of the batch whose ForwardBatch.prompt_targets is >= 0, in order, the
     logprob of that target and the top-N alternatives (empty when none was asked).
+    counts int32 [S] (empty when the step verified no proposals: one token each): tokens of
+    each sampling request, token_ids holding them request by request (a request that verified
+    proposals gets its accepted ones and the token sampled after them); logprobs / top_* then
+    have one row per token.
     embeddings float32 [E, hidden]: one row per request of the batch with embed > 0, in
     order (its chunk's last token's normed hidden state, or the sum over the chunk's tokens).
     """
@@ -519,6 +532,7 @@ class SampledTokens(Message):
     prompt_logprobs: np.ndarray = field(default_factory=_empty_f32)
     prompt_top_ids: np.ndarray = field(default_factory=_empty_i32)
     prompt_top_logprobs: np.ndarray = field(default_factory=_empty_f32)
+    counts: np.ndarray = field(default_factory=_empty_i32)
     embeddings: np.ndarray = field(default_factory=_empty_f32)
 
 

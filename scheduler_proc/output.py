@@ -1,6 +1,7 @@
 """Collect what the detokenizer must hear into one TokenBatch per step.
 
-Entries come in two kinds: a block of sampled tokens (one per sequence, built from arrays)
+Entries come in two kinds: a block of sampled tokens (one per sequence, or several with
+speculative decoding, built from arrays)
 and finish-only entries (aborts: no token). The first time a rid appears, its `detok` dict
 rides along in `new_requests`.
 """
@@ -47,13 +48,15 @@ class OutputBuilder:
     def add_tokens(self, rids: list[str], indices: list[int], fresh: list[Request],
                    tokens: np.ndarray, finish: list[str | None], matched: list[int | None],
                    prompt_tokens: list[int], cached_tokens: list[int],
-                   logprobs: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
-        """One token for each of len(rids) entries; `fresh`: requests among them that may
-        not have been announced yet."""
+                   logprobs: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+                   counts: np.ndarray | None = None) -> None:
+        """One token for each of len(rids) entries (counts[i] for entry i when given:
+        speculative decoding); `fresh`: requests among them that may not have been
+        announced yet."""
         self._announce(fresh)
         self.rids.extend(rids)
         self.indices.extend(indices)
-        self.counts.append(np.ones(len(rids), dtype=np.int32))
+        self.counts.append(np.ones(len(rids), dtype=np.int32) if counts is None else counts)
         self.tokens.append(tokens.astype(np.int32, copy=False))
         self.finish.extend(finish)
         self.matched_stop.extend(matched)

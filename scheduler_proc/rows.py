@@ -10,7 +10,10 @@ Per row (positions count tokens from 0):
   pages[r, :n_pages]    KV pages, n_pages == ceil(kv_len / page_size) (kept by `grow`)
   tree_pages[r]         the first tree_pages pages belong to the radix cache (locked path);
                         the rest are the sequence's own
-A row is *decode-ready* when kv_len == n_known + pending - 1 (only the last token lacks KV),
+  drafts[r]             proposals its step in flight verifies (speculative decoding): their
+                        KV slots count in kv_len until the result says how many were kept
+A row is *decode-ready* when kv_len == n_known + pending - 1 (only the last token lacks KV;
+never while a verify of it is in flight, whose proposals count in kv_len),
 *prefilling* when kv_len is smaller, and *done scheduling* when n_known + pending reaches
 max_total (its last result is still to come).
 """
@@ -39,6 +42,7 @@ class RowState:
         self.kv_done = np.zeros(rows, dtype=i32)
         self.n_known = np.zeros(rows, dtype=i32)
         self.pending = np.zeros(rows, dtype=i32)
+        self.drafts = np.zeros(rows, dtype=i32)
         self.prompt_len = np.zeros(rows, dtype=i32)
         self.max_total = np.zeros(rows, dtype=i32)
         self.cached = np.zeros(rows, dtype=i32)
@@ -71,6 +75,7 @@ class RowState:
         self.tokens[row, :n] = tokens
         self.n_known[row] = n
         self.pending[row] = 0
+        self.drafts[row] = 0
         self.kv_len[row] = 0
         self.kv_done[row] = 0
         self.n_pages[row] = 0
@@ -134,3 +139,4 @@ class RowState:
     def unbind(self, row: int) -> None:
         self.uid[row] = -1
         self.pending[row] = 0
+        self.drafts[row] = 0

@@ -30,6 +30,7 @@ READY_TIMEOUT_S: dict[str, float] = {"worker": 1800.0, "scheduler": 300.0,
 SCHEDULE_POLICIES = ("fcfs", "priority")
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
 REASONING_PARSERS = ("qwen3", "deepseek-r1")
+SPECULATIVE_ALGORITHMS = ("none", "ngram", "draft")
 LOG_FORMATS = ("text", "json")
 EMBEDDING_POOLINGS = ("last", "mean")
 
@@ -95,8 +96,30 @@ class BatchingConfig:
     overlap: bool = _opt(True, "build step n+1 while step n runs (--no-overlap: one step at a "
                          "time, for debugging)")
     debug_invariants: bool = _opt(False, "check the KV page invariant after every step (slow)")
+    speculative_algorithm: str = _opt(
+        "none", "speculative decoding: ngram proposes the continuation of the latest earlier "
+        "occurrence of the sequence's last tokens (prompt lookup, no extra weights); draft "
+        "runs --speculative-draft-model; the target model verifies the proposals in one "
+        "step and keeps its own output exactly", choices=list(SPECULATIVE_ALGORITHMS))
+    speculative_num_draft_tokens: int = _opt(4, "tokens proposed per request and step at most "
+                                             "(verified together with the step's own token)")
+    speculative_ngram_min: int = _opt(2, "ngram: the shortest suffix of the sequence that "
+                                      "must occur earlier for a proposal")
+    speculative_ngram_max: int = _opt(4, "ngram: the longest suffix looked up (the longest "
+                                      "match wins)")
 
     def __post_init__(self) -> None:
+        if self.speculative_algorithm not in SPECULATIVE_ALGORITHMS:
+            raise ValueError(f"speculative_algorithm must be one of "
+                             f"{', '.join(SPECULATIVE_ALGORITHMS)}, got "
+                             f"{self.speculative_algorithm!r}")
+        if self.speculative_algorithm != "none" and self.speculative_num_draft_tokens < 1:
+            raise ValueError(f"speculative_num_draft_tokens must be at least 1, got "
+                             f"{self.speculative_num_draft_tokens}")
+        if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max:
+            raise ValueError(f"speculative_ngram_min ({self.speculative_ngram_min}) must be "
+                             f"at least 1 and at most speculative_ngram_max "
+                             f"({self.speculative_ngram_max})")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy must be fcfs or priority, "
                              f"got {self.schedule_policy!r}")
@@ -186,6 +209,10 @@ class EngineConfig(BatchingConfig):
                                     "failure in the window, up to 30 s")
     step_timeout_s: float = _opt(120.0, "a worker step unanswered this long fails its "
                                  "requests with 503 (the engine stays up)")
+    speculative_draft_model: str | None = _opt(
+        None, "--speculative-algorithm draft: the draft model (a folder or .gguf of a smaller "
+        "model with the target's vocabulary), loaded by every worker rank beside the target "
+        "with the same --load-format, its KV in an arena of its own at the same slots")
     log_level: str = _opt("info", "debug | info | warning | error",
                           choices=["debug", "info", "warning", "error"])
     log_format: str = _opt("text", "text: one readable line per record; json: one JSON object "
@@ -198,6 +225,12 @@ class EngineConfig(BatchingConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.speculative_algorithm == "draft" and not self.speculative_draft_model:
+            raise ValueError("--speculative-algorithm draft needs --speculative-draft-model "
+                             "PATH (a smaller model with the target's vocabulary)")
+        if self.speculative_draft_model and self.speculative_algorithm != "draft":
+            raise ValueError("--speculative-draft-model is used only with "
+                             "--speculative-algorithm draft")
         for name in ("quantization", "kv_cache_dtype"):
             choices = next(f.metadata["choices"] for f in dataclasses.fields(self)
                            if f.name == name)

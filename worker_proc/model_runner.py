@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -38,6 +38,10 @@ from tessera.worker_proc.pooling import pool_hidden, wants_pooling
 from tessera.worker_proc.prompt_scores import PromptScores, score, with_score_rows
 from tessera.worker_proc.quant_plan import plan_quantization
 from tessera.worker_proc.sampler import DeviceSample, Sampler
+from tessera.worker_proc.verify import VerifiedSample, accept, plan_verify
+
+if TYPE_CHECKING:
+    from tessera.worker_proc.draft_model import DraftModel
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +74,7 @@ class PendingStep:
     """A launched step (ModelRunner.launch) whose result has not been fetched yet."""
 
     step: int
-    sample: DeviceSample | None
+    sample: DeviceSample | VerifiedSample | None
     start: float
     # prompt logprobs of requests scoring their prompt, embeddings of those embedding it
     prompt: PromptScores | None = None
@@ -115,6 +119,13 @@ class ModelRunner:
         log.info("rank %d: loaded %s (%s, %s; %s) in %.1fs: %.1f MiB of weights", rank,
                  config.model, mc.arch, self.files.kind, self.quant.describe(),
                  time.perf_counter() - start, self.weight_bytes / 2**20)
+        # --speculative-algorithm draft: the draft model, its KV at the target's slots
+        self.draft: DraftModel | None = None
+        if config.speculative_algorithm == "draft":
+            from tessera.worker_proc.draft_model import DraftModel
+
+            self.draft = DraftModel(self)
+            self.weight_bytes += self.draft.weight_bytes
         tp = self.model.tp
         start = time.perf_counter()
         self.kv_plan: KVPlan = plan_kv(
@@ -122,11 +133,14 @@ class ModelRunner:
             is_cpu=platform.name == "cpu", mem_fraction=config.mem_fraction,
             max_total_tokens=config.max_total_tokens, page_size=config.page_size,
             bytes_per_slot=KVArena.bytes_per_slot(mc.num_layers, tp.num_kv_heads, mc.head_dim,
-                                                  self.kv_dtype),
+                                                  self.kv_dtype)
+            + (self.draft.bytes_per_slot if self.draft is not None else 0),
             max_context_len=self.max_context_len,
             max_running_requests=config.max_running_requests)
         self.kv = platform.create_kv_arena(mc.num_layers, self.kv_plan.num_slots,
                                            tp.num_kv_heads, mc.head_dim, self.kv_dtype)
+        if self.draft is not None:
+            self.draft.create_arena(self.kv_plan.num_slots)
         platform.synchronize()
         self.phases["kv_arena"] = time.perf_counter() - start
         log.info("rank %d: %s", rank, self.kv_plan.describe())
@@ -136,6 +150,8 @@ class ModelRunner:
         with quiet_gc():
             self._capture_decode_graphs()
             self._capture_mixed_graphs()
+            if self.draft is not None and self.graphs is not None:
+                self.draft.capture_graphs(self._decode_graphs_of, self._mixed_graphs_of)
         if self.graphs is not None:
             self.phases["graph_capture"] = time.perf_counter() - start
         self.sampler = Sampler(platform.op("sample"), self.device)
@@ -158,15 +174,9 @@ class ModelRunner:
             log.info("rank %d: %s offers no capture(key, fn) graph runner: decode runs eagerly",
                      self.rank, platform.name)
             return
-        from tessera.worker_proc.graph_decode import DecodeGraphs
-
-        max_bs = decode_batch_limit(cfg, platform.capabilities.max_capture_batch,
-                                    self.kv_plan.num_pages)
         start = time.perf_counter()
-        graphs = DecodeGraphs(lambda inp: self.model(inp, self.kv), runner, max_bs,
-                              self.max_context_len, self.device)
-        graphs.capture_all()
-        self.graphs = graphs
+        self.graphs = graphs = self._decode_graphs_of(lambda inp: self.model(inp, self.kv),
+                                                      runner)
         self.phases["graph_capture_decode"] = time.perf_counter() - start
         self.phases["graph_decode_sizes"] = float(len(graphs.sizes))
         log.info("rank %d: captured decode graphs for batch sizes %s in %.1fs", self.rank,
@@ -178,19 +188,38 @@ class ModelRunner:
         cfg = self.config
         if self.graphs is None or mixed_token_limit(cfg, self.kv_plan.num_slots) < 1:
             return
-        from tessera.worker_proc.graph_mixed import MixedGraphs
-
         start = time.perf_counter()
-        graphs = MixedGraphs(lambda inp: self.model.hidden(inp, self.kv), self.model.logits,
-                             self.platform.create_graph_runner(),
-                             mixed_token_limit(cfg, self.kv_plan.num_slots),
-                             cfg.max_running_requests, self.max_context_len, self.device)
-        graphs.capture_all()
-        self.mixed_graphs = graphs
+        self.mixed_graphs = graphs = self._mixed_graphs_of(
+            lambda inp: self.model.hidden(inp, self.kv), self.model.logits)
         self.phases["graph_capture_mixed"] = time.perf_counter() - start
         self.phases["graph_mixed_sizes"] = float(len(graphs.buckets))
         log.info("rank %d: captured prefill/mixed graphs for %s tokens in %.1fs", self.rank,
                  graphs.buckets, time.perf_counter() - start)
+
+    def _decode_graphs_of(self, forward: Any, runner: Any = None) -> Any:
+        """Decode graphs of `forward` (a decode batch's logits), captured."""
+        from tessera.worker_proc.graph_decode import DecodeGraphs
+
+        max_bs = decode_batch_limit(self.config, self.platform.capabilities.max_capture_batch,
+                                    self.kv_plan.num_pages)
+        graphs = DecodeGraphs(forward, runner or self.platform.create_graph_runner(), max_bs,
+                              self.max_context_len, self.device)
+        graphs.capture_all()
+        return graphs
+
+    def _mixed_graphs_of(self, hidden: Any, logits: Any) -> Any:
+        """Prefill / mixed-step graphs of `hidden` (`logits` then runs eagerly), captured;
+        None when no such step can be captured."""
+        from tessera.worker_proc.graph_mixed import MixedGraphs
+
+        limit = mixed_token_limit(self.config, self.kv_plan.num_slots)
+        if limit < 1:
+            return None
+        graphs = MixedGraphs(hidden, logits, self.platform.create_graph_runner(), limit,
+                             self.config.max_running_requests, self.max_context_len,
+                             self.device)
+        graphs.capture_all()
+        return graphs
 
     def seed_default_rng(self) -> None:
         torch.manual_seed(self.config.seed)  # unseeded requests: reproducible per engine run
@@ -258,6 +287,9 @@ class ModelRunner:
             return PendingStep(batch.step, None, start)
         inputs = build_forward_inputs(batch, req_to_token, self.device)
         self._resolve_last_sampled(inputs)
+        verify = plan_verify(batch, self.device)
+        if self.draft is not None:  # its KV for every token; the proposals it is asked for
+            self.draft.step(batch, inputs, req_to_token)
         grammar = self.grammar
         if grammar is None and self.rank == 0 and batch.grammar_ids.shape[0]:
             grammar = self._grammar_runtime()  # (its matchers are unknown: the rows fail)
@@ -280,13 +312,22 @@ class ModelRunner:
                 # After the forward is queued: the device works while the matchers catch up.
                 grammar.free(batch)
                 mask, record = grammar.before_sample(batch, np.flatnonzero(batch.sample))
-            sample = self.sampler.sample(logits, batch, mask)
+                if mask is not None and verify is not None:  # a request's first logits row
+                    mask.rows = verify.first_dev[mask.rows]
+            if verify is None:
+                sample = self.sampler.sample(logits, batch, mask)
+            else:
+                sample = self.sampler.sample(logits, batch, mask, verify.sel, verify.offset_add)
         tokens = sample.tokens
         if self.config.tp_size > 1:
             # Unseeded draws may differ between ranks: every rank adopts rank 0's tokens.
             assert self.communicator is not None
             own = tokens if self.rank == 0 else torch.zeros_like(tokens)
             tokens = sample.tokens = self.communicator.all_reduce(own)
+        result: DeviceSample | VerifiedSample = sample
+        if verify is not None:  # every rank keeps the same proposals: the draws agree
+            counts, tokens = accept(tokens, inputs.input_ids, verify)
+            result = VerifiedSample(sample, counts, verify)
         if tokens.numel():
             rows = to_device(np.asarray(batch.rows, dtype=np.int64)[
                 np.asarray(batch.sample, dtype=bool)], torch.int64, self.device)
@@ -296,10 +337,11 @@ class ModelRunner:
             prompt.embeddings = embeddings
         if prompt is not None:
             prompt.start_copy()  # before the sample's copies: their event covers these too
-        sample.start_copy()
+        result.start_copy()
         if grammar is not None:
-            grammar.after_sample(record, lambda: sample.fetch().token_ids)
-        return PendingStep(batch.step, sample, start, prompt)
+            grammar.after_sample(record, (lambda: sample.fetch().token_ids) if verify is None
+                                 else result.first_draws)  # type: ignore[union-attr]
+        return PendingStep(batch.step, result, start, prompt)
 
     def finish(self, pending: PendingStep) -> SampledTokens:
         """Wait for a launched step and return its answer."""
@@ -319,7 +361,7 @@ class ModelRunner:
                              logprobs=result.logprobs, top_ids=result.top_ids,
                              top_logprobs=result.top_logprobs,
                              forward_ms=(time.perf_counter() - pending.start) * 1000.0,
-                             grammar_end=ends, **prompt)
+                             grammar_end=ends, counts=result.counts, **prompt)
 
     def _resolve_last_sampled(self, inputs: ForwardInputs) -> None:
         if inputs.has_last_sampled:
