@@ -24,12 +24,14 @@ class ServerProcess:
     """`tessera serve ARGS --port P` as a child; `url` once `wait_ready` returned."""
 
     def __init__(self, args: list[str] | str, port: int | None = None,
-                 log_path: str | None = None) -> None:
+                 log_path: str | None = None, module: str = "tessera") -> None:
         self.args = shlex.split(args) if isinstance(args, str) else list(args)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
-        argv = [sys.executable, "-m", "tessera", "serve", *self.args, "--host", "127.0.0.1",
+        # `module` "tessera" runs `tessera serve`; another module takes the same flags.
+        command = ["tessera", "serve"] if module == "tessera" else [module]
+        argv = [sys.executable, "-m", *command, *self.args, "--host", "127.0.0.1",
                 "--port", str(self.port)]
         print(f"[bench] starting: {shlex.join(argv[1:])}", file=sys.stderr, flush=True)
         self.popen = subprocess.Popen(argv, stdout=self._log, stderr=self._log,

@@ -129,6 +129,7 @@ class Outbox:
                  immediate: bool = False) -> None:
         self.endpoint = endpoint
         self.timeout_ms = timeout_ms
+        self.sent = 0  # messages sent (per-hop message counts in stats)
         self._sock = context().socket(zmq.PUSH)
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -149,6 +150,7 @@ class Outbox:
             self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             raise SendTimeout(f"send to {self.endpoint} would block") from None
+        self.sent += 1
 
     def close(self) -> None:
         self._sock.close(linger=CLOSE_LINGER_MS)
@@ -160,16 +162,24 @@ class OutboxPool:
     def __init__(self, timeout_ms: int = 200, max_open: int = 4096) -> None:
         self.timeout_ms = timeout_ms
         self.max_open = max_open
+        self.sent = 0  # messages sent, to every endpoint
         self._boxes: dict[str, Outbox] = {}
 
     def send(self, endpoint: str, msg: Message) -> None:
+        """Raises SendTimeout for a peer that does not take the message, or an endpoint no
+        peer can have (a reply_to that is not an endpoint: the client is unreachable)."""
         box = self._boxes.get(endpoint)
         if box is None:
             if len(self._boxes) >= self.max_open:
                 oldest = next(iter(self._boxes))
                 self._boxes.pop(oldest).close()
-            box = self._boxes[endpoint] = Outbox(endpoint, self.timeout_ms, immediate=True)
+            try:
+                box = Outbox(endpoint, self.timeout_ms, immediate=True)
+            except (zmq.ZMQError, TypeError) as exc:
+                raise SendTimeout(f"cannot connect to {endpoint!r}: {exc}") from None
+            self._boxes[endpoint] = box
         box.send(msg)
+        self.sent += 1
 
     def forget(self, endpoint: str) -> None:
         box = self._boxes.pop(endpoint, None)

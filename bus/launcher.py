@@ -1,14 +1,15 @@
 """`tessera serve`: set up a run directory, start every engine process under the supervisor,
 print where the server answers, and clean everything up on the way out.
 
-The process list is data (`build_specs`): stage by stage, workers (one per TP rank, started
-together), scheduler, detokenizer, tokenizers, then the HTTP server, which runs a warm-up
-request before it reports ready.
+The process list is data (`build_specs`): the workers (one per TP rank), scheduler,
+detokenizer and tokenizers start together; then the HTTP server, which runs a warm-up request
+before it reports ready.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -16,33 +17,60 @@ import shlex
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 
 from tessera.bus.cleanup import remove_run, remove_stale_runs
 from tessera.bus.process import setup_logging
+from tessera.bus.restarts import RestartPolicy
 from tessera.bus.run_paths import RunPaths
 from tessera.bus.supervisor import Child, ProcessSpec, Supervisor
-from tessera.config import READY_TIMEOUT_S, Env, ServerConfig
+from tessera.codes import MODEL_NOT_FOUND, PORT_IN_USE, coded
+from tessera.config import READY_TIMEOUT_S, EngineConfig, Env, ServerConfig
+from tessera.manifest import RunManifest, now_iso, platform_sections, runs_dir
+from tessera.version import version_line
 
 log = logging.getLogger(__name__)
 
 MAX_IPC_PATH = 107  # sun_path of a Unix socket address on Linux, less the final NUL
+CORE_GROUP = "core"  # the processes restarted together
+
+
+def restart_policy(config: EngineConfig) -> RestartPolicy | None:
+    if config.restart_policy == "off":
+        return None
+    return RestartPolicy(max_restarts=config.restart_max, window_s=config.restart_window_s,
+                         backoff_s=config.restart_backoff_s)
 
 
 def build_specs(config: ServerConfig, paths: RunPaths) -> list[ProcessSpec]:
     """The engine's processes in start order (see the module docstring)."""
     plan: list[tuple[str, str, list[str], int, bool]] = []  # name, module, args, stage, drains
+    # Stage 0 starts every engine process at once: the light ones (interpreter, imports,
+    # vocabulary) start while the workers load the model instead of after it, and the
+    # scheduler waits for the workers' WorkerReady itself. The server comes last: its
+    # warm-up generation needs the whole engine.
     plan += [(f"worker{r}", "tessera.worker_proc", ["--rank", str(r)], 0, False)
              for r in range(config.tp_size)]
-    plan.append(("scheduler", "tessera.scheduler_proc", [], 1, False))
-    plan.append(("detokenizer", "tessera.detokenizer_proc", [], 2, False))
-    plan += [(f"tokenizer{i}", "tessera.tokenizer_proc", ["--index", str(i)], 3, False)
+    plan.append(("scheduler", "tessera.scheduler_proc", [], 0, False))
+    plan.append(("detokenizer", "tessera.detokenizer_proc", [], 0, False))
+    plan += [(f"tokenizer{i}", "tessera.tokenizer_proc", ["--index", str(i)], 0, False)
              for i in range(config.tokenizer_workers)]
-    plan.append(("server", "tessera.server", [], 4, True))
-    return [ProcessSpec.python_module(name, module, paths, *args, stage=stage,
-                                      ready_timeout_s=READY_TIMEOUT_S[name.rstrip("0123456789")],
-                                      drains=drains)
-            for name, module, args, stage, drains in plan]
+    plan.append(("server", "tessera.server", [], 1, True))
+    specs: list[ProcessSpec] = []
+    for name, module, args, stage, drains in plan:
+        kind = name.rstrip("0123456789")
+        # The worker ranks and the scheduler restart together: a new scheduler writes a new
+        # page table, and the workers' KV arena means nothing without the old one.
+        group = CORE_GROUP if kind in ("worker", "scheduler") else ""
+        stale = (paths.tp_rendezvous,) if kind == "worker" else ()
+        # The scheduler is ready only after the workers: its time includes theirs.
+        timeout = READY_TIMEOUT_S[kind] + (READY_TIMEOUT_S["worker"] if kind == "scheduler"
+                                           else 0.0)
+        specs.append(ProcessSpec.python_module(name, module, paths, *args, stage=stage,
+                                               ready_timeout_s=timeout,
+                                               drains=drains, group=group, stale_files=stale))
+    return specs
 
 
 def check_port_free(host: str, port: int) -> str | None:
@@ -54,7 +82,7 @@ def check_port_free(host: str, port: int) -> str | None:
             sock.bind((host, port))
         except OSError as exc:
             return (f"cannot listen on {host}:{port} ({exc.strerror}); stop what uses it or "
-                    f"choose another port with --port")
+                    f"choose another port with --port" + coded(PORT_IN_USE))
     return None
 
 
@@ -67,13 +95,31 @@ def check_config(config: ServerConfig) -> str | None:
         return f"--tokenizer-workers must be at least 1, got {config.tokenizer_workers}"
     if not 0 <= config.port <= 65535:
         return f"--port must be in [0, 65535], got {config.port}"
+    if config.api_key_file and not os.access(config.api_key_file, os.R_OK):
+        return f"--api-key-file {config.api_key_file} cannot be read"
+    if config.restart_max < 1 or config.restart_backoff_s < 0 or config.restart_window_s <= 0:
+        return (f"--restart-max must be at least 1 and --restart-backoff-s, "
+                f"--restart-window-s not negative (got {config.restart_max}, "
+                f"{config.restart_backoff_s}, {config.restart_window_s})")
     if config.heartbeat_timeout_s <= config.heartbeat_interval_s:
         return (f"--heartbeat-timeout-s ({config.heartbeat_timeout_s}) must exceed "
                 f"--heartbeat-interval-s ({config.heartbeat_interval_s})")
+    return check_model_files(config)
+
+
+def check_model_files(config: EngineConfig) -> str | None:
+    """One line saying what is wrong with --model, before any process is started."""
+    from tessera.formats.check import check_model
+    from tessera.formats.errors import ModelFormatError
+
+    try:
+        check_model(config.model, config.load_format)
+    except ModelFormatError as exc:
+        return f"{exc}" + coded(MODEL_NOT_FOUND)
     return None
 
 
-def ready_banner(config: ServerConfig, children: list[Child]) -> str:
+def ready_banner(config: ServerConfig, children: list[Child], startup: str = "") -> str:
     """The URL and a curl line to paste, printed once every process is ready."""
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
     url = f"http://{host}:{config.port}"
@@ -82,17 +128,31 @@ def ready_banner(config: ServerConfig, children: list[Child]) -> str:
                  None) or config.served_model_name or "default"
     body = json.dumps({"model": model, "max_tokens": 32,
                        "messages": [{"role": "user", "content": "Say hello."}]})
-    auth = " -H \"Authorization: Bearer $TESSERA_API_KEY\"" if config.api_key else ""
+    keyed = config.api_key_file or Env.read().api_key
+    auth = " -H \"Authorization: Bearer $KEY\"" if keyed else ""
     return (f"\ntessera is ready at {url}  (model: {model}; stop with Ctrl-C)\n"
+            + (f"  {startup}\n" if startup else "") +
             f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
             f"-d {shlex.quote(body)}\n")
 
 
+def key_on_command_line(argv: list[str]) -> bool:
+    return any(a == "--api-key" or a.startswith("--api-key=") for a in argv)
+
+
 def main(argv: list[str] | None = None) -> int:
+    launched_at = time.time()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if key_on_command_line(argv):
+        print("tessera serve: an API key on the command line is visible to every user of the "
+              "machine (ps); put it in a file given with --api-key-file (mode 0600), or in "
+              "TESSERA_API_KEY", file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(
         prog="tessera serve",
         description="Start and supervise every tessera process and serve the OpenAI API over "
                     "HTTP. Flags override TESSERA_* environment variables.")
+    parser.add_argument("--version", action="version", version=version_line())
     ServerConfig.add_cli_args(parser)
     args = parser.parse_args(argv)
     env = Env.read()
@@ -101,24 +161,28 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError) as exc:
         print(f"tessera serve: invalid configuration: {exc}", file=sys.stderr)
         return 2
-    setup_logging(config.log_level, "supervisor")
+    setup_logging(config.log_level, "supervisor", config.log_format)
     problem = check_config(config)
     if problem:
-        log.error("%s", problem)
+        print(f"tessera serve: {problem}", file=sys.stderr)
         return 2
     return run_supervised(config, env,
-                          preflight=lambda: check_port_free(config.host, config.port))
+                          preflight=lambda: check_port_free(config.host, config.port),
+                          launched_at=launched_at, argv=argv)
 
 
 def run_supervised(config: ServerConfig, env: Env,
                    build: Callable[[ServerConfig, RunPaths], list[ProcessSpec]] = build_specs,
                    on_ready: Callable[[list[Child]], None] | None = None,
-                   preflight: Callable[[], str | None] | None = None) -> int:
+                   preflight: Callable[[], str | None] | None = None,
+                   launched_at: float | None = None, kind: str = "serve",
+                   argv: list[str] | None = None) -> int:
     """Clean up crashed runs, create this run's directory, supervise `build`'s processes,
     and remove the directory and this run's shared memory whatever happens.
 
     `preflight` runs after the clean-up (an orphan of a crashed run may have held the port)
     and before anything starts; a message from it ends the run with exit code 2.
+    The run's manifest (tessera/manifest.py) is written at the start, at ready and at the end.
     """
     remove_stale_runs(env.run_root or tempfile.gettempdir())
     problem = preflight() if preflight is not None else None
@@ -145,10 +209,31 @@ def run_supervised(config: ServerConfig, env: Env,
             log.error("no engine process exists in this checkout; nothing to serve")
             return 2
         log.info("run directory %s", paths.run_dir)
-        banner = on_ready or (lambda children: print(ready_banner(config, children), flush=True))
+        manifest = RunManifest(kind, dataclasses.asdict(config), argv=argv or sys.argv[1:],
+                               model=config.model, load_format=config.load_format,
+                               run_dir=paths.run_dir, runs_folder=runs_dir(env.runs_dir),
+                               keep=config.runs_keep, run_id=paths.run_id)
+        manifest.write()
+
+        def banner(children: list[Child]) -> None:
+            startup = supervisor.startup.line() if supervisor.startup else ""
+            print(ready_banner(config, children, startup), flush=True)
+
+        def ready(children: list[Child]) -> None:
+            hal, devices = platform_sections((c.spec.name, c.info) for c in children)
+            startup = supervisor.startup.to_dict() if supervisor.startup else {}
+            manifest.update(hal=hal, devices=devices,
+                            run={"outcome": "ready", "startup": startup})
+            manifest.hash_missing()  # in the background: start-up does not wait for it
+            (on_ready or banner)(children)
+
         supervisor = Supervisor(paths, specs, heartbeat_timeout_s=config.heartbeat_timeout_s,
-                                drain_timeout_s=config.drain_timeout_s, on_ready=banner)
-        return supervisor.run()
+                                drain_timeout_s=config.drain_timeout_s, on_ready=ready,
+                                restart=restart_policy(config), launched_at=launched_at)
+        code = supervisor.run()
+        manifest.update(run={"outcome": f"exit {code}", "failure": supervisor.failure,
+                             "ended": now_iso()})
+        return code
     finally:
         segments = remove_run(paths, keep_dir=not own_dir)
         if segments:

@@ -8,7 +8,7 @@ frames (see `codec.py`); every other field goes into the msgpack header and must
 Path of one request (ARCHITECTURE.md):
   client --GenerateRequest--> tokenizer --TokenizedRequest--> scheduler
   scheduler --ForwardBatch--> worker (every rank) --SampledTokens (rank 0)--> scheduler
-  scheduler --TokenBatch / ErrorReply--> detokenizer --RequestOutput / ErrorReply--> reply_to
+  scheduler --TokenBatch / ErrorReply--> detokenizer --RequestOutputBatch / ErrorReply--> reply_to
 Control: every process --Ready / Heartbeat--> supervisor; worker --WorkerReady--> scheduler.
 Grammars: scheduler --GrammarInit--> worker rank 0 --GrammarReady--> scheduler.
 
@@ -80,8 +80,10 @@ class SamplingParams:
     `logit_bias`: (token id, bias) pairs added to the logits before sampling (OpenAI's rule:
     -100 bans a token, 100 forces it). `grammar`: the output must follow it (GrammarSpec).
     `prompt_logprobs=k`: the logprob of every prompt token given the ones before it, with the
-    top-k alternatives (scoring a prompt; OpenAI's echo + logprobs). Only with it may
-    `max_tokens` be 0: the prompt is scored and nothing is generated.
+    top-k alternatives (scoring a prompt; OpenAI's echo + logprobs). `embed`: "last" or
+    "mean", the prompt's embedding (the final hidden states, normalized by the model's last
+    norm, of its last token or averaged over its tokens). Only with one of them may
+    `max_tokens` be 0: nothing is generated.
     """
 
     temperature: float = 1.0
@@ -103,6 +105,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: GrammarSpec | None = None
     prompt_logprobs: int | None = None
+    embed: str | None = None
 
     MAX_TOP_LOGPROBS: ClassVar[int] = 20
     MAX_N: ClassVar[int] = 16
@@ -159,7 +162,7 @@ class SamplingParams:
             bad_number("n", self.n, 1, self.MAX_N, integer=True),
         ]
         if self.max_tokens is not None:
-            scoring = self.prompt_logprobs is not None
+            scoring = self.prompt_logprobs is not None or self.embed is not None
             checks.append(bad_number("max_tokens", self.max_tokens, 0 if scoring else 1,
                                      2**31 - 1, integer=True))
             if isinstance(self.max_tokens, int) and isinstance(self.min_tokens, int) \
@@ -168,6 +171,10 @@ class SamplingParams:
                               f"({self.max_tokens})")
         if self.seed is not None:
             checks.append(bad_number("seed", self.seed, -(2**63), 2**63 - 1, integer=True))
+        if self.embed is not None and self.embed not in ("last", "mean"):
+            checks.append(f"embed must be \"last\" or \"mean\", got {self.embed!r}")
+        if self.embed is not None and self.n != 1:
+            checks.append("n must be 1 for an embedding: a prompt has one")
         if self.prompt_logprobs is not None:
             checks.append(bad_number("prompt_logprobs", self.prompt_logprobs, 0,
                                      self.MAX_TOP_LOGPROBS, integer=True))
@@ -327,6 +334,10 @@ def _empty_i64() -> np.ndarray:
     return np.zeros(0, dtype=np.int64)
 
 
+def _empty_i8() -> np.ndarray:
+    return np.zeros(0, dtype=np.int8)
+
+
 def _empty_u8() -> np.ndarray:
     return np.zeros(0, dtype=np.uint8)
 
@@ -359,6 +370,9 @@ class GenerateRequest(Message):
     arrival_time: float = 0.0
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # Sent again by a client whose tokenizer died before answering: the scheduler ignores it
+    # if the first copy got through.
+    resent: bool = False
 
 
 @register
@@ -366,11 +380,17 @@ class GenerateRequest(Message):
 class AbortRequest(Message):
     """Abort a request (client gone, timeout, explicit). Sent to the tokenizer, forwarded on.
     `index`: only that sample of an n > 1 request (the detokenizer ends a choice that matched
-    a stop string while the others go on); None: every sample."""
+    a stop string while the others go on); None: every sample.
+
+    reason LOST_ROUTE (from a restarted detokenizer that never saw the request start): the
+    scheduler fails it with an error to its reply_to instead of a plain "abort" finish.
+    """
 
     rid: str
     reason: str = "abort"
     index: int | None = None
+
+    LOST_ROUTE: ClassVar[str] = "lost_route"
 
 
 # --------------------------------------------------------------------------------------------
@@ -394,6 +414,7 @@ class TokenizedRequest(Message):
     detok: DetokInfo
     priority: int = 0
     arrival_time: float = 0.0
+    resent: bool = False  # see GenerateRequest.resent
 
 
 # --------------------------------------------------------------------------------------------
@@ -455,7 +476,21 @@ class ForwardBatch(Message):
                            their prompt (prompt_logprobs), the token that follows each
                            position, whose logprob rank 0 returns; -1 elsewhere (empty when no
       prompt_top_n  int32  [B] request scores its prompt): top alternatives wanted (-1: none)
+      draft_lens    int32  [B] speculative decoding (empty when no request of the step has
+                           proposals): the last draft_lens[i] of request i's extend_lens[i]
+                           tokens are proposed continuations, verified in this step. Such a
+                           request samples a token after each of its last draft_lens[i] + 1
+                           tokens and keeps the longest run of proposals equal to its samples
+                           plus the sample after that run (SampledTokens.counts). With
+                           --speculative-algorithm draft the proposals are the worker's
+                           draft model's: their input ids are placeholders it overwrites.
+      embed         int8   [B] pooled final hidden states wanted from the request's chunk:
+                           0 none, EMBED_LAST (its last token's), EMBED_MEAN (the sum over
+                           its tokens); empty when no request embeds
     """
+
+    EMBED_LAST: ClassVar[int] = 1
+    EMBED_MEAN: ClassVar[int] = 2
 
     step: int
     rows: np.ndarray
@@ -485,6 +520,8 @@ class ForwardBatch(Message):
     grammar_free: np.ndarray = field(default_factory=_empty_i64)
     prompt_targets: np.ndarray = field(default_factory=_empty_i32)
     prompt_top_n: np.ndarray = field(default_factory=_empty_i32)
+    draft_lens: np.ndarray = field(default_factory=_empty_i32)
+    embed: np.ndarray = field(default_factory=_empty_i8)
     is_decode: bool = False  # every request has extend_len 1 (graph replay may be used)
 
     @property
@@ -506,6 +543,12 @@ class SampledTokens(Message):
     prompt_logprobs float32 [P], prompt_top_ids int32 / prompt_top_logprobs float32 [P, N]:
     for each position of the batch whose ForwardBatch.prompt_targets is >= 0, in order, the
     logprob of that target and the top-N alternatives (empty when none was asked).
+    counts int32 [S] (empty when the step verified no proposals: one token each): tokens of
+    each sampling request, token_ids holding them request by request (a request that verified
+    proposals gets its accepted ones and the token sampled after them); logprobs / top_* then
+    have one row per token.
+    embeddings float32 [E, hidden]: one row per request of the batch with embed > 0, in
+    order (its chunk's last token's normed hidden state, or the sum over the chunk's tokens).
     """
 
     GRAMMAR_DONE: ClassVar[int] = 1
@@ -516,12 +559,16 @@ class SampledTokens(Message):
     logprobs: np.ndarray = field(default_factory=_empty_f32)
     top_ids: np.ndarray = field(default_factory=_empty_i32)
     top_logprobs: np.ndarray = field(default_factory=_empty_f32)
+    # the step's own time on the worker: launch (or the previous step's end, when queued
+    # behind it) to result
     forward_ms: float = 0.0
     error: str | None = None  # the step failed: the scheduler aborts its requests
     grammar_end: np.ndarray = field(default_factory=_empty_u8)
     prompt_logprobs: np.ndarray = field(default_factory=_empty_f32)
     prompt_top_ids: np.ndarray = field(default_factory=_empty_i32)
     prompt_top_logprobs: np.ndarray = field(default_factory=_empty_f32)
+    counts: np.ndarray = field(default_factory=_empty_i32)
+    embeddings: np.ndarray = field(default_factory=_empty_f32)
 
 
 @register
@@ -571,7 +618,8 @@ class TokenBatch(Message):
     per token in token_ids, when any request asked for them.
     Prompt scoring (prompt_logprobs): prompt_counts[q] entries of the prompt_* arrays belong to
     request prompt_rids[q]: each a prompt token, its logprob given the tokens before it (NaN
-    for the first token of the prompt) and the top alternatives.
+    for the first token of the prompt) and the top alternatives. embedding_rids[e]: the
+    request whose (unnormalized) embedding is row e of `embeddings`.
     """
 
     rids: list[str]
@@ -592,6 +640,18 @@ class TokenBatch(Message):
     prompt_logprobs: np.ndarray = field(default_factory=_empty_f32)
     prompt_top_ids: np.ndarray = field(default_factory=_empty_i32)
     prompt_top_logprobs: np.ndarray = field(default_factory=_empty_f32)
+    embedding_rids: list[str] = field(default_factory=list)
+    embeddings: np.ndarray = field(default_factory=_empty_f32)
+
+
+@register
+@dataclass(frozen=True)
+class ResetRequests(Message):
+    """Scheduler -> detokenizer when a scheduler starts: requests the detokenizer still tracks
+    belonged to a scheduler that is gone (a restart) and will get no more output; each is
+    answered with an error and forgotten."""
+
+    reason: str = ""
 
 
 @register
@@ -622,6 +682,40 @@ class RequestOutput(Message):
     prompt_top_logprobs: np.ndarray = field(default_factory=_empty_f32)
     prompt_token_texts: list[str] = field(default_factory=list)
     prompt_top_token_texts: list[list[str]] = field(default_factory=list)
+    embedding: np.ndarray = field(default_factory=_empty_f32)  # float32 [hidden], with sample 0
+
+
+@register
+@dataclass(frozen=True)
+class RequestOutputBatch(Message):
+    """Detokenizer -> one client: every RequestOutput of one step bound for the same reply_to,
+    as columns, so that a step costs one message per client instead of one per request
+    (`bus/output_batch.py` packs and unpacks them).
+
+    Row r is RequestOutput(rids[r], indices[r], texts[r],
+    token_ids[token_offsets[r]:token_offsets[r + 1]], finish_reasons[r], prompt_tokens[r],
+    completion_tokens[r], cached_tokens[r]) plus, when logprob_offsets is not empty, the
+    logprob rows logprob_offsets[r]:logprob_offsets[r + 1] of logprobs / top_ids /
+    top_logprobs (the first top_widths[r] columns; the batch is padded to its widest row with
+    id -1 / -inf) and token_texts[r] / top_token_texts[r].
+    """
+
+    rids: list[str]
+    indices: list[int]
+    texts: list[str]
+    token_offsets: np.ndarray  # int32 [R + 1]
+    token_ids: np.ndarray  # int32
+    finish_reasons: list[str | None]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    logprob_offsets: np.ndarray = field(default_factory=_empty_i32)  # int32 [R + 1] or []
+    logprobs: np.ndarray = field(default_factory=_empty_f32)
+    top_widths: list[int] = field(default_factory=list)
+    top_ids: np.ndarray = field(default_factory=_empty_i32)  # int32 [L, K]
+    top_logprobs: np.ndarray = field(default_factory=_empty_f32)  # float32 [L, K]
+    token_texts: list[list[str]] = field(default_factory=list)
+    top_token_texts: list[list[list[str]]] = field(default_factory=list)
 
 
 @register
@@ -679,11 +773,13 @@ class StatusRequest(Message):
 @dataclass(frozen=True)
 class StatusReply(Message):
     """processes: name -> {"alive": bool, "pid": int, "age_s": float, "ready": bool,
-    "stats": {...} (last heartbeat), "info": {...} (its Ready info)}."""
+    "stats": {...} (last heartbeat), "info": {...} (its Ready info)}; `startup` the start-up
+    report once every process was ready (bus/startup.py: ready_s, phases, stages, detail)."""
 
     nonce: int
     processes: dict[str, dict[str, Any]]
     ready: bool
+    startup: dict[str, Any] = field(default_factory=dict)
 
 
 @register

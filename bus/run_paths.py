@@ -83,6 +83,11 @@ class RunPaths:
         return self._ipc(f"client-{os.getpid()}-{secrets.token_hex(4)}")
 
     @property
+    def tp_rendezvous(self) -> str:
+        """The file tensor-parallel worker ranks meet through (torch.distributed file://)."""
+        return os.path.join(self.run_dir, "tp-rendezvous")
+
+    @property
     def config_file(self) -> str:
         return os.path.join(self.run_dir, "config.json")
 

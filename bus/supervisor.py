@@ -3,7 +3,10 @@
     for each stage (workers, scheduler, detokenizer, tokenizers, server):
         start every process of the stage, wait for each one's Ready
     watch: a child that exits, or falls silent for heartbeat_timeout_s after Ready, is a failure
-        -> SIGTERM to all, SIGKILL after a short grace, exit 1, naming the child and its exit code
+        with a RestartPolicy: its group is killed and started again after a back-off, stage by
+            stage (restarts.py); too many failures in the window -> as without one
+        without: SIGTERM to all, SIGKILL after a short grace, exit 1, naming the child and its
+            exit code
     SIGTERM / SIGINT -> stop the draining processes first (the HTTP server finishes in-flight
         requests), then the rest in reverse start order; exit 0
     answer StatusRequest with a StatusReply (the server's /health and /metrics)
@@ -32,7 +35,9 @@ from typing import IO, Any
 from tessera.bus.channel import Inbox, OutboxPool, SendTimeout
 from tessera.bus.cleanup import CHILDREN_FILE
 from tessera.bus.messages import Heartbeat, Message, Ready, StatusReply, StatusRequest
+from tessera.bus.restarts import RestartBook, RestartPolicy
 from tessera.bus.run_paths import RunPaths
+from tessera.bus.startup import ProcessTimes, StartupReport, startup_report
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +55,21 @@ class ProcessSpec:
     stage: int
     ready_timeout_s: float = 120.0
     drains: bool = False  # stopped first on a clean shutdown, given drain_timeout_s
+    group: str = ""  # processes restarted together (restarts.py); "" is the name alone
+    # Files a previous run of the stage leaves behind that a new start must not find (the
+    # rendezvous file of tensor-parallel ranks): removed before the stage is started again.
+    stale_files: tuple[str, ...] = ()
+
+    @property
+    def restart_group(self) -> str:
+        return self.group or self.name
 
     @classmethod
     def python_module(cls, name: str, module: str, paths: RunPaths, *args: str, stage: int,
-                      ready_timeout_s: float = 120.0, drains: bool = False) -> ProcessSpec:
+                      ready_timeout_s: float = 120.0, drains: bool = False,
+                      group: str = "", stale_files: tuple[str, ...] = ()) -> ProcessSpec:
         argv = (sys.executable, "-m", module, "--run-dir", paths.run_dir, *args)
-        return cls(name, argv, stage, ready_timeout_s, drains)
+        return cls(name, argv, stage, ready_timeout_s, drains, group, stale_files)
 
 
 @dataclass
@@ -69,6 +83,10 @@ class Child:
     info: dict[str, Any] = field(default_factory=dict)
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
     reader: threading.Thread | None = None
+    restarting: bool = False  # killed on purpose, waiting to be started again
+    restarts: int = 0
+    spawned_wall: float = field(default_factory=time.time)  # for the start-up report
+    ready_wall: float | None = None
 
     @property
     def alive(self) -> bool:
@@ -108,11 +126,24 @@ def _forward_stderr(pipe: IO[bytes], tail: deque[str]) -> None:
     pipe.close()
 
 
+@dataclass
+class Restart:
+    """A group being restarted: started again stage by stage once `due`."""
+
+    group: str
+    members: list[Child]
+    due: float
+    stages: list[int]
+    current: list[Child] = field(default_factory=list)
+
+
 class Supervisor:
     def __init__(self, paths: RunPaths, specs: Sequence[ProcessSpec], *,
                  heartbeat_timeout_s: float = 5.0, drain_timeout_s: float = 10.0,
                  stop_grace_s: float = 3.0, failure_grace_s: float = 1.0,
-                 on_ready: Callable[[list[Child]], None] | None = None) -> None:
+                 on_ready: Callable[[list[Child]], None] | None = None,
+                 restart: RestartPolicy | None = None,
+                 launched_at: float | None = None) -> None:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"process names must be unique, got {names}")
@@ -123,10 +154,16 @@ class Supervisor:
         self.stop_grace_s = stop_grace_s
         self.failure_grace_s = failure_grace_s
         self.on_ready = on_ready
+        self.restart_policy = restart
+        self.book = RestartBook(restart) if restart is not None else None
         self.children: dict[str, Child] = {}
         self.failure: str | None = None  # why the run ended badly, for the caller
+        self._restarts: dict[str, Restart] = {}
         self._stop_signal: int | None = None
         self._all_ready = False
+        # Wall-clock start of `tessera serve`, and the start-up report once all are ready.
+        self.launched_at = launched_at if launched_at is not None else time.time()
+        self.startup: StartupReport | None = None
 
     # -- signals --------------------------------------------------------------------------
     def request_stop(self, signum: int = signal.SIGTERM, frame: Any = None) -> None:
@@ -176,13 +213,18 @@ class Supervisor:
                 return 0
             for msg in inbox.drain(_LOOP_S):
                 self._handle(msg, replies)
-            problem = self._check(current)
-            if problem is not None:
-                self.failure = problem
-                log.error("%s", problem)
-                log.error("stopping every process after that failure")
+            for child, problem in self._failures(current):
+                if child.restarting:
+                    continue  # its group is being restarted already (a sibling failed too)
+                fatal = self._recover(child, problem)
+                if fatal is not None:
+                    self.failure = fatal
+                    log.error("%s", fatal)
+                    log.error("stopping every process after that failure")
+                    return 1
+            if self._advance_restarts():
                 return 1
-            if all(c.ready_at is not None for c in current):
+            if all(c.ready_at is not None for c in current) and not self._restarts:
                 if stages:
                     current = self._start_stage(stages.pop(0))
                     if self.failure:
@@ -190,30 +232,41 @@ class Supervisor:
                         return 1
                 elif not self._all_ready:
                     self._all_ready = True
-                    log.info("all %d processes ready", len(self.children))
+                    self.startup = self._startup_report()
+                    log.info("all %d processes ready; %s", len(self.children),
+                             self.startup.line())
                     if self.on_ready is not None:
                         try:
                             self.on_ready(list(self.children.values()))
                         except Exception:  # a closed stdout must not stop a working engine
                             log.exception("the on-ready callback failed")
 
+    def _start(self, spec: ProcessSpec) -> Child | None:
+        log.info("starting %s: %s", spec.name, " ".join(spec.argv[1:]))
+        try:
+            popen = subprocess.Popen(spec.argv, stdin=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, process_group=0)
+        except OSError as exc:
+            self.failure = f"could not start {spec.name} ({spec.argv[0]}): {exc}"
+            return None
+        child = Child(spec, popen, started_at=time.monotonic())
+        old = self.children.get(spec.name)
+        if old is not None:
+            child.restarts = old.restarts + 1
+        assert popen.stderr is not None
+        child.reader = threading.Thread(target=_forward_stderr,
+                                        args=(popen.stderr, child.stderr_tail),
+                                        name=f"stderr-{spec.name}", daemon=True)
+        child.reader.start()
+        self.children[spec.name] = child
+        return child
+
     def _start_stage(self, stage: int) -> list[Child]:
         started: list[Child] = []
         for spec in (s for s in self.specs if s.stage == stage):
-            log.info("starting %s: %s", spec.name, " ".join(spec.argv[1:]))
-            try:
-                popen = subprocess.Popen(spec.argv, stdin=subprocess.DEVNULL,
-                                         stderr=subprocess.PIPE, process_group=0)
-            except OSError as exc:
-                self.failure = f"could not start {spec.name} ({spec.argv[0]}): {exc}"
+            child = self._start(spec)
+            if child is None:
                 return started
-            child = Child(spec, popen, started_at=time.monotonic())
-            assert popen.stderr is not None
-            child.reader = threading.Thread(target=_forward_stderr,
-                                            args=(popen.stderr, child.stderr_tail),
-                                            name=f"stderr-{spec.name}", daemon=True)
-            child.reader.start()
-            self.children[spec.name] = child
             started.append(child)
         self._record_pids()
         return started
@@ -235,10 +288,13 @@ class Supervisor:
                 log.warning("%s from unknown process %r (pid %d) ignored",
                             msg.TYPE, msg.process, msg.pid)
                 return
+            if msg.pid != child.popen.pid:
+                return  # the last words of a process since replaced
             child.last_seen = now
             if isinstance(msg, Ready):
                 if child.ready_at is None:
                     child.ready_at = now
+                    child.ready_wall = time.time()
                     child.info = dict(msg.info)
                     log.info("%s ready after %.1f s", msg.process, now - child.started_at)
             else:
@@ -258,39 +314,123 @@ class Supervisor:
         for spec in self.specs:
             child = self.children.get(spec.name)
             if child is None:
-                processes[spec.name] = {"alive": False, "pid": 0, "age_s": -1.0, "stats": {}}
+                processes[spec.name] = {"alive": False, "pid": 0, "age_s": -1.0, "stats": {},
+                                        "restarts": 0}
                 continue
             seen = child.last_seen or child.started_at
             processes[spec.name] = {
-                "alive": child.alive, "pid": child.popen.pid, "age_s": round(now - seen, 3),
-                "ready": child.ready_at is not None, "stats": child.stats,
-                "info": child.info,
+                "alive": child.alive and not child.restarting, "pid": child.popen.pid,
+                "age_s": round(now - seen, 3), "ready": child.ready_at is not None,
+                "stats": child.stats, "restarts": child.restarts, "info": child.info,
             }
-        ready = self._all_ready and self._stop_signal is None and \
-            all(p["alive"] for p in processes.values())
-        return StatusReply(nonce=nonce, processes=processes, ready=ready)
+        ready = self._all_ready and self._stop_signal is None and not self._restarts and \
+            all(p["alive"] and p["ready"] for p in processes.values())
+        return StatusReply(nonce=nonce, processes=processes, ready=ready,
+                           startup=self.startup.to_dict() if self.startup else {})
 
-    def _check(self, starting: list[Child]) -> str | None:
-        """What went wrong, if anything: a child exited, hung, or is too slow to be ready."""
+    def _startup_report(self) -> StartupReport:
+        return startup_report(self.launched_at, [
+            ProcessTimes(c.spec.name, c.spec.stage, c.spawned_wall, c.ready_wall or time.time(),
+                         c.info) for c in self.children.values()])
+
+    def _failures(self, starting: list[Child]) -> list[tuple[Child, str]]:
+        """Children that exited, hung, or are too slow to be ready, each with the reason."""
         now = time.monotonic()
+        found: list[tuple[Child, str]] = []
+        restarting = [c for r in self._restarts.values() for c in r.current]
         for child in self.children.values():
+            if child.restarting:
+                continue  # killed on purpose; started again by _advance_restarts
             code = child.popen.poll()
             if code is not None:
                 where = "" if child.ready_at is not None else " before it was ready"
                 msg = (f"process {child.spec.name} (pid {child.popen.pid}) ended{where}: "
                        f"{describe_exit(code)}")
                 tail = self._tail(child)
-                return f"{msg}; last lines of its stderr:\n{tail}" if tail else msg
-            if child.ready_at is not None and \
+                found.append((child, f"{msg}; last lines of its stderr:\n{tail}" if tail
+                              else msg))
+            elif child.ready_at is not None and \
                     now - child.last_seen > self.heartbeat_timeout_s:
-                return (f"process {child.spec.name} (pid {child.popen.pid}) sent no heartbeat "
-                        f"for {now - child.last_seen:.1f} s (limit {self.heartbeat_timeout_s} "
-                        "s): it is hung")
-        for child in starting:
-            if child.ready_at is None and now - child.started_at > child.spec.ready_timeout_s:
-                return (f"process {child.spec.name} (pid {child.popen.pid}) was not ready "
-                        f"after {child.spec.ready_timeout_s:.0f} s")
+                found.append((child, f"process {child.spec.name} (pid {child.popen.pid}) sent "
+                              f"no heartbeat for {now - child.last_seen:.1f} s (limit "
+                              f"{self.heartbeat_timeout_s} s): it is hung"))
+            elif (child in starting or child in restarting) and child.ready_at is None and \
+                    now - child.started_at > child.spec.ready_timeout_s:
+                found.append((child, f"process {child.spec.name} (pid {child.popen.pid}) was "
+                              f"not ready after {child.spec.ready_timeout_s:.0f} s"))
+        return found
+
+    # -- restarts ---------------------------------------------------------------------------
+    def _recover(self, child: Child, problem: str) -> str | None:
+        """Restart the failed child's group after a back-off (None); or why everything must
+        stop instead: no restart policy, a crash loop, or a failure during start-up."""
+        if self.book is None or self.restart_policy is None:
+            return problem
+        if not self._all_ready and not any(child in r.current for r in self._restarts.values()):
+            return problem  # a start-up failure: restarting would only hide it
+        group = child.spec.restart_group
+        now = time.monotonic()
+        delay = self.book.record(group, now)
+        policy = self.restart_policy
+        if delay is None:
+            return (f"{problem}\ncrash loop: {group} failed {policy.max_restarts + 1} times "
+                    f"within {policy.window_s:.0f} s (--restart-max, --restart-window-s); "
+                    f"giving up")
+        members = [c for c in self.children.values() if c.spec.restart_group == group]
+        for member in members:
+            member.restarting = True
+            member.ready_at = None
+            if member.alive:
+                self._kill_group(member)
+        names = ", ".join(m.spec.name for m in members)
+        log.error("%s", problem)
+        log.warning("restarting %s in %.1f s (restart %d of at most %d within %.0f s)", names,
+                    delay, self.book.recent(group, now), policy.max_restarts, policy.window_s)
+        self._restarts[group] = Restart(group, members, now + delay,
+                                        sorted({m.spec.stage for m in members}))
         return None
+
+    @staticmethod
+    def _kill_group(child: Child) -> None:
+        """SIGKILL the child and whatever it started (it leads its own process group)."""
+        try:
+            os.killpg(child.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            Supervisor._signal(child, signal.SIGKILL)
+
+    def _advance_restarts(self) -> bool:
+        """Start restarting groups stage by stage; True if a process could not be started."""
+        now = time.monotonic()
+        for group, restart in list(self._restarts.items()):
+            if now < restart.due or any(m.alive for m in restart.members if m.restarting):
+                continue
+            if restart.current and not all(c.ready_at is not None for c in restart.current):
+                continue
+            if not restart.stages:
+                del self._restarts[group]
+                log.info("%s restarted: every process is ready again", group)
+                continue
+            stage = restart.stages.pop(0)
+            restart.current = []
+            in_stage = [m for m in restart.members if m.spec.stage == stage]
+            for path in {p for m in in_stage for p in m.spec.stale_files}:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+            for member in restart.members:
+                if member.spec.stage != stage:
+                    continue
+                member.popen.wait()  # reap it; its pipe readers end with it
+                child = self._start(member.spec)
+                if child is None:
+                    log.error("%s", self.failure)
+                    return True
+                restart.current.append(child)
+            restart.members = [self.children[m.spec.name] if m.spec.stage == stage else m
+                               for m in restart.members]
+            self._record_pids()
+        return False
 
     @staticmethod
     def _tail(child: Child) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from tessera.bus.channel import SendTimeout
 from tessera.bus.messages import GenerateRequest, SamplingParams, StatusReply
-from tessera.client.connection import Item
+from tessera.client.connection import Item, LoopSink
 from tessera.client.outputs import Delta, GenerateResult, ResultBuilder
 from tessera.client.request import (
     ClientBase,
@@ -48,12 +48,18 @@ class AsyncStream(StreamBase):
     def done(self) -> bool:
         return self._tracker.done
 
+    def ready(self) -> bool:
+        """A reply is waiting: the next `__anext__` returns without waiting."""
+        return not self._replies.empty()
+
     async def __anext__(self) -> Delta:
         tracker = self._tracker
         if tracker.done:
             tracker.close()
             raise StopAsyncIteration
         self._check_overflow()
+        if not self._replies.empty():  # at hand: no timer to arm (the common case under load)
+            return self._feed(self._replies.get_nowait())
         timeout = self._next_timeout()
         try:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
@@ -88,13 +94,8 @@ class AsyncClient(ClientBase):
         self.close()
 
     def _deliver(self, loop: asyncio.AbstractEventLoop,
-                 replies: asyncio.Queue[Item]) -> Any:
-        def sink(item: Item) -> None:
-            try:
-                loop.call_soon_threadsafe(replies.put_nowait, item)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                pass
-        return sink
+                 replies: asyncio.Queue[Item]) -> LoopSink:
+        return LoopSink(loop, replies)
 
     async def _send(self, req: GenerateRequest) -> None:
         try:

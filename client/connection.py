@@ -8,19 +8,27 @@ Every client object owns a `BusConnection`:
     and to the supervisor;
   - the circuit breaker that turns timeouts and a dead engine into fast 503s;
   - the liveness watch: every `status_interval_s` it asks the supervisor for the status of
-    every process. A process seen alive before and now reported dead (or a supervisor that
-    stops answering) trips the breaker and fails every request in flight at once, so a
-    streaming caller learns of a `kill -9` within about a second instead of at its timeout.
+    every process. A process of the request path (scheduler, worker, detokenizer) seen up
+    before and now reported dead or not ready (or a supervisor that stops answering) trips
+    the breaker and fails every request in flight at once, so a streaming caller learns of a
+    `kill -9` within about a second instead of at its timeout; once every process is up again
+    (the supervisor restarted it) new requests go through. A dead tokenizer only loses the
+    requests in its queue: those not answered yet are sent again when it is back (resend.py).
+    The HTTP server is not on a bus client's path: its death changes nothing here.
     On one host it also checks the reported pids itself every `_PID_CHECK_S`: the
     supervisor reaps a dead child and starts stopping everyone at once, sometimes before its
     next status answer, and the caller must still get an error rather than a cut stream.
 
 Sinks are called on the receiver thread; they must only hand the item over (a queue put or
-`loop.call_soon_threadsafe`), never block.
+`loop.call_soon_threadsafe`), never block. The receiver takes every message waiting on the
+socket at once (each RequestOutputBatch holds a step's outputs for many requests) and wakes
+each event loop once for all of them: `LoopSink`s are handed over together, so 128 streams
+served by one asyncio server cost one wake-up per step, not 128.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -28,7 +36,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import zmq
 
@@ -39,10 +47,13 @@ from tessera.bus.messages import (
     AbortRequest,
     ErrorReply,
     GenerateRequest,
+    Message,
     RequestOutput,
+    RequestOutputBatch,
     StatusReply,
     StatusRequest,
 )
+from tessera.bus.output_batch import unpack_outputs
 from tessera.bus.run_paths import RunPaths
 from tessera.client.errors import (
     BadRequestError,
@@ -51,6 +62,7 @@ from tessera.client.errors import (
     PromptTooLongError,
     TesseraError,
 )
+from tessera.client.resend import Resender, tokenizer_index
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +71,47 @@ Sink: TypeAlias = Callable[[Item], None]
 
 _POLL_MS = 50
 _PID_CHECK_S = 0.05
+SERVER_PROCESS = "server"  # the HTTP front end: not on the path of a bus client's requests
+_DRAIN_MAX = 256  # messages taken off the socket before their items are handed over
+
+
+class ForwardingSink:
+    """A sink that looks at each item before passing it on to `put` (which may be a
+    LoopSink): `admit` returns what to pass on, or None to drop it."""
+
+    put: Sink
+
+    def admit(self, item: Item) -> Item | None:
+        raise NotImplementedError
+
+    def __call__(self, item: Item) -> None:
+        passed = self.admit(item)
+        if passed is not None:
+            self.put(passed)
+
+
+class LoopSink:
+    """A sink whose items go to an asyncio queue on the loop that owns it. Called alone it
+    wakes the loop for one item; the receiver thread hands many over in one wake-up."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any]) -> None:
+        self.loop = loop
+        self.queue = queue
+
+    def __call__(self, item: Item) -> None:
+        _wake(self.loop, [(self.queue, item)])
+
+
+def _wake(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue[Any], Item]]) -> None:
+    try:
+        loop.call_soon_threadsafe(_put_all, items)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass
+
+
+def _put_all(items: list[tuple[asyncio.Queue[Any], Item]]) -> None:
+    for queue, item in items:
+        queue.put_nowait(item)
 
 
 def tokenizer_endpoints(paths: RunPaths, workers: int = 1) -> list[str]:
@@ -87,12 +140,15 @@ class BusConnection:
         self.last_status: StatusReply | None = None
         self.last_status_at = 0.0
         self.dropped = 0
+        self.received = 0  # messages taken from the reply socket
+        self.loop_wakeups = 0  # event-loop wake-ups that handed items to LoopSinks
         self._seen_alive: set[str] = set()
         # name -> pid of engine processes on this host (ipc transport), from status replies
         self._pids: dict[str, int] = {}
         self._dead_pids: set[int] = set()  # a late status saying "alive" must not revive them
         self._next_pid_check = 0.0
         self._routes: dict[str, Sink] = {}
+        self._resend = Resender()
         self._status_waiters: dict[int, Callable[[StatusReply], None]] = {}
         self._lock = threading.Lock()
         self._nonce = itertools.count(1)
@@ -119,8 +175,8 @@ class BusConnection:
     def check_available(self) -> None:
         """Raise at once if new requests cannot succeed (dead engine, open breaker)."""
         if self.dead_reason is not None:
-            raise EngineDeadError(f"the engine is not running ({self.dead_reason}); restart "
-                                  f"it and retry", retry_after=self.breaker.cooldown_s)
+            raise EngineDeadError(f"the engine cannot serve now ({self.dead_reason}); retry "
+                                  f"once it has restarted", retry_after=self.breaker.cooldown_s)
         try:
             self.breaker.check()
         except CircuitOpenError as exc:
@@ -136,6 +192,7 @@ class BusConnection:
     def unregister(self, rid: str) -> None:
         with self._lock:
             self._routes.pop(rid, None)
+        self._resend.forget(rid)
 
     def in_flight(self) -> int:
         with self._lock:
@@ -160,16 +217,21 @@ class BusConnection:
             raise OverloadedError(
                 f"the engine did not accept the request within {wait} ms (overloaded or "
                 f"not running); retry later") from None
+        self._resend.sent(i, req)
 
     def send_abort(self, rid: str, reason: str = "abort") -> None:
         """Best effort and never blocking: an abort that cannot be sent now is dropped (the
         engine also aborts a request whose reply_to has gone)."""
         i = self._tokenizer_index(rid)
+        abort = AbortRequest(rid=rid, reason=reason)
         try:
             with self._tok_locks[i]:
-                self._tokenizers[i].send(AbortRequest(rid=rid, reason=reason), timeout_ms=0)
+                self._tokenizers[i].send(abort, timeout_ms=0)
         except SendTimeout:
-            log.debug("abort of %s not sent: tokenizer queue full", rid)
+            if i in self._resend.down:
+                self._resend.abort_failed(i, abort)  # sent when the tokenizer is back
+            else:
+                log.debug("abort of %s not sent: tokenizer queue full", rid)
 
     def fail_all(self, error: TesseraError) -> int:
         """Deliver `error` to every request in flight; returns how many there were."""
@@ -206,24 +268,62 @@ class BusConnection:
         self._check_liveness(reply)
 
     def _check_liveness(self, reply: StatusReply) -> None:
-        dead = []
+        down = []
         for name, info in reply.processes.items():
-            if name == self.self_name or not isinstance(info, dict):
+            if name in (self.self_name, SERVER_PROCESS) or not isinstance(info, dict):
                 continue
             pid = info.get("pid")
-            if info.get("alive", False) and pid not in self._dead_pids:
+            up = bool(info.get("alive", False)) and info.get("ready", True) is not False \
+                and pid not in self._dead_pids
+            if up:
                 self._seen_alive.add(name)
                 if self.endpoint.startswith("ipc://") and isinstance(pid, int) and pid > 0 \
                         and pid != os.getpid():
                     self._pids[name] = pid
+                index = tokenizer_index(name)
+                if index is not None and index in self._resend.down:
+                    self._tokenizer_back(index)
             elif name in self._seen_alive or reply.ready:
-                dead.append(name)
-        if dead:
-            self._engine_dead(f"process {', '.join(sorted(dead))} died")
-        elif self.dead_reason is not None:
-            log.info("the engine answers again and every process is alive")
+                down.append(name)
+        self._lost(down)
+        if self.dead_reason is not None and all(tokenizer_index(n) is not None for n in down):
+            log.info("the engine answers again and every process is up")
             self.dead_reason = None
             self.breaker.record_success()
+
+    def _lost(self, names: list[str]) -> None:
+        """Processes of the request path that are down (dead, hung, or restarting)."""
+        core = []
+        for name in sorted(names):
+            index = tokenizer_index(name)
+            if index is None:
+                core.append(name)
+            elif index < len(self._tokenizers) and self._resend.tokenizer_down(index):
+                log.warning("%s is down: requests it had not answered are sent again when it "
+                            "is back", name)
+        if core:
+            self._engine_dead(f"process {', '.join(core)} is down")
+
+    def _tokenizer_back(self, index: int) -> None:
+        again, aborts = self._resend.tokenizer_back(index)
+        if again:
+            log.warning("tokenizer%d is back: sending %d unanswered request(s) again", index,
+                        len(again))
+        pending: list[GenerateRequest | AbortRequest] = [*again, *aborts]
+        for k, msg in enumerate(pending):
+            try:
+                frames = encode(msg)
+                with self._tok_locks[index]:
+                    self._tokenizers[index].send_frames(frames, timeout_ms=self.send_timeout_ms)
+            except SendTimeout:
+                # Not connected yet: everything left waits for the next status (the requests
+                # are still unanswered; the aborts are queued again), without blocking here
+                # once per message.
+                self._resend.tokenizer_down(index)
+                for left in pending[k:]:
+                    if isinstance(left, AbortRequest):
+                        self._resend.abort_failed(index, left)
+                return
 
     def _engine_dead(self, reason: str) -> None:
         first = self.dead_reason is None
@@ -231,8 +331,8 @@ class BusConnection:
         self.breaker.trip(reason)
         if first:
             log.error("engine unavailable: %s; failing requests in flight", reason)
-        self.fail_all(EngineDeadError(f"the engine stopped while generating ({reason})",
-                                      retry_after=self.breaker.cooldown_s))
+        self.fail_all(EngineDeadError(f"an engine process stopped while generating ({reason});"
+                                      f" retry the request", retry_after=self.breaker.cooldown_s))
 
     def check_pids(self) -> None:
         """Fail fast when an engine process this host knows of has vanished."""
@@ -247,7 +347,7 @@ class BusConnection:
             except PermissionError:  # exists, owned by someone else
                 pass
         if gone:
-            self._engine_dead(f"process {', '.join(sorted(gone))} died")
+            self._lost(gone)
 
     def _watch(self, now: float, next_poll: float) -> float:
         if now >= self._next_pid_check:
@@ -272,29 +372,71 @@ class BusConnection:
                     next_poll = self._watch(time.monotonic(), next_poll)
                 if not poller.poll(_POLL_MS):
                     continue
-                frames = self._sock.recv_multipart(copy=False)
+                batch = [self._sock.recv_multipart(copy=False)]
+                while len(batch) < _DRAIN_MAX:
+                    try:
+                        batch.append(self._sock.recv_multipart(zmq.NOBLOCK, copy=False))
+                    except zmq.Again:
+                        break
             except zmq.ZMQError:
                 if self._stop.is_set():
                     break
                 log.exception("client receive failed")
                 continue
-            try:
-                msg = decode(frames)
-            except DecodeError as exc:
-                self.dropped += 1
-                log.warning("client dropped a malformed message (%s)", exc)
-                continue
-            if isinstance(msg, StatusReply):
-                self._on_status(msg)
-            elif isinstance(msg, RequestOutput | ErrorReply):
-                with self._lock:
-                    sink = self._routes.get(msg.rid)
-                if sink is not None:
-                    sink(msg)  # outputs of finished or aborted requests are dropped
-            else:
-                self.dropped += 1
-                log.warning("client dropped an unexpected %s", type(msg).__name__)
+            self.received += len(batch)
+            deliveries: list[tuple[Sink, Item]] = []
+            for frames in batch:
+                self._take(frames, deliveries)
+            self._deliver(deliveries)
         self._sock.close(linger=0)
+
+    def _take(self, frames: list[Any], deliveries: list[tuple[Sink, Item]]) -> None:
+        """Decode one message; its items for registered requests join `deliveries`."""
+        try:
+            msg = decode(frames)
+            items: list[Message] = list(unpack_outputs(msg)) \
+                if isinstance(msg, RequestOutputBatch) else [msg]
+        except (DecodeError, ValueError) as exc:
+            self.dropped += 1
+            log.warning("client dropped a malformed message (%s)", exc)
+            return
+        if isinstance(msg, StatusReply):
+            # What arrived before it goes first: a death it reports comes after those outputs.
+            self._deliver(deliveries)
+            deliveries.clear()
+            self._on_status(msg)
+            return
+        if not isinstance(msg, RequestOutput | ErrorReply | RequestOutputBatch):
+            self.dropped += 1
+            log.warning("client dropped an unexpected %s", type(msg).__name__)
+            return
+        outputs = [item for item in items if isinstance(item, RequestOutput | ErrorReply)]
+        with self._lock:
+            for item in outputs:
+                sink = self._routes.get(item.rid)
+                if sink is not None:  # outputs of finished or aborted requests are dropped
+                    deliveries.append((sink, item))
+        for item in outputs:
+            self._resend.answered(item.rid)
+
+    def _deliver(self, deliveries: list[tuple[Sink, Item]]) -> None:
+        """Hand items over in arrival order: each event loop is woken once for all of its
+        items, other sinks are called one by one."""
+        loops: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Item]]] = {}
+        for sink, item in deliveries:
+            passed: Item | None = item
+            while isinstance(sink, ForwardingSink) and passed is not None:
+                passed, sink = sink.admit(passed), sink.put
+            if passed is None:
+                continue
+            item = passed
+            if isinstance(sink, LoopSink):
+                loops.setdefault(sink.loop, []).append((sink.queue, item))
+            else:
+                sink(item)
+        for loop, items in loops.items():
+            self.loop_wakeups += 1
+            _wake(loop, items)
 
     def close(self) -> None:
         self._stop.set()

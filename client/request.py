@@ -17,7 +17,7 @@ from tessera.bus.breaker import CircuitBreaker
 from tessera.bus.messages import ErrorReply, GenerateRequest, RequestOutput, SamplingParams
 from tessera.bus.process import load_config
 from tessera.bus.run_paths import RunPaths
-from tessera.client.connection import BusConnection, Item
+from tessera.client.connection import BusConnection, ForwardingSink, Item
 from tessera.client.errors import (
     BadRequestError,
     EngineNotFoundError,
@@ -143,7 +143,7 @@ def check_rid(rid: Any) -> None:
                                   param="rid") from None
 
 
-class BoundedSink:
+class BoundedSink(ForwardingSink):
     """Hands a request's replies to its consumer, with at most `limit` outputs unread. A
     consumer that far behind has stopped reading (an HTTP client that never reads its
     stream): the request is aborted in the engine instead of buffered without end, and the
@@ -163,9 +163,9 @@ class BoundedSink:
         self.consumed = 0
         self.overflow: SlowConsumerError | None = None
 
-    def __call__(self, item: Item) -> None:
+    def admit(self, item: Item) -> Item | None:
         if self.overflow is not None:
-            return
+            return None
         if isinstance(item, RequestOutput) and self.limit > 0 and \
                 self.delivered - self.consumed >= self.limit:
             self.overflow = SlowConsumerError(
@@ -173,10 +173,9 @@ class BoundedSink:
                 f"aborted (read streams as they come)")
             self.conn.unregister(self.rid)
             self.conn.send_abort(self.rid, "slow consumer")
-            self.put(self.overflow)  # wakes a consumer waiting for the next output
-            return
+            return self.overflow  # wakes a consumer waiting for the next output
         self.delivered += 1
-        self.put(item)
+        return item
 
 
 class RequestTracker:

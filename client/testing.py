@@ -11,7 +11,9 @@ after `reply_len` tokens. Magic words in the prompt make it misbehave:
     HANG                             accept the request and never answer
 
 `kill(name)` marks a process dead in the status (and stops all output, as a dead engine
-would); `silence_supervisor()` stops status answers.
+would); `crash(name)` / `revive(name)` mark it dead then up again (a restart) without stopping
+output; with `drop_requests` set, requests are received and never run (a tokenizer that dies
+with them in its queue); `silence_supervisor()` stops status answers.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class FakeEngine:
                    "stats": {"running": 0.0}} for name in process_names}
         self.supervisor_silent = False
         self.frozen = False
+        self.drop_requests = False
         self._active: list[_Choice] = []
         self._replies = OutboxPool(timeout_ms=200)
         self._stop = threading.Event()
@@ -95,6 +98,14 @@ class FakeEngine:
         """Report `name` dead; every process stops producing output."""
         self.processes[name]["alive"] = False
         self.frozen = True
+
+    def crash(self, name: str) -> None:
+        """Report `name` dead (its restart is under way); output goes on."""
+        self.processes[name]["alive"] = False
+
+    def revive(self, name: str) -> None:
+        """Report `name` up again (restarted)."""
+        self.processes[name]["alive"] = True
 
     def silence_supervisor(self) -> None:
         self.supervisor_silent = True
@@ -140,6 +151,10 @@ class FakeEngine:
 
     def _start(self, req: GenerateRequest) -> None:
         self.requests.append(req)
+        if self.drop_requests:
+            return
+        if req.resent and any(c.req.rid == req.rid for c in self._active):
+            return  # the first copy got through: as the scheduler does
         text = prompt_text(req)
         for word, (status, message, kind) in ERRORS.items():
             if word in text:

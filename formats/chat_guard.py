@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tokenizers
@@ -29,6 +29,38 @@ PLACEHOLDERS = tuple(chr(c) for c in range(0xFDD0, 0xFDF0)) + tuple(
     chr((plane << 16) | low) for plane in range(17) for low in (0xFFFE, 0xFFFF))
 _PLACEHOLDER_RE = re.compile("[" + "".join(PLACEHOLDERS) + "]")
 _MAX_ESCAPED = 8  # tokenizer copies kept (one per set of special tokens a template writes)
+
+
+def _texts(messages: list[dict[str, Any]], extra: dict[str, Any]) -> Iterator[str]:
+    """Every string a template may write from the request: message fields at any depth
+    (tool calls' arguments too) but the role, and the template variables (tools)."""
+    for message in messages:
+        for key, value in message.items():
+            if key != "role":
+                yield from _nested_texts(value)
+    yield from _nested_texts(extra)
+
+
+def _nested_texts(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _nested_texts(key)
+            yield from _nested_texts(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _nested_texts(item)
+
+
+def _map_texts(value: Any, fn: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, dict):
+        return {_map_texts(k, fn): _map_texts(v, fn) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_map_texts(v, fn) for v in value]
+    return value
 
 
 class ChatTokenError(ValueError):
@@ -49,17 +81,18 @@ class ChatGuard:
         self._escaped: dict[frozenset[str], tuple[tokenizers.Tokenizer, dict[int, int],
                                                   dict[str, str]]] = {}
 
-    def needs_guard(self, messages: list[dict[str, Any]]) -> bool:
-        return self._pattern is not None and any(
-            self._pattern.search(v) for m in messages for k, v in m.items()
-            if k != "role" and isinstance(v, str))
+    def needs_guard(self, messages: list[dict[str, Any]], extra: dict[str, Any]) -> bool:
+        pattern = self._pattern
+        return pattern is not None and any(pattern.search(t) for t in _texts(messages, extra))
 
-    def encode(self, messages: list[dict[str, Any]], render: Callable[[list[dict[str, Any]]], str],
+    def encode(self, messages: list[dict[str, Any]], extra: dict[str, Any],
+               render: Callable[[list[dict[str, Any]], dict[str, Any]], str],
                encode: Callable[[tokenizers.Tokenizer, str], list[int]]) -> list[int]:
-        """Ids of the rendered `messages` in which only the template's special tokens are
-        control tokens. `render(messages)` gives the prompt text, `encode(backend, text)` ids."""
+        """Ids of the rendered `messages` (and template variables `extra`: tool definitions)
+        in which only the template's special tokens are control tokens.
+        `render(messages, extra)` gives the prompt text, `encode(backend, text)` ids."""
         assert self._pattern is not None
-        texts = [v for m in messages for k, v in m.items() if k != "role" and isinstance(v, str)]
+        texts = list(_texts(messages, extra))
         if any(_PLACEHOLDER_RE.search(t) for t in texts):
             raise ChatTokenError(
                 "the messages hold Unicode noncharacters (U+FDD0..U+FDEF, U+xFFFE, U+xFFFF) "
@@ -72,12 +105,11 @@ class ChatGuard:
         back = {ph: text for text, ph in in_messages.items()}
         swap = self._pattern
 
-        def hide(value: Any, key: str) -> Any:
-            if key == "role" or not isinstance(value, str):
-                return value
-            return swap.sub(lambda m: in_messages[m.group(0)], value)
+        def hide(text: str) -> str:
+            return swap.sub(lambda m: in_messages[m.group(0)], text)
 
-        text = render([{k: hide(v, k) for k, v in m.items()} for m in messages])
+        text = render([{k: v if k == "role" else _map_texts(v, hide) for k, v in m.items()}
+                       for m in messages], _map_texts(extra, hide))
         written = frozenset(m.group(0) for m in swap.finditer(text))
         if len(used) + len(written) > len(PLACEHOLDERS):
             raise ChatTokenError(f"the messages hold {len(used)} different special-token "

@@ -253,13 +253,22 @@ class GGUFFiles(ModelFiles):
             return self.config.num_kv_heads
         return None
 
-    @property
-    def quantization(self) -> str | None:
+    def _block_kinds(self) -> list[str]:
+        """The GGUF types with a runtime scheme among the linear weights."""
         from tessera.formats.gguf_quant import CONVERTERS
 
-        kinds = sorted({self._tensors[g].tensor_type.name for hf, g in self._hf_to_gguf.items()
-                        if is_linear_weight(hf)} & set(CONVERTERS))
+        return sorted({self._tensors[g].tensor_type.name for hf, g in self._hf_to_gguf.items()
+                       if is_linear_weight(hf)} & set(CONVERTERS))
+
+    @property
+    def quantization(self) -> str | None:
+        kinds = self._block_kinds()
         return f"gguf {', '.join(kinds)}" if kinds else None
+
+    def quant_schemes(self) -> set[str]:
+        from tessera.formats.gguf_quant import SCHEME_OF
+
+        return {SCHEME_OF[kind] for kind in self._block_kinds()}
 
     @cached_property
     def _metadata(self) -> dict[str, Any]:

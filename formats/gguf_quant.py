@@ -123,6 +123,7 @@ def q6_k(data: np.ndarray, k: int) -> QuantizedWeight:
 CONVERTERS: dict[str, Callable[[np.ndarray, int], QuantizedWeight]] = {
     "Q8_0": q8_0, "Q4_0": q4_0, "Q4_1": q4_1, "Q4_K": q4_k, "Q6_K": q6_k,
 }
+SCHEME_OF = {"Q8_0": "int8", "Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4", "Q6_K": "int8"}
 
 
 def from_gguf_blocks(kind: str, data: np.ndarray, in_features: int) -> QuantizedWeight | None:

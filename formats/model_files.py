@@ -42,6 +42,11 @@ class ModelFiles(ABC):
         the tensor in floating point (or in a form without a runtime scheme)."""
         return None
 
+    def quant_schemes(self) -> set[str]:
+        """The runtime schemes (hal/quant) of the linear weights kept quantized by
+        iter_tensors(keep_quantized=True); empty for a floating-point checkpoint."""
+        return set()
+
     def kv_cache_scales(self) -> dict[int, tuple[float, float]]:
         """layer -> (k_scale, v_scale) for an fp8 KV cache, where the checkpoint has them."""
         return {}

@@ -83,11 +83,11 @@ class ModelTokenizer:
         guard = self._guards.get(allowed_special)
         if guard is None:
             guard = self._guards[allowed_special] = ChatGuard(self.backend, allowed_special)
-        if not guard.needs_guard(messages):
+        if not guard.needs_guard(messages, extra):
             text = self.apply_chat_template(messages, add_generation_prompt, **extra)
             return self.encode(text, add_special_tokens=False)
-        return guard.encode(messages,
-                            lambda m: self.apply_chat_template(m, add_generation_prompt, **extra),
+        return guard.encode(messages, extra,
+                            lambda m, e: self.apply_chat_template(m, add_generation_prompt, **e),
                             lambda backend, text: _encode(backend, text, False))
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:

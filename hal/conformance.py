@@ -45,10 +45,12 @@ from tessera.hal.conformance_data import (
     sampling_params,
 )
 from tessera.hal.conformance_quant import (  # noqa: F401  (the suite's quantized cases)
+    test_attention_reads_fp8_kv,
     test_quant_linear,
     test_quant_linear_act_order,
     test_quant_prepare_keeps_the_values,
     test_quant_schemes_resolve_or_refuse,
+    test_store_kv_fp8,
 )
 from tessera.hal.conformance_runtime import (  # noqa: F401 - collected from here
     test_an_event_marks_finished_work,

@@ -19,6 +19,7 @@ A scheme the plugin does not declare must raise MissingSchemeError naming it and
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -124,3 +125,79 @@ def test_quant_linear_act_order(hal_platform: Platform, dtype: torch.dtype) -> N
     kernel = hal_platform.linear_kernel("int4")
     out = kernel(x.to(hal_platform.device()), kernel.prepare(w.to(hal_platform.device())))
     _quant_close("int4", out, quant_linear_reference(x.float(), w), dtype)
+
+
+# --- fp8 KV cache ------------------------------------------------------------------------------
+FP8_KV_SCALES = (0.05, 0.02)  # (k_scale, v_scale): values of ~1 land mid-range of e4m3
+
+
+def _fp8_kv(platform: Platform) -> bool:
+    return "fp8_e4m3" in platform.capabilities.kv_cache_dtypes
+
+
+def _fp8_case(seq_lens: tuple[int, ...], extend_lens: tuple[int, ...], dtype: torch.dtype,
+              seed: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """A paged case whose caches are fp8 (k / k_scale), and the float caches they stand for."""
+    from tessera.hal.conformance_data import make_paged_case
+    from tessera.hal.cpu.dense import to_cache
+
+    case = make_paged_case(seq_lens, extend_lens, 8, 2, 64, dtype, seed=seed)
+    ks, vs = FP8_KV_SCALES
+    k8 = to_cache(case.k_cache, torch.float8_e4m3fn, ks)
+    v8 = to_cache(case.v_cache, torch.float8_e4m3fn, vs)
+    k_float, v_float = k8.float() * ks, v8.float() * vs
+    case.k_cache, case.v_cache = k8, v8
+    return case, k_float, v_float
+
+
+def test_store_kv_fp8(hal_platform: Platform, dtype: torch.dtype) -> None:
+    if not _fp8_kv(hal_platform):
+        pytest.skip(f"{hal_platform.name} declares no fp8 KV cache")
+    from tessera.hal.cpu.dense import to_cache
+
+    dev = hal_platform.device()
+    ks, vs = FP8_KV_SCALES
+    gen = torch.Generator().manual_seed(40)
+    k = (torch.randn((5, 2, 64), generator=gen) * 3).to(dtype)
+    v = (torch.randn((5, 2, 64), generator=gen) * 3).to(dtype)
+    k[0, 0, 0] = 1e4  # far past 448 * k_scale: saturates instead of becoming NaN
+    kc = torch.zeros((32, 2, 64), dtype=torch.float8_e4m3fn, device=dev)
+    vc = torch.zeros_like(kc)
+    slots = torch.tensor([3, 4, 8, 31, 0], dtype=torch.int32)
+    hal_platform.op("store_kv")(kc, vc, k.to(dev), v.to(dev), slots.to(dev), k_scale=ks,
+                                v_scale=vs)
+    for cache, x, scale in ((kc, k, ks), (vc, v, vs)):
+        got = cache.cpu().float()[slots.long()]
+        want = to_cache(x, torch.float8_e4m3fn, scale).float()
+        # round to nearest: at most one e4m3 step (2^-3 relative) apart where a kernel's
+        # rounding of a tie differs
+        assert bool(((got - want).abs() <= want.abs() * 2 ** -3).all())
+        assert bool(torch.isfinite(got).all())
+        untouched = torch.ones(32, dtype=torch.bool)
+        untouched[slots.long()] = False
+        assert int(cache.cpu().float()[untouched].count_nonzero()) == 0
+
+
+@pytest.mark.parametrize("mode", ["decode", "extend"])
+def test_attention_reads_fp8_kv(hal_platform: Platform, dtype: torch.dtype, mode: str) -> None:
+    if not _fp8_kv(hal_platform):
+        pytest.skip(f"{hal_platform.name} declares no fp8 KV cache")
+    from tessera.hal.conformance import _close, _ref
+
+    if mode == "decode":
+        case, k_float, v_float = _fp8_case((1, 4, 5, 17), (1, 1, 1, 1), dtype, seed=41)
+    else:
+        case, k_float, v_float = _fp8_case((8, 13, 12), (3, 1, 4), dtype, seed=42)
+    ks, vs = FP8_KV_SCALES
+    dev = case.to(hal_platform.device())
+    if mode == "decode":
+        out = hal_platform.op("attention_decode")(
+            dev.q, dev.k_cache, dev.v_cache, dev.req_to_token, dev.seq_lens, case.scale,
+            k_scale=ks, v_scale=vs)
+    else:
+        out = hal_platform.op("attention_extend")(
+            dev.q, dev.k_cache, dev.v_cache, dev.req_to_token, dev.seq_lens, dev.extend_lens,
+            dev.qo_indptr, case.scale, k_scale=ks, v_scale=vs)
+    expected = _ref("attention_extend", case.q, k_float, v_float, case.req_to_token,
+                    case.seq_lens, case.extend_lens, case.qo_indptr, case.scale)
+    _close(out, expected, dtype)

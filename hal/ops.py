@@ -24,6 +24,11 @@ L = row length of the page table. Integer index tensors may be int32 or int64.
         fallback or a MissingSchemeError, never a silent slow path (hal/base.py).
     store_kv(k_cache[S, Hk, D], v_cache[S, Hk, D], k[T, Hk, D], v[T, Hk, D], slots[T]) -> None
         k_cache[slots[t]] = k[t]; v_cache[slots[t]] = v[t]   (in place)
+        An fp8 KV cache (float8_e4m3fn, Capabilities.kv_cache_dtypes "fp8_e4m3") adds the
+        keywords k_scale, v_scale (floats, one pair per layer): the cache holds k / k_scale,
+        saturated to +-448, rounded to nearest. The worker passes them only to a plugin that
+        declares the fp8 KV cache, and passes the same scales to the attention ops, which then
+        read K = k_cache * k_scale and V = v_cache * v_scale.
     attention_extend(q[T, Hq, D], k_cache, v_cache, req_to_token[B, L], seq_lens[B],
                      extend_lens[B], qo_indptr[B + 1], scale: float,
                      max_extend_len: int | None = None, *, sliding_window: int = 0,
@@ -43,6 +48,7 @@ L = row length of the page table. Integer index tensors may be int32 or int64.
         transformers' sliding-window mask does; a plugin should skip the KV outside the window
         rather than mask it. logit_cap > 0 soft-caps the scores before the softmax:
         s = logit_cap * tanh(q.k * scale / logit_cap) (Gemma 2). Both 0: plain causal.
+        (+ k_scale, v_scale keywords over an fp8 cache: see store_kv.)
     attention_decode(q[B, Hq, D], k_cache, v_cache, req_to_token[B, L], seq_lens[B],
                      scale: float, *, sliding_window: int = 0, logit_cap: float = 0.0)
                      -> [B, Hq, D]

@@ -50,6 +50,13 @@ class KVPool:
         self.cache.lock(node)
         return pages, node
 
+    def matched_tokens(self, tokens: np.ndarray) -> int:
+        """Prompt tokens `match` would serve from the cache now (nothing is locked)."""
+        if not self.use_cache:
+            return 0
+        usable = ((tokens.shape[0] - 1) // self.page_size) * self.page_size
+        return self.cache.matched_pages(tokens[:usable]) * self.page_size
+
     def unlock(self, node: Node) -> None:
         self.cache.unlock(node)
 

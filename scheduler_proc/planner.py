@@ -1,12 +1,16 @@
 """Choose one step's work: which sequences run, how many tokens each, with which pages.
 
 In order, every step:
-  1. decodes: every running sequence whose prompt is in KV takes one token. When their new
-     pages do not fit (after evicting unlocked cache pages), the youngest running sequence
-     is retracted (`policy.retraction_victim`) until they do: decodes never deadlock;
+  1. decodes: every running sequence whose prompt is in KV takes one token, or with
+     speculative decoding verifies that token and its proposals (`speculation.py`: which
+     sequences, how many slots). When their new pages do not fit (after evicting unlocked
+     cache pages), proposals are dropped, then the youngest running sequence is retracted
+     (`policy.retraction_victim`) until they do: decodes never deadlock;
   2. prefill chunks of sequences admitted earlier, under the token budget
-     (`Planner.token_budget`: chunked_prefill_size, cut to about step_target_ms of
-     work when others decode or wait; decodes do not count against it). While requests
+     (`Planner.token_budget`: chunked_prefill_size; while streams decode, what keeps
+     the step within max_mixed_step_ratio decode steps at the measured costs; about
+     step_target_ms of work when others decode or wait; decodes do not count against it,
+     they are planned first and never wait for a prefill). While requests
      wait, these chunks take at most half the budget: a long prompt shares its steps with
      new arrivals instead of holding them until its last chunk;
   3. admission: waiting sequences in policy order take a row, their cached prefix (locked)
@@ -25,12 +29,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tessera.scheduler_proc import speculation
 from tessera.scheduler_proc.batch import Chunk
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.kv_pool import KVPool
 from tessera.scheduler_proc.policy import WaitingQueue
 from tessera.scheduler_proc.request import Sequence
 from tessera.scheduler_proc.running import RunningSet
+from tessera.scheduler_proc.speculation import Drafts, Speculation
+from tessera.scheduler_proc.step_cost import StepCost
 
 
 @dataclass
@@ -40,6 +47,7 @@ class StepPlan:
     decode_rows: np.ndarray
     decode_inputs: np.ndarray  # -1: the token this row sampled last (still in flight)
     chunks: list[Chunk] = field(default_factory=list)
+    drafts: Drafts | None = None  # the decodes' proposals (1 + lens input ids each)
     retracted: int = 0  # running sequences that gave their pages to the decodes
     cache_query_tokens: int = 0  # prompt tokens of the admitted sequences
     cache_hit_tokens: int = 0  # of which served from the cache
@@ -53,11 +61,14 @@ class Planner:
     MAX_DEFERRED = 32  # sequences looked past per step while their prefix is in the making
 
     def __init__(self, config: SchedulerConfig, kv: KVPool, waiting: WaitingQueue,
-                 running: RunningSet) -> None:
+                 running: RunningSet, step_cost: StepCost,
+                 spec: Speculation | None = None) -> None:
         self.config = config
         self.page_size = config.page_size
         self.kv, self.waiting, self.running = kv, waiting, running
         self.st = running.st
+        self.step_cost = step_cost  # measured by the scheduler from the worker's step times
+        self.spec = spec
 
     def _first_page(self, seq: Sequence) -> bytes | None:
         ps = self.page_size
@@ -65,21 +76,23 @@ class Planner:
             return None  # nothing another request could match
         return seq.tokens[:ps].tobytes()
 
-    def token_budget(self, ms_per_token: float) -> int:
-        """Prefill tokens this step may compute: --chunked-prefill-size, cut to about
-        step_target_ms of work at the measured speed (`ms_per_token`, 0: unknown) when other
-        requests would wait for the step (some decode or wait); never below a page."""
-        budget = self.config.chunked_prefill_size or (1 << 30)
-        target = self.config.step_target_ms
-        if target > 0 and ms_per_token > 0 and (len(self.running) > 1 or self.waiting):
-            budget = min(budget, max(self.page_size, int(target / ms_per_token)))
-        return budget
+    def token_budget(self, decoding: bool) -> int:
+        """Prefill tokens this step may compute (`step_cost.py`): --chunked-prefill-size;
+        while streams decode, what keeps the step within --max-mixed-step-ratio decode steps
+        (at least an eighth of the chunk size, so arrivals are not starved); while other
+        requests decode or wait, about --step-target-ms of work at the measured speed."""
+        c = self.config
+        cap = c.chunked_prefill_size or (1 << 30)
+        return self.step_cost.prefill_budget(
+            decoding=decoding, others_waiting=len(self.running) > 1 or bool(self.waiting),
+            cap=cap, min_tokens=max(self.page_size, cap // 8), floor=self.page_size,
+            max_mixed_step_ratio=c.max_mixed_step_ratio, step_target_ms=c.step_target_ms)
 
-    def plan(self, ms_per_token: float = 0.0) -> StepPlan:
-        """The next step, at the device's measured cost of a prefill token."""
-        rows, inputs, retracted = self._plan_decodes()
-        plan = StepPlan(rows, inputs, retracted=retracted)
-        budget = self.token_budget(ms_per_token)
+    def plan(self, step: int) -> StepPlan:
+        """The work of step number `step`."""
+        rows, inputs, retracted, drafts = self._plan_decodes(step)
+        plan = StepPlan(rows, inputs, retracted=retracted, drafts=drafts)
+        budget = self.token_budget(decoding=rows.shape[0] > 0)
         share = max(self.page_size, budget // 2) if self.waiting else budget
         plan.chunks, left = self._plan_prefills(min(share, budget))
         self._admit(plan, left + budget - min(share, budget))
@@ -97,14 +110,25 @@ class Planner:
             ready &= ~(st.has_penalty[rows] & (st.pending[rows] > 0))
         return rows[ready]
 
-    def _plan_decodes(self) -> tuple[np.ndarray, np.ndarray, int]:
-        """(decode rows, their input ids, sequences retracted to make room)."""
+    def _plan_decodes(self, step: int
+                      ) -> tuple[np.ndarray, np.ndarray, int, Drafts | None]:
+        """(decode rows, their input ids, sequences retracted to make room, proposals)."""
         st, ps, running = self.st, self.page_size, self.running
         retracted = 0
         while True:
             rows = self._decode_ready()
+            drafts = None
+            if self.spec is not None and rows.shape[0]:
+                rows, drafts = self.spec.plan(rows, step)
             grow = rows[st.kv_len[rows] % ps == 0]  # the new token starts a page
-            if grow.shape[0] <= self.kv.available():
+            available = self.kv.available()
+            if drafts is not None:
+                extra = int(speculation.extra_pages(st, drafts.rows, drafts.lens + 1).sum()
+                            - (st.kv_len[drafts.rows] % ps == 0).sum())
+                if grow.shape[0] + extra <= available:
+                    break
+                drafts = None  # proposals wait for memory before anyone is retracted
+            if grow.shape[0] <= available:
                 break
             if len(running) <= 1:  # cannot happen after admission checks; stay safe
                 rows = rows[st.kv_len[rows] % ps != 0]
@@ -112,6 +136,8 @@ class Planner:
                 break
             running.retract(running.victim())
             retracted += 1
+        if drafts is not None:
+            return rows, self._write_verifies(rows, drafts), retracted, drafts
         if grow.shape[0]:
             st.pages[grow, st.n_pages[grow]] = self.kv.alloc(int(grow.shape[0]))
             st.n_pages[grow] += 1
@@ -123,7 +149,54 @@ class Planner:
         inputs = np.where(pending > 0, -1, st.tokens[rows, np.minimum(last, st.width - 1)])
         st.kv_len[rows] = pos + 1
         st.pending[rows] = pending + 1
-        return rows, inputs.astype(np.int32), retracted
+        return rows, inputs.astype(np.int32), retracted, None
+
+    def _write_verifies(self, rows: np.ndarray, drafts: Drafts) -> np.ndarray:
+        """Pages, slots and input ids of a decode step some of whose rows verify proposals
+        (1 + lens tokens each; the others 1): the flat input ids."""
+        st, ps = self.st, self.page_size
+        per_row = np.zeros(st.uid.shape[0], dtype=np.int32)
+        per_row[drafts.rows] = drafts.lens
+        lens = per_row[rows]
+        extend = lens + 1
+        need = speculation.extra_pages(st, rows, extend)
+        total = int(need.sum())
+        if total:
+            owner = np.repeat(rows, need)
+            within = np.arange(total) - np.repeat(np.cumsum(need) - need, need)
+            st.pages[owner, st.n_pages[owner] + within] = self.kv.alloc(total)
+            st.n_pages[rows] += need
+        n_tok = int(extend.sum())
+        tok_rows = np.repeat(rows, extend)
+        starts = np.cumsum(extend) - extend
+        within = np.arange(n_tok) - np.repeat(starts, extend)
+        pos = np.repeat(st.kv_len[rows], extend) + within
+        st.req_to_token[tok_rows, pos] = st.pages[tok_rows, pos // ps] * ps + pos % ps
+        pending = st.pending[rows]
+        last = st.n_known[rows] + pending - 1
+        inputs = np.empty(n_tok, dtype=np.int32)
+        inputs[starts] = np.where(pending > 0, -1, st.tokens[rows, np.minimum(last,
+                                                                               st.width - 1)])
+        # A verifying row has nothing in flight (Speculation.plan): its last token is known.
+        inputs[within > 0] = drafts.tokens[self._draft_order(rows, drafts, lens)]
+        st.kv_len[rows] += extend
+        st.pending[rows] = pending + 1
+        st.drafts[rows] = lens
+        return inputs
+
+    @staticmethod
+    def _draft_order(rows: np.ndarray, drafts: Drafts, lens: np.ndarray) -> np.ndarray:
+        """Indices into drafts.tokens in the order of `rows` (drafts.rows is a subset of
+        rows, maybe in another order)."""
+        where = np.cumsum(drafts.lens) - drafts.lens
+        start_of = np.zeros(int(rows.max()) + 1, dtype=np.int64)
+        start_of[drafts.rows] = where
+        spec_rows = rows[lens > 0]
+        spec_lens = lens[lens > 0]
+        base = np.repeat(start_of[spec_rows], spec_lens)
+        within = np.arange(int(spec_lens.sum())) - np.repeat(np.cumsum(spec_lens) - spec_lens,
+                                                             spec_lens)
+        return base + within
 
     def _chunk(self, seq: Sequence, budget: int, reserve: int) -> Chunk | None:
         """Allocate and write the next prefill chunk of a bound sequence, as long as the
@@ -154,7 +227,11 @@ class Planner:
         chunks: list[Chunk] = []
         if not rows.shape[0]:
             return chunks, budget
-        prefilling = rows[st.kv_len[rows] < st.n_known[rows] + st.pending[rows] - 1]
+        known, kv = st.n_known[rows], st.kv_len[rows]
+        # A prompt's last token is usually computed as the first decode (it samples); a
+        # prefill-only request (max_tokens 0: scored or embedded) prefills it instead.
+        prefill_only = st.max_total[rows] <= known
+        prefilling = rows[(kv < known + st.pending[rows] - 1) | (prefill_only & (kv < known))]
         seqs = [running.seqs[r] for r in prefilling.tolist()]
         seqs.sort(key=lambda q: q.sort_key(running.by_priority))
         for seq in seqs:
@@ -176,9 +253,10 @@ class Planner:
             seq = waiting.peek()
             if seq is None:
                 break
-            scores = seq.index == 0 and seq.req.sampling.prompt_logprobs is not None
-            # A request scoring its prompt needs the logits of every prompt position: no
-            # cached prefix (its KV may still go to the cache for others).
+            sp = seq.req.sampling
+            scores = seq.index == 0 and (sp.prompt_logprobs is not None or sp.embed == "mean")
+            # A request scoring its prompt (or averaging its hidden states) needs every prompt
+            # position computed: no cached prefix (its KV may still go to the cache).
             prefix, node = kv.match(seq.tokens[:1] if scores else seq.tokens)
             key = self._first_page(seq) if not prefix.shape[0] and not scores else None
             if key is not None and key in running.prefixes:

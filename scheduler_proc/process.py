@@ -1,6 +1,6 @@
 """The scheduler process: `python -m tessera.scheduler_proc --run-dir DIR`.
 
-Started after the worker ranks are up. Inboxes (one shared buffer, so one wait covers both):
+Started with the worker ranks; it is ready once they are. Inboxes (one shared buffer, so one wait covers both):
   RunPaths.scheduler          TokenizedRequest, AbortRequest, FlushCache (tokenizer, detokenizer)
   RunPaths.scheduler_results  WorkerReady (every rank, at start), SampledTokens and
                               GrammarReady (rank 0)
@@ -30,16 +30,19 @@ from tessera.bus.messages import (
     ForwardBatch,
     GrammarReady,
     Message,
+    ResetRequests,
     SampledTokens,
     TokenizedRequest,
     WorkerReady,
 )
 from tessera.bus.process import BusProcess
 from tessera.bus.run_paths import RunPaths
+from tessera.bus.stats import StatHistogram
 from tessera.config import READY_TIMEOUT_S, EngineConfig
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.page_table import SharedPageTable
 from tessera.scheduler_proc.scheduler import Scheduler
+from tessera.scheduler_proc.throughput_log import ThroughputLog
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +54,8 @@ class SchedulerProcess(BusProcess):
 
     def __init__(self, paths: RunPaths, config: EngineConfig) -> None:
         super().__init__(paths, config)
-        self.ready_timeout_s = READY_TIMEOUT_S["scheduler"]
+        # Started beside the workers: it waits as long as they may take to load.
+        self.ready_timeout_s = READY_TIMEOUT_S["worker"] + READY_TIMEOUT_S["scheduler"]
         self.step_timeout_s = config.step_timeout_s
         self.sched: Scheduler | None = None
         self.table: SharedPageTable | None = None
@@ -65,6 +69,8 @@ class SchedulerProcess(BusProcess):
         self._last_expire = 0.0
         self.batches_sent = 0
         self.send_failures = 0
+        self.step_seconds = StatHistogram("step_seconds")  # the worker's time per step
+        self.throughput_log = ThroughputLog(config.log_interval_s)
 
     # -- start-up -----------------------------------------------------------------------------
     def setup(self) -> None:
@@ -81,6 +87,8 @@ class SchedulerProcess(BusProcess):
         self.workers = [Outbox(paths.worker(r), timeout_ms=cfg.send_timeout_ms)
                         for r in range(cfg.tp_size)]
         self.detok = Outbox(paths.detokenizer, timeout_ms=cfg.send_timeout_ms)
+        # Whatever the detokenizer still tracks ran on a scheduler before this one.
+        self._emit(ResetRequests(reason="the engine's scheduler restarted"))
         log.info("scheduler: %d KV pages of %d tokens, context %d, %d rows, overlap %s, "
                  "radix cache %s", self.sched.allocator.total_pages, sc.page_size,
                  sc.max_context_len, sc.max_running_requests, sc.overlap,
@@ -136,6 +144,8 @@ class SchedulerProcess(BusProcess):
             return
         for msg in msgs:
             if isinstance(msg, SampledTokens):
+                if msg.error is None and msg.forward_ms:
+                    self.step_seconds.observe(msg.forward_ms / 1000.0)
                 self._emit(sched.on_result(msg))
             elif isinstance(msg, TokenizedRequest):
                 error = sched.add_request(msg)
@@ -162,6 +172,7 @@ class SchedulerProcess(BusProcess):
                                   message="the scheduler's inbox is full; retry later",
                                   reply_to=req.detok.reply_to))
         self._send_grammar_inits()
+        self.throughput_log.maybe_log(sched.stats)
         while (batch := sched.next_batch()) is not None:
             self._send_batch(batch)
         if sched.inflight and time.monotonic() - sched.inflight[0].sent_at > self.step_timeout_s:
@@ -231,8 +242,10 @@ class SchedulerProcess(BusProcess):
     def stats(self) -> dict[str, float]:
         out = dict(self.sched.stats()) if self.sched is not None else {}
         out["batches_sent"] = float(self.batches_sent)
+        out["detokenizer_messages_sent"] = float(self.detok.sent if self.detok else 0)
         out["send_failures"] = float(self.send_failures)
         out["output_backlog"] = float(len(self._backlog))
+        out.update(self.step_seconds.stats())
         if self.sched is not None:
             out["grammars_compiling"] = float(self.sched.grammars_compiling)
         return out

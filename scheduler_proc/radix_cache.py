@@ -74,6 +74,17 @@ class RadixCache:
             pages.append(node.page)
         return np.asarray(pages, dtype=np.int32), node
 
+    def matched_pages(self, tokens: np.ndarray) -> int:
+        """How many whole pages of `tokens` `match` would find, without touching the tree
+        (scheduling policies rank waiting requests with it)."""
+        node, n = self.root, 0
+        for key in self._chunks(tokens):
+            node = node.children.get(key)  # type: ignore[assignment]
+            if node is None:
+                break
+            n += 1
+        return n
+
     # -- insertion -----------------------------------------------------------------------------
     def insert(self, tokens: np.ndarray, pages: np.ndarray) -> tuple[np.ndarray, Node]:
         """Cache the whole pages of `tokens`, whose KV lives in `pages` (one per page).

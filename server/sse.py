@@ -1,6 +1,10 @@
 """Server-sent events as OpenAI streams them: `data: {json}\\n\\n` per chunk, then
 `data: [DONE]\\n\\n`. A failure after the stream started is one `data: {"error": {...}}`
-event, after which the stream ends (no [DONE])."""
+event, after which the stream ends (no [DONE]).
+
+Events are buffered by `send` and written by `flush`: the relay flushes once it has handled
+every delta that is ready (`Generation.relay`), so the events of one event-loop turn leave in
+one socket write."""
 
 from __future__ import annotations
 
@@ -28,28 +32,47 @@ class SseWriter:
         self.request = request
         self.response = web.StreamResponse(status=200, headers=HEADERS)
         self.started = False
-        self.stall_timeout_s = request.app[STATE].config.stream_stall_timeout_s
+        self.state = request.app[STATE]  # counts events and writes (host-path figures)
+        self.stall_timeout_s = self.state.config.stream_stall_timeout_s
+        self._pending: list[bytes] = []
 
     async def start(self) -> None:
         await self.response.prepare(self.request)
         self.started = True
 
     async def send(self, obj: dict[str, Any]) -> None:
-        """Raises ConnectionResetError when the client has gone (the caller aborts)."""
+        """Queue one event; `flush` writes it."""
         data = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-        await self._write(b"data: " + data.encode() + b"\n\n")
+        self.state.sse_events += 1
+        self._pending.append(b"data: " + data.encode() + b"\n\n")
+
+    async def flush(self) -> None:
+        """Write the queued events at once (ConnectionResetError: the client has gone)."""
+        if not self._pending:
+            return
+        data = b"".join(self._pending)
+        self._pending.clear()
+        self.state.sse_writes += 1
+        await self._write(data)
 
     async def done(self) -> None:
-        await self._write(b"data: [DONE]\n\n")
+        self._pending.append(b"data: [DONE]\n\n")
+        await self.flush()
         await self._write(None)
 
     async def error(self, body: dict[str, Any]) -> None:
         await self.send(body)
+        await self.flush()
         await self._write(None)
 
     async def _write(self, data: bytes | None) -> None:
         """Write (None: end the body); a client that takes nothing for the stall timeout is
         cut off (ConnectionResetError: the caller aborts the request)."""
+        if data is not None and self._fits(len(data)):
+            # The write cannot wait for the client, so it needs no stall timer (arming and
+            # cancelling one per write costs more than the write at 128 streams).
+            await self.response.write(data)
+            return
         try:
             async with asyncio.timeout(self.stall_timeout_s):
                 if data is None:
@@ -62,3 +85,11 @@ class SseWriter:
                 transport.abort()  # drop what it never read; free the connection now
             raise ConnectionResetError(f"the client read nothing for "
                                        f"{self.stall_timeout_s:g} s") from None
+
+    def _fits(self, size: int) -> bool:
+        """Below the low-water mark the writer is not paused (it resumes there) and this
+        write cannot pause it."""
+        transport = self.request.transport
+        if transport is None or transport.is_closing():
+            return False
+        return transport.get_write_buffer_size() + size <= transport.get_write_buffer_limits()[0]

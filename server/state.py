@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import re
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -14,7 +16,9 @@ from tessera.bus.run_paths import RunPaths
 from tessera.client import AsyncClient
 from tessera.config import ServerConfig
 from tessera.server.errors import ApiError
+from tessera.server.keys import ApiKey
 from tessera.server.metrics import ServerMetrics
+from tessera.server.ratelimit import RateLimiter
 
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
 _QUANT_SUFFIX = re.compile(r"\.(q\d\w*|iq\d\w*|f16|f32|bf16)$", re.IGNORECASE)
@@ -50,14 +54,18 @@ class ServerState:
     client: AsyncClient
     model_ids: tuple[str, ...]
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    limiter: RateLimiter = field(default_factory=RateLimiter)
     max_concurrent: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
     in_flight: int = 0
     ready: bool = False
     draining: bool = False
+    sse_events: int = 0  # SSE events written, and the writes that carried them
+    sse_writes: int = 0
     # From the engine's Ready info (server/main.py read_engine_info); None / hermes until then.
     max_model_len: int | None = None
     tool_call_format: str = "hermes"
+    history: Any = None  # server/history.py: recent figures for the status page
 
     @property
     def model_id(self) -> str:
@@ -86,3 +94,5 @@ class ServerState:
 
 
 STATE = web.AppKey("state", ServerState)
+# The API key of the request being handled (set by the auth middleware; None without keys).
+CURRENT_KEY: ContextVar[ApiKey | None] = ContextVar("tessera_api_key", default=None)

@@ -24,10 +24,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def test_flags_win_over_environment_over_defaults() -> None:
-    env = Env(hal="cuda", api_key="k", run_root=None, log_level="debug", default_model="m.gguf")
+    env = Env(hal="cuda", api_key="s3cr3t-key", run_root=None, log_level="debug",
+              default_model="m.gguf")
     cfg = ServerConfig.from_cli(parse(["--hal", "cpu", "--port", "31000"]), env)
-    assert (cfg.hal, cfg.port, cfg.model, cfg.api_key, cfg.log_level) == \
-        ("cpu", 31000, "m.gguf", "k", "debug")
+    assert (cfg.hal, cfg.port, cfg.model, cfg.log_level) == ("cpu", 31000, "m.gguf", "debug")
+    # The API key is read by the server from its environment: never written to config.json.
+    assert "s3cr3t-key" not in cfg.to_json() and not hasattr(cfg, "api_key")
     assert ServerConfig.from_cli(parse([]), Env(None, None, None, None, None)) == ServerConfig()
 
 
@@ -50,7 +52,7 @@ def test_every_field_is_a_flag_and_types_parse() -> None:
 
 
 def test_json_round_trip_and_frozen() -> None:
-    cfg = ServerConfig(model="x.gguf", tp_size=2, port=1234, api_key="s")
+    cfg = ServerConfig(model="x.gguf", tp_size=2, port=1234, api_key_file="/keys")
     assert ServerConfig.from_json(cfg.to_json()) == cfg
     assert EngineConfig.from_json(cfg.to_json()).model == "x.gguf"  # server fields ignored
     with pytest.raises(AttributeError):

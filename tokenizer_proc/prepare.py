@@ -233,4 +233,4 @@ def prepare(req: GenerateRequest, tok: ModelTokenizer, context_length: int | Non
     )
     return TokenizedRequest(rid=req.rid, input_ids=np.asarray(ids, dtype=np.int32),
                             sampling=sampling, detok=detok, priority=req.priority,
-                            arrival_time=req.arrival_time)
+                            arrival_time=req.arrival_time, resent=req.resent is True)

@@ -10,6 +10,7 @@ a GrammarReady once the grammar is compiled (worker_proc/grammar/).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -22,8 +23,20 @@ from tessera.bus.messages import ForwardBatch, GrammarInit, GrammarReady, Messag
 from tessera.bus.process import BusProcess
 from tessera.bus.run_paths import RunPaths
 from tessera.config import EngineConfig
+from tessera.hal.facts import platform_facts
 
 log = logging.getLogger(__name__)
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (Linux /proc; the peak RSS elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 class WorkerProcess(BusProcess):
@@ -42,6 +55,7 @@ class WorkerProcess(BusProcess):
         self.tokens = 0
         self.forward_ms_total = 0.0
         self.pending: tuple[Any, float] | None = None
+        self._last_done = 0.0  # when the last step's result was taken
 
     def setup(self) -> None:
         from tessera.hal import host_threads
@@ -54,19 +68,35 @@ class WorkerProcess(BusProcess):
         cfg = self.config
         if not 0 <= self.rank < cfg.tp_size:
             raise ValueError(f"--rank {self.rank} is outside --tp-size {cfg.tp_size}")
+        if cfg.verify_weights or cfg.verify_key:
+            self._verify_weights()
         self.inbox = Inbox(self.paths.worker(self.rank), name=self.name)
         threads = host_threads.apply_thread_count(cfg.intra_op_threads, cfg.tp_size)
         log.info("%s: %d intra-op threads, OpenMP wait policy %s", self.name, threads,
                  wait_policy)
+        start = time.perf_counter()
         platform = load_platform(cfg.hal)
         if cfg.tp_size > 1:
-            init = f"file://{os.path.join(self.paths.run_dir, 'tp-rendezvous')}"
+            init = f"file://{self.paths.tp_rendezvous}"
             self.communicator = platform.create_communicator(self.rank, cfg.tp_size, init)
+        platform_s = time.perf_counter() - start
         self.runner = ModelRunner(cfg, self.rank, platform, self.communicator)
+        self.runner.phases = {"platform": platform_s, **self.runner.phases}
         self.table = AttachedPageTable(self.paths.shm_req_to_token, cfg.max_running_requests,
                                        self.runner.max_context_len)
         self.results = Outbox(self.paths.scheduler_results, timeout_ms=cfg.send_timeout_ms)
         self.results.send(self.runner.ready_message())
+
+    def _verify_weights(self) -> None:
+        """Before anything is read: every start (a restart too) checks the files it loads."""
+        from tessera.formats.integrity import verify_model
+
+        cfg = self.config
+        if not cfg.verify_weights:
+            raise ValueError("--verify-key needs --verify-weights MANIFEST")
+        checked = verify_model(cfg.model, cfg.verify_weights, cfg.verify_key)
+        log.info("%s: the %d model file(s) match %s%s", self.name, checked, cfg.verify_weights,
+                 " (signature valid)" if cfg.verify_key else "")
 
     def ready_info(self) -> dict[str, Any]:
         if self.runner is None:
@@ -74,7 +104,10 @@ class WorkerProcess(BusProcess):
         plan = self.runner.kv_plan
         return {"rank": self.rank, "device": str(self.runner.device),
                 "kv_pages": plan.num_pages, "kv_tokens": plan.usable_tokens,
-                "model": self.config.model}
+                "model": self.config.model, "quantization": self.runner.quant.describe(),
+                "weight_bytes": self.runner.weight_bytes, "kv_cache_bytes": plan.total_bytes,
+                "phases": {k: round(v, 4) for k, v in self.runner.phases.items()},
+                "platform": platform_facts(self.runner.platform)}
 
     def handle(self, msgs: list[Message]) -> None:
         for msg in msgs:
@@ -124,8 +157,16 @@ class WorkerProcess(BusProcess):
         self._done(pending.step, start, result)
 
     def _done(self, step: int, start: float, result: SampledTokens) -> None:
+        # The step's own time: from its launch or, when it was queued behind the previous
+        # step (pipelined), from that step's end. Launch-to-end would count the previous
+        # step's tail too, and the scheduler sizes prefill chunks from this.
+        now = time.perf_counter()
+        own_ms = (now - max(start, self._last_done)) * 1000.0
+        self._last_done = now
         self.steps += 1
-        self.forward_ms_total += (time.perf_counter() - start) * 1000.0
+        self.forward_ms_total += own_ms
+        if result.error is None:
+            result = dataclasses.replace(result, forward_ms=own_ms)
         if self.rank != 0:
             return
         assert self.results is not None
@@ -159,9 +200,12 @@ class WorkerProcess(BusProcess):
         return 0.002 if compiling else self.loop_timeout_s
 
     def stats(self) -> dict[str, float]:
+        weights = float(self.runner.weight_bytes) if self.runner is not None else 0.0
         return {"steps": float(self.steps), "failed_steps": float(self.failed_steps),
                 "tokens": float(self.tokens),
-                "forward_ms_avg": self.forward_ms_total / self.steps if self.steps else 0.0}
+                "forward_ms_avg": self.forward_ms_total / self.steps if self.steps else 0.0,
+                "forward_ms_total": self.forward_ms_total,
+                "weight_bytes": weights, "rss_bytes": float(resident_bytes())}
 
     def teardown(self) -> None:
         if self.runner is not None and self.runner.grammar is not None:

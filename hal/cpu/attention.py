@@ -16,7 +16,8 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      req_to_token: torch.Tensor, seq_lens: torch.Tensor,
                      extend_lens: torch.Tensor, qo_indptr: torch.Tensor,
                      scale: float, max_extend_len: int | None = None, *,
-                     sliding_window: int = 0, logit_cap: float = 0.0) -> torch.Tensor:
+                     sliding_window: int = 0, logit_cap: float = 0.0, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
     del max_extend_len  # the reference reads the lengths on the host anyway
     out = torch.empty_like(q)
     seq_list = seq_lens.tolist()
@@ -28,8 +29,8 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             continue
         start = starts[b]
         slots = req_to_token[b, :seq_len].long()
-        k = k_cache[slots].float()  # [S, Hk, D]
-        v = v_cache[slots].float()
+        k = read_cache(k_cache, slots, k_scale)  # [S, Hk, D]
+        v = read_cache(v_cache, slots, v_scale)
         prefix = seq_len - ext_len
         qb = q[start:start + ext_len].float()
         out[start:start + ext_len] = causal_attention(qb, k, v, prefix, scale, sliding_window,
@@ -40,7 +41,8 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      req_to_token: torch.Tensor, seq_lens: torch.Tensor,
                      scale: float, *, sliding_window: int = 0,
-                     logit_cap: float = 0.0) -> torch.Tensor:
+                     logit_cap: float = 0.0, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
     batch = q.shape[0]
     if batch == 0:
         return torch.empty_like(q)
@@ -48,8 +50,8 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     # Slots past a row's length may hold anything; clamp so the gather stays in bounds, the
     # mask hides them.
     slots = req_to_token[:, :max_len].long().clamp(0, k_cache.shape[0] - 1)
-    k = k_cache[slots].float()  # [B, L, Hk, D]
-    v = v_cache[slots].float()
+    k = read_cache(k_cache, slots, k_scale)  # [B, L, Hk, D]
+    v = read_cache(v_cache, slots, v_scale)
     pos = torch.arange(max_len, device=q.device)[None, :]
     lens = seq_lens[:, None].long()
     valid = pos < lens  # [B, L]
@@ -66,6 +68,13 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     # A row of length 0 (padding) attends to nothing: define its output as zeros, not NaN.
     out = torch.where((seq_lens > 0)[:, None, None], out, torch.zeros_like(out))
     return out.to(q.dtype)
+
+
+def read_cache(cache: torch.Tensor, slots: torch.Tensor, scale: float) -> torch.Tensor:
+    """The cached values at `slots` in float32: what the cache holds times its scale (an fp8
+    cache stores k / k_scale)."""
+    values = cache[slots].float()
+    return values if scale == 1.0 else values * scale
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int,

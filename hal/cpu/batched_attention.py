@@ -38,13 +38,20 @@ def length_groups(lens: list[int]) -> list[list[int]]:
     return groups
 
 
+def gather(cache: torch.Tensor, slots: torch.Tensor, scale: float) -> torch.Tensor:
+    """cache[slots] in float32 times the cache's scale (an fp8 cache holds k / k_scale)."""
+    values = cache.index_select(0, slots).float()
+    return values if scale == 1.0 else values.mul_(scale)
+
+
 def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      req_to_token: torch.Tensor, seq_lens: torch.Tensor,
                      scale: float, *, sliding_window: int = 0,
-                     logit_cap: float = 0.0) -> torch.Tensor:
+                     logit_cap: float = 0.0, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
     lens = seq_lens.tolist()
     groups = length_groups(lens)
-    window = (sliding_window, logit_cap)
+    window = (sliding_window, logit_cap, k_scale, v_scale)
     if len(groups) == 1 and len(groups[0]) == q.shape[0]:  # every row, one group
         return _decode_group(q, k_cache, v_cache, req_to_token, seq_lens, lens[groups[0][0]],
                              scale, *window)
@@ -58,8 +65,8 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 def _decode_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   req_to_token: torch.Tensor, seq_lens: torch.Tensor, max_len: int,
-                  scale: float, sliding_window: int = 0,
-                  logit_cap: float = 0.0) -> torch.Tensor:
+                  scale: float, sliding_window: int = 0, logit_cap: float = 0.0,
+                  k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Rows of length 1..max_len: KV gathered to [B, max_len], the tail masked (and, with a
     sliding window, the head: only the last sliding_window positions of each row count)."""
     batch, hq, dim = q.shape
@@ -67,8 +74,8 @@ def _decode_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     # Slots past a row's length may hold anything; clamp so the gather stays in bounds, the
     # mask hides them.
     slots = req_to_token[:, :max_len].reshape(-1).long().clamp_(0, k_cache.shape[0] - 1)
-    k = k_cache.index_select(0, slots).view(batch, max_len, hk, dim).float()
-    v = v_cache.index_select(0, slots).view(batch, max_len, hk, dim).float()
+    k = gather(k_cache, slots, k_scale).view(batch, max_len, hk, dim)
+    v = gather(v_cache, slots, v_scale).view(batch, max_len, hk, dim)
     pos = torch.arange(max_len, device=q.device)[None, :]
     valid = pos < seq_lens[:, None]  # [B, L]
     if sliding_window > 0:
@@ -86,7 +93,8 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      req_to_token: torch.Tensor, seq_lens: torch.Tensor,
                      extend_lens: torch.Tensor, qo_indptr: torch.Tensor,
                      scale: float, max_extend_len: int | None = None, *,
-                     sliding_window: int = 0, logit_cap: float = 0.0) -> torch.Tensor:
+                     sliding_window: int = 0, logit_cap: float = 0.0, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
     del max_extend_len  # the lengths are on the host anyway
     seq_list = seq_lens.tolist()
     ext_list = extend_lens.tolist()
@@ -99,14 +107,14 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         tokens = torch.tensor([starts[b] for b in ones], dtype=torch.long, device=q.device)
         out[tokens] = attention_decode(q[tokens], k_cache, v_cache, req_to_token[rows],
                                        seq_lens[rows], scale, sliding_window=sliding_window,
-                                       logit_cap=logit_cap)
+                                       logit_cap=logit_cap, k_scale=k_scale, v_scale=v_scale)
     for b, (seq_len, ext_len) in enumerate(zip(seq_list, ext_list, strict=True)):
         if ext_len <= 1:
             continue
         start = starts[b]
         slots = req_to_token[b, :seq_len].long()
-        k = k_cache.index_select(0, slots).float()  # [S, Hk, D]
-        v = v_cache.index_select(0, slots).float()
+        k = gather(k_cache, slots, k_scale)  # [S, Hk, D]
+        v = gather(v_cache, slots, v_scale)
         qb = q[start:start + ext_len].float()
         out[start:start + ext_len] = causal_attention(qb, k, v, seq_len - ext_len, scale,
                                                       sliding_window, logit_cap).to(q.dtype)

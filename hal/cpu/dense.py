@@ -71,7 +71,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slots: torch.Tensor) -> None:
+             slots: torch.Tensor, *, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     index = slots.long()
-    k_cache.index_copy_(0, index, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, index, v.to(v_cache.dtype))
+    for cache, x, scale in ((k_cache, k, k_scale), (v_cache, v, v_scale)):
+        values = to_cache(x, cache.dtype, scale)
+        if cache.dtype == torch.float8_e4m3fn:  # index_copy_ has no fp8 kernel: copy bytes
+            cache, values = cache.view(torch.uint8), values.view(torch.uint8)
+        cache.index_copy_(0, index, values)
+
+
+FP8_KV_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def to_cache(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """x / scale in the cache's dtype; into fp8 saturated to its finite range (a plain cast
+    would turn an outlier into NaN)."""
+    if dtype == torch.float8_e4m3fn:
+        x32 = x.float()
+        # a true division (PyTorch multiplies by the reciprocal of a scalar divisor, which
+        # may round differently), as a kernel dividing by the scale does
+        scaled = x32 / torch.full_like(x32, scale) if scale != 1.0 else x32
+        return scaled.clamp(-FP8_KV_MAX, FP8_KV_MAX).to(dtype)
+    return (x if scale == 1.0 else x.float() / scale).to(dtype)

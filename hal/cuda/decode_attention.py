@@ -90,10 +90,11 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
         slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
         kv_off = slot[:, None] * c_s0 + kh * c_s1 + d[None, :]
         kvmask = pmask[:, None] & dmask[None, :]
-        k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
+        # an fp8 cache is read as q's dtype (exact); its scales are folded in by the caller
+        k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0).to(q_ptr.dtype.element_ty)
         # V is issued with K: at small batch each program runs only a block or two, so the
         # time is memory latency and the two loads should overlap.
-        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
+        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0).to(q_ptr.dtype.element_ty)
         qk = scores_log2(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), sm_scale_log2,
                          logit_cap, HAS_CAP)
         qk = tl.where(pmask[None, :], qk, float("-inf"))
@@ -178,13 +179,16 @@ def check_paged_inputs(op: str, q: torch.Tensor, k_cache: torch.Tensor,
 def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      req_to_token: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                      splits: int | None = None, *, sliding_window: int = 0,
-                     logit_cap: float = 0.0) -> torch.Tensor:
+                     logit_cap: float = 0.0, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
+    """An fp8 cache's scales: k_scale folds into the softmax scale (q . k_cache * k_scale)
+    and v_scale multiplies the output (a sum of probabilities times v_cache * v_scale)."""
     batch, q_heads, head_dim = q.shape
     check_paged_inputs("attention_decode", q, k_cache, req_to_token)
     out = torch.empty((batch, q_heads, head_dim), dtype=q.dtype, device=q.device)
-    launch_decode(q, k_cache, v_cache, req_to_token, seq_lens, out, scale, splits=splits,
-                  sliding_window=sliding_window, logit_cap=logit_cap)
-    return out
+    launch_decode(q, k_cache, v_cache, req_to_token, seq_lens, out, scale * k_scale,
+                  splits=splits, sliding_window=sliding_window, logit_cap=logit_cap)
+    return out if v_scale == 1.0 else out.mul_(v_scale)
 
 
 def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -120,8 +120,8 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _store_kv_kernel(kc_ptr, vc_ptr, k_ptr, v_ptr, slot_ptr, k_s0, k_s1, v_s0, v_s1, c_s0, c_s1,
-                     n_heads, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
-                     BLOCK_D: tl.constexpr):
+                     n_heads, k_scale, v_scale, HEAD_DIM: tl.constexpr,
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, FP8: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     h = tl.arange(0, BLOCK_H)
@@ -129,13 +129,16 @@ def _store_kv_kernel(kc_ptr, vc_ptr, k_ptr, v_ptr, slot_ptr, k_s0, k_s1, v_s0, v
     mask = (h[:, None] < n_heads) & (d[None, :] < HEAD_DIM)
     k = tl.load(k_ptr + t * k_s0 + h[:, None] * k_s1 + d[None, :], mask=mask)
     v = tl.load(v_ptr + t * v_s0 + h[:, None] * v_s1 + d[None, :], mask=mask)
+    if FP8:  # k / k_scale saturated to e4m3's finite range (a plain cast would make NaN)
+        k = tl.minimum(tl.maximum(tl.div_rn(k.to(tl.float32), k_scale), -448.0), 448.0)
+        v = tl.minimum(tl.maximum(tl.div_rn(v.to(tl.float32), v_scale), -448.0), 448.0)
     dst = slot * c_s0 + h[:, None] * c_s1 + d[None, :]
     tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=mask)
     tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
 def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slots: torch.Tensor) -> None:
+             slots: torch.Tensor, *, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
         _check_inner_contiguous(name, t)
     if k_cache.stride() != v_cache.stride():
@@ -145,5 +148,6 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
         return
     _store_kv_kernel[(tokens,)](
         k_cache, v_cache, k, v, slots, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), heads, HEAD_DIM=dim,
-        BLOCK_H=triton.next_power_of_2(heads), BLOCK_D=triton.next_power_of_2(dim), num_warps=4)
+        k_cache.stride(0), k_cache.stride(1), heads, float(k_scale), float(v_scale), HEAD_DIM=dim,
+        BLOCK_H=triton.next_power_of_2(heads), BLOCK_D=triton.next_power_of_2(dim),
+        FP8=k_cache.dtype == torch.float8_e4m3fn, num_warps=4)

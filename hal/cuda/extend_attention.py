@@ -66,6 +66,9 @@ def _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i, l_i, ac
     else:
         k = tl.load(kc_ptr + kv_off, mask=(d < HEAD_DIM)[None, :], other=0.0)
         v = tl.load(vc_ptr + kv_off, mask=(d < HEAD_DIM)[None, :], other=0.0)
+    # an fp8 cache is read as q's dtype (exact); its scales are folded in by the caller
+    k = k.to(q.dtype)
+    v = v.to(q.dtype)
     qk = scores_log2(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), sm_scale_log2,
                      logit_cap, HAS_CAP)
     if MASKED:
@@ -188,9 +191,13 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      req_to_token: torch.Tensor, seq_lens: torch.Tensor,
                      extend_lens: torch.Tensor, qo_indptr: torch.Tensor, scale: float,
                      max_extend_len: int | None = None, *, sliding_window: int = 0,
-                     logit_cap: float = 0.0) -> torch.Tensor:
-    """`max_extend_len` is accepted for the contract and not needed: the launch is static."""
+                     logit_cap: float = 0.0, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
+    """`max_extend_len` is accepted for the contract and not needed: the launch is static.
+    An fp8 cache's scales: k_scale folds into the softmax scale (q . k_cache * k_scale), and
+    v_scale multiplies the output (a sum of probabilities times v_cache * v_scale)."""
     del max_extend_len
+    scale = scale * k_scale
     tokens, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     check_paged_inputs("attention_extend", q, k_cache, req_to_token)
@@ -212,4 +219,4 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), REQS=max(16, triton.next_power_of_2(batch)),
         DOT_PREC=dot_precision(q.dtype), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-    return out
+    return out if v_scale == 1.0 else out.mul_(v_scale)

@@ -16,7 +16,14 @@ import torch.nn.functional as F
 from tessera.hal.base import OpTablePlatform
 from tessera.hal.cuda import runtime
 from tessera.hal.local_comm import make_local_communicator
-from tessera.hal.platform import Capabilities, Communicator, Event, GraphRunner, KVArena
+from tessera.hal.platform import (
+    Capabilities,
+    Communicator,
+    Event,
+    GraphRunner,
+    KVArena,
+    QuantLinearKernel,
+)
 
 
 def _embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -33,7 +40,12 @@ class CudaPlatform(OpTablePlatform):
         default_dtype="bfloat16",
         max_capture_batch=256,
         communicator_backends=("nccl",),
-        extra={"kernels": "triton", "linear": "cublas; triton gemv for tuned one-token shapes"},
+        # fp8 weights need compute capability 8.9+ (checked when a weight is prepared)
+        quant_schemes=("fp8", "int8", "int4"),
+        kv_cache_dtypes=("fp8_e4m3",),
+        extra={"kernels": "triton", "linear": "cublas; triton gemv for tuned one-token shapes",
+               "quantized linear": "triton dequantizing GEMV / GEMM; fp8 prefill through "
+                                   "torch._scaled_mm (W8A8)"},
     )
 
     @classmethod
@@ -71,6 +83,11 @@ class CudaPlatform(OpTablePlatform):
             "sample": sampling.sample,
             "apply_token_mask": token_mask.apply_token_mask,
         }
+
+    def register_quant_linears(self) -> dict[str, QuantLinearKernel]:
+        from tessera.hal.cuda.quant_linear import quant_linears
+
+        return quant_linears()
 
     def device(self, rank: int = 0) -> torch.device:
         count = max(1, torch.cuda.device_count())
@@ -131,7 +148,26 @@ class CudaPlatform(OpTablePlatform):
             info["triton"] = triton.__version__
         except ImportError:
             info["triton"] = "missing"
+        info["runtime"] = f"CUDA {torch.version.cuda}"
+        info["driver"] = driver_version()
         if torch.cuda.is_available():
             info["device"] = torch.cuda.get_device_name()
             info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+            count = torch.cuda.device_count()
+            info["names"] = ", ".join(torch.cuda.get_device_name(i) for i in range(count))
+            # Which pairs reach each other's memory directly (NVLink or PCIe P2P).
+            info["topology"] = "; ".join(
+                f"{i}->{j} p2p {'yes' if torch.cuda.can_device_access_peer(i, j) else 'no'}"
+                for i in range(count) for j in range(count) if i != j) or "one device"
         return info
+
+
+def driver_version() -> str:
+    """The NVIDIA kernel driver's version ("550.54.15"), from /proc where Linux has it."""
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            first = f.readline()
+    except OSError:
+        return "unknown"
+    words = first.split()
+    return next((w for w in words if w.count(".") >= 1 and w[0].isdigit()), first.strip())

@@ -158,6 +158,14 @@ class QuantizedWeight:
                                                                           size // gs),
             in_features=size)
 
+    def narrow(self, dim: int, start: int, length: int) -> QuantizedWeight:
+        """Tensor.narrow on the logical [out, in] matrix (rows: any; columns: whole groups)."""
+        if dim == 0:
+            return self.narrow_rows(start, length)
+        if dim in (1, -1):
+            return self.narrow_cols(start, length)
+        raise QuantizationError(f"a quantized weight is 2-D, cannot narrow dim {dim}")
+
     def to(self, device: torch.device | str) -> QuantizedWeight:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device)

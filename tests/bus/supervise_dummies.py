@@ -4,6 +4,9 @@ real process so that they can signal it and read its exit code.
 
     python supervise_dummies.py '{"heartbeat_timeout_s": 2, "procs": [[name, stage, [args]]]}'
 
+Without "restart_policy": "on" in the plan, any failure stops everything (restart policy off);
+"groups": {name: group} puts processes in one restart group.
+
 Prints "READY <run_dir>" on stdout once every child is ready.
 """
 
@@ -24,17 +27,24 @@ DUMMY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dummy_proc.py"
 
 def main(plan_json: str) -> int:
     plan = json.loads(plan_json)
+    # A generous default: on a busy machine a dummy may not run for seconds, and only the
+    # tests of hang detection want it short (they say so).
     config = ServerConfig(heartbeat_interval_s=0.1,
-                          heartbeat_timeout_s=plan.get("heartbeat_timeout_s", 2.0),
-                          loop_stall_timeout_s=plan.get("heartbeat_timeout_s", 2.0),
-                          drain_timeout_s=plan.get("drain_timeout_s", 2.0))
+                          heartbeat_timeout_s=plan.get("heartbeat_timeout_s", 10.0),
+                          loop_stall_timeout_s=plan.get("heartbeat_timeout_s", 10.0),
+                          drain_timeout_s=plan.get("drain_timeout_s", 2.0),
+                          restart_policy=plan.get("restart_policy", "off"),
+                          restart_max=plan.get("restart_max", 5),
+                          restart_window_s=plan.get("restart_window_s", 300.0),
+                          restart_backoff_s=plan.get("restart_backoff_s", 0.2))
     setup_logging("info", "supervisor")
 
     def build(config: ServerConfig, paths: RunPaths) -> list[ProcessSpec]:
         return [ProcessSpec(name, (sys.executable, DUMMY, "--run-dir", paths.run_dir,
                                    "--name", name, *args), stage=stage,
                             ready_timeout_s=plan.get("ready_timeout_s", 30.0),
-                            drains=name.startswith("server"))
+                            drains=name.startswith("server"),
+                            group=plan.get("groups", {}).get(name, ""))
                 for name, stage, args in plan["procs"]]
 
     def on_ready(children: list[Child]) -> None:

@@ -13,6 +13,7 @@ from tessera.bus.launcher import (
     build_specs,
     check_config,
     check_port_free,
+    main,
     ready_banner,
     run_supervised,
 )
@@ -25,13 +26,14 @@ def test_plan_orders_stages_and_names_processes(run_root: Path) -> None:
     paths = RunPaths.create()
     specs = build_specs(ServerConfig(tp_size=2, tokenizer_workers=2), paths)
     assert [(s.name, s.stage) for s in specs] == [
-        ("worker0", 0), ("worker1", 0), ("scheduler", 1), ("detokenizer", 2),
-        ("tokenizer0", 3), ("tokenizer1", 3), ("server", 4)]
+        ("worker0", 0), ("worker1", 0), ("scheduler", 0), ("detokenizer", 0),
+        ("tokenizer0", 0), ("tokenizer1", 0), ("server", 1)]
     assert [s.name for s in specs if s.drains] == ["server"]
     worker1 = specs[1]
     assert worker1.argv[1:] == ("-m", "tessera.worker_proc", "--run-dir", paths.run_dir,
                                 "--rank", "1")
-    assert worker1.ready_timeout_s > specs[2].ready_timeout_s  # model loading takes longest
+    # model loading takes longest; the scheduler waits for it
+    assert specs[3].ready_timeout_s < worker1.ready_timeout_s < specs[2].ready_timeout_s
 
 
 def test_config_checks_say_what_is_wrong() -> None:
@@ -57,10 +59,10 @@ def test_busy_port_is_refused_before_anything_starts(run_root: Path) -> None:
 def test_banner_has_url_model_and_a_curl_line() -> None:
     spec = ProcessSpec("server", ("x",), stage=0)
     child = Child(spec, popen=None, started_at=0.0, info={"model": "SmolLM2"})  # type: ignore[arg-type]
-    text = ready_banner(ServerConfig(host="0.0.0.0", port=30001, api_key="s3cret"), [child])
+    text = ready_banner(ServerConfig(host="0.0.0.0", port=30001, api_key_file="/k"), [child])
     assert "http://127.0.0.1:30001" in text and "SmolLM2" in text
     assert "curl http://127.0.0.1:30001/v1/chat/completions" in text
-    assert "s3cret" not in text and "$TESSERA_API_KEY" in text
+    assert "Authorization: Bearer $KEY" in text
 
 
 def test_too_long_run_dir_is_refused_with_advice(tmp_path: Path) -> None:
@@ -69,3 +71,14 @@ def test_too_long_run_dir_is_refused_with_advice(tmp_path: Path) -> None:
     assert run_supervised(config, Env(None, None, str(tmp_path), None, None),
                           build=lambda c, p: pytest.fail("must not get this far")) == 2
     assert not deep.exists() or list(deep.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [["--api-key", "K"], ["--api-key=K"]])
+def test_a_key_on_the_command_line_is_refused(argv: list[str],
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert "--api-key-file" in capsys.readouterr().err
+
+
+def test_an_unreadable_key_file_is_refused_before_start(tmp_path: Path) -> None:
+    assert "cannot be read" in check_config(ServerConfig(api_key_file=str(tmp_path / "no")))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -200,4 +201,50 @@ def test_a_stream_left_unread_is_aborted_not_buffered(paths: RunPaths,
         assert wait_for(lambda: any(a.rid == stream.rid for a in engine.aborts), 10.0)
         with pytest.raises(SlowConsumerError, match="50 outputs unread"):
             next(stream)
+        assert client.generate("hi", max_tokens=2).text == "w0 w1"
+
+
+def test_requests_a_dead_tokenizer_lost_are_sent_again_when_it_is_back(
+        paths: RunPaths, config: EngineConfig, engine: FakeEngine) -> None:
+    engine.drop_requests = True  # the tokenizer takes the request to its grave
+    with Client(paths, config) as client:
+        stream = client.generate("hi", stream=True, max_tokens=3)
+        assert wait_for(lambda: any(r.rid == stream.rid for r in engine.requests))
+        engine.crash("tokenizer")
+        time.sleep(3 * config.heartbeat_interval_s)  # the client has seen it down
+        engine.drop_requests = False
+        engine.revive("tokenizer")  # restarted by the supervisor
+        assert "".join(d.text for d in stream) == "w0 w1 w2"
+        copies = [r for r in engine.requests if r.rid == stream.rid]
+        assert [r.resent for r in copies] == [False, True]
+        # Requests answered before the death are not sent twice; new ones go through.
+        assert client.generate("again", max_tokens=2).text == "w0 w1"
+
+
+def test_a_restarted_engine_process_fails_requests_in_flight_then_serves_again(
+        paths: RunPaths, config: EngineConfig, engine: FakeEngine) -> None:
+    with Client(paths, config) as client:
+        stream = client.generate("hi", stream=True, max_tokens=1000, ignore_eos=True)
+        assert next(stream).text == "w0"
+        engine.crash("scheduler")
+        with pytest.raises(EngineDeadError, match="scheduler is down"):
+            for _ in stream:
+                pass
+        with pytest.raises(EngineDeadError):  # new requests fail fast while it restarts
+            client.generate("hi", max_tokens=2)
+        engine.revive("scheduler")
+        assert wait_for(lambda: client.conn.dead_reason is None, 5.0)
+        assert client.generate("hi", max_tokens=2).text == "w0 w1"
+
+
+def test_the_http_server_is_not_on_a_bus_clients_path(paths: RunPaths, config: EngineConfig,
+                                                      engine: FakeEngine) -> None:
+    engine.processes["server"] = {"alive": True, "pid": os.getpid(), "age_s": 0.0,
+                                  "stats": {}}
+    with Client(paths, config) as client:
+        stream = client.generate("hi", stream=True, max_tokens=5)
+        assert next(stream).text == "w0"
+        engine.crash("server")
+        time.sleep(3 * config.heartbeat_interval_s)
+        assert "".join(d.text for d in stream) == " w1 w2 w3 w4"
         assert client.generate("hi", max_tokens=2).text == "w0 w1"

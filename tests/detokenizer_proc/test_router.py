@@ -8,7 +8,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tessera.bus.channel import SendTimeout
-from tessera.bus.messages import AbortRequest, DetokInfo, ErrorReply, RequestOutput, TokenBatch
+from tessera.bus.messages import (
+    AbortRequest,
+    DetokInfo,
+    ErrorReply,
+    RequestOutput,
+    RequestOutputBatch,
+    ResetRequests,
+    TokenBatch,
+)
+from tessera.bus.output_batch import unpack_outputs
 from tessera.detokenizer_proc.router import Router
 
 EOS = 2
@@ -53,8 +62,16 @@ class Harness:
         self.router = Router(tokenizer, send_reply, self.scheduler.append)
 
     def outputs(self, rid=None, index=None):
-        return [m for _, m in self.replies if isinstance(m, RequestOutput)
-                and (rid is None or m.rid == rid) and (index is None or m.index == index)]
+        """Every RequestOutput sent, taken out of the batches they travelled in."""
+        outs: list[RequestOutput] = []
+        for _, m in self.replies:
+            if isinstance(m, RequestOutputBatch):
+                outs += unpack_outputs(m)
+            elif isinstance(m, RequestOutput):  # alone only to carry a scored prompt
+                assert m.prompt_token_ids.size, m
+                outs.append(m)
+        return [m for m in outs
+                if (rid is None or m.rid == rid) and (index is None or m.index == index)]
 
 
 def stream_tokens(h, rid, ids, info, finish_last="stop", index=0):
@@ -227,3 +244,68 @@ def test_any_stop_string_cut_exactly(tokenizer, data):
     # right after it can delay that by the few tokens that complete the character)
     need = next(k for k in range(1, len(ids) + 1) if stop in tokenizer.decode(ids[:k]))
     assert need <= outs[-1].completion_tokens <= min(need + 3, len(ids))
+
+
+def test_rows_of_a_request_started_before_a_restart_ask_the_scheduler_to_fail_it(tokenizer):
+    """A restarted detokenizer never saw the request's route: the scheduler, which knows it,
+    fails the request with an error (LOST_ROUTE), once."""
+    h = Harness(tokenizer)
+    h.router.handle([batch([("old", 0, [5], None)])])
+    h.router.handle([batch([("old", 0, [6], None)])])
+    assert h.scheduler == [AbortRequest(rid="old", reason=AbortRequest.LOST_ROUTE)]
+    assert h.replies == []
+
+
+def test_reset_fails_every_tracked_request_and_forgets_it(tokenizer):
+    h = Harness(tokenizer)
+    h.router.handle([batch([("a", 0, [5], None), ("b", 0, [6], None)],
+                           new={"a": detok(), "b": detok(reply_to="ipc://gone")})])
+    h.replies.clear()
+    h.gone.add("ipc://gone")  # b's client left meanwhile
+    h.router.handle([ResetRequests(reason="the engine's scheduler restarted")])
+    errors = [(ep, m) for ep, m in h.replies if isinstance(m, ErrorReply)]
+    assert [(ep, m.rid, m.status) for ep, m in errors] == [("ipc://client", "a", 503)]
+    assert "scheduler restarted" in errors[0][1].message
+    assert h.router.requests == {}
+    h.router.handle([batch([("a", 0, [7], None)])])  # a late row of a failed request
+    assert h.scheduler == []  # remembered as finished: no abort, no output
+
+
+def test_a_step_sends_one_message_per_client(tokenizer):
+    h = Harness(tokenizer)
+    rows = [(f"r{i}", 0, [100 + i], None) for i in range(5)] + [("s", 0, [200], None)]
+    new = {f"r{i}": detok() for i in range(5)} | {"s": detok(reply_to="ipc://other")}
+    h.router.handle([batch(rows, new)])
+    assert [endpoint for endpoint, _ in h.replies] == ["ipc://client", "ipc://other"]
+    first = unpack_outputs(h.replies[0][1])
+    assert [o.rid for o in first] == [f"r{i}" for i in range(5)]
+    assert [o.token_ids.tolist() for o in first] == [[100 + i] for i in range(5)]
+    assert h.router.outputs_sent == 6
+    h.router.handle([batch(rows, None)])  # the next step: one more message each
+    assert len(h.replies) == 4
+
+
+def test_a_gone_client_aborts_each_of_its_running_requests_once(tokenizer):
+    h = Harness(tokenizer, gone={"ipc://gone"})
+    rows = [("a", 0, [100], None), ("b", 0, [101], None), ("c", 0, [102], "length"),
+            ("k", 0, [103], None)]
+    new = {r: detok(reply_to="ipc://gone") for r in "abc"} | {"k": detok()}
+    h.router.handle([batch(rows, new)])
+    # c finished on its own (the scheduler knows): only the running ones are aborted
+    assert sorted(m.rid for m in h.scheduler) == ["a", "b"]
+    assert all(m.reason == "client_gone" for m in h.scheduler)
+    assert h.router.clients_gone == 3 and set(h.router.requests) == {"k"}
+    assert [o.rid for o in h.outputs()] == ["k"]  # the other client is served
+
+
+def test_a_slow_client_loses_nothing(tokenizer):
+    h = Harness(tokenizer, gone={"ipc://client"})
+    h.router.replies.gone_after_s = 60.0  # slow for a while, not gone
+    ids = tokenizer.encode("slow but steady", add_special_tokens=False)
+    stream_tokens(h, "r", ids, detok(), finish_last="length")
+    assert h.replies == [] and h.scheduler == [] and h.router.replies.waiting() == len(ids)
+    h.gone.clear()  # the client catches up
+    h.router.tick()
+    outs = h.outputs("r")
+    assert "".join(o.text for o in outs) == "slow but steady"
+    assert outs[-1].finish_reason == "length" and h.router.clients_gone == 0

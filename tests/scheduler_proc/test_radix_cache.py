@@ -27,6 +27,18 @@ def test_match_is_page_granular() -> None:
     assert pages.tolist() == [] and node is cache.root
 
 
+def test_matched_pages_counts_what_match_finds_without_touching_the_tree() -> None:
+    cache = RadixCache(page_size=4)
+    cache.insert(toks(1, 2, 3, 4, 5, 6, 7, 8, 9), toks(10, 11))
+    stamps = [n.last_access for n in cache.nodes()]
+    for query in (toks(1, 2, 3, 4, 5, 6, 7, 8), toks(1, 2, 3, 4, 5, 6, 7, 9), toks(1, 2, 3),
+                  toks(9, 9, 9, 9)):
+        seen = cache.matched_pages(query)
+        assert [n.last_access for n in cache.nodes()] == stamps  # LRU order untouched
+        assert seen == cache.match(query)[0].shape[0]
+        stamps = [n.last_access for n in cache.nodes()]
+
+
 def test_insert_keeps_existing_pages_and_reports_them() -> None:
     cache = RadixCache(page_size=2)
     cache.insert(toks(1, 2, 3, 4), toks(5, 6))

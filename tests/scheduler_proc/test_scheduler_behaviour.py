@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tessera.bus.messages import DetokInfo, SampledTokens, SamplingParams
+from tessera.bus.messages import AbortRequest, DetokInfo, SampledTokens, SamplingParams
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.scheduler import Scheduler
 from tests.scheduler_proc.sched_fakes import (
@@ -443,3 +443,31 @@ def test_prefill_chunks_shrink_to_the_step_time_target_while_others_decode() -> 
     assert sizes == [[1, 16]] * 6
     assert prefill_left(sched, "next") == 0
     assert sched.stats()["step_token_budget"] == 16
+
+
+def test_a_resent_copy_of_a_running_request_is_ignored() -> None:
+    sched = make()
+    worker = FakeWorker(sched)
+    got = Collected()
+    req = make_request("r", prompt(20), max_tokens=4, ignore_eos=True)
+    assert sched.add_request(req) is None
+    got.add(sched.on_result(worker.step(sched.next_batch())))
+    assert sched.add_request(dataclasses.replace(req, resent=True)) is None  # ignored
+    again = sched.add_request(req)  # the same rid, not marked: a client's mistake
+    assert again is not None and again.status == 400 and again.param == "rid"
+    drive(sched, worker, got)
+    want, _ = reference_output(prompt(20), req.sampling, 0, 24)
+    assert got.tokens[("r", 0)] == want  # ran once
+
+
+def test_an_abort_for_a_lost_route_fails_the_request_to_its_client() -> None:
+    sched = make()
+    worker = FakeWorker(sched)
+    sched.add_request(make_request("r", prompt(20), max_tokens=40, ignore_eos=True))
+    sched.on_result(worker.step(sched.next_batch()))
+    assert sched.abort("r", AbortRequest.LOST_ROUTE)
+    errors = sched.take_errors()
+    assert [(e.rid, e.status, e.reply_to) for e in errors] == [("r", 503, "ipc://nowhere/r")]
+    assert "detokenizer restarted" in errors[0].message
+    assert not sched.has_work()
+    sched.check_invariant()

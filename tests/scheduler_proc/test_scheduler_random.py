@@ -16,8 +16,10 @@ from tests.scheduler_proc.sched_fakes import (
     VOCAB,
     Collected,
     FakeWorker,
+    Model,
     drive,
     make_request,
+    next_token,
     reference_output,
 )
 
@@ -42,15 +44,19 @@ def random_request(rng: np.random.Generator, rid: str, bases: list[np.ndarray], 
 
 
 def run_schedule(seed: int, overlap: bool, num_pages: int, n_requests: int = 60,
-                 disable_cache: bool = False) -> Scheduler:
+                 disable_cache: bool = False, model: Model = next_token,
+                 worker_class: type[FakeWorker] = FakeWorker, **config: object) -> Scheduler:
+    """Random arrivals, aborts and cache flushes until every request is done; every output is
+    checked against `model` computed directly. `config`: more SchedulerConfig fields."""
     rng = np.random.default_rng(seed)
     ps, ctx = 4, 128
     cfg = SchedulerConfig(num_slots=ps * (num_pages + 1), page_size=ps, max_context_len=ctx,
                           max_running_requests=8, chunked_prefill_size=24,
                           eos_token_ids=(EOS,), overlap=overlap,
-                          disable_radix_cache=disable_cache, debug_invariants=True)
+                          disable_radix_cache=disable_cache, debug_invariants=True,
+                          **config)  # type: ignore[arg-type]
     sched = Scheduler(cfg)
-    worker = FakeWorker(sched)
+    worker = worker_class(sched, model=model)
     got = Collected()
     bases = [rng.integers(1, VOCAB, size=int(rng.integers(8, 60))).astype(np.int32)
              for _ in range(3)]
@@ -84,7 +90,8 @@ def run_schedule(seed: int, overlap: bool, num_pages: int, n_requests: int = 60,
             finishes = got.finish.get(key, [])
             assert len(finishes) == 1, f"{key} finished {finishes}"
             max_total = sched.limits.max_total(req.input_ids.shape[0], req.sampling.max_tokens)
-            want, why = reference_output(req.input_ids, req.sampling, index, max_total)
+            want, why = reference_output(req.input_ids, req.sampling, index, max_total,
+                                         model=model)
             tokens = got.tokens.get(key, [])
             if finishes[0] == "abort":
                 assert rid in aborted

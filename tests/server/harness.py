@@ -26,7 +26,9 @@ BASE_CONFIG = dict(host="127.0.0.1", port=0, heartbeat_interval_s=0.1,
 
 
 class ServerUnderTest:
-    def __init__(self, token_delay_s: float = 0.002, **config: Any) -> None:
+    def __init__(self, token_delay_s: float = 0.002, api_key: str | None = None,
+                 **config: Any) -> None:
+        """`api_key` reaches the server as TESSERA_API_KEY, never through its config."""
         self.root = tempfile.mkdtemp(prefix="tss-")
         self.paths = RunPaths.create(os.path.join(self.root, "run"))
         self.config = ServerConfig(**{**BASE_CONFIG, **config})
@@ -35,9 +37,12 @@ class ServerUnderTest:
         self.engine = FakeEngine(self.paths, token_delay_s=token_delay_s)
         self.log_path = os.path.join(self.root, "server.log")
         self._log = open(self.log_path, "wb")
+        env = {k: v for k, v in os.environ.items() if k != "TESSERA_API_KEY"}
+        if api_key is not None:
+            env["TESSERA_API_KEY"] = api_key
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tessera.server", "--run-dir", self.paths.run_dir],
-            stdout=self._log, stderr=subprocess.STDOUT)
+            stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.url = self._wait_ready(30.0)
         parsed = urlparse(self.url)
         self.host, self.port = parsed.hostname or "127.0.0.1", parsed.port or 80

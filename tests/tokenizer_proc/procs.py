@@ -14,11 +14,21 @@ import time
 from pathlib import Path
 
 from tessera.bus.channel import Inbox
-from tessera.bus.messages import Message, Ready
+from tessera.bus.messages import Message, Ready, RequestOutputBatch
+from tessera.bus.output_batch import unpack_outputs
 from tessera.bus.run_paths import RunPaths
 from tessera.config import ServerConfig
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _received(inbox: Inbox, timeout: float) -> list[Message]:
+    """Messages drained from `inbox`, each RequestOutputBatch opened into its RequestOutputs
+    as the client library does."""
+    out: list[Message] = []
+    for msg in inbox.drain(timeout):
+        out.extend(unpack_outputs(msg) if isinstance(msg, RequestOutputBatch) else [msg])
+    return out
 
 
 def wait_for(inbox: Inbox, kind: type, timeout: float = 10.0,
@@ -35,7 +45,7 @@ def wait_for(inbox: Inbox, kind: type, timeout: float = 10.0,
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(f"no {kind.__name__} within {timeout} s; got {seen}")
-        seen.extend(inbox.drain(min(left, 0.2)))
+        seen.extend(_received(inbox, min(left, 0.2)))
 
 
 class Engine:

@@ -120,3 +120,15 @@ def test_a_huge_prompt_is_refused_without_starving_the_heartbeat(engine):
     gaps = np.diff([sent, *beats])
     assert beats and gaps.max() < engine.config.heartbeat_timeout_s, gaps.max()
     assert engine.alive()
+
+
+@pytest.mark.parametrize("reply_to", ["garbage", "tcp://[::1", "ipc://"])
+def test_a_reply_to_that_is_no_endpoint_does_not_kill_the_tokenizer(engine, reply_to):
+    """Such a client cannot be answered: it is gone, like a client that left."""
+    for worker in (0, 1):
+        engine.outboxes[worker].send(GenerateRequest(rid=f"nowhere{worker}", reply_to=reply_to,
+                                                     prompt=""))
+        send(engine, worker, rid=f"after-{reply_to}-{worker}", prompt="fine")
+        wait_for(engine.scheduler, TokenizedRequest,
+                 predicate=lambda m, w=worker: m.rid == f"after-{reply_to}-{w}")
+    assert engine.alive()

@@ -40,10 +40,14 @@ def test_gguf_and_safetensors_of_same_weights_give_same_logits(tmp_path, quant):
     # The folder holds exactly the GGUF's (dequantized) weights.
     save_as_folder(open_model(gguf_path), tmp_path / "same")
     batch = prompts(256, [5, 13, 30])
-    from_gguf = MiniScheduler(make_runner(gguf_path)).prefill_logits(batch)
+    from_gguf = MiniScheduler(make_runner(gguf_path, quantization="none")).prefill_logits(
+        batch)
     from_folder = MiniScheduler(make_runner(str(tmp_path / "same"))).prefill_logits(batch)
     assert from_gguf.shape == (3, 256)
     assert torch.equal(from_gguf, from_folder)
+    # Kept quantized (the default): the same values, multiplied block by block
+    kept = MiniScheduler(make_runner(gguf_path)).prefill_logits(batch)
+    torch.testing.assert_close(kept, from_folder, atol=1e-4, rtol=1e-4)
     if quant == "F32":  # and both equal transformers' logits on the source weights
         for i, p in enumerate(batch):
             assert torch.allclose(from_gguf[i], hf_last_logits(model, p), atol=1e-4)

@@ -104,3 +104,17 @@ def test_on_a_synchronous_device_each_step_is_answered_at_once() -> None:
     proc.handle([batch(1), batch(2)])
     assert runner.log == ["launch 1", "finish 1", "launch 2", "finish 2"]
     assert [m.step for m in out.sent] == [1, 2] and proc.pending is None
+
+
+def test_forward_ms_is_each_steps_own_time_not_the_queue_behind_it(monkeypatch) -> None:
+    """Step 2 is launched at t=1 while step 1 runs until t=10; step 2 then ends at t=13:
+    its own time is 3 ms (from step 1's end), not the 12 ms since its launch."""
+    clock = iter([0.000, 0.001, 0.010, 0.013]).__next__  # launch 1, launch 2, end 1, end 2
+    monkeypatch.setattr("tessera.worker_proc.process.time.perf_counter", clock)
+    runner = FakeRunner()
+    proc, out = worker(runner)
+    proc.handle([batch(1)])
+    proc.handle([batch(2)])  # launches 2, then finishes 1 (at t=10)
+    runner.launched[-1].done = True
+    proc.tick()  # finishes 2 (t=13)
+    assert [round(m.forward_ms, 6) for m in out.sent] == [10.0, 3.0]

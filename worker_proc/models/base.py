@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -23,6 +24,7 @@ from tessera.hal.platform import Communicator, KVArena, Platform
 from tessera.worker_proc.forward_inputs import ForwardInputs
 from tessera.worker_proc.models.context import ModelContext
 from tessera.worker_proc.models.layers import (
+    Linear,
     LMHead,
     RMSNorm,
     Target,
@@ -31,6 +33,10 @@ from tessera.worker_proc.models.layers import (
     add_target,
 )
 from tessera.worker_proc.tp import TPShape
+
+if TYPE_CHECKING:
+    from tessera.hal.quant import QuantizedWeight
+    from tessera.worker_proc.quant_plan import QuantPlan
 
 
 class CausalLM(nn.Module):
@@ -41,12 +47,13 @@ class CausalLM(nn.Module):
 
     def __init__(self, config: ModelConfig, platform: Platform, *, dtype: torch.dtype,
                  device: torch.device, max_positions: int, tp_rank: int = 0, tp_size: int = 1,
-                 communicator: Communicator | None = None, ep_size: int = 1) -> None:
+                 communicator: Communicator | None = None, ep_size: int = 1,
+                 quant: QuantPlan | None = None) -> None:
         super().__init__()
         self.config = config
         self.tp = TPShape.of(config, tp_rank, tp_size, ep_size)
         self.ctx = ModelContext(config, platform, self.tp, dtype, device, max_positions,
-                                communicator)
+                                communicator, quant)
         self.dtype, self.device, self.max_positions = dtype, device, max_positions
         self.embed = VocabEmbedding(self.ctx, config.vocab_size, config.hidden_size)
         self.final_norm = RMSNorm(self.ctx, config.hidden_size, config.rms_norm_eps,
@@ -83,7 +90,8 @@ class CausalLM(nn.Module):
             add_target(out, "model.embed_tokens.weight", Target(self.lm_head))
         return out
 
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor | QuantizedWeight]]
+                     ) -> None:
         """Copy HF-named full tensors into this rank's (sharded, fused) parameters. Raises
         WeightShapeError on a shape the config does not imply, ModelFormatError on a tensor
         that is missing or unknown."""
@@ -106,7 +114,10 @@ class CausalLM(nn.Module):
             if name not in targets:
                 raise ModelFormatError(f"the {c.arch} model has no place for tensor {name!r}")
             for target in targets[name]:
-                target.load(tensor)
+                if isinstance(target.module, Linear | LMHead) or isinstance(tensor, torch.Tensor):
+                    target.load(tensor)
+                else:  # a quantized checkpoint tensor for a layer without a quantized path
+                    target.load(tensor.dequantize(self.dtype))
             seen.add(name)
         missing = sorted(set(expected) - seen)
         if missing:
@@ -127,17 +138,40 @@ class CausalLM(nn.Module):
         h = self.embed(ids)
         return h * self.embed_scale if self.embed_scale != 1.0 else h
 
+    def normed(self, h: torch.Tensor, residual: torch.Tensor | None,
+               idx: torch.Tensor) -> torch.Tensor:
+        """The final hidden states (after the last norm, as transformers' last_hidden_state)
+        of the tokens at `idx`."""
+        if residual is None:
+            return self.final_norm(h.index_select(0, idx))  # type: ignore[no-any-return]
+        out, _ = self.final_norm.add_forward(h.index_select(0, idx),
+                                             residual.index_select(0, idx))
+        return out  # type: ignore[no-any-return]
+
+    def weight_bytes(self) -> int:
+        """Bytes of every parameter and buffer (a tied table counted once)."""
+        seen, total = set(), 0
+        for t in list(self.parameters()) + list(self.buffers()):
+            if t.is_meta or t.data_ptr() in seen:
+                continue
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+        return total
+
+    def set_kv_cache_scales(self, scales: dict[int, tuple[float, float]]) -> None:
+        """Store and read the KV cache as fp8 with these per-layer (k_scale, v_scale)
+        (1.0 for a layer not named)."""
+        from tessera.worker_proc.models.layers.attention import Attention
+
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.kv_scales = scales.get(module.layer_index, (1.0, 1.0))
+
     def logits(self, h: torch.Tensor, residual: torch.Tensor | None,
                inp: ForwardInputs) -> torch.Tensor:
         """Final norm and LM head, only at the sampled positions (the vocabulary matmul is
         large), then the config's logit scaling or soft-capping; float32 [S, vocab]."""
-        idx = inp.logits_indices
-        if residual is None:
-            h = self.final_norm(h.index_select(0, idx))
-        else:
-            h, _ = self.final_norm.add_forward(h.index_select(0, idx),
-                                               residual.index_select(0, idx))
-        logits = self.lm_head(h).float()
+        logits = self.lm_head(self.normed(h, residual, inp.logits_indices)).float()
         c = self.config
         if c.logits_scaling != 1.0:
             logits = logits / c.logits_scaling

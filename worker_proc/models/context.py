@@ -1,17 +1,21 @@
 """ModelContext: what every layer of a model needs to know besides its own sizes — the model
-config, this rank's share of it, the op table, the communicator, the serving dtype and device."""
+config, this rank's share of it, the op table, the communicator, the serving dtype and device,
+and the quantization plan."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tessera.formats.config import ModelConfig
 from tessera.hal.platform import Communicator, Platform
 from tessera.worker_proc.tp import TPShape
+
+if TYPE_CHECKING:
+    from tessera.worker_proc.quant_plan import QuantPlan
 
 
 @dataclass
@@ -23,6 +27,7 @@ class ModelContext:
     device: torch.device
     max_positions: int
     communicator: Communicator | None = None
+    quant: QuantPlan | None = None  # which linears run quantized (worker_proc/quant_plan.py)
     _ops: dict[str, Callable[..., Any]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

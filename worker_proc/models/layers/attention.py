@@ -47,6 +47,9 @@ class Attention(nn.Module):
         if qk_norm:
             self.q_norm = RMSNorm(ctx, head_dim, c.rms_norm_eps, unit_offset=norm_unit_offset)
             self.k_norm = RMSNorm(ctx, head_dim, c.rms_norm_eps, unit_offset=norm_unit_offset)
+        # (k_scale, v_scale) of an fp8 KV cache (CausalLM.set_kv_cache_scales); None: the
+        # cache is in the serving dtype and the ops take no scales.
+        self.kv_scales: tuple[float, float] | None = None
         self.store_kv = ctx.op("store_kv")
         self.attention_extend = ctx.op("attention_extend")
         self.attention_decode = ctx.op("attention_decode")
@@ -72,12 +75,15 @@ class Attention(nn.Module):
             q, k = self.q_norm.heads(q), self.k_norm.heads(k)
         q, k = self.rotary(inp.positions, q, k)
         k_cache, v_cache = kv.k[self.layer_index], kv.v[self.layer_index]
-        self.store_kv(k_cache, v_cache, k, v, inp.out_slots)
+        scales = {} if self.kv_scales is None else \
+            {"k_scale": self.kv_scales[0], "v_scale": self.kv_scales[1]}
+        self.store_kv(k_cache, v_cache, k, v, inp.out_slots, **scales)
         if inp.is_decode:
             o = self.attention_decode(q, k_cache, v_cache, inp.req_to_token, inp.seq_lens,
-                                      self.scale, **self.attn_options)
+                                      self.scale, **self.attn_options, **scales)
         else:
             o = self.attention_extend(q, k_cache, v_cache, inp.req_to_token, inp.seq_lens,
                                       inp.extend_lens, inp.qo_indptr, self.scale,
-                                      max_extend_len=inp.max_extend_len, **self.attn_options)
+                                      max_extend_len=inp.max_extend_len, **self.attn_options,
+                                      **scales)
         return self.o(o.reshape(t, hq * d))  # type: ignore[no-any-return]

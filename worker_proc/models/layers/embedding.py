@@ -42,8 +42,10 @@ class LMHead(nn.Module):
         self.ctx, self.vocab = ctx, vocab
         lo = min(tp.rank * tp.vocab_local, vocab)
         hi = min(lo + tp.vocab_local, vocab)
+        tied = ctx.config.tie_word_embeddings and tp.size == 1  # tie() shares the table
         self.proj = Linear.column(ctx, hidden, [OutputPart(None, 0, lo, hi - lo)],
-                                  out_features=tp.vocab_local)
+                                  out_features=tp.vocab_local,
+                                  role="tied_lm_head" if tied else "lm_head")
 
     def tie(self, embedding: VocabEmbedding) -> None:
         """Share the embedding table as the head (one rank: the same rows)."""

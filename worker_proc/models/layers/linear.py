@@ -67,6 +67,8 @@ class DenseLinear:
     def load(self, layer: Linear, name: str, tensor: torch.Tensor, part: str | None) -> None:
         if name not in ("weight", "bias") or (name == "bias" and not layer.has_bias):
             raise KeyError(f"a dense linear layer has no tensor {name!r}")
+        if not isinstance(tensor, torch.Tensor):  # a quantized weight for a dense layer
+            tensor = tensor.dequantize(layer.params_dtype)
         dest = materialize(layer, name, layer.params_dtype, layer.ctx.device)
         out = layer.output_part(part)
         if name == "weight":
@@ -86,10 +88,17 @@ class DenseLinear:
 
 
 def make_method(layer: Linear) -> LinearMethod:
-    """The LinearMethod a layer uses. Only dense weights today; a quantization scheme of the
-    checkpoint (or of --quantization) is selected here, per layer."""
-    del layer
-    return DenseLinear()
+    """The LinearMethod a layer uses: dense, unless the model's quantization plan
+    (worker_proc/quant_plan.py) keeps a checkpoint's quantized weights or quantizes at load.
+    The LM head is never quantized at load, a head tied to the embedding stays dense, and so
+    does a layer that asked for its own precision (a router kept in float32)."""
+    plan = layer.ctx.quant
+    if plan is None or not plan.active or layer.role == "tied_lm_head" or \
+            layer.params_dtype != layer.ctx.dtype:
+        return DenseLinear()
+    from tessera.worker_proc.models.layers.quant_linear import QuantLinear
+
+    return QuantLinear(plan, None if layer.role == "lm_head" else plan.quantize_to)
 
 
 class Linear(nn.Module):
@@ -106,10 +115,11 @@ class Linear(nn.Module):
     def __init__(self, ctx: ModelContext, in_features: int, out_features: int,
                  parts: list[OutputPart], *, bias: bool, input_range: tuple[int, int] | None,
                  reduce: bool = False, bias_on_this_rank: bool = True,
-                 params_dtype: torch.dtype | None = None) -> None:
+                 params_dtype: torch.dtype | None = None, role: str = "linear") -> None:
         super().__init__()
         self.ctx = ctx
         self.params_dtype = params_dtype or ctx.dtype
+        self.role = role  # "linear", "lm_head" or "tied_lm_head" (see make_method)
         self.in_features, self.out_features = in_features, out_features
         self.parts = {p.name: p for p in parts}
         self.input_range = input_range or (0, in_features)
@@ -124,11 +134,12 @@ class Linear(nn.Module):
 
     @classmethod
     def column(cls, ctx: ModelContext, in_features: int, parts: list[OutputPart], *,
-               bias: bool = False, out_features: int | None = None) -> Linear:
+               bias: bool = False, out_features: int | None = None,
+               role: str = "linear") -> Linear:
         """Output-sharded; `parts` say which rows of which checkpoint tensor this rank keeps
         (see `split_parts`, `qkv_parts`). out_features defaults to the sum of the parts."""
         out = out_features if out_features is not None else sum(p.size for p in parts)
-        return cls(ctx, in_features, out, parts, bias=bias, input_range=None)
+        return cls(ctx, in_features, out, parts, bias=bias, input_range=None, role=role)
 
     @classmethod
     def row(cls, ctx: ModelContext, in_features_full: int, out_features: int, *,

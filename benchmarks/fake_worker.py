@@ -1,0 +1,107 @@
+"""A stand-in for the model worker, for measuring everything else: the host path.
+
+`python -m tessera.benchmarks.fake_worker --run-dir DIR --step-ms 6` behaves like worker rank 0
+seen from the scheduler: it sends WorkerReady (arena and vocabulary from the engine config and
+the model's tokenizer) and answers every ForwardBatch with SampledTokens, in step order. Its
+"device" takes `--step-ms` per step plus `--prefill-us-per-token` per prompt token, one step
+after the other, while the process itself sleeps (no CPU), so the scheduler's overlap works as
+against a GPU and every CPU second the engine spends is the host path's. Sampled tokens are
+random ids above the special tokens (never EOS), so detokenization sees real text.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from tessera.bus.channel import Inbox, Outbox
+from tessera.bus.messages import ForwardBatch, Message, SampledTokens, WorkerReady
+from tessera.bus.process import BusProcess, process_main
+from tessera.bus.run_paths import RunPaths
+from tessera.config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+FIRST_ORDINARY_ID = 256  # below: special and byte tokens of most vocabularies
+DEFAULT_SLOTS = 1 << 20
+
+
+class FakeWorker(BusProcess):
+    name = "worker0"
+
+    def __init__(self, paths: RunPaths, config: EngineConfig, rank: int = 0,
+                 step_ms: float = 6.0, prefill_us_per_token: float = 0.0) -> None:
+        super().__init__(paths, config)
+        if rank != 0 or config.tp_size != 1:
+            raise ValueError("the fake worker stands for one rank (--tp-size 1)")
+        self.step_s = step_ms / 1e3
+        self.prefill_s_per_token = prefill_us_per_token / 1e6
+        self.results: Outbox | None = None
+        self.vocab_size = 0
+        self.rng = np.random.default_rng(0)
+        # (time the "device" finishes it, step, sampled count), in step order
+        self.queue: deque[tuple[float, int, int]] = deque()
+        self.device_free_at = 0.0
+        self.steps = 0
+
+    def setup(self) -> None:
+        from tessera.formats.tokenizer import load_tokenizer
+
+        cfg = self.config
+        tokenizer = load_tokenizer(cfg.model, ids_only_ok=cfg.load_format == "dummy")
+        self.vocab_size = tokenizer.vocab_size
+        self.inbox = Inbox(self.paths.worker(0), name=self.name)
+        self.results = Outbox(self.paths.scheduler_results, timeout_ms=cfg.send_timeout_ms)
+        slots = cfg.max_total_tokens or DEFAULT_SLOTS
+        self.results.send(WorkerReady(
+            rank=0, world_size=1, num_slots=slots, page_size=cfg.page_size,
+            max_context_len=cfg.context_length or 4096, vocab_size=self.vocab_size,
+            eos_token_ids=list(tokenizer.eos_token_ids), device="fake"))
+
+    def handle(self, msgs: list[Message]) -> None:
+        now = time.monotonic()
+        for msg in msgs:
+            if not isinstance(msg, ForwardBatch):
+                continue
+            extend = np.asarray(msg.extend_lens)
+            cost = self.step_s + self.prefill_s_per_token * float(extend[extend > 1].sum())
+            self.device_free_at = max(now, self.device_free_at) + cost
+            self.queue.append((self.device_free_at, msg.step, int(np.asarray(msg.sample).sum())))
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        while self.queue and self.queue[0][0] <= now:
+            _, step, sampled = self.queue.popleft()
+            tokens = self.rng.integers(FIRST_ORDINARY_ID, self.vocab_size, sampled,
+                                       dtype=np.int32)
+            assert self.results is not None
+            self.results.send(SampledTokens(step=step, token_ids=tokens))
+            self.steps += 1
+
+    def wait_timeout(self) -> float:
+        if not self.queue:
+            return self.loop_timeout_s
+        return max(0.0, self.queue[0][0] - time.monotonic())
+
+    def stats(self) -> dict[str, float]:
+        return {"steps": float(self.steps)}
+
+    def ready_info(self) -> dict[str, Any]:
+        return {"rank": 0, "device": "fake", "model": self.config.model}
+
+    def teardown(self) -> None:
+        if self.results is not None:
+            self.results.close()
+
+
+if __name__ == "__main__":
+    sys.exit(process_main(FakeWorker, extra_args={
+        "--rank": {"type": int, "default": 0},
+        "--step-ms": {"type": float, "default": 6.0},
+        "--prefill-us-per-token": {"type": float, "default": 0.0},
+    }))

@@ -1,0 +1,163 @@
+"""Triton kernels for quantized linears: the weights are read in their packed form and
+dequantized in registers, so a decode step streams fp8 / int8 bytes or int4 nibbles instead of
+bf16 (layouts: hal/quant/weight.py).
+
+    qgemv   one token (batch-1 decode): each program reduces BLOCK_N weight rows against x.
+            int4 bytes are split into their low / high nibbles and multiplied with the even /
+            odd elements of x, so nothing is interleaved; each group's partial sums are
+            scaled once: sum_g s_g * sum_{k in g} x_k q_k + o_g * sum_{k in g} x_k.
+    qgemm   several tokens: tl.dot on tiles of x [BLOCK_M, BLOCK_K] and of the integer (or
+            e4m3) values [BLOCK_N, BLOCK_K] converted exactly to x's dtype; every K tile lies
+            within one group (BLOCK_K divides the group size), so its product is scaled by the
+            group's scale (and the offset times the tile's row sums of x) in float32. With a
+            small BLOCK_M it is the skinny GEMM of decode batches; with a large one, prefill.
+            For fp8 weights it also runs W8A8: activations quantized per token to e4m3, the
+            dot on fp8 tensor cores (twice bf16's rate), both scales on the float32 sums.
+
+Both compute the definition y = x @ dequantize(w)^T exactly up to float32 summation order
+(the weight values are never rounded). `KIND`: 0 fp8, 1 int8, 2 int4. `PER_ROW`: one scale
+per output row (fp8, GPTQ without groups), applied once at the end.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FP8, INT8, INT4 = 0, 1, 2
+
+
+@triton.jit
+def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, s_s0,
+                 KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < n_out
+    q_rows = q_ptr + rows[:, None].to(tl.int64) * q_s0
+    s_rows = rows[:, None].to(tl.int64) * s_s0
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    xsum = tl.zeros([BLOCK_K // 2], tl.float32)  # PER_ROW int4: sum of x, for the offset
+    for k0 in range(0, n_in, BLOCK_K):
+        if KIND == 2:
+            j = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte index: columns 2j, 2j + 1
+            jmask = j < n_in // 2
+            packed = tl.load(q_rows + j[None, :], mask=rmask[:, None] & jmask[None, :],
+                             other=0)
+            k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + k, mask=k < n_in, other=0.0).to(tl.float32)
+            x_even, x_odd = tl.split(tl.reshape(x, [BLOCK_K // 2, 2]))
+            prod = (packed & 0xF).to(tl.float32) * x_even[None, :] + \
+                (packed >> 4).to(tl.float32) * x_odd[None, :]  # [BLOCK_N, BLOCK_K / 2]
+            pair = x_even + x_odd
+            if PER_ROW:
+                acc += tl.sum(prod, 1)
+                xsum += pair
+            else:
+                NG: tl.constexpr = BLOCK_K // GROUP
+                part = tl.sum(tl.reshape(prod, [BLOCK_N, NG, GROUP // 2]), 2)
+                xs = tl.sum(tl.reshape(pair, [NG, GROUP // 2]), 1)
+                g = k0 // GROUP + tl.arange(0, NG)
+                gmask = rmask[:, None] & (g < n_in // GROUP)[None, :]
+                s = tl.load(s_ptr + s_rows + g[None, :], mask=gmask, other=0.0)
+                o = tl.load(o_ptr + s_rows + g[None, :], mask=gmask, other=0.0)
+                acc += tl.sum(part * s + o * xs[None, :], 1)
+        else:
+            k = k0 + tl.arange(0, BLOCK_K)
+            kmask = k < n_in
+            w = tl.load(q_rows + k[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+            x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+            prod = w.to(tl.float32) * x[None, :]
+            if PER_ROW:
+                acc += tl.sum(prod, 1)
+            else:
+                NG2: tl.constexpr = BLOCK_K // GROUP
+                part = tl.sum(tl.reshape(prod, [BLOCK_N, NG2, GROUP]), 2)
+                g = k0 // GROUP + tl.arange(0, NG2)
+                gmask = rmask[:, None] & (g < n_in // GROUP)[None, :]
+                s = tl.load(s_ptr + s_rows + g[None, :], mask=gmask, other=0.0)
+                acc += tl.sum(part * s, 1)
+    if PER_ROW:
+        acc = acc * tl.load(s_ptr + rows.to(tl.int64) * s_s0, mask=rmask, other=0.0)
+        if KIND == 2:
+            acc += tl.load(o_ptr + rows.to(tl.int64) * s_s0, mask=rmask, other=0.0) * \
+                tl.sum(xsum, 0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rmask)
+
+
+@triton.jit
+def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, xs_ptr, M, N, K, x_s0, q_s0, s_s0,
+                 out_s0, KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
+    # A_FP8 (fp8 weights only, W8A8): x holds e4m3 activations scaled per row by xs; the dot
+    # runs on the fp8 tensor cores and both scales are applied to the float32 sums.
+    # program ids: N fastest, so the programs running together share the same x rows
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = rm < M
+    nmask = rn < N
+    x_rows = x_ptr + rm[:, None].to(tl.int64) * x_s0
+    q_rows = q_ptr + rn[:, None].to(tl.int64) * q_s0
+    s_rows = rn.to(tl.int64) * s_s0
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    xsum = tl.zeros([BLOCK_M], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        kmask = k < K
+        x = tl.load(x_rows + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+        if KIND == 2:
+            j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            packed = tl.load(q_rows + j[None, :],
+                             mask=nmask[:, None] & (j < K // 2)[None, :], other=0)
+            q = tl.reshape(tl.join(packed & 0xF, packed >> 4), [BLOCK_N, BLOCK_K])
+        else:
+            q = tl.load(q_rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+        if A_FP8:
+            part = tl.dot(x, tl.trans(q))
+        else:
+            part = tl.dot(x, tl.trans(q.to(x.dtype)), input_precision=DOT_PREC)
+        if PER_ROW:
+            acc += part
+            if KIND == 2:
+                xsum += tl.sum(x.to(tl.float32), 1)
+        else:
+            g = k0 // GROUP
+            s = tl.load(s_ptr + s_rows + g, mask=nmask, other=0.0)
+            acc += part * s[None, :]
+            if KIND == 2:
+                o = tl.load(o_ptr + s_rows + g, mask=nmask, other=0.0)
+                acc += tl.sum(x.to(tl.float32), 1)[:, None] * o[None, :]
+    if A_FP8:
+        acc = acc * tl.load(xs_ptr + rm, mask=mmask, other=0.0)[:, None]
+    if PER_ROW:
+        acc = acc * tl.load(s_ptr + s_rows, mask=nmask, other=0.0)[None, :]
+        if KIND == 2:
+            acc += xsum[:, None] * tl.load(o_ptr + s_rows, mask=nmask, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + rm[:, None].to(tl.int64) * out_s0 + rn[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def quant_rows_fp8_kernel(x_ptr, out_ptr, scale_ptr, K, x_s0, out_s0,
+                          BLOCK_K: tl.constexpr):
+    """Dynamic per-token fp8 quantization (W8A8): scale = max|x| / 448, out = x / scale."""
+    row = tl.program_id(0).to(tl.int64)
+    amax = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + row * x_s0 + k, mask=k < K, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    scale = tl.maximum(tl.div_rn(tl.max(amax, 0), 448.0), 1e-12)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + row * x_s0 + k, mask=k < K, other=0.0).to(tl.float32)
+        # div_rn: IEEE division, as torch's (Triton's `/` may be off by an ulp in fp32)
+        q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0)
+        tl.store(out_ptr + row * out_s0 + k, q.to(out_ptr.dtype.element_ty), mask=k < K)
+    tl.store(scale_ptr + row, scale)

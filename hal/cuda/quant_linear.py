@@ -1,0 +1,167 @@
+"""The cuda plugin's quantized linears (schemes and layouts: hal/quant/weight.py).
+
+    one token                       qgemv: streams the packed weight once (decode, batch 1)
+    2 .. SKINNY_MAX_M tokens        qgemm with a small BLOCK_M (decode batches)
+    more tokens, int8 / int4        qgemm with prefill tiles
+    more tokens, fp8                W8A8: activations quantized per token to e4m3 (Triton),
+                                    then qgemm's fp8 dot or cuBLASLt's fp8 GEMM with row-wise
+                                    scales (torch._scaled_mm), whichever measures faster for
+                                    the shape (cuBLASLt only wins from about 64 rows)
+
+Launch configurations come from a short measurement per (kernel, shape, batch bucket) the
+first time a shape runs outside graph capture (`quant_tune.py`); under the Triton interpreter
+the first candidate is used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import triton
+
+from tessera.hal.cuda import quant_tune
+from tessera.hal.cuda.quant_kernels import (
+    FP8,
+    INT4,
+    INT8,
+    qgemm_kernel,
+    qgemv_kernel,
+    quant_rows_fp8_kernel,
+)
+from tessera.hal.platform import QuantLinearKernel
+from tessera.hal.quant.weight import SCHEMES, QuantizationError, QuantizedWeight
+
+KINDS = {"fp8": FP8, "int8": INT8, "int4": INT4}
+SKINNY_MAX_M = 32  # fp8 up to here runs qgemm in W8A16 (memory-bound), beyond it W8A8
+
+
+def _pow2_group(w: QuantizedWeight) -> QuantizedWeight:
+    """The kernels take power-of-two groups of at least 16. A group of, say, 96 is the same
+    weight as three groups of 32 sharing one scale: repeat the scales."""
+    gs = w.group_size
+    if w.scheme == "fp8" or gs == w.in_features or (gs >= 16 and gs & (gs - 1) == 0):
+        return w
+    sub = gs & -gs  # the largest power of two dividing gs
+    if sub < 16:
+        raise QuantizationError(f"{w.scheme} group size {gs}: the cuda kernels need groups "
+                                f"of a multiple of 16 columns; serve with --quantization none")
+    rep = gs // sub
+    return replace(w, scales=w.scales.repeat_interleave(rep, dim=1).contiguous(),
+                   offsets=None if w.offsets is None else
+                   w.offsets.repeat_interleave(rep, dim=1).contiguous(), group_size=sub)
+
+
+def prepare(w: QuantizedWeight) -> QuantizedWeight:
+    if w.scheme == "int4" and w.packing != "nibbles":
+        raise QuantizationError("the cuda plugin reads int4 packed two per byte")
+    if w.scheme == "fp8" and w.qweight.is_cuda and \
+            torch.cuda.get_device_capability(w.qweight.device) < (8, 9):
+        raise QuantizationError(
+            f"fp8 weights need a GPU of compute capability 8.9 or newer (Ada, Hopper); this "
+            f"one is {torch.cuda.get_device_capability(w.qweight.device)}: serve with "
+            f"--quantization none or int8")
+    w = _pow2_group(w)
+    return replace(w, qweight=w.qweight.contiguous(), scales=w.scales.contiguous(),
+                   offsets=None if w.offsets is None else w.offsets.contiguous())
+
+
+def _per_row(w: QuantizedWeight) -> bool:
+    return w.num_groups == 1
+
+
+def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
+          block_n: int, block_k: int, num_warps: int) -> torch.Tensor:
+    n, k = w.shape
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    per_row = _per_row(w)
+    group = k if per_row else w.group_size
+    block_k = max(block_k, 2 if per_row else group)
+    qgemv_kernel[(triton.cdiv(n, block_n),)](
+        x, w.qweight, w.scales, w.offsets if w.offsets is not None else w.scales,
+        bias if bias is not None else out, out, n, k, w.qweight.stride(0), w.scales.stride(0),
+        KIND=KINDS[w.scheme], GROUP=group if not per_row else 1, PER_ROW=per_row,
+        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+    return out
+
+
+def qgemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, block_m: int,
+          block_n: int, block_k: int, num_warps: int, num_stages: int,
+          w8a8: bool = False, x_scales: torch.Tensor | None = None,
+          out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Several tokens. w8a8 (fp8 weights): the activations are quantized per token to e4m3
+    first (or come quantized: x e4m3 with x_scales [M, 1]) and the dot runs in fp8."""
+    m = x.shape[0]
+    n, k = w.shape
+    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    per_row = _per_row(w)
+    if not per_row:
+        block_k = min(block_k, w.group_size)  # one group per K tile
+    xs = w.scales  # unread unless w8a8
+    if w8a8:
+        if w.scheme != "fp8":
+            raise ValueError("W8A8 needs fp8 weights")
+        x, xs = (x, x_scales) if x_scales is not None else quantize_rows_fp8(x)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
+    qgemm_kernel[grid](
+        x, w.qweight, w.scales, w.offsets if w.offsets is not None else w.scales,
+        bias if bias is not None else out, out, xs, m, n, k, x.stride(0), w.qweight.stride(0),
+        w.scales.stride(0), out.stride(0), KIND=KINDS[w.scheme],
+        GROUP=1 if per_row else w.group_size, PER_ROW=per_row, HAS_BIAS=bias is not None,
+        A_FP8=w8a8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        DOT_PREC="ieee" if out.dtype == torch.float32 else "tf32",
+        num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_q e4m3 [M, K], scales float32 [M, 1]) with scale = max|x[m]| / 448."""
+    m, k = x.shape
+    out = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    if m:
+        quant_rows_fp8_kernel[(m,)](x, out, scales, k, x.stride(0), out.stride(0),
+                                    BLOCK_K=min(4096, triton.next_power_of_2(k)), num_warps=4)
+    return out, scales
+
+
+def fp8_scaled_mm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None
+                  ) -> torch.Tensor:
+    """W8A8 through cuBLASLt: per-token activation scales, per-row weight scales."""
+    xq, sx = quantize_rows_fp8(x)
+    out = torch._scaled_mm(xq, w.qweight.t(), scale_a=sx, scale_b=w.scales.view(1, -1),
+                           out_dtype=x.dtype)
+    return out if bias is None else out + bias
+
+
+def scaled_mm_fits(x: torch.Tensor, w: QuantizedWeight) -> bool:
+    n, k = w.shape
+    return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and k % 16 == 0
+            and n % 16 == 0)
+
+
+def apply(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    if x.dim() != 2 or x.shape[1] != w.in_features:
+        raise ValueError(f"quantized linear: x {tuple(x.shape)} for a weight of "
+                         f"{w.in_features} inputs")
+    if w.input_perm is not None:
+        x = x.index_select(1, w.input_perm)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    m = x.shape[0]
+    if m == 0:
+        return torch.empty((0, w.out_features), dtype=x.dtype, device=x.device)
+    if m == 1:
+        cfg = quant_tune.gemv_config(w, x, bias)
+        return qgemv(x, w, bias, *cfg)
+    if w.scheme == "fp8" and m > SKINNY_MAX_M:
+        cfg3 = quant_tune.w8a8_config(w, x, bias)
+        if cfg3 == quant_tune.SCALED_MM:
+            return fp8_scaled_mm(x, w, bias)
+        return qgemm(x, w, bias, *quant_tune.tile(cfg3), w8a8=True)
+    cfg2 = quant_tune.gemm_config(w, x, bias)
+    return qgemm(x, w, bias, *cfg2)
+
+
+def quant_linears() -> dict[str, QuantLinearKernel]:
+    return {scheme: QuantLinearKernel(scheme, apply, prepare) for scheme in SCHEMES}

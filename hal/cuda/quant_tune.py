@@ -1,0 +1,129 @@
+"""Launch configurations of the quantized kernels: a few candidates, measured once per
+(kernel, scheme, shape, group, batch bucket, dtype) on the device, the fastest kept.
+
+The measurement runs the first time a shape is seen outside CUDA graph capture (the worker's
+warm-up runs come before its captures, so every captured shape is measured); during a capture,
+or under the Triton interpreter, the first candidate is taken as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from tessera.hal.quant.weight import QuantizedWeight
+
+# (BLOCK_N, BLOCK_K, num_warps); each thread should have several 16-byte loads in flight
+GEMV_CANDIDATES: dict[str, list[tuple[int, int, int]]] = {
+    "fp8": [(2, 2048, 8), (4, 2048, 8), (4, 1024, 4), (8, 1024, 8), (1, 4096, 8)],
+    "int8": [(2, 2048, 8), (4, 2048, 8), (4, 1024, 4), (8, 1024, 8), (1, 4096, 8)],
+    "int4": [(4, 2048, 8), (8, 2048, 8), (8, 1024, 8), (2, 4096, 8), (16, 1024, 8)],
+}
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by batch bucket; BLOCK_K is cut to the
+# group size where the group is smaller
+GEMM_CANDIDATES: dict[int, list[tuple[int, int, int, int, int]]] = {
+    16: [(16, 32, 128, 4, 4), (16, 64, 128, 4, 4), (16, 16, 256, 4, 4), (16, 64, 256, 4, 3)],
+    32: [(32, 32, 128, 4, 4), (32, 64, 128, 4, 4), (16, 64, 128, 4, 4), (32, 64, 256, 4, 3)],
+    64: [(64, 64, 128, 4, 4), (64, 128, 64, 8, 3), (32, 64, 128, 4, 4)],
+    128: [(128, 128, 64, 8, 3), (64, 128, 64, 4, 4), (128, 64, 128, 8, 3)],
+    256: [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4)],
+}
+# W8A8 candidates (fp8 weights, more than SKINNY_MAX_M tokens): qgemm tiles (fp8 dots need
+# BLOCK_K >= 32) and SCALED_MM, cuBLASLt through torch._scaled_mm
+SCALED_MM: tuple[int, ...] = (0,)
+W8A8_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
+    64: [(64, 64, 128, 4, 4), (64, 128, 128, 8, 3), (32, 64, 128, 4, 4), SCALED_MM],
+    128: [(128, 128, 128, 8, 3), (64, 128, 128, 4, 4), (128, 64, 128, 8, 3), SCALED_MM],
+    256: [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (64, 128, 128, 4, 4), SCALED_MM],
+}
+_chosen: dict[tuple[Any, ...], tuple[int, ...]] = {}
+
+
+def tile(config: tuple[int, ...]) -> tuple[int, int, int, int, int]:
+    """A qgemm tile (block_m, block_n, block_k, num_warps, num_stages) from a chosen config."""
+    block_m, block_n, block_k, num_warps, num_stages = config
+    return block_m, block_n, block_k, num_warps, num_stages
+
+
+def batch_bucket(m: int) -> int:
+    for bucket in (16, 32, 64, 128):
+        if m <= bucket:
+            return bucket
+    return 256
+
+
+def _measurable(x: torch.Tensor) -> bool:
+    """On a GPU (the interpreter runs on CPU tensors) and not inside a graph capture."""
+    return x.is_cuda and not torch.cuda.is_current_stream_capturing()
+
+
+def _pick(key: tuple[Any, ...], candidates: Sequence[tuple[int, ...]], x: torch.Tensor,
+          run: Callable[[tuple[int, ...]], Any]) -> tuple[int, ...]:
+    cfg = _chosen.get(key)
+    if cfg is not None:
+        return cfg
+    if not _measurable(x) or len(candidates) == 1:
+        return candidates[0]
+    from triton.testing import do_bench
+
+    timings = []
+    for cand in candidates:
+        try:
+            timings.append((float(do_bench(lambda c=cand: run(c), warmup=2, rep=10)), cand))
+        except Exception:  # a candidate the compiler rejects (resources) is skipped  # noqa: BLE001
+            continue
+    cfg = min(timings)[1] if timings else candidates[0]
+    _chosen[key] = cfg
+    return cfg
+
+
+def _key(kernel: str, w: QuantizedWeight, x: torch.Tensor, bucket: int) -> tuple[Any, ...]:
+    return (kernel, w.scheme, w.out_features, w.in_features, w.group_size, bucket, x.dtype,
+            x.device.index)
+
+
+def gemv_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
+                ) -> tuple[int, int, int]:
+    from tessera.hal.cuda.quant_linear import qgemv
+
+    per_row = w.num_groups == 1
+    candidates = [c for c in GEMV_CANDIDATES[w.scheme]
+                  if per_row or c[1] % w.group_size == 0] or \
+        [(4, max(w.group_size, 256), 8)]
+    cfg = _pick(_key("gemv", w, x, 1), candidates, x, lambda c: qgemv(x, w, bias, *c))
+    return cfg  # type: ignore[return-value]
+
+
+def gemm_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
+                ) -> tuple[int, int, int, int, int]:
+    from tessera.hal.cuda.quant_linear import qgemm
+
+    bucket = batch_bucket(x.shape[0])
+    candidates = GEMM_CANDIDATES[bucket]
+    if x.dtype == torch.float32:  # fp32 tiles are twice the registers and shared memory
+        candidates = [(min(bm, 32), min(bn, 32), min(bk, 64), nw, min(ns, 2))
+                      for bm, bn, bk, nw, ns in candidates[:1]]
+    cfg = _pick(_key("gemm", w, x, bucket), candidates, x, lambda c: qgemm(x, w, bias, *tile(c)))
+    return cfg  # type: ignore[return-value]
+
+
+def w8a8_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
+                ) -> tuple[int, ...]:
+    """A qgemm tile for the fp8 dot, or SCALED_MM (where torch._scaled_mm can take the
+    shapes and measures faster; a device or torch without it fails its measurement and is
+    skipped)."""
+    from tessera.hal.cuda.quant_linear import fp8_scaled_mm, qgemm, scaled_mm_fits
+
+    bucket = max(64, batch_bucket(x.shape[0]))
+    candidates = [c for c in W8A8_CANDIDATES[bucket]
+                  if c != SCALED_MM or scaled_mm_fits(x, w)]
+    if x.dtype == torch.float32:  # the interpreter: small tiles
+        candidates = [(32, 32, 32, 4, 1)]
+
+    def run(c: tuple[int, ...]) -> torch.Tensor:
+        if c == SCALED_MM:
+            return fp8_scaled_mm(x, w, bias)
+        return qgemm(x, w, bias, *tile(c), w8a8=True)
+    return _pick(_key("w8a8", w, x, bucket), candidates, x, run)

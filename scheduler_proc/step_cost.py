@@ -1,0 +1,70 @@
+"""What a step costs on this device, learned from the steps it runs, and how many prefill
+tokens the next step may therefore carry.
+
+A step of D decodes and P prefill tokens takes about decode_ms + P * prefill_ms_per_token:
+decode-only steps measure `decode_ms` (the step every running stream waits for), steps with
+at least MIN_PREFILL_MEASURED prefill tokens measure the marginal cost of a prefill token
+over it. Both are moving averages of the worker's own time per step (`forward_ms`).
+
+The prefill budget protects running decodes: while some decode, a step that also prefills
+may take at most `max_mixed_step_ratio` decode steps, so its chunk is what fits in the rest
+at the measured cost, but never less than `min_tokens` (new requests must still be served:
+protecting decodes must not starve arrivals). Independently, `step_target_ms` caps the
+prefill work of any step while others decode or wait (a slow CPU device must not hold them
+for tens of seconds behind one long prompt), down to a page at least.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIN_PREFILL_MEASURED = 32  # smaller chunks measure the fixed cost of a step, not a token
+SMOOTHING = 0.3  # weight of the newest step in the moving averages
+
+
+def _tokens(ms: float, per_token_ms: float) -> int:
+    return int(round(ms / per_token_ms, 6))  # 299.99999999 tokens of float noise are 300
+
+
+def _ema(old: float, new: float) -> float:
+    return new if old <= 0 else (1 - SMOOTHING) * old + SMOOTHING * new
+
+
+@dataclass
+class StepCost:
+    decode_ms: float = 0.0  # a decode-only step, moving average (0: none seen yet)
+    prefill_ms_per_token: float = 0.0  # marginal cost of a prefill token (0: unknown)
+
+    def observe(self, decodes: int, prefill_tokens: int, step_ms: float) -> None:
+        """Learn from one finished step (its decode count, prefill tokens, own time)."""
+        if step_ms <= 0:
+            return
+        if prefill_tokens == 0:
+            if decodes:
+                self.decode_ms = _ema(self.decode_ms, step_ms)
+            return
+        if prefill_tokens < MIN_PREFILL_MEASURED:
+            return
+        # Without a decode-only step seen yet, charge the whole step to its prefill tokens:
+        # an overestimate (smaller chunks) until the first decode step corrects it.
+        base = self.decode_ms if decodes and self.decode_ms > 0 else 0.0
+        marginal = (step_ms - base) / prefill_tokens
+        if marginal > 0:
+            self.prefill_ms_per_token = _ema(self.prefill_ms_per_token, marginal)
+
+    def prefill_budget(self, *, decoding: bool, others_waiting: bool, cap: int,
+                       min_tokens: int, floor: int, max_mixed_step_ratio: float,
+                       step_target_ms: float) -> int:
+        """Prefill tokens the next step may carry: at most `cap`; while streams decode, what
+        fits in (max_mixed_step_ratio - 1) decode steps but at least `min_tokens`; while
+        others decode or wait, at most step_target_ms of prefill work but at least `floor`."""
+        per_token = self.prefill_ms_per_token
+        if per_token <= 0:
+            return cap  # nothing measured yet
+        budget = cap
+        if decoding and max_mixed_step_ratio > 1 and self.decode_ms > 0:
+            fits = _tokens((max_mixed_step_ratio - 1) * self.decode_ms, per_token)
+            budget = min(budget, max(fits, min_tokens))
+        if step_target_ms > 0 and (decoding or others_waiting):
+            budget = min(budget, max(_tokens(step_target_ms, per_token), floor))
+        return max(budget, min(floor, cap))

@@ -1,0 +1,116 @@
+"""The prefill budget protects running decodes: on a device whose decode step takes 6 ms and
+whose prefill tokens cost 0.02 ms each (an H200-like 8B step), a prompt that arrives while
+others decode is cut into chunks that keep every step within --max-mixed-step-ratio decode
+steps; with nothing decoding it runs whole; the outputs are the same either way."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tessera.bus.messages import SampledTokens, SamplingParams
+from tessera.scheduler_proc.config import SchedulerConfig
+from tessera.scheduler_proc.scheduler import Scheduler
+from tests.scheduler_proc.sched_fakes import (
+    EOS,
+    Collected,
+    FakeWorker,
+    drive,
+    make_request,
+    reference_output,
+)
+
+DECODE_MS, PREFILL_MS = 6.0, 0.02
+
+
+def make(**kw) -> Scheduler:
+    base = dict(num_slots=16 * 600, page_size=16, max_context_len=4096, max_running_requests=16,
+                chunked_prefill_size=2048, eos_token_ids=(EOS,), overlap=False,
+                debug_invariants=True)
+    base.update(kw)
+    return Scheduler(SchedulerConfig(**base))  # type: ignore[arg-type]
+
+
+def prompt(n: int, start: int = 1) -> np.ndarray:
+    return (np.arange(n) % 40 + start).astype(np.int32)
+
+
+def timed(worker: FakeWorker, fb) -> SampledTokens:  # noqa: ANN001
+    """The fake worker's answer, timed like the device above."""
+    extend = fb.extend_lens
+    step_ms = DECODE_MS + PREFILL_MS * float(extend[extend > 1].sum())
+    return dataclasses.replace(worker.step(fb), forward_ms=step_ms)
+
+
+def run(sched: Scheduler, worker: FakeWorker, got: Collected, steps: int) -> list[int]:
+    """Prefill tokens of each step."""
+    sizes = []
+    for _ in range(steps):
+        fb = sched.next_batch()
+        extend = fb.extend_lens
+        sizes.append(int(extend[extend > 1].sum()))
+        got.add(sched.on_result(timed(worker, fb)))
+    return sizes
+
+
+def streams_decoding(sched: Scheduler, worker: FakeWorker, got: Collected, n: int) -> None:
+    for i in range(n):  # n streams decoding, the device's costs learned
+        sched.add_request(make_request(f"d{i}", prompt(64, i + 1), max_tokens=300,
+                                       ignore_eos=True))
+    run(sched, worker, got, 3)
+    assert abs(sched.step_cost.decode_ms - DECODE_MS) < 1e-9
+    # The streams' own prefill ran before any decode step: its step's fixed cost was charged
+    # to its tokens. Prompts next to the decodes teach the marginal cost (a moving average).
+    for k in range(6):
+        warm = (np.arange(3500) * 7 + k) % 997 + 100  # shares no page with the tests' prompts
+        assert sched.add_request(make_request(f"warm{k}", warm.astype(np.int32), max_tokens=1,
+                                              ignore_eos=True)) is None
+        while f"warm{k}" in sched.requests:
+            got.add(sched.on_result(timed(worker, sched.next_batch())))
+    assert abs(sched.step_cost.prefill_ms_per_token - PREFILL_MS) < 0.0005
+
+
+def test_a_prompt_next_to_decodes_is_chunked_to_the_ratio() -> None:
+    sched = make(max_mixed_step_ratio=2.5)  # (2.5 - 1) x 6 ms / 0.02 ms = 450 tokens
+    worker = FakeWorker(sched)
+    got = Collected()
+    streams_decoding(sched, worker, got, 4)
+    sched.add_request(make_request("long", prompt(2000, 7), max_tokens=2, ignore_eos=True))
+    sizes = run(sched, worker, got, 6)
+    assert all(abs(s - 450) <= 15 for s in sizes[:4]) and sum(sizes) == 2000, sizes
+    assert all(DECODE_MS + PREFILL_MS * s <= 2.5 * DECODE_MS for s in sizes)
+    drive(sched, worker, got)
+    want, _ = reference_output(prompt(2000, 7), SamplingParams(max_tokens=2, ignore_eos=True),
+                               0, 2002)
+    assert got.tokens[("long", 0)] == want
+    assert all(len(got.tokens[(f"d{i}", 0)]) == 300 for i in range(4))
+
+
+def test_a_tight_ratio_still_serves_new_prompts_at_the_floor() -> None:
+    sched = make(max_mixed_step_ratio=1.5)  # 150 tokens would fit: the floor is 2048 / 8
+    worker = FakeWorker(sched)
+    got = Collected()
+    streams_decoding(sched, worker, got, 4)
+    sched.add_request(make_request("long", prompt(2000, 7), max_tokens=2, ignore_eos=True))
+    assert run(sched, worker, got, 9) == [256] * 7 + [208, 0]
+
+
+def test_with_room_in_the_ratio_the_chunk_is_what_fits() -> None:
+    sched = make(max_mixed_step_ratio=4.0)  # 3 x 6 ms / 0.02 ms = 900 tokens
+    worker = FakeWorker(sched)
+    got = Collected()
+    streams_decoding(sched, worker, got, 1)
+    sched.add_request(make_request("long", prompt(3000, 5), max_tokens=1, ignore_eos=True))
+    sizes = run(sched, worker, got, 4)
+    assert all(abs(s - 900) <= 30 for s in sizes[:3]) and sum(sizes) == 3000, sizes
+
+
+def test_with_nothing_decoding_a_prompt_runs_in_full_chunks() -> None:
+    sched = make(max_mixed_step_ratio=1.5)
+    worker = FakeWorker(sched)
+    got = Collected()
+    sched.add_request(make_request("warm", prompt(64), max_tokens=1, ignore_eos=True))
+    drive(sched, worker, got)
+    sched.add_request(make_request("long", prompt(3000, 9), max_tokens=1, ignore_eos=True))
+    assert run(sched, worker, got, 2) == [2048, 3000 - 2048]

@@ -1,0 +1,59 @@
+"""StepCost: the decode step and the marginal prefill token learned from step times, and the
+prefill budget that keeps a mixed step within a multiple of a decode step."""
+
+from __future__ import annotations
+
+import pytest
+
+from tessera.scheduler_proc.step_cost import MIN_PREFILL_MEASURED, StepCost
+
+KW = dict(cap=2048, min_tokens=256, floor=16, max_mixed_step_ratio=2.0, step_target_ms=1000.0)
+
+
+def learned(decode_ms: float, per_token_ms: float, decodes: int = 32) -> StepCost:
+    cost = StepCost()
+    for _ in range(30):  # a device whose steps cost exactly decode_ms + P * per_token_ms
+        cost.observe(decodes, 0, decode_ms)
+        cost.observe(decodes, 512, decode_ms + 512 * per_token_ms)
+    return cost
+
+
+def test_costs_converge_to_the_devices() -> None:
+    cost = learned(6.0, 0.02)
+    assert cost.decode_ms == pytest.approx(6.0)
+    assert cost.prefill_ms_per_token == pytest.approx(0.02)
+
+
+def test_small_chunks_and_failed_steps_teach_nothing() -> None:
+    cost = learned(6.0, 0.02)
+    cost.observe(32, MIN_PREFILL_MEASURED - 1, 100.0)
+    cost.observe(32, 0, 0.0)
+    assert cost.decode_ms == pytest.approx(6.0)
+    assert cost.prefill_ms_per_token == pytest.approx(0.02)
+
+
+def test_a_mixed_step_is_held_to_the_ratio_of_a_decode_step() -> None:
+    cost = learned(6.0, 0.02)  # an H200-like step: 300 tokens fit in one more decode step
+    assert cost.prefill_budget(decoding=True, others_waiting=False, **KW) == 300
+    slower = {**KW, "max_mixed_step_ratio": 1.5}
+    assert cost.prefill_budget(decoding=True, others_waiting=True, **slower) == 256  # floor
+    # nothing decodes: nothing to protect, the whole chunk
+    assert cost.prefill_budget(decoding=False, others_waiting=False, **KW) == 2048
+    unprotected = {**KW, "max_mixed_step_ratio": 0.0}
+    assert cost.prefill_budget(decoding=True, others_waiting=False, **unprotected) == 2048
+
+
+def test_step_target_caps_prefill_work_on_a_slow_device() -> None:
+    cost = learned(200.0, 2.5)  # a CPU: decodes 200 ms, prefill 2.5 ms a token
+    # 1000 ms of prefill while others wait, though nothing decodes
+    assert cost.prefill_budget(decoding=False, others_waiting=True, **KW) == 400
+    assert cost.prefill_budget(decoding=False, others_waiting=False, **KW) == 2048
+    slowest = learned(200.0, 500.0)  # the step target wins over min_tokens, down to a page
+    assert slowest.prefill_budget(decoding=True, others_waiting=True, **KW) == 16
+
+
+def test_unmeasured_device_gets_the_configured_chunk() -> None:
+    assert StepCost().prefill_budget(decoding=True, others_waiting=True, **KW) == 2048
+    first = StepCost()
+    first.observe(0, 1024, 40.0)  # a prefill-only step, before any decode: all of it per token
+    assert first.prefill_ms_per_token == pytest.approx(40.0 / 1024)

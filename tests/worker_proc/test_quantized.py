@@ -1,0 +1,231 @@
+"""Quantized models on the cpu plugin: AWQ / GPTQ / fp8 checkpoints written by the tests serve
+exactly like their dequantized float twins, --quantization quantizes at load, fused layers
+with mixed schemes, and the fp8 KV cache."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from tessera.hal.quant import QuantizedWeight, quantize
+from tessera.worker_proc.models.layers.quant_linear import QuantLinear
+from tests.formats.quant_checkpoints import write_quantized
+from tests.worker_proc.driver import MiniScheduler
+from tests.worker_proc.helpers import make_runner, prompts, tiny_hf_model
+
+LENGTHS = [2, 5, 11, 17]
+NEW = 12
+
+
+def _linears(runner) -> list:
+    from tessera.worker_proc.models.layers.linear import Linear
+
+    return [m for m in runner.model.modules() if isinstance(m, Linear)]
+
+
+@pytest.mark.parametrize("kind,method,kw", [
+    ("llama31", "awq", {}),
+    ("llama31", "gptq", {}),
+    ("qwen2", "gptq", {"desc_act": True, "sym": True, "v2": True}),
+    ("llama31", "fp8", {}),
+    ("qwen2", "fp8", {"per_tensor": True}),
+], ids=["llama-awq", "llama-gptq", "qwen2-gptq-act-order", "llama-fp8", "qwen2-fp8-tensor"])
+def test_checkpoint_serves_like_its_float_twin(tmp_path, kind: str, method: str, kw: dict):
+    folder, twin = str(tmp_path / "q"), str(tmp_path / "twin")
+    tiny_hf_model(kind, folder, rope_scaling=None)
+    write_quantized(folder, twin, method, group=32, **kw)
+    quantized, dense = make_runner(folder), make_runner(twin)
+    # every projection (qkv, o, gate_up, down of 2 layers) kept quantized; the head stays as
+    # the checkpoint has it, in floating point
+    projections = [m for m in _linears(quantized) if m.role == "linear"]
+    assert len(projections) == 8
+    assert all(isinstance(s.weight, QuantizedWeight) for m in projections
+               for s in m.method.segments)
+    heads = [m for m in _linears(quantized) if m.role != "linear"]
+    assert all(not isinstance(m.method, QuantLinear) or all(
+        isinstance(s.weight, torch.Tensor) for s in m.method.segments) for m in heads)
+    assert quantized.weight_bytes < dense.weight_bytes
+    batch = prompts(256, LENGTHS, seed=3)
+    q_logits = MiniScheduler(quantized).prefill_logits(batch)
+    d_logits = MiniScheduler(dense).prefill_logits(batch)
+    torch.testing.assert_close(q_logits, d_logits, atol=1e-4, rtol=1e-4)
+    got = [r.out for r in MiniScheduler(quantized).generate(batch, NEW)]
+    assert got == [r.out for r in MiniScheduler(dense).generate(batch, NEW)]
+
+
+def _twin_of_quantized(src: str, dst: str, scheme: str) -> None:
+    """A float checkpoint holding quantize(w, scheme).dequantize() for each projection: what
+    --quantization scheme must compute on the source."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(os.path.join(src, "model.safetensors"))
+    for name, tensor in state.items():
+        if name.endswith("_proj.weight"):
+            state[name] = quantize(tensor, scheme).dequantize(tensor.dtype)
+    os.makedirs(dst)
+    for other in os.listdir(src):
+        if other != "model.safetensors":
+            with open(os.path.join(src, other), "rb") as f, \
+                    open(os.path.join(dst, other), "wb") as g:
+                g.write(f.read())
+    save_file(state, os.path.join(dst, "model.safetensors"))
+
+
+@pytest.mark.parametrize("scheme", ["fp8", "int8", "int4"])
+def test_quantization_flag_quantizes_at_load(tmp_path, scheme: str):
+    folder, twin = str(tmp_path / "f"), str(tmp_path / "twin")
+    tiny_hf_model("llama31", folder, rope_scaling=None)
+    _twin_of_quantized(folder, twin, scheme)
+    runner = make_runner(folder, quantization=scheme)
+    assert runner.quant.quantize_to == scheme
+    heads = [m for m in _linears(runner) if m.role != "linear"]
+    assert heads and all(not isinstance(m.method, QuantLinear) or all(
+        isinstance(s.weight, torch.Tensor) for s in m.method.segments) for m in heads)
+    batch = prompts(256, LENGTHS, seed=4)
+    torch.testing.assert_close(MiniScheduler(runner).prefill_logits(batch),
+                               MiniScheduler(make_runner(twin)).prefill_logits(batch),
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_requantizing_a_gguf_and_dummy_weights(tmp_path):
+    """A quantized checkpoint asked for another scheme is dequantized, then requantized; dummy
+    weights quantize at load like any float checkpoint."""
+    from tests.formats.gguf_helpers import write_gguf
+
+    model = tiny_hf_model("llama31", str(tmp_path / "src"), rope_scaling=None)
+    path = str(tmp_path / "m.gguf")
+    write_gguf(path, "llama", model.config, model.state_dict(), quant="Q4_0")
+    kept = make_runner(path)
+    assert kept.quant.keep_checkpoint and kept.quant.quantize_to is None
+    fp8 = make_runner(path, quantization="fp8")
+    assert not fp8.quant.keep_checkpoint and fp8.quant.quantize_to == "fp8"
+    schemes = {s.weight.scheme for m in _linears(fp8) if isinstance(m.method, QuantLinear)
+               for s in m.method.segments if isinstance(s.weight, QuantizedWeight)}
+    assert schemes == {"fp8"}
+    dummy = make_runner(str(tmp_path / "src"), load_format="dummy", quantization="int4")
+    out = MiniScheduler(dummy).generate(prompts(256, [4], seed=5), 3)
+    assert len(out[0].out) == 3
+
+
+def test_fused_parts_in_different_schemes_run_as_segments():
+    """q and k in int4, v in int8 (as GGUF Q4_K_M stores some layers): one layer, two
+    segments, the product of the whole matrix."""
+    from tessera.formats.config import ModelConfig
+    from tessera.hal.registry import load_platform
+    from tessera.worker_proc.models.context import ModelContext
+    from tessera.worker_proc.models.layers.linear import Linear, OutputPart
+    from tessera.worker_proc.quant_plan import QuantPlan
+    from tessera.worker_proc.tp import TPShape
+
+    cfg = ModelConfig(arch="llama", hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2,
+                      head_dim=16, intermediate_size=128, vocab_size=32, rms_norm_eps=1e-5,
+                      rope_theta=1e4, max_position_embeddings=64, tie_word_embeddings=True,
+                      qkv_bias=True, qk_norm=False)
+    platform = load_platform("cpu")
+    ctx = ModelContext(cfg, platform, TPShape.of(cfg, 0, 1), torch.float32,
+                       torch.device("cpu"), 64, quant=QuantPlan(True, None, platform))
+    parts = [OutputPart("q", 0, 0, 64), OutputPart("k", 64, 0, 32), OutputPart("v", 96, 0, 32)]
+    layer = Linear.column(ctx, 64, parts, bias=True)
+    gen = torch.Generator().manual_seed(6)
+    dense = {p: torch.randn((n, 64), generator=gen) / math.sqrt(64)
+             for p, n in (("q", 64), ("k", 32), ("v", 32))}
+    weights = {"q": quantize(dense["q"], "int4", 32), "k": quantize(dense["k"], "int4", 32),
+               "v": quantize(dense["v"], "int8", 16)}
+    bias = torch.randn(128, generator=gen)
+    for part, w in weights.items():
+        layer.load("weight", w, part)
+    layer.load("bias", bias[:64], "q")
+    layer.load("bias", bias[64:96], "k")
+    layer.load("bias", bias[96:], "v")
+    layer.finish_loading()
+    assert [s.size for s in layer.method.segments] == [96, 32]
+    x = torch.randn((5, 64), generator=gen)
+    full = torch.cat([weights[p].dequantize() for p in ("q", "k", "v")])
+    torch.testing.assert_close(layer(x), x @ full.t() + bias, atol=1e-5, rtol=1e-5)
+
+
+def test_unsupported_scheme_fails_at_start_with_advice(tmp_path, monkeypatch):
+    from tessera.hal.errors import MissingSchemeError
+    from tessera.hal.registry import load_platform
+    from tessera.worker_proc.quant_plan import plan_quantization
+
+    folder = str(tmp_path / "f")
+    tiny_hf_model("llama31", folder, rope_scaling=None)
+    write_quantized(folder, str(tmp_path / "twin"), "awq", group=32)
+    from tessera.formats import open_model
+
+    platform = load_platform("cpu")
+    monkeypatch.setattr(platform, "_quant", {})
+    with pytest.raises(MissingSchemeError, match="--quantization none"):
+        plan_quantization("auto", open_model(folder), platform)
+    assert not plan_quantization("none", open_model(folder), platform).active
+
+
+def test_fp8_kv_cache_halves_the_bytes_and_stays_close(tmp_path):
+    folder = str(tmp_path / "f")
+    tiny_hf_model("llama31", folder, rope_scaling=None)
+    base = make_runner(folder)
+    fp8 = make_runner(folder, kv_cache_dtype="fp8_e4m3")
+    assert fp8.kv.storage.dtype == torch.float8_e4m3fn
+    assert fp8.kv_plan.bytes_per_slot * 4 == base.kv_plan.bytes_per_slot  # fp32 -> fp8
+    batch = prompts(256, LENGTHS, seed=7)
+    ref = MiniScheduler(base).prefill_logits(batch)
+    got = MiniScheduler(fp8).prefill_logits(batch)
+    kl = torch.nn.functional.kl_div(got.log_softmax(-1), ref.log_softmax(-1),
+                                    log_target=True, reduction="batchmean")
+    assert float(kl) < 1e-3, float(kl)
+    # decode reads the fp8 cache too
+    out = MiniScheduler(fp8).generate(batch, 4)
+    assert all(len(r.out) == 4 for r in out)
+
+
+def test_fp8_kv_cache_scales_come_from_the_checkpoint(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = str(tmp_path / "f")
+    tiny_hf_model("llama31", folder, rope_scaling=None)
+    path = os.path.join(folder, "model.safetensors")
+    state = load_file(path)
+    state["model.layers.1.self_attn.k_scale"] = torch.tensor(0.5)
+    state["model.layers.1.self_attn.v_proj.v_scale"] = torch.tensor(0.25)  # modelopt's name
+    save_file(state, path)
+    runner = make_runner(folder, kv_cache_dtype="fp8_e4m3")
+    from tessera.worker_proc.models.layers.attention import Attention
+
+    scales = [m.kv_scales for m in runner.model.modules() if isinstance(m, Attention)]
+    assert scales == [(1.0, 1.0), (0.5, 0.25)]
+    assert make_runner(folder).model.layers[1].attn.kv_scales is None  # not an fp8 cache
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("method,quantization", [("gptq", "auto"), ("float", "fp8"),
+                                                 ("float", "int4")])
+def test_two_ranks_serve_quantized_like_one(tmp_path, method: str, quantization: str):
+    """Column-parallel rows and row-parallel groups of a quantized weight, on two gloo ranks:
+    the logits and greedy tokens of one rank serving the same weights."""
+    import json
+    import subprocess
+    import sys
+
+    folder = str(tmp_path / "m")
+    # wide enough that int4's groups of 128 hold whole on each rank's half of o and down
+    tiny_hf_model("llama31", folder, rope_scaling=None, hidden_size=256, intermediate_size=512)
+    if method == "gptq":
+        write_quantized(folder, str(tmp_path / "twin"), "gptq", group=32)
+    batch = prompts(256, [5, 17, 30], seed=8)
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.worker_proc.tp_rank", folder,
+                               str(rank), "2", init, str(tmp_path / f"rank{rank}.json"),
+                               json.dumps(batch), "1", quantization])
+             for rank in range(2)]
+    for p in procs:
+        assert p.wait(timeout=300) == 0
+    out = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    one = make_runner(folder, quantization=quantization)
+    torch.testing.assert_close(torch.tensor(out[0]["logits"]),
+                               MiniScheduler(one).prefill_logits(batch), atol=1e-4, rtol=1e-4)
+    assert out[0]["greedy"] == [r.out for r in MiniScheduler(one).generate(batch, 12)]
+    assert out[1]["greedy"] == out[0]["greedy"]

@@ -1,0 +1,74 @@
+"""Which linear weights run quantized, in which scheme: --quantization against the checkpoint
+and the plugin.
+
+    auto      a quantized checkpoint (GGUF blocks, AWQ, GPTQ, fp8) keeps its weights
+              quantized; a floating-point one stays floating point
+    none      everything dequantized at load to the serving dtype (any plugin runs it)
+    fp8|int8|int4
+              floating-point linear weights are quantized at load (never the LM head, as is
+              usual); a checkpoint quantized in another scheme is dequantized first, then
+              requantized (logged); one already in the scheme is kept as it is
+
+The plugin must run every scheme the plan uses (natively or through its declared reference
+fallback): otherwise start-up fails with MissingSchemeError, which says to use
+--quantization none.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from tessera.formats import ModelFiles
+from tessera.hal.platform import Platform, QuantLinearKernel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class QuantPlan:
+    keep_checkpoint: bool  # iter_tensors(keep_quantized=...)
+    quantize_to: str | None  # scheme for floating-point linear weights (not the LM head)
+    platform: Platform | None = None
+    _kernels: dict[str, QuantLinearKernel] = field(default_factory=dict, repr=False)
+
+    @property
+    def active(self) -> bool:
+        return self.keep_checkpoint or self.quantize_to is not None
+
+    def kernel(self, scheme: str) -> QuantLinearKernel:
+        """The plugin's linear for `scheme`, resolved once."""
+        kernel = self._kernels.get(scheme)
+        if kernel is None:
+            assert self.platform is not None
+            kernel = self._kernels[scheme] = self.platform.linear_kernel(scheme)
+        return kernel
+
+    def describe(self) -> str:
+        if not self.active:
+            return "weights in floating point"
+        parts = []
+        if self.keep_checkpoint:
+            parts.append("checkpoint's quantized weights kept")
+        if self.quantize_to:
+            parts.append(f"linear weights quantized to {self.quantize_to} at load")
+        return ", ".join(parts)
+
+
+def plan_quantization(requested: str, files: ModelFiles, platform: Platform) -> QuantPlan:
+    checkpoint = files.quant_schemes()
+    if requested == "none":
+        return QuantPlan(False, None, platform)
+    if requested == "auto":
+        plan = QuantPlan(bool(checkpoint), None, platform)
+    elif checkpoint and checkpoint != {requested}:
+        log.info("--quantization %s: the checkpoint is %s; its weights are dequantized and "
+                 "requantized to %s", requested, files.quantization, requested)
+        plan = QuantPlan(False, requested, platform)
+    else:
+        plan = QuantPlan(bool(checkpoint), None if checkpoint else requested, platform)
+    schemes = (checkpoint if plan.keep_checkpoint else set()) | (
+        {plan.quantize_to} if plan.quantize_to else set())
+    for scheme in sorted(schemes):
+        plan.kernel(scheme)  # a scheme the plugin cannot run fails here, with advice
+    return plan
