@@ -163,7 +163,7 @@ def _watch_parent() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tessera.bus.launcher import build_specs, check_config, run_supervised
+    from tessera.bus.launcher import build_specs, check_config, check_split, run_supervised
     from tessera.bus.process import setup_logging
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args[0]) as f:
         config = ServerConfig.from_json(f.read())
     setup_logging(config.log_level, "supervisor")
-    problem = check_config(config)
+    problem = check_config(config) or check_split(config)
     if problem:
         print(problem, file=sys.stderr)
         return 2

@@ -58,7 +58,9 @@ def reference_output(prompt: np.ndarray, sp: SamplingParams, index: int, max_tot
 
 class FakeWorker:
     def __init__(self, sched: Scheduler | None = None, *, req_to_token: np.ndarray | None = None,
-                 page_size: int = 0, num_slots: int = 0) -> None:
+                 page_size: int = 0, num_slots: int = 0, refer_back: bool = True) -> None:
+        """`refer_back` False: like a pipeline's first stage, the worker cannot resolve an
+        input id -1 (a token still in flight) and fails the test if it gets one."""
         if sched is not None:
             req_to_token, page_size = sched.st.req_to_token, sched.page_size
             num_slots = sched.config.num_slots
@@ -70,6 +72,7 @@ class FakeWorker:
         self.kv_pos = np.full(n, -1, dtype=np.int64)
         self.last: dict[int, int] = {}
         self.steps = 0
+        self.refer_back = refer_back
 
     def step(self, fb: ForwardBatch) -> SampledTokens:
         out: list[int] = []
@@ -79,6 +82,7 @@ class FakeWorker:
             ids = fb.input_ids[off:off + ext].astype(np.int64)
             off += ext
             if (ids < 0).any():
+                assert self.refer_back, f"step {fb.step}: a -1 input the worker cannot resolve"
                 assert ext == 1 and row in self.last, "a -1 input for a row that never sampled"
                 ids = np.array([self.last[row]])
             slots = self.r2t[row, seq_len - ext:seq_len]

@@ -42,15 +42,16 @@ def random_request(rng: np.random.Generator, rid: str, bases: list[np.ndarray], 
 
 
 def run_schedule(seed: int, overlap: bool, num_pages: int, n_requests: int = 60,
-                 disable_cache: bool = False) -> Scheduler:
+                 disable_cache: bool = False, batches_in_flight: int = 0) -> Scheduler:
     rng = np.random.default_rng(seed)
     ps, ctx = 4, 128
     cfg = SchedulerConfig(num_slots=ps * (num_pages + 1), page_size=ps, max_context_len=ctx,
                           max_running_requests=8, chunked_prefill_size=24,
                           eos_token_ids=(EOS,), overlap=overlap,
-                          disable_radix_cache=disable_cache, debug_invariants=True)
+                          disable_radix_cache=disable_cache, debug_invariants=True,
+                          batches_in_flight=batches_in_flight)
     sched = Scheduler(cfg)
-    worker = FakeWorker(sched)
+    worker = FakeWorker(sched, refer_back=batches_in_flight == 0)
     got = Collected()
     bases = [rng.integers(1, VOCAB, size=int(rng.integers(8, 60))).astype(np.int32)
              for _ in range(3)]
@@ -111,6 +112,14 @@ def test_random_schedule_with_memory_pressure(seed: int, overlap: bool) -> None:
 def test_random_schedule_roomy_pool_never_retracts(overlap: bool) -> None:
     sched = run_schedule(7, overlap, num_pages=2000, n_requests=30)
     assert sched.retracted_total == 0
+
+
+@pytest.mark.parametrize("batches", [2, 3])
+def test_random_schedule_with_pipeline_batches_in_flight(batches: int) -> None:
+    """Pipeline stages: several independent batches in flight, none referring to a token
+    still in flight (the fake worker refuses a -1 input), every output still exact."""
+    sched = run_schedule(5, True, num_pages=48, batches_in_flight=batches)
+    assert sched.retracted_total > 0
 
 
 def test_random_schedule_without_radix_cache() -> None:
