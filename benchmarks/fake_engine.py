@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError) as exc:
         print(f"invalid configuration: {exc}", file=sys.stderr)
         return 2
-    setup_logging(config.log_level, "supervisor")
+    setup_logging(config.log_level, "supervisor", config.log_format)
     problem = check_config(config)
     if problem is not None or config.tp_size != 1:
         print(problem or "the fake engine has one worker: --tp-size 1", file=sys.stderr)

@@ -41,21 +41,29 @@ RESPONSE_FORMAT = {"response_format": {"type": "json_schema", "json_schema": {
     "name": "document", "schema": SCHEMA, "strict": True}}}
 
 
-def json_outcomes(metrics: list[RequestMetrics]) -> dict[str, int]:
-    """How the constrained requests ended: complete JSON that validates, or cut by length."""
-    import jsonschema
+def json_outcomes(metrics: list[RequestMetrics]) -> dict[str, int | None]:
+    """How the constrained requests ended: complete JSON that validates (None without the
+    jsonschema package), or cut by length."""
+    try:
+        import jsonschema
+    except ImportError:  # a GPU machine may lack it: the counts still come
+        jsonschema = None
 
-    out = {"finished_by_grammar": 0, "valid_json": 0, "cut_by_max_tokens": 0}
+    out: dict[str, int | None] = {"finished_by_grammar": 0, "valid_json": 0,
+                                  "cut_by_max_tokens": 0}
     for m in metrics:
         if not m.ok:
             continue
         if m.finish_reason == "length":
-            out["cut_by_max_tokens"] += 1
+            out["cut_by_max_tokens"] = (out["cut_by_max_tokens"] or 0) + 1
             continue
-        out["finished_by_grammar"] += 1
+        out["finished_by_grammar"] = (out["finished_by_grammar"] or 0) + 1
+        if jsonschema is None:
+            out["valid_json"] = None
+            continue
         try:
             jsonschema.validate(json.loads(m.text), SCHEMA)
-            out["valid_json"] += 1
+            out["valid_json"] = (out["valid_json"] or 0) + 1
         except (ValueError, jsonschema.ValidationError):
             pass
     return out
@@ -71,7 +79,7 @@ def run_b8(args: argparse.Namespace, url: str, vocab: int) -> dict[str, Any]:
         asyncio.run(run_tier(url, warm, concurrency=len(warm), api_key=args.api_key,
                              extra_body=extra, timeout_s=1800.0))
     tiers: dict[str, dict[str, Any]] = {}
-    outcomes: dict[str, int] = {}
+    outcomes: dict[str, int | None] = {}
     for name, extra in (("plain", None), ("grammar", RESPONSE_FORMAT)):
         metrics, wall = asyncio.run(run_tier(url, reqs, concurrency=c, api_key=args.api_key,
                                              seed=args.seed, extra_body=extra))

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import os
 import sys
+import time
 from typing import Any
 
 from tessera.benchmarks import plots
@@ -32,6 +33,8 @@ from tessera.benchmarks.datasets import (
 from tessera.benchmarks.http_client import fetch_text, parse_prometheus
 from tessera.benchmarks.server_launch import ServerProcess
 from tessera.benchmarks.serving_driver import run_tier, tier_stats
+
+BREAKDOWN_SETTLE_S = 1.2  # > the default heartbeat interval, so the counters are current
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -122,6 +125,47 @@ def hit_rate_from_counters(deltas: dict[str, float]) -> float | None:
     return None
 
 
+def _gauge(metrics: dict[str, float], kind: str, stat: str) -> dict[str, float]:
+    """process -> value of the heartbeat stat `stat` of every process of `kind`."""
+    from tessera.server.metrics import stat_metric
+
+    prefix = stat_metric(kind, stat)[0] + "{"
+    return {key[len(prefix):].split('"')[1]: value for key, value in metrics.items()
+            if key.startswith(prefix)}
+
+
+def step_breakdown(before: dict[str, float], after: dict[str, float],
+                   wall_s: float) -> dict[str, Any] | None:
+    """Per scheduler step over one tier, from the engine's heartbeat stats in /metrics: the
+    worker's busy and idle time, decode and prefill tokens, and each process's CPU. None when
+    the server does not export them."""
+    def delta(kind: str, stat: str) -> dict[str, float]:
+        new, old = _gauge(after, kind, stat), _gauge(before, kind, stat)
+        return {p: v - old.get(p, 0.0) for p, v in new.items()}
+
+    steps = sum(delta("scheduler", "steps").values())
+    if steps <= 0:
+        return None
+    busy_ms = sum(delta("worker", "forward_ms_total").values()) / max(
+        1, len(_gauge(after, "worker", "forward_ms_total")))  # ranks run the same steps
+    cpu = {}
+    for kind in ("server", "tokenizer", "scheduler", "detokenizer", "worker"):
+        cpu.update({p: v * 1e3 / steps for p, v in delta(kind, "cpu_s").items()})
+    step_ms = wall_s * 1e3 / steps
+    return {
+        "steps": steps,
+        "wall_ms_per_step": step_ms,
+        "worker_busy_ms_per_step": busy_ms / steps,
+        "worker_idle_ms_per_step": max(0.0, step_ms - busy_ms / steps),
+        "decode_tokens_per_step": sum(delta("scheduler", "decode_tokens_total").values()) / steps,
+        "prefill_tokens_per_step": sum(delta("scheduler", "prefill_tokens_total").values())
+        / steps,
+        "cpu_ms_per_step": dict(sorted(cpu.items())),
+        "note": "heartbeat stats (refreshed every --heartbeat-interval-s): counts at the tier's "
+                "edges may be off by one heartbeat",
+    }
+
+
 def _warmup(url: str, args: argparse.Namespace, vocab: int) -> None:
     if args.warmup <= 0:
         return
@@ -137,10 +181,14 @@ def run_b3(args: argparse.Namespace, url: str, vocab: int) -> dict[str, Any]:
         n = max(args.min_requests, args.requests_per_concurrency * c)
         reqs = random_requests(n, parse_range(args.prompt_len), parse_range(args.output_len),
                                vocab, seed=args.seed + c)
+        before = asyncio.run(_metrics(url, args.api_key))
         metrics, wall = asyncio.run(run_tier(url, reqs, concurrency=c, rate=args.request_rate,
                                              api_key=args.api_key, seed=args.seed,
                                              api=args.api))
+        time.sleep(BREAKDOWN_SETTLE_S)  # the last steps' heartbeats reach /metrics
+        after = asyncio.run(_metrics(url, args.api_key))
         stats = tier_stats(metrics, wall, concurrency=c, rate=args.request_rate)
+        stats["step_breakdown"] = step_breakdown(before, after, wall)
         print(f"[bench] c={c}: {stats['output_tok_per_s']:.1f} out tok/s, TTFT p50 "
               f"{stats['ttft_p50_ms']:.1f} ms, ITL p50 {stats['itl_p50_ms']:.2f} ms p99 "
               f"{stats['itl_p99_ms']:.2f} ms, errors {stats['errors']}", file=sys.stderr)

@@ -1,15 +1,16 @@
 """`tessera serve`: set up a run directory, start every engine process under the supervisor,
 print where the server answers, and clean everything up on the way out.
 
-The process list is data (`build_specs`): stage by stage, workers (one per TP rank, started
-together), scheduler, detokenizer, tokenizers, then the HTTP server, which runs a warm-up
-request before it reports ready. A process package that is not there yet (no `__main__.py`)
+The process list is data (`build_specs`): the workers (one per TP rank), scheduler,
+detokenizer and tokenizers start together; then the HTTP server, which runs a warm-up request
+before it reports ready. A process package that is not there yet (no `__main__.py`)
 is skipped with a warning, so the command runs with whatever the checkout has.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -18,6 +19,7 @@ import shlex
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,7 +28,10 @@ from tessera.bus.process import setup_logging
 from tessera.bus.restarts import RestartPolicy
 from tessera.bus.run_paths import RunPaths
 from tessera.bus.supervisor import Child, ProcessSpec, Supervisor
+from tessera.codes import MODEL_NOT_FOUND, PORT_IN_USE, coded
 from tessera.config import READY_TIMEOUT_S, EngineConfig, Env, ServerConfig
+from tessera.manifest import RunManifest, now_iso, platform_sections, runs_dir
+from tessera.version import version_line
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +67,18 @@ def module_available(module: str) -> bool:
 def build_specs(config: ServerConfig, paths: RunPaths) -> list[ProcessSpec]:
     """The engine's processes in start order (see the module docstring)."""
     plan: list[tuple[str, str, list[str], int, bool]] = []  # name, module, args, stage, drains
+    # Stage 0 starts every engine process at once: the light ones (interpreter, imports,
+    # vocabulary) start while the workers load the model instead of after it, and the
+    # scheduler waits for the workers' WorkerReady itself. The server comes last: its
+    # warm-up generation needs the whole engine.
     # One worker per (pipeline stage, tensor-parallel rank): rank = stage * tp_size + tp_rank.
     plan += [(f"worker{r}", "tessera.worker_proc", ["--rank", str(r)], 0, False)
              for r in range(config.world_size)]
-    plan.append(("scheduler", "tessera.scheduler_proc", [], 1, False))
-    plan.append(("detokenizer", "tessera.detokenizer_proc", [], 2, False))
-    plan += [(f"tokenizer{i}", "tessera.tokenizer_proc", ["--index", str(i)], 3, False)
+    plan.append(("scheduler", "tessera.scheduler_proc", [], 0, False))
+    plan.append(("detokenizer", "tessera.detokenizer_proc", [], 0, False))
+    plan += [(f"tokenizer{i}", "tessera.tokenizer_proc", ["--index", str(i)], 0, False)
              for i in range(config.tokenizer_workers)]
-    plan.append(("server", "tessera.server", [], 4, True))
+    plan.append(("server", "tessera.server", [], 1, True))
     specs: list[ProcessSpec] = []
     missing: set[str] = set()
     for name, module, args, stage, drains in plan:
@@ -81,8 +90,11 @@ def build_specs(config: ServerConfig, paths: RunPaths) -> list[ProcessSpec]:
         # page table, and the workers' KV arena means nothing without the old one.
         group = CORE_GROUP if kind in ("worker", "scheduler") else ""
         stale = (paths.tp_rendezvous,) if kind == "worker" else ()
+        # The scheduler is ready only after the workers: its time includes theirs.
+        timeout = READY_TIMEOUT_S[kind] + (READY_TIMEOUT_S["worker"] if kind == "scheduler"
+                                           else 0.0)
         specs.append(ProcessSpec.python_module(name, module, paths, *args, stage=stage,
-                                               ready_timeout_s=READY_TIMEOUT_S[kind],
+                                               ready_timeout_s=timeout,
                                                drains=drains, group=group, stale_files=stale))
     for module in sorted(missing):
         log.warning("%s is not in this checkout yet (no __main__.py): not started", module)
@@ -98,7 +110,7 @@ def check_port_free(host: str, port: int) -> str | None:
             sock.bind((host, port))
         except OSError as exc:
             return (f"cannot listen on {host}:{port} ({exc.strerror}); stop what uses it or "
-                    f"choose another port with --port")
+                    f"choose another port with --port" + coded(PORT_IN_USE))
     return None
 
 
@@ -122,6 +134,18 @@ def check_config(config: ServerConfig) -> str | None:
     if config.heartbeat_timeout_s <= config.heartbeat_interval_s:
         return (f"--heartbeat-timeout-s ({config.heartbeat_timeout_s}) must exceed "
                 f"--heartbeat-interval-s ({config.heartbeat_interval_s})")
+    return check_model_files(config)
+
+
+def check_model_files(config: EngineConfig) -> str | None:
+    """One line saying what is wrong with --model, before any process is started."""
+    from tessera.formats.check import check_model
+    from tessera.formats.errors import ModelFormatError
+
+    try:
+        check_model(config.model, config.load_format)
+    except ModelFormatError as exc:
+        return f"{exc}" + coded(MODEL_NOT_FOUND)
     return None
 
 
@@ -140,7 +164,7 @@ def check_split(config: EngineConfig) -> str | None:
     return "; ".join(problems) if problems else None
 
 
-def ready_banner(config: ServerConfig, children: list[Child]) -> str:
+def ready_banner(config: ServerConfig, children: list[Child], startup: str = "") -> str:
     """The URL and a curl line to paste, printed once every process is ready."""
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
     url = f"http://{host}:{config.port}"
@@ -152,6 +176,7 @@ def ready_banner(config: ServerConfig, children: list[Child]) -> str:
     keyed = config.api_key_file or Env.read().api_key
     auth = " -H \"Authorization: Bearer $KEY\"" if keyed else ""
     return (f"\ntessera is ready at {url}  (model: {model}; stop with Ctrl-C)\n"
+            + (f"  {startup}\n" if startup else "") +
             f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
             f"-d {shlex.quote(body)}\n")
 
@@ -161,6 +186,7 @@ def key_on_command_line(argv: list[str]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    launched_at = time.time()
     argv = list(sys.argv[1:] if argv is None else argv)
     if key_on_command_line(argv):
         print("tessera serve: an API key on the command line is visible to every user of the "
@@ -171,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="tessera serve",
         description="Start and supervise every tessera process and serve the OpenAI API over "
                     "HTTP. Flags override TESSERA_* environment variables.")
+    parser.add_argument("--version", action="version", version=version_line())
     ServerConfig.add_cli_args(parser)
     args = parser.parse_args(argv)
     env = Env.read()
@@ -179,24 +206,28 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError) as exc:
         print(f"tessera serve: invalid configuration: {exc}", file=sys.stderr)
         return 2
-    setup_logging(config.log_level, "supervisor")
+    setup_logging(config.log_level, "supervisor", config.log_format)
     problem = check_config(config) or check_split(config)
     if problem:
-        log.error("%s", problem)
+        print(f"tessera serve: {problem}", file=sys.stderr)
         return 2
     return run_supervised(config, env,
-                          preflight=lambda: check_port_free(config.host, config.port))
+                          preflight=lambda: check_port_free(config.host, config.port),
+                          launched_at=launched_at, argv=argv)
 
 
 def run_supervised(config: ServerConfig, env: Env,
                    build: Callable[[ServerConfig, RunPaths], list[ProcessSpec]] = build_specs,
                    on_ready: Callable[[list[Child]], None] | None = None,
-                   preflight: Callable[[], str | None] | None = None) -> int:
+                   preflight: Callable[[], str | None] | None = None,
+                   launched_at: float | None = None, kind: str = "serve",
+                   argv: list[str] | None = None) -> int:
     """Clean up crashed runs, create this run's directory, supervise `build`'s processes,
     and remove the directory and this run's shared memory whatever happens.
 
     `preflight` runs after the clean-up (an orphan of a crashed run may have held the port)
     and before anything starts; a message from it ends the run with exit code 2.
+    The run's manifest (tessera/manifest.py) is written at the start, at ready and at the end.
     """
     remove_stale_runs(env.run_root or tempfile.gettempdir())
     problem = preflight() if preflight is not None else None
@@ -223,11 +254,31 @@ def run_supervised(config: ServerConfig, env: Env,
             log.error("no engine process exists in this checkout; nothing to serve")
             return 2
         log.info("run directory %s", paths.run_dir)
-        banner = on_ready or (lambda children: print(ready_banner(config, children), flush=True))
+        manifest = RunManifest(kind, dataclasses.asdict(config), argv=argv or sys.argv[1:],
+                               model=config.model, load_format=config.load_format,
+                               run_dir=paths.run_dir, runs_folder=runs_dir(env.runs_dir),
+                               keep=config.runs_keep, run_id=paths.run_id)
+        manifest.write()
+
+        def banner(children: list[Child]) -> None:
+            startup = supervisor.startup.line() if supervisor.startup else ""
+            print(ready_banner(config, children, startup), flush=True)
+
+        def ready(children: list[Child]) -> None:
+            hal, devices = platform_sections((c.spec.name, c.info) for c in children)
+            startup = supervisor.startup.to_dict() if supervisor.startup else {}
+            manifest.update(hal=hal, devices=devices,
+                            run={"outcome": "ready", "startup": startup})
+            manifest.hash_missing()  # in the background: start-up does not wait for it
+            (on_ready or banner)(children)
+
         supervisor = Supervisor(paths, specs, heartbeat_timeout_s=config.heartbeat_timeout_s,
-                                drain_timeout_s=config.drain_timeout_s, on_ready=banner,
-                                restart=restart_policy(config))
-        return supervisor.run()
+                                drain_timeout_s=config.drain_timeout_s, on_ready=ready,
+                                restart=restart_policy(config), launched_at=launched_at)
+        code = supervisor.run()
+        manifest.update(run={"outcome": f"exit {code}", "failure": supervisor.failure,
+                             "ended": now_iso()})
+        return code
     finally:
         segments = remove_run(paths, keep_dir=not own_dir)
         if segments:

@@ -80,8 +80,10 @@ class SamplingParams:
     `logit_bias`: (token id, bias) pairs added to the logits before sampling (OpenAI's rule:
     -100 bans a token, 100 forces it). `grammar`: the output must follow it (GrammarSpec).
     `prompt_logprobs=k`: the logprob of every prompt token given the ones before it, with the
-    top-k alternatives (scoring a prompt; OpenAI's echo + logprobs). Only with it may
-    `max_tokens` be 0: the prompt is scored and nothing is generated.
+    top-k alternatives (scoring a prompt; OpenAI's echo + logprobs). `embed`: "last" or
+    "mean", the prompt's embedding (the final hidden states, normalized by the model's last
+    norm, of its last token or averaged over its tokens). Only with one of them may
+    `max_tokens` be 0: nothing is generated.
     """
 
     temperature: float = 1.0
@@ -103,6 +105,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: GrammarSpec | None = None
     prompt_logprobs: int | None = None
+    embed: str | None = None
 
     MAX_TOP_LOGPROBS: ClassVar[int] = 20
     MAX_N: ClassVar[int] = 16
@@ -159,7 +162,7 @@ class SamplingParams:
             bad_number("n", self.n, 1, self.MAX_N, integer=True),
         ]
         if self.max_tokens is not None:
-            scoring = self.prompt_logprobs is not None
+            scoring = self.prompt_logprobs is not None or self.embed is not None
             checks.append(bad_number("max_tokens", self.max_tokens, 0 if scoring else 1,
                                      2**31 - 1, integer=True))
             if isinstance(self.max_tokens, int) and isinstance(self.min_tokens, int) \
@@ -168,6 +171,10 @@ class SamplingParams:
                               f"({self.max_tokens})")
         if self.seed is not None:
             checks.append(bad_number("seed", self.seed, -(2**63), 2**63 - 1, integer=True))
+        if self.embed is not None and self.embed not in ("last", "mean"):
+            checks.append(f"embed must be \"last\" or \"mean\", got {self.embed!r}")
+        if self.embed is not None and self.n != 1:
+            checks.append("n must be 1 for an embedding: a prompt has one")
         if self.prompt_logprobs is not None:
             checks.append(bad_number("prompt_logprobs", self.prompt_logprobs, 0,
                                      self.MAX_TOP_LOGPROBS, integer=True))
@@ -290,6 +297,10 @@ def _empty_f32() -> np.ndarray:
 
 def _empty_i64() -> np.ndarray:
     return np.zeros(0, dtype=np.int64)
+
+
+def _empty_i8() -> np.ndarray:
+    return np.zeros(0, dtype=np.int8)
 
 
 def _empty_u8() -> np.ndarray:
@@ -436,7 +447,21 @@ class ForwardBatch(Message):
                            their prompt (prompt_logprobs), the token that follows each
                            position, whose logprob rank 0 returns; -1 elsewhere (empty when no
       prompt_top_n  int32  [B] request scores its prompt): top alternatives wanted (-1: none)
+      draft_lens    int32  [B] speculative decoding (empty when no request of the step has
+                           proposals): the last draft_lens[i] of request i's extend_lens[i]
+                           tokens are proposed continuations, verified in this step. Such a
+                           request samples a token after each of its last draft_lens[i] + 1
+                           tokens and keeps the longest run of proposals equal to its samples
+                           plus the sample after that run (SampledTokens.counts). With
+                           --speculative-algorithm draft the proposals are the worker's
+                           draft model's: their input ids are placeholders it overwrites.
+      embed         int8   [B] pooled final hidden states wanted from the request's chunk:
+                           0 none, EMBED_LAST (its last token's), EMBED_MEAN (the sum over
+                           its tokens); empty when no request embeds
     """
+
+    EMBED_LAST: ClassVar[int] = 1
+    EMBED_MEAN: ClassVar[int] = 2
 
     step: int
     rows: np.ndarray
@@ -466,6 +491,8 @@ class ForwardBatch(Message):
     grammar_free: np.ndarray = field(default_factory=_empty_i64)
     prompt_targets: np.ndarray = field(default_factory=_empty_i32)
     prompt_top_n: np.ndarray = field(default_factory=_empty_i32)
+    draft_lens: np.ndarray = field(default_factory=_empty_i32)
+    embed: np.ndarray = field(default_factory=_empty_i8)
     is_decode: bool = False  # every request has extend_len 1 (graph replay may be used)
 
     @property
@@ -487,6 +514,12 @@ class SampledTokens(Message):
     prompt_logprobs float32 [P], prompt_top_ids int32 / prompt_top_logprobs float32 [P, N]:
     for each position of the batch whose ForwardBatch.prompt_targets is >= 0, in order, the
     logprob of that target and the top-N alternatives (empty when none was asked).
+    counts int32 [S] (empty when the step verified no proposals: one token each): tokens of
+    each sampling request, token_ids holding them request by request (a request that verified
+    proposals gets its accepted ones and the token sampled after them); logprobs / top_* then
+    have one row per token.
+    embeddings float32 [E, hidden]: one row per request of the batch with embed > 0, in
+    order (its chunk's last token's normed hidden state, or the sum over the chunk's tokens).
     """
 
     GRAMMAR_DONE: ClassVar[int] = 1
@@ -505,6 +538,8 @@ class SampledTokens(Message):
     prompt_logprobs: np.ndarray = field(default_factory=_empty_f32)
     prompt_top_ids: np.ndarray = field(default_factory=_empty_i32)
     prompt_top_logprobs: np.ndarray = field(default_factory=_empty_f32)
+    counts: np.ndarray = field(default_factory=_empty_i32)
+    embeddings: np.ndarray = field(default_factory=_empty_f32)
 
 
 @register
@@ -554,7 +589,8 @@ class TokenBatch(Message):
     per token in token_ids, when any request asked for them.
     Prompt scoring (prompt_logprobs): prompt_counts[q] entries of the prompt_* arrays belong to
     request prompt_rids[q]: each a prompt token, its logprob given the tokens before it (NaN
-    for the first token of the prompt) and the top alternatives.
+    for the first token of the prompt) and the top alternatives. embedding_rids[e]: the
+    request whose (unnormalized) embedding is row e of `embeddings`.
     """
 
     rids: list[str]
@@ -575,6 +611,8 @@ class TokenBatch(Message):
     prompt_logprobs: np.ndarray = field(default_factory=_empty_f32)
     prompt_top_ids: np.ndarray = field(default_factory=_empty_i32)
     prompt_top_logprobs: np.ndarray = field(default_factory=_empty_f32)
+    embedding_rids: list[str] = field(default_factory=list)
+    embeddings: np.ndarray = field(default_factory=_empty_f32)
 
 
 @register
@@ -615,6 +653,7 @@ class RequestOutput(Message):
     prompt_top_logprobs: np.ndarray = field(default_factory=_empty_f32)
     prompt_token_texts: list[str] = field(default_factory=list)
     prompt_top_token_texts: list[list[str]] = field(default_factory=list)
+    embedding: np.ndarray = field(default_factory=_empty_f32)  # float32 [hidden], with sample 0
 
 
 @register
@@ -705,11 +744,13 @@ class StatusRequest(Message):
 @dataclass(frozen=True)
 class StatusReply(Message):
     """processes: name -> {"alive": bool, "pid": int, "age_s": float, "ready": bool,
-    "stats": {...} (last heartbeat), "info": {...} (its Ready info)}."""
+    "stats": {...} (last heartbeat), "info": {...} (its Ready info)}; `startup` the start-up
+    report once every process was ready (bus/startup.py: ready_s, phases, stages, detail)."""
 
     nonce: int
     processes: dict[str, dict[str, Any]]
     ready: bool
+    startup: dict[str, Any] = field(default_factory=dict)
 
 
 @register

@@ -23,16 +23,18 @@ def _offsets(counts: list[int]) -> np.ndarray:
 
 
 def batchable(out: RequestOutput) -> bool:
-    """Whether a batch can carry it: the scored prompt of a prompt-logprobs request (sent once
-    per such request) travels in a RequestOutput of its own."""
+    """Whether a batch can carry it: the scored prompt of a prompt-logprobs request and the
+    vector of an embedding request (each sent once per such request) travel in a
+    RequestOutput of their own."""
     return not (out.prompt_token_ids.shape[0] or out.prompt_logprobs.shape[0]
-                or out.prompt_token_texts)
+                or out.prompt_token_texts or out.embedding.shape[0])
 
 
 def pack_outputs(outputs: list[RequestOutput]) -> RequestOutputBatch:
     """Outputs for which `batchable` holds, as one batch (ValueError for any other)."""
     if not all(batchable(o) for o in outputs):
-        raise ValueError("an output with a scored prompt travels as a RequestOutput")
+        raise ValueError("an output with a scored prompt or an embedding travels as a "
+                         "RequestOutput")
     token_ids = [o.token_ids for o in outputs]
     columns = dict(
         rids=[o.rid for o in outputs], indices=[o.index for o in outputs],

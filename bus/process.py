@@ -24,26 +24,19 @@ import argparse
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Any
 
+from tessera.bus.breaker import CircuitBreaker
 from tessera.bus.channel import Inbox, Outbox, SendTimeout
+from tessera.bus.logs import setup_logging
 from tessera.bus.messages import Heartbeat, Message, Ready, Shutdown
 from tessera.bus.run_paths import RunPaths
+from tessera.bus.stats import BREAKER_VALUE, labeled
 from tessera.config import EngineConfig, ServerConfig
 
 log = logging.getLogger(__name__)
-
-
-def setup_logging(level: str, process: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format=f"%(asctime)s {process}[%(process)d] %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-        force=True,
-    )
 
 
 def load_config(paths: RunPaths) -> ServerConfig:
@@ -67,6 +60,9 @@ class BusProcess:
         self.max_loop_stall_s = config.loop_stall_timeout_s
         self._parent_pid = os.getppid()
         self.loop_timeout_s = 0.05
+        # Reported per channel in every heartbeat: inboxes' queue depth, breakers' state.
+        self.extra_inboxes: list[Inbox] = []
+        self.breakers: list[CircuitBreaker] = []
 
     # -- to override ------------------------------------------------------------------------
     def setup(self) -> None:
@@ -126,11 +122,26 @@ class BusProcess:
             self.stopping = True
         if now - self._last_beat < self.config.heartbeat_interval_s:
             return
-        stats = {"dropped_messages": float(self.inbox.dropped if self.inbox else 0)}
+        stats = {"dropped_messages": float(self.inbox.dropped if self.inbox else 0),
+                 "cpu_s": time.process_time()}  # the process's CPU so far (per-step figures)
         stats.update(self.stats())
         self._stats = stats
         assert self._supervisor is not None
         self._heartbeat(self._supervisor, stats)
+
+    def channel_stats(self) -> dict[str, float]:
+        """Messages waiting in each inbox (received, not yet taken by the loop) and the state
+        of each circuit breaker (0 closed, 0.5 half-open, 1 open)."""
+        out: dict[str, float] = {}
+        seen: set[int] = set()
+        for box in [self.inbox, *self.extra_inboxes]:
+            if box is None or id(box.buffer) in seen:
+                continue
+            seen.add(id(box.buffer))
+            out[labeled("queue_depth", channel=box.name)] = float(len(box.buffer))
+        for breaker in self.breakers:
+            out[labeled("breaker_state", channel=breaker.name)] = BREAKER_VALUE[breaker.state]
+        return out
 
     def _beat(self) -> None:
         """Heartbeats for a loop busy in one long step (its own socket: zmq sockets are not
@@ -190,7 +201,7 @@ def process_main(cls: type[BusProcess], argv: list[str] | None = None,
     args = parser.parse_args(argv)
     paths = RunPaths(run_dir=os.path.abspath(args.run_dir))
     config = load_config(paths)
-    setup_logging(config.log_level, cls.name)
     kwargs = {k: v for k, v in vars(args).items() if k != "run_dir"}
     proc = cls(paths, config, **kwargs)  # type: ignore[call-arg]
+    setup_logging(config.log_level, proc.name, config.log_format)  # worker1, tokenizer0, ...
     return proc.run()

@@ -37,6 +37,7 @@ from tessera.bus.cleanup import CHILDREN_FILE
 from tessera.bus.messages import Heartbeat, Message, Ready, StatusReply, StatusRequest
 from tessera.bus.restarts import RestartBook, RestartPolicy
 from tessera.bus.run_paths import RunPaths
+from tessera.bus.startup import ProcessTimes, StartupReport, startup_report
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,8 @@ class Child:
     reader: threading.Thread | None = None
     restarting: bool = False  # killed on purpose, waiting to be started again
     restarts: int = 0
+    spawned_wall: float = field(default_factory=time.time)  # for the start-up report
+    ready_wall: float | None = None
 
     @property
     def alive(self) -> bool:
@@ -139,7 +142,8 @@ class Supervisor:
                  heartbeat_timeout_s: float = 5.0, drain_timeout_s: float = 10.0,
                  stop_grace_s: float = 3.0, failure_grace_s: float = 1.0,
                  on_ready: Callable[[list[Child]], None] | None = None,
-                 restart: RestartPolicy | None = None) -> None:
+                 restart: RestartPolicy | None = None,
+                 launched_at: float | None = None) -> None:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"process names must be unique, got {names}")
@@ -157,6 +161,9 @@ class Supervisor:
         self._restarts: dict[str, Restart] = {}
         self._stop_signal: int | None = None
         self._all_ready = False
+        # Wall-clock start of `tessera serve`, and the start-up report once all are ready.
+        self.launched_at = launched_at if launched_at is not None else time.time()
+        self.startup: StartupReport | None = None
 
     # -- signals --------------------------------------------------------------------------
     def request_stop(self, signum: int = signal.SIGTERM, frame: Any = None) -> None:
@@ -225,7 +232,9 @@ class Supervisor:
                         return 1
                 elif not self._all_ready:
                     self._all_ready = True
-                    log.info("all %d processes ready", len(self.children))
+                    self.startup = self._startup_report()
+                    log.info("all %d processes ready; %s", len(self.children),
+                             self.startup.line())
                     if self.on_ready is not None:
                         try:
                             self.on_ready(list(self.children.values()))
@@ -285,6 +294,7 @@ class Supervisor:
             if isinstance(msg, Ready):
                 if child.ready_at is None:
                     child.ready_at = now
+                    child.ready_wall = time.time()
                     child.info = dict(msg.info)
                     log.info("%s ready after %.1f s", msg.process, now - child.started_at)
             else:
@@ -315,7 +325,13 @@ class Supervisor:
             }
         ready = self._all_ready and self._stop_signal is None and not self._restarts and \
             all(p["alive"] and p["ready"] for p in processes.values())
-        return StatusReply(nonce=nonce, processes=processes, ready=ready)
+        return StatusReply(nonce=nonce, processes=processes, ready=ready,
+                           startup=self.startup.to_dict() if self.startup else {})
+
+    def _startup_report(self) -> StartupReport:
+        return startup_report(self.launched_at, [
+            ProcessTimes(c.spec.name, c.spec.stage, c.spawned_wall, c.ready_wall or time.time(),
+                         c.info) for c in self.children.values()])
 
     def _failures(self, starting: list[Child]) -> list[tuple[Child, str]]:
         """Children that exited, hung, or are too slow to be ready, each with the reason."""

@@ -308,16 +308,21 @@ class BusConnection:
         if again:
             log.warning("tokenizer%d is back: sending %d unanswered request(s) again", index,
                         len(again))
-        for msg in [*again, *aborts]:
+        pending: list[GenerateRequest | AbortRequest] = [*again, *aborts]
+        for k, msg in enumerate(pending):
             try:
                 frames = encode(msg)
                 with self._tok_locks[index]:
                     self._tokenizers[index].send_frames(frames, timeout_ms=self.send_timeout_ms)
             except SendTimeout:
-                # Not connected yet: try again at the next status.
+                # Not connected yet: everything left waits for the next status (the requests
+                # are still unanswered; the aborts are queued again), without blocking here
+                # once per message.
                 self._resend.tokenizer_down(index)
-                if isinstance(msg, AbortRequest):
-                    self._resend.abort_failed(index, msg)
+                for left in pending[k:]:
+                    if isinstance(left, AbortRequest):
+                        self._resend.abort_failed(index, left)
+                return
 
     def _engine_dead(self, reason: str) -> None:
         first = self.dead_reason is None

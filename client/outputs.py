@@ -54,6 +54,7 @@ class Delta:
     logprobs: tuple[TokenLogprob, ...] | None = None
     # prompt_logprobs asked: every prompt token with its logprob (None for the first), once
     prompt_logprobs: tuple[PromptLogprob, ...] | None = None
+    embedding: tuple[float, ...] | None = None  # embed asked: the prompt's (not normalized)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class Choice:
     logprobs: list[TokenLogprob] | None = None
     usage: Usage | None = None
     prompt_logprobs: list[PromptLogprob] | None = None
+    embedding: tuple[float, ...] | None = None
 
 
 @dataclass
@@ -143,7 +145,8 @@ def delta_from_output(out: RequestOutput) -> Delta:
     return Delta(rid=out.rid, index=out.index, text=out.text,
                  token_ids=tuple(int(t) for t in out.token_ids.tolist()),
                  finish_reason=out.finish_reason, usage=usage, logprobs=_logprobs(out),
-                 prompt_logprobs=_prompt_logprobs(out))
+                 prompt_logprobs=_prompt_logprobs(out),
+                 embedding=tuple(out.embedding.tolist()) if out.embedding.size else None)
 
 
 class ResultBuilder:
@@ -161,6 +164,8 @@ class ResultBuilder:
             choice.logprobs = (choice.logprobs or []) + list(delta.logprobs)
         if delta.prompt_logprobs is not None:
             choice.prompt_logprobs = (choice.prompt_logprobs or []) + list(delta.prompt_logprobs)
+        if delta.embedding is not None:
+            choice.embedding = delta.embedding
         if delta.finish_reason is not None:
             choice.finish_reason = delta.finish_reason
             choice.usage = delta.usage

@@ -17,6 +17,8 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 
+import numpy as np
+
 from tessera.bus.messages import (
     AbortRequest,
     ErrorReply,
@@ -90,6 +92,10 @@ class Router:
         n_matched, n_cached = len(batch.matched_stop), len(batch.cached_tokens)
         if batch.prompt_rids:
             self._on_prompt_scores(batch)
+        for e, rid in enumerate(batch.embedding_rids):
+            state = self._state(rid, batch)
+            if state is not None:
+                state.embedding = np.array(batch.embeddings[e], dtype=np.float32)
         start = 0
         for r, rid in enumerate(batch.rids):
             row_start, count = start, counts[r]

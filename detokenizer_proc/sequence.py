@@ -87,6 +87,7 @@ class RequestState:
         self.told: set[int] = set()  # samples the scheduler was told to stop (take_stops)
         # prompt_logprobs: scored prompt tokens not sent yet (they go with sample 0's output)
         self.prompt: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.embedding: np.ndarray | None = None  # embed: sent with sample 0's output
 
     def _seq(self, index: int) -> Sequence:
         seq = self.seqs.get(index)
@@ -200,7 +201,8 @@ class RequestState:
             if seq.logprobs:
                 probs = Logprobs(*(np.concatenate([getattr(p, name) for p in seq.logprobs])
                                    for name in ("logprobs", "top_ids", "top_logprobs")))
-        elif finish is None and not text and not new_ids and not (index == 0 and self.prompt):
+        elif finish is None and not text and not new_ids and not (
+                index == 0 and (self.prompt or self.embedding is not None)):
             return None
         extra = _NO_EXTRA if probs is None else {
             "logprobs": probs.logprobs, "top_ids": probs.top_ids,
@@ -208,6 +210,9 @@ class RequestState:
             "top_token_texts": top_texts}
         if index == 0 and self.prompt:
             extra = {**extra, **self._take_prompt()}
+        if index == 0 and self.embedding is not None:
+            extra = {**extra, "embedding": self.embedding}
+            self.embedding = None
         return RequestOutput(
             rid=self.rid, index=index, text=text, token_ids=np.array(new_ids, np.int32),
             finish_reason=finish, prompt_tokens=self.prompt_tokens,

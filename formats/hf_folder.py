@@ -73,6 +73,11 @@ class HFFolderFiles(ModelFiles):
         self._where = {ours: stored[name] for ours, name in self._stored.items()}
         self._handles: dict[str, Any] = {}
         self._names = self._logical_names()
+        # Where tensors are read to. The worker sets its device: safetensors then copies each
+        # tensor from the mapped file straight to it (no torch tensor on the host, and the
+        # dtype cast runs on the device). Quantized checkpoints are read on the host, where
+        # their unpacking runs.
+        self.device: str | torch.device = "cpu"
 
     @staticmethod
     def _index_tensors(folder: str) -> dict[str, str]:
@@ -129,7 +134,8 @@ class HFFolderFiles(ModelFiles):
         if handle is None:
             # One shard open at a time: a 100-shard model must not hold 100 maps.
             self._handles.clear()
-            handle = self._handles[path] = safe_open(path, framework="pt")
+            device = "cpu" if self.checkpoint_quant is not None else str(self.device)
+            handle = self._handles[path] = safe_open(path, framework="pt", device=device)
         return handle.get_tensor(self._stored[name])  # type: ignore[no-any-return]
 
     def _load_quantized(self, name: str) -> QuantizedWeight | None:

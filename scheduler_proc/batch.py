@@ -1,7 +1,7 @@
 """Assemble one ForwardBatch from the rows chosen for a step, and remember what was sent.
 
-Decodes come first (one token each, built with numpy over all decode rows at once), then
-prefill chunks. The in-flight record keeps, per request of the batch, the row and the uid of
+Decodes come first (one token each, or 1 + proposals for a decode that verifies proposals;
+built with numpy over all decode rows at once), then prefill chunks. The in-flight record keeps, per request of the batch, the row and the uid of
 the sequence bound to it when the step was built: a result is applied to a row only if the
 same sequence still holds it.
 """
@@ -46,6 +46,16 @@ class Scored:
 
 
 @dataclass
+class Embedded:
+    """A request's prefill chunk whose pooled hidden states the step returns."""
+
+    row: int
+    uid: int
+    start: int  # the chunk's first position
+    final: bool  # the chunk ends the prompt
+
+
+@dataclass
 class InFlight:
     step: int
     rows: np.ndarray  # every request of the batch
@@ -58,29 +68,39 @@ class InFlight:
     sent_at: float
     build_cpu_s: float = 0.0
     scored: list[Scored] = field(default_factory=list)
-    tokens: int = 0  # tokens computed by the step (prefill chunks + decodes)
+    embedded: list[Embedded] = field(default_factory=list)
+    tokens: int = 0  # tokens computed by the step (prefill chunks + decodes + proposals)
+    draft_lens: np.ndarray | None = None  # per sampled row: proposals it verifies (or None)
+    draft_tokens: int = 0  # proposals verified by the step
 
 
 def build(step: int, st: RowState, dec_rows: np.ndarray, dec_inputs: np.ndarray,
           chunks: list[Chunk], seq_of_row: list[Sequence | None],
-          grammar_free: np.ndarray | None = None) -> tuple[ForwardBatch, InFlight]:
+          grammar_free: np.ndarray | None = None, verifying: bool = False
+          ) -> tuple[ForwardBatch, InFlight]:
     """The step's ForwardBatch and its in-flight record. `grammar_free`: matcher ids of
-    sequences that ended, for the worker to drop."""
+    sequences that ended, for the worker to drop. `verifying`: some decodes verify proposals
+    (RowState.drafts of their rows; dec_inputs holds 1 + that many ids for each)."""
     n_dec = int(dec_rows.shape[0])
+    dec_drafts = st.drafts[dec_rows] if verifying else np.zeros(n_dec, dtype=np.int32)
+    dec_extend = dec_drafts + 1
     if chunks:
         ch_rows = np.fromiter((c.row for c in chunks), dtype=np.int32, count=len(chunks))
         ch_ext = np.fromiter((c.extend for c in chunks), dtype=np.int32, count=len(chunks))
         ch_sample = np.fromiter((c.sample for c in chunks), dtype=np.uint8, count=len(chunks))
         rows = np.concatenate([dec_rows, ch_rows])
-        extend = np.concatenate([np.ones(n_dec, dtype=np.int32), ch_ext])
+        extend = np.concatenate([dec_extend, ch_ext])
         sample = np.concatenate([np.ones(n_dec, dtype=np.uint8), ch_sample])
         input_ids = np.concatenate(
             [dec_inputs] + [st.tokens[c.row, c.start:c.start + c.extend] for c in chunks])
     else:
         rows = dec_rows
-        extend = np.ones(n_dec, dtype=np.int32)
+        extend = dec_extend
         sample = np.ones(n_dec, dtype=np.uint8)
         input_ids = dec_inputs
+    draft_lens = np.zeros(0, dtype=np.int32)
+    if verifying:
+        draft_lens = np.concatenate([dec_drafts, np.zeros(len(chunks), dtype=np.int32)])
     seq_lens = st.kv_len[rows]  # kv_len was advanced when the step was planned
     output_lens = st.n_known[rows] + st.pending[rows] - st.prompt_len[rows]
     # pending was set for rows sampling in this step: do not count this step's own token.
@@ -91,7 +111,9 @@ def build(step: int, st: RowState, dec_rows: np.ndarray, dec_inputs: np.ndarray,
     grammar_ids = st.grammar_id[rows]
     if not (grammar_ids >= 0).any():
         grammar_ids = np.zeros(0, dtype=np.int64)
-    targets, top_n, scored = _prompt_targets(rows, extend, n_dec, chunks, st, seq_of_row)
+    targets, top_n, scored = _prompt_targets(rows, extend, int(dec_extend.sum()), chunks, st,
+                                             seq_of_row)
+    embed, embedded = _embeds(rows, n_dec, chunks, st)
     batch = ForwardBatch(
         step=step, rows=rows.astype(np.int32, copy=False), seq_lens=seq_lens,
         extend_lens=extend, input_ids=input_ids.astype(np.int32, copy=False), sample=sample,
@@ -104,15 +126,19 @@ def build(step: int, st: RowState, dec_rows: np.ndarray, dec_inputs: np.ndarray,
         hist_offsets=hist[0], hist_ids=hist[1], hist_prompt_lens=hist[2],
         bias_offsets=bias[0], bias_ids=bias[1], bias_values=bias[2], grammar_ids=grammar_ids,
         grammar_free=grammar_free if grammar_free is not None else np.zeros(0, np.int64),
-        prompt_targets=targets, prompt_top_n=top_n,
-        is_decode=not chunks,
+        prompt_targets=targets, prompt_top_n=top_n, draft_lens=draft_lens, embed=embed,
+        is_decode=not chunks and not verifying,
     )
     sampled = sample.astype(bool)
     uids = st.uid[rows]
     record = InFlight(step=step, rows=rows, uids=uids, seq_lens=seq_lens,
                       sampled_rows=rows[sampled], sampled_uids=uids[sampled],
                       prefill_rows=rows[n_dec:], prefill_uids=uids[n_dec:],
-                      sent_at=time.monotonic(), tokens=int(extend.sum()), scored=scored)
+                      sent_at=time.monotonic(), tokens=int(extend.sum()), scored=scored,
+                      embedded=embedded)
+    if verifying:
+        record.draft_lens = draft_lens[sampled]
+        record.draft_tokens = int(dec_drafts.sum())
     return batch, record
 
 
@@ -135,19 +161,20 @@ def _blocks(rows: np.ndarray, sample: np.ndarray, output_lens: np.ndarray, st: R
     return offsets, np.concatenate(parts).astype(np.int32)
 
 
-def _prompt_targets(rows: np.ndarray, extend: np.ndarray, n_dec: int, chunks: list[Chunk],
-                    st: RowState, seq_of_row: list[Sequence | None]
+def _prompt_targets(rows: np.ndarray, extend: np.ndarray, dec_tokens: int,
+                    chunks: list[Chunk], st: RowState, seq_of_row: list[Sequence | None]
                     ) -> tuple[np.ndarray, np.ndarray, list[Scored]]:
     """ForwardBatch.prompt_targets / prompt_top_n for the chunks of requests scoring their
     prompt: position p asks for the logprob of the prompt token at p + 1, for every prompt
     token not reported yet (a retracted request recomputes, but never reports twice)."""
     empty = np.zeros(0, dtype=np.int32)
     top_n = st.prompt_top_n[rows]
+    n_dec = rows.shape[0] - len(chunks)
     if not chunks or not (top_n[n_dec:] >= 0).any():
         return empty, empty, []
     targets = np.full(int(extend.sum()), -1, dtype=np.int32)
     scored: list[Scored] = []
-    offset = int(n_dec)  # decodes come first, one token each
+    offset = dec_tokens  # decodes come first
     for chunk in chunks:
         row = chunk.row
         seq = seq_of_row[row]
@@ -169,6 +196,19 @@ def _prompt_targets(rows: np.ndarray, extend: np.ndarray, n_dec: int, chunks: li
                                      includes_first, max(first_entry, last_entry)))
         offset += chunk.extend
     return targets, top_n.astype(np.int32), scored
+
+
+def _embeds(rows: np.ndarray, n_dec: int, chunks: list[Chunk], st: RowState
+            ) -> tuple[np.ndarray, list[Embedded]]:
+    """ForwardBatch.embed: the prefill chunks of requests that want their prompt embedded."""
+    modes = st.embed[rows].copy()
+    modes[:n_dec] = 0  # a decode never embeds
+    if not (modes > 0).any():
+        return np.zeros(0, dtype=np.int8), []
+    embedded = [Embedded(c.row, int(st.uid[c.row]), c.start,
+                         c.start + c.extend >= int(st.prompt_len[c.row]))
+                for c in chunks if st.embed[c.row] > 0]
+    return modes, embedded
 
 
 def _bias(rows: np.ndarray, sample: np.ndarray, st: RowState,

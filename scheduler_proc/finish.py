@@ -53,3 +53,27 @@ def detect(st: RowState, rows: np.ndarray, toks: np.ndarray, eos: tuple[int, ...
         reasons[i] = "stop" if stop[i] else "length"
         matched[i] = int(toks[i]) if stop[i] else None
     return Finish(done, reasons, matched, failed)
+
+
+def stop_tokens(st: RowState, rows: np.ndarray, owner: np.ndarray, toks: np.ndarray,
+                eos: tuple[int, ...], seq_of_row: list[Sequence | None]) -> np.ndarray:
+    """Several tokens per row (speculative decoding): bool per token, whether it would end its
+    row (rows[owner[t]]) as a stop. Not yet appended: st.n_known[rows] counts none of them."""
+    tok_rows = rows[owner]
+    stop = np.zeros(toks.shape[0], dtype=bool)
+    for e in eos:
+        stop |= toks == e
+    if eos:
+        stop &= ~st.ignore_eos[tok_rows]
+    with_ids = np.flatnonzero(st.has_stop_ids[rows])
+    for i in with_ids.tolist():  # rare: a Python loop is fine
+        seq = seq_of_row[int(rows[i])]
+        if seq is not None and seq.req.stop_ids:
+            mine = owner == i
+            stop[mine] |= np.isin(toks[mine], np.fromiter(seq.req.stop_ids, dtype=np.int64))
+    if stop.any():
+        first = np.searchsorted(owner, owner, side="left")
+        out_len = st.n_known[tok_rows] + (np.arange(toks.shape[0]) - first) + 1 \
+            - st.prompt_len[tok_rows]
+        stop &= out_len >= st.min_tokens[tok_rows]
+    return stop

@@ -40,7 +40,8 @@ def check(s: Scheduler) -> None:
         _require(int(st.uid[row]) == seq.uid, f"row {row} uid")
         n_pages, tree_pages, kv = int(st.n_pages[row]), int(st.tree_pages[row]), int(st.kv_len[row])
         _require(n_pages == -(-kv // ps), f"row {row}: {n_pages} pages for {kv} KV tokens")
-        _require(int(st.kv_done[row]) <= kv <= int(st.n_known[row] + st.pending[row]),
+        _require(int(st.kv_done[row]) <= kv <= int(st.n_known[row] + st.pending[row]
+                                                    + st.drafts[row]),
                  f"row {row}: kv_done {st.kv_done[row]} kv_len {kv} known {st.n_known[row]}")
         own_parts.append(st.pages[row, tree_pages:n_pages])
         # The row's cache pages are exactly the path its lock covers.

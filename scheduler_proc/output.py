@@ -1,6 +1,7 @@
 """Collect what the detokenizer must hear into one TokenBatch per step.
 
-Entries come in two kinds: a block of sampled tokens (one per sequence, built from arrays)
+Entries come in two kinds: a block of sampled tokens (one per sequence, or several with
+speculative decoding, built from arrays)
 and finish-only entries (aborts: no token). The first time a rid appears, its `detok` dict
 rides along in `new_requests`.
 """
@@ -32,9 +33,11 @@ class OutputBuilder:
         self.top_logprobs: list[np.ndarray] = []
         self.prompt_rids: list[str] = []
         self.prompt_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.embedding_rids: list[str] = []
+        self.embeddings: list[np.ndarray] = []
 
     def __bool__(self) -> bool:
-        return bool(self.rids) or bool(self.prompt_rids)
+        return bool(self.rids) or bool(self.prompt_rids) or bool(self.embedding_rids)
 
     def _announce(self, reqs: list[Request]) -> None:
         for req in reqs:
@@ -45,13 +48,15 @@ class OutputBuilder:
     def add_tokens(self, rids: list[str], indices: list[int], fresh: list[Request],
                    tokens: np.ndarray, finish: list[str | None], matched: list[int | None],
                    prompt_tokens: list[int], cached_tokens: list[int],
-                   logprobs: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
-        """One token for each of len(rids) entries; `fresh`: requests among them that may
-        not have been announced yet."""
+                   logprobs: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+                   counts: np.ndarray | None = None) -> None:
+        """One token for each of len(rids) entries (counts[i] for entry i when given:
+        speculative decoding); `fresh`: requests among them that may not have been
+        announced yet."""
         self._announce(fresh)
         self.rids.extend(rids)
         self.indices.extend(indices)
-        self.counts.append(np.ones(len(rids), dtype=np.int32))
+        self.counts.append(np.ones(len(rids), dtype=np.int32) if counts is None else counts)
         self.tokens.append(tokens.astype(np.int32, copy=False))
         self.finish.extend(finish)
         self.matched_stop.extend(matched)
@@ -69,6 +74,11 @@ class OutputBuilder:
         self.prompt_rids.append(req.rid)
         self.prompt_parts.append((ids, logprobs, top_ids, top_logprobs))
 
+    def add_embedding(self, req: Request, vector: np.ndarray) -> None:
+        self._announce([req])
+        self.embedding_rids.append(req.rid)
+        self.embeddings.append(vector)
+
     def add_finish(self, req: Request, index: int, reason: str, cached_tokens: int) -> None:
         """A finish without a token (abort)."""
         self._announce([req])
@@ -81,12 +91,16 @@ class OutputBuilder:
         self.cached_tokens.append(max(cached_tokens, 0))
 
     def _prompt_fields(self) -> dict[str, object]:
-        if not self.prompt_rids:
-            return {}
-        return {"prompt_rids": self.prompt_rids, **_prompt_arrays(self.prompt_parts)}
+        out: dict[str, object] = {}
+        if self.prompt_rids:
+            out.update(prompt_rids=self.prompt_rids, **_prompt_arrays(self.prompt_parts))
+        if self.embedding_rids:
+            out.update(embedding_rids=self.embedding_rids,
+                       embeddings=np.stack(self.embeddings).astype(np.float32))
+        return out
 
     def take(self) -> TokenBatch | None:
-        if not self.rids and not self.prompt_rids:
+        if not self.rids and not self.prompt_rids and not self.embedding_rids:
             return None
         i32 = np.int32
         batch = TokenBatch(

@@ -1,9 +1,11 @@
 """Choose one step's work: which sequences run, how many tokens each, with which pages.
 
 In order, every step:
-  1. decodes: every running sequence whose prompt is in KV takes one token. When their new
-     pages do not fit (after evicting unlocked cache pages), the youngest running sequence
-     is retracted (`policy.retraction_victim`) until they do: decodes never deadlock;
+  1. decodes: every running sequence whose prompt is in KV takes one token, or with
+     speculative decoding verifies that token and its proposals (`speculation.py`: which
+     sequences, how many slots). When their new pages do not fit (after evicting unlocked
+     cache pages), proposals are dropped, then the youngest running sequence is retracted
+     (`policy.retraction_victim`) until they do: decodes never deadlock;
   2. prefill chunks of sequences admitted earlier, under the token budget
      (`Scheduler.step_token_budget`: chunked_prefill_size; while streams decode, what keeps
      the step within max_mixed_step_ratio decode steps at the measured costs; about
@@ -25,8 +27,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tessera.scheduler_proc import speculation
 from tessera.scheduler_proc.batch import Chunk
 from tessera.scheduler_proc.request import Sequence
+from tessera.scheduler_proc.speculation import Drafts
 
 if TYPE_CHECKING:
     from tessera.scheduler_proc.scheduler import Scheduler
@@ -57,14 +61,15 @@ class Planner:
             else:
                 del self._pending[key]
 
-    def plan(self) -> tuple[np.ndarray, np.ndarray, list[Chunk]]:
-        """(decode rows, their input ids, prefill chunks): everything already allocated."""
-        dec_rows, dec_inputs = self._plan_decodes()
+    def plan(self) -> tuple[np.ndarray, np.ndarray, list[Chunk], Drafts | None]:
+        """(decode rows, their input ids, prefill chunks, the decodes' proposals): everything
+        already allocated. A decode with proposals has 1 + its proposals' input ids."""
+        dec_rows, dec_inputs, drafts = self._plan_decodes()
         budget = self.s.step_token_budget(decoding=dec_rows.shape[0] > 0)
         share = max(self.s.page_size, budget // 2) if self.s.waiting else budget
         chunks, left = self._plan_prefills(min(share, budget))
         self._admit(chunks, left + budget - min(share, budget))
-        return dec_rows, dec_inputs, chunks
+        return dec_rows, dec_inputs, chunks, drafts
 
     def _decode_ready(self) -> np.ndarray:
         s = self.s
@@ -87,19 +92,31 @@ class Planner:
             ready &= ~(st.has_penalty[rows] & (st.pending[rows] > 0))
         return rows[ready]
 
-    def _plan_decodes(self) -> tuple[np.ndarray, np.ndarray]:
+    def _plan_decodes(self) -> tuple[np.ndarray, np.ndarray, Drafts | None]:
         s = self.s
         st, ps = s.st, s.page_size
         while True:
             rows = self._decode_ready()
+            drafts = None
+            if s.spec is not None and rows.shape[0]:
+                rows, drafts = s.spec.plan(rows, s.next_step)
             grow = rows[st.kv_len[rows] % ps == 0]  # the new token starts a page
-            if grow.shape[0] <= s.kv.available():
+            available = s.kv.available()
+            if drafts is not None:
+                extra = int(speculation.extra_pages(st, drafts.rows, drafts.lens + 1).sum()
+                            - (st.kv_len[drafts.rows] % ps == 0).sum())
+                if grow.shape[0] + extra <= available:
+                    break
+                drafts = None  # proposals wait for memory before anyone is retracted
+            if grow.shape[0] <= available:
                 break
             if len(s.running) <= 1:  # cannot happen after admission checks; stay safe
                 rows = rows[st.kv_len[rows] % ps != 0]
                 grow = rows[:0]
                 break
             s.retract(s.victim())
+        if drafts is not None:
+            return rows, self._write_verifies(rows, drafts), drafts
         if grow.shape[0]:
             st.pages[grow, st.n_pages[grow]] = s.kv.alloc(int(grow.shape[0]))
             st.n_pages[grow] += 1
@@ -111,7 +128,55 @@ class Planner:
         inputs = np.where(pending > 0, -1, st.tokens[rows, np.minimum(last, st.width - 1)])
         st.kv_len[rows] = pos + 1
         st.pending[rows] = pending + 1
-        return rows, inputs.astype(np.int32)
+        return rows, inputs.astype(np.int32), None
+
+    def _write_verifies(self, rows: np.ndarray, drafts: Drafts) -> np.ndarray:
+        """Pages, slots and input ids of a decode step some of whose rows verify proposals
+        (1 + lens tokens each; the others 1): the flat input ids."""
+        s = self.s
+        st, ps = s.st, s.page_size
+        per_row = np.zeros(st.uid.shape[0], dtype=np.int32)
+        per_row[drafts.rows] = drafts.lens
+        lens = per_row[rows]
+        extend = lens + 1
+        need = speculation.extra_pages(st, rows, extend)
+        total = int(need.sum())
+        if total:
+            owner = np.repeat(rows, need)
+            within = np.arange(total) - np.repeat(np.cumsum(need) - need, need)
+            st.pages[owner, st.n_pages[owner] + within] = s.kv.alloc(total)
+            st.n_pages[rows] += need
+        n_tok = int(extend.sum())
+        tok_rows = np.repeat(rows, extend)
+        starts = np.cumsum(extend) - extend
+        within = np.arange(n_tok) - np.repeat(starts, extend)
+        pos = np.repeat(st.kv_len[rows], extend) + within
+        st.req_to_token[tok_rows, pos] = st.pages[tok_rows, pos // ps] * ps + pos % ps
+        pending = st.pending[rows]
+        last = st.n_known[rows] + pending - 1
+        inputs = np.empty(n_tok, dtype=np.int32)
+        inputs[starts] = np.where(pending > 0, -1, st.tokens[rows, np.minimum(last,
+                                                                               st.width - 1)])
+        # A verifying row has nothing in flight (Speculation.plan): its last token is known.
+        inputs[within > 0] = drafts.tokens[self._draft_order(rows, drafts, lens)]
+        st.kv_len[rows] += extend
+        st.pending[rows] = pending + 1
+        st.drafts[rows] = lens
+        return inputs
+
+    @staticmethod
+    def _draft_order(rows: np.ndarray, drafts: Drafts, lens: np.ndarray) -> np.ndarray:
+        """Indices into drafts.tokens in the order of `rows` (drafts.rows is a subset of
+        rows, maybe in another order)."""
+        where = np.cumsum(drafts.lens) - drafts.lens
+        start_of = np.zeros(int(rows.max()) + 1, dtype=np.int64)
+        start_of[drafts.rows] = where
+        spec_rows = rows[lens > 0]
+        spec_lens = lens[lens > 0]
+        base = np.repeat(start_of[spec_rows], spec_lens)
+        within = np.arange(int(spec_lens.sum())) - np.repeat(np.cumsum(spec_lens) - spec_lens,
+                                                             spec_lens)
+        return base + within
 
     def _chunk(self, seq: Sequence, budget: int, reserve: int) -> Chunk | None:
         """Allocate and write the next prefill chunk of a bound sequence, as long as the
@@ -144,7 +209,11 @@ class Planner:
         chunks: list[Chunk] = []
         if not rows.shape[0]:
             return chunks, budget
-        prefilling = rows[st.kv_len[rows] < st.n_known[rows] + st.pending[rows] - 1]
+        known, kv = st.n_known[rows], st.kv_len[rows]
+        # A prompt's last token is usually computed as the first decode (it samples); a
+        # prefill-only request (max_tokens 0: scored or embedded) prefills it instead.
+        prefill_only = st.max_total[rows] <= known
+        prefilling = rows[(kv < known + st.pending[rows] - 1) | (prefill_only & (kv < known))]
         seqs: list[Sequence] = [s.seq_of_row[r] for r in prefilling.tolist()]  # type: ignore[misc]
         seqs.sort(key=lambda q: q.sort_key(s.by_priority))
         for seq in seqs:
@@ -166,9 +235,10 @@ class Planner:
             seq = s.waiting.peek()
             if seq is None:
                 break
-            scores = seq.index == 0 and seq.req.sampling.prompt_logprobs is not None
-            # A request scoring its prompt needs the logits of every prompt position: no
-            # cached prefix (its KV may still go to the cache for others).
+            sp = seq.req.sampling
+            scores = seq.index == 0 and (sp.prompt_logprobs is not None or sp.embed == "mean")
+            # A request scoring its prompt (or averaging its hidden states) needs every prompt
+            # position computed: no cached prefix (its KV may still go to the cache).
             prefix, node = s.kv.match(seq.tokens[:1] if scores else seq.tokens)
             key = self._first_page(seq) if not prefix.shape[0] and not scores else None
             if key is not None and key in self._pending:

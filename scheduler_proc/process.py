@@ -1,6 +1,6 @@
 """The scheduler process: `python -m tessera.scheduler_proc --run-dir DIR`.
 
-Started after the worker ranks are up. Inboxes (one shared buffer, so one wait covers both):
+Started with the worker ranks; it is ready once they are. Inboxes (one shared buffer, so one wait covers both):
   RunPaths.scheduler          TokenizedRequest, AbortRequest, FlushCache (tokenizer, detokenizer)
   RunPaths.scheduler_results  WorkerReady (every rank, at start), SampledTokens and
                               GrammarReady (the rank whose WorkerReady says it answers)
@@ -38,10 +38,12 @@ from tessera.bus.messages import (
 )
 from tessera.bus.process import BusProcess
 from tessera.bus.run_paths import RunPaths
+from tessera.bus.stats import StatHistogram
 from tessera.config import READY_TIMEOUT_S, EngineConfig
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.page_table import SharedPageTable
 from tessera.scheduler_proc.scheduler import Scheduler
+from tessera.scheduler_proc.throughput_log import ThroughputLog
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,8 @@ class SchedulerProcess(BusProcess):
 
     def __init__(self, paths: RunPaths, config: EngineConfig) -> None:
         super().__init__(paths, config)
-        self.ready_timeout_s = READY_TIMEOUT_S["scheduler"]
+        # Started beside the workers: it waits as long as they may take to load.
+        self.ready_timeout_s = READY_TIMEOUT_S["worker"] + READY_TIMEOUT_S["scheduler"]
         self.step_timeout_s = config.step_timeout_s
         self.sched: Scheduler | None = None
         self.table: SharedPageTable | None = None
@@ -68,6 +71,8 @@ class SchedulerProcess(BusProcess):
         self._last_expire = 0.0
         self.batches_sent = 0
         self.send_failures = 0
+        self.step_seconds = StatHistogram("step_seconds")  # the worker's time per step
+        self.throughput_log = ThroughputLog(config.log_interval_s)
 
     # -- start-up -----------------------------------------------------------------------------
     def setup(self) -> None:
@@ -146,6 +151,8 @@ class SchedulerProcess(BusProcess):
             return
         for msg in msgs:
             if isinstance(msg, SampledTokens):
+                if msg.error is None and msg.forward_ms:
+                    self.step_seconds.observe(msg.forward_ms / 1000.0)
                 self._emit(sched.on_result(msg))
             elif isinstance(msg, TokenizedRequest):
                 error = sched.add_request(msg)
@@ -172,6 +179,7 @@ class SchedulerProcess(BusProcess):
                                   message="the scheduler's inbox is full; retry later",
                                   reply_to=req.detok.get("reply_to")))
         self._send_grammar_inits()
+        self.throughput_log.maybe_log(sched.stats)
         while (batch := sched.next_batch()) is not None:
             self._send_batch(batch)
         if sched.inflight and time.monotonic() - sched.inflight[0].sent_at > self.step_timeout_s:
@@ -245,6 +253,7 @@ class SchedulerProcess(BusProcess):
         out["detokenizer_messages_sent"] = float(self.detok.sent if self.detok else 0)
         out["send_failures"] = float(self.send_failures)
         out["output_backlog"] = float(len(self._backlog))
+        out.update(self.step_seconds.stats())
         if self.sched is not None:
             out["grammars_compiling"] = float(self.sched.grammars_compiling)
         return out

@@ -64,6 +64,7 @@ class Sequence:
     pending_key: bytes | None = None  # first page, while its KV is not in the cache yet
     grammar_id: int = -1  # the worker's grammar matcher of this sample (-1: no grammar)
     prompt_scored: int = 0  # prompt tokens whose logprobs were sent (prompt_logprobs)
+    embed_sum: np.ndarray | None = None  # embed "mean": the hidden states summed so far
 
     def sort_key(self, by_priority: bool) -> tuple[int, int, int]:
         """Smaller runs first; the largest is retracted first."""

@@ -10,7 +10,10 @@ Per row (positions count tokens from 0):
   pages[r, :n_pages]    KV pages, n_pages == ceil(kv_len / page_size) (kept by `grow`)
   tree_pages[r]         the first tree_pages pages belong to the radix cache (locked path);
                         the rest are the sequence's own
-A row is *decode-ready* when kv_len == n_known + pending - 1 (only the last token lacks KV),
+  drafts[r]             proposals its step in flight verifies (speculative decoding): their
+                        KV slots count in kv_len until the result says how many were kept
+A row is *decode-ready* when kv_len == n_known + pending - 1 (only the last token lacks KV;
+never while a verify of it is in flight, whose proposals count in kv_len),
 *prefilling* when kv_len is smaller, and *done scheduling* when n_known + pending reaches
 max_total (its last result is still to come).
 """
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tessera.bus.messages import SamplingParams
+from tessera.bus.messages import ForwardBatch, SamplingParams
 
 
 class RowState:
@@ -39,6 +42,7 @@ class RowState:
         self.kv_done = np.zeros(rows, dtype=i32)
         self.n_known = np.zeros(rows, dtype=i32)
         self.pending = np.zeros(rows, dtype=i32)
+        self.drafts = np.zeros(rows, dtype=i32)
         self.prompt_len = np.zeros(rows, dtype=i32)
         self.max_total = np.zeros(rows, dtype=i32)
         self.cached = np.zeros(rows, dtype=i32)
@@ -61,6 +65,7 @@ class RowState:
         self.has_bias = np.zeros(rows, dtype=bool)
         self.grammar_id = np.full(rows, -1, dtype=np.int64)  # worker matcher (-1: none)
         self.prompt_top_n = np.full(rows, -1, dtype=i32)  # scores its prompt (-1: no)
+        self.embed = np.zeros(rows, dtype=np.int8)  # ForwardBatch.embed of its chunks
         self.index = np.zeros(rows, dtype=i32)  # sample index (n > 1)
         self.fresh = np.zeros(rows, dtype=bool)  # its request may still need announcing
 
@@ -70,6 +75,7 @@ class RowState:
         self.tokens[row, :n] = tokens
         self.n_known[row] = n
         self.pending[row] = 0
+        self.drafts[row] = 0
         self.kv_len[row] = 0
         self.kv_done[row] = 0
         self.n_pages[row] = 0
@@ -96,6 +102,8 @@ class RowState:
         # Only the first sample scores the prompt (the others share it).
         scores = sp.prompt_logprobs is not None and index == 0
         self.prompt_top_n[row] = sp.prompt_logprobs if scores else -1
+        self.embed[row] = {"last": ForwardBatch.EMBED_LAST, "mean": ForwardBatch.EMBED_MEAN}.get(
+            sp.embed or "", 0)
         self.index[row] = index
 
     def set_prefix(self, row: int, pages: np.ndarray) -> None:
@@ -131,3 +139,4 @@ class RowState:
     def unbind(self, row: int) -> None:
         self.uid[row] = -1
         self.pending[row] = 0
+        self.drafts[row] = 0

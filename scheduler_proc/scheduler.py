@@ -59,6 +59,7 @@ from tessera.scheduler_proc.policy import WaitingQueue, retraction_victim
 from tessera.scheduler_proc.radix_cache import Node
 from tessera.scheduler_proc.request import Request, SeqState, Sequence
 from tessera.scheduler_proc.rows import RowState
+from tessera.scheduler_proc.speculation import Speculation, make_proposer, rollback
 from tessera.scheduler_proc.step_cost import StepCost
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,10 @@ class Scheduler:
         self.steps_done = 0
         self.cpu_ms_ema = 0.0
         self.step_cost = StepCost()  # decode step and prefill token, measured
+        self.decode_tokens_total = 0  # tokens of the steps answered, by kind
+        self.prefill_tokens_total = 0
+        proposer = make_proposer(c, self.st)
+        self.spec = Speculation(proposer, self.st) if proposer is not None else None
 
     # ---------------------------------------------------------------------------- requests
     def add_request(self, req: TokenizedRequest) -> ErrorReply | None:
@@ -229,7 +234,7 @@ class Scheduler:
             return None
         t0 = time.thread_time()
         while True:
-            dec_rows, dec_inputs, chunks = self.planner.plan()
+            dec_rows, dec_inputs, chunks, drafts = self.planner.plan()
             if dec_rows.shape[0] or chunks:
                 break
             if self.inflight or not self.running:
@@ -243,11 +248,16 @@ class Scheduler:
             free = np.array(self._grammar_free, dtype=np.int64)
             self._grammar_free = []
         batch, record = batch_mod.build(step, self.st, dec_rows, dec_inputs, chunks,
-                                        self.seq_of_row, free)
+                                        self.seq_of_row, free, verifying=drafts is not None)
         self.st.last_step[batch.rows] = step
         record.build_cpu_s = time.thread_time() - t0
         self.inflight.append(record)
         return batch
+
+    @property
+    def next_step(self) -> int:
+        """The number the next step built will have."""
+        return self._step
 
     # ---------------------------------------------------------------------------- membership
     # (used by the planner too: binding a waiting sequence to a row, and back)
@@ -376,13 +386,14 @@ class Scheduler:
         st = self.st
         same = st.uid[rec.rows] == rec.uids
         st.kv_done[rec.rows[same]] = rec.seq_lens[same]
-        if res.error is not None or res.token_ids.shape[0] != rec.sampled_rows.shape[0]:
-            why = res.error or (f"the worker returned {res.token_ids.shape[0]} tokens for "
-                                f"{rec.sampled_rows.shape[0]} requests")
-            self._fail_records([rec], 500, f"the model step failed: {why}")
+        problem = res.error or _shape_problem(rec, res)
+        if problem is not None:
+            self._fail_records([rec], 500, f"the model step failed: {problem}")
         else:
             if rec.scored:
                 self._apply_prompt_logprobs(rec, res)
+            if rec.embedded:
+                self._apply_embeddings(rec, res)
             self._apply_tokens(rec, res)
             self._finish_prefill_only(rec)
             if self.kv.use_cache and rec.prefill_rows.shape[0]:
@@ -409,7 +420,12 @@ class Scheduler:
 
     def _measure(self, rec: InFlight, res: SampledTokens) -> None:
         decodes = int(rec.rows.shape[0] - rec.prefill_rows.shape[0])
-        self.step_cost.observe(decodes, rec.tokens - decodes, res.forward_ms)
+        # Proposals ride with their decodes, like them reading the weights once: they are
+        # not prefill work.
+        prefill = rec.tokens - decodes - rec.draft_tokens
+        self.decode_tokens_total += decodes + rec.draft_tokens
+        self.prefill_tokens_total += prefill
+        self.step_cost.observe(decodes, prefill, res.forward_ms)
 
     def step_token_budget(self, decoding: bool) -> int:
         """Prefill tokens this step may compute (`step_cost.py`): --chunked-prefill-size;
@@ -424,6 +440,9 @@ class Scheduler:
             max_mixed_step_ratio=c.max_mixed_step_ratio, step_target_ms=c.step_target_ms)
 
     def _apply_tokens(self, rec: InFlight, res: SampledTokens) -> None:
+        if res.counts.shape[0]:
+            self._apply_verified(rec, res)
+            return
         st = self.st
         rows, toks = rec.sampled_rows, res.token_ids.astype(np.int32, copy=False)
         valid = st.uid[rows] == rec.sampled_uids
@@ -439,11 +458,73 @@ class Scheduler:
         ends = None
         if res.grammar_end.shape[0]:
             ends = res.grammar_end if all_valid else res.grammar_end[valid]
-        fin = finish.detect(st, rows, toks, self.config.eos_token_ids, self.seq_of_row, ends)
         logprobs = None
         if res.logprobs.shape[0]:
             pick = slice(None) if all_valid else valid
             logprobs = (res.logprobs[pick], res.top_ids[pick], res.top_logprobs[pick])
+        self._emit(rows, toks, None, ends, logprobs)
+
+    def _apply_verified(self, rec: InFlight, res: SampledTokens) -> None:
+        """A step whose decodes verified proposals: res.counts[i] tokens for sampled row i.
+        Verify rows roll their KV back to what was accepted; every row keeps its tokens up
+        to its first stop token (the rest were never generated)."""
+        st = self.st
+        rows, counts = rec.sampled_rows, res.counts.astype(np.int64)
+        toks = res.token_ids.astype(np.int32, copy=False)
+        valid = st.uid[rows] == rec.sampled_uids
+        drafts = rec.draft_lens if rec.draft_lens is not None else np.zeros_like(counts)
+        verified = valid & (drafts > 0)
+        if verified.any():
+            v_rows = rows[verified]
+            accepted = counts[verified] - 1
+            # The verify wrote KV for its input and every proposal; the input and the
+            # accepted proposals stay: kv_len = seq_len - proposals + accepted.
+            kv_after = st.kv_len[v_rows] - drafts[verified] + accepted
+            freed: list[np.ndarray] = []
+            for row, kv in zip(v_rows.tolist(), kv_after.tolist(), strict=True):
+                rollback(st, row, kv, freed)
+            if freed:
+                self.kv.allocator.free(np.concatenate(freed))
+            st.drafts[v_rows] = 0
+            if self.spec is not None:
+                self.spec.on_verified(v_rows, drafts[verified], accepted, rec.step)
+        keep = np.repeat(valid, counts)  # per token of res.token_ids
+        ends = res.grammar_end[valid] if res.grammar_end.shape[0] else None
+        rows, counts = rows[valid], counts[valid]
+        if not rows.shape[0]:
+            return
+        toks = toks[keep]
+        n = int(counts.sum())
+        owner = np.repeat(np.arange(rows.shape[0]), counts)
+        first = np.cumsum(counts) - counts
+        within = np.arange(n) - first[owner]
+        # A row's first stop token ends it there (EOS unless ignore_eos, its stop ids; a row
+        # with proposals has its min_tokens out already).
+        stop = finish.stop_tokens(st, rows, owner, toks, self.config.eos_token_ids,
+                                  self.seq_of_row)
+        if stop.any():
+            first_stop = np.minimum.reduceat(np.where(stop, within, n), first)
+            counts = np.minimum(counts, first_stop + 1)
+            kept = within < counts[owner]
+            owner, within, toks = owner[kept], within[kept], toks[kept]
+            keep[np.flatnonzero(keep)[~kept]] = False
+        pos = st.n_known[rows]
+        st.tokens[rows[owner], pos[owner] + within] = toks
+        st.n_known[rows] = pos + counts
+        st.pending[rows] -= 1
+        logprobs = None
+        if res.logprobs.shape[0]:
+            logprobs = (res.logprobs[keep], res.top_ids[keep], res.top_logprobs[keep])
+        self._emit(rows, toks, counts.astype(np.int32), ends, logprobs)
+
+    def _emit(self, rows: np.ndarray, toks: np.ndarray, counts: np.ndarray | None,
+              ends: np.ndarray | None,
+              logprobs: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
+        """Tokens appended to `rows` (counts[i] each, one each when None; st.n_known counts
+        them): finishes, the TokenBatch entries, forks."""
+        st = self.st
+        last = toks if counts is None else toks[np.cumsum(counts) - 1]
+        fin = finish.detect(st, rows, last, self.config.eos_token_ids, self.seq_of_row, ends)
         row_list = rows.tolist()
         fresh: list[Request] = []
         if st.fresh[rows].any():
@@ -452,7 +533,8 @@ class Scheduler:
                 fresh.append(self.seq_of_row[r].req)  # type: ignore[union-attr]
         self._out.add_tokens([self.rid_of_row[r] for r in row_list], st.index[rows].tolist(),
                              fresh, toks, fin.reasons, fin.matched,
-                             st.prompt_len[rows].tolist(), st.cached[rows].tolist(), logprobs)
+                             st.prompt_len[rows].tolist(), st.cached[rows].tolist(), logprobs,
+                             counts)
         if self._fork_rows:
             for row in self._fork_rows.intersection(rows.tolist()):
                 self._fork(self.seq_of_row[row])  # type: ignore[arg-type]
@@ -490,6 +572,26 @@ class Scheduler:
                 top_lps = np.concatenate([np.full((1, n_top), -np.inf, np.float32), top_lps])
             self._out.add_prompt(seq.req, sc.ids, lps, tops, top_lps)
             seq.prompt_scored = max(seq.prompt_scored, sc.end)
+
+    def _apply_embeddings(self, rec: InFlight, res: SampledTokens) -> None:
+        """Pool the chunks' hidden states; a prompt's last chunk gives its embedding."""
+        if res.embeddings.shape[0] != len(rec.embedded):
+            log.error("step %d: %d embeddings for %d requests", rec.step,
+                      res.embeddings.shape[0], len(rec.embedded))
+            return
+        for emb, vector in zip(rec.embedded, res.embeddings, strict=True):
+            seq = self.seq_of_row[emb.row]
+            if seq is None or int(self.st.uid[emb.row]) != emb.uid:
+                continue  # retracted: it recomputes from its first chunk
+            if seq.req.sampling.embed == "mean":
+                if emb.start == 0:
+                    seq.embed_sum = np.zeros(vector.shape[0], dtype=np.float64)
+                assert seq.embed_sum is not None
+                seq.embed_sum += vector
+            if emb.final:
+                out = vector if seq.embed_sum is None else seq.embed_sum / seq.req.prompt_len
+                self._out.add_embedding(seq.req, np.asarray(out, dtype=np.float32))
+                seq.embed_sum = None
 
     def _finish_prefill_only(self, rec: InFlight) -> None:
         """A request with max_tokens 0 (a scored prompt) ends once its prompt is in KV."""
@@ -551,16 +653,48 @@ class Scheduler:
             "cache_hit_tokens": float(self.cache_hit_tokens),
             "cache_query_tokens": float(query),
             "cache_hit_rate": self.cache_hit_tokens / query if query else 0.0,
-            **self.kv.stats(self.active_rows()),  # check_invariant(): the O(pages) version
+            **(kv := self.kv.stats(self.active_rows())),  # check_invariant(): O(pages)
+            # pages held by running requests (cached-only pages are reclaimable)
+            "kv_usage_ratio": kv["kv_pages_running"] / kv["kv_pages_total"]
+            if kv["kv_pages_total"] else 0.0,
             "sched_cpu_ms_per_step": self.cpu_ms_ema,
             "prefill_ms_per_token": self.ms_per_token,
             "decode_step_ms": self.step_cost.decode_ms,
             "step_token_budget": float(self.step_token_budget(bool(self.running))),
             "steps": float(self.steps_done),
+            "decode_tokens_total": float(self.decode_tokens_total),
+            "prefill_tokens_total": float(self.prefill_tokens_total),
             "inflight_steps": float(len(self.inflight)),
+            **self._spec_stats(),
         }
+
+    def _spec_stats(self) -> dict[str, float]:
+        if self.spec is None:
+            return {}
+        spec = self.spec.stats
+        return {"spec_verify_steps_total": float(spec.verify_steps),
+                "spec_draft_tokens_total": float(spec.draft_tokens),
+                "spec_accepted_tokens_total": float(spec.accepted_tokens),
+                "spec_accept_length": spec.accept_length}
 
     def check_invariant(self) -> None:
         from tessera.scheduler_proc.invariant import check
 
         check(self)
+
+
+def _shape_problem(rec: InFlight, res: SampledTokens) -> str | None:
+    """Why a result cannot be the answer to `rec` (None when its shape fits)."""
+    sampled = rec.sampled_rows.shape[0]
+    if not res.counts.shape[0]:
+        if res.token_ids.shape[0] != sampled:
+            return f"the worker returned {res.token_ids.shape[0]} tokens for {sampled} requests"
+        return None
+    drafts = rec.draft_lens if rec.draft_lens is not None else np.zeros(sampled, np.int32)
+    counts = res.counts
+    if counts.shape[0] != sampled or int(counts.sum()) != res.token_ids.shape[0] \
+            or bool((counts < 1).any()) or bool((counts > drafts + 1).any()):
+        return (f"the worker returned {res.token_ids.shape[0]} tokens in counts "
+                f"{counts.tolist()[:8]} for {sampled} requests with proposals "
+                f"{drafts.tolist()[:8]}")
+    return None

@@ -2,7 +2,7 @@
 
     errors    any ApiError, aiohttp HTTP error (404 route, 405 method, 413 body) or bug
               becomes OpenAI's error JSON with its status (and Retry-After for 429/503)
-    metrics   tessera_http_requests{route, status}
+    metrics   tessera:http_requests{route, status}
     auth      with API keys configured (server/keys.py), /v1/*, /generate and
               /health_generate (it runs a generation) need `Authorization: Bearer KEY`;
               /health and /metrics stay open. A generation then counts against its key's
@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from tessera.config import Env
-from tessera.server import chat, completions, native, ops
+from tessera.server import chat, completions, embeddings, native, ops
 from tessera.server.errors import ApiError
 from tessera.server.formatting import MAX_BODY_BYTES
 from tessera.server.keys import ApiKey, find_key, load_keys
@@ -103,11 +103,13 @@ def create_app(state: ServerState) -> web.Application:
     app[STATE] = state
     app.router.add_post("/v1/chat/completions", chat.chat_completions)
     app.router.add_post("/v1/completions", completions.completions)
+    app.router.add_post("/v1/embeddings", embeddings.embeddings)
     app.router.add_get("/v1/models", ops.models)
     app.router.add_get("/v1/models/{model}", ops.model)
     app.router.add_post("/generate", native.generate)
     app.router.add_get("/health", ops.health)
     app.router.add_get("/health_generate", ops.health_generate)
     app.router.add_get("/metrics", ops.metrics)
+    app.router.add_get("/status", ops.status)
     app.router.add_get("/openapi.json", ops.openapi)
     return app

@@ -45,17 +45,21 @@ def parse_key_line(line: str, number: int, default_rpm: int, default_tpm: int,
     if not text:
         return None
     secret, *options = text.split()
-    values = {"rpm": default_rpm, "tpm": default_tpm, "name": f"key{number}"}
+    label = f"key{number}"
+    limits = {"rpm": default_rpm, "tpm": default_tpm}
     for option in options:
         name, sep, value = option.partition("=")
-        if not sep or name not in values:
+        if sep and name == "name":
+            label = value
+            continue
+        if not sep or name not in limits:
             raise KeyFileError(f"{where} line {number}: {option!r} is not rpm=N, tpm=N or "
                                f"name=LABEL")
-        if name != "name" and not value.isdigit():
+        if not value.isdigit():
             raise KeyFileError(f"{where} line {number}: {name} must be a whole number, got "
                                f"{value!r}")
-        values[name] = value if name == "name" else int(value)
-    return ApiKey(str(values["name"]), _digest(secret), int(values["rpm"]), int(values["tpm"]))
+        limits[name] = int(value)
+    return ApiKey(label, _digest(secret), limits["rpm"], limits["tpm"])
 
 
 def load_keys(path: str | None, env_key: str | None, default_rpm: int = 0,

@@ -3,9 +3,9 @@
 Started by the supervisor as the last process. Life cycle:
   bind the HTTP socket -> heartbeat task -> one warm-up generation (1 token, unless
   --disable-warmup) -> Ready(process="server") to the supervisor -> serve
-  SIGTERM / SIGINT: stop accepting connections, answer new requests on open connections
-  with 503, let requests in flight finish for up to drain_timeout_s, fail what is left
-  with an error event, exit 0.
+  SIGTERM / SIGINT: answer new requests with 503 (Retry-After) and /health with "stopping",
+  let requests in flight finish for up to drain_timeout_s, fail what is left with an error
+  event, close the socket, exit 0.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class ServerProcess:
         self.runner: web.AppRunner | None = None
         self.site: web.TCPSite | None = None
         self.url = ""
+        self.takes_text = True  # the tokenizer reads text (read_engine_info)
 
     def notify(self, msg: Message) -> None:
         try:
@@ -70,7 +71,8 @@ class ServerProcess:
 
     def host_path_stats(self) -> dict[str, float]:
         """Counters of the way back to HTTP clients (`tessera bench host` reads them)."""
-        return {"bus_messages_received": float(self.client.conn.received),
+        return {"cpu_s": time.process_time(),
+                "bus_messages_received": float(self.client.conn.received),
                 "loop_wakeups": float(self.client.conn.loop_wakeups),
                 "sse_events": float(self.state.sse_events),
                 "sse_writes": float(self.state.sse_writes)}
@@ -90,10 +92,14 @@ class ServerProcess:
         self.url = f"http://{host}:{port}"
 
     async def warmup(self) -> None:
-        """One real generation, so the first user request does not pay for lazy start-up."""
+        """One real generation, so the first user request does not pay for lazy start-up:
+        text through the whole path, or token ids where the model has no tokenizer (dummy
+        weights from a config JSON)."""
+        prompt: dict[str, Any] = {"prompt": "Hello"} if self.takes_text else \
+            {"input_ids": [0]}
         for attempt in range(1, WARMUP_ATTEMPTS + 1):
             try:
-                await self.client.generate("Hello", max_tokens=1, temperature=0.0)
+                await self.client.generate(**prompt, max_tokens=1, temperature=0.0)
                 return
             except EngineDeadError:
                 raise
@@ -121,12 +127,14 @@ class ServerProcess:
         fmt = info("tokenizer0").get("tool_call_format")
         if isinstance(fmt, str):
             self.state.tool_call_format = fmt
+        self.takes_text = info("tokenizer0").get("takes_text") is not False
 
     async def drain(self) -> None:
         state, conn = self.state, self.client.conn
+        # The socket stays open while we drain: a new request is answered 503 with
+        # Retry-After (a load balancer moves on) and /health says "stopping", instead of a
+        # refused connection that says nothing.
         state.draining = True
-        if self.site is not None:
-            await self.site.stop()
         # A supervisor stopping the engine cleanly stops answering status while we drain:
         # from now on only the pids of the engine processes tell whether it is alive.
         conn.silence_timeout_s = float("inf")
@@ -153,6 +161,8 @@ class ServerProcess:
         try:
             await self.bind()
             beat = asyncio.create_task(self.heartbeat())
+            await self.read_engine_info()
+            warm_start = time.perf_counter()
             if not self.config.disable_warmup:
                 warm = asyncio.create_task(self.warmup())
                 stopping = asyncio.create_task(self.stop.wait())
@@ -166,10 +176,12 @@ class ServerProcess:
                 except TesseraError as exc:
                     log.error("warm-up generation failed (%s); the engine cannot serve", exc)
                     return 1
-            await self.read_engine_info()
             self.state.ready = True
+            phases = {} if self.config.disable_warmup else \
+                {"warmup": round(time.perf_counter() - warm_start, 4)}
             self.notify(Ready(process=NAME, pid=os.getpid(),
-                              info={"url": self.url, "model": self.state.model_id}))
+                              info={"url": self.url, "model": self.state.model_id,
+                                    "phases": phases}))
             log.info("serving %s at %s", self.state.model_id, self.url)
             await self.stop.wait()
             await self.drain()
@@ -190,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     paths = RunPaths(run_dir=os.path.abspath(args.run_dir))
     config = load_config(paths)
-    setup_logging(config.log_level, NAME)
+    setup_logging(config.log_level, NAME, config.log_format)
     try:
         import uvloop
     except ImportError:  # Windows: the default loop serves too, only slower

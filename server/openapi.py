@@ -70,6 +70,9 @@ def openapi_document(model_id: str) -> dict[str, Any]:
     completion = _obj(("prompt",), model={"type": "string", "example": model_id},
                       prompt={"oneOf": [_STR, {"type": "array"}]}, max_tokens=_INT,
                       logprobs=_INT, echo=_BOOL, **_SAMPLING)
+    embed = _obj(("input",), model={"type": "string", "example": model_id},
+                 input={"oneOf": [_STR, {"type": "array"}]},
+                 encoding_format={"type": "string", "enum": ["float", "base64"]})
     native = _obj((), text=_STR, input_ids={"type": "array", "items": _INT},
                   sampling_params=_obj(max_new_tokens=_INT, min_new_tokens=_INT,
                                        **{k: v for k, v in _SAMPLING.items()
@@ -90,6 +93,9 @@ def openapi_document(model_id: str) -> dict[str, Any]:
             "/v1/completions": {"post": _json_op(
                 "text completion (OpenAI)", completion, "text_completion or chunks", True,
                 gen_errors)},
+            "/v1/embeddings": {"post": _json_op(
+                "embeddings (OpenAI): the model's pooled final hidden states", embed,
+                "a list of embeddings", False, (400, 401, 404, 413, 429, 503, 504))},
             "/v1/models": {"get": _json_op("models served", None, "a list of models",
                                            errors=(401,))},
             "/v1/models/{model}": {"get": {

@@ -28,15 +28,15 @@ async def engine_status(state: ServerState, max_age_s: float = 0.5) -> StatusRep
         return None
 
 
-def _unhealthy(reason: str) -> web.Response:
-    return web.json_response({"status": "unavailable", "reason": reason}, status=503,
+def _unhealthy(reason: str, status: str = "unavailable") -> web.Response:
+    return web.json_response({"status": status, "reason": reason}, status=503,
                              headers={"Retry-After": "1"})
 
 
 async def health(request: web.Request) -> web.Response:
     state: ServerState = request.app[STATE]
     if state.draining:
-        return _unhealthy("the server is shutting down")
+        return _unhealthy("the server is shutting down", status="stopping")
     if not state.ready:
         return _unhealthy("the server is warming up")
     status = await engine_status(state)
@@ -78,6 +78,23 @@ async def metrics(request: web.Request) -> web.Response:
     state.metrics.engine.status = await engine_status(state)
     body = generate_latest(state.metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def status(request: web.Request) -> web.Response:
+    """The engine at a glance, as JSON (the status page at / reads it): readiness, every
+    process (alive, pid, heartbeat age, restarts, its heartbeat stats), the start-up report,
+    and the recent history of throughput, latency, KV usage and cache hits."""
+    state: ServerState = request.app[STATE]
+    engine = await engine_status(state)
+    processes = {} if engine is None else {
+        name: {k: info.get(k) for k in ("alive", "pid", "age_s", "ready", "restarts", "stats")}
+        for name, info in sorted(engine.processes.items()) if isinstance(info, dict)}
+    return web.json_response({
+        "model": state.model_id, "ready": state.ready and engine is not None and engine.ready,
+        "draining": state.draining, "uptime_s": round(time.time() - state.created, 1),
+        "processes": processes, "startup": engine.startup if engine is not None else {},
+        "history": state.history.samples() if state.history is not None else [],
+    })
 
 
 def _model_card(state: ServerState) -> dict[str, object]:

@@ -8,6 +8,7 @@ import re
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -64,6 +65,7 @@ class ServerState:
     # From the engine's Ready info (server/main.py read_engine_info); None / hermes until then.
     max_model_len: int | None = None
     tool_call_format: str = "hermes"
+    history: Any = None  # server/history.py: recent figures for the status page
 
     @property
     def model_id(self) -> str:

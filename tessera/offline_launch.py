@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with open(args[0]) as f:
         config = ServerConfig.from_json(f.read())
-    setup_logging(config.log_level, "supervisor")
+    setup_logging(config.log_level, "supervisor", config.log_format)
     problem = check_config(config) or check_split(config)
     if problem:
         print(problem, file=sys.stderr)
@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     def on_ready(children: object) -> None:
         print(f"{READY_MARK} {config.run_dir}", flush=True)
 
-    return run_supervised(config, Env.read(), build=engine_only, on_ready=on_ready)
+    return run_supervised(config, Env.read(), build=engine_only, on_ready=on_ready,
+                          kind="offline", argv=[])
 
 
 if __name__ == "__main__":

@@ -18,6 +18,15 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Every `tessera serve` a test starts records its manifest under the runs folder: keep the
+# suite's in a folder of its own, removed at the end, not in the user's home.
+if "TESSERA_RUNS_DIR" not in os.environ:
+    import atexit
+
+    _runs = tempfile.mkdtemp(prefix="tessera-test-runs-")
+    os.environ["TESSERA_RUNS_DIR"] = _runs
+    atexit.register(shutil.rmtree, _runs, ignore_errors=True)
+
 
 @pytest.fixture
 def run_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:

@@ -27,7 +27,7 @@ from tessera.bus.process import BusProcess, process_main
 from tessera.bus.run_paths import RunPaths
 from tessera.config import EngineConfig
 from tessera.formats.chat_template import template_knows_tools, template_tool_format
-from tessera.formats.tokenizer import ModelTokenizer, load_tokenizer
+from tessera.formats.tokenizer import IdsOnlyTokenizer, ModelTokenizer, load_tokenizer
 from tessera.tokenizer_proc.prepare import prepare
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class TokenizerProcess(BusProcess):
         self._overload_replies = OutboxPool(max_open=64)
         self.breaker = CircuitBreaker("scheduler", config.breaker_failures,
                                       config.breaker_cooldown_s)
+        self.breakers.append(self.breaker)
         self.counts = {"accepted": 0, "rejected": 0, "unavailable": 0, "aborts": 0}
 
     def setup(self) -> None:
@@ -63,6 +64,7 @@ class TokenizerProcess(BusProcess):
         assert self.tokenizer is not None
         template = self.tokenizer.chat_template
         return {"vocab_size": self.tokenizer.vocab_size, "context_length": self.context_length,
+                "takes_text": not isinstance(self.tokenizer, IdsOnlyTokenizer),
                 "eos_token_ids": self.tokenizer.eos_token_ids,
                 # what the server's --tool-call-parser auto reads
                 "tool_call_format": template_tool_format(template),

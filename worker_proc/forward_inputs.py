@@ -13,7 +13,8 @@ from tessera.bus.messages import ForwardBatch
 
 @dataclass
 class ForwardInputs:
-    """T tokens of B requests; S of them (the last token of each sampling request) get logits.
+    """T tokens of B requests; S of them (the last token of each sampling request, the last
+    d + 1 of one verifying d proposals) get logits.
 
     For a decode batch, `worker_proc/graph_decode.py` copies these into static buffers (the
     first B rows of a padded batch) and replays a captured graph.
@@ -71,6 +72,12 @@ def build_forward_inputs(batch: ForwardBatch, req_to_token: np.ndarray,
     table = np.ascontiguousarray(req_to_token[rows, :width])
     sample = np.asarray(batch.sample, dtype=bool)
     logits_indices = (indptr[1:] - 1)[sample]
+    if batch.draft_lens.shape[0]:
+        # A request verifying d proposals samples after each of its last d + 1 tokens.
+        drafts = np.asarray(batch.draft_lens, dtype=np.int64)[sample]
+        per = drafts + 1
+        logits_indices = np.repeat(logits_indices - drafts, per) + (
+            np.arange(int(per.sum())) - np.repeat(np.cumsum(per) - per, per))
     input_ids = np.asarray(batch.input_ids, dtype=np.int64)
 
     def dev(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,16 +31,23 @@ from tessera.bus.messages import (
 from tessera.config import EngineConfig
 from tessera.formats import ModelFiles, open_model
 from tessera.formats.dummy import DummyFiles
+from tessera.formats.hf_folder import HFFolderFiles
 from tessera.hal.platform import Communicator, KVArena, Platform
+from tessera.worker_proc.capture_plan import decode_batch_limit, mixed_token_limit, quiet_gc
 from tessera.worker_proc.forward_inputs import ForwardInputs, build_forward_inputs, to_device
 from tessera.worker_proc.grammar.runtime import GrammarRuntime
 from tessera.worker_proc.kv_sizing import KVPlan, plan_kv
 from tessera.worker_proc.models import model_class
 from tessera.worker_proc.parallel import RankLayout
 from tessera.worker_proc.pipeline import PipelineLink
+from tessera.worker_proc.pooling import pool_hidden, wants_pooling
 from tessera.worker_proc.prompt_scores import PromptScores, score, with_score_rows
 from tessera.worker_proc.quant_plan import plan_quantization
 from tessera.worker_proc.sampler import DeviceSample, Sampler
+from tessera.worker_proc.verify import VerifiedSample, accept, plan_verify
+
+if TYPE_CHECKING:
+    from tessera.worker_proc.draft_model import DraftModel
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +80,10 @@ class PendingStep:
     """A launched step (ModelRunner.launch) whose result has not been fetched yet."""
 
     step: int
-    sample: DeviceSample | None
+    sample: DeviceSample | VerifiedSample | None
     start: float
-    prompt: PromptScores | None = None  # prompt logprobs of requests scoring their prompt
+    # prompt logprobs of requests scoring their prompt, embeddings of those embedding it
+    prompt: PromptScores | None = None
 
     def ready(self) -> bool:
         return self.sample is None or self.sample.ready()
@@ -96,6 +104,9 @@ class ModelRunner:
             communicator if config.pp_size == 1 else None)
         self.device = platform.device(rank)
         self.dtype = serving_dtype(config, platform)
+        # Seconds of each start-up phase (bus/startup.py): weights, kv_arena, graph_capture.
+        self.phases: dict[str, float] = {}
+        start = time.perf_counter()
         self.files = files or open_model(config.model, config.load_format, config.seed)
         mc = self.files.config
         self.model_config = mc
@@ -112,7 +123,6 @@ class ModelRunner:
             self.pipeline = PipelineLink(self.world, self.layout, mc.hidden_size, self.dtype,
                                          self.device)
         free_before = platform.mem_get_info()[0]
-        start = time.perf_counter()
         self.quant = plan_quantization(config.quantization, self.files, platform)
         self.kv_dtype = kv_cache_dtype(config, platform, self.dtype)
         cls = model_class(mc.arch)
@@ -120,26 +130,37 @@ class ModelRunner:
                          max_positions=self.max_context_len, tp_rank=self.layout.tp_rank,
                          tp_size=config.tp_size, communicator=communicator,
                          ep_size=config.ep_size, quant=self.quant, stage=self.stage)
-        if isinstance(self.files, DummyFiles):
-            self.files.device = self.device  # draw random weights where they will live
+        if isinstance(self.files, DummyFiles | HFFolderFiles):
+            # Random weights drawn, or safetensors read, straight onto the device.
+            self.files.device = self.device
         self.model.load_weights(self.files.iter_tensors(
             self.dtype, keep_quantized=self.quant.keep_checkpoint,
             only=self.model.checkpoint_wanted))
         if self.kv_dtype != self.dtype:
             self.model.set_kv_cache_scales(self.files.kv_cache_scales())
         platform.synchronize()
+        self.phases["weights"] = time.perf_counter() - start
         self.weight_bytes = self.model.weight_bytes()
         log.info("rank %d: loaded %s (%s, %s; %s) in %.1fs: %.1f MiB of weights", rank,
                  config.model, mc.arch, self.files.kind, self.quant.describe(),
                  time.perf_counter() - start, self.weight_bytes / 2**20)
+        # --speculative-algorithm draft: the draft model, its KV at the target's slots
+        self.draft: DraftModel | None = None
+        if config.speculative_algorithm == "draft":
+            from tessera.worker_proc.draft_model import DraftModel
+
+            self.draft = DraftModel(self)
+            self.weight_bytes += self.draft.weight_bytes
         tp = self.model.tp
+        start = time.perf_counter()
         layers = len(self.stage.layers)
         plan = plan_kv(
             free_bytes_now=platform.mem_get_info()[0], free_bytes_before_weights=free_before,
             is_cpu=platform.name == "cpu", mem_fraction=config.mem_fraction,
             max_total_tokens=config.max_total_tokens, page_size=config.page_size,
             bytes_per_slot=KVArena.bytes_per_slot(layers, tp.num_kv_heads, mc.head_dim,
-                                                  self.kv_dtype),
+                                                  self.kv_dtype)
+            + (self.draft.bytes_per_slot if self.draft is not None else 0),
             max_context_len=self.max_context_len,
             max_running_requests=config.max_running_requests)
         # One page table serves every worker: all take the slots the tightest one has.
@@ -147,12 +168,22 @@ class ModelRunner:
             plan, num_slots=self._agree_min(plan.num_slots))
         self.kv = platform.create_kv_arena(layers, self.kv_plan.num_slots,
                                            tp.num_kv_heads, mc.head_dim, self.kv_dtype)
+        if self.draft is not None:
+            self.draft.create_arena(self.kv_plan.num_slots)
+        platform.synchronize()
+        self.phases["kv_arena"] = time.perf_counter() - start
         log.info("rank %d: %s", rank, self.kv_plan.describe())
         self.graphs: Any = None
         self.mixed_graphs: Any = None
-        if config.pp_size == 1:
-            self._capture_decode_graphs()
-        self._capture_mixed_graphs()
+        start = time.perf_counter()
+        with quiet_gc():
+            if config.pp_size == 1:
+                self._capture_decode_graphs()
+            self._capture_mixed_graphs()
+            if self.draft is not None and self.graphs is not None:
+                self.draft.capture_graphs(self._decode_graphs_of, self._mixed_graphs_of)
+        if self.graphs is not None or self.mixed_graphs is not None:
+            self.phases["graph_capture"] = time.perf_counter() - start
         self.sampler = Sampler(platform.op("sample"), self.device)
         # Rank 0's grammar matchers (structured output), made on the first GrammarInit.
         self.grammar: GrammarRuntime | None = None
@@ -173,15 +204,11 @@ class ModelRunner:
             log.info("rank %d: %s offers no capture(key, fn) graph runner: decode runs eagerly",
                      self.rank, platform.name)
             return
-        from tessera.worker_proc.graph_decode import DecodeGraphs
-
-        max_bs = min(cfg.cuda_graph_max_bs, cfg.max_running_requests,
-                     platform.capabilities.max_capture_batch or cfg.cuda_graph_max_bs)
         start = time.perf_counter()
-        graphs = DecodeGraphs(lambda inp: self.model(inp, self.kv), runner, max_bs,
-                              self.max_context_len, self.device)
-        graphs.capture_all()
-        self.graphs = graphs
+        self.graphs = graphs = self._decode_graphs_of(lambda inp: self.model(inp, self.kv),
+                                                      runner)
+        self.phases["graph_capture_decode"] = time.perf_counter() - start
+        self.phases["graph_decode_sizes"] = float(len(graphs.sizes))
         log.info("rank %d: captured decode graphs for batch sizes %s in %.1fs", self.rank,
                  graphs.sizes, time.perf_counter() - start)
 
@@ -194,29 +221,50 @@ class ModelRunner:
 
     def _capture_mixed_graphs(self) -> None:
         """Capture prefill and mixed steps of up to --graph-max-tokens tokens, where the
-        plugin captures graphs (a runner and pool of their own); with several pipeline stages,
-        every step (decodes too) goes through these."""
+        decode graphs are captured (a runner and pool of their own); with several pipeline
+        stages, every step (decodes too) goes through these."""
         cfg, platform = self.config, self.platform
-        if cfg.graph_max_tokens < 1 or cfg.disable_cuda_graph or \
-                not platform.capabilities.graph_capture:
-            return
         if cfg.pp_size == 1 and self.graphs is None:
             return  # no decode graphs (no capture(key, fn) runner): no mixed ones either
-        runner = platform.create_graph_runner()
-        if runner is None or not hasattr(runner, "capture"):
+        if cfg.disable_cuda_graph or not platform.capabilities.graph_capture:
             return
-        from tessera.worker_proc.graph_mixed import MixedGraphs
-
+        if mixed_token_limit(cfg, self.kv_plan.num_slots) < 1:
+            return
         start = time.perf_counter()
         stage_input = None if self.stage.is_first else (self.model_config.hidden_size,
                                                           self.dtype)
-        graphs = MixedGraphs(lambda inp: self.model.hidden(inp, self.kv), self.model.logits,
-                             runner, cfg.graph_max_tokens, cfg.max_running_requests,
-                             self.max_context_len, self.device, stage_input=stage_input)
-        graphs.capture_all()
-        self.mixed_graphs = graphs
+        self.mixed_graphs = graphs = self._mixed_graphs_of(
+            lambda inp: self.model.hidden(inp, self.kv), self.model.logits, stage_input)
+        self.phases["graph_capture_mixed"] = time.perf_counter() - start
+        self.phases["graph_mixed_sizes"] = float(len(graphs.buckets))
         log.info("rank %d: captured prefill/mixed graphs for %s tokens in %.1fs", self.rank,
                  graphs.buckets, time.perf_counter() - start)
+
+    def _decode_graphs_of(self, forward: Any, runner: Any = None) -> Any:
+        """Decode graphs of `forward` (a decode batch's logits), captured."""
+        from tessera.worker_proc.graph_decode import DecodeGraphs
+
+        max_bs = decode_batch_limit(self.config, self.platform.capabilities.max_capture_batch,
+                                    self.kv_plan.num_pages)
+        graphs = DecodeGraphs(forward, runner or self.platform.create_graph_runner(), max_bs,
+                              self.max_context_len, self.device)
+        graphs.capture_all()
+        return graphs
+
+    def _mixed_graphs_of(self, hidden: Any, logits: Any,
+                         stage_input: tuple[int, torch.dtype] | None = None) -> Any:
+        """Prefill / mixed-step graphs of `hidden` (`logits` then runs eagerly), captured;
+        None when no such step can be captured."""
+        from tessera.worker_proc.graph_mixed import MixedGraphs
+
+        limit = mixed_token_limit(self.config, self.kv_plan.num_slots)
+        if limit < 1:
+            return None
+        graphs = MixedGraphs(hidden, logits, self.platform.create_graph_runner(), limit,
+                             self.config.max_running_requests, self.max_context_len,
+                             self.device, stage_input=stage_input)
+        graphs.capture_all()
+        return graphs
 
     def seed_default_rng(self) -> None:
         torch.manual_seed(self.config.seed)  # unseeded requests: reproducible per engine run
@@ -306,14 +354,23 @@ class ModelRunner:
             with torch.inference_mode():
                 self.pipeline.send(*self.forward_hidden(inputs))
             return PendingStep(batch.step, None, start)
+        verify = plan_verify(batch, self.device)
+        if self.draft is not None:  # its KV for every token; the proposals it is asked for
+            self.draft.step(batch, inputs, req_to_token)
         grammar = self.grammar
         if grammar is None and self.answers and batch.grammar_ids.shape[0]:
             grammar = self._grammar_runtime()  # (its matchers are unknown: the rows fail)
         record = None
         scored = with_score_rows(batch, inputs, self.device)
         prompt = None
+        embeddings = None
         with torch.inference_mode():
-            logits = self.forward(inputs)
+            if wants_pooling(batch):  # eager: the pooled hidden states stay inside graphs
+                hidden, residual = self.model.hidden(inputs, self.kv)
+                logits = self.model.logits(hidden, residual, inputs)
+                embeddings = pool_hidden(self.model, hidden, residual, batch, self.device)
+            else:
+                logits = self.forward(inputs)
             if scored is not None:  # prompt positions' logits ride after the sampled rows'
                 prompt = score(logits[scored.first:], scored)
                 logits = logits[:scored.first]
@@ -322,23 +379,36 @@ class ModelRunner:
                 # After the forward is queued: the device works while the matchers catch up.
                 grammar.free(batch)
                 mask, record = grammar.before_sample(batch, np.flatnonzero(batch.sample))
-            sample = self.sampler.sample(logits, batch, mask)
+                if mask is not None and verify is not None:  # a request's first logits row
+                    mask.rows = verify.first_dev[mask.rows]
+            if verify is None:
+                sample = self.sampler.sample(logits, batch, mask)
+            else:
+                sample = self.sampler.sample(logits, batch, mask, verify.sel, verify.offset_add)
         tokens = sample.tokens
         if self.config.tp_size > 1:
             # Unseeded draws may differ between ranks: all adopt their TP rank 0's tokens.
             assert self.communicator is not None
             own = tokens if self.layout.tp_rank == 0 else torch.zeros_like(tokens)
             tokens = sample.tokens = self.communicator.all_reduce(own)
+        result: DeviceSample | VerifiedSample = sample
+        if verify is not None:  # every rank keeps the same proposals: the draws agree
+            counts, tokens = accept(tokens, inputs.input_ids, verify)
+            result = VerifiedSample(sample, counts, verify)
         if tokens.numel():
             rows = to_device(np.asarray(batch.rows, dtype=np.int64)[
                 np.asarray(batch.sample, dtype=bool)], torch.int64, self.device)
             self.last_sampled[rows] = tokens
+        if embeddings is not None:
+            prompt = prompt or PromptScores(torch.zeros(0, device=self.device))
+            prompt.embeddings = embeddings
         if prompt is not None:
             prompt.start_copy()  # before the sample's copies: their event covers these too
-        sample.start_copy()
+        result.start_copy()
         if grammar is not None:
-            grammar.after_sample(record, lambda: sample.fetch().token_ids)
-        return PendingStep(batch.step, sample, start, prompt)
+            grammar.after_sample(record, (lambda: sample.fetch().token_ids) if verify is None
+                                 else result.first_draws)  # type: ignore[union-attr]
+        return PendingStep(batch.step, result, start, prompt)
 
     def finish(self, pending: PendingStep) -> SampledTokens:
         """Wait for a launched step and return its answer."""
@@ -352,11 +422,13 @@ class ModelRunner:
             lps, top_ids, top_lps = pending.prompt.fetch()
             prompt = {"prompt_logprobs": lps, "prompt_top_ids": top_ids,
                       "prompt_top_logprobs": top_lps}
+            if pending.prompt.embeddings is not None:
+                prompt["embeddings"] = pending.prompt.fetch_embeddings()
         return SampledTokens(step=pending.step, token_ids=result.token_ids,
                              logprobs=result.logprobs, top_ids=result.top_ids,
                              top_logprobs=result.top_logprobs,
                              forward_ms=(time.perf_counter() - pending.start) * 1000.0,
-                             grammar_end=ends, **prompt)
+                             grammar_end=ends, counts=result.counts, **prompt)
 
     def _resolve_last_sampled(self, inputs: ForwardInputs) -> None:
         if inputs.has_last_sampled:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import torch
-
 from tessera.formats.parallel import StageLayers
 from tessera.hal.platform import Communicator, Platform
 

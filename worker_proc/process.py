@@ -32,6 +32,7 @@ from tessera.bus.messages import ForwardBatch, GrammarInit, GrammarReady, Messag
 from tessera.bus.process import BusProcess
 from tessera.bus.run_paths import RunPaths
 from tessera.config import EngineConfig
+from tessera.hal.facts import platform_facts
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ class WorkerProcess(BusProcess):
         threads = host_threads.apply_thread_count(cfg.intra_op_threads, cfg.world_size)
         log.info("%s: %d intra-op threads, OpenMP wait policy %s", self.name, threads,
                  wait_policy)
+        start = time.perf_counter()
         platform = load_platform(cfg.hal)
         if platform.device(0).type != "cpu":  # host plugins run any number of ranks
             problem = devices_problem(cfg.world_size, cfg.tp_size, cfg.pp_size,
@@ -92,8 +94,10 @@ class WorkerProcess(BusProcess):
                 raise ValueError(problem)
         self.comms = Communicators.create(platform, layout,
                                           f"file://{self.paths.tp_rendezvous}")
+        platform_s = time.perf_counter() - start
         self.runner = ModelRunner(cfg, self.rank, platform, self.comms.tp,
                                   world=self.comms.world)
+        self.runner.phases = {"platform": platform_s, **self.runner.phases}
         self.table = AttachedPageTable(self.paths.shm_req_to_token, cfg.max_running_requests,
                                        self.runner.max_context_len)
         self.results = Outbox(self.paths.scheduler_results, timeout_ms=cfg.send_timeout_ms)
@@ -117,7 +121,9 @@ class WorkerProcess(BusProcess):
         return {"rank": self.rank, "device": str(self.runner.device),
                 "kv_pages": plan.num_pages, "kv_tokens": plan.usable_tokens,
                 "model": self.config.model, "quantization": self.runner.quant.describe(),
-                "weight_bytes": self.runner.weight_bytes, "kv_cache_bytes": plan.total_bytes}
+                "weight_bytes": self.runner.weight_bytes, "kv_cache_bytes": plan.total_bytes,
+                "phases": {k: round(v, 4) for k, v in self.runner.phases.items()},
+                "platform": platform_facts(self.runner.platform)}
 
     def handle(self, msgs: list[Message]) -> None:
         for msg in msgs:
@@ -215,6 +221,7 @@ class WorkerProcess(BusProcess):
         return {"steps": float(self.steps), "failed_steps": float(self.failed_steps),
                 "tokens": float(self.tokens),
                 "forward_ms_avg": self.forward_ms_total / self.steps if self.steps else 0.0,
+                "forward_ms_total": self.forward_ms_total,
                 "weight_bytes": weights, "rss_bytes": float(resident_bytes())}
 
     def _wait_until(self, done: Callable[[], bool], timeout_s: float | None = None) -> bool:

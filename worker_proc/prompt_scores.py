@@ -23,6 +23,7 @@ class PromptScores:
     logprobs: torch.Tensor  # float32 [P]
     top_values: torch.Tensor | None = None  # float32 [P, N]
     top_ids: torch.Tensor | None = None  # int32 [P, N]
+    embeddings: torch.Tensor | None = None  # float32 [E, hidden] (worker_proc/pooling.py)
     _host: list[torch.Tensor | None] | None = None
 
     def start_copy(self) -> None:
@@ -32,19 +33,26 @@ class PromptScores:
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             host.copy_(t, non_blocking=True)
             return host
-        self._host = [to_host(t) for t in (self.logprobs, self.top_values, self.top_ids)]
+        self._host = [to_host(t) for t in (self.logprobs, self.top_values, self.top_ids,
+                                           self.embeddings)]
 
     def fetch(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(logprobs [P], top ids [P, N], top logprobs [P, N]); call after the step's event."""
         if self._host is None:
             self.start_copy()
         assert self._host is not None
-        lps, values, ids = self._host
+        lps, values, ids, _ = self._host
         assert lps is not None
         if values is None or ids is None:
             p = lps.shape[0]
             return (lps.numpy(), np.zeros((p, 0), np.int32), np.zeros((p, 0), np.float32))
         return lps.numpy(), ids.numpy(), values.numpy()
+
+    def fetch_embeddings(self) -> np.ndarray:
+        if self._host is None:
+            self.start_copy()
+        assert self._host is not None and self._host[3] is not None
+        return self._host[3].numpy()
 
 
 @dataclass

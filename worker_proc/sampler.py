@@ -12,7 +12,7 @@ Everything is vectorized over the S sampling rows; nothing loops per token.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,9 @@ class SampleResult:
     top_ids: np.ndarray  # int32 [S, N] or empty
     top_logprobs: np.ndarray  # float32 [S, N] or empty
     tokens_device: torch.Tensor  # int64 [S], on the device (kept for the next step's inputs)
+    # speculative decoding: tokens of each request (token_ids holds them request by request;
+    # empty: one each)
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
 
 
 @dataclass
@@ -187,10 +190,15 @@ class Sampler:
         return self.sample(logits, batch).fetch()
 
     def sample(self, logits: torch.Tensor, batch: ForwardBatch,
-               token_mask: TokenMask | None = None) -> DeviceSample:
+               token_mask: TokenMask | None = None, rows: np.ndarray | None = None,
+               offset_add: np.ndarray | None = None) -> DeviceSample:
         """Sample on the device; nothing waits for the device here (see DeviceSample).
-        `token_mask`: the grammars' allowed tokens for some of the rows."""
-        sel = np.flatnonzero(np.asarray(batch.sample))
+        `token_mask`: the grammars' allowed tokens for some of the rows. `rows`: the request
+        (index into the batch) of each row of logits, when not one per sampling request
+        (speculative decoding: a request verifying d proposals has d + 1 rows), and
+        `offset_add` how many tokens before it that row's token comes (its seeded draw is
+        the one of that output position)."""
+        sel = np.flatnonzero(np.asarray(batch.sample)) if rows is None else rows
         want = np.asarray(batch.logprobs, dtype=np.int64)[sel]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if (want >= 0).any() else None
         if logits.shape[0]:  # penalties edit the logits in place: they are this step's own
@@ -200,7 +208,7 @@ class Sampler:
         if token_mask is not None:
             assert self.mask_op is not None, "a token mask without apply_token_mask"
             self.mask_op(logits, token_mask.bitmask, token_mask.rows)
-        params = self._params(batch, sel)
+        params = self._params(batch, sel, offset_add)
         tokens = self.sample_op(logits, params).to(torch.int64)
         out = DeviceSample(tokens=tokens, want=want)
         if raw_logprobs is not None:
@@ -211,9 +219,12 @@ class Sampler:
                 out.top_values, out.top_indices = top.values, top.indices.to(torch.int32)
         return out
 
-    def _params(self, batch: ForwardBatch, sel: np.ndarray) -> SamplingTensors:
-        def dev(a: np.ndarray, dtype: Any) -> torch.Tensor:
+    def _params(self, batch: ForwardBatch, sel: np.ndarray,
+                offset_add: np.ndarray | None = None) -> SamplingTensors:
+        def dev(a: np.ndarray, dtype: Any, add: np.ndarray | None = None) -> torch.Tensor:
             host = np.ascontiguousarray(np.asarray(a)[sel], dtype=dtype)
+            if add is not None:
+                host = host + add.astype(dtype)
             return to_device(host, torch.from_numpy(host[:0]).dtype, self.device)
 
         temperature = np.asarray(batch.temperature, np.float32)[sel]
@@ -226,7 +237,7 @@ class Sampler:
             top_k=dev(batch.top_k, np.int32),
             min_p=dev(batch.min_p, np.float32),
             seeds=dev(batch.seeds, np.int64),
-            offsets=dev(batch.output_lens, np.int64),
+            offsets=dev(batch.output_lens, np.int64, offset_add),
             all_greedy=bool(((temperature == 0) | (top_k == 1)).all()),
             # which filters are in use, known here: the plugin need not read them back
             any_top_k=bool((top_k > 0).any()), any_top_p=bool((top_p < 1.0).any()),

@@ -87,5 +87,9 @@ def to_cache(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
     """x / scale in the cache's dtype; into fp8 saturated to its finite range (a plain cast
     would turn an outlier into NaN)."""
     if dtype == torch.float8_e4m3fn:
-        return (x.float() / scale).clamp(-FP8_KV_MAX, FP8_KV_MAX).to(dtype)
+        x32 = x.float()
+        # a true division (PyTorch multiplies by the reciprocal of a scalar divisor, which
+        # may round differently), as a kernel dividing by the scale does
+        scaled = x32 / torch.full_like(x32, scale) if scale != 1.0 else x32
+        return scaled.clamp(-FP8_KV_MAX, FP8_KV_MAX).to(dtype)
     return (x if scale == 1.0 else x.float() / scale).to(dtype)

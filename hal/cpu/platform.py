@@ -72,7 +72,22 @@ class CpuPlatform(OpTablePlatform):
         return GlooCommunicator(rank, world_size, init_method)
 
     def versions(self) -> dict[str, str]:
-        return {"intra-op threads": str(torch.get_num_threads())}
+        return {"intra-op threads": str(torch.get_num_threads()), "names": cpu_model_name(),
+                "runtime": f"torch {torch.__version__}"}
+
+
+def cpu_model_name() -> str:
+    """The processor's model name (/proc/cpuinfo on Linux) and its core count."""
+    name = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name")), "")
+    except OSError:
+        pass
+    import platform
+
+    return f"{name or platform.processor() or platform.machine()} x {os.cpu_count()}"
 
 
 def host_memory() -> tuple[int, int]:

@@ -130,8 +130,8 @@ def _store_kv_kernel(kc_ptr, vc_ptr, k_ptr, v_ptr, slot_ptr, k_s0, k_s1, v_s0, v
     k = tl.load(k_ptr + t * k_s0 + h[:, None] * k_s1 + d[None, :], mask=mask)
     v = tl.load(v_ptr + t * v_s0 + h[:, None] * v_s1 + d[None, :], mask=mask)
     if FP8:  # k / k_scale saturated to e4m3's finite range (a plain cast would make NaN)
-        k = tl.minimum(tl.maximum(k.to(tl.float32) / k_scale, -448.0), 448.0)
-        v = tl.minimum(tl.maximum(v.to(tl.float32) / v_scale, -448.0), 448.0)
+        k = tl.minimum(tl.maximum(tl.div_rn(k.to(tl.float32), k_scale), -448.0), 448.0)
+        v = tl.minimum(tl.maximum(tl.div_rn(v.to(tl.float32), v_scale), -448.0), 448.0)
     dst = slot * c_s0 + h[:, None] * c_s1 + d[None, :]
     tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=mask)
     tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)

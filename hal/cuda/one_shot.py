@@ -16,6 +16,7 @@ point), which keeps NCCL unless every rank can use it and a probe gives NCCL's s
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ def local_problem(dtype: torch.dtype, peers: list[int], device: torch.device) ->
     if ops is None or not hasattr(ops, "one_shot_all_reduce_out"):
         return f"torch {torch.__version__} has no symm_mem.one_shot_all_reduce_out"
     try:
-        import torch.distributed._symmetric_memory  # noqa: F401
+        importlib.import_module("torch.distributed._symmetric_memory")
     except ImportError as exc:
         return f"no torch symmetric memory ({exc})"
     me = device.index if device.index is not None else torch.cuda.current_device()

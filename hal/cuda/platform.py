@@ -129,7 +129,26 @@ class CudaPlatform(OpTablePlatform):
             info["triton"] = triton.__version__
         except ImportError:
             info["triton"] = "missing"
+        info["runtime"] = f"CUDA {torch.version.cuda}"
+        info["driver"] = driver_version()
         if torch.cuda.is_available():
             info["device"] = torch.cuda.get_device_name()
             info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+            count = torch.cuda.device_count()
+            info["names"] = ", ".join(torch.cuda.get_device_name(i) for i in range(count))
+            # Which pairs reach each other's memory directly (NVLink or PCIe P2P).
+            info["topology"] = "; ".join(
+                f"{i}->{j} p2p {'yes' if torch.cuda.can_device_access_peer(i, j) else 'no'}"
+                for i in range(count) for j in range(count) if i != j) or "one device"
         return info
+
+
+def driver_version() -> str:
+    """The NVIDIA kernel driver's version ("550.54.15"), from /proc where Linux has it."""
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            first = f.readline()
+    except OSError:
+        return "unknown"
+    words = first.split()
+    return next((w for w in words if w.count(".") >= 1 and w[0].isdigit()), first.strip())

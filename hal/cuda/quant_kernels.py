@@ -11,6 +11,8 @@ bf16 (layouts: hal/quant/weight.py).
             within one group (BLOCK_K divides the group size), so its product is scaled by the
             group's scale (and the offset times the tile's row sums of x) in float32. With a
             small BLOCK_M it is the skinny GEMM of decode batches; with a large one, prefill.
+            For fp8 weights it also runs W8A8: activations quantized per token to e4m3, the
+            dot on fp8 tensor cores (twice bf16's rate), both scales on the float32 sums.
 
 Both compute the definition y = x @ dequantize(w)^T exactly up to float32 summation order
 (the weight values are never rounded). `KIND`: 0 fp8, 1 int8, 2 int4. `PER_ROW`: one scale
@@ -85,10 +87,12 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
 
 
 @triton.jit
-def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, x_s0, q_s0, s_s0,
+def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, xs_ptr, M, N, K, x_s0, q_s0, s_s0,
                  out_s0, KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
+    # A_FP8 (fp8 weights only, W8A8): x holds e4m3 activations scaled per row by xs; the dot
+    # runs on the fp8 tensor cores and both scales are applied to the float32 sums.
     # program ids: N fastest, so the programs running together share the same x rows
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -112,7 +116,10 @@ def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, x_s0, q_s0
             q = tl.reshape(tl.join(packed & 0xF, packed >> 4), [BLOCK_N, BLOCK_K])
         else:
             q = tl.load(q_rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-        part = tl.dot(x, tl.trans(q.to(x.dtype)), input_precision=DOT_PREC)
+        if A_FP8:
+            part = tl.dot(x, tl.trans(q))
+        else:
+            part = tl.dot(x, tl.trans(q.to(x.dtype)), input_precision=DOT_PREC)
         if PER_ROW:
             acc += part
             if KIND == 2:
@@ -124,6 +131,8 @@ def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, x_s0, q_s0
             if KIND == 2:
                 o = tl.load(o_ptr + s_rows + g, mask=nmask, other=0.0)
                 acc += tl.sum(x.to(tl.float32), 1)[:, None] * o[None, :]
+    if A_FP8:
+        acc = acc * tl.load(xs_ptr + rm, mask=mmask, other=0.0)[:, None]
     if PER_ROW:
         acc = acc * tl.load(s_ptr + s_rows, mask=nmask, other=0.0)[None, :]
         if KIND == 2:
@@ -144,10 +153,11 @@ def quant_rows_fp8_kernel(x_ptr, out_ptr, scale_ptr, K, x_s0, out_s0,
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * x_s0 + k, mask=k < K, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(x))
-    scale = tl.maximum(tl.max(amax, 0) / 448.0, 1e-12)
+    scale = tl.maximum(tl.div_rn(tl.max(amax, 0), 448.0), 1e-12)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * x_s0 + k, mask=k < K, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+        # div_rn: IEEE division, as torch's (Triton's `/` may be off by an ulp in fp32)
+        q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0)
         tl.store(out_ptr + row * out_s0 + k, q.to(out_ptr.dtype.element_ty), mask=k < K)
     tl.store(scale_ptr + row, scale)

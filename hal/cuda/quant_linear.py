@@ -4,8 +4,9 @@
     2 .. SKINNY_MAX_M tokens        qgemm with a small BLOCK_M (decode batches)
     more tokens, int8 / int4        qgemm with prefill tiles
     more tokens, fp8                W8A8: activations quantized per token to e4m3 (Triton),
-                                    then cuBLASLt's fp8 GEMM with row-wise scales
-                                    (torch._scaled_mm), which only wins from about 64 rows
+                                    then qgemm's fp8 dot or cuBLASLt's fp8 GEMM with row-wise
+                                    scales (torch._scaled_mm), whichever measures faster for
+                                    the shape (cuBLASLt only wins from about 64 rows)
 
 Launch configurations come from a short measurement per (kernel, shape, batch bucket) the
 first time a shape runs outside graph capture (`quant_tune.py`); under the Triton interpreter
@@ -14,7 +15,6 @@ the first candidate is used.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 
 import torch
@@ -32,11 +32,8 @@ from tessera.hal.cuda.quant_kernels import (
 from tessera.hal.platform import QuantLinearKernel
 from tessera.hal.quant.weight import SCHEMES, QuantizationError, QuantizedWeight
 
-log = logging.getLogger(__name__)
-
 KINDS = {"fp8": FP8, "int8": INT8, "int4": INT4}
-SKINNY_MAX_M = 32  # fp8 up to here runs qgemm (W8A16), beyond it _scaled_mm (W8A8)
-_SCALED_MM_BROKEN: list[str] = []  # set once if torch._scaled_mm refuses this device
+SKINNY_MAX_M = 32  # fp8 up to here runs qgemm in W8A16 (memory-bound), beyond it W8A8
 
 
 def _pow2_group(w: QuantizedWeight) -> QuantizedWeight:
@@ -89,21 +86,30 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
 
 
 def qgemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, block_m: int,
-          block_n: int, block_k: int, num_warps: int, num_stages: int) -> torch.Tensor:
+          block_n: int, block_k: int, num_warps: int, num_stages: int,
+          w8a8: bool = False, x_scales: torch.Tensor | None = None,
+          out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Several tokens. w8a8 (fp8 weights): the activations are quantized per token to e4m3
+    first (or come quantized: x e4m3 with x_scales [M, 1]) and the dot runs in fp8."""
     m = x.shape[0]
     n, k = w.shape
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     per_row = _per_row(w)
     if not per_row:
         block_k = min(block_k, w.group_size)  # one group per K tile
+    xs = w.scales  # unread unless w8a8
+    if w8a8:
+        if w.scheme != "fp8":
+            raise ValueError("W8A8 needs fp8 weights")
+        x, xs = (x, x_scales) if x_scales is not None else quantize_rows_fp8(x)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
     qgemm_kernel[grid](
         x, w.qweight, w.scales, w.offsets if w.offsets is not None else w.scales,
-        bias if bias is not None else out, out, m, n, k, x.stride(0), w.qweight.stride(0),
+        bias if bias is not None else out, out, xs, m, n, k, x.stride(0), w.qweight.stride(0),
         w.scales.stride(0), out.stride(0), KIND=KINDS[w.scheme],
         GROUP=1 if per_row else w.group_size, PER_ROW=per_row, HAS_BIAS=bias is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
+        A_FP8=w8a8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        DOT_PREC="ieee" if out.dtype == torch.float32 else "tf32",
         num_warps=num_warps, num_stages=num_stages)
     return out
 
@@ -128,10 +134,10 @@ def fp8_scaled_mm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None
     return out if bias is None else out + bias
 
 
-def _scaled_mm_fits(x: torch.Tensor, w: QuantizedWeight) -> bool:
+def scaled_mm_fits(x: torch.Tensor, w: QuantizedWeight) -> bool:
     n, k = w.shape
-    return (not _SCALED_MM_BROKEN and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
-            and k % 16 == 0 and n % 16 == 0)
+    return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and k % 16 == 0
+            and n % 16 == 0)
 
 
 def apply(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
@@ -148,13 +154,11 @@ def apply(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None) -> tor
     if m == 1:
         cfg = quant_tune.gemv_config(w, x, bias)
         return qgemv(x, w, bias, *cfg)
-    if w.scheme == "fp8" and m > SKINNY_MAX_M and _scaled_mm_fits(x, w):
-        try:
+    if w.scheme == "fp8" and m > SKINNY_MAX_M:
+        cfg3 = quant_tune.w8a8_config(w, x, bias)
+        if cfg3 == quant_tune.SCALED_MM:
             return fp8_scaled_mm(x, w, bias)
-        except RuntimeError as e:  # an older torch / device without row-wise fp8 GEMM
-            _SCALED_MM_BROKEN.append(str(e))
-            log.warning("torch._scaled_mm is unavailable here (%s); fp8 prefill runs the "
-                        "Triton kernel (W8A16)", e)
+        return qgemm(x, w, bias, *cfg3, w8a8=True)
     cfg2 = quant_tune.gemm_config(w, x, bias)
     return qgemm(x, w, bias, *cfg2)
 

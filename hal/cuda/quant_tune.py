@@ -30,6 +30,14 @@ GEMM_CANDIDATES: dict[int, list[tuple[int, int, int, int, int]]] = {
     128: [(128, 128, 64, 8, 3), (64, 128, 64, 4, 4), (128, 64, 128, 8, 3)],
     256: [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4)],
 }
+# W8A8 candidates (fp8 weights, more than SKINNY_MAX_M tokens): qgemm tiles (fp8 dots need
+# BLOCK_K >= 32) and SCALED_MM, cuBLASLt through torch._scaled_mm
+SCALED_MM: tuple[int, ...] = (0,)
+W8A8_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
+    64: [(64, 64, 128, 4, 4), (64, 128, 128, 8, 3), (32, 64, 128, 4, 4), SCALED_MM],
+    128: [(128, 128, 128, 8, 3), (64, 128, 128, 4, 4), (128, 64, 128, 8, 3), SCALED_MM],
+    256: [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (64, 128, 128, 4, 4), SCALED_MM],
+}
 _chosen: dict[tuple[Any, ...], tuple[int, ...]] = {}
 
 
@@ -93,3 +101,23 @@ def gemm_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
                       for bm, bn, bk, nw, ns in candidates[:1]]
     cfg = _pick(_key("gemm", w, x, bucket), candidates, x, lambda c: qgemm(x, w, bias, *c))
     return cfg  # type: ignore[return-value]
+
+
+def w8a8_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
+                ) -> tuple[int, ...]:
+    """A qgemm tile for the fp8 dot, or SCALED_MM (where torch._scaled_mm can take the
+    shapes and measures faster; a device or torch without it fails its measurement and is
+    skipped)."""
+    from tessera.hal.cuda.quant_linear import fp8_scaled_mm, qgemm, scaled_mm_fits
+
+    bucket = max(64, batch_bucket(x.shape[0]))
+    candidates = [c for c in W8A8_CANDIDATES[bucket]
+                  if c != SCALED_MM or scaled_mm_fits(x, w)]
+    if x.dtype == torch.float32:  # the interpreter: small tiles
+        candidates = [(32, 32, 32, 4, 1)]
+
+    def run(c: tuple[int, ...]) -> torch.Tensor:
+        if c == SCALED_MM:
+            return fp8_scaled_mm(x, w, bias)
+        return qgemm(x, w, bias, *c, w8a8=True)
+    return _pick(_key("w8a8", w, x, bucket), candidates, x, run)

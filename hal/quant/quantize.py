@@ -81,5 +81,8 @@ def quantize(w: torch.Tensor, scheme: str, group_size: int | None = None) -> Qua
 def quantize_activations_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-token scales: (x_q e4m3 [T, K], scale float32 [T, 1]), x ~ x_q * scale."""
     x32 = x.float()
-    scale = (x32.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp_min(_TINY)
+    amax = x32.abs().amax(dim=-1, keepdim=True)
+    # a true division (PyTorch multiplies by the reciprocal of a scalar divisor), as kernels
+    # computing the same scale do
+    scale = (amax / torch.full_like(amax, FP8_MAX)).clamp_min(_TINY)
     return (x32 / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale

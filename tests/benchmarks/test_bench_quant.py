@@ -67,7 +67,7 @@ def test_bench_quant_writes_b12(run_root: Path, tmp_path: Path) -> None:
     # (on the cpu plugin int4 is held one value per byte: not smaller than fp8 there)
     assert max(f["int4_weight_bytes"], f["fp8_weight_bytes"]) < f["fp32_weight_bytes"]
     assert 0 < f["fp8_kl"] < f["int4_kl"] < 0.1
-    assert f["fp8_b2_speedup"] > 0 and "fp8_b2_speedup" in f["targets"]
+    assert f["fp8_b2_speedup"] > 0 and "targets" not in f  # the H200 targets
     # the same KV bytes: twice the tokens in fp8, and never more retractions
     assert f["kv_fp8_pool_tokens"] == 2 * f["kv_auto_pool_tokens"]
     assert f["kv_fp8_retractions"] <= f["kv_auto_retractions"]

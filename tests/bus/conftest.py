@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 from collections.abc import Iterator
 
@@ -23,3 +24,20 @@ def zmq_pair() -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
     pull.close(linger=0)
     os.unlink(path)
     os.rmdir(os.path.dirname(path))
+
+
+@pytest.fixture(autouse=True)
+def stop_leftover_supervisors() -> Iterator[None]:
+    """A test that fails half-way must not leave its supervisor (and children) running."""
+    from tests.bus.test_supervisor import Run
+
+    yield
+    while Run.started:
+        proc = Run.started.pop().proc
+        if proc.poll() is None:
+            proc.terminate()  # the supervisor stops its children in order
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()  # orphaned children notice and stop
+                proc.wait()

@@ -27,9 +27,11 @@ DUMMY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dummy_proc.py"
 
 def main(plan_json: str) -> int:
     plan = json.loads(plan_json)
+    # A generous default: on a busy machine a dummy may not run for seconds, and only the
+    # tests of hang detection want it short (they say so).
     config = ServerConfig(heartbeat_interval_s=0.1,
-                          heartbeat_timeout_s=plan.get("heartbeat_timeout_s", 2.0),
-                          loop_stall_timeout_s=plan.get("heartbeat_timeout_s", 2.0),
+                          heartbeat_timeout_s=plan.get("heartbeat_timeout_s", 10.0),
+                          loop_stall_timeout_s=plan.get("heartbeat_timeout_s", 10.0),
                           drain_timeout_s=plan.get("drain_timeout_s", 2.0),
                           restart_policy=plan.get("restart_policy", "off"),
                           restart_max=plan.get("restart_max", 5),

@@ -28,13 +28,14 @@ def test_plan_orders_stages_and_names_processes(monkeypatch, run_root: Path) -> 
     paths = RunPaths.create()
     specs = build_specs(ServerConfig(tp_size=2, tokenizer_workers=2), paths)
     assert [(s.name, s.stage) for s in specs] == [
-        ("worker0", 0), ("worker1", 0), ("scheduler", 1), ("detokenizer", 2),
-        ("tokenizer0", 3), ("tokenizer1", 3), ("server", 4)]
+        ("worker0", 0), ("worker1", 0), ("scheduler", 0), ("detokenizer", 0),
+        ("tokenizer0", 0), ("tokenizer1", 0), ("server", 1)]
     assert [s.name for s in specs if s.drains] == ["server"]
     worker1 = specs[1]
     assert worker1.argv[1:] == ("-m", "tessera.worker_proc", "--run-dir", paths.run_dir,
                                 "--rank", "1")
-    assert worker1.ready_timeout_s > specs[2].ready_timeout_s  # model loading takes longest
+    # model loading takes longest; the scheduler waits for it
+    assert specs[3].ready_timeout_s < worker1.ready_timeout_s < specs[2].ready_timeout_s
 
 
 def test_missing_process_packages_are_skipped(monkeypatch, run_root: Path) -> None:  # type: ignore[no-untyped-def]

@@ -82,3 +82,12 @@ def test_outputs_with_a_scored_prompt_are_not_batched() -> None:
     assert pack_outputs([_plain(1)]).rids == ["r"]
     with pytest.raises(ValueError, match="scored prompt"):
         pack_outputs([_plain(1), scored])
+
+
+def test_outputs_with_an_embedding_are_not_batched() -> None:
+    from tessera.bus.output_batch import batchable
+
+    embedded = dataclasses.replace(_plain(1, "e"), embedding=np.ones(4, np.float32))
+    assert not batchable(embedded) and batchable(_plain(1))
+    with pytest.raises(ValueError, match="embedding"):
+        pack_outputs([embedded])

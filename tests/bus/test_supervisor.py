@@ -26,13 +26,17 @@ HERE = Path(__file__).parent
 
 
 class Run:
-    """A supervisor process over dummy children, with its output collected as it comes."""
+    """A supervisor process over dummy children, with its output collected as it comes.
+    Every Run is stopped after its test, passed or failed (tests/bus/conftest.py)."""
+
+    started: list[Run] = []
 
     def __init__(self, procs: list[list], **plan: float) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "supervise_dummies.py"),
              json.dumps({"procs": procs, **plan})],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        Run.started.append(self)
         self.out: list[str] = []
         self.err: list[str] = []
         self.run_dir: str | None = None

@@ -98,3 +98,14 @@ def test_quantized_linear_replays_in_a_graph(scheme: str) -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, apply(xin, w, None))
+
+
+@pytest.mark.parametrize("m", [64, 300])
+def test_both_w8a8_paths(m: int) -> None:
+    """The tuner picks between qgemm's fp8 dot and torch._scaled_mm: both must be right."""
+    from tessera.hal.cuda.quant_linear import fp8_scaled_mm, qgemm
+
+    w, _, x = _setup("fp8", None, 6144, 4096, m)
+    ref = fp8_w8a8_reference(x, w)
+    assert _rel(qgemm(x, w, None, 64, 128, 128, 4, 3, w8a8=True), ref) < 1e-2
+    assert _rel(fp8_scaled_mm(x, w, None), ref) < 1e-2

@@ -67,7 +67,31 @@ def test_apply_dispatches_every_batch_size(kernels: dict[str, ModuleType]) -> No
             x = _x(m, w.in_features, seed=6 + m)
             out = ql.apply(x, w, None)
             assert out.shape == (m, 48)
-            torch.testing.assert_close(out, quant_linear_reference(x, w), **TOL)
+            want = quant_linear_reference(x, w)
+            if scheme == "fp8" and m > ql.SKINNY_MAX_M:
+                # W8A8, activations in e4m3 too, here quantized by the interpreter's own cast
+                # (off near powers of two): only the dispatch is checked here, the W8A8 sums
+                # exactly in test_w8a8_fp8_dot, and the GPU within 0.05 of the definition
+                assert float((out - want).norm() / want.norm()) < 0.1
+            else:
+                torch.testing.assert_close(out, want, **TOL)
+
+
+@pytest.mark.parametrize("m", [3, 40])
+def test_w8a8_fp8_dot(kernels: dict[str, ModuleType], m: int) -> None:
+    """qgemm's W8A8 path on activations quantized by the reference (the interpreter's own
+    fp32 -> e4m3 cast is off near powers of two; see test_fp8_activation_quantization): the
+    fp8 dot and both scales give exactly the W8A8 emulation's sums."""
+    from tessera.hal.quant import fp8_w8a8_reference
+
+    ql = kernels["quant_linear"]
+    w = ql.prepare(_weight("fp8", None, 40, 256, seed=15))
+    x = _x(m, 256, seed=16)
+    bias = torch.randn(40)
+    xq, xs = quantize_activations_fp8(x)
+    out = ql.qgemm(xq, w, bias, 32, 32, 32, 4, 1, w8a8=True, x_scales=xs,
+                   out_dtype=torch.float32)
+    torch.testing.assert_close(out, fp8_w8a8_reference(x, w, bias), **TOL)
 
 
 def test_act_order_input_permutation(kernels: dict[str, ModuleType]) -> None:

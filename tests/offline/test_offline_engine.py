@@ -77,17 +77,27 @@ def test_llm_left_running_is_stopped_cleanly_at_exit(run_root: Path) -> None:
     assert not Path(run_dir).exists()  # the supervisor stopped and cleaned up
 
 
-def test_a_scored_prompt_matches_the_logprobs_of_its_generation(run_root: Path) -> None:
+def test_scored_prompts_and_embeddings_match_their_oracles(run_root: Path) -> None:
     """Greedy tokens with their logprobs, then prompt + those tokens scored (max_tokens 0):
-    the scored logprobs of the generated part are the ones the generation reported."""
-    from tessera import LLM
+    the scored logprobs of the generated part are the ones the generation reported. The
+    prompt's embeddings (last token, mean) are transformers' last hidden states on the same
+    weights. Prefill chunks of 4 tokens: both add up over several steps."""
+    import numpy as np
+    import torch
 
-    prompt = [1, 504, 3458, 314, 4649, 314]
-    with LLM(model="default", **ENGINE_ARGS) as llm:
+    from tessera import LLM
+    from tessera.benchmarks.hf_peer import load_peer
+
+    prompt = [1, 504, 3458, 314, 4649, 314, 2114, 28]
+    with LLM(model="default", **{**ENGINE_ARGS, "chunked_prefill_size": 4,
+                                 "heartbeat_timeout_s": 60.0}) as llm:
         (gen,) = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=5,
                                                        logprobs=2), use_tqdm=False)
-        (scored,) = llm.generate([prompt + gen.token_ids], SamplingParams(
-            max_tokens=0, prompt_logprobs=2), use_tqdm=False)
+        scored, last, mean = llm.generate(
+            [prompt + gen.token_ids, prompt, prompt],
+            [SamplingParams(max_tokens=0, prompt_logprobs=2),
+             SamplingParams(max_tokens=0, embed="last"),
+             SamplingParams(max_tokens=0, embed="mean")], use_tqdm=False)
     entries = scored.choices[0].prompt_logprobs
     assert [e.token_id for e in entries] == prompt + gen.token_ids
     assert entries[0].logprob is None and scored.token_ids == []
@@ -97,3 +107,11 @@ def test_a_scored_prompt_matches_the_logprobs_of_its_generation(run_root: Path) 
     assert generated == pytest.approx(wanted, abs=2e-3)
     for e in entries[1:]:
         assert len(e.top) == 2 and e.top[0].logprob >= e.logprob - 1e-5  # the best is first
+
+    model = load_peer("default", "auto", "float32", "cpu")
+    with torch.no_grad():
+        hidden = model(torch.tensor([prompt]), output_hidden_states=True).hidden_states[-1][0]
+    for result, want in ((last, hidden[-1]), (mean, hidden.mean(dim=0))):
+        got = np.asarray(result.choices[0].embedding)
+        assert result.token_ids == [] and result.prompt_tokens == len(prompt)
+        np.testing.assert_allclose(got, want.numpy(), atol=1e-4, rtol=1e-4)

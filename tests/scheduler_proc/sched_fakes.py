@@ -11,6 +11,7 @@ scheduler, so a wrong page, a stale cache entry or a lost token shows up as a di
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,8 +39,12 @@ def next_token(tokens: np.ndarray, seed: int, blocked: set[int], vocab: int = VO
     return tok
 
 
+Model = Callable[[np.ndarray, int, set[int]], int]
+
+
 def reference_output(prompt: np.ndarray, sp: SamplingParams, index: int, max_total: int,
-                     eos: tuple[int, ...] = (EOS,)) -> tuple[list[int], str]:
+                     eos: tuple[int, ...] = (EOS,), model: Model = next_token
+                     ) -> tuple[list[int], str]:
     """What a correct scheduler must produce for sample `index`, computed directly."""
     seq = [int(t) for t in prompt]
     out: list[int] = []
@@ -47,7 +52,7 @@ def reference_output(prompt: np.ndarray, sp: SamplingParams, index: int, max_tot
     stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(eos))
     while True:
         blocked = stops if len(out) < sp.min_tokens else set()
-        tok = next_token(np.asarray(seq), seed, blocked)
+        tok = model(np.asarray(seq), seed, blocked)
         out.append(tok)
         seq.append(tok)
         if tok in stops:
@@ -57,10 +62,16 @@ def reference_output(prompt: np.ndarray, sp: SamplingParams, index: int, max_tot
 
 
 class FakeWorker:
+    """Runs ForwardBatches on the simulated arena. A request with proposals
+    (ForwardBatch.draft_lens) samples after its input and after each proposal and keeps the
+    proposals equal to its samples, up to the first that is not, and the sample after them."""
+
     def __init__(self, sched: Scheduler | None = None, *, req_to_token: np.ndarray | None = None,
-                 page_size: int = 0, num_slots: int = 0, refer_back: bool = True) -> None:
+                 page_size: int = 0, num_slots: int = 0, model: Model = next_token,
+                 refer_back: bool = True) -> None:
         """`refer_back` False: like a pipeline's first stage, the worker cannot resolve an
         input id -1 (a token still in flight) and fails the test if it gets one."""
+        self.model = model
         if sched is not None:
             req_to_token, page_size = sched.st.req_to_token, sched.page_size
             num_slots = sched.config.num_slots
@@ -76,11 +87,13 @@ class FakeWorker:
 
     def step(self, fb: ForwardBatch) -> SampledTokens:
         out: list[int] = []
+        counts: list[int] = []
         off = 0
         for i in range(fb.batch_size):
             row, seq_len, ext = int(fb.rows[i]), int(fb.seq_lens[i]), int(fb.extend_lens[i])
             ids = fb.input_ids[off:off + ext].astype(np.int64)
             off += ext
+            drafts = int(fb.draft_lens[i]) if fb.draft_lens.shape[0] else 0
             if (ids < 0).any():
                 assert self.refer_back, f"step {fb.step}: a -1 input the worker cannot resolve"
                 assert ext == 1 and row in self.last, "a -1 input for a row that never sampled"
@@ -97,12 +110,24 @@ class FakeWorker:
                 if fb.block_offsets.shape[0]:
                     blocked = set(fb.block_ids[fb.block_offsets[i]:fb.block_offsets[i + 1]]
                                   .tolist())
-                tok = next_token(self.kv_tok[every], int(fb.seeds[i]), blocked)
-                self.last[row] = tok
-                out.append(tok)
+                    assert not (drafts and blocked), "proposals while tokens are blocked"
+                got: list[int] = []
+                for j in range(drafts + 1):  # sample after the input and each proposal
+                    end = seq_len - drafts + j
+                    tok = self.model(self.kv_tok[self.r2t[row, :end]], int(fb.seeds[i]),
+                                     blocked)
+                    got.append(tok)
+                    if j == drafts or int(ids[ext - drafts + j]) != tok:
+                        break
+                self.last[row] = got[-1]
+                out.extend(got)
+                counts.append(len(got))
         assert off == fb.input_ids.shape[0]
         self.steps += 1
-        return SampledTokens(step=fb.step, token_ids=np.asarray(out, dtype=np.int32))
+        if not fb.draft_lens.shape[0]:
+            counts = []
+        return SampledTokens(step=fb.step, token_ids=np.asarray(out, dtype=np.int32),
+                             counts=np.asarray(counts, dtype=np.int32))
 
 
 @dataclass

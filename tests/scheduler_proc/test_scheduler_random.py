@@ -16,8 +16,10 @@ from tests.scheduler_proc.sched_fakes import (
     VOCAB,
     Collected,
     FakeWorker,
+    Model,
     drive,
     make_request,
+    next_token,
     reference_output,
 )
 
@@ -42,16 +44,19 @@ def random_request(rng: np.random.Generator, rid: str, bases: list[np.ndarray], 
 
 
 def run_schedule(seed: int, overlap: bool, num_pages: int, n_requests: int = 60,
-                 disable_cache: bool = False, batches_in_flight: int = 0) -> Scheduler:
+                 disable_cache: bool = False, model: Model = next_token,
+                 worker_class: type[FakeWorker] = FakeWorker, **config: object) -> Scheduler:
+    """Random arrivals, aborts and cache flushes until every request is done; every output is
+    checked against `model` computed directly. `config`: more SchedulerConfig fields."""
     rng = np.random.default_rng(seed)
     ps, ctx = 4, 128
     cfg = SchedulerConfig(num_slots=ps * (num_pages + 1), page_size=ps, max_context_len=ctx,
                           max_running_requests=8, chunked_prefill_size=24,
                           eos_token_ids=(EOS,), overlap=overlap,
                           disable_radix_cache=disable_cache, debug_invariants=True,
-                          batches_in_flight=batches_in_flight)
+                          **config)  # type: ignore[arg-type]
     sched = Scheduler(cfg)
-    worker = FakeWorker(sched, refer_back=batches_in_flight == 0)
+    worker = worker_class(sched, model=model, refer_back=not config.get("batches_in_flight"))
     got = Collected()
     bases = [rng.integers(1, VOCAB, size=int(rng.integers(8, 60))).astype(np.int32)
              for _ in range(3)]
@@ -85,7 +90,8 @@ def run_schedule(seed: int, overlap: bool, num_pages: int, n_requests: int = 60,
             finishes = got.finish.get(key, [])
             assert len(finishes) == 1, f"{key} finished {finishes}"
             max_total = sched.limits.max_total(req.input_ids.shape[0], req.sampling.max_tokens)
-            want, why = reference_output(req.input_ids, req.sampling, index, max_total)
+            want, why = reference_output(req.input_ids, req.sampling, index, max_total,
+                                         model=model)
             tokens = got.tokens.get(key, [])
             if finishes[0] == "abort":
                 assert rid in aborted

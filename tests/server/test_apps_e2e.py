@@ -245,3 +245,20 @@ def test_echo_with_logprobs_and_max_tokens_0_scores_the_prompt(oai: Any) -> None
     assert len(r.choices[0].logprobs.tokens) == r.usage.prompt_tokens + 3
     with pytest.raises(openai.BadRequestError, match="echo"):
         oai.completions.create(model="default", prompt=text, max_tokens=0)
+
+
+def test_embeddings(oai: Any) -> None:
+    import numpy as np
+
+    texts = ["Paris is in France.", "The cat sat on the mat.", "Paris is in France."]
+    r = oai.embeddings.create(model="default", input=texts)  # the client asks for base64
+    vectors = [np.asarray(d.embedding) for d in r.data]
+    assert [d.index for d in r.data] == [0, 1, 2] and r.usage.prompt_tokens > 0
+    assert all(v.shape == vectors[0].shape and abs(np.linalg.norm(v) - 1) < 1e-4
+               for v in vectors)
+    np.testing.assert_allclose(vectors[0], vectors[2], atol=1e-5)
+    assert float(vectors[0] @ vectors[1]) < 0.999
+    plain = oai.embeddings.create(model="default", input=texts[1], encoding_format="float")
+    np.testing.assert_allclose(np.asarray(plain.data[0].embedding), vectors[1], atol=1e-5)
+    with pytest.raises(openai.BadRequestError, match="dimensions"):
+        oai.embeddings.create(model="default", input="x", dimensions=8)

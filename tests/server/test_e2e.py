@@ -193,7 +193,7 @@ def _stream_events(url: str, body: dict[str, Any]) -> Iterator[Any]:
 
 
 def test_kill_9_of_an_engine_process_ends_the_stream_with_an_error_event() -> None:
-    """With --restart-policy off (with it on, see tests/bus/test_restart_engine.py)."""
+    """With --restart-policy off (with it on, see tests/test_engine_faults.py)."""
     srv = Serve("--restart-policy", "off")
     try:
         events = _stream_events(srv.url, {"messages": MESSAGES, "stream": True,

@@ -1,7 +1,7 @@
 """The HTTP API fuzzed from its own OpenAPI description (schemathesis): whatever the body,
 the answer is never a 5xx other than 503/504, and the server lives on. Against the fake
 engine, so that a few hundred cases take seconds; the real engine's turn (with the page
-invariant checked afterwards) is in tests/bus/test_engine_faults.py."""
+invariant checked afterwards) is in tests/test_engine_faults.py."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def api(fuzzed_server: ServerUnderTest) -> schemathesis.BaseSchema:
 
 
 schema = schemathesis.pytest.from_fixture("api")
+CALLS: list[int] = []
 
 
 @schema.parametrize()
@@ -38,6 +39,16 @@ schema = schemathesis.pytest.from_fixture("api")
 def test_no_request_gets_a_server_error(case: schemathesis.Case,
                                        fuzzed_server: ServerUnderTest) -> None:
     response = case.call(timeout=30)
+    CALLS.append(response.status_code)
     assert response.status_code < 500 or response.status_code in (503, 504), \
         (case.as_curl_command(), response.status_code, response.text[:500])
     assert fuzzed_server.proc.poll() is None, fuzzed_server.log()[-3000:]
+
+
+def test_the_fuzz_ran_and_the_server_still_serves(fuzzed_server: ServerUnderTest) -> None:
+    assert len(CALLS) >= 100, CALLS  # every operation was exercised, most of them often
+    status, _, _ = fuzzed_server.request("POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert status == 200
+    print({"fuzz_requests": len(CALLS),
+           "statuses": {str(c): CALLS.count(c) for c in sorted(set(CALLS))}})

@@ -2,4 +2,4 @@
 one matcher per constrained sample (`matchers.py`), and the glue that keeps them in step with
 the sampled tokens and turns them into token masks for the sampler (`runtime.py`).
 Why rank 0 holds them, and how the mask of step n+1 is ready without stalling the batch:
-docs/structured_output.md."""
+docs/applications.md."""

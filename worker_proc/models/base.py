@@ -188,6 +188,16 @@ class CausalLM(nn.Module):
         layers = getattr(self, "layers", [])
         return list(zip(self.stage.layers, layers, strict=True))
 
+    def normed(self, h: torch.Tensor, residual: torch.Tensor | None,
+               idx: torch.Tensor) -> torch.Tensor:
+        """The final hidden states (after the last norm, as transformers' last_hidden_state)
+        of the tokens at `idx`."""
+        if residual is None:
+            return self.final_norm(h.index_select(0, idx))  # type: ignore[no-any-return]
+        out, _ = self.final_norm.add_forward(h.index_select(0, idx),
+                                             residual.index_select(0, idx))
+        return out  # type: ignore[no-any-return]
+
     def weight_bytes(self) -> int:
         """Bytes of every parameter and buffer (a tied table counted once)."""
         seen, total = set(), 0
@@ -214,13 +224,7 @@ class CausalLM(nn.Module):
         if self.final_norm is None or self.lm_head is None:
             raise RuntimeError(f"pipeline stage {self.stage.stage} computes no logits: the last "
                                f"stage does")
-        idx = inp.logits_indices
-        if residual is None:
-            h = self.final_norm(h.index_select(0, idx))
-        else:
-            h, _ = self.final_norm.add_forward(h.index_select(0, idx),
-                                               residual.index_select(0, idx))
-        logits = self.lm_head(h).float()
+        logits = self.lm_head(self.normed(h, residual, inp.logits_indices)).float()
         c = self.config
         if c.logits_scaling != 1.0:
             logits = logits / c.logits_scaling

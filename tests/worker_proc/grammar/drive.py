@@ -26,6 +26,15 @@ SCHEMA = {"type": "object", "properties": {
     "required": ["name", "kind", "tags"]}
 
 
+def follows_schema(obj: Any) -> bool:
+    """SCHEMA checked by hand (the GPU machine may lack the jsonschema package)."""
+    return (isinstance(obj, dict) and set(obj) == {"name", "kind", "tags"}
+            and isinstance(obj["name"], str) and len(obj["name"]) <= 8
+            and obj["kind"] in ("cat", "dog") and isinstance(obj["tags"], list)
+            and len(obj["tags"]) <= 3
+            and all(isinstance(t, int) and 0 <= t <= 99 for t in obj["tags"]))
+
+
 def make_batch(n: int, **arrays: Any) -> ForwardBatch:
     base: dict[str, Any] = dict(
         temperature=np.ones(n, np.float32), top_p=np.ones(n, np.float32),

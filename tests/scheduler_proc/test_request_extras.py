@@ -1,5 +1,6 @@
-"""Requests with a grammar (the GrammarInit / GrammarReady exchange, matcher ids in batches,
-grammar ends) and with a logit_bias (its CSR in the batch), on the fake worker."""
+"""What requests ask for beyond plain sampling, on the fake worker: a grammar (the
+GrammarInit / GrammarReady exchange, matcher ids in batches, grammar ends), a logit_bias
+(its CSR in the batch), one choice stopped alone, a scored prompt, an embedding."""
 
 from __future__ import annotations
 
@@ -138,10 +139,13 @@ def _scoring_worker(sched):  # noqa: ANN001, ANN202
     return step
 
 
-def test_a_scored_prompt_reports_every_token_once_and_max_tokens_0_ends_after_it() -> None:
-    sched = make(chunked_prefill_size=8)
+@pytest.mark.parametrize("length,overlap", [(30, False), (25, True), (17, False)])
+def test_a_scored_prompt_reports_every_token_once_and_max_tokens_0_ends_after_it(
+        length: int, overlap: bool) -> None:
+    # 25 and 17 leave a last chunk of one token, which a sampling request would decode
+    sched = make(chunked_prefill_size=8, overlap=overlap)
     step = _scoring_worker(sched)
-    p = prompt(30)
+    p = prompt(length)
     # a request with the same prompt first, so that its pages are in the cache
     sched.add_request(make_request("warm", p, max_tokens=1, ignore_eos=True))
     collected = Collected()
@@ -151,9 +155,13 @@ def test_a_scored_prompt_reports_every_token_once_and_max_tokens_0_ends_after_it
     sched.add_request(make_request("both", p, max_tokens=2, ignore_eos=True,
                                    prompt_logprobs=0))
     reported: dict[str, list[tuple[int, float]]] = {}
-    while sched.has_work() or sched.inflight:
-        fb = sched.next_batch()
-        tb = sched.on_result(step(fb))
+    results: list = []
+    for _ in range(200):
+        if not (sched.has_work() or sched.inflight):
+            break
+        while (fb := sched.next_batch()) is not None:
+            results.append(step(fb))
+        tb = sched.on_result(results.pop(0))
         collected.add(tb)
         if tb is not None and tb.prompt_rids:
             start = 0
@@ -163,6 +171,8 @@ def test_a_scored_prompt_reports_every_token_once_and_max_tokens_0_ends_after_it
                     tb.prompt_token_ids[start:start + n].tolist(),
                     tb.prompt_logprobs[start:start + n].tolist(), strict=True))
                 start += n
+    assert not sched.has_work(), "the requests never finished"
+    assert sched.retracted_total == 0  # no request was taken for stuck and retracted
     for rid in ("score", "both"):
         ids = [t for t, _ in reported[rid]]
         lps = [lp for _, lp in reported[rid]]
@@ -171,4 +181,51 @@ def test_a_scored_prompt_reports_every_token_once_and_max_tokens_0_ends_after_it
     assert collected.finish[("score", 0)] == ["length"]
     assert collected.tokens.get(("score", 0), []) == []  # nothing generated
     assert len(collected.tokens[("both", 0)]) == 2
+    sched.check_invariant()
+
+
+def test_embeddings_pool_over_chunks_and_end_the_request() -> None:
+    sched = make(chunked_prefill_size=8, overlap=True)
+    base = FakeWorker(sched)
+    width = 3
+
+    def step(fb):  # noqa: ANN001, ANN202
+        # every row's "hidden state" is (position sum of the chunk, its last position, 1)
+        res = base.step(fb)
+        rows = []
+        start = 0
+        for b in range(fb.batch_size):
+            n = int(fb.extend_lens[b])
+            last = int(fb.seq_lens[b]) - 1
+            if fb.embed.shape[0] and fb.embed[b] == 1:
+                rows.append([last, last, 1.0])
+            elif fb.embed.shape[0] and fb.embed[b] == 2:
+                positions = np.arange(last - n + 1, last + 1)
+                rows.append([positions.sum(), last, n])
+            start += n
+        vectors = np.asarray(rows, np.float32).reshape(-1, width)
+        return dataclasses.replace(res, embeddings=vectors)
+
+    p = prompt(17)  # a last chunk of one token
+    sched.add_request(make_request("last", p, max_tokens=0, embed="last"))
+    sched.add_request(make_request("mean", p, max_tokens=0, embed="mean"))
+    got: dict[str, np.ndarray] = {}
+    collected = Collected()
+    results: list = []
+    for _ in range(200):
+        if not (sched.has_work() or sched.inflight):
+            break
+        while (fb := sched.next_batch()) is not None:
+            results.append(step(fb))
+        tb = sched.on_result(results.pop(0))
+        collected.add(tb)
+        if tb is not None:
+            got.update(zip(tb.embedding_rids, tb.embeddings, strict=True))
+    assert got["last"].tolist() == [16, 16, 1]  # the prompt's last token, from its last chunk
+    # mean: every position 0..16 summed once over the chunks, divided by the prompt length
+    mean = got["mean"].tolist()
+    assert (mean[0], mean[2]) == pytest.approx((np.arange(17).mean(), 1.0))
+    assert sched.retracted_total == 0
+    assert collected.finish[("last", 0)] == ["length"] == collected.finish[("mean", 0)]
+    assert "last" not in sched.requests and not sched.has_work()
     sched.check_invariant()

@@ -3,7 +3,9 @@
 1. hostile HTTP traffic: the API fuzzed from its OpenAPI description (schemathesis), bounded
    in time; no 5xx but 503/504, no process dies, and once idle the KV page invariant holds
    with no page held;
-2. kill -9 of each process kind while requests stream (the restart policy): every request
+2. an overload burst (BURST requests at once, more than --max-concurrent-requests): each is
+   answered, 200 or 429/503 with Retry-After, none is lost;
+3. kill -9 of each process kind while requests stream (the restart policy): every request
    ends -- completed, or answered with an explicit error (an SSE error event, an HTTP error
    status, or the connection of a dead server closing); none is left waiting -- and the engine
    serves again without the operator (the worker and the scheduler reload the weights).
@@ -36,6 +38,7 @@ from tessera.server.openapi import openapi_document
 pytestmark = pytest.mark.integration
 
 STREAMS = 3
+BURST, MAX_CONCURRENT = 200, 32
 STALL_S = 90.0  # no request moved this long: those not ended are lost
 DEADLINE_S = 600.0  # for the engine to serve again (a weights reload on a busy machine)
 
@@ -73,6 +76,7 @@ def engine() -> Iterator[Engine]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tessera.bus.launcher", "--port", str(port), "--run-dir",
          run_dir, "--max-total-tokens", "8192", "--context-length", "512",
+         "--max-concurrent-requests", str(MAX_CONCURRENT),
          "--heartbeat-interval-s", "0.2",
          "--heartbeat-timeout-s", "10", "--restart-backoff-s", "0.2",
          "--log-level", "info"],
@@ -225,6 +229,41 @@ def test_after_the_fuzz_no_process_died_and_no_kv_page_leaked(engine: Engine) ->
                       "statuses": {str(c): FUZZ_CALLS.count(c) for c in sorted(set(FUZZ_CALLS))},
                       "kv_invariant_ok": stats["kv_invariant_ok"],
                       "kv_pages_running": stats["kv_pages_running"]}))
+
+
+def burst_request(port: int, results: list[tuple[int, str]]) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=DEADLINE_S)
+    try:
+        conn.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
+                     body=json.dumps({"prompt": "Once upon a time", "max_tokens": 8}))
+        resp = conn.getresponse()
+        resp.read()
+        results.append((resp.status, resp.getheader("Retry-After") or ""))
+    except OSError as exc:
+        results.append((0, type(exc).__name__))
+    finally:
+        conn.close()
+
+
+def test_an_overload_burst_is_answered_and_nothing_is_lost(engine: Engine) -> None:
+    results: list[tuple[int, str]] = []
+    threads = [threading.Thread(target=burst_request, args=(engine.port, results), daemon=True)
+               for _ in range(BURST)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE_S)
+    statuses = sorted({status for status, _ in results})
+    summary = {"burst": BURST, "answered": len(results),
+               "statuses": {str(s): sum(r[0] == s for r in results) for s in statuses},
+               "seconds": round(time.monotonic() - started, 1)}
+    print(json.dumps(summary))
+    assert len(results) == BURST, summary  # none lost
+    assert set(statuses) <= {200, 429, 503}, summary
+    assert all(int(retry) >= 1 for status, retry in results if status in (429, 503))
+    assert sum(status == 200 for status, _ in results) >= MAX_CONCURRENT
+    assert all(p["restarts"] == 0 for p in engine.status().values())
 
 
 @pytest.mark.parametrize("victim", ["tokenizer0", "detokenizer", "server", "scheduler",

@@ -1,0 +1,45 @@
+"""What start-up captures: only step shapes that can occur, with the garbage collector quiet.
+
+A decode batch holds at most --max-running-requests requests, --cuda-graph-max-bs, what the
+plugin can capture, and one request per KV page (each running request writes into a page of
+its own; page 0 is reserved). A prefill or mixed step holds at most the prefill chunk plus one
+token per running request (--chunked-prefill-size + --max-running-requests; unbounded without
+chunking), --graph-max-tokens, and the KV slots there are. Graphs for larger shapes would never
+replay: capturing them only costs start-up time and graph memory.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tessera.config import EngineConfig
+
+
+def decode_batch_limit(config: EngineConfig, plugin_max_batch: int | None,
+                       num_pages: int) -> int:
+    return max(0, min(config.cuda_graph_max_bs, config.max_running_requests,
+                      plugin_max_batch or config.cuda_graph_max_bs, num_pages - 1))
+
+
+def mixed_token_limit(config: EngineConfig, num_slots: int) -> int:
+    limit = min(config.graph_max_tokens, num_slots)
+    if config.chunked_prefill_size > 0:
+        limit = min(limit, config.chunked_prefill_size + config.max_running_requests)
+    return max(0, limit)
+
+
+@contextmanager
+def quiet_gc() -> Iterator[None]:
+    """Collect once, then keep the collector off while graphs are captured: a collection in
+    the middle of a capture walks every Python object for nothing (and may free a tensor
+    another graph still holds), and a loop of captures triggers many."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
