@@ -155,9 +155,12 @@ class EngineProcesses:
 
 def _watch_parent() -> None:
     """Stop the engine when the parent goes away (its end of our stdin closes)."""
+    # The raw descriptor, not sys.stdin: a daemon thread blocked inside the buffered reader
+    # holds its lock, and the interpreter's exit then aborts trying to take it.
     try:
-        sys.stdin.buffer.read()
-    except (OSError, ValueError):
+        while os.read(0, 65536):
+            pass
+    except OSError:
         pass
     os.kill(os.getpid(), signal.SIGTERM)
 
