@@ -81,7 +81,7 @@ class Scheduler:
         self.seq_of_row: list[Sequence | None] = [None] * n_rows
         self.rid_of_row: list[str] = [""] * n_rows
         self.by_priority = c.schedule_policy == "priority"
-        self.waiting = WaitingQueue(self.by_priority)
+        self.waiting = WaitingQueue(self.by_priority, by_prefix=c.schedule_policy == "lpm")
         self.planner = Planner(self)
         self.limits = Limits(c, self.allocator.total_pages)
         self.requests: dict[str, Request] = {}

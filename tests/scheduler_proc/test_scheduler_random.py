@@ -136,9 +136,10 @@ def test_random_schedule_without_radix_cache() -> None:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(page_size=st.sampled_from([1, 2, 4, 16]), chunk=st.sampled_from([0, 1, 7, 64]),
        extra_pages=st.integers(0, 40), rows=st.integers(1, 6), overlap=st.booleans(),
-       priority=st.booleans(), disable_cache=st.booleans(), seed=st.integers(0, 2**16))
+       policy=st.sampled_from(["fcfs", "priority", "lpm"]), disable_cache=st.booleans(),
+       seed=st.integers(0, 2**16))
 def test_any_configuration_finishes_every_request_correctly(
-        page_size: int, chunk: int, extra_pages: int, rows: int, overlap: bool, priority: bool,
+        page_size: int, chunk: int, extra_pages: int, rows: int, overlap: bool, policy: str,
         disable_cache: bool, seed: int) -> None:
     """Tiny pools (down to one request's worth), any chunk size, page size, row count."""
     rng = np.random.default_rng(seed)
@@ -149,7 +150,7 @@ def test_any_configuration_finishes_every_request_correctly(
                           max_context_len=ctx, max_running_requests=rows,
                           chunked_prefill_size=chunk, eos_token_ids=(EOS,), overlap=overlap,
                           disable_radix_cache=disable_cache,
-                          schedule_policy="priority" if priority else "fcfs",
+                          schedule_policy=policy,
                           debug_invariants=True)
     sched = Scheduler(cfg)
     worker = FakeWorker(sched)
