@@ -111,7 +111,15 @@ class Planner:
         if not rows.shape[0]:
             return rows
         total = st.n_known[rows] + st.pending[rows]
-        ready = (st.kv_len[rows] == total - 1) & (total < st.max_total[rows])
+        decoding = st.kv_len[rows] == total - 1  # the prompt is in KV (token in flight or not)
+        ready = decoding & (total < st.max_total[rows])
+        if not s.chain:
+            # Batches in flight are independent: a row waits for its token to come back, and
+            # each batch takes its share of the decoding rows, so every stage has work.
+            ready &= st.pending[rows] == 0
+            chosen = rows[ready]
+            share = -(-int(decoding.sum()) // s.depth)
+            return chosen[:share]
         if s.depth > 1:
             # Penalties need the full history; the token in flight is not known yet.
             ready &= ~(st.has_penalty[rows] & (st.pending[rows] > 0))

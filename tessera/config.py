@@ -173,6 +173,14 @@ class EngineConfig(BatchingConfig):
     ep_size: int = _opt(1, "expert parallelism for Mixture-of-Experts layers: the TP ranks "
                         "form ep_size groups, each holding 1/ep_size of the experts (whole "
                         "experts when ep_size == tp_size); must divide --tp-size")
+    pp_size: int = _opt(1, "pipeline-parallel stages: the layers are split into pp_size "
+                        "stages of equal length, each served by --tp-size worker processes; "
+                        "several batches are in flight so that stages do not idle")
+    all_reduce_one_shot_max_kb: int = _opt(
+        4096, "tensor-parallel all-reduces of at most this many KiB take the plugin's "
+        "one-shot path over peer memory where it offers one (cuda: torch symmetric memory, "
+        "checked against NCCL at start-up); larger ones, and all of them at 0, go through "
+        "the collective library")
     graph_max_tokens: int = _opt(1024, "largest prefill or mixed step (in tokens) replayed "
                                  "from a captured graph; larger ones run eagerly (0: capture "
                                  "decode steps only)")
@@ -240,9 +248,17 @@ class EngineConfig(BatchingConfig):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
                                  f"{getattr(self, name)!r}")
+        if self.all_reduce_one_shot_max_kb < 0:
+            raise ValueError(f"all_reduce_one_shot_max_kb must be 0 (off) or positive, got "
+                             f"{self.all_reduce_one_shot_max_kb}")
         if self.intra_op_threads < 0:
             raise ValueError(f"intra_op_threads must be 0 (automatic) or positive, got "
                              f"{self.intra_op_threads}")
+
+    @property
+    def world_size(self) -> int:
+        """Worker processes of the engine: one per (pipeline stage, tensor-parallel rank)."""
+        return self.tp_size * self.pp_size
 
     @property
     def allowed_special(self) -> frozenset[str]:

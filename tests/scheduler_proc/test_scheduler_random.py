@@ -56,7 +56,7 @@ def run_schedule(seed: int, overlap: bool, num_pages: int, n_requests: int = 60,
                           disable_radix_cache=disable_cache, debug_invariants=True,
                           **config)  # type: ignore[arg-type]
     sched = Scheduler(cfg)
-    worker = worker_class(sched, model=model)
+    worker = worker_class(sched, model=model, refer_back=not config.get("batches_in_flight"))
     got = Collected()
     bases = [rng.integers(1, VOCAB, size=int(rng.integers(8, 60))).astype(np.int32)
              for _ in range(3)]
@@ -118,6 +118,14 @@ def test_random_schedule_with_memory_pressure(seed: int, overlap: bool) -> None:
 def test_random_schedule_roomy_pool_never_retracts(overlap: bool) -> None:
     sched = run_schedule(7, overlap, num_pages=2000, n_requests=30)
     assert sched.retracted_total == 0
+
+
+@pytest.mark.parametrize("batches", [2, 3])
+def test_random_schedule_with_pipeline_batches_in_flight(batches: int) -> None:
+    """Pipeline stages: several independent batches in flight, none referring to a token
+    still in flight (the fake worker refuses a -1 input), every output still exact."""
+    sched = run_schedule(5, True, num_pages=48, batches_in_flight=batches)
+    assert sched.retracted_total > 0
 
 
 def test_random_schedule_without_radix_cache() -> None:
