@@ -89,7 +89,7 @@ class ModelRunner:
                  files: ModelFiles | None = None) -> None:
         self.config, self.rank, self.platform = config, rank, platform
         self.communicator = communicator
-        self.device = platform.device(rank)
+        self.device = platform.device(config.device_index(rank))
         self.dtype = serving_dtype(config, platform)
         # Seconds of each start-up phase (bus/startup.py): weights, kv_arena, graph_capture.
         self.phases: dict[str, float] = {}

@@ -62,6 +62,7 @@ class WorkerProcess(BusProcess):
 
         wait_policy = host_threads.set_wait_policy()  # before torch is imported
         from tessera.hal.registry import load_platform
+        from tessera.worker_proc.dist_init import communicator_args
         from tessera.worker_proc.model_runner import ModelRunner
         from tessera.worker_proc.page_table import AttachedPageTable
 
@@ -77,8 +78,9 @@ class WorkerProcess(BusProcess):
         start = time.perf_counter()
         platform = load_platform(cfg.hal)
         if cfg.tp_size > 1:
-            init = f"file://{self.paths.tp_rendezvous}"
-            self.communicator = platform.create_communicator(self.rank, cfg.tp_size, init)
+            how = communicator_args(cfg, self.rank, self.paths)
+            self.communicator = platform.create_communicator(self.rank, cfg.tp_size,
+                                                             how.init_method, **how.extra)
         platform_s = time.perf_counter() - start
         self.runner = ModelRunner(cfg, self.rank, platform, self.communicator)
         self.runner.phases = {"platform": platform_s, **self.runner.phases}
