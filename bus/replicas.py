@@ -79,7 +79,7 @@ def replica_argv(argv: list[str], config: ServerConfig, index: int, port: int) -
     """The user's `tessera serve` flags, then what makes replica `index` one engine of its own
     (argparse keeps the last value of a flag given twice)."""
     own = ["--dp-size", "1", "--host", "127.0.0.1", "--port", str(port),
-           "--base-device-id", str(config.base_device_id + index * config.tp_size)]
+           "--base-device-id", str(config.base_device_id + index * config.world_size)]
     if config.run_dir:
         own += ["--run-dir", f"{config.run_dir.rstrip('/')}/replica{index}"]
     return [sys.executable, "-m", "tessera", "serve", *argv, *own]
