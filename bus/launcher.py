@@ -71,8 +71,9 @@ def build_specs(config: ServerConfig, paths: RunPaths) -> list[ProcessSpec]:
     # vocabulary) start while the workers load the model instead of after it, and the
     # scheduler waits for the workers' WorkerReady itself. The server comes last: its
     # warm-up generation needs the whole engine.
+    # One worker per (pipeline stage, tensor-parallel rank): rank = stage * tp_size + tp_rank.
     plan += [(f"worker{r}", "tessera.worker_proc", ["--rank", str(r)], 0, False)
-             for r in range(config.tp_size)]
+             for r in range(config.world_size)]
     plan.append(("scheduler", "tessera.scheduler_proc", [], 0, False))
     plan.append(("detokenizer", "tessera.detokenizer_proc", [], 0, False))
     plan += [(f"tokenizer{i}", "tessera.tokenizer_proc", ["--index", str(i)], 0, False)
@@ -116,6 +117,8 @@ def check_port_free(host: str, port: int) -> str | None:
 def check_config(config: ServerConfig) -> str | None:
     if config.tp_size < 1:
         return f"--tp-size must be at least 1, got {config.tp_size}"
+    if config.pp_size < 1:
+        return f"--pp-size must be at least 1, got {config.pp_size}"
     if config.ep_size < 1 or config.tp_size % config.ep_size:
         return f"--ep-size {config.ep_size} must divide --tp-size {config.tp_size}"
     if config.tokenizer_workers < 1:
@@ -144,6 +147,21 @@ def check_model_files(config: EngineConfig) -> str | None:
     except ModelFormatError as exc:
         return f"{exc}" + coded(MODEL_NOT_FOUND)
     return None
+
+
+def check_split(config: EngineConfig) -> str | None:
+    """An impossible --tp-size / --pp-size / --ep-size for the model, said before anything
+    starts. A model that cannot be opened here is left to the workers, which say why."""
+    from tessera.formats import open_model
+    from tessera.formats.parallel import split_problems
+
+    try:
+        model = open_model(config.model, config.load_format, config.seed).config
+    except Exception as exc:  # noqa: BLE001 - the workers report it with their context
+        log.debug("split check skipped: %s", exc)
+        return None
+    problems = split_problems(model, config.tp_size, config.pp_size, config.ep_size)
+    return "; ".join(problems) if problems else None
 
 
 def ready_banner(config: ServerConfig, children: list[Child], startup: str = "") -> str:
@@ -189,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tessera serve: invalid configuration: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.log_level, "supervisor", config.log_format)
-    problem = check_config(config)
+    problem = check_config(config) or check_split(config)
     if problem:
         print(f"tessera serve: {problem}", file=sys.stderr)
         return 2

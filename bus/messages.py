@@ -402,6 +402,12 @@ class WorkerReady(Message):
     vocab_size: int
     eos_token_ids: list[int] = field(default_factory=list)
     device: str = ""
+    # This rank returns SampledTokens and takes GrammarInit (exactly one rank does).
+    answers: bool = False
+    # 0: one pipeline, the scheduler may send step n+1 before step n's tokens are back and
+    # refer to them (input id -1). N > 0: the workers hold N batches in flight at once
+    # (pipeline stages), and a batch may not refer to a token of a batch still in flight.
+    batches_in_flight: int = 0
 
 
 @register

@@ -27,7 +27,7 @@ from typing import Any
 READY_TIMEOUT_S: dict[str, float] = {"worker": 1800.0, "scheduler": 300.0,
                                      "detokenizer": 300.0, "tokenizer": 600.0,
                                      "server": 1200.0}
-SCHEDULE_POLICIES = ("fcfs", "priority")
+SCHEDULE_POLICIES = ("fcfs", "priority", "lpm")
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
 REASONING_PARSERS = ("qwen3", "deepseek-r1")
 SPECULATIVE_ALGORITHMS = ("none", "ngram", "draft")
@@ -91,8 +91,11 @@ class BatchingConfig:
                                        "eighth of --chunked-prefill-size (0: no limit)")
     max_queued_requests: int = _opt(4096, "waiting requests before new ones get 503")
     disable_radix_cache: bool = _opt(False, "turn off prefix reuse")
-    schedule_policy: str = _opt("fcfs", "fcfs | priority (higher `priority` first, then "
-                                "first come first served)", choices=list(SCHEDULE_POLICIES))
+    schedule_policy: str = _opt("fcfs", "fcfs: first come first served; priority: higher "
+                                "`priority` first, and a request that does not fit pre-empts "
+                                "running ones of lower priority; lpm: the longest prompt "
+                                "prefix already in the radix cache first",
+                                choices=list(SCHEDULE_POLICIES))
     overlap: bool = _opt(True, "build step n+1 while step n runs (--no-overlap: one step at a "
                          "time, for debugging)")
     debug_invariants: bool = _opt(False, "check the KV page invariant after every step (slow)")
@@ -121,7 +124,7 @@ class BatchingConfig:
                              f"at least 1 and at most speculative_ngram_max "
                              f"({self.speculative_ngram_max})")
         if self.schedule_policy not in SCHEDULE_POLICIES:
-            raise ValueError(f"schedule_policy must be fcfs or priority, "
+            raise ValueError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}, "
                              f"got {self.schedule_policy!r}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be at least 1")
@@ -170,6 +173,14 @@ class EngineConfig(BatchingConfig):
     ep_size: int = _opt(1, "expert parallelism for Mixture-of-Experts layers: the TP ranks "
                         "form ep_size groups, each holding 1/ep_size of the experts (whole "
                         "experts when ep_size == tp_size); must divide --tp-size")
+    pp_size: int = _opt(1, "pipeline-parallel stages: the layers are split into pp_size "
+                        "stages of equal length, each served by --tp-size worker processes; "
+                        "several batches are in flight so that stages do not idle")
+    all_reduce_one_shot_max_kb: int = _opt(
+        4096, "tensor-parallel all-reduces of at most this many KiB take the plugin's "
+        "one-shot path over peer memory where it offers one (cuda: torch symmetric memory, "
+        "checked against NCCL at start-up); larger ones, and all of them at 0, go through "
+        "the collective library")
     graph_max_tokens: int = _opt(1024, "largest prefill or mixed step (in tokens) replayed "
                                  "from a captured graph; larger ones run eagerly (0: capture "
                                  "decode steps only)")
@@ -237,9 +248,17 @@ class EngineConfig(BatchingConfig):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
                                  f"{getattr(self, name)!r}")
+        if self.all_reduce_one_shot_max_kb < 0:
+            raise ValueError(f"all_reduce_one_shot_max_kb must be 0 (off) or positive, got "
+                             f"{self.all_reduce_one_shot_max_kb}")
         if self.intra_op_threads < 0:
             raise ValueError(f"intra_op_threads must be 0 (automatic) or positive, got "
                              f"{self.intra_op_threads}")
+
+    @property
+    def world_size(self) -> int:
+        """Worker processes of the engine: one per (pipeline stage, tensor-parallel rank)."""
+        return self.tp_size * self.pp_size
 
     @property
     def allowed_special(self) -> frozenset[str]:
