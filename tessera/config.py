@@ -81,10 +81,10 @@ class BatchingConfig:
     max_running_requests: int = _opt(256, "requests decoded together at most",
                                      aliases=["--max-num-seqs"])
     chunked_prefill_size: int = _opt(2048, "prefill tokens per step at most (0: no chunking)")
-    step_target_ms: float = _opt(1000.0, "while other requests decode or wait, prefill chunks "
-                                 "are cut to about this much work per step at the measured "
-                                 "speed, so a long prompt on a slow device cannot hold them "
-                                 "for tens of seconds (0: --chunked-prefill-size only)")
+    step_target_ms: float = _opt(1000.0, "prefill chunks are cut to about this much work per "
+                                 "step at the measured speed, so a long prompt on a slow "
+                                 "device cannot hold requests that arrive meanwhile for tens "
+                                 "of seconds (0: --chunked-prefill-size only)")
     max_mixed_step_ratio: float = _opt(1.8, "while requests decode, a step that also "
                                        "prefills is sized to take at most this many decode "
                                        "steps at the measured costs, so a prompt never stalls "
