@@ -29,13 +29,14 @@ class NcclCommunicator(TorchDistCommunicator):
     """all_reduce works in place and returns its argument; the others return new tensors."""
 
     def __init__(self, rank: int, world_size: int, init_method: str,
-                 timeout_s: float = 300.0) -> None:
+                 timeout_s: float = 300.0, device_index: int | None = None) -> None:
         self.refuse_if_initialised()
         count = torch.cuda.device_count()
         if count == 0:
             raise RuntimeError("NCCL communicator: no CUDA device is visible")
         disable_multicast()
-        self.device = torch.device("cuda", rank % count)
+        self.device = torch.device("cuda", (rank if device_index is None else device_index)
+                                   % count)
         torch.cuda.set_device(self.device)
         self._one_shot: OneShotAllReduce | None = None
         self._init_group("nccl", rank, world_size, init_method, timeout_s, device_id=self.device)
