@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from tessera.bus.cleanup import remove_run, remove_stale_runs
 from tessera.bus.process import setup_logging
+from tessera.bus.replicas import check_replicas, run_replicas
 from tessera.bus.restarts import RestartPolicy
 from tessera.bus.run_paths import RunPaths
 from tessera.bus.supervisor import Child, ProcessSpec, Supervisor
@@ -50,8 +51,9 @@ def build_specs(config: ServerConfig, paths: RunPaths) -> list[ProcessSpec]:
     # vocabulary) start while the workers load the model instead of after it, and the
     # scheduler waits for the workers' WorkerReady itself. The server comes last: its
     # warm-up generation needs the whole engine.
+    # One worker per (pipeline stage, tensor-parallel rank): rank = stage * tp_size + tp_rank.
     plan += [(f"worker{r}", "tessera.worker_proc", ["--rank", str(r)], 0, False)
-             for r in range(config.tp_size)]
+             for r in range(config.world_size)]
     plan.append(("scheduler", "tessera.scheduler_proc", [], 0, False))
     plan.append(("detokenizer", "tessera.detokenizer_proc", [], 0, False))
     plan += [(f"tokenizer{i}", "tessera.tokenizer_proc", ["--index", str(i)], 0, False)
@@ -89,6 +91,8 @@ def check_port_free(host: str, port: int) -> str | None:
 def check_config(config: ServerConfig) -> str | None:
     if config.tp_size < 1:
         return f"--tp-size must be at least 1, got {config.tp_size}"
+    if config.pp_size < 1:
+        return f"--pp-size must be at least 1, got {config.pp_size}"
     if config.ep_size < 1 or config.tp_size % config.ep_size:
         return f"--ep-size {config.ep_size} must divide --tp-size {config.tp_size}"
     if config.tokenizer_workers < 1:
@@ -101,10 +105,22 @@ def check_config(config: ServerConfig) -> str | None:
         return (f"--restart-max must be at least 1 and --restart-backoff-s, "
                 f"--restart-window-s not negative (got {config.restart_max}, "
                 f"{config.restart_backoff_s}, {config.restart_window_s})")
+    problem = check_replicas(config) or check_nodes(config)
+    if problem:
+        return problem
     if config.heartbeat_timeout_s <= config.heartbeat_interval_s:
         return (f"--heartbeat-timeout-s ({config.heartbeat_timeout_s}) must exceed "
                 f"--heartbeat-interval-s ({config.heartbeat_interval_s})")
     return check_model_files(config)
+
+
+def check_nodes(config: ServerConfig) -> str | None:
+    if config.nnodes < 1 or not 0 <= config.node_rank < config.nnodes:
+        return (f"--node-rank must be in [0, --nnodes) and --nnodes at least 1 (got "
+                f"{config.node_rank} of {config.nnodes})")
+    if config.nnodes > 1:
+        return "--nnodes > 1: several hosts are not served by this version yet"
+    return None
 
 
 def check_model_files(config: EngineConfig) -> str | None:
@@ -117,6 +133,21 @@ def check_model_files(config: EngineConfig) -> str | None:
     except ModelFormatError as exc:
         return f"{exc}" + coded(MODEL_NOT_FOUND)
     return None
+
+
+def check_split(config: EngineConfig) -> str | None:
+    """An impossible --tp-size / --pp-size / --ep-size for the model, said before anything
+    starts. A model that cannot be opened here is left to the workers, which say why."""
+    from tessera.formats import open_model
+    from tessera.formats.parallel import split_problems
+
+    try:
+        model = open_model(config.model, config.load_format, config.seed).config
+    except Exception as exc:  # noqa: BLE001 - the workers report it with their context
+        log.debug("split check skipped: %s", exc)
+        return None
+    problems = split_problems(model, config.tp_size, config.pp_size, config.ep_size)
+    return "; ".join(problems) if problems else None
 
 
 def ready_banner(config: ServerConfig, children: list[Child], startup: str = "") -> str:
@@ -162,10 +193,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tessera serve: invalid configuration: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.log_level, "supervisor", config.log_format)
-    problem = check_config(config)
+    problem = check_config(config) or check_split(config)
     if problem:
         print(f"tessera serve: {problem}", file=sys.stderr)
         return 2
+    if config.dp_size > 1:
+        metrics_port = (config.replica_metrics_port if config.replica_metrics_port is not None
+                        else config.port + 1)
+        problem = (check_port_free(config.host, config.port)
+                   or check_port_free(config.host, metrics_port))
+        if problem:
+            print(f"tessera serve: {problem}", file=sys.stderr)
+            return 2
+        return run_replicas(config, argv)
     return run_supervised(config, env,
                           preflight=lambda: check_port_free(config.host, config.port),
                           launched_at=launched_at, argv=argv)

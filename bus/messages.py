@@ -225,8 +225,10 @@ class SamplingParams:
             if not isinstance(pair, tuple | list) or len(pair) != 2:
                 return "logit_bias must map token ids to numbers"
             token, bias = pair
-            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-                return f"logit_bias keys must be token ids (non-negative integers), got {token!r}"
+            if isinstance(token, bool) or not isinstance(token, int) or \
+                    not 0 <= token <= self.MAX_TOKEN_ID:
+                return f"logit_bias keys must be token ids in [0, {self.MAX_TOKEN_ID}], got " \
+                       f"{token!r}"
             if isinstance(bias, bool) or not isinstance(bias, int | float) or \
                     not -100.0 <= bias <= 100.0:
                 return f"logit_bias values must be numbers in [-100, 100], got {bias!r}"
@@ -435,6 +437,12 @@ class WorkerReady(Message):
     vocab_size: int
     eos_token_ids: list[int] = field(default_factory=list)
     device: str = ""
+    # This rank returns SampledTokens and takes GrammarInit (exactly one rank does).
+    answers: bool = False
+    # 0: one pipeline, the scheduler may send step n+1 before step n's tokens are back and
+    # refer to them (input id -1). N > 0: the workers hold N batches in flight at once
+    # (pipeline stages), and a batch may not refer to a token of a batch still in flight.
+    batches_in_flight: int = 0
 
 
 @register

@@ -30,6 +30,9 @@ class Capabilities:
     dtypes: tuple[str, ...] = ("float32",)  # serving dtypes the plugin supports
     default_dtype: str = "float32"
     max_capture_batch: int = 0
+    # Any number of ranks may share one device (host memory and threads): device_count() is
+    # no limit on --tp-size x --pp-size.
+    devices_shared: bool = False
     communicator_backends: tuple[str, ...] = ()
     # Quantization schemes (hal/quant: fp8, int8, int4) whose `linear` the plugin runs with
     # kernels of its own; see Platform.linear_kernel for the others.
@@ -176,10 +179,36 @@ class HostEvent(Event):
 
 
 class Communicator(ABC):
-    """Collectives among the TP ranks. `world_size == 1` short-circuits every call."""
+    """Collectives among a group of ranks (the tensor-parallel ranks of a stage, or every
+    worker for the pipeline's point-to-point sends). `world_size == 1` short-circuits every
+    call. `rank` and the ranks `send`/`recv` name are ranks within this communicator."""
 
     rank: int
     world_size: int
+
+    def split(self, groups: list[list[int]]) -> Communicator:
+        """The communicator of the group holding this rank. Every rank calls it with the same
+        disjoint `groups` (ranks of this communicator) in the same order; a group's ranks are
+        renumbered 0.. in ascending order (as torch.distributed numbers them). The new communicator is torn down with this one."""
+        mine = [g for g in groups if self.rank in g]
+        if len(mine) != 1 or sorted(r for g in groups for r in g) != list(range(self.world_size)):
+            raise ValueError(f"split: groups {groups} must cover ranks 0..{self.world_size - 1} "
+                             f"once each")
+        if mine[0] == list(range(self.world_size)):
+            return self
+        raise NotImplementedError(f"{type(self).__name__} cannot be split into groups")
+
+    def configure(self, *, one_shot_max_bytes: int, dtype: torch.dtype) -> str:
+        """Engine hints, called by every rank of the group at the same point after creation:
+        all-reduces of `dtype` up to `one_shot_max_bytes` may take a faster path the plugin
+        offers (a collective set-up). Returns what was chosen, for the log."""
+        del one_shot_max_bytes, dtype
+        return "default collectives"
+
+    def abort(self) -> None:
+        """Leave the group at once, even with collectives a peer will never join (shutdown
+        while a step is half done). By default the same as destroy()."""
+        self.destroy()
 
     @abstractmethod
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor: ...
@@ -226,6 +255,11 @@ class Platform(ABC):
     @abstractmethod
     def synchronize(self) -> None: ...
 
+    def device_count(self) -> int:
+        """Devices this plugin can place ranks on (one worker rank per device, unless
+        `Capabilities.devices_shared`)."""
+        return 1
+
     @abstractmethod
     def mem_get_info(self) -> tuple[int, int]:
         """(free, total) bytes of the memory the KV arena is carved from."""
@@ -251,7 +285,11 @@ class Platform(ABC):
 
     @abstractmethod
     def create_communicator(self, rank: int, world_size: int, init_method: str,
-                            loopback: bool = False) -> Communicator: ...
+                             loopback: bool = False,
+                             device_index: int | None = None) -> Communicator:
+        """`device_index`: the device this rank's tensors live on when it is not
+        `device(rank)` (a second replica, a rank of another node); None: `device(rank)`.
+        Callers pass it only when it differs, so a plugin may leave it out."""
 
     # --- streams, events, copies, profiling: defaults for a synchronous host-memory plugin ---
     def create_event(self) -> Event:

@@ -9,15 +9,18 @@ In order, every step:
   2. prefill chunks of sequences admitted earlier, under the token budget
      (`Planner.token_budget`: chunked_prefill_size; while streams decode, what keeps
      the step within max_mixed_step_ratio decode steps at the measured costs; about
-     step_target_ms of work when others decode or wait; decodes do not count against it,
-     they are planned first and never wait for a prefill). While requests
+     step_target_ms of work, as a request may arrive during any step; decodes do not count
+     against it, they are planned first and never wait for a prefill). While requests
      wait, these chunks take at most half the budget: a long prompt shares its steps with
      new arrivals instead of holding them until its last chunk;
   3. admission: waiting sequences in policy order take a row, their cached prefix (locked)
      and a first chunk, while budget, rows and pages last. A page of headroom per running
      sequence is kept back so that new arrivals do not force retractions at once. A sequence
      whose first page is being computed right now by another one (same tokens, not cached
-     yet) waits a step or two and then reuses it instead of computing it again.
+     yet) waits a step or two and then reuses it instead of computing it again. With lpm
+     the queue is re-ranked by cached prefix first (`policy.py`).
+Before all that, with the priority policy, a waiting sequence that has no place or memory
+takes those of running sequences of lower priority: they are retracted (`_preempt`).
 Pages and page-table slots are written here, before the batch is sent. The planner works on
 the parts it is given (rows, KV pool, waiting queue, running set) and returns a `StepPlan`;
 the scheduler builds the batch from it and keeps the metrics.
@@ -33,7 +36,7 @@ from tessera.scheduler_proc import speculation
 from tessera.scheduler_proc.batch import Chunk
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.kv_pool import KVPool
-from tessera.scheduler_proc.policy import WaitingQueue
+from tessera.scheduler_proc.policy import WaitingQueue, preemption_victim
 from tessera.scheduler_proc.request import Sequence
 from tessera.scheduler_proc.running import RunningSet
 from tessera.scheduler_proc.speculation import Drafts, Speculation
@@ -79,24 +82,57 @@ class Planner:
     def token_budget(self, decoding: bool) -> int:
         """Prefill tokens this step may compute (`step_cost.py`): --chunked-prefill-size;
         while streams decode, what keeps the step within --max-mixed-step-ratio decode steps
-        (at least an eighth of the chunk size, so arrivals are not starved); while other
-        requests decode or wait, about --step-target-ms of work at the measured speed."""
+        (at least an eighth of the chunk size, so arrivals are not starved); about
+        --step-target-ms of work at the measured speed (whoever arrives meanwhile waits for
+        this step)."""
         c = self.config
         cap = c.chunked_prefill_size or (1 << 30)
         return self.step_cost.prefill_budget(
-            decoding=decoding, others_waiting=len(self.running) > 1 or bool(self.waiting),
-            cap=cap, min_tokens=max(self.page_size, cap // 8), floor=self.page_size,
+            decoding=decoding, cap=cap, min_tokens=max(self.page_size, cap // 8),
+            floor=self.page_size,
             max_mixed_step_ratio=c.max_mixed_step_ratio, step_target_ms=c.step_target_ms)
 
     def plan(self, step: int) -> StepPlan:
         """The work of step number `step`."""
+        preempted = self._preempt() if self.running.by_priority else 0
         rows, inputs, retracted, drafts = self._plan_decodes(step)
-        plan = StepPlan(rows, inputs, retracted=retracted, drafts=drafts)
+        plan = StepPlan(rows, inputs, retracted=preempted + retracted, drafts=drafts)
         budget = self.token_budget(decoding=rows.shape[0] > 0)
         share = max(self.page_size, budget // 2) if self.waiting else budget
         plan.chunks, left = self._plan_prefills(min(share, budget))
         self._admit(plan, left + budget - min(share, budget))
         return plan
+
+    def _preempt(self) -> int:
+        """Priority policy: while the first waiting sequence has no row or no memory for its
+        first chunk, retract running sequences of lower priority (lowest first). Done before
+        the decodes are planned, so a retracted sequence is in no part of this step. Returns
+        how many were retracted."""
+        running, retracted = self.running, 0
+        while (head := self.waiting.peek()) is not None:
+            victim = preemption_victim(head, running.seqs.values())
+            if victim is None or self._fits(head):
+                break
+            running.retract(victim)
+            retracted += 1
+        return retracted
+
+    def _fits(self, seq: Sequence) -> bool:
+        """Would admission take `seq`: a place among the running sequences, and pages for
+        its first chunk beyond the headroom kept for them? (A row a retracted sequence left
+        comes free once the steps in flight are back: it counts as free. A sequence waiting
+        for a first page that another one is computing gains nothing from memory: it fits.)"""
+        running, ps = self.running, self.page_size
+        if len(running) >= self.config.max_running_requests:
+            return False
+        cached = self.kv.matched_tokens(seq.tokens)
+        key = self._first_page(seq)
+        if not cached and key is not None and key in running.prefixes:
+            return True
+        budget = self.token_budget(decoding=bool(running))
+        chunk = min(int(seq.tokens.shape[0]) - cached, max(ps, budget // 2))
+        need = -(-chunk // ps)
+        return self.kv.available() - len(running) >= need
 
     def _decode_ready(self) -> np.ndarray:
         st = self.st
@@ -104,8 +140,17 @@ class Planner:
         if not rows.shape[0]:
             return rows
         total = st.n_known[rows] + st.pending[rows]
-        ready = (st.kv_len[rows] == total - 1) & (total < st.max_total[rows])
-        if self.config.overlap:
+        decoding = st.kv_len[rows] == total - 1  # the prompt is in KV (token in flight or not)
+        ready = decoding & (total < st.max_total[rows])
+        depth = self.config.steps_in_flight
+        if not self.config.chained:
+            # Batches in flight are independent: a row waits for its token to come back, and
+            # each batch takes its share of the decoding rows, so every stage has work.
+            ready &= st.pending[rows] == 0
+            chosen = rows[ready]
+            share = -(-int(decoding.sum()) // depth)
+            return chosen[:share]
+        if depth > 1:
             # Penalties need the full history; the token in flight is not known yet.
             ready &= ~(st.has_penalty[rows] & (st.pending[rows] > 0))
         return rows[ready]
@@ -249,6 +294,8 @@ class Planner:
         kv, waiting, running = self.kv, self.waiting, self.running
         limit = self.config.max_running_requests
         deferred: list[Sequence] = []
+        if budget > 0 and running.row_pool.free_rows and len(running) < limit:
+            waiting.rank(kv.matched_tokens)
         while budget > 0 and running.row_pool.free_rows and len(running) < limit:
             seq = waiting.peek()
             if seq is None:

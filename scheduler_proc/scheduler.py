@@ -13,7 +13,9 @@ Each step: decodes of every running sequence (retracting the youngest when pages
 then the prefill chunks of sequences already admitted, then new sequences, under the token
 budget `chunked_prefill_size`. With `overlap`, step n+1 is built and sent before step n's
 result is read: decodes use input id -1 ("what this row sampled last"), and a finish is seen
-one step late (the extra token is dropped).
+one step late (the extra token is dropped). When the workers hold several batches in flight
+(`batches_in_flight`, one per pipeline stage), a row decodes again only once its last token is
+back, and the decoding rows are spread over the batches in flight, so the stages all work.
 
 Page invariant (`check_invariant`): every usable page is exactly one of free, held by a
 running sequence (its own pages, or a cache page on a path it locks), or held only by the
@@ -73,7 +75,7 @@ class Scheduler:
         self.allocator = self.kv.allocator
         self.cache = self.kv.cache
         by_priority = c.schedule_policy == "priority"
-        self.waiting = WaitingQueue(by_priority)
+        self.waiting = WaitingQueue(by_priority, by_prefix=c.schedule_policy == "lpm")
         self.running = RunningSet(self.st, self.kv, self.waiting, by_priority)
         self.step_cost = StepCost()  # decode step and prefill token, measured
         proposer = make_proposer(c, self.st)
@@ -83,7 +85,7 @@ class Scheduler:
         self.limits = Limits(c, self.allocator.total_pages)
         self.requests: dict[str, Request] = {}
         self.inflight: deque[InFlight] = deque()
-        self.depth = 2 if c.overlap else 1
+        self.depth = c.steps_in_flight
         self._out = OutputBuilder()
         self._errors: list[ErrorReply] = []
         self._step = 0

@@ -27,7 +27,9 @@ NON_HAL = ("bus", "client", "detokenizer_proc", "formats", "scheduler_proc", "se
 CHIP_NAME = re.compile(r"\b(cuda|cpu|triton|nvidia|nccl|gloo|nvtx|rocm|hip|xpu|mps)\b",
                        re.IGNORECASE)
 CHIP_API = re.compile(r"torch\.cuda|\.is_cuda\b|device\.type\b|\bimport triton\b|"
-                      r"platform\.name\s*[!=]=")
+                      r"platform\.name\s*[!=]=|\)\.type\s*[!=]=|pin_memory")
+# The worker uses the Platform contract as declared: it does not probe a plugin for methods.
+PROBE = re.compile(r"\b(hasattr|getattr)\((self\.)?(platform|runner|plugin)\b")
 
 
 def sources(package: str) -> list[Path]:
@@ -64,6 +66,10 @@ def test_hal_never_imports_the_bus_or_a_process() -> None:
 
 def test_the_worker_names_no_chip() -> None:
     assert offenders("worker_proc", CHIP_NAME) == []
+
+
+def test_the_worker_probes_no_plugin() -> None:
+    assert offenders("worker_proc", PROBE) == []
 
 
 @pytest.mark.parametrize("package", NON_HAL)

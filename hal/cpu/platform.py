@@ -34,6 +34,7 @@ class CpuPlatform(OpTablePlatform):
         dtypes=("float32", "bfloat16"),
         default_dtype="float32",
         max_capture_batch=0,
+        devices_shared=True,
         communicator_backends=("gloo",),
         quant_schemes=("fp8", "int8", "int4"),
         kv_cache_dtypes=("fp8_e4m3",),
@@ -73,7 +74,8 @@ class CpuPlatform(OpTablePlatform):
         return None
 
     def create_communicator(self, rank: int, world_size: int, init_method: str,
-                            loopback: bool = False) -> Communicator:
+                            loopback: bool = False,
+                            device_index: int | None = None) -> Communicator:
         local = make_local_communicator(rank, world_size, loopback)
         if local is not None:
             return local
