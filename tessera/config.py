@@ -242,9 +242,9 @@ class EngineConfig(BatchingConfig):
                                     "failure in the window, up to 30 s")
     step_timeout_s: float = _opt(120.0, "a worker step unanswered this long fails its "
                                  "requests with 503 (the engine stays up)")
-    profile_ranges: bool = _opt(False, "mark the phases of each worker step (inputs, forward, "
-                                "sample, copy-out) for the chip's profiler: NVTX ranges on "
-                                "cuda, none on cpu")
+    profile_ranges: bool = _opt(False, "mark the phases of each worker step (inputs, draft, "
+                                "forward, sample, copy-out) as ranges of the plugin's profiler "
+                                "(a no-op where the chip has none)")
     speculative_draft_model: str | None = _opt(
         None, "--speculative-algorithm draft: the draft model (a folder or .gguf of a smaller "
         "model with the target's vocabulary), loaded by every worker rank beside the target "

@@ -381,14 +381,14 @@ class ModelRunner:
                 else:
                     inputs.hidden_in, inputs.residual_in = self.pipeline.receive(
                         inputs.num_tokens)
+                if self.stage.is_last:
+                    verify = plan_verify(batch, self.platform, self.device)
+                    scored = with_score_rows(batch, inputs, self.platform, self.device)
             if not self.stage.is_last:
                 assert self.pipeline is not None
                 with torch.inference_mode(), phase("forward"):
                     self.pipeline.send(*self.forward_hidden(inputs))
                 return PendingStep(batch.step, None, start)
-            with phase("inputs"):
-                verify = plan_verify(batch, self.platform, self.device)
-                scored = with_score_rows(batch, inputs, self.platform, self.device)
             if self.draft is not None:  # its KV for every token; the proposals it is asked for
                 with phase("draft"):
                     self.draft.step(batch, inputs, req_to_token)
