@@ -28,7 +28,7 @@ REQUIRED_FIGURES: dict[str, tuple[str, ...]] = {
     "B2": ("output_tok_per_s", "roofline_bound_tok_per_s", "roofline_fraction"),
     "B3": ("tiers",),
     "B4": ("cache_hit_rate", "ideal_hit_rate", "speedup_vs_no_cache"),
-    "B5": (),
+    "B5": ("tp2_b1_ratio", "tp2_b2_ratio", "pp2_b2_ratio"),
     "B8": ("fraction_of_plain", "plain", "grammar"),
     "B10": ("ready_s", "phases"),
     "B11": ("decode_ms_per_step", "roofline_fraction", "moe_gemm_fraction_of_dense"),

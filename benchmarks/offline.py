@@ -7,7 +7,8 @@ The roofline bound is computed for the steps the run made: from the scheduler's 
 when it exports them (forward_tokens_total, kv_tokens_read_total, attended_positions_total),
 else by replaying its policy over this workload (`roofline.simulate_steps`, with the engine's
 max running requests, chunk size and KV capacity). Bandwidth and matmul peak are measured
-before the engine starts (`device_probe`) unless given.
+before the engine starts (`device_probe`) unless given, per device; the bound sums them over
+the --tp-size x --pp-size devices (every stage works on a batch of its own).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import os
 import sys
 import time
+from contextlib import nullcontext
 from typing import Any
 
 from tessera.benchmarks import plots
@@ -31,6 +33,7 @@ from tessera.benchmarks.roofline import (
     Device,
     ModelCost,
     RooflineResult,
+    parallel_devices,
     roofline,
     roofline_from_totals,
     simulate_steps,
@@ -68,7 +71,9 @@ def run_bound(cost: ModelCost, device: Device, reqs: list[BenchRequest], before:
     return roofline(cost, steps, device), "replayed schedule", len(steps)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, llm: Any = None) -> int:
+    """`llm`: an engine already started with these engine flags (tessera bench b5 runs B1 and
+    B2 on one), used and left running; else one is started for this run and stopped."""
     p = argparse.ArgumentParser(prog="tessera bench offline", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_args(p)
@@ -87,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
     params = [SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True)
               for r in reqs]
-    with LLM(**kwargs) as llm:
+    with nullcontext(llm) if llm is not None else LLM(**kwargs) as llm:
         llm.generate([reqs[0].prompt_ids[:16]], SamplingParams(max_tokens=4, ignore_eos=True),
                      use_tqdm=False)  # warm-up: first-use costs stay out of the figure
         before = scheduler_stats(llm)
@@ -103,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     if after.get("kv_pages_total"):
         kv_capacity = int(after["kv_pages_total"]) * engine.page_size
     cost = ModelCost.of(mconf, dtype)
-    bound, steps_source, steps = run_bound(cost, device, reqs, before, after, engine,
-                                           kv_capacity)
+    devices = parallel_devices(engine.tp_size, engine.pp_size, stages_overlap=True)
+    bound, steps_source, steps = run_bound(cost, device.times(devices), reqs, before, after,
+                                           engine, kv_capacity)
     tok_s = out_tokens / wall
     bound_tok_s = bound.tok_per_s(out_tokens)
     print(f"[bench] B2: {tok_s:.1f} output tok/s; roofline bound {bound_tok_s:.1f} tok/s "
@@ -128,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             "weight_bytes": cost.weight_bytes, "kv_bytes_per_token": cost.kv_bytes_per_token,
             "bandwidth_gbps": device.bandwidth_gbps, "peak_tflops": device.peak_tflops,
             "bandwidth_source": source["bandwidth"], "peak_source": source["peak"],
-            "kv_capacity_tokens": kv_capacity,
+            "kv_capacity_tokens": kv_capacity, "devices": devices,
         },
         "scheduler_stats": after,
     }

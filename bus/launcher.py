@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tessera.bus.cleanup import remove_run, remove_stale_runs
 from tessera.bus.process import setup_logging
+from tessera.bus.replicas import check_replicas, run_replicas
 from tessera.bus.restarts import RestartPolicy
 from tessera.bus.run_paths import RunPaths
 from tessera.bus.supervisor import Child, ProcessSpec, Supervisor
@@ -131,10 +132,22 @@ def check_config(config: ServerConfig) -> str | None:
         return (f"--restart-max must be at least 1 and --restart-backoff-s, "
                 f"--restart-window-s not negative (got {config.restart_max}, "
                 f"{config.restart_backoff_s}, {config.restart_window_s})")
+    problem = check_replicas(config) or check_nodes(config)
+    if problem:
+        return problem
     if config.heartbeat_timeout_s <= config.heartbeat_interval_s:
         return (f"--heartbeat-timeout-s ({config.heartbeat_timeout_s}) must exceed "
                 f"--heartbeat-interval-s ({config.heartbeat_interval_s})")
     return check_model_files(config)
+
+
+def check_nodes(config: ServerConfig) -> str | None:
+    if config.nnodes < 1 or not 0 <= config.node_rank < config.nnodes:
+        return (f"--node-rank must be in [0, --nnodes) and --nnodes at least 1 (got "
+                f"{config.node_rank} of {config.nnodes})")
+    if config.nnodes > 1:
+        return "--nnodes > 1: several hosts are not served by this version yet"
+    return None
 
 
 def check_model_files(config: EngineConfig) -> str | None:
@@ -211,6 +224,15 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"tessera serve: {problem}", file=sys.stderr)
         return 2
+    if config.dp_size > 1:
+        metrics_port = (config.replica_metrics_port if config.replica_metrics_port is not None
+                        else config.port + 1)
+        problem = (check_port_free(config.host, config.port)
+                   or check_port_free(config.host, metrics_port))
+        if problem:
+            print(f"tessera serve: {problem}", file=sys.stderr)
+            return 2
+        return run_replicas(config, argv)
     return run_supervised(config, env,
                           preflight=lambda: check_port_free(config.host, config.port),
                           launched_at=launched_at, argv=argv)

@@ -225,8 +225,10 @@ class SamplingParams:
             if not isinstance(pair, tuple | list) or len(pair) != 2:
                 return "logit_bias must map token ids to numbers"
             token, bias = pair
-            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-                return f"logit_bias keys must be token ids (non-negative integers), got {token!r}"
+            if isinstance(token, bool) or not isinstance(token, int) or \
+                    not 0 <= token <= self.MAX_TOKEN_ID:
+                return f"logit_bias keys must be token ids in [0, {self.MAX_TOKEN_ID}], got " \
+                       f"{token!r}"
             if isinstance(bias, bool) or not isinstance(bias, int | float) or \
                     not -100.0 <= bias <= 100.0:
                 return f"logit_bias values must be numbers in [-100, 100], got {bias!r}"

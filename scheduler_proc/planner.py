@@ -9,8 +9,8 @@ In order, every step:
   2. prefill chunks of sequences admitted earlier, under the token budget
      (`Scheduler.step_token_budget`: chunked_prefill_size; while streams decode, what keeps
      the step within max_mixed_step_ratio decode steps at the measured costs; about
-     step_target_ms of work when others decode or wait; decodes do not count against it,
-     they are planned first and never wait for a prefill). While requests
+     step_target_ms of work, as a request may arrive during any step; decodes do not count
+     against it, they are planned first and never wait for a prefill). While requests
      wait, these chunks take at most half the budget: a long prompt shares its steps with
      new arrivals instead of holding them until its last chunk;
   3. admission: waiting sequences in policy order take a row, their cached prefix (locked)

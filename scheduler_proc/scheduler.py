@@ -430,13 +430,14 @@ class Scheduler:
     def step_token_budget(self, decoding: bool) -> int:
         """Prefill tokens this step may compute (`step_cost.py`): --chunked-prefill-size;
         while streams decode, what keeps the step within --max-mixed-step-ratio decode steps
-        (at least an eighth of the chunk size, so arrivals are not starved); while other
-        requests decode or wait, about --step-target-ms of work at the measured speed."""
+        (at least an eighth of the chunk size, so arrivals are not starved); about
+        --step-target-ms of work at the measured speed (whoever arrives meanwhile waits for
+        this step)."""
         c = self.config
         cap = c.chunked_prefill_size or (1 << 30)
         return self.step_cost.prefill_budget(
-            decoding=decoding, others_waiting=len(self.running) > 1 or bool(self.waiting),
-            cap=cap, min_tokens=max(self.page_size, cap // 8), floor=self.page_size,
+            decoding=decoding, cap=cap, min_tokens=max(self.page_size, cap // 8),
+            floor=self.page_size,
             max_mixed_step_ratio=c.max_mixed_step_ratio, step_target_ms=c.step_target_ms)
 
     def _apply_tokens(self, rec: InFlight, res: SampledTokens) -> None:

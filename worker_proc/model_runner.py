@@ -89,6 +89,17 @@ class PendingStep:
         return self.sample is None or self.sample.ready()
 
 
+def draws_agree(batch: ForwardBatch) -> bool:
+    """Whether every tensor-parallel rank samples the same tokens on its own, so that none
+    needs rank 0's: greedy rows only (the logits are all-gathered: every rank holds the same
+    ones, and argmax breaks ties the same way) and no grammar mask (only the answering rank
+    holds the matchers). Known on the host: the check costs no device round trip."""
+    if batch.grammar_ids.shape[0]:
+        return False
+    greedy = (np.asarray(batch.temperature) == 0) | (np.asarray(batch.top_k) == 1)
+    return bool(greedy.all())
+
+
 class ModelRunner:
     """`rank` is the worker's rank among all tp_size x pp_size workers (RankLayout);
     `communicator` its stage's tensor-parallel group, `world` every worker (pipeline sends and
@@ -102,7 +113,7 @@ class ModelRunner:
         self.communicator = communicator
         self.world = world if world is not None else (
             communicator if config.pp_size == 1 else None)
-        self.device = platform.device(rank)
+        self.device = platform.device(config.device_index(rank))
         self.dtype = serving_dtype(config, platform)
         # Seconds of each start-up phase (bus/startup.py): weights, kv_arena, graph_capture.
         self.phases: dict[str, float] = {}
@@ -386,7 +397,7 @@ class ModelRunner:
             else:
                 sample = self.sampler.sample(logits, batch, mask, verify.sel, verify.offset_add)
         tokens = sample.tokens
-        if self.config.tp_size > 1:
+        if self.config.tp_size > 1 and not draws_agree(batch):
             # Unseeded draws may differ between ranks: all adopt their TP rank 0's tokens.
             assert self.communicator is not None
             own = tokens if self.layout.tp_rank == 0 else torch.zeros_like(tokens)
