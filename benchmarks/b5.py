@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import sys
 import traceback
 from dataclasses import dataclass
@@ -106,28 +107,50 @@ def _run_part(bench: Any, argv: list[str], llm: Any) -> str | None:
     return None if not code else f"exit code {code}"
 
 
-def _run_layout(engine_argv: list[str], parts: dict[str, tuple[Any, list[str]]]
-                ) -> dict[str, str]:
+class LayoutTimeout(Exception):
+    """A layout ran past --layout-timeout-s (raised in the main thread by SIGALRM)."""
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise LayoutTimeout("the layout ran past --layout-timeout-s")
+
+
+def _run_layout(engine_argv: list[str], parts: dict[str, tuple[Any, list[str]]],
+                timeout_s: int) -> dict[str, str]:
     """Start one engine with `engine_argv` and run every part on it (B1 and B2 share the
-    engine: one start-up per layout). The parts that failed, and why."""
+    engine: one start-up per layout), all within `timeout_s` (a hung layout must not take the
+    others' time). The parts that failed, and why."""
     from tessera.benchmarks.engine_args import add_engine_args, engine_kwargs
     from tessera.offline import LLM
 
     parser = argparse.ArgumentParser(add_help=False)
     add_engine_args(parser)
     kwargs = engine_kwargs(parser.parse_args(engine_argv))
-    try:
-        llm = LLM(**kwargs)
-    except Exception as exc:  # noqa: BLE001
-        traceback.print_exc()
-        return {part: f"the engine did not start: {type(exc).__name__}: {str(exc)[-2000:]}"
-                for part in parts}
     errors: dict[str, str] = {}
-    with llm:
-        for part, (bench, argv) in parts.items():
-            failed = _run_part(bench, [*argv, *engine_argv], llm)
-            if failed:
-                errors[part] = failed
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.alarm(timeout_s)
+    try:
+        try:
+            llm = LLM(**kwargs)
+        except Exception as exc:  # noqa: BLE001
+            traceback.print_exc()
+            return {part: f"the engine did not start: {type(exc).__name__}: "
+                          f"{str(exc)[-2000:]}" for part in parts}
+        with llm:
+            for part, (bench, argv) in parts.items():
+                failed = _run_part(bench, [*argv, *engine_argv], llm)
+                if failed:
+                    errors[part] = failed
+                    if "LayoutTimeout" in failed:
+                        break
+    except LayoutTimeout as exc:  # while the engine stopped
+        errors.setdefault(next(iter(parts)), str(exc))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    for part in parts:  # a part never reached because the time ran out
+        if part not in errors and any("LayoutTimeout" in e for e in errors.values()):
+            errors[part] = "not run: the layout ran past --layout-timeout-s"
     return errors
 
 
@@ -145,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-requests", type=int, default=256, help="B2's request count")
     p.add_argument("--iters", type=int, default=5, help="B1's measured requests")
     p.add_argument("--warmup", type=int, default=2, help="B1's unmeasured requests")
+    p.add_argument("--layout-timeout-s", type=int, default=170,
+                   help="wall-clock limit of one layout (engine start, B1 and B2)")
     p.add_argument("--b1-flags", default="", help="more flags for every B1 part (one string)")
     p.add_argument("--b2-flags", default="", help="more flags for every B2 part (one string)")
     args, engine_flags = p.parse_known_args(argv)
@@ -176,12 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         engine_argv = ["--model", args.model, "--load-format", args.load_format, *layout.flags,
                        *engine_flags]
         print(f"[bench] B5 {name}: {' '.join(layout.flags)}", file=sys.stderr, flush=True)
-        failed = _run_layout(engine_argv, parts)
+        failed = _run_layout(engine_argv, parts, args.layout_timeout_s)
         if failed and layout.tp_size > 1 and not one_shot_set:
             print(f"[bench] B5 {name} failed ({failed}); again without the one-shot "
                   f"all-reduce", file=sys.stderr, flush=True)
             fallbacks += [f"{name} {part}: {why}" for part, why in failed.items()]
-            failed = _run_layout([*engine_argv, "--all-reduce-one-shot-max-kb", "0"], parts)
+            failed = _run_layout([*engine_argv, "--all-reduce-one-shot-max-kb", "0"], parts,
+                                 args.layout_timeout_s)
         errors.update({f"{name} {part}": why for part, why in failed.items()})
     parts = {name: {part: _read(args.out_dir, n) if f"{name} {part}" not in errors else None
                     for part, n in by_part.items()}

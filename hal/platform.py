@@ -198,4 +198,8 @@ class Platform(ABC):
 
     @abstractmethod
     def create_communicator(self, rank: int, world_size: int, init_method: str,
-                            loopback: bool = False) -> Communicator: ...
+                            loopback: bool = False,
+                            device_index: int | None = None) -> Communicator:
+        """`device_index`: the device this rank's tensors live on when it is not
+        `device(rank)` (a second replica, a rank of another node); None: `device(rank)`.
+        Callers pass it only when it differs, so a plugin may leave it out."""

@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from tessera.config import Env
-from tessera.server import chat, completions, embeddings, native, ops
+from tessera.server import chat, completions, embeddings, native, ops, worker_info
 from tessera.server.errors import ApiError
 from tessera.server.formatting import MAX_BODY_BYTES
 from tessera.server.keys import ApiKey, find_key, load_keys
@@ -115,4 +115,5 @@ def create_app(state: ServerState) -> web.Application:
     app.router.add_get("/metrics", ops.metrics)
     app.router.add_get("/status", ops.status)
     app.router.add_get("/openapi.json", ops.openapi)
+    worker_info.add_routes(app)
     return app

@@ -76,7 +76,13 @@ class EngineProcesses:
                        threading.Thread(target=self._read_stderr, daemon=True)]
         for pump in self._pumps:
             pump.start()
-        self._wait_ready(ready_timeout_s)
+        try:
+            self._wait_ready(ready_timeout_s)
+        except BaseException:
+            # Interrupted while starting (Ctrl-C, a caller's alarm): nothing may stay running.
+            if self.alive:
+                self.stop()
+            raise
 
     # -- output pumps -----------------------------------------------------------------------
     def _read_stdout(self) -> None:

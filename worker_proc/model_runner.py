@@ -113,7 +113,7 @@ class ModelRunner:
         self.communicator = communicator
         self.world = world if world is not None else (
             communicator if config.pp_size == 1 else None)
-        self.device = platform.device(rank)
+        self.device = platform.device(config.device_index(rank))
         self.dtype = serving_dtype(config, platform)
         # Seconds of each start-up phase (bus/startup.py): weights, kv_arena, graph_capture.
         self.phases: dict[str, float] = {}

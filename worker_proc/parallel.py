@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from tessera.formats.parallel import StageLayers
 from tessera.hal.platform import Communicator, Platform
@@ -72,10 +73,13 @@ class Communicators:
     tp: Communicator | None = None
 
     @classmethod
-    def create(cls, platform: Platform, layout: RankLayout, init_method: str) -> Communicators:
+    def create(cls, platform: Platform, layout: RankLayout, init_method: str,
+               **extra: Any) -> Communicators:
+        """`extra`: more keywords of `Platform.create_communicator` (worker_proc/dist_init.py)."""
         if layout.world_size == 1:
             return cls()
-        world = platform.create_communicator(layout.rank, layout.world_size, init_method)
+        world = platform.create_communicator(layout.rank, layout.world_size, init_method,
+                                             **extra)
         if layout.pp_size == 1:
             return cls(world, world)
         tp = world.split(layout.tp_groups()) if layout.tp_size > 1 else None

@@ -72,6 +72,7 @@ class WorkerProcess(BusProcess):
         wait_policy = host_threads.set_wait_policy()  # before torch is imported
         from tessera.formats.parallel import devices_problem
         from tessera.hal.registry import load_platform
+        from tessera.worker_proc.dist_init import communicator_args
         from tessera.worker_proc.model_runner import ModelRunner
         from tessera.worker_proc.page_table import AttachedPageTable
         from tessera.worker_proc.parallel import Communicators, RankLayout
@@ -92,8 +93,8 @@ class WorkerProcess(BusProcess):
                                       platform.name)
             if problem:
                 raise ValueError(problem)
-        self.comms = Communicators.create(platform, layout,
-                                          f"file://{self.paths.tp_rendezvous}")
+        how = communicator_args(cfg, self.rank, self.paths)
+        self.comms = Communicators.create(platform, layout, how.init_method, **how.extra)
         platform_s = time.perf_counter() - start
         self.runner = ModelRunner(cfg, self.rank, platform, self.comms.tp,
                                   world=self.comms.world)

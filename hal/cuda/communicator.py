@@ -10,6 +10,8 @@ group can; everything else, and every all-reduce where they cannot, stays NCCL.
 from __future__ import annotations
 
 import logging
+import socket
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -29,13 +31,14 @@ class NcclCommunicator(TorchDistCommunicator):
     """all_reduce works in place and returns its argument; the others return new tensors."""
 
     def __init__(self, rank: int, world_size: int, init_method: str,
-                 timeout_s: float = 300.0) -> None:
+                 timeout_s: float = 300.0, device_index: int | None = None) -> None:
         self.refuse_if_initialised()
         count = torch.cuda.device_count()
         if count == 0:
             raise RuntimeError("NCCL communicator: no CUDA device is visible")
         disable_multicast()
-        self.device = torch.device("cuda", rank % count)
+        self.device = torch.device("cuda", (rank if device_index is None else device_index)
+                                   % count)
         torch.cuda.set_device(self.device)
         self._one_shot: OneShotAllReduce | None = None
         self._init_group("nccl", rank, world_size, init_method, timeout_s, device_id=self.device)
@@ -49,9 +52,18 @@ class NcclCommunicator(TorchDistCommunicator):
         dist.all_reduce(failures, group=self.group)
         return int(failures.item()) == 0
 
-    def _group_devices(self) -> list[int]:
-        count = torch.cuda.device_count()
-        return [self._global(r) % count for r in range(self.world_size)]
+    def _group_devices(self) -> list[int] | None:
+        """The device index of every rank of the group (a collective), or None when the group
+        spans hosts (peer memory is one host's)."""
+        host = zlib.crc32(socket.gethostname().encode())
+        mine = torch.tensor([[host, self.device.index or 0]], dtype=torch.int64,
+                            device=self.device)
+        parts = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(parts, mine, group=self.group)
+        rows = torch.cat(parts).tolist()
+        if len({h for h, _ in rows}) > 1:
+            return None
+        return [int(d) for _, d in rows]
 
     def configure(self, *, one_shot_max_bytes: int, dtype: torch.dtype) -> str:
         """Set up the one-shot all-reduce for `dtype` up to `one_shot_max_bytes`, if every
@@ -60,7 +72,9 @@ class NcclCommunicator(TorchDistCommunicator):
         self._one_shot = None
         if one_shot_max_bytes <= 0:
             return "NCCL (one-shot all-reduce off)"
-        problem = local_problem(dtype, self._group_devices(), self.device)
+        devices = self._group_devices()
+        problem = "the group spans hosts" if devices is None else \
+            local_problem(dtype, devices, self.device)
         if not self._agree(problem is None):
             return f"NCCL ({problem or 'a peer cannot use the one-shot all-reduce'})"
         one_shot: OneShotAllReduce | None = None

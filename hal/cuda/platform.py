@@ -113,13 +113,14 @@ class CudaPlatform(OpTablePlatform):
         return CudaGraphRunner()
 
     def create_communicator(self, rank: int, world_size: int, init_method: str,
-                            loopback: bool = False) -> Communicator:
+                            loopback: bool = False,
+                            device_index: int | None = None) -> Communicator:
         local = make_local_communicator(rank, world_size, loopback)
         if local is not None:
             return local
         from tessera.hal.cuda.communicator import NcclCommunicator
 
-        return NcclCommunicator(rank, world_size, init_method)
+        return NcclCommunicator(rank, world_size, init_method, device_index=device_index)
 
     def versions(self) -> dict[str, str]:
         info = {"torch": torch.__version__, "cuda": str(torch.version.cuda)}

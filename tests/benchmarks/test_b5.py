@@ -5,6 +5,8 @@ part's roofline over the devices it used."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,47 @@ def test_b5_writes_every_part_and_the_ratios(run_root: Path, tmp_path: Path) -> 
         assert b1["figures"]["roofline_devices"] == devices_b1
         assert b2["figures"]["roofline"]["devices"] == devices_b2
         assert b2["figures"]["output_tokens"] == b2["figures"]["expected_output_tokens"]
+        workers = b2["figures"]["worker_steps"]
+        assert sorted(workers) == (["worker0"] if layout == "tp1" else ["worker0", "worker1"])
+        assert all(w["steps"] > 0 and w["forward_ms_per_step"] > 0 for w in workers.values())
         assert figures[layout]["b1_decode_ms_per_step"] == b1["figures"]["decode_ms_per_step"]
     assert figures["tp2_b2_ratio"] == pytest.approx(
         figures["tp2"]["b2_output_tok_per_s"] / figures["tp1"]["b2_output_tok_per_s"])
+
+
+def test_a_layout_past_its_time_is_an_error_and_leaves_nothing_running(
+        run_root: Path, tmp_path: Path) -> None:
+    """A hung layout must not take the others' time on the two-GPU machine: past
+    --layout-timeout-s its engine is stopped (here: still starting) and its parts recorded
+    as failed; no figure is made up."""
+    from tessera.benchmarks import b5
+
+    model = tmp_path / "tiny-llama.json"
+    model.write_text(json.dumps(TINY))
+    out = tmp_path / "results"
+    rc = b5.main(["--model", str(model), "--suffix", "cpu", "--out-dir", str(out),
+                  "--layouts", "tp1", "--layout-timeout-s", "1", "--bandwidth-gbps", "10",
+                  "--peak-tflops", "0.1", "--hal", "cpu", "--intra-op-threads", "1"])
+    assert rc == 1
+    result = json.loads((out / "b5_cpu.json").read_text())
+    assert set(result["errors"]) == {"tp1 b1", "tp1 b2"}
+    assert all("--layout-timeout-s" in why for why in result["errors"].values())
+    assert result["figures"]["tp2_b1_ratio"] is None
+    time.sleep(1.0)  # the engine's processes exit after the supervisor's SIGTERM
+    assert processes_naming(str(run_root)) == []
+
+
+def processes_naming(text: str) -> list[int]:
+    """Pids of live processes whose command line holds `text` (the engine's processes carry
+    their run directory, under the test's run root)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
