@@ -796,3 +796,54 @@ class Shutdown(Message):
     """Ask a process to stop (drain where it can)."""
 
     reason: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# Between the nodes of a multi-host engine (bus/node_link.py), over the encrypted tcp link
+# --------------------------------------------------------------------------------------------
+
+
+@register
+@dataclass(frozen=True)
+class NodeJoin(Message):
+    """Node `node_rank`'s link asks node 0's to take it in. `config_digest`: a hash of the
+    engine configuration every node must share (model, sizes, batching)."""
+
+    node_rank: int
+    nnodes: int
+    ranks: list[int]
+    config_digest: str
+
+
+@register
+@dataclass(frozen=True)
+class NodeWelcome(Message):
+    """Node 0's answer to a NodeJoin: accepted, or why not."""
+
+    node_rank: int
+    accepted: bool
+    reason: str = ""
+
+
+@register
+@dataclass(frozen=True)
+class NodeHeartbeat(Message):
+    """Liveness of a node's link, both ways, every heartbeat interval. `leaving`: the node
+    stops on purpose (its peers stop too, cleanly)."""
+
+    node_rank: int
+    time: float
+    leaving: bool = False
+
+
+@register
+@dataclass(frozen=True)
+class PageRows(Message):
+    """Page-table entries for another node's copy of `req_to_token`, sent before the step that
+    reads them: row rows[i] gets slots[offsets[i]:offsets[i+1]] from column starts[i] on."""
+
+    step: int
+    rows: np.ndarray
+    starts: np.ndarray
+    offsets: np.ndarray
+    slots: np.ndarray

@@ -36,6 +36,7 @@ from typing import Any
 
 from tessera.bus.breaker import CircuitBreaker
 from tessera.bus.channel import DEFAULT_HWM, Inbox, Outbox, SendTimeout
+from tessera.bus.liveness import Liveness
 from tessera.bus.logs import setup_logging
 from tessera.bus.messages import Heartbeat, Message, Ready, Shutdown
 from tessera.bus.run_paths import RunPaths
@@ -62,9 +63,13 @@ class Lifeline:
         self.box = Outbox(paths.supervisor, timeout_ms=timeout_ms, hwm=hwm)
         self.parent_pid = os.getppid()
 
+    @property
+    def supervisor_alive(self) -> bool:
+        return os.getppid() == self.parent_pid
+
     def orphaned(self) -> bool:
         """The supervisor died without stopping us (kill -9): an orphan serves no one."""
-        if os.getppid() == self.parent_pid:
+        if self.supervisor_alive:
             return False
         log.error("%s: supervisor (pid %d) is gone; stopping", self.name, self.parent_pid)
         return True
@@ -134,6 +139,11 @@ class BusProcess:
         self.stopping = True
         if self.inbox is not None:
             self.inbox.buffer.wake()
+
+    @property
+    def supervisor_alive(self) -> bool:
+        """False once the supervisor died without stopping this process (crash, kill -9)."""
+        return self._supervisor is None or self._supervisor.supervisor_alive
 
     def notify_supervisor(self, msg: Message) -> None:
         if self._supervisor is not None:
@@ -228,7 +238,8 @@ class AsyncBusProcess:
     """The life cycle of BusProcess for a process built on asyncio: `setup()` (raced with a
     stop request: a stop during a long warm-up exits 0 at once) -> Ready -> `serve()` until
     `stop` is set -> `teardown()`. Heartbeats come from a task every heartbeat_interval_s
-    with `stats()`; SIGTERM / SIGINT and a vanished supervisor set `stop`."""
+    with `stats()`, and from a thread while a handler holds the loop (`bus/liveness.py`);
+    SIGTERM / SIGINT and a vanished supervisor set `stop`."""
 
     name = "process"
 
@@ -238,6 +249,8 @@ class AsyncBusProcess:
         self.stop = asyncio.Event()
         # Never wait on the supervisor's socket from the event loop.
         self.lifeline = Lifeline(self.name, paths, timeout_ms=0, hwm=64)
+        self.liveness = Liveness(paths.supervisor, self.name, config.heartbeat_interval_s,
+                                 config.loop_stall_timeout_s)
 
     # -- to override ------------------------------------------------------------------------
     async def setup(self) -> None:
@@ -261,7 +274,7 @@ class AsyncBusProcess:
         while True:
             if not self.stop.is_set() and self.lifeline.orphaned():
                 self.stop.set()
-            self.lifeline.beat(self.stats())
+            self.liveness.beat_from_loop(self.lifeline.send, self.stats())
             await asyncio.sleep(self.config.heartbeat_interval_s)
 
     async def run(self) -> int:
@@ -269,6 +282,7 @@ class AsyncBusProcess:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop.set)
         beat = asyncio.create_task(self._heartbeats())
+        self.liveness.start()
         try:
             setup = asyncio.create_task(self.setup())
             stopping = asyncio.create_task(self.stop.wait())
@@ -290,6 +304,7 @@ class AsyncBusProcess:
             return 0
         finally:
             beat.cancel()
+            self.liveness.stop()
             try:
                 await self.teardown()
             finally:
