@@ -76,6 +76,8 @@ class Generation:
             metrics.ttft.observe(self.first_at - self.started_at)
         metrics.generation_tokens.inc(len(delta.token_ids))
         self.tokens += len(delta.token_ids)
+        if delta.usage is not None and delta.usage.decode_steps:
+            metrics.tokens_per_step.observe(delta.usage.tokens_per_step)
         if delta.usage is not None and delta.index == 0:
             metrics.prompt_tokens.inc(delta.usage.prompt_tokens)
             self.tokens += delta.usage.prompt_tokens
