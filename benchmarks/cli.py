@@ -3,6 +3,7 @@
     serving   B3 (HTTP tiers) and B4 (prefix cache vs --disable-radix-cache)
     offline   B2 through the offline API, with the roofline bound of the run
     latency   B1: batch-1 decode ms/step and TTFT
+    spec      B9: batch 1 with speculative decoding (ngram) beside plain, copy and random prompts
     startup   B10: `tessera serve` to ready, by phase (and from a real-size safetensors folder)
     b11       B11: the Mixtral-8x7B shape's B1 and B2, and the MoE kernel figure (one GPU)
     moe-kernel  B11's grouped GEMM against a dense GEMM of the same FLOPs (one GPU)
@@ -24,6 +25,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "serving": ("tessera.benchmarks.serving", "main"),
     "offline": ("tessera.benchmarks.offline", "main"),
     "latency": ("tessera.benchmarks.latency", "main"),
+    "spec": ("tessera.benchmarks.speculative", "main"),
     "startup": ("tessera.benchmarks.startup", "main"),
     "b11": ("tessera.benchmarks.b11", "main"),
     "moe-kernel": ("tessera.benchmarks.moe_kernel", "main"),

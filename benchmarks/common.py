@@ -19,7 +19,7 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-WORKLOADS = ("B1", "B2", "B3", "B4", "B5", "B8", "B10", "B11", "B12", "C1", "C2", "HOST")
+WORKLOADS = ("B1", "B2", "B3", "B4", "B5", "B8", "B9", "B10", "B11", "B12", "C1", "C2", "HOST")
 
 # The figures each workload must report (BENCHMARKS.md and issue 7). B3 keeps one entry per
 # concurrency tier under figures["tiers"], each with TIER_FIGURES.
@@ -30,6 +30,7 @@ REQUIRED_FIGURES: dict[str, tuple[str, ...]] = {
     "B4": ("cache_hit_rate", "ideal_hit_rate", "speedup_vs_no_cache"),
     "B5": (),
     "B8": ("fraction_of_plain", "plain", "grammar"),
+    "B9": ("copy_speedup", "random_ratio"),
     "B10": ("ready_s", "phases"),
     "B11": ("decode_ms_per_step", "roofline_fraction", "moe_gemm_fraction_of_dense"),
     # B12's parts run together or as separate commands merged into one result (quant.py),
