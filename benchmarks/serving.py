@@ -127,7 +127,9 @@ def hit_rate_from_counters(deltas: dict[str, float]) -> float | None:
 
 def _gauge(metrics: dict[str, float], kind: str, stat: str) -> dict[str, float]:
     """process -> value of the heartbeat stat `stat` of every process of `kind`."""
-    prefix = f"tessera_{kind}_{stat}{{"
+    from tessera.server.metrics import stat_metric
+
+    prefix = stat_metric(kind, stat)[0] + "{"
     return {key[len(prefix):].split('"')[1]: value for key, value in metrics.items()
             if key.startswith(prefix)}
 

@@ -28,10 +28,12 @@ import threading
 import time
 from typing import Any
 
+from tessera.bus.breaker import CircuitBreaker
 from tessera.bus.channel import Inbox, Outbox, SendTimeout
 from tessera.bus.logs import setup_logging
 from tessera.bus.messages import Heartbeat, Message, Ready, Shutdown
 from tessera.bus.run_paths import RunPaths
+from tessera.bus.stats import BREAKER_VALUE, labeled
 from tessera.config import EngineConfig, ServerConfig
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,9 @@ class BusProcess:
         self.max_loop_stall_s = config.loop_stall_timeout_s
         self._parent_pid = os.getppid()
         self.loop_timeout_s = 0.05
+        # Reported per channel in every heartbeat: inboxes' queue depth, breakers' state.
+        self.extra_inboxes: list[Inbox] = []
+        self.breakers: list[CircuitBreaker] = []
 
     # -- to override ------------------------------------------------------------------------
     def setup(self) -> None:
@@ -123,6 +128,20 @@ class BusProcess:
         self._stats = stats
         assert self._supervisor is not None
         self._heartbeat(self._supervisor, stats)
+
+    def channel_stats(self) -> dict[str, float]:
+        """Messages waiting in each inbox (received, not yet taken by the loop) and the state
+        of each circuit breaker (0 closed, 0.5 half-open, 1 open)."""
+        out: dict[str, float] = {}
+        seen: set[int] = set()
+        for box in [self.inbox, *self.extra_inboxes]:
+            if box is None or id(box.buffer) in seen:
+                continue
+            seen.add(id(box.buffer))
+            out[labeled("queue_depth", channel=box.name)] = float(len(box.buffer))
+        for breaker in self.breakers:
+            out[labeled("breaker_state", channel=breaker.name)] = BREAKER_VALUE[breaker.state]
+        return out
 
     def _beat(self) -> None:
         """Heartbeats for a loop busy in one long step (its own socket: zmq sockets are not

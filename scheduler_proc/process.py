@@ -37,10 +37,12 @@ from tessera.bus.messages import (
 )
 from tessera.bus.process import BusProcess
 from tessera.bus.run_paths import RunPaths
+from tessera.bus.stats import StatHistogram
 from tessera.config import READY_TIMEOUT_S, EngineConfig
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.page_table import SharedPageTable
 from tessera.scheduler_proc.scheduler import Scheduler
+from tessera.scheduler_proc.throughput_log import ThroughputLog
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,8 @@ class SchedulerProcess(BusProcess):
         self._last_expire = 0.0
         self.batches_sent = 0
         self.send_failures = 0
+        self.step_seconds = StatHistogram("step_seconds")  # the worker's time per step
+        self.throughput_log = ThroughputLog(config.log_interval_s)
 
     # -- start-up -----------------------------------------------------------------------------
     def setup(self) -> None:
@@ -140,6 +144,8 @@ class SchedulerProcess(BusProcess):
             return
         for msg in msgs:
             if isinstance(msg, SampledTokens):
+                if msg.error is None and msg.forward_ms:
+                    self.step_seconds.observe(msg.forward_ms / 1000.0)
                 self._emit(sched.on_result(msg))
             elif isinstance(msg, TokenizedRequest):
                 error = sched.add_request(msg)
@@ -166,6 +172,7 @@ class SchedulerProcess(BusProcess):
                                   message="the scheduler's inbox is full; retry later",
                                   reply_to=req.detok.get("reply_to")))
         self._send_grammar_inits()
+        self.throughput_log.maybe_log(sched.stats)
         while (batch := sched.next_batch()) is not None:
             self._send_batch(batch)
         if sched.inflight and time.monotonic() - sched.inflight[0].sent_at > self.step_timeout_s:
@@ -238,6 +245,7 @@ class SchedulerProcess(BusProcess):
         out["detokenizer_messages_sent"] = float(self.detok.sent if self.detok else 0)
         out["send_failures"] = float(self.send_failures)
         out["output_backlog"] = float(len(self._backlog))
+        out.update(self.step_seconds.stats())
         if self.sched is not None:
             out["grammars_compiling"] = float(self.sched.grammars_compiling)
         return out

@@ -648,7 +648,10 @@ class Scheduler:
             "cache_hit_tokens": float(self.cache_hit_tokens),
             "cache_query_tokens": float(query),
             "cache_hit_rate": self.cache_hit_tokens / query if query else 0.0,
-            **self.kv.stats(self.active_rows()),  # check_invariant(): the O(pages) version
+            **(kv := self.kv.stats(self.active_rows())),  # check_invariant(): O(pages)
+            # pages held by running requests (cached-only pages are reclaimable)
+            "kv_usage_ratio": kv["kv_pages_running"] / kv["kv_pages_total"]
+            if kv["kv_pages_total"] else 0.0,
             "sched_cpu_ms_per_step": self.cpu_ms_ema,
             "prefill_ms_per_token": self.ms_per_token,
             "decode_step_ms": self.step_cost.decode_ms,

@@ -2,7 +2,7 @@
 
     errors    any ApiError, aiohttp HTTP error (404 route, 405 method, 413 body) or bug
               becomes OpenAI's error JSON with its status (and Retry-After for 429/503)
-    metrics   tessera_http_requests{route, status}
+    metrics   tessera:http_requests{route, status}
     auth      with API keys configured (server/keys.py), /v1/*, /generate and
               /health_generate (it runs a generation) need `Authorization: Bearer KEY`;
               /health and /metrics stay open. A generation then counts against its key's

@@ -18,13 +18,14 @@ from typing import Any
 
 from aiohttp import web
 
+from tessera.bus.logs import CURRENT_RID
 from tessera.client import AsyncStream, Delta, TesseraError
 from tessera.server.errors import ApiError
 from tessera.server.formatting import UsageTally
 from tessera.server.sse import SseWriter
 from tessera.server.state import CURRENT_KEY, ServerState
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tessera.server.requests")
 _END = object()
 Emit = Callable[[int, Delta], Awaitable[None]]
 SendChoice = Callable[[dict[str, Any]], Awaitable[None]]
@@ -43,6 +44,10 @@ class Generation:
         self._admitted = False
         self.key = CURRENT_KEY.get()  # whose rate limits this generation counts against
         self.tokens = 0  # prompt + completion tokens, charged to the key at the end
+        self.prompt_tokens = 0
+        self.output_tokens = 0
+        self.last_token_at: float | None = None
+        self.finish_reasons: list[str] = []
 
     async def __aenter__(self) -> Generation:
         self.state.admit()
@@ -56,8 +61,7 @@ class Generation:
             await stream.aclose()  # aborts the engine request unless it finished
         if self._admitted:
             self.state.release()
-            if self.first_at is not None:
-                self.state.metrics.e2e.observe(time.monotonic() - self.started_at)
+            self._record_end()
         if self.key is not None:
             self.state.limiter.charge(self.key, self.tokens)
 
@@ -66,21 +70,55 @@ class Generation:
             stream = await self.state.client.start(stream=True, **kwargs)
         except TesseraError as exc:
             raise ApiError.from_client(exc) from None
+        if not self.streams:
+            CURRENT_RID.set(stream.rid)  # this task's log lines name the request
         self.streams.append(stream)
         return stream
 
     def _count(self, delta: Delta) -> None:
         metrics = self.state.metrics
+        now = time.monotonic()
         if self.first_at is None:
-            self.first_at = time.monotonic()
+            self.first_at = now
             metrics.ttft.observe(self.first_at - self.started_at)
-        metrics.generation_tokens.inc(len(delta.token_ids))
-        self.tokens += len(delta.token_ids)
+        n = len(delta.token_ids)
+        if n and self.last_token_at is not None:
+            # k tokens that came together after a gap g: each waited g / k
+            for _ in range(n):
+                metrics.itl.observe((now - self.last_token_at) / n)
+        if n:
+            self.last_token_at = now
+        metrics.generation_tokens.inc(n)
+        self.tokens += n
+        self.output_tokens += n
+        if delta.finish_reason is not None:
+            self.finish_reasons.append(delta.finish_reason)
         if delta.usage is not None and delta.usage.decode_steps:
             metrics.tokens_per_step.observe(delta.usage.tokens_per_step)
         if delta.usage is not None and delta.index == 0:
             metrics.prompt_tokens.inc(delta.usage.prompt_tokens)
             self.tokens += delta.usage.prompt_tokens
+            self.prompt_tokens += delta.usage.prompt_tokens
+
+    def _record_end(self) -> None:
+        """The request's E2E, TPOT and finish reasons, and its line in the log."""
+        if self.first_at is None:
+            return  # refused or failed before any output: counted as an HTTP error
+        metrics = self.state.metrics
+        end = time.monotonic()
+        e2e = end - self.started_at
+        metrics.e2e.observe(e2e)
+        if self.output_tokens > 1 and self.last_token_at is not None:
+            metrics.tpot.observe((self.last_token_at - self.first_at) /
+                                 (self.output_tokens - 1))
+        reasons = self.finish_reasons or ["abort"]  # left before the end: the client went
+        for reason in reasons:
+            metrics.request_success.labels(reason).inc()
+        rid = self.streams[0].rid if self.streams else None
+        log.info("request done: prompt %d tokens, output %d tokens, ttft %.1f ms, e2e %.1f ms, "
+                 "finish %s", self.prompt_tokens, self.output_tokens,
+                 (self.first_at - self.started_at) * 1000.0, e2e * 1000.0,
+                 ",".join(sorted(set(reasons))), extra={"rid": rid})
 
     async def _pump(self, offset: int, stream: AsyncStream) -> None:
         try:

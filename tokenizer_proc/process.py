@@ -47,6 +47,7 @@ class TokenizerProcess(BusProcess):
         self._overload_replies = OutboxPool(max_open=64)
         self.breaker = CircuitBreaker("scheduler", config.breaker_failures,
                                       config.breaker_cooldown_s)
+        self.breakers.append(self.breaker)
         self.counts = {"accepted": 0, "rejected": 0, "unavailable": 0, "aborts": 0}
 
     def setup(self) -> None:

@@ -1,5 +1,5 @@
 """B3's per-step breakdown from the server's /metrics: the heartbeat stats of every process,
-exported as gauges, turned into busy/idle time, tokens and CPU per scheduler step."""
+exported as counters, turned into busy/idle time, tokens and CPU per scheduler step."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ def test_requests_per_minute_per_key(keyed: ServerUnderTest) -> None:
     # /health_generate is a generation too: it counts against the key.
     assert ask(keyed, "sk-slow", path="/health_generate")[0] == 429
     _, _, metrics = keyed.request("GET", "/metrics")
-    assert b'tessera_rate_limited_requests_total{key="slow"} 2.0' in metrics
+    assert b'tessera:rate_limited_requests_total{key="slow"} 2.0' in metrics
 
 
 def test_tokens_per_minute_per_key(keyed: ServerUnderTest) -> None:

@@ -72,14 +72,14 @@ def test_metrics_show_server_and_engine_numbers(server: ServerUnderTest) -> None
     text = body.decode()
     samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
                for line in text.splitlines() if line and not line.startswith("#")}
-    assert samples['tessera_http_requests_total{route="/v1/chat/completions",status="200"}'] >= 1
-    assert samples['tessera_http_requests_total{route="/v1/chat/completions",status="400"}'] >= 1
-    assert samples["tessera_generation_tokens_total"] >= 3
-    assert samples["tessera_time_to_first_token_seconds_count"] >= 1
-    assert samples["tessera_e2e_request_latency_seconds_count"] >= 1
-    assert samples['tessera_scheduler_free_pages{process="scheduler"}'] == 123.0
-    assert 'tessera_worker_running{process="worker0"}' in samples
-    assert samples['tessera_process_alive{process="worker0"}'] == 1.0
+    assert samples['tessera:http_requests_total{route="/v1/chat/completions",status="200"}'] >= 1
+    assert samples['tessera:http_requests_total{route="/v1/chat/completions",status="400"}'] >= 1
+    assert samples["tessera:generation_tokens_total"] >= 3
+    assert samples["tessera:time_to_first_token_seconds_count"] >= 1
+    assert samples["tessera:e2e_request_latency_seconds_count"] >= 1
+    assert samples['tessera:scheduler_free_pages{process="scheduler"}'] == 123.0
+    assert 'tessera:worker_running{process="worker0"}' in samples
+    assert samples['tessera:process_alive{process="worker0"}'] == 1.0
 
 
 def test_openapi_document_names_every_route(server: ServerUnderTest) -> None:
@@ -115,7 +115,7 @@ def test_dead_engine_process_gives_an_error_event_within_2s(
     status, headers, _ = fresh_server.request("GET", "/health")
     assert status == 503
     metrics = fresh_server.request("GET", "/metrics")[2].decode()
-    assert 'tessera_http_errors_total{status="503",type="engine_dead"} 1.0' in metrics
+    assert 'tessera:http_errors_total{status="503",type="engine_dead"} 1.0' in metrics
     status, headers, body = fresh_server.request("POST", CHAT, {
         "messages": [{"role": "user", "content": "x"}]})
     assert status == 503 and int(headers["retry-after"]) >= 1
