@@ -14,7 +14,12 @@ Two engines with the same flags, one after the other: plain, then with
                    it, cut at the first length m where the next --output-len tokens of O
                    already occur in P + O[:m]; the prompt is P + O[:m], whose greedy
                    continuation is O[m:] again (each request records whether such an m was
-                   found within --self-search-len tokens: `contains_continuation`).
+                   found within --self-search-len tokens: `contains_continuation`; random
+                   weights fall into loops, so one usually is).
+
+With --draft-model a third engine runs `--speculative-algorithm draft` with that model on the
+same prompts (figures draft_*). Under random weights its proposals share nothing with the
+target's tokens: that measures what drafting costs when almost nothing is accepted.
 
 Per request: ms per output token after the first ((last token time - first) / (tokens - 1),
 B1's decode ms/step when each step gives one token), TTFT, and tokens per engine step
@@ -94,8 +99,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="edit workload: max_tokens (answers end at EOS before)")
     p.add_argument("--self-prompt-len", type=int, default=256,
                    help="self workload: the random prompt before the model's continuation")
-    p.add_argument("--self-search-len", type=int, default=768,
-                   help="self workload: tokens of continuation searched for a repeat")
+    p.add_argument("--self-search-len", type=int, default=2048,
+                   help="self workload: tokens of continuation searched for a repeat at most")
+    p.add_argument("--self-chunk", type=int, default=256,
+                   help="self workload: tokens generated between two searches")
+    p.add_argument("--draft-model", default=None,
+                   help="also measure --speculative-algorithm draft with this draft model (a "
+                        "folder, .gguf or, under --load-format dummy, a shape config) in a third "
+                        "engine: figures draft_copy_speedup, draft_random_ratio, ...")
     p.add_argument("--skip-random", action="store_true", help="measure the copy workload only")
     p.add_argument("--out-dir", default=default_results_dir())
     p.add_argument("--name", default="b9_spec")
@@ -163,6 +174,72 @@ def summarize(rows: list[Measured]) -> dict[str, Any]:
                          for r in rows]}
 
 
+def _self_copy(llm: Any, args: argparse.Namespace, vocab_size: int, n: int
+               ) -> tuple[list[list[int]], list[dict[str, Any]]]:
+    """The self workload's prompts: each random prompt's greedy continuation, generated
+    --self-chunk tokens at a time (the next chunk continues the prompt plus what came), until
+    its next --output-len tokens repeat what came before or --self-search-len is reached."""
+    from tessera.bus.messages import SamplingParams
+
+    prompts, info = [], []
+    seeds = random_requests(n, (args.self_prompt_len, args.self_prompt_len), (1, 1),
+                            vocab_size, args.dataset_seed + 1)
+    for req in seeds:
+        cont: list[int] = []
+        m = -1
+        while len(cont) < args.self_search_len:
+            chunk = min(args.self_chunk, args.self_search_len - len(cont))
+            sp = SamplingParams(temperature=0.0, max_tokens=chunk, ignore_eos=True)
+            (out,) = llm.generate([req.prompt_ids + cont], sp, use_tqdm=False)
+            cont += list(out.token_ids)
+            m = find_contained_cut(req.prompt_ids, cont, args.output_len)
+            if m >= 0:
+                break
+        found = m >= 0
+        if not found:
+            m = len(cont) - args.output_len
+        prompts.append(req.prompt_ids + cont[:m])
+        info.append({"prompt_len": len(req.prompt_ids) + m, "cut": m,
+                     "contains_continuation": found,
+                     "expected": cont[m:m + args.output_len]})
+    return prompts, info
+
+
+def _engine_part(llm: Any, label: str, copy_prompts: list[Any], copy_params: list[Any],
+                 rand_prompts: list[Any], greedy: Any, skip_random: bool
+                 ) -> dict[str, list[Measured]]:
+    out = {"copy": _run(llm, copy_prompts, copy_params, f"{label} copy")}
+    if not skip_random:
+        out["random"] = _run(llm, rand_prompts, [greedy] * len(rand_prompts),
+                             f"{label} random")
+    return out
+
+
+def _same(a: list[Measured], b: list[Measured]) -> bool:
+    return all(x.token_ids == y.token_ids for x, y in zip(a, b, strict=True))
+
+
+def _compare(plain: dict[str, Any], spec: dict[str, Any], raw_plain: dict[str, list[Measured]],
+             raw_spec: dict[str, list[Measured]], prefix: str) -> dict[str, Any]:
+    """A speculative engine's figures against plain: copy speedup, random ratio, tokens per
+    step, and whether the greedy tokens are the same."""
+    out: dict[str, Any] = {
+        f"{prefix}copy_speedup": plain["copy"]["ms_per_token"] / spec["copy"]["ms_per_token"],
+        f"{prefix}copy_tokens_per_step": spec["copy"]["tokens_per_step"],
+        f"{prefix}copy_tokens_per_s_plain": plain["copy"]["tokens_per_s"],
+        f"{prefix}copy_tokens_per_s_spec": spec["copy"]["tokens_per_s"],
+        f"{prefix}same_tokens_copy": _same(raw_plain["copy"], raw_spec["copy"]),
+    }
+    if "random" in spec:
+        out.update({
+            f"{prefix}random_ratio": spec["random"]["ms_per_token"]
+            / plain["random"]["ms_per_token"],
+            f"{prefix}random_tokens_per_step": spec["random"]["tokens_per_step"],
+            f"{prefix}same_tokens_random": _same(raw_plain["random"], raw_spec["random"]),
+        })
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tessera bench spec", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -175,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     spec_args = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("speculative_")}
     spec_args.update(speculative_algorithm=args.algorithm,
                      speculative_num_draft_tokens=args.num_draft_tokens)
+    engines = {args.algorithm: spec_args}
+    if args.draft_model and args.algorithm != "draft":
+        engines["draft"] = {"speculative_algorithm": "draft",
+                            "speculative_num_draft_tokens": args.num_draft_tokens,
+                            "speculative_draft_model": args.draft_model}
     copy_kind = args.copy if args.copy != "auto" else (
         "self" if engine.load_format == "dummy" else "edit")
     n = args.warmup + args.iters
@@ -188,73 +270,51 @@ def main(argv: list[str] | None = None) -> int:
                            args.dataset_seed)
     rand_prompts = [r.prompt_ids for r in rand]
     copy_info: list[dict[str, Any]] = []
-    results: dict[str, list[Measured]] = {}
+    raw: dict[str, dict[str, list[Measured]]] = {}
     with LLM(**kwargs) as llm:
         if copy_kind == "edit":
             copy_prompts: list[Any] = edit_prompts(n)
             copy_params = [SamplingParams(temperature=0.0, max_tokens=args.edit_output_len)] * n
         else:
-            copy_prompts, copy_params = [], []
-            seeds = random_requests(n, (args.self_prompt_len, args.self_prompt_len),
-                                    (1, 1), mconf.vocab_size, args.dataset_seed + 1)
-            search = SamplingParams(temperature=0.0, max_tokens=args.self_search_len,
-                                    ignore_eos=True)
-            for req in seeds:
-                (out,) = llm.generate([req.prompt_ids], search, use_tqdm=False)
-                cont = list(out.token_ids)
-                m = find_contained_cut(req.prompt_ids, cont, args.output_len)
-                found = m >= 0
-                if not found:
-                    m = len(cont) - args.output_len
-                copy_prompts.append(req.prompt_ids + cont[:m])
-                copy_params.append(greedy)
-                copy_info.append({"prompt_len": len(req.prompt_ids) + m, "cut": m,
-                                  "contains_continuation": found,
-                                  "expected": cont[m:m + args.output_len]})
-        results["plain_copy"] = _run(llm, copy_prompts, copy_params, "plain copy")
-        if not args.skip_random:
-            results["plain_random"] = _run(llm, rand_prompts, [greedy] * n, "plain random")
-    with LLM(**kwargs, **spec_args) as llm:
-        results["spec_copy"] = _run(llm, copy_prompts, copy_params, f"{args.algorithm} copy")
-        if not args.skip_random:
-            results["spec_random"] = _run(llm, rand_prompts, [greedy] * n,
-                                          f"{args.algorithm} random")
-        spec_stats = {k: v for k, v in scheduler_stats(llm).items() if k.startswith("spec_")}
+            copy_prompts, copy_info = _self_copy(llm, args, mconf.vocab_size, n)
+            copy_params = [greedy] * n
+        raw["plain"] = _engine_part(llm, "plain", copy_prompts, copy_params, rand_prompts,
+                                    greedy, args.skip_random)
+    spec_stats: dict[str, dict[str, float]] = {}
+    for name, extra in engines.items():
+        with LLM(**kwargs, **extra) as llm:
+            raw[name] = _engine_part(llm, name, copy_prompts, copy_params, rand_prompts,
+                                     greedy, args.skip_random)
+            spec_stats[name] = {k: v for k, v in scheduler_stats(llm).items()
+                                if k.startswith("spec_")}
 
-    measured = {k: v[args.warmup:] for k, v in results.items()}
-    summary = {k: summarize(v) for k, v in measured.items()}
-    figures: dict[str, Any] = {
-        "copy_speedup": summary["plain_copy"]["ms_per_token"]
-        / summary["spec_copy"]["ms_per_token"],
-        "copy_workload": copy_kind,
-        "copy_tokens_per_step": summary["spec_copy"]["tokens_per_step"],
-        "copy_tokens_per_s_plain": summary["plain_copy"]["tokens_per_s"],
-        "copy_tokens_per_s_spec": summary["spec_copy"]["tokens_per_s"],
-        "same_tokens_copy": all(a.token_ids == b.token_ids for a, b in
-                                zip(results["plain_copy"], results["spec_copy"], strict=True)),
-        "parts": summary,
-        "scheduler_spec_stats": spec_stats,
-    }
+    summary = {name: {part: summarize(rows[args.warmup:]) for part, rows in parts.items()}
+               for name, parts in raw.items()}
+    figures: dict[str, Any] = {"copy_workload": copy_kind, "algorithm": args.algorithm}
+    figures.update(_compare(summary["plain"], summary[args.algorithm], raw["plain"],
+                            raw[args.algorithm], ""))
+    if "draft" in engines and args.algorithm != "draft":
+        figures.update(_compare(summary["plain"], summary["draft"], raw["plain"],
+                                raw["draft"], "draft_"))
     if not args.skip_random:
-        figures.update({
-            "random_ratio": summary["spec_random"]["ms_per_token"]
-            / summary["plain_random"]["ms_per_token"],
-            "random_tokens_per_step": summary["spec_random"]["tokens_per_step"],
-            "plain_b1_decode_ms_per_step": summary["plain_random"]["ms_per_token"],
-            "same_tokens_random": all(a.token_ids == b.token_ids for a, b in zip(
-                results["plain_random"], results["spec_random"], strict=True)),
-        })
+        figures["plain_b1_decode_ms_per_step"] = summary["plain"]["random"]["ms_per_token"]
+    figures["parts"] = summary
+    figures["scheduler_spec_stats"] = spec_stats
     if copy_info:
-        for info, plain in zip(copy_info, results["plain_copy"], strict=True):
+        for info, plain in zip(copy_info, raw["plain"]["copy"], strict=True):
             expected = info.pop("expected")
             info["plain_matches_expected"] = plain.token_ids[:len(expected)] == expected
         figures["self_copy_prompts"] = copy_info
-    result = new_result("B9", {**vars(args), "engine": kwargs, "speculative": spec_args,
+    result = new_result("B9", {**vars(args), "engine": kwargs, "speculative": engines,
                                "dtype": dtype, "device_name": dev_name})
     result["figures"] = figures
     print(f"[bench] B9: copy_speedup {figures['copy_speedup']:.2f} "
           f"({figures['copy_tokens_per_step']:.2f} tokens/step), random_ratio "
           f"{figures.get('random_ratio', float('nan')):.3f}", file=sys.stderr)
+    if "draft_copy_speedup" in figures:
+        print(f"[bench] B9 draft: copy_speedup {figures['draft_copy_speedup']:.2f} "
+              f"({figures['draft_copy_tokens_per_step']:.2f} tokens/step), random_ratio "
+              f"{figures.get('draft_random_ratio', float('nan')):.3f}", file=sys.stderr)
     path = write_result(result, args.out_dir, args.name, required=not args.skip_random)
     print(f"[bench] wrote {path}", file=sys.stderr)
     return 0
