@@ -33,7 +33,8 @@ def measure(batch: int, steps: int, prompt_len: int, overlap: bool, seed: int = 
     cfg = SchedulerConfig(num_slots=page_size * (batch * (ctx // page_size + 2) + 8),
                           page_size=page_size, max_context_len=ctx,
                           max_running_requests=max(batch, 1), chunked_prefill_size=8192,
-                          eos_token_ids=(0,), overlap=overlap)
+                          # the fake worker reports no step times: no step-time target
+                          step_target_ms=0.0, eos_token_ids=(0,), overlap=overlap)
     sched = Scheduler(cfg)
     rng = np.random.default_rng(seed)
     sp = SamplingParams(temperature=0.7, max_tokens=steps + 32, ignore_eos=True)

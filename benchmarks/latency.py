@@ -6,7 +6,8 @@
 
 Each figure is the median over `--iters` measured requests (after `--warmup` unmeasured ones).
 The roofline of a batch-1 decode step at this context (weights + KV, against the measured or
-given bandwidth) is reported beside it.
+given bandwidth per device) is reported beside it: with --tp-size N over N devices' summed
+bandwidth; pipeline stages take turns on one request, so --pp-size adds none.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from contextlib import nullcontext
+from typing import Any
 
 from tessera.benchmarks.common import default_results_dir, new_result, write_result
 from tessera.benchmarks.datasets import random_requests
@@ -22,7 +25,7 @@ from tessera.benchmarks.engine_args import (
     add_engine_args,
     resolve_engine,
 )
-from tessera.benchmarks.roofline import ModelCost, StepShape, roofline
+from tessera.benchmarks.roofline import ModelCost, StepShape, parallel_devices, roofline
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -48,7 +51,9 @@ def decode_roofline_ms(cost: ModelCost, prompt_len: int, output_len: int, bandwi
     return res.bound_s / max(1, len(steps)) * 1000.0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, llm: Any = None) -> int:
+    """`llm`: an engine already started with these engine flags (tessera bench b5 runs B1 and
+    B2 on one), used and left running; else one is started for this run and stopped."""
     p = argparse.ArgumentParser(prog="tessera bench latency", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_args(p)
@@ -68,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     decode_ms: list[float] = []
     ttft_ms: list[float] = []
-    with LLM(**kwargs) as llm:
+    with nullcontext(llm) if llm is not None else LLM(**kwargs) as llm:
         for i, req in enumerate(reqs):
             (out,) = llm.generate([req.prompt_ids], params, stream=True, use_tqdm=False)
             if i < args.warmup:
@@ -87,12 +92,15 @@ def main(argv: list[str] | None = None) -> int:
         "ttft_ms_all": ttft_ms,
     }
     if device is not None:
+        devices = parallel_devices(engine.tp_size, engine.pp_size, stages_overlap=False)
+        used = device.times(devices)
         bound = decode_roofline_ms(ModelCost.of(mconf, dtype), args.prompt_len, args.output_len,
-                                   device.bandwidth_gbps, device.peak_tflops)
+                                   used.bandwidth_gbps, used.peak_tflops)
         figures.update({"roofline_decode_ms_per_step": bound,
                         "roofline_fraction": bound / figures["decode_ms_per_step"],
                         "bandwidth_gbps": device.bandwidth_gbps,
-                        "peak_tflops": device.peak_tflops, "device_source": source})
+                        "peak_tflops": device.peak_tflops, "device_source": source,
+                        "roofline_devices": devices})
     result = new_result("B1", {**vars(args), "engine": kwargs, "dtype": dtype})
     result["figures"] = figures
     print(f"[bench] B1: {figures['decode_ms_per_step']:.2f} ms/step, TTFT "

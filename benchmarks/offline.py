@@ -7,7 +7,8 @@ The roofline bound is computed for the steps the run made: from the scheduler's 
 when it exports them (forward_tokens_total, kv_tokens_read_total, attended_positions_total),
 else by replaying its policy over this workload (`roofline.simulate_steps`, with the engine's
 max running requests, chunk size and KV capacity). Bandwidth and matmul peak are measured
-before the engine starts (`device_probe`) unless given.
+before the engine starts (`device_probe`) unless given, per device; the bound sums them over
+the --tp-size x --pp-size devices (every stage works on a batch of its own).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import os
 import sys
 import time
+from contextlib import nullcontext
 from typing import Any
 
 from tessera.benchmarks import plots
@@ -26,11 +28,13 @@ from tessera.benchmarks.engine_args import (
     add_engine_args,
     resolve_engine,
     scheduler_stats,
+    worker_stats,
 )
 from tessera.benchmarks.roofline import (
     Device,
     ModelCost,
     RooflineResult,
+    parallel_devices,
     roofline,
     roofline_from_totals,
     simulate_steps,
@@ -68,7 +72,15 @@ def run_bound(cost: ModelCost, device: Device, reqs: list[BenchRequest], before:
     return roofline(cost, steps, device), "replayed schedule", len(steps)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _per_step(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    steps = after.get("steps", 0.0) - before.get("steps", 0.0)
+    total = after.get("forward_ms_total", 0.0) - before.get("forward_ms_total", 0.0)
+    return {"steps": steps, "forward_ms_per_step": total / steps if steps else 0.0}
+
+
+def main(argv: list[str] | None = None, llm: Any = None) -> int:
+    """`llm`: an engine already started with these engine flags (tessera bench b5 runs B1 and
+    B2 on one), used and left running; else one is started for this run and stopped."""
     p = argparse.ArgumentParser(prog="tessera bench offline", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_args(p)
@@ -87,24 +99,27 @@ def main(argv: list[str] | None = None) -> int:
 
     params = [SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True)
               for r in reqs]
-    with LLM(**kwargs) as llm:
+    with nullcontext(llm) if llm is not None else LLM(**kwargs) as llm:
         llm.generate([reqs[0].prompt_ids[:16]], SamplingParams(max_tokens=4, ignore_eos=True),
                      use_tqdm=False)  # warm-up: first-use costs stay out of the figure
         before = scheduler_stats(llm)
+        workers_before = worker_stats(llm)
         t0 = time.perf_counter()
         outs = llm.generate([r.prompt_ids for r in reqs], params,
                             use_tqdm=not args.no_progress)
         wall = time.perf_counter() - t0
         time.sleep(2 * engine.heartbeat_interval_s)  # let a fresh heartbeat carry the counters
         after = scheduler_stats(llm)
+        workers = worker_stats(llm)
     out_tokens = sum(o.completion_tokens for o in outs)
     in_tokens = sum(r.prompt_len for r in reqs)
     kv_capacity = None
     if after.get("kv_pages_total"):
         kv_capacity = int(after["kv_pages_total"]) * engine.page_size
     cost = ModelCost.of(mconf, dtype)
-    bound, steps_source, steps = run_bound(cost, device, reqs, before, after, engine,
-                                           kv_capacity)
+    devices = parallel_devices(engine.tp_size, engine.pp_size, stages_overlap=True)
+    bound, steps_source, steps = run_bound(cost, device.times(devices), reqs, before, after,
+                                           engine, kv_capacity)
     tok_s = out_tokens / wall
     bound_tok_s = bound.tok_per_s(out_tokens)
     print(f"[bench] B2: {tok_s:.1f} output tok/s; roofline bound {bound_tok_s:.1f} tok/s "
@@ -128,9 +143,13 @@ def main(argv: list[str] | None = None) -> int:
             "weight_bytes": cost.weight_bytes, "kv_bytes_per_token": cost.kv_bytes_per_token,
             "bandwidth_gbps": device.bandwidth_gbps, "peak_tflops": device.peak_tflops,
             "bandwidth_source": source["bandwidth"], "peak_source": source["peak"],
-            "kv_capacity_tokens": kv_capacity,
+            "kv_capacity_tokens": kv_capacity, "devices": devices,
         },
         "scheduler_stats": after,
+        # Per worker over the run: steps and forward milliseconds per step (device and host
+        # time of a step as the worker sees it), to see where a layout's time goes.
+        "worker_steps": {name: _per_step(workers_before.get(name, {}), stats)
+                         for name, stats in workers.items()},
     }
     png = plots.bars(["tessera", "roofline bound"], [tok_s, bound_tok_s],
                      os.path.join(args.out_dir, f"{args.name}.png"),

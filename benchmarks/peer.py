@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from tessera.benchmarks import plots
+from tessera.benchmarks.bench_host import cpu_seconds
 from tessera.benchmarks.common import default_results_dir, new_result, write_result
 from tessera.benchmarks.datasets import parse_range, random_requests
 from tessera.benchmarks.device_probe import torch_device
@@ -72,10 +73,12 @@ def _c1_run(args: argparse.Namespace, kwargs: dict[str, Any], engine: Any, devic
     peer = load_peer(engine.model, engine.load_format, dtype, device, engine.seed)
     generate(peer, [reqs[0].prompt_ids[:8]], 2)  # warm-up
     peer_runs: list[PeerRun] = []
+    peer_cpu0 = time.process_time()  # the peer runs in this process, every thread counted
     for i, r in enumerate(peer_reqs):
         peer_runs.append(generate(peer, [r.prompt_ids], r.output_len))
         print(f"[bench]   peer {i + 1}/{len(peer_reqs)}: {peer_runs[-1].seconds:.2f} s",
               file=sys.stderr)
+    peer_cpu_s = time.process_time() - peer_cpu0
     _free(peer)
     peer_tokens = sum(run.output_tokens for run in peer_runs)
     peer_tok_s = peer_tokens / sum(run.seconds for run in peer_runs)
@@ -88,11 +91,14 @@ def _c1_run(args: argparse.Namespace, kwargs: dict[str, Any], engine: Any, devic
     with LLM(**kwargs) as llm:
         llm.generate([reqs[0].prompt_ids[:8]], SamplingParams(max_tokens=2, ignore_eos=True),
                      use_tqdm=False)
+        cpu0 = engine_cpu_seconds(llm)
         t0 = time.perf_counter()
         outs = llm.generate([r.prompt_ids for r in reqs], params)
         wall = time.perf_counter() - t0
+        cpu_s = engine_cpu_seconds(llm) - cpu0
     tokens = sum(o.completion_tokens for o in outs)
     tok_s = tokens / wall
+    cpu_per_token, peer_cpu_per_token = cpu_s / tokens, peer_cpu_s / peer_tokens
     figures: dict[str, Any] = {
         "output_tok_per_s": tok_s,
         "peer_output_tok_per_s": peer_tok_s,
@@ -102,6 +108,11 @@ def _c1_run(args: argparse.Namespace, kwargs: dict[str, Any], engine: Any, devic
         "peer_output_tokens": peer_tokens,
         "peer_requests": len(peer_runs),
         "peer_decode_ms_per_step": statistics.median(r.decode_ms_per_step for r in peer_runs),
+        # CPU seconds per output token (tessera: every engine process and this caller) hardly
+        # move with the machine's load, where the tokens/s of a shared 2-core machine do
+        "cpu_ms_per_token": cpu_per_token * 1e3,
+        "peer_cpu_ms_per_token": peer_cpu_per_token * 1e3,
+        "cpu_efficiency_vs_peer": peer_cpu_per_token / cpu_per_token,
         "load_average_1m_at_start": os.getloadavg()[0],
     }
     if engine.load_format != "dummy":  # same weights: greedy outputs should mostly agree
@@ -109,8 +120,23 @@ def _c1_run(args: argparse.Namespace, kwargs: dict[str, Any], engine: Any, devic
                                                                         strict=False)]
         figures["greedy_prefix8_match"] = sum(same) / len(same) if same else None
     print(f"[bench] C1: tessera {tok_s:.1f} tok/s, transformers {peer_tok_s:.1f} tok/s: "
-          f"{tok_s / peer_tok_s:.2f}x", file=sys.stderr)
+          f"{tok_s / peer_tok_s:.2f}x; CPU per token {cpu_per_token * 1e3:.1f} vs "
+          f"{peer_cpu_per_token * 1e3:.1f} ms", file=sys.stderr)
     return figures
+
+
+def engine_cpu_seconds(llm: Any) -> float:
+    """CPU seconds so far of every engine process (all threads) and of this process (the
+    caller's client)."""
+    total = time.process_time()
+    for info in llm.status().values():
+        pid = info.get("pid")
+        if isinstance(pid, int) and pid > 0:
+            try:
+                total += cpu_seconds(pid)
+            except OSError:
+                pass  # gone since the status was taken
+    return total
 
 
 def main_c1(argv: list[str] | None = None) -> int:
@@ -138,6 +164,9 @@ def main_c1(argv: list[str] | None = None) -> int:
     speedups = [f["speedup_vs_peer"] for f in runs]
     figures["runs"] = runs
     figures["speedup_min"], figures["speedup_max"] = min(speedups), max(speedups)
+    efficiency = [f["cpu_efficiency_vs_peer"] for f in runs]
+    figures["cpu_efficiency_median"] = statistics.median(efficiency)
+    figures["cpu_efficiency_min"], figures["cpu_efficiency_max"] = min(efficiency), max(efficiency)
     tok_s, peer_tok_s = figures["output_tok_per_s"], figures["peer_output_tok_per_s"]
     result = new_result("C1", {**vars(args), "engine": kwargs, "dtype": dtype,
                                "peer": "transformers generate, one request at a time",

@@ -7,7 +7,9 @@ Per step, a forward pass must at least
   - do the matmul FLOPs (2 x matmul parameters x new tokens) and attention FLOPs
     (4 x q_size x layers x attended positions, causal within an extend),
 so its time is at least max(bytes / bandwidth, FLOPs / peak). The bound of the run is the sum
-over its steps; the bound in tokens/s is its output tokens over that time.
+over its steps; the bound in tokens/s is its output tokens over that time. On several devices
+the bytes and FLOPs are shared out: the bandwidth and peak are the sum of the devices that work
+at the same time (`parallel_devices`).
 
 The steps come from the engine when it reports them, else from `simulate_steps`, which replays
 the scheduler's policy (FCFS, decodes plus chunked prefill per step, at most max_running
@@ -97,6 +99,18 @@ class StepShape:
 class Device:
     bandwidth_gbps: float  # GB/s (1e9 bytes)
     peak_tflops: float  # TFLOP/s (1e12)
+
+    def times(self, count: int) -> Device:
+        """`count` such devices working at once: their summed bandwidth and peak."""
+        return Device(self.bandwidth_gbps * count, self.peak_tflops * count)
+
+
+def parallel_devices(tp_size: int, pp_size: int, stages_overlap: bool) -> int:
+    """How many devices' bandwidth and peak a run's bound may sum. A stage's tensor-parallel
+    ranks read their shares of the weights and KV at the same time; the pipeline's stages work
+    at the same time only when several batches are in flight (B2), not while one request
+    decodes alone (B1), where they take turns."""
+    return tp_size * (pp_size if stages_overlap else 1)
 
 
 @dataclass(frozen=True)

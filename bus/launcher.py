@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tessera.bus.cleanup import remove_run, remove_stale_runs
 from tessera.bus.process import setup_logging
+from tessera.bus.replicas import check_replicas, run_replicas
 from tessera.bus.restarts import RestartPolicy
 from tessera.bus.run_paths import RunPaths
 from tessera.bus.supervisor import Child, ProcessSpec, Supervisor
@@ -42,7 +43,9 @@ CORE_GROUP = "core"
 
 
 def restart_policy(config: EngineConfig) -> RestartPolicy | None:
-    if config.restart_policy == "off":
+    # Several hosts: a restarted rank could not rejoin the other nodes' collectives, so any
+    # death stops the node (and through the link, the others).
+    if config.restart_policy == "off" or config.nnodes > 1:
         return None
     return RestartPolicy(max_restarts=config.restart_max, window_s=config.restart_window_s,
                          backoff_s=config.restart_backoff_s)
@@ -71,13 +74,26 @@ def build_specs(config: ServerConfig, paths: RunPaths) -> list[ProcessSpec]:
     # vocabulary) start while the workers load the model instead of after it, and the
     # scheduler waits for the workers' WorkerReady itself. The server comes last: its
     # warm-up generation needs the whole engine.
-    plan += [(f"worker{r}", "tessera.worker_proc", ["--rank", str(r)], 0, False)
-             for r in range(config.tp_size)]
+    # One worker per (pipeline stage, tensor-parallel rank): rank = stage * tp_size + tp_rank.
+    # With --nnodes N this node runs its block of ranks, and the link to the other nodes
+    # (bus/node_link.py); a node other than 0 runs nothing else, its workers once it joined.
+    remote = config.node_rank > 0
+    if config.nnodes > 1:
+        plan.append(("link", "tessera.bus.node_link", [], 0, False))
+    plan += [(f"worker{r}", "tessera.worker_proc", ["--rank", str(r)], 1 if remote else 0,
+              False) for r in config.local_ranks]
+    if remote:
+        return _specs(plan, paths)
     plan.append(("scheduler", "tessera.scheduler_proc", [], 0, False))
     plan.append(("detokenizer", "tessera.detokenizer_proc", [], 0, False))
     plan += [(f"tokenizer{i}", "tessera.tokenizer_proc", ["--index", str(i)], 0, False)
              for i in range(config.tokenizer_workers)]
     plan.append(("server", "tessera.server", [], 1, True))
+    return _specs(plan, paths)
+
+
+def _specs(plan: list[tuple[str, str, list[str], int, bool]],
+           paths: RunPaths) -> list[ProcessSpec]:
     specs: list[ProcessSpec] = []
     missing: set[str] = set()
     for name, module, args, stage, drains in plan:
@@ -116,6 +132,8 @@ def check_port_free(host: str, port: int) -> str | None:
 def check_config(config: ServerConfig) -> str | None:
     if config.tp_size < 1:
         return f"--tp-size must be at least 1, got {config.tp_size}"
+    if config.pp_size < 1:
+        return f"--pp-size must be at least 1, got {config.pp_size}"
     if config.ep_size < 1 or config.tp_size % config.ep_size:
         return f"--ep-size {config.ep_size} must divide --tp-size {config.tp_size}"
     if config.tokenizer_workers < 1:
@@ -128,10 +146,65 @@ def check_config(config: ServerConfig) -> str | None:
         return (f"--restart-max must be at least 1 and --restart-backoff-s, "
                 f"--restart-window-s not negative (got {config.restart_max}, "
                 f"{config.restart_backoff_s}, {config.restart_window_s})")
+    problem = check_replicas(config) or check_nodes(config)
+    if problem:
+        return problem
     if config.heartbeat_timeout_s <= config.heartbeat_interval_s:
         return (f"--heartbeat-timeout-s ({config.heartbeat_timeout_s}) must exceed "
                 f"--heartbeat-interval-s ({config.heartbeat_interval_s})")
     return check_model_files(config)
+
+
+def check_nodes(config: ServerConfig) -> str | None:
+    if config.nnodes < 1 or not 0 <= config.node_rank < config.nnodes:
+        return (f"--node-rank must be in [0, --nnodes) and --nnodes at least 1 (got "
+                f"{config.node_rank} of {config.nnodes})")
+    if config.nnodes == 1:
+        return None
+    from tessera.bus.node_link import split_addr
+
+    if not config.dist_init_addr:
+        return "--nnodes > 1 needs --dist-init-addr HOST:PORT of node 0"
+    try:
+        split_addr(config.dist_init_addr)
+    except ValueError as exc:
+        return str(exc)
+    if config.world_size % config.nnodes:
+        return (f"--nnodes {config.nnodes} must divide the worker ranks (--tp-size x "
+                f"--pp-size = {config.world_size})")
+    import zmq
+
+    if not zmq.has("curve"):
+        return "--nnodes > 1 needs ZeroMQ with CURVE (libsodium) for the encrypted bus link"
+    return None
+
+
+def default_key_file(env: Env) -> str:
+    """Beside the run manifests: ~/.local/state/tessera/bus-key.json."""
+    return os.path.join(os.path.dirname(runs_dir(env.runs_dir)), "bus-key.json")
+
+
+def prepare_node_keys(config: ServerConfig, env: Env) -> tuple[ServerConfig, str | None]:
+    """Several hosts: the key file of the encrypted link, written on node 0 if missing and
+    required elsewhere. (config with the path set, a message when it cannot be used)."""
+    if config.nnodes == 1:
+        return config, None
+    from tessera.bus.curve import KeyFileError, ensure_keys, read_keys
+
+    path = config.dist_key_file or default_key_file(env)
+    config = config.replace(dist_key_file=os.path.abspath(path))
+    try:
+        if config.node_rank == 0:
+            existed = os.path.exists(path)
+            ensure_keys(path)
+            if not existed:
+                log.info("wrote the bus key pair to %s (mode 0600): copy it to the other "
+                         "nodes and give it to them with --dist-key-file", path)
+        else:
+            read_keys(path)
+    except (KeyFileError, OSError) as exc:
+        return config, str(exc)
+    return config, None
 
 
 def check_model_files(config: EngineConfig) -> str | None:
@@ -152,6 +225,21 @@ def check_model_files(config: EngineConfig) -> str | None:
     return None
 
 
+def check_split(config: EngineConfig) -> str | None:
+    """An impossible --tp-size / --pp-size / --ep-size for the model, said before anything
+    starts. A model that cannot be opened here is left to the workers, which say why."""
+    from tessera.formats import open_model
+    from tessera.formats.parallel import split_problems
+
+    try:
+        model = open_model(config.model, config.load_format, config.seed).config
+    except Exception as exc:  # noqa: BLE001 - the workers report it with their context
+        log.debug("split check skipped: %s", exc)
+        return None
+    problems = split_problems(model, config.tp_size, config.pp_size, config.ep_size)
+    return "; ".join(problems) if problems else None
+
+
 def ready_banner(config: ServerConfig, children: list[Child], startup: str = "") -> str:
     """The URL and a curl line to paste, printed once every process is ready."""
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
@@ -167,6 +255,15 @@ def ready_banner(config: ServerConfig, children: list[Child], startup: str = "")
             + (f"  {startup}\n" if startup else "") +
             f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
             f"-d {shlex.quote(body)}\n")
+
+
+def node_banner(config: ServerConfig) -> str:
+    from tessera.bus.node_link import link_endpoint
+
+    ranks = list(config.local_ranks)
+    return (f"\ntessera node {config.node_rank} of {config.nnodes} is ready: worker ranks "
+            f"{ranks}, joined node 0 at {link_endpoint(config.dist_init_addr or '')}; stop "
+            f"with Ctrl-C (node 0 stops with it)\n")
 
 
 def key_on_command_line(argv: list[str]) -> bool:
@@ -195,10 +292,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tessera serve: invalid configuration: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.log_level, "supervisor", config.log_format)
-    problem = check_config(config)
+    problem = check_config(config) or check_split(config)
     if problem:
         print(f"tessera serve: {problem}", file=sys.stderr)
         return 2
+    config, problem = prepare_node_keys(config, env)
+    if problem:
+        print(f"tessera serve: {problem}", file=sys.stderr)
+        return 2
+    if config.node_rank > 0:
+        return run_supervised(config, env, launched_at=launched_at, argv=argv,
+                              on_ready=lambda _children: print(node_banner(config), flush=True))
+    if config.dp_size > 1:
+        metrics_port = (config.replica_metrics_port if config.replica_metrics_port is not None
+                        else config.port + 1)
+        problem = (check_port_free(config.host, config.port)
+                   or check_port_free(config.host, metrics_port))
+        if problem:
+            print(f"tessera serve: {problem}", file=sys.stderr)
+            return 2
+        return run_replicas(config, argv)
     return run_supervised(config, env,
                           preflight=lambda: check_port_free(config.host, config.port),
                           launched_at=launched_at, argv=argv)

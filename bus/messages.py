@@ -225,8 +225,10 @@ class SamplingParams:
             if not isinstance(pair, tuple | list) or len(pair) != 2:
                 return "logit_bias must map token ids to numbers"
             token, bias = pair
-            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-                return f"logit_bias keys must be token ids (non-negative integers), got {token!r}"
+            if isinstance(token, bool) or not isinstance(token, int) or \
+                    not 0 <= token <= self.MAX_TOKEN_ID:
+                return f"logit_bias keys must be token ids in [0, {self.MAX_TOKEN_ID}], got " \
+                       f"{token!r}"
             if isinstance(bias, bool) or not isinstance(bias, int | float) or \
                     not -100.0 <= bias <= 100.0:
                 return f"logit_bias values must be numbers in [-100, 100], got {bias!r}"
@@ -400,6 +402,12 @@ class WorkerReady(Message):
     vocab_size: int
     eos_token_ids: list[int] = field(default_factory=list)
     device: str = ""
+    # This rank returns SampledTokens and takes GrammarInit (exactly one rank does).
+    answers: bool = False
+    # 0: one pipeline, the scheduler may send step n+1 before step n's tokens are back and
+    # refer to them (input id -1). N > 0: the workers hold N batches in flight at once
+    # (pipeline stages), and a batch may not refer to a token of a batch still in flight.
+    batches_in_flight: int = 0
 
 
 @register
@@ -757,3 +765,54 @@ class Shutdown(Message):
     """Ask a process to stop (drain where it can)."""
 
     reason: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# Between the nodes of a multi-host engine (bus/node_link.py), over the encrypted tcp link
+# --------------------------------------------------------------------------------------------
+
+
+@register
+@dataclass(frozen=True)
+class NodeJoin(Message):
+    """Node `node_rank`'s link asks node 0's to take it in. `config_digest`: a hash of the
+    engine configuration every node must share (model, sizes, batching)."""
+
+    node_rank: int
+    nnodes: int
+    ranks: list[int]
+    config_digest: str
+
+
+@register
+@dataclass(frozen=True)
+class NodeWelcome(Message):
+    """Node 0's answer to a NodeJoin: accepted, or why not."""
+
+    node_rank: int
+    accepted: bool
+    reason: str = ""
+
+
+@register
+@dataclass(frozen=True)
+class NodeHeartbeat(Message):
+    """Liveness of a node's link, both ways, every heartbeat interval. `leaving`: the node
+    stops on purpose (its peers stop too, cleanly)."""
+
+    node_rank: int
+    time: float
+    leaving: bool = False
+
+
+@register
+@dataclass(frozen=True)
+class PageRows(Message):
+    """Page-table entries for another node's copy of `req_to_token`, sent before the step that
+    reads them: row rows[i] gets slots[offsets[i]:offsets[i+1]] from column starts[i] on."""
+
+    step: int
+    rows: np.ndarray
+    starts: np.ndarray
+    offsets: np.ndarray
+    slots: np.ndarray

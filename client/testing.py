@@ -78,6 +78,7 @@ class FakeEngine:
         self.reply_len = reply_len
         self.requests: list[GenerateRequest] = []
         self.aborts: list[AbortRequest] = []
+        self.emitted_at_abort: dict[str, int] = {}  # rid -> tokens it had produced, all choices
         self.control: list[Message] = []  # Ready / Heartbeat messages received
         self.startup: dict[str, Any] = {}  # the supervisor's start-up report, when set
         self.processes: dict[str, dict[str, Any]] = {
@@ -168,7 +169,10 @@ class FakeEngine:
 
     def _abort(self, msg: AbortRequest) -> None:
         self.aborts.append(msg)
-        for choice in [c for c in self._active if c.req.rid == msg.rid]:
+        aborted = [c for c in self._active if c.req.rid == msg.rid]
+        if aborted:
+            self.emitted_at_abort[msg.rid] = sum(c.emitted for c in aborted)
+        for choice in aborted:
             self._active.remove(choice)
             self._send(choice.req.reply_to, self._output(choice, [], "abort"))
 

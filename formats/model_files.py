@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from tessera.formats.config import ModelConfig
@@ -58,16 +58,17 @@ class ModelFiles(ABC):
         return None
 
     def iter_tensors(self, dtype: torch.dtype | None = None, *, progress: bool = True,
-                     keep_quantized: bool = False
+                     keep_quantized: bool = False, only: Callable[[str], bool] | None = None
                      ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
         """Yield (hf_name, cpu tensor in dtype) one at a time, with a progress bar on stderr,
         so that a model never needs two copies of its weights in memory. With keep_quantized,
         a linear weight the checkpoint stores quantized comes as a QuantizedWeight (hal/quant)
-        instead; everything else is dequantized to dtype."""
+        instead; everything else is dequantized to dtype. `only`: the names to read (a
+        pipeline stage reads its own layers only)."""
         import torch
 
         dtype = dtype or torch.float32
-        names = self.tensor_names()
+        names = [n for n in self.tensor_names() if only is None or only(n)]
         bar = _progress(len(names), f"Loading {self.kind} weights", progress)
         try:
             for name in names:

@@ -592,3 +592,7 @@ def test_communicator_two_processes(hal_platform: Platform, tmp_path: Path) -> N
         assert got["reduce_scatter"] == [[10.0, 12.0], [14.0, 16.0]][rank]
         # rank 0 sends [1, 2, 3] to rank 1, which sends back what it got plus one
         assert got["recv"] == [[2.0, 3.0, 4.0], [1.0, 2.0, 3.0]][rank]
+        assert got["split_alone"] == [rank + 1.0, rank + 1.0]
+        assert got["split_rank"] == [float(rank), 2.0]
+        assert got["split_all_reduce"] == [3.0, 3.0]
+        assert got["split_recv"] == [[7.0, 8.0], [0.0, 0.0]][rank]  # rank 1 sent to 0

@@ -39,6 +39,20 @@ def main(argv: list[str]) -> int:
             comm.send(got + 1, 0)
             results["recv"] = got
         comm.barrier()
+        # Groups split off the world: alone, and both together (listed in any order).
+        alone = comm.split([[0], [1]])
+        results["split_alone"] = alone.all_reduce(torch.full((2,), rank + 1.0, device=dev))
+        swapped = comm.split([[1, 0]])
+        results["split_rank"] = torch.tensor([float(swapped.rank), float(swapped.world_size)])
+        results["split_all_reduce"] = swapped.all_reduce(
+            torch.full((2,), rank + 1.0, device=dev))
+        got = torch.zeros(2, device=dev)
+        if swapped.rank == 1:  # group ranks ascend with world ranks: 1 sends to 0
+            swapped.send(torch.tensor([7.0, 8.0], device=dev), 0)
+        else:
+            swapped.recv(got, 1)
+        results["split_recv"] = got
+        comm.barrier()
     finally:
         comm.destroy()
     with open(out_path, "w") as f:

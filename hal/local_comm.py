@@ -84,6 +84,14 @@ class LoopbackCommunicator(Communicator):
     def barrier(self) -> None:
         pass
 
+    def split(self, groups: list[list[int]]) -> Communicator:
+        """This rank's group, every peer of it still being this process."""
+        if sorted(r for g in groups for r in g) != list(range(self.world_size)):
+            raise ValueError(f"split: groups {groups} must cover ranks 0..{self.world_size - 1} "
+                             f"once each")
+        (mine,) = [g for g in groups if self.rank in g]
+        return LoopbackCommunicator(sorted(mine).index(self.rank), len(mine))
+
     def destroy(self) -> None:
         self._mailbox.clear()
 

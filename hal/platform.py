@@ -103,10 +103,36 @@ class GraphRunner(ABC):
 
 
 class Communicator(ABC):
-    """Collectives among the TP ranks. `world_size == 1` short-circuits every call."""
+    """Collectives among a group of ranks (the tensor-parallel ranks of a stage, or every
+    worker for the pipeline's point-to-point sends). `world_size == 1` short-circuits every
+    call. `rank` and the ranks `send`/`recv` name are ranks within this communicator."""
 
     rank: int
     world_size: int
+
+    def split(self, groups: list[list[int]]) -> Communicator:
+        """The communicator of the group holding this rank. Every rank calls it with the same
+        disjoint `groups` (ranks of this communicator) in the same order; a group's ranks are
+        renumbered 0.. in ascending order (as torch.distributed numbers them). The new communicator is torn down with this one."""
+        mine = [g for g in groups if self.rank in g]
+        if len(mine) != 1 or sorted(r for g in groups for r in g) != list(range(self.world_size)):
+            raise ValueError(f"split: groups {groups} must cover ranks 0..{self.world_size - 1} "
+                             f"once each")
+        if mine[0] == list(range(self.world_size)):
+            return self
+        raise NotImplementedError(f"{type(self).__name__} cannot be split into groups")
+
+    def configure(self, *, one_shot_max_bytes: int, dtype: torch.dtype) -> str:
+        """Engine hints, called by every rank of the group at the same point after creation:
+        all-reduces of `dtype` up to `one_shot_max_bytes` may take a faster path the plugin
+        offers (a collective set-up). Returns what was chosen, for the log."""
+        del one_shot_max_bytes, dtype
+        return "default collectives"
+
+    def abort(self) -> None:
+        """Leave the group at once, even with collectives a peer will never join (shutdown
+        while a step is half done). By default the same as destroy()."""
+        self.destroy()
 
     @abstractmethod
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor: ...
@@ -144,6 +170,13 @@ class Platform(ABC):
     @abstractmethod
     def device(self, rank: int = 0) -> torch.device: ...
 
+    def use_device(self, index: int) -> None:
+        """Make device `index` this process's current one (where allocations that name no
+        device go, whose memory `mem_get_info` reports): a worker calls it first, with its
+        own device (a second replica, a rank of another node). A no-op where a process has
+        no current device."""
+        return None
+
     @abstractmethod
     def synchronize(self) -> None: ...
 
@@ -172,4 +205,8 @@ class Platform(ABC):
 
     @abstractmethod
     def create_communicator(self, rank: int, world_size: int, init_method: str,
-                            loopback: bool = False) -> Communicator: ...
+                            loopback: bool = False,
+                            device_index: int | None = None) -> Communicator:
+        """`device_index`: the device this rank's tensors live on when it is not
+        `device(rank)` (a second replica, a rank of another node); None: `device(rank)`.
+        Callers pass it only when it differs, so a plugin may leave it out."""

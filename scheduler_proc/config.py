@@ -15,6 +15,10 @@ class SchedulerConfig(BatchingConfig):
     max_context_len: int
     eos_token_ids: tuple[int, ...] = ()
     vocab_size: int = 0  # 0: unknown, ids not checked
+    # 0: overlap as configured (a step may refer to the token of the one before it, still in
+    # flight). N > 0: the workers hold N batches in flight (pipeline stages) and none may
+    # depend on another in flight: a row decodes again only once its token is back.
+    batches_in_flight: int = 0
 
     @classmethod
     def from_engine(cls, config: EngineConfig, ready: WorkerReady) -> SchedulerConfig:
@@ -28,4 +32,5 @@ class SchedulerConfig(BatchingConfig):
             max_context_len=ready.max_context_len,
             eos_token_ids=tuple(ready.eos_token_ids),
             vocab_size=ready.vocab_size,
+            batches_in_flight=ready.batches_in_flight,
         )

@@ -9,15 +9,18 @@ In order, every step:
   2. prefill chunks of sequences admitted earlier, under the token budget
      (`Scheduler.step_token_budget`: chunked_prefill_size; while streams decode, what keeps
      the step within max_mixed_step_ratio decode steps at the measured costs; about
-     step_target_ms of work when others decode or wait; decodes do not count against it,
-     they are planned first and never wait for a prefill). While requests
+     step_target_ms of work, as a request may arrive during any step; decodes do not count
+     against it, they are planned first and never wait for a prefill). While requests
      wait, these chunks take at most half the budget: a long prompt shares its steps with
      new arrivals instead of holding them until its last chunk;
   3. admission: waiting sequences in policy order take a row, their cached prefix (locked)
      and a first chunk, while budget, rows and pages last. A page of headroom per running
      sequence is kept back so that new arrivals do not force retractions at once. A sequence
      whose first page is being computed right now by another one (same tokens, not cached
-     yet) waits a step or two and then reuses it instead of computing it again.
+     yet) waits a step or two and then reuses it instead of computing it again. With lpm
+     the queue is re-ranked by cached prefix first (`policy.py`).
+Before all that, with the priority policy, a waiting sequence that has no place or memory
+takes those of running sequences of lower priority: they are retracted (`_preempt`).
 Pages and page-table slots are written here, before the batch is sent.
 """
 
@@ -29,6 +32,7 @@ import numpy as np
 
 from tessera.scheduler_proc import speculation
 from tessera.scheduler_proc.batch import Chunk
+from tessera.scheduler_proc.policy import preemption_victim
 from tessera.scheduler_proc.request import Sequence
 from tessera.scheduler_proc.speculation import Drafts
 
@@ -64,12 +68,41 @@ class Planner:
     def plan(self) -> tuple[np.ndarray, np.ndarray, list[Chunk], Drafts | None]:
         """(decode rows, their input ids, prefill chunks, the decodes' proposals): everything
         already allocated. A decode with proposals has 1 + its proposals' input ids."""
+        if self.s.by_priority:
+            self._preempt()
         dec_rows, dec_inputs, drafts = self._plan_decodes()
         budget = self.s.step_token_budget(decoding=dec_rows.shape[0] > 0)
         share = max(self.s.page_size, budget // 2) if self.s.waiting else budget
         chunks, left = self._plan_prefills(min(share, budget))
         self._admit(chunks, left + budget - min(share, budget))
         return dec_rows, dec_inputs, chunks, drafts
+
+    def _preempt(self) -> None:
+        """Priority policy: while the first waiting sequence has no row or no memory for its
+        first chunk, retract running sequences of lower priority (lowest first). Done before
+        the decodes are planned, so a retracted sequence is in no part of this step."""
+        s = self.s
+        while (head := s.waiting.peek()) is not None:
+            victim = preemption_victim(head, s.running.values())
+            if victim is None or self._fits(head):
+                return
+            s.retract(victim)
+
+    def _fits(self, seq: Sequence) -> bool:
+        """Would admission take `seq`: a place among the running sequences, and pages for
+        its first chunk beyond the headroom kept for them? (A row a retracted sequence left
+        comes free once the steps in flight are back: it counts as free. A sequence waiting
+        for a first page that another one is computing gains nothing from memory: it fits.)"""
+        s = self.s
+        if len(s.running) >= s.config.max_running_requests:
+            return False
+        cached = s.kv.matched_tokens(seq.tokens)
+        if not cached and (key := self._first_page(seq)) is not None and key in self._pending:
+            return True
+        budget = s.step_token_budget(decoding=bool(s.running))
+        chunk = min(int(seq.tokens.shape[0]) - cached, max(s.page_size, budget // 2))
+        need = -(-chunk // s.page_size)
+        return s.kv.available() - len(s.running) >= need
 
     def _decode_ready(self) -> np.ndarray:
         s = self.s
@@ -78,7 +111,15 @@ class Planner:
         if not rows.shape[0]:
             return rows
         total = st.n_known[rows] + st.pending[rows]
-        ready = (st.kv_len[rows] == total - 1) & (total < st.max_total[rows])
+        decoding = st.kv_len[rows] == total - 1  # the prompt is in KV (token in flight or not)
+        ready = decoding & (total < st.max_total[rows])
+        if not s.chain:
+            # Batches in flight are independent: a row waits for its token to come back, and
+            # each batch takes its share of the decoding rows, so every stage has work.
+            ready &= st.pending[rows] == 0
+            chosen = rows[ready]
+            share = -(-int(decoding.sum()) // s.depth)
+            return chosen[:share]
         if s.depth > 1:
             # Penalties need the full history; the token in flight is not known yet.
             ready &= ~(st.has_penalty[rows] & (st.pending[rows] > 0))
@@ -223,6 +264,8 @@ class Planner:
         s = self.s
         limit = s.config.max_running_requests
         deferred: list[Sequence] = []
+        if budget > 0 and s.row_pool.free_rows and len(s.running) < limit:
+            s.waiting.rank(s.kv.matched_tokens)
         while budget > 0 and s.row_pool.free_rows and len(s.running) < limit:
             seq = s.waiting.peek()
             if seq is None:

@@ -1,32 +1,62 @@
 """Which waiting sequence runs next, and which running one gives way when memory runs out.
 
-FCFS: arrival order. Priority: higher `priority` first, arrival order among equals. A retracted
-sequence keeps its place (its original arrival), so it comes back before younger requests.
-Removal (abort) is lazy: a heap entry whose `queued` stamp is out of date is skipped.
+FCFS: arrival order. Priority: higher `priority` first, arrival order among equals; a waiting
+sequence that does not fit takes the memory (or the row) of running ones of lower priority
+(`preemption_victim`). LPM (longest prefix match first, as SGLang schedules): the sequence with
+the most prompt tokens already in the radix cache first, arrival order among equals, so that a
+shared prefix is used while it is cached instead of being evicted and computed again. The
+match lengths change as the cache does: the planner re-ranks the queue before each admission
+(`rank`); with more than `LPM_MAX_WAITING` waiting, ranking costs more than it saves and the
+queue stays in arrival order (SGLang does the same).
+
+A retracted sequence keeps its place (its original arrival), so it comes back before younger
+requests. Removal (abort) is lazy: a heap entry whose `queued` stamp is out of date is skipped.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+
+import numpy as np
 
 from tessera.scheduler_proc.request import SeqState, Sequence
 
+LPM_MAX_WAITING = 128
+
 
 class WaitingQueue:
-    def __init__(self, by_priority: bool) -> None:
+    def __init__(self, by_priority: bool, by_prefix: bool = False) -> None:
         self.by_priority = by_priority
+        self.by_prefix = by_prefix  # lpm: `rank` orders by cached prefix length
         self._heap: list[tuple[tuple[int, int, int], int, Sequence]] = []
         self._count = 0
 
     def __len__(self) -> int:
         return self._count
 
+    def _key(self, seq: Sequence) -> tuple[int, int, int]:
+        if self.by_prefix:
+            return (-seq.prefix_hint, seq.req.order, seq.index)
+        return seq.sort_key(self.by_priority)
+
     def push(self, seq: Sequence) -> None:
         seq.state = SeqState.WAITING
         seq.queued += 1
-        heapq.heappush(self._heap, (seq.sort_key(self.by_priority), seq.queued, seq))
+        heapq.heappush(self._heap, (self._key(seq), seq.queued, seq))
         self._count += 1
+
+    def rank(self, matched_tokens: Callable[[np.ndarray], int]) -> None:
+        """lpm: order the queue by the cached prefix of each sequence now (`matched_tokens`
+        of its tokens); arrival order beyond LPM_MAX_WAITING. No-op for other policies."""
+        if not self.by_prefix or not self._count:
+            return
+        seqs = self.sequences()
+        rank = len(seqs) <= LPM_MAX_WAITING
+        for seq in seqs:
+            seq.prefix_hint = matched_tokens(seq.tokens) if rank else 0
+        self._heap = [(self._key(s), s.queued, s) for s in seqs]
+        heapq.heapify(self._heap)
 
     def _clean_top(self) -> None:
         heap = self._heap
@@ -48,10 +78,21 @@ class WaitingQueue:
             seq.queued += 1
             self._count -= 1
 
-    def sequences(self) -> Iterable[Sequence]:
+    def sequences(self) -> list[Sequence]:
         return [s for _, q, s in self._heap if s.state is SeqState.WAITING and q == s.queued]
 
 
 def retraction_victim(running: Iterable[Sequence], by_priority: bool) -> Sequence | None:
     """The sequence to retract first: lowest priority, then youngest."""
     return max(running, key=lambda s: s.sort_key(by_priority), default=None)
+
+
+def preemption_victim(waiting: Sequence, running: Iterable[Sequence]) -> Sequence | None:
+    """Priority policy: the running sequence a waiting one that does not fit may take the
+    place of: the lowest priority, youngest among equals, and only one of strictly lower
+    priority than the waiting sequence (equals never pre-empt each other, which would
+    thrash)."""
+    victim = retraction_victim(running, by_priority=True)
+    if victim is None or victim.req.priority >= waiting.req.priority:
+        return None
+    return victim

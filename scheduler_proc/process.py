@@ -3,14 +3,15 @@
 Started with the worker ranks; it is ready once they are. Inboxes (one shared buffer, so one wait covers both):
   RunPaths.scheduler          TokenizedRequest, AbortRequest, FlushCache (tokenizer, detokenizer)
   RunPaths.scheduler_results  WorkerReady (every rank, at start), SampledTokens and
-                              GrammarReady (rank 0)
-Outboxes: RunPaths.worker(r) for every rank (ForwardBatch; GrammarInit to rank 0 only),
-RunPaths.detokenizer (TokenBatch, ErrorReply). Every send has a timeout; nothing here waits
-on a socket without one.
+                              GrammarReady (the rank whose WorkerReady says it answers)
+Outboxes: RunPaths.worker(r) for every rank (ForwardBatch; GrammarInit to the answering rank
+only), RunPaths.detokenizer (TokenBatch, ErrorReply). Every send has a timeout; nothing here
+waits on a socket without one.
 
 Each loop iteration: handle what arrived (results first in arrival order), then launch steps
-until the pipeline is full (two in flight with overlap: the worker never waits for us), then
-check the worker's deadline. A worker silent for `step_timeout_s` gets its requests failed
+until the pipeline is full (two in flight with overlap: the worker never waits for us; as many
+as the workers hold when they say so, e.g. one per pipeline stage), then check the worker's
+deadline. A worker silent for `step_timeout_s` gets its requests failed
 with 503; the process stays up for the next ones.
 """
 
@@ -63,6 +64,7 @@ class SchedulerProcess(BusProcess):
         self.workers: list[Outbox] = []
         self.detok: Outbox | None = None
         self.ready_msg: WorkerReady | None = None
+        self.answering = 0  # the rank that returns tokens and takes grammars
         self._early: list[Message] = []
         self._rejected: deque[TokenizedRequest] = deque()  # inbox full (receiver thread)
         self._backlog: deque[Message] = deque()  # detokenizer did not take these in time
@@ -85,7 +87,7 @@ class SchedulerProcess(BusProcess):
         sc = SchedulerConfig.from_engine(cfg, ready)
         self.sched = Scheduler(sc, self.table.array)
         self.workers = [Outbox(paths.worker(r), timeout_ms=cfg.send_timeout_ms)
-                        for r in range(cfg.tp_size)]
+                        for r in range(cfg.world_size)]
         self.detok = Outbox(paths.detokenizer, timeout_ms=cfg.send_timeout_ms)
         # Whatever the detokenizer still tracks ran on a scheduler before this one.
         self._emit(ResetRequests(reason="the engine's scheduler restarted"))
@@ -99,7 +101,7 @@ class SchedulerProcess(BusProcess):
 
     def _wait_for_workers(self) -> WorkerReady:
         assert self.inbox is not None
-        want = self.config.tp_size
+        want = self.config.world_size
         readies: dict[int, WorkerReady] = {}
         deadline = time.monotonic() + self.ready_timeout_s
         while len(readies) < want:
@@ -117,12 +119,17 @@ class SchedulerProcess(BusProcess):
                     self._early.append(msg)
         first = readies[0]
         for r in readies.values():
-            if (r.num_slots, r.page_size, r.max_context_len) != \
-                    (first.num_slots, first.page_size, first.max_context_len):
+            if (r.num_slots, r.page_size, r.max_context_len, r.batches_in_flight) != \
+                    (first.num_slots, first.page_size, first.max_context_len,
+                     first.batches_in_flight):
                 raise RuntimeError(f"worker ranks disagree on the KV arena: rank {r.rank} "
                                    f"{r.num_slots}/{r.page_size}/{r.max_context_len}, rank 0 "
                                    f"{first.num_slots}/{first.page_size}/{first.max_context_len}")
-        return first
+        answering = [r.rank for r in readies.values() if r.answers]
+        if len(answering) > 1:
+            raise RuntimeError(f"worker ranks {answering} all say they return the tokens")
+        self.answering = answering[0] if answering else 0
+        return readies[self.answering]
 
     def ready_info(self) -> dict[str, Any]:
         if self.sched is None:
@@ -190,13 +197,14 @@ class SchedulerProcess(BusProcess):
         self._flush_backlog()
 
     def _send_grammar_inits(self) -> None:
-        """Rank 0 holds the grammar matchers (it samples the tokens every rank adopts)."""
+        """The answering rank holds the grammar matchers (it samples the tokens every rank
+        adopts)."""
         assert self.sched is not None
         for init in self.sched.take_grammar_inits():
             try:
-                self.workers[0].send(init)
+                self.workers[self.answering].send(init)
             except SendTimeout as exc:
-                log.error("cannot send a grammar to worker 0: %s", exc)
+                log.error("cannot send a grammar to worker %d: %s", self.answering, exc)
                 self.sched.on_grammar_ready(GrammarReady(
                     first_id=init.first_id, error=f"the model worker is not accepting work "
                                                   f"({exc}); retry later"), 503)

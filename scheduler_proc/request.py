@@ -65,6 +65,7 @@ class Sequence:
     grammar_id: int = -1  # the worker's grammar matcher of this sample (-1: no grammar)
     prompt_scored: int = 0  # prompt tokens whose logprobs were sent (prompt_logprobs)
     embed_sum: np.ndarray | None = None  # embed "mean": the hidden states summed so far
+    prefix_hint: int = 0  # lpm: its tokens found in the cache when the queue was last ranked
 
     def sort_key(self, by_priority: bool) -> tuple[int, int, int]:
         """Smaller runs first; the largest is retracted first."""

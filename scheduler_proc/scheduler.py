@@ -13,7 +13,9 @@ Each step: decodes of every running sequence (retracting the youngest when pages
 then the prefill chunks of sequences already admitted, then new sequences, under the token
 budget `chunked_prefill_size`. With `overlap`, step n+1 is built and sent before step n's
 result is read: decodes use input id -1 ("what this row sampled last"), and a finish is seen
-one step late (the extra token is dropped).
+one step late (the extra token is dropped). When the workers hold several batches in flight
+(`batches_in_flight`, one per pipeline stage), a row decodes again only once its last token is
+back, and the decoding rows are spread over the batches in flight, so the stages all work.
 
 Page invariant (`check_invariant`): every usable page is exactly one of free, held by a
 running sequence (its own pages, or a cache page on a path it locks), or held only by the
@@ -79,14 +81,17 @@ class Scheduler:
         self.seq_of_row: list[Sequence | None] = [None] * n_rows
         self.rid_of_row: list[str] = [""] * n_rows
         self.by_priority = c.schedule_policy == "priority"
-        self.waiting = WaitingQueue(self.by_priority)
+        self.waiting = WaitingQueue(self.by_priority, by_prefix=c.schedule_policy == "lpm")
         self.planner = Planner(self)
         self.limits = Limits(c, self.allocator.total_pages)
         self.requests: dict[str, Request] = {}
         self.running: dict[int, Sequence] = {}  # row -> sequence
         self._active: np.ndarray | None = None  # rows of `running`, rebuilt when it changes
         self.inflight: deque[InFlight] = deque()
-        self.depth = 2 if c.overlap else 1
+        # Steps in flight at most: two with overlap, or as many as the workers hold (one per
+        # pipeline stage), whose decodes then never refer to a token still in flight.
+        self.depth = (c.batches_in_flight or 2) if c.overlap else 1
+        self.chain = c.batches_in_flight == 0
         self._deferred_rows: list[int] = []
         self._fork_rows: set[int] = set()  # rows of index-0 sequences with parked siblings
         self._out = OutputBuilder()
@@ -425,13 +430,14 @@ class Scheduler:
     def step_token_budget(self, decoding: bool) -> int:
         """Prefill tokens this step may compute (`step_cost.py`): --chunked-prefill-size;
         while streams decode, what keeps the step within --max-mixed-step-ratio decode steps
-        (at least an eighth of the chunk size, so arrivals are not starved); while other
-        requests decode or wait, about --step-target-ms of work at the measured speed."""
+        (at least an eighth of the chunk size, so arrivals are not starved); about
+        --step-target-ms of work at the measured speed (whoever arrives meanwhile waits for
+        this step)."""
         c = self.config
         cap = c.chunked_prefill_size or (1 << 30)
         return self.step_cost.prefill_budget(
-            decoding=decoding, others_waiting=len(self.running) > 1 or bool(self.waiting),
-            cap=cap, min_tokens=max(self.page_size, cap // 8), floor=self.page_size,
+            decoding=decoding, cap=cap, min_tokens=max(self.page_size, cap // 8),
+            floor=self.page_size,
             max_mixed_step_ratio=c.max_mixed_step_ratio, step_target_ms=c.step_target_ms)
 
     def _apply_tokens(self, rec: InFlight, res: SampledTokens) -> None:

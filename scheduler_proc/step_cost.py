@@ -10,8 +10,11 @@ The prefill budget protects running decodes: while some decode, a step that also
 may take at most `max_mixed_step_ratio` decode steps, so its chunk is what fits in the rest
 at the measured cost, but never less than `min_tokens` (new requests must still be served:
 protecting decodes must not starve arrivals). Independently, `step_target_ms` caps the
-prefill work of any step while others decode or wait (a slow CPU device must not hold them
-for tens of seconds behind one long prompt), down to a page at least.
+prefill work of every step, down to a page at least: a request that arrives while a long
+prompt prefills waits for the step in flight, so on a slow CPU device no step may last tens
+of seconds, even one that had nobody to wait for it when it started. Before anything is
+measured (a fresh or restarted engine), a step prefills at most UNMEASURED_CHUNK tokens:
+enough to measure the device, little enough not to hold an arrival for long.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 
 MIN_PREFILL_MEASURED = 32  # smaller chunks measure the fixed cost of a step, not a token
 SMOOTHING = 0.3  # weight of the newest step in the moving averages
+UNMEASURED_CHUNK = 512  # prefill tokens a step may carry before the device is measured
 
 
 def _tokens(ms: float, per_token_ms: float) -> int:
@@ -52,19 +56,19 @@ class StepCost:
         if marginal > 0:
             self.prefill_ms_per_token = _ema(self.prefill_ms_per_token, marginal)
 
-    def prefill_budget(self, *, decoding: bool, others_waiting: bool, cap: int,
-                       min_tokens: int, floor: int, max_mixed_step_ratio: float,
-                       step_target_ms: float) -> int:
+    def prefill_budget(self, *, decoding: bool, cap: int, min_tokens: int, floor: int,
+                       max_mixed_step_ratio: float, step_target_ms: float) -> int:
         """Prefill tokens the next step may carry: at most `cap`; while streams decode, what
-        fits in (max_mixed_step_ratio - 1) decode steps but at least `min_tokens`; while
-        others decode or wait, at most step_target_ms of prefill work but at least `floor`."""
+        fits in (max_mixed_step_ratio - 1) decode steps but at least `min_tokens`; at most
+        step_target_ms of prefill work but at least `floor` (UNMEASURED_CHUNK before any
+        measure). A step target of 0 turns the time cap off."""
         per_token = self.prefill_ms_per_token
         if per_token <= 0:
-            return cap  # nothing measured yet
+            return min(cap, UNMEASURED_CHUNK) if step_target_ms > 0 else cap
         budget = cap
         if decoding and max_mixed_step_ratio > 1 and self.decode_ms > 0:
             fits = _tokens((max_mixed_step_ratio - 1) * self.decode_ms, per_token)
             budget = min(budget, max(fits, min_tokens))
-        if step_target_ms > 0 and (decoding or others_waiting):
+        if step_target_ms > 0:
             budget = min(budget, max(_tokens(step_target_ms, per_token), floor))
         return max(budget, min(floor, cap))

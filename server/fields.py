@@ -5,6 +5,12 @@ a parameter dropped silently gives wrong results with no error, which is worse t
 Fields accepted with no effect on the output are the ones that never have one: `user` and
 `metadata` (bookkeeping), `service_tier` "auto"/"default", `store` false, `modalities`
 ["text"]; their other values are refused.
+
+A router made for SGLang workers (the SGLang Model Gateway) parses each request into its own
+typed form and sends it on with every SGLang extension written out at its default value
+(`no_stop_trim: false`, `return_hidden_states: false`, ...). Those defaults are what this
+server does anyway, so they are accepted (`ROUTER_DEFAULTS`); any other value of them is
+refused like an unknown field.
 """
 
 from __future__ import annotations
@@ -29,11 +35,21 @@ CHAT = SAMPLING | BOOKKEEPING | {
     "chat_template_kwargs"}
 COMPLETIONS = SAMPLING | BOOKKEEPING | {"prompt", "echo", "logprobs", "best_of", "suffix"}
 
+# name -> the values that mean "what this server does anyway" (see the module docstring).
+# `log_metrics` is bookkeeping: every request gets its log line either way.
+ROUTER_DEFAULTS: dict[str, tuple[Any, ...]] = {
+    "no_stop_trim": (False,), "return_hidden_states": (False,),
+    "continue_final_message": (False,), "separate_reasoning": (True,),
+    "stream_reasoning": (True,), "return_text_in_logprobs": (False,),
+    "log_metrics": (True, False), "background": (False,), "no_logs": (False,),
+    "return_bytes": (False,), "return_entropy": (False,)}
+
 _warned: set[str] = set()
 
 
 def check_fields(body: dict[str, Any], known: frozenset[str], lenient: bool) -> None:
-    unknown = sorted(set(body) - known)
+    unknown = sorted(name for name in set(body) - known
+                     if not (name in ROUTER_DEFAULTS and _is_default(name, body[name])))
     if unknown:
         if not lenient:
             raise bad_request(
@@ -45,6 +61,11 @@ def check_fields(body: dict[str, Any], known: frozenset[str], lenient: bool) -> 
                 _warned.add(name)
                 log.warning("ignoring the unknown request field %r (--lenient-params)", name)
     _check_bookkeeping(body)
+
+
+def _is_default(name: str, value: Any) -> bool:
+    # `is` on the booleans: 0 == False, and a 0 is not what the router sends.
+    return value is None or any(value is d for d in ROUTER_DEFAULTS[name])
 
 
 def _check_bookkeeping(body: dict[str, Any]) -> None:

@@ -16,8 +16,9 @@ from typing import Any
 
 from aiohttp import web
 
+from tessera.bus.messages import SamplingParams
 from tessera.client import Delta
-from tessera.server.errors import bad_request
+from tessera.server.errors import ApiError, bad_request
 from tessera.server.fields import check_fields
 from tessera.server.formatting import read_body
 from tessera.server.generation import Generation
@@ -71,6 +72,22 @@ def native_sampling(body: dict[str, Any], lenient: bool = False) -> dict[str, An
     return values
 
 
+# SamplingParams name -> the field a /generate caller wrote, for naming it in a 400
+_NATIVE_NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
+                 "logprobs": "top_logprobs_num"}
+
+
+def _native_params(values: dict[str, Any]) -> SamplingParams:
+    try:
+        return sampling(values)
+    except ApiError as exc:
+        native = _NATIVE_NAMES.get(exc.param or "")
+        if native is None or exc.param is None:
+            raise
+        message = exc.message.replace(exc.param, native, 1)
+        raise bad_request(message, native) from None
+
+
 class _Choice:
     def __init__(self) -> None:
         self.text = ""
@@ -122,7 +139,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     values = native_sampling(body, state.config.lenient_params)
     want_logprobs = take(body, "return_logprob", BOOL, False)
     values["logprobs"] = take(body, "top_logprobs_num", INT, 0) if want_logprobs else None
-    params = sampling(values)
+    params = _native_params(values)
     stream = take(body, "stream", BOOL, False)
     rid = take(body, "rid", STR) or uuid.uuid4().hex
     started = time.monotonic()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from typing import Any
 
 from aiohttp import web
@@ -21,6 +22,11 @@ HEADERS = {
     "Cache-Control": "no-cache",
     "X-Accel-Buffering": "no",  # proxies must not hold the stream back
 }
+# Unsent bytes the kernel may hold for a stream. Its send buffer grows by itself to megabytes
+# (net.ipv4.tcp_wmem), which a client that reads nothing would let a slow engine fill for
+# minutes before any write of ours waits and the stall timer starts. Data in flight to a
+# client that reads is not limited by this, so throughput over long links is unchanged.
+UNSENT_LIMIT_BYTES = 64 * 1024
 
 
 class SseWriter:
@@ -37,8 +43,21 @@ class SseWriter:
         self._pending: list[bytes] = []
 
     async def start(self) -> None:
+        self._limit_unsent()
         await self.response.prepare(self.request)
         self.started = True
+
+    def _limit_unsent(self) -> None:
+        transport = self.request.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        option = getattr(socket, "TCP_NOTSENT_LOWAT", None)  # Linux and macOS
+        if sock is None or option is None or sock.family not in (socket.AF_INET,
+                                                                  socket.AF_INET6):
+            return
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, option, UNSENT_LIMIT_BYTES)
+        except OSError:
+            pass  # a kernel without it: the stall timer alone, after its buffer fills
 
     async def send(self, obj: dict[str, Any]) -> None:
         """Queue one event; `flush` writes it."""

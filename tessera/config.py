@@ -25,14 +25,15 @@ from typing import Any
 # may capture graphs; the scheduler's time includes waiting for every worker rank's arena;
 # the server's warm-up runs a first request through the whole engine.
 READY_TIMEOUT_S: dict[str, float] = {"worker": 1800.0, "scheduler": 300.0,
-                                     "detokenizer": 300.0, "tokenizer": 600.0,
+                                     "detokenizer": 300.0, "tokenizer": 600.0, "link": 600.0,
                                      "server": 1200.0}
-SCHEDULE_POLICIES = ("fcfs", "priority")
+SCHEDULE_POLICIES = ("fcfs", "priority", "lpm")
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
 REASONING_PARSERS = ("qwen3", "deepseek-r1")
 SPECULATIVE_ALGORITHMS = ("none", "ngram", "draft")
 LOG_FORMATS = ("text", "json")
 EMBEDDING_POOLINGS = ("last", "mean")
+ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 
 
 def _opt(default: Any, help: str, **kw: Any) -> Any:
@@ -80,10 +81,10 @@ class BatchingConfig:
     max_running_requests: int = _opt(256, "requests decoded together at most",
                                      aliases=["--max-num-seqs"])
     chunked_prefill_size: int = _opt(2048, "prefill tokens per step at most (0: no chunking)")
-    step_target_ms: float = _opt(1000.0, "while other requests decode or wait, prefill chunks "
-                                 "are cut to about this much work per step at the measured "
-                                 "speed, so a long prompt on a slow device cannot hold them "
-                                 "for tens of seconds (0: --chunked-prefill-size only)")
+    step_target_ms: float = _opt(1000.0, "prefill chunks are cut to about this much work per "
+                                 "step at the measured speed, so a long prompt on a slow "
+                                 "device cannot hold requests that arrive meanwhile for tens "
+                                 "of seconds (0: --chunked-prefill-size only)")
     max_mixed_step_ratio: float = _opt(1.8, "while requests decode, a step that also "
                                        "prefills is sized to take at most this many decode "
                                        "steps at the measured costs, so a prompt never stalls "
@@ -91,8 +92,11 @@ class BatchingConfig:
                                        "eighth of --chunked-prefill-size (0: no limit)")
     max_queued_requests: int = _opt(4096, "waiting requests before new ones get 503")
     disable_radix_cache: bool = _opt(False, "turn off prefix reuse")
-    schedule_policy: str = _opt("fcfs", "fcfs | priority (higher `priority` first, then "
-                                "first come first served)", choices=list(SCHEDULE_POLICIES))
+    schedule_policy: str = _opt("fcfs", "fcfs: first come first served; priority: higher "
+                                "`priority` first, and a request that does not fit pre-empts "
+                                "running ones of lower priority; lpm: the longest prompt "
+                                "prefix already in the radix cache first",
+                                choices=list(SCHEDULE_POLICIES))
     overlap: bool = _opt(True, "build step n+1 while step n runs (--no-overlap: one step at a "
                          "time, for debugging)")
     debug_invariants: bool = _opt(False, "check the KV page invariant after every step (slow)")
@@ -121,7 +125,7 @@ class BatchingConfig:
                              f"at least 1 and at most speculative_ngram_max "
                              f"({self.speculative_ngram_max})")
         if self.schedule_policy not in SCHEDULE_POLICIES:
-            raise ValueError(f"schedule_policy must be fcfs or priority, "
+            raise ValueError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}, "
                              f"got {self.schedule_policy!r}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be at least 1")
@@ -170,6 +174,34 @@ class EngineConfig(BatchingConfig):
     ep_size: int = _opt(1, "expert parallelism for Mixture-of-Experts layers: the TP ranks "
                         "form ep_size groups, each holding 1/ep_size of the experts (whole "
                         "experts when ep_size == tp_size); must divide --tp-size")
+    pp_size: int = _opt(1, "pipeline-parallel stages: the layers are split into pp_size "
+                        "stages of equal length, each served by --tp-size worker processes; "
+                        "several batches are in flight so that stages do not idle")
+    all_reduce_one_shot_max_kb: int = _opt(
+        4096, "tensor-parallel all-reduces of at most this many KiB take the plugin's "
+        "one-shot path over peer memory where it offers one (cuda: torch symmetric memory, "
+        "checked against NCCL at start-up); larger ones, and all of them at 0, go through "
+        "the collective library")
+    base_device_id: int = _opt(0, "the first device this engine uses: worker rank r runs on "
+                               "device base + (r modulo the ranks of its node); --dp-size "
+                               "gives replica i the devices from base + i * tp-size * pp-size",
+                               aliases=["--base-gpu-id"])
+    # --- several hosts -----------------------------------------------------------------------
+    nnodes: int = _opt(1, "hosts the --tp-size worker ranks are spread over (each runs "
+                       "tp-size / nnodes of them); node 0 runs the rest of the engine")
+    node_rank: int = _opt(0, "this host's index among --nnodes (0: the one with the server)")
+    dist_init_addr: str | None = _opt(None, "HOST:PORT of node 0 that every node reaches: "
+                                      "torch.distributed meets at PORT, the encrypted bus "
+                                      "link at PORT + 1 (needed with --nnodes > 1)",
+                                      aliases=["--dist-init-address"])
+    dist_key_file: str | None = _opt(None, "the CURVE key pair (JSON) of the bus link between "
+                                     "nodes; node 0 writes a new one (mode 0600) if the file "
+                                     "does not exist; copy it to the other nodes (default: "
+                                     "tessera-bus-key.json in the runs folder)")
+    dist_timeout_s: float = _opt(120.0, "a node that has not joined node 0 by then fails its "
+                                 "start, naming the address it tried (and node 0 fails "
+                                 "when a node has not joined); a node silent on the link "
+                                 "for --heartbeat-timeout-s counts as lost")
     graph_max_tokens: int = _opt(1024, "largest prefill or mixed step (in tokens) replayed "
                                  "from a captured graph; larger ones run eagerly (0: capture "
                                  "decode steps only)")
@@ -237,13 +269,38 @@ class EngineConfig(BatchingConfig):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
                                  f"{getattr(self, name)!r}")
+        if self.all_reduce_one_shot_max_kb < 0:
+            raise ValueError(f"all_reduce_one_shot_max_kb must be 0 (off) or positive, got "
+                             f"{self.all_reduce_one_shot_max_kb}")
         if self.intra_op_threads < 0:
             raise ValueError(f"intra_op_threads must be 0 (automatic) or positive, got "
                              f"{self.intra_op_threads}")
 
     @property
+    def world_size(self) -> int:
+        """Worker processes of the engine: one per (pipeline stage, tensor-parallel rank)."""
+        return self.tp_size * self.pp_size
+
+    @property
     def allowed_special(self) -> frozenset[str]:
         return frozenset(t.strip() for t in self.allowed_special_tokens.split(",") if t.strip())
+
+    @property
+    def ranks_per_node(self) -> int:
+        return max(1, self.world_size // max(1, self.nnodes))
+
+    def node_of(self, rank: int) -> int:
+        """The node that runs worker rank `rank` (node n runs a contiguous block of ranks)."""
+        return rank // self.ranks_per_node
+
+    @property
+    def local_ranks(self) -> range:
+        """The worker ranks this node runs."""
+        first = self.node_rank * self.ranks_per_node
+        return range(first, first + self.ranks_per_node)
+
+    def device_index(self, rank: int) -> int:
+        return self.base_device_id + rank % self.ranks_per_node
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
@@ -329,6 +386,18 @@ class ServerConfig(EngineConfig):
     reasoning_parser: str | None = _opt(None, "put the model's <think> part in "
                                         "reasoning_content: qwen3 or deepseek-r1",
                                         choices=list(REASONING_PARSERS))
+
+    dp_size: int = _opt(1, "data-parallel replicas: independent engines (each with its own "
+                        "scheduler and --tp-size devices) behind a cache-aware router on "
+                        "--port (the SGLang Model Gateway, `pip install tessera[router]`)",
+                        aliases=["--data-parallel-size"])
+    router_policy: str = _opt("cache_aware", "how the router picks a replica: cache_aware "
+                              "(the replica most likely to hold the prompt's prefix, the "
+                              "least loaded when load is uneven), round_robin, power_of_two, "
+                              "random", choices=list(ROUTER_POLICIES))
+    replica_metrics_port: int | None = _opt(None, "--dp-size: port of /metrics with every "
+                                            "replica's load and the routed cache hit rate "
+                                            "(default: --port + 1)")
 
     embedding_pooling: str = _opt("last", "how /v1/embeddings pools the final hidden states: "
                                   "last (the last token's) or mean", choices=list(

@@ -76,7 +76,13 @@ class EngineProcesses:
                        threading.Thread(target=self._read_stderr, daemon=True)]
         for pump in self._pumps:
             pump.start()
-        self._wait_ready(ready_timeout_s)
+        try:
+            self._wait_ready(ready_timeout_s)
+        except BaseException:
+            # Interrupted while starting (Ctrl-C, a caller's alarm): nothing may stay running.
+            if self.alive:
+                self.stop()
+            raise
 
     # -- output pumps -----------------------------------------------------------------------
     def _read_stdout(self) -> None:
@@ -155,15 +161,18 @@ class EngineProcesses:
 
 def _watch_parent() -> None:
     """Stop the engine when the parent goes away (its end of our stdin closes)."""
+    # The raw descriptor, not sys.stdin: a daemon thread blocked inside the buffered reader
+    # holds its lock, and the interpreter's exit then aborts trying to take it.
     try:
-        sys.stdin.buffer.read()
-    except (OSError, ValueError):
+        while os.read(0, 65536):
+            pass
+    except OSError:
         pass
     os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tessera.bus.launcher import build_specs, check_config, run_supervised
+    from tessera.bus.launcher import build_specs, check_config, check_split, run_supervised
     from tessera.bus.process import setup_logging
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -173,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args[0]) as f:
         config = ServerConfig.from_json(f.read())
     setup_logging(config.log_level, "supervisor", config.log_format)
-    problem = check_config(config)
+    problem = check_config(config) or check_split(config)
     if problem:
         print(problem, file=sys.stderr)
         return 2

@@ -115,6 +115,22 @@ def _check_chars(chars: int, what: str, param: str, tok: ModelTokenizer,
                        f"shorten it", param)
 
 
+def _text_chars(*values: Any) -> int:
+    """Characters of every string in `values`, keys included, at any depth. Iterative: a
+    bus client can send nesting deeper than the stack."""
+    total, todo = 0, list(values)
+    while todo:
+        value = todo.pop()
+        if isinstance(value, str):
+            total += len(value)
+        elif isinstance(value, dict):
+            todo.extend(value.keys())
+            todo.extend(value.values())
+        elif isinstance(value, list | tuple):
+            todo.extend(value)
+    return total
+
+
 def _prompt_ids(req: GenerateRequest, tok: ModelTokenizer, context: int | None,
                 allowed_special: frozenset[str]) -> list[int]:
     given = [name for name in ("prompt", "messages", "input_ids")
@@ -139,10 +155,14 @@ def _prompt_ids(req: GenerateRequest, tok: ModelTokenizer, context: int | None,
         if context is not None and len(messages) > context:
             raise Rejected(413, f"messages has {len(messages)} messages: more than the model's "
                            f"context of {context} tokens can hold; send fewer", "messages")
-        _check_chars(sum(len(m["content"]) for m in messages), "the messages' content",
-                     "messages", tok, context)
-        messages, extra = template_inputs(messages, _check_tools(req.tools), tok.chat_template)
-        extra = {**_check_template_kwargs(req.chat_template_kwargs), **extra}
+        tools = _check_tools(req.tools)
+        kwargs = _check_template_kwargs(req.chat_template_kwargs)
+        # Every text the template may write counts, not only the content: a name, a tool
+        # call's arguments or a tool's description can be as long as the body allows.
+        _check_chars(_text_chars(messages, tools, kwargs), "the messages' text (content, "
+                     "names, tool calls, tools)", "messages", tok, context)
+        messages, extra = template_inputs(messages, tools, tok.chat_template)
+        extra = {**kwargs, **extra}
         try:
             # As transformers' apply_chat_template(tokenize=True): the template writes BOS
             # itself; a special token's text inside a message stays text (chat_guard.py).

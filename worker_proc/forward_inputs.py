@@ -32,6 +32,10 @@ class ForwardInputs:
     is_decode: bool
     has_last_sampled: bool = False  # some input id is negative (known on the host: no sync)
     max_extend_len: int = 1  # max(extend_lens), known on the host: no device read per layer
+    # A later pipeline stage starts from the previous stage's hidden states and residual
+    # stream [T, hidden] instead of embedding input_ids (worker_proc/pipeline.py).
+    hidden_in: torch.Tensor | None = None
+    residual_in: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -23,6 +23,11 @@ One set of static buffers sized for the largest bucket serves every bucket (view
 rows), and every graph copies its hidden states into one shared pair of buffers, so no graph
 keeps memory of its own alive after it ends: the capture pool only needs the largest graph's
 temporaries.
+
+A later pipeline stage (`stage_input=(hidden_size, dtype)`) starts from the previous stage's
+hidden states and residual instead of token ids: two more static buffers, filled before each
+replay (padding rows keep whatever they held: their outputs are never read). A stage that is
+not the last takes `run_hidden`'s (hidden, residual) and sends them on.
 """
 
 from __future__ import annotations
@@ -59,7 +64,8 @@ class MixedGraphs:
                  logits: Callable[[torch.Tensor, torch.Tensor | None, ForwardInputs],
                                   torch.Tensor],
                  runner: Any, max_tokens: int, max_requests: int, max_context_len: int,
-                 device: torch.device, buckets: Sequence[int] | None = None) -> None:
+                 device: torch.device, buckets: Sequence[int] | None = None,
+                 stage_input: tuple[int, torch.dtype] | None = None) -> None:
         self.hidden = hidden
         self.logits = logits
         self.runner = runner  # a GraphRunner with capture(key, fn) / replay(key)
@@ -81,6 +87,12 @@ class MixedGraphs:
         self.extend_lens = zeros(r, dtype=torch.int32)
         self.qo_indptr = zeros(r + 1, dtype=torch.int32)
         self.logits_indices = zeros(r, dtype=torch.int64)  # read by no captured op
+        self.hidden_in: torch.Tensor | None = None
+        self.residual_in: torch.Tensor | None = None
+        if stage_input is not None:
+            width, dtype = stage_input
+            self.hidden_in = torch.zeros((n, width), dtype=dtype, device=device)
+            self.residual_in = torch.zeros((n, width), dtype=dtype, device=device)
         self.h: torch.Tensor | None = None  # [largest bucket, hidden], written by every graph
         self.residual: torch.Tensor | None = None
         self.captured: set[int] = set()
@@ -101,7 +113,9 @@ class MixedGraphs:
             req_to_token=self.req_to_token[:reqs], seq_lens=self.seq_lens[:reqs],
             extend_lens=self.extend_lens[:reqs], qo_indptr=self.qo_indptr[:reqs + 1],
             logits_indices=self.logits_indices[:reqs], is_decode=False,
-            max_extend_len=tokens)  # an upper bound, as the op allows for captured steps
+            max_extend_len=tokens,  # an upper bound, as the op allows for captured steps
+            hidden_in=None if self.hidden_in is None else self.hidden_in[:tokens],
+            residual_in=None if self.residual_in is None else self.residual_in[:tokens])
 
     def capture_all(self) -> None:
         """Capture every bucket, the largest first (the smaller ones' temporaries then fit in
@@ -142,6 +156,12 @@ class MixedGraphs:
     def run(self, inputs: ForwardInputs) -> torch.Tensor:
         """float32 logits [S, V] of the step's sampled rows (inputs.logits_indices): the
         bucket's graph, then the final norm and LM head on those rows."""
+        h, residual = self.run_hidden(inputs)
+        return self.logits(h, residual, inputs)
+
+    def run_hidden(self, inputs: ForwardInputs) -> Hidden:
+        """The bucket's graph: the last layer's hidden states and residual of the step's
+        tokens, views of the shared buffers (valid until the next replay)."""
         if not self.can_run(inputs):
             raise ValueError(f"no graph for a step of {inputs.num_tokens} tokens and "
                              f"{int(inputs.seq_lens.shape[0])} requests (buckets: "
@@ -158,6 +178,12 @@ class MixedGraphs:
         self.seq_lens[:batch].copy_(inputs.seq_lens)
         self.extend_lens[:batch].copy_(inputs.extend_lens)
         self.qo_indptr[:batch + 1].copy_(inputs.qo_indptr)
+        if self.hidden_in is not None and self.residual_in is not None:
+            if inputs.hidden_in is None or inputs.residual_in is None:
+                raise ValueError("a later pipeline stage's step needs the previous stage's "
+                                 "hidden states")
+            self.hidden_in[:tokens].copy_(inputs.hidden_in)
+            self.residual_in[:tokens].copy_(inputs.residual_in)
         if bucket > tokens:
             for buf in (self.input_ids, self.positions, self.out_slots):
                 buf[tokens:bucket].zero_()
@@ -168,4 +194,4 @@ class MixedGraphs:
         self.runner.replay(("mixed", bucket))
         assert self.h is not None
         residual = self.residual[:tokens] if self.residual is not None else None
-        return self.logits(self.h[:tokens], residual, inputs)
+        return self.h[:tokens], residual

@@ -1,14 +1,18 @@
-"""ModelRunner: one TP rank's model, KV arena and sampler. `step` runs one ForwardBatch.
+"""ModelRunner: one worker's share of the model (its tensor-parallel slice of its pipeline
+stage's layers), KV arena and sampler. `step` runs one ForwardBatch.
 
 Mixed batches (prefill chunks and decodes together) run as one ragged forward through
 `attention_extend`; a batch of only decodes goes through `attention_decode`. On a plugin that
 captures graphs, both replay graphs captured at start-up: decodes at their padded batch size
 (`worker_proc/graph_decode.py`), other steps of up to --graph-max-tokens tokens at their
-padded token count (`worker_proc/graph_mixed.py`).
+padded token count (`worker_proc/graph_mixed.py`). With --pp-size > 1 every step goes through
+the latter (a stage that is not the last ends at its hidden states, which it sends on: no
+logits), and a later stage starts from what the previous one sent (`worker_proc/pipeline.py`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -35,6 +39,8 @@ from tessera.worker_proc.forward_inputs import ForwardInputs, build_forward_inpu
 from tessera.worker_proc.grammar.runtime import GrammarRuntime
 from tessera.worker_proc.kv_sizing import KVPlan, plan_kv
 from tessera.worker_proc.models import model_class
+from tessera.worker_proc.parallel import RankLayout
+from tessera.worker_proc.pipeline import PipelineLink
 from tessera.worker_proc.pooling import pool_hidden, wants_pooling
 from tessera.worker_proc.prompt_scores import PromptScores, score, with_score_rows
 from tessera.worker_proc.quant_plan import plan_quantization
@@ -84,13 +90,31 @@ class PendingStep:
         return self.sample is None or self.sample.ready()
 
 
+def draws_agree(batch: ForwardBatch) -> bool:
+    """Whether every tensor-parallel rank samples the same tokens on its own, so that none
+    needs rank 0's: greedy rows only (the logits are all-gathered: every rank holds the same
+    ones, and argmax breaks ties the same way) and no grammar mask (only the answering rank
+    holds the matchers). Known on the host: the check costs no device round trip."""
+    if batch.grammar_ids.shape[0]:
+        return False
+    greedy = (np.asarray(batch.temperature) == 0) | (np.asarray(batch.top_k) == 1)
+    return bool(greedy.all())
+
+
 class ModelRunner:
+    """`rank` is the worker's rank among all tp_size x pp_size workers (RankLayout);
+    `communicator` its stage's tensor-parallel group, `world` every worker (pipeline sends and
+    start-up agreement; the TP group itself when there is one stage)."""
+
     def __init__(self, config: EngineConfig, rank: int, platform: Platform,
                  communicator: Communicator | None = None,
-                 files: ModelFiles | None = None) -> None:
+                 files: ModelFiles | None = None, world: Communicator | None = None) -> None:
         self.config, self.rank, self.platform = config, rank, platform
+        self.layout = RankLayout(rank, config.tp_size, config.pp_size)
         self.communicator = communicator
-        self.device = platform.device(rank)
+        self.world = world if world is not None else (
+            communicator if config.pp_size == 1 else None)
+        self.device = platform.device(config.device_index(rank))
         self.dtype = serving_dtype(config, platform)
         # Seconds of each start-up phase (bus/startup.py): weights, kv_arena, graph_capture.
         self.phases: dict[str, float] = {}
@@ -98,20 +122,32 @@ class ModelRunner:
         self.files = files or open_model(config.model, config.load_format, config.seed)
         mc = self.files.config
         self.model_config = mc
+        self.stage = self.layout.stage_layers(mc.num_layers)
         self.max_context_len = int(config.context_length or mc.max_position_embeddings)
+        if communicator is not None and config.tp_size > 1:
+            chosen = communicator.configure(
+                one_shot_max_bytes=config.all_reduce_one_shot_max_kb * 1024, dtype=self.dtype)
+            log.info("rank %d: tensor-parallel all-reduce: %s", rank, chosen)
+        self.pipeline: PipelineLink | None = None
+        if config.pp_size > 1:
+            if self.world is None:
+                raise ValueError("pipeline parallelism needs the world communicator")
+            self.pipeline = PipelineLink(self.world, self.layout, mc.hidden_size, self.dtype,
+                                         self.device)
         free_before = platform.mem_get_info()[0]
         self.quant = plan_quantization(config.quantization, self.files, platform)
         self.kv_dtype = kv_cache_dtype(config, platform, self.dtype)
         cls = model_class(mc.arch)
         self.model = cls(mc, platform, dtype=self.dtype, device=self.device,
-                         max_positions=self.max_context_len, tp_rank=rank,
+                         max_positions=self.max_context_len, tp_rank=self.layout.tp_rank,
                          tp_size=config.tp_size, communicator=communicator,
-                         ep_size=config.ep_size, quant=self.quant)
+                         ep_size=config.ep_size, quant=self.quant, stage=self.stage)
         if isinstance(self.files, DummyFiles | HFFolderFiles):
             # Random weights drawn, or safetensors read, straight onto the device.
             self.files.device = self.device
         self.model.load_weights(self.files.iter_tensors(
-            self.dtype, keep_quantized=self.quant.keep_checkpoint))
+            self.dtype, keep_quantized=self.quant.keep_checkpoint,
+            only=self.model.checkpoint_wanted))
         if self.kv_dtype != self.dtype:
             self.model.set_kv_cache_scales(self.files.kv_cache_scales())
         platform.synchronize()
@@ -129,16 +165,20 @@ class ModelRunner:
             self.weight_bytes += self.draft.weight_bytes
         tp = self.model.tp
         start = time.perf_counter()
-        self.kv_plan: KVPlan = plan_kv(
+        layers = len(self.stage.layers)
+        plan = plan_kv(
             free_bytes_now=platform.mem_get_info()[0], free_bytes_before_weights=free_before,
             is_cpu=platform.name == "cpu", mem_fraction=config.mem_fraction,
             max_total_tokens=config.max_total_tokens, page_size=config.page_size,
-            bytes_per_slot=KVArena.bytes_per_slot(mc.num_layers, tp.num_kv_heads, mc.head_dim,
+            bytes_per_slot=KVArena.bytes_per_slot(layers, tp.num_kv_heads, mc.head_dim,
                                                   self.kv_dtype)
             + (self.draft.bytes_per_slot if self.draft is not None else 0),
             max_context_len=self.max_context_len,
             max_running_requests=config.max_running_requests)
-        self.kv = platform.create_kv_arena(mc.num_layers, self.kv_plan.num_slots,
+        # One page table serves every worker: all take the slots the tightest one has.
+        self.kv_plan: KVPlan = dataclasses.replace(
+            plan, num_slots=self._agree_min(plan.num_slots))
+        self.kv = platform.create_kv_arena(layers, self.kv_plan.num_slots,
                                            tp.num_kv_heads, mc.head_dim, self.kv_dtype)
         if self.draft is not None:
             self.draft.create_arena(self.kv_plan.num_slots)
@@ -150,7 +190,8 @@ class ModelRunner:
         start = time.perf_counter()
         try:
             with quiet_gc():
-                self._capture_decode_graphs()
+                if config.pp_size == 1:
+                    self._capture_decode_graphs()
                 self._capture_mixed_graphs()
                 if self.draft is not None and self.graphs is not None:
                     self.draft.capture_graphs(self._decode_graphs_of, self._mixed_graphs_of)
@@ -160,7 +201,7 @@ class ModelRunner:
                 f"--disable-cuda-graph serves without graphs, `tessera doctor --bisect-capture` "
                 f"names the first op that does not capture" + coded(GRAPH_CAPTURE_FAILED)
             ) from exc
-        if self.graphs is not None:
+        if self.graphs is not None or self.mixed_graphs is not None:
             self.phases["graph_capture"] = time.perf_counter() - start
         self.sampler = Sampler(platform.op("sample"), self.device)
         # Rank 0's grammar matchers (structured output), made on the first GrammarInit.
@@ -190,15 +231,29 @@ class ModelRunner:
         log.info("rank %d: captured decode graphs for batch sizes %s in %.1fs", self.rank,
                  graphs.sizes, time.perf_counter() - start)
 
+    def _agree_min(self, value: int) -> int:
+        """The smallest of every worker's `value` (a collective over the world)."""
+        if self.world is None or self.world.world_size == 1:
+            return value
+        mine = torch.tensor([value], dtype=torch.int64, device=self.device)
+        return int(self.world.all_gather(mine, dim=0).min().item())
+
     def _capture_mixed_graphs(self) -> None:
         """Capture prefill and mixed steps of up to --graph-max-tokens tokens, where the
-        decode graphs are captured (a runner and pool of their own)."""
-        cfg = self.config
-        if self.graphs is None or mixed_token_limit(cfg, self.kv_plan.num_slots) < 1:
+        decode graphs are captured (a runner and pool of their own); with several pipeline
+        stages, every step (decodes too) goes through these."""
+        cfg, platform = self.config, self.platform
+        if cfg.pp_size == 1 and self.graphs is None:
+            return  # no decode graphs (no capture(key, fn) runner): no mixed ones either
+        if cfg.disable_cuda_graph or not platform.capabilities.graph_capture:
+            return
+        if mixed_token_limit(cfg, self.kv_plan.num_slots) < 1:
             return
         start = time.perf_counter()
+        stage_input = None if self.stage.is_first else (self.model_config.hidden_size,
+                                                          self.dtype)
         self.mixed_graphs = graphs = self._mixed_graphs_of(
-            lambda inp: self.model.hidden(inp, self.kv), self.model.logits)
+            lambda inp: self.model.hidden(inp, self.kv), self.model.logits, stage_input)
         self.phases["graph_capture_mixed"] = time.perf_counter() - start
         self.phases["graph_mixed_sizes"] = float(len(graphs.buckets))
         log.info("rank %d: captured prefill/mixed graphs for %s tokens in %.1fs", self.rank,
@@ -215,7 +270,8 @@ class ModelRunner:
         graphs.capture_all()
         return graphs
 
-    def _mixed_graphs_of(self, hidden: Any, logits: Any) -> Any:
+    def _mixed_graphs_of(self, hidden: Any, logits: Any,
+                         stage_input: tuple[int, torch.dtype] | None = None) -> Any:
         """Prefill / mixed-step graphs of `hidden` (`logits` then runs eagerly), captured;
         None when no such step can be captured."""
         from tessera.worker_proc.graph_mixed import MixedGraphs
@@ -225,19 +281,27 @@ class ModelRunner:
             return None
         graphs = MixedGraphs(hidden, logits, self.platform.create_graph_runner(), limit,
                              self.config.max_running_requests, self.max_context_len,
-                             self.device)
+                             self.device, stage_input=stage_input)
         graphs.capture_all()
         return graphs
 
     def seed_default_rng(self) -> None:
         torch.manual_seed(self.config.seed)  # unseeded requests: reproducible per engine run
 
+    @property
+    def answers(self) -> bool:
+        """This worker returns the sampled tokens (and holds the grammars)."""
+        return self.layout.answers
+
     def ready_message(self) -> WorkerReady:
+        pp = self.config.pp_size
         return WorkerReady(
-            rank=self.rank, world_size=self.config.tp_size, num_slots=self.kv_plan.num_slots,
+            rank=self.rank, world_size=self.config.world_size,
+            num_slots=self.kv_plan.num_slots,
             page_size=self.kv_plan.page_size, max_context_len=self.max_context_len,
             vocab_size=self.model_config.vocab_size,
-            eos_token_ids=list(self.model_config.eos_token_ids), device=str(self.device))
+            eos_token_ids=list(self.model_config.eos_token_ids), device=str(self.device),
+            answers=self.answers, batches_in_flight=pp if pp > 1 else 0)
 
     # -- grammars (rank 0) --------------------------------------------------------------------
 
@@ -294,12 +358,26 @@ class ModelRunner:
         if batch.batch_size == 0:
             return PendingStep(batch.step, None, start)
         inputs = build_forward_inputs(batch, req_to_token, self.device)
-        self._resolve_last_sampled(inputs)
+        if self.pipeline is None:
+            self._resolve_last_sampled(inputs)
+        elif self.stage.is_first:
+            if inputs.has_last_sampled:
+                # Only the last stage knows a token in flight: the scheduler must not send
+                # a row whose previous token it has not received (batches_in_flight).
+                raise ValueError(f"step {batch.step}: an input id refers to a token still in "
+                                 f"flight, which a pipeline's first stage cannot know")
+        else:
+            inputs.hidden_in, inputs.residual_in = self.pipeline.receive(inputs.num_tokens)
+        if not self.stage.is_last:
+            assert self.pipeline is not None
+            with torch.inference_mode():
+                self.pipeline.send(*self.forward_hidden(inputs))
+            return PendingStep(batch.step, None, start)
         verify = plan_verify(batch, self.device)
         if self.draft is not None:  # its KV for every token; the proposals it is asked for
             self.draft.step(batch, inputs, req_to_token)
         grammar = self.grammar
-        if grammar is None and self.rank == 0 and batch.grammar_ids.shape[0]:
+        if grammar is None and self.answers and batch.grammar_ids.shape[0]:
             grammar = self._grammar_runtime()  # (its matchers are unknown: the rows fail)
         record = None
         scored = with_score_rows(batch, inputs, self.device)
@@ -327,10 +405,10 @@ class ModelRunner:
             else:
                 sample = self.sampler.sample(logits, batch, mask, verify.sel, verify.offset_add)
         tokens = sample.tokens
-        if self.config.tp_size > 1:
-            # Unseeded draws may differ between ranks: every rank adopts rank 0's tokens.
+        if self.config.tp_size > 1 and not draws_agree(batch):
+            # Unseeded draws may differ between ranks: all adopt their TP rank 0's tokens.
             assert self.communicator is not None
-            own = tokens if self.rank == 0 else torch.zeros_like(tokens)
+            own = tokens if self.layout.tp_rank == 0 else torch.zeros_like(tokens)
             tokens = sample.tokens = self.communicator.all_reduce(own)
         result: DeviceSample | VerifiedSample = sample
         if verify is not None:  # every rank keeps the same proposals: the draws agree
@@ -375,6 +453,13 @@ class ModelRunner:
         if inputs.has_last_sampled:
             ids = inputs.input_ids
             inputs.input_ids = torch.where(ids < 0, self.last_sampled[inputs.token_rows], ids)
+
+    def forward_hidden(self, inputs: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A stage's output (hidden states, residual) for every token: a captured graph where
+        one holds the step, else eager."""
+        if self.mixed_graphs is not None and self.mixed_graphs.can_run(inputs):
+            return self.mixed_graphs.run_hidden(inputs)  # type: ignore[no-any-return]
+        return self.model.hidden(inputs, self.kv)
 
     def forward(self, inputs: ForwardInputs) -> torch.Tensor:
         """float32 logits [S, V]. A decode-only batch takes forward_decode; another step

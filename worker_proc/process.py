@@ -1,11 +1,18 @@
 """The worker process: `python -m tessera.worker_proc --run-dir DIR --rank R`.
 
-One process per TP rank. Inbox RunPaths.worker(rank): ForwardBatch (every rank gets the same
-batches in the same order). Outbox RunPaths.scheduler_results: WorkerReady once the model is
-loaded and the KV arena carved; then (rank 0 only) one SampledTokens per ForwardBatch, sent as
-zero-copy frames. A step that fails answers with SampledTokens.error so the scheduler can
-abort its requests; the process stays up. Rank 0 also takes GrammarInit and answers each with
-a GrammarReady once the grammar is compiled (worker_proc/grammar/).
+One process per (pipeline stage, TP rank): rank = stage * tp_size + tp_rank
+(worker_proc/parallel.py). Inbox RunPaths.worker(rank): ForwardBatch (every rank gets the
+same batches in the same order). Outbox RunPaths.scheduler_results: WorkerReady once the model
+is loaded and the KV arena carved; then (the answering rank only: the last stage's TP rank 0)
+one SampledTokens per ForwardBatch, sent as zero-copy frames. A step that fails answers with
+SampledTokens.error so the scheduler can abort its requests; the process stays up. The
+answering rank also takes GrammarInit and answers each with a GrammarReady once the grammar is
+compiled (worker_proc/grammar/).
+
+Stopping (SIGTERM): the loop ends, the step in flight gets a moment to finish, and the worker
+leaves its communicators: destroyed when every step it started has finished, aborted when one
+has not (a peer that stopped first will never join its collectives); each part is bounded in
+time, so the worker is gone well within the supervisor's grace.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,7 +58,7 @@ class WorkerProcess(BusProcess):
         self.runner: Any = None
         self.results: Outbox | None = None
         self.table: Any = None
-        self.communicator: Any = None
+        self.comms: Any = None  # worker_proc.parallel.Communicators
         self.steps = 0
         self.failed_steps = 0
         self.tokens = 0
@@ -61,26 +70,35 @@ class WorkerProcess(BusProcess):
         from tessera.hal import host_threads
 
         wait_policy = host_threads.set_wait_policy()  # before torch is imported
+        from tessera.formats.parallel import devices_problem
         from tessera.hal.registry import load_platform
+        from tessera.worker_proc.dist_init import communicator_args
         from tessera.worker_proc.model_runner import ModelRunner
         from tessera.worker_proc.page_table import AttachedPageTable
+        from tessera.worker_proc.parallel import Communicators, RankLayout
 
         cfg = self.config
-        if not 0 <= self.rank < cfg.tp_size:
-            raise ValueError(f"--rank {self.rank} is outside --tp-size {cfg.tp_size}")
+        layout = RankLayout(self.rank, cfg.tp_size, cfg.pp_size)
         if cfg.verify_weights or cfg.verify_key:
             self._verify_weights()
         self.inbox = Inbox(self.paths.worker(self.rank), name=self.name)
-        threads = host_threads.apply_thread_count(cfg.intra_op_threads, cfg.tp_size)
+        threads = host_threads.apply_thread_count(cfg.intra_op_threads, cfg.world_size)
         log.info("%s: %d intra-op threads, OpenMP wait policy %s", self.name, threads,
                  wait_policy)
         start = time.perf_counter()
         platform = load_platform(cfg.hal)
-        if cfg.tp_size > 1:
-            init = f"file://{self.paths.tp_rendezvous}"
-            self.communicator = platform.create_communicator(self.rank, cfg.tp_size, init)
+        platform.use_device(cfg.device_index(self.rank))
+        if platform.device(0).type != "cpu":  # host plugins run any number of ranks
+            problem = devices_problem(cfg.ranks_per_node, cfg.tp_size, cfg.pp_size,
+                                      int(getattr(platform, "device_count", lambda: 1)()),
+                                      platform.name)
+            if problem:
+                raise ValueError(problem)
+        how = communicator_args(cfg, self.rank, self.paths)
+        self.comms = Communicators.create(platform, layout, how.init_method, **how.extra)
         platform_s = time.perf_counter() - start
-        self.runner = ModelRunner(cfg, self.rank, platform, self.communicator)
+        self.runner = ModelRunner(cfg, self.rank, platform, self.comms.tp,
+                                  world=self.comms.world)
         self.runner.phases = {"platform": platform_s, **self.runner.phases}
         self.table = AttachedPageTable(self.paths.shm_req_to_token, cfg.max_running_requests,
                                        self.runner.max_context_len)
@@ -145,6 +163,8 @@ class WorkerProcess(BusProcess):
         if self.pending is None:
             return
         pending, start = self.pending
+        if not self._wait_until(pending.ready):
+            return  # stopping, and the device never finished: teardown aborts
         self.pending = None
         try:
             result = self.runner.finish(pending)
@@ -166,7 +186,7 @@ class WorkerProcess(BusProcess):
         self.forward_ms_total += own_ms
         if result.error is None:
             result = dataclasses.replace(result, forward_ms=own_ms)
-        if self.rank != 0:
+        if not self.runner.answers:
             return
         assert self.results is not None
         try:
@@ -206,15 +226,58 @@ class WorkerProcess(BusProcess):
                 "forward_ms_total": self.forward_ms_total,
                 "weight_bytes": weights, "rss_bytes": float(resident_bytes())}
 
+    def _wait_until(self, done: Callable[[], bool], timeout_s: float | None = None) -> bool:
+        """Wait for `done()` without blocking in the device (a wait inside a driver call
+        would hold off SIGTERM forever when a peer never joins a collective); gives up when
+        the process is stopping (or after `timeout_s`)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not done():
+            if (self.stopping and deadline is None) or \
+                    (deadline is not None and time.monotonic() > deadline):
+                return False
+            time.sleep(0)  # lets the signal handler and the socket threads run
+        return True
+
     def teardown(self) -> None:
+        # The step in flight may still finish; one that does not waits on a peer.
+        settled = self.pending is None or self._wait_until(self.pending[0].ready,
+                                                            STEP_SETTLE_S)
         if self.runner is not None and self.runner.grammar is not None:
             self.runner.grammar.compiler.close()  # idle compile threads must not hold exit
         if self.table is not None:
             self.table.close()
         if self.results is not None:
             self.results.close()
-        if self.communicator is not None:
+        if self.comms is not None:
+            leave_within(self.comms, settled, COMM_LEAVE_S, self.name)
+
+
+STEP_SETTLE_S = 0.5  # a step still running at SIGTERM gets this long to finish
+COMM_LEAVE_S = 1.0  # destroying (or aborting) the communicators gets this long
+
+
+def leave_within(comms: Any, cleanly: bool, timeout_s: float, name: str) -> bool:
+    """comms.leave(cleanly) in a thread of its own, given `timeout_s`; an orderly destroy that
+    does not finish in time (a peer is gone) is followed by an abort, given as long. True if
+    the communicators were left. The process exits right after, whatever this returns."""
+
+    def attempt(clean: bool) -> bool:
+        def run() -> None:
             try:
-                self.communicator.destroy()
+                comms.leave(clean)
             except Exception:  # noqa: BLE001 - exiting anyway
-                log.debug("communicator destroy failed", exc_info=True)
+                log.debug("%s: leaving the communicators failed", name, exc_info=True)
+
+        thread = threading.Thread(target=run, name="comm-leave", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        return not thread.is_alive()
+
+    if attempt(cleanly):
+        return True
+    log.warning("%s: the communicators did not close within %.1f s; aborting them", name,
+                timeout_s)
+    if cleanly and attempt(False):
+        return True
+    log.warning("%s: exiting without leaving the communicators", name)
+    return False

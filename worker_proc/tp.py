@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tessera.formats.config import ModelConfig
+from tessera.formats.parallel import tp_problem
 
 
 @dataclass(frozen=True)
@@ -45,32 +46,11 @@ class TPShape:
     def of(cls, config: ModelConfig, rank: int, size: int, ep_size: int = 1) -> TPShape:
         if size < 1 or not 0 <= rank < size:
             raise ValueError(f"bad tensor-parallel rank {rank} of {size}")
-        if ep_size < 1 or size % ep_size:
-            raise ValueError(f"--ep-size {ep_size} must divide --tp-size {size}")
-        if ep_size > 1 and config.moe is None:
-            raise ValueError(f"--ep-size {ep_size} needs a Mixture-of-Experts model; "
-                             f"{config.arch} has no experts")
-        problems = []
-        if config.num_heads % size:
-            problems.append(f"num_attention_heads ({config.num_heads})")
-        moe = config.moe
-        if (moe is None or moe.dense_layers) and config.intermediate_size % size:
-            problems.append(f"intermediate_size ({config.intermediate_size})")
+        problem = tp_problem(config, size, ep_size)
+        if problem:
+            raise ValueError(problem)
         kv = config.num_kv_heads
-        if (kv % size) if kv >= size else (size % kv):
-            problems.append(f"num_key_value_heads ({kv})")
         moe_tp = size // ep_size
-        if moe is not None:
-            if moe.intermediate_size % moe_tp:
-                problems.append(f"the expert intermediate size ({moe.intermediate_size}) by "
-                                f"tp/ep = {moe_tp}")
-            if moe.num_experts % ep_size:
-                problems.append(f"the number of experts ({moe.num_experts}) by ep {ep_size}")
-            if moe.shared_intermediate_size % size:
-                problems.append(f"the shared expert size ({moe.shared_intermediate_size})")
-        if problems:
-            raise ValueError(f"--tp-size {size} (--ep-size {ep_size}) does not divide "
-                             f"{', '.join(problems)}; choose sizes that divide them")
         if kv >= size:
             kv_local, kv_start = kv // size, rank * (kv // size)
         else:

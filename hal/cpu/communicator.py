@@ -27,14 +27,14 @@ class GlooCommunicator(TorchDistCommunicator):
     def all_gather(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
         tensor = tensor.contiguous()
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(parts, tensor)
+        dist.all_gather(parts, tensor, group=self.group)
         return torch.cat(parts, dim=dim)
 
     def reduce_scatter(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
         self._check_divisible(tensor, dim)
         total = tensor.clone()
-        dist.all_reduce(total)
+        dist.all_reduce(total, group=self.group)
         return total.chunk(self.world_size, dim=dim)[self.rank].contiguous()
 
     def barrier(self) -> None:
-        dist.barrier()
+        dist.barrier(group=self.group)

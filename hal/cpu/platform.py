@@ -63,7 +63,8 @@ class CpuPlatform(OpTablePlatform):
         return None
 
     def create_communicator(self, rank: int, world_size: int, init_method: str,
-                            loopback: bool = False) -> Communicator:
+                            loopback: bool = False,
+                            device_index: int | None = None) -> Communicator:
         local = make_local_communicator(rank, world_size, loopback)
         if local is not None:
             return local

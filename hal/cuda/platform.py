@@ -89,6 +89,9 @@ class CudaPlatform(OpTablePlatform):
         count = max(1, torch.cuda.device_count())
         return torch.device("cuda", rank % count)
 
+    def use_device(self, index: int) -> None:
+        torch.cuda.set_device(self.device(index))
+
     def device_count(self) -> int:
         return int(torch.cuda.device_count())
 
@@ -113,13 +116,14 @@ class CudaPlatform(OpTablePlatform):
         return CudaGraphRunner()
 
     def create_communicator(self, rank: int, world_size: int, init_method: str,
-                            loopback: bool = False) -> Communicator:
+                            loopback: bool = False,
+                            device_index: int | None = None) -> Communicator:
         local = make_local_communicator(rank, world_size, loopback)
         if local is not None:
             return local
         from tessera.hal.cuda.communicator import NcclCommunicator
 
-        return NcclCommunicator(rank, world_size, init_method)
+        return NcclCommunicator(rank, world_size, init_method, device_index=device_index)
 
     def versions(self) -> dict[str, str]:
         info = {"torch": torch.__version__, "cuda": str(torch.version.cuda)}

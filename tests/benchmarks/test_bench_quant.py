@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,20 +48,23 @@ def test_next_token_logits_are_the_models(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_bench_quant_writes_b12(run_root: Path, tmp_path: Path) -> None:
-    from tessera.benchmarks import quant
-
+def test_run_gpu_b12_writes_every_part_in_one_command(run_root: Path, tmp_path: Path) -> None:
+    """`benchmarks/run_gpu.sh b12`, the GPU command, on a tiny shape on the cpu plugin: its
+    default parts (KL, B1, B2, the fp8 KV retraction comparison) in one command."""
     config = tmp_path / "tiny.json"
     config.write_text(json.dumps(TINY))
-    rc = quant.main(["--model", str(config), "--load-format", "dummy", "--hal", "cpu",
-                     "--schemes", "fp32,fp8,int4", "--parts", "kl,b1,b2,kv",
-                     "--prompt-len", "16", "--output-len", "4", "--iters", "1", "--warmup", "0",
-                     "--num-requests", "6", "--b2-prompt-len", "8,24", "--b2-output-len", "4,12",
-                     "--kv-pool-tokens", "64", "--page-size", "4", "--kl-prompts", "4",
-                     "--kl-prompt-len", "4,16", "--max-running-requests", "8",
-                     "--bandwidth-gbps", "10", "--out-dir", str(tmp_path), "--name", "b12"])
-    assert rc == 0
-    result = json.loads((tmp_path / "b12.json").read_text())
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "run_gpu.sh"
+    env = {**os.environ, "PYTHON": sys.executable, "MODEL": str(config), "OUT": str(tmp_path),
+           "SUFFIX": "cpu"}
+    proc = subprocess.run(
+        ["bash", str(script), "b12", "--hal", "cpu", "--schemes", "fp32,fp8,int4",
+         "--prompt-len", "16", "--output-len", "4", "--iters", "1", "--warmup", "0",
+         "--num-requests", "6", "--b2-prompt-len", "8,24", "--b2-output-len", "4,12",
+         "--kv-pool-tokens", "64", "--page-size", "4", "--kl-prompts", "4",
+         "--kl-prompt-len", "4,16", "--max-running-requests", "8", "--bandwidth-gbps", "10"],
+        env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "b12_cpu.json").read_text())
     assert result["workload"] == "B12"
     f = result["figures"]
     for v in ("fp32", "fp8", "int4"):

@@ -54,3 +54,31 @@ def test_dummy_peer_takes_the_config_shape(tmp_path: Path) -> None:
     path.write_text(json.dumps(cfg))
     peer = load_peer(str(path), "dummy", "float32", "cpu")
     assert peer.config.num_hidden_layers == 1 and peer.lm_head.weight.shape == (128, 32)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_c1_reports_the_median_run_its_spread_and_cpu_per_token(
+        tmp_path: Path, run_root: Path) -> None:
+    from tessera.benchmarks.peer import main_c1
+    from tests.benchmarks.test_bench_quant import TINY
+
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps(TINY))
+    rc = main_c1(["--model", str(config), "--load-format", "dummy", "--hal", "cpu",
+                  "--num-requests", "3",
+                  "--output-len", "4", "--prompt-len", "4,12", "--peer-requests", "2",
+                  "--runs", "3", "--out-dir", str(tmp_path), "--name", "c1"])
+    assert rc == 0
+    result = json.loads((tmp_path / "c1.json").read_text())
+    f = result["figures"]
+    runs = f["runs"]
+    assert len(runs) == 3 and all(r["output_tokens"] == 12 for r in runs)
+    speedups = sorted(r["speedup_vs_peer"] for r in runs)
+    assert f["speedup_vs_peer"] == speedups[1]  # the median run's figures
+    assert (f["speedup_min"], f["speedup_max"]) == (speedups[0], speedups[2])
+    for r in runs:
+        assert r["cpu_ms_per_token"] > 0 and r["peer_cpu_ms_per_token"] > 0
+        assert r["cpu_efficiency_vs_peer"] == pytest.approx(
+            r["peer_cpu_ms_per_token"] / r["cpu_ms_per_token"])
+    assert f["cpu_efficiency_min"] <= f["cpu_efficiency_median"] <= f["cpu_efficiency_max"]

@@ -153,6 +153,41 @@ def test_b11_combines_its_parts() -> None:
     assert not missing_figures({"workload": "B11", "figures": figures})
 
 
+def test_b5_ratios_of_its_parts() -> None:
+    from tessera.benchmarks.b5 import combine
+    from tessera.benchmarks.common import missing_figures
+
+    def part(**figures: float) -> dict:
+        return {"figures": figures}
+
+    parts = {"tp1": {"b1": part(decode_ms_per_step=4.0), "b2": part(output_tok_per_s=8000.0)},
+             "tp2": {"b1": part(decode_ms_per_step=2.2), "b2": part(output_tok_per_s=15000.0)},
+             "pp2": {"b1": part(decode_ms_per_step=4.4), "b2": None}}
+    figures = combine(parts)
+    assert figures["tp2_b1_ratio"] == pytest.approx(0.55)
+    assert figures["tp2_b2_ratio"] == pytest.approx(1.875)
+    assert figures["pp2_b1_ratio"] == pytest.approx(1.1)
+    assert figures["pp2_b2_ratio"] is None  # its B2 failed: no figure made up
+    assert figures["tp2"]["b2_output_tok_per_s"] == 15000.0
+    assert not missing_figures({"workload": "B5", "figures": figures})
+
+
+def test_roofline_sums_the_devices_that_work_at_once() -> None:
+    from tessera.benchmarks.roofline import parallel_devices
+
+    h200 = Device(bandwidth_gbps=4220, peak_tflops=794)
+    assert h200.times(2) == Device(bandwidth_gbps=8440, peak_tflops=1588)
+    assert parallel_devices(2, 1, stages_overlap=False) == 2
+    # one request: the stages take turns; a batch in flight per stage: all work
+    assert parallel_devices(1, 2, stages_overlap=False) == 1
+    assert parallel_devices(2, 2, stages_overlap=True) == 4
+    config = read_config_file(str(CONFIGS / "llama3-8b.json"))
+    cost = ModelCost.of(config, "bfloat16")
+    step = [StepShape((1,), (512,))]
+    one = roofline(cost, step, h200).bound_s
+    assert roofline(cost, step, h200.times(2)).bound_s == pytest.approx(one / 2)
+
+
 def test_step_cost_counts_causal_attention() -> None:
     cost = ModelCost(weight_bytes=100.0, matmul_params=10.0, kv_bytes_per_token=2.0,
                      attn_flops_per_position=1.0)

@@ -15,7 +15,9 @@ def test_logit_bias_as_a_dict_becomes_sorted_pairs() -> None:
 
 
 @pytest.mark.parametrize("bias,words", [
-    ({-1: 1.0}, "non-negative"),
+    ({-1: 1.0}, "token ids in [0, 2147483647]"),
+    ({2**31: 1.0}, "token ids in [0, 2147483647]"),  # ids travel as int32
+    ({2**70: 1.0}, "token ids in [0, 2147483647]"),  # msgpack carries 64 bits at most
     ({"7": 1.0}, "token ids"),
     ({7: 101}, "[-100, 100]"),
     ({7: True}, "[-100, 100]"),

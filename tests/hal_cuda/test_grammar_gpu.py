@@ -23,7 +23,13 @@ def test_constrained_outputs_on_the_gpu(tmp_path: Path) -> None:
     from tessera.hal.registry import load_platform
     from tessera.worker_proc.grammar.vocab import tokenizer_info
     from tessera.worker_proc.sampler import Sampler
-    from tests.worker_proc.grammar.drive import REGEX, follows_schema, ready_runtime, run
+    from tests.worker_proc.grammar.drive import (
+        REGEX,
+        follows_schema,
+        parse_json,
+        ready_runtime,
+        run,
+    )
 
     folder = dummy_model_dir(str(CONFIG), root=str(tmp_path), byte_level=True)
     tok = load_tokenizer(folder)
@@ -39,4 +45,4 @@ def test_constrained_outputs_on_the_gpu(tmp_path: Path) -> None:
         texts = {i: tok.decode(out[i][:-1], skip_special_tokens=False) for i in (0, 2, 3)}
         assert all(out[i][-1] in tok.eos_token_ids for i in (0, 2, 3))
         assert re.fullmatch(REGEX, texts[0]) and re.fullmatch(REGEX, texts[3]), texts
-        assert follows_schema(json.loads(texts[2])), texts[2]
+        assert follows_schema(parse_json(texts[2])), texts[2]

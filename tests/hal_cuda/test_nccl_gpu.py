@@ -43,3 +43,33 @@ def test_nccl_collectives_and_captured_all_reduce(tmp_path: Path) -> None:
         assert got["scattered"] == full[:, 2 * rank:2 * rank + 2].tolist()
         # replay i: sum over ranks of 2 * (rank + 10 i) = 2 + 40 i
         assert got["replays"] == [[2.0 + 40.0 * i] for i in range(3)]
+
+
+def test_one_shot_all_reduce_equals_nccl(tmp_path: Path) -> None:
+    """The one-shot all-reduce over peer memory (no multicast) gives NCCL's sums bit for bit,
+    eagerly and inside a captured graph, bf16 and fp32; larger tensors go through NCCL."""
+    script = Path(__file__).with_name("one_shot_rank.py")
+    init = f"file://{tmp_path / 'store'}"
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank), "2", init,
+                               str(tmp_path / f"rank{rank}.json")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=os.environ.copy()) for rank in range(2)]
+    logs = []
+    for proc in procs:
+        try:
+            logs.append(proc.communicate(timeout=180)[0])
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail("one-shot ranks did not finish in 180 s")
+    for rank, proc in enumerate(procs):
+        assert proc.returncode == 0, f"rank {rank} failed:\n{logs[rank][-3000:]}"
+    for rank in range(2):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for dtype in ("bfloat16", "float32"):
+            part = got[dtype]
+            assert part["chosen"].startswith("one-shot"), part["chosen"]
+            assert part["limit"] >= 2 << 20
+            assert part["eager_equal"] == [True] * 4, (dtype, part)
+            assert part["replay_equal"] == [True] * 3, (dtype, part)
+            assert part["over_limit_ok"], (dtype, part)

@@ -67,7 +67,10 @@ class FakeWorker:
     proposals equal to its samples, up to the first that is not, and the sample after them."""
 
     def __init__(self, sched: Scheduler | None = None, *, req_to_token: np.ndarray | None = None,
-                 page_size: int = 0, num_slots: int = 0, model: Model = next_token) -> None:
+                 page_size: int = 0, num_slots: int = 0, model: Model = next_token,
+                 refer_back: bool = True) -> None:
+        """`refer_back` False: like a pipeline's first stage, the worker cannot resolve an
+        input id -1 (a token still in flight) and fails the test if it gets one."""
         self.model = model
         if sched is not None:
             req_to_token, page_size = sched.st.req_to_token, sched.page_size
@@ -80,6 +83,7 @@ class FakeWorker:
         self.kv_pos = np.full(n, -1, dtype=np.int64)
         self.last: dict[int, int] = {}
         self.steps = 0
+        self.refer_back = refer_back
 
     def step(self, fb: ForwardBatch) -> SampledTokens:
         out: list[int] = []
@@ -91,6 +95,7 @@ class FakeWorker:
             off += ext
             drafts = int(fb.draft_lens[i]) if fb.draft_lens.shape[0] else 0
             if (ids < 0).any():
+                assert self.refer_back, f"step {fb.step}: a -1 input the worker cannot resolve"
                 assert ext == 1 and row in self.last, "a -1 input for a row that never sampled"
                 ids = np.array([self.last[row]])
             slots = self.r2t[row, seq_len - ext:seq_len]

@@ -419,18 +419,19 @@ def timed(worker: FakeWorker, fb, ms_per_token: float) -> SampledTokens:  # noqa
                                forward_ms=ms_per_token * float(fb.extend_lens.sum()))
 
 
-def test_prefill_chunks_shrink_to_the_step_time_target_while_others_decode() -> None:
-    """On a slow device (10 ms a token, so 32 tokens take 320 ms) and a 100 ms target, a
-    prefill next to a decoding request takes 10-token steps... at least one page (16)."""
+def test_prefill_chunks_shrink_to_the_step_time_target_even_alone() -> None:
+    """On a slow device (10 ms a token, so 32 tokens take 320 ms) and a 100 ms target, every
+    prefill step takes 10 tokens... at least one page (16). Alone too: a request that arrives
+    during a step waits for it, so no step may hold it for long."""
     sched = make(step_target_ms=100.0)
     worker = FakeWorker(sched)
     sched.add_request(make_request("alone", prompt(96), max_tokens=40, ignore_eos=True))
     sizes = []
-    for _ in range(3):
+    while not sizes or prefill_left(sched, "alone"):
         fb = sched.next_batch()
         sizes.append(fb.extend_lens.tolist())
         sched.on_result(timed(worker, fb, 10.0))
-    assert sizes == [[32], [32], [32]]  # alone: the whole budget, nobody waits for it
+    assert sizes == [[32]] + [[16]] * 4  # the first step measures the device
     assert sched.ms_per_token == pytest.approx(10.0)
     assert sched.add_request(make_request("next", prompt(96, 3), max_tokens=2,
                                           ignore_eos=True)) is None

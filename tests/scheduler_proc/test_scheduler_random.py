@@ -56,7 +56,7 @@ def run_schedule(seed: int, overlap: bool, num_pages: int, n_requests: int = 60,
                           disable_radix_cache=disable_cache, debug_invariants=True,
                           **config)  # type: ignore[arg-type]
     sched = Scheduler(cfg)
-    worker = worker_class(sched, model=model)
+    worker = worker_class(sched, model=model, refer_back=not config.get("batches_in_flight"))
     got = Collected()
     bases = [rng.integers(1, VOCAB, size=int(rng.integers(8, 60))).astype(np.int32)
              for _ in range(3)]
@@ -120,6 +120,14 @@ def test_random_schedule_roomy_pool_never_retracts(overlap: bool) -> None:
     assert sched.retracted_total == 0
 
 
+@pytest.mark.parametrize("batches", [2, 3])
+def test_random_schedule_with_pipeline_batches_in_flight(batches: int) -> None:
+    """Pipeline stages: several independent batches in flight, none referring to a token
+    still in flight (the fake worker refuses a -1 input), every output still exact."""
+    sched = run_schedule(5, True, num_pages=48, batches_in_flight=batches)
+    assert sched.retracted_total > 0
+
+
 def test_random_schedule_without_radix_cache() -> None:
     sched = run_schedule(3, True, num_pages=48, disable_cache=True)
     assert sched.cache_hit_tokens == 0 and sched.cache.total_pages == 0
@@ -128,9 +136,10 @@ def test_random_schedule_without_radix_cache() -> None:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(page_size=st.sampled_from([1, 2, 4, 16]), chunk=st.sampled_from([0, 1, 7, 64]),
        extra_pages=st.integers(0, 40), rows=st.integers(1, 6), overlap=st.booleans(),
-       priority=st.booleans(), disable_cache=st.booleans(), seed=st.integers(0, 2**16))
+       policy=st.sampled_from(["fcfs", "priority", "lpm"]), disable_cache=st.booleans(),
+       seed=st.integers(0, 2**16))
 def test_any_configuration_finishes_every_request_correctly(
-        page_size: int, chunk: int, extra_pages: int, rows: int, overlap: bool, priority: bool,
+        page_size: int, chunk: int, extra_pages: int, rows: int, overlap: bool, policy: str,
         disable_cache: bool, seed: int) -> None:
     """Tiny pools (down to one request's worth), any chunk size, page size, row count."""
     rng = np.random.default_rng(seed)
@@ -141,7 +150,7 @@ def test_any_configuration_finishes_every_request_correctly(
                           max_context_len=ctx, max_running_requests=rows,
                           chunked_prefill_size=chunk, eos_token_ids=(EOS,), overlap=overlap,
                           disable_radix_cache=disable_cache,
-                          schedule_policy="priority" if priority else "fcfs",
+                          schedule_policy=policy,
                           debug_invariants=True)
     sched = Scheduler(cfg)
     worker = FakeWorker(sched)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.scheduler_proc.step_cost import MIN_PREFILL_MEASURED, StepCost
+from tessera.scheduler_proc.step_cost import MIN_PREFILL_MEASURED, UNMEASURED_CHUNK, StepCost
 
 KW = dict(cap=2048, min_tokens=256, floor=16, max_mixed_step_ratio=2.0, step_target_ms=1000.0)
 
@@ -34,26 +34,31 @@ def test_small_chunks_and_failed_steps_teach_nothing() -> None:
 
 def test_a_mixed_step_is_held_to_the_ratio_of_a_decode_step() -> None:
     cost = learned(6.0, 0.02)  # an H200-like step: 300 tokens fit in one more decode step
-    assert cost.prefill_budget(decoding=True, others_waiting=False, **KW) == 300
+    assert cost.prefill_budget(decoding=True, **KW) == 300
     slower = {**KW, "max_mixed_step_ratio": 1.5}
-    assert cost.prefill_budget(decoding=True, others_waiting=True, **slower) == 256  # floor
-    # nothing decodes: nothing to protect, the whole chunk
-    assert cost.prefill_budget(decoding=False, others_waiting=False, **KW) == 2048
+    assert cost.prefill_budget(decoding=True, **slower) == 256  # floor
+    # nothing decodes: nothing to protect, the whole chunk (2048 tokens: 41 ms here)
+    assert cost.prefill_budget(decoding=False, **KW) == 2048
     unprotected = {**KW, "max_mixed_step_ratio": 0.0}
-    assert cost.prefill_budget(decoding=True, others_waiting=False, **unprotected) == 2048
+    assert cost.prefill_budget(decoding=True, **unprotected) == 2048
 
 
 def test_step_target_caps_prefill_work_on_a_slow_device() -> None:
     cost = learned(200.0, 2.5)  # a CPU: decodes 200 ms, prefill 2.5 ms a token
-    # 1000 ms of prefill while others wait, though nothing decodes
-    assert cost.prefill_budget(decoding=False, others_waiting=True, **KW) == 400
-    assert cost.prefill_budget(decoding=False, others_waiting=False, **KW) == 2048
+    # 1000 ms of prefill, though nothing decodes: whoever arrives waits for this step
+    assert cost.prefill_budget(decoding=False, **KW) == 400
+    assert cost.prefill_budget(decoding=False, **{**KW, "step_target_ms": 0.0}) == 2048
     slowest = learned(200.0, 500.0)  # the step target wins over min_tokens, down to a page
-    assert slowest.prefill_budget(decoding=True, others_waiting=True, **KW) == 16
+    assert slowest.prefill_budget(decoding=True, **KW) == 16
 
 
-def test_unmeasured_device_gets_the_configured_chunk() -> None:
-    assert StepCost().prefill_budget(decoding=True, others_waiting=True, **KW) == 2048
+def test_unmeasured_device_gets_a_first_chunk_that_measures_it() -> None:
+    """A fresh or restarted engine knows nothing of its device: its first step must not be
+    the whole chunk (tens of seconds on a slow CPU for anyone arriving meanwhile)."""
+    assert StepCost().prefill_budget(decoding=False, **KW) == UNMEASURED_CHUNK < 2048
+    assert StepCost().prefill_budget(decoding=False, **{**KW, "cap": 64}) == 64
+    assert StepCost().prefill_budget(decoding=False, **{**KW, "step_target_ms": 0.0}) == 2048
+    assert UNMEASURED_CHUNK >= MIN_PREFILL_MEASURED  # the first step teaches the cost
     first = StepCost()
     first.observe(0, 1024, 40.0)  # a prefill-only step, before any decode: all of it per token
     assert first.prefill_ms_per_token == pytest.approx(40.0 / 1024)

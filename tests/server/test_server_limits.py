@@ -21,12 +21,13 @@ def chat(**fields: Any) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **fields}
 
 
-RAW_CASES = [
+RAW_CASES = [  # named: pytest puts the id in the environment of the processes it starts
     # (path, raw body, words in the message)
-    (CHAT, b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-    (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": '
-     + b"7" * 5000 + b"}", "not valid JSON"),
-    ("/v1/completions", b'{"prompt": "x", "n": ' + b"1" * 5000 + b"}", "not valid JSON"),
+    pytest.param(CHAT, b"[" * 100_000 + b"]" * 100_000, "nested too deeply", id="deep"),
+    pytest.param(CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": '
+                 + b"7" * 5000 + b"}", "not valid JSON", id="long-int"),
+    pytest.param("/v1/completions", b'{"prompt": "x", "n": ' + b"1" * 5000 + b"}",
+                 "not valid JSON", id="long-int-n"),
 ]
 
 
@@ -55,6 +56,17 @@ FIELD_CASES = [
     ("/generate", {"text": "x", "sampling_params": {"stop_token_ids": [2**64]}},
      "stop_token_ids"),
     (CHAT, chat(seed=2**64), "seed"),
+    (CHAT, chat(logit_bias={str(2**70): 1}), "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {str(2**31): -100}}, "logit_bias"),
+    ("/generate", {"text": "x", "sampling_params": {"logit_bias": {str(2**64): 1}}},
+     "logit_bias"),
+    (CHAT, chat(max_tokens=2**70), "max_tokens"),
+    (CHAT, chat(n=2**70), "n"),
+    (CHAT, chat(top_k=2**70), "top_k"),
+    (CHAT, chat(min_tokens=2**70), "min_tokens"),
+    (CHAT, chat(logprobs=True, top_logprobs=2**70), "top_logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 2**70}, "logprobs"),
+    ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 2**70}}, "max_new_tokens"),
     (CHAT, chat(stop=["x" * 2000]), "stop"),
     ("/generate", {"text": "x", "rid": "r" * 300}, "rid"),
 ]

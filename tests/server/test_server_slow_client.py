@@ -83,3 +83,35 @@ def test_a_stalled_stream_frees_its_slot_after_the_stall_timeout() -> None:
     finally:
         sock.close()
         srv.stop()
+
+
+def test_the_kernel_does_not_buffer_megabytes_for_a_client_that_never_reads() -> None:
+    """The stall timer starts only once the server's writes wait. The kernel's send buffer
+    grows by itself to megabytes, and would take minutes of a slow engine's output before
+    anything waits; the server keeps it to a few pages of unsent data, so a client that
+    reads nothing is cut off after little more than the stall timeout of output."""
+    srv = ServerUnderTest(token_delay_s=0.004, max_concurrent_requests=1,
+                          stream_stall_timeout_s=1.0, stream_buffer_outputs=1_000_000)
+    fields = dict(logprobs=True, top_logprobs=20, max_tokens=1_000_000, ignore_eos=True)
+    try:
+        status, _, body = srv.request("POST", CHAT, {
+            "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            **{**fields, "max_tokens": 3}})
+        assert status == 200
+        event_bytes = len(body) / 4  # three tokens and a last chunk
+        sock = open_unread_stream(srv, **fields)
+        try:
+            assert wait_until(lambda: srv.engine.requests[-1].sampling.max_tokens == 1_000_000,
+                              10.0)
+            rid = srv.engine.requests[-1].rid
+            assert wait_until(lambda: rid in srv.engine.emitted_at_abort, 60.0)
+            produced = srv.engine.emitted_at_abort[rid] * event_bytes
+            # Unsent data (64 KiB), what the client's window took, and the outputs produced
+            # during the 1 s stall (250 tokens): far below the megabytes of an autotuned
+            # send buffer.
+            assert produced < 1_000_000, f"{produced / 1e6:.1f} MB produced for nobody"
+            assert wait_until(lambda: slot_is_free(srv), 20.0)
+        finally:
+            sock.close()
+    finally:
+        srv.stop()

@@ -135,15 +135,37 @@ class CountingTokenizer:
         self.work += len(text)
         return self.tok.encode(text, add_special_tokens)
 
-    def apply_chat_template(self, messages, add_generation_prompt=True):
-        self.work += sum(len(m["content"]) for m in messages)
-        return self.tok.apply_chat_template(messages, add_generation_prompt)
+    def apply_chat_template(self, messages, add_generation_prompt=True, **extra):
+        self.work += len(repr(messages)) + len(repr(extra))
+        return self.tok.apply_chat_template(messages, add_generation_prompt, **extra)
+
+    def encode_chat(self, messages, add_generation_prompt=True, allowed_special=frozenset(),
+                    **extra):
+        self.work += len(repr(messages)) + len(repr(extra))
+        return self.tok.encode_chat(messages, add_generation_prompt, allowed_special, **extra)
+
+
+def _tool(description):
+    return {"type": "function", "function": {"name": "f", "description": description,
+                                             "parameters": {"type": "object"}}}
+
+
+_CALL = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+_LONG = "hi " * 300_000  # more characters than 8192 tokens of at most 81 characters can hold
 
 
 @pytest.mark.parametrize("fields, param", [
     ({"prompt": "hello world " * 699_050}, "prompt"),  # 8 MB
-    ({"messages": [{"role": "user", "content": "hi " * 300_000}]}, "messages"),
+    ({"messages": [{"role": "user", "content": _LONG}]}, "messages"),
     ({"messages": [{"role": "user", "content": "a"}] * 9000}, "messages"),
+    # Not only the content: every text a template may write.
+    ({"messages": [{"role": "user", "content": "hi", "name": _LONG}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [_tool(_LONG)]}, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None,
+      "tool_calls": [{**_CALL, "function": {"name": "f", "arguments": _LONG}}]}]},
+     "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}],
+      "chat_template_kwargs": {"note": _LONG}}, "messages"),
     ({"input_ids": np.zeros(10_000, np.int32)}, "input_ids"),
 ])
 def test_text_that_cannot_fit_is_413_before_it_is_tokenized(tokenizer, fields, param):

@@ -42,8 +42,12 @@ _DEFAULTS: dict[str, Any] = {
 
 class MiniScheduler:
     def __init__(self, runner: Any, *, chunk_size: int = 0, prefix_cache: bool = False,
-                 through_codec: bool = True, req_to_token: np.ndarray | None = None) -> None:
+                 through_codec: bool = True, req_to_token: np.ndarray | None = None,
+                 refer_back: bool = True) -> None:
+        """`refer_back` False: decodes carry their last token instead of -1 (a pipeline's
+        first stage cannot know the token the last one sampled)."""
         self.runner = runner
+        self.refer_back = refer_back
         cfg = runner.config
         self.page_size = cfg.page_size
         self.req_to_token = req_to_token if req_to_token is not None else np.zeros(
@@ -152,7 +156,8 @@ class MiniScheduler:
                 sample.append(1 if r.kv_len + n == len(r.prompt) else 0)
             else:
                 # A decode: "-1" means "the token you sampled last for this row".
-                ids.append(np.asarray([-1], dtype=np.int32))
+                last = -1 if self.refer_back else r.out[-1]
+                ids.append(np.asarray([last], dtype=np.int32))
                 extend.append(1)
                 sample.append(1)
         ext = np.asarray(extend, dtype=np.int32)

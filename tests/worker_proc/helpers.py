@@ -124,7 +124,7 @@ def make_runner(model: str, **overrides: Any) -> Any:
                                   max_total_tokens=8192)
     values.update(overrides)
     config = EngineConfig(**values)
-    return ModelRunner(config, 0, load_platform("cpu"))
+    return ModelRunner(config, 0, load_platform(config.hal))
 
 
 def prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:

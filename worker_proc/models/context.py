@@ -1,6 +1,6 @@
 """ModelContext: what every layer of a model needs to know besides its own sizes — the model
-config, this rank's share of it, the op table, the communicator, the serving dtype and device,
-and the quantization plan."""
+config, this rank's share of it (tensor-parallel slice, pipeline stage), the op table, the
+communicator, the serving dtype and device, and the quantization plan."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tessera.formats.config import ModelConfig
+from tessera.formats.parallel import StageLayers
 from tessera.hal.platform import Communicator, Platform
 from tessera.worker_proc.tp import TPShape
 
@@ -28,11 +29,19 @@ class ModelContext:
     max_positions: int
     communicator: Communicator | None = None
     quant: QuantPlan | None = None  # which linears run quantized (worker_proc/quant_plan.py)
+    stage: StageLayers | None = None  # this pipeline stage's layers (None: all of them)
     _ops: dict[str, Callable[..., Any]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.tp.size > 1 and self.communicator is None:
             raise ValueError("tensor parallelism needs a communicator")
+        if self.stage is None:
+            self.stage = StageLayers.of(self.config.num_layers, 1, 0)
+
+    @property
+    def layers(self) -> StageLayers:
+        assert self.stage is not None
+        return self.stage
 
     def op(self, name: str) -> Callable[..., Any]:
         """The plugin's op `name`, looked up once (a missing op fails here, at build time)."""

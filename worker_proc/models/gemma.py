@@ -76,17 +76,16 @@ class GemmaForCausalLM(CausalLM):
             self.ctx, c.head_dim, c.local_rope_theta, None, c.rotary_dim)
         self.layers = nn.ModuleList(
             GemmaDecoderLayer(self.ctx, i, local if i in c.sliding_layers else full)
-            for i in range(c.num_layers))
+            for i in self.stage.layers)
 
     def layer_targets(self) -> Targets:
         out: Targets = {}
-        for i, layer in enumerate(self.layers):
-            out.update(layer.targets(f"model.layers.{i}."))
+        for i, layer in self.layer_prefixes():
+            out.update(layer.targets(f"model.layers.{i}."))  # type: ignore[operator]
         return out
 
     def hidden(self, inp: ForwardInputs, kv: KVArena) -> tuple[torch.Tensor, torch.Tensor | None]:
-        h = self.embed_tokens(inp.input_ids)
-        residual: torch.Tensor | None = None
+        h, residual = self.stage_input(inp)
         for layer in self.layers:
             h, residual = layer(h, residual, inp, kv)
         return h, residual

@@ -76,7 +76,7 @@ class LlamaForCausalLM(CausalLM):
         rotary = RotaryEmbedding(self.ctx, c.head_dim, c.rope_theta, c.rope_scaling,
                                  c.rotary_dim)
         self.layers = nn.ModuleList(LlamaDecoderLayer(self.ctx, i, rotary, *self.make_mlp(i))
-                                    for i in range(c.num_layers))
+                                    for i in self.stage.layers)
 
     def make_mlp(self, index: int) -> tuple[nn.Module, str]:
         """Layer `index`'s MLP and the prefix of its checkpoint tensors."""
@@ -86,13 +86,12 @@ class LlamaForCausalLM(CausalLM):
 
     def layer_targets(self) -> Targets:
         out: Targets = {}
-        for i, layer in enumerate(self.layers):
-            out.update(layer.targets(f"model.layers.{i}."))
+        for i, layer in self.layer_prefixes():
+            out.update(layer.targets(f"model.layers.{i}."))  # type: ignore[operator]
         return out
 
     def hidden(self, inp: ForwardInputs, kv: KVArena) -> tuple[torch.Tensor, torch.Tensor | None]:
-        h = self.embed_tokens(inp.input_ids)
-        residual: torch.Tensor | None = None
+        h, residual = self.stage_input(inp)
         for layer in self.layers:
             h, residual = layer(h, residual, inp, kv)
         return h, residual

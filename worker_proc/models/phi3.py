@@ -26,7 +26,7 @@ class Phi3ForCausalLM(LlamaForCausalLM):
     def layer_targets(self) -> Targets:
         c = self.config
         out = super().layer_targets()
-        for i in range(c.num_layers):
+        for i in self.stage.layers:
             a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
             fuse_targets(out, a + "qkv_proj.weight", [(a + "q_proj.weight", c.q_size),
                                                        (a + "k_proj.weight", c.kv_size),

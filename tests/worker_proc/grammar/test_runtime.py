@@ -4,7 +4,6 @@ complete."""
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -23,6 +22,7 @@ from tests.worker_proc.grammar.drive import (
     SCHEMA,
     follows_schema,
     make_batch,
+    parse_json,
     ready_runtime,
     run,
 )
@@ -53,8 +53,8 @@ def test_outputs_follow_their_grammars_under_overlap(runtime: GrammarRuntime, sa
     assert set(ended) == {0, 2, 3} and 1 not in ended  # the free row never "ends"
     for i in (0, 3):
         assert re.fullmatch(REGEX, _text(tokenizer, out[i])), _text(tokenizer, out[i])
-    jsonschema.validate(json.loads(_text(tokenizer, out[2])), SCHEMA)
-    assert follows_schema(json.loads(_text(tokenizer, out[2])))  # the GPU test's check
+    jsonschema.validate(parse_json(_text(tokenizer, out[2])), SCHEMA)
+    assert follows_schema(parse_json(_text(tokenizer, out[2])))  # the GPU test's check
     assert runtime.masked_rows > 0
 
 
@@ -62,7 +62,7 @@ def test_a_dropped_token_is_rolled_back(runtime: GrammarRuntime, sampler: Sample
                                         tokenizer: Any) -> None:
     out, ended = run(runtime, sampler, [2], VOCAB, seed=7, device=CPU, drop_at=3)
     assert ended
-    jsonschema.validate(json.loads(_text(tokenizer, out[0])), SCHEMA)
+    jsonschema.validate(parse_json(_text(tokenizer, out[0])), SCHEMA)
 
 
 def test_unknown_matchers_fail_and_freed_ones_are_forgotten(runtime: GrammarRuntime,

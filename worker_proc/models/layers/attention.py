@@ -31,6 +31,8 @@ class Attention(nn.Module):
         super().__init__()
         c, tp = ctx.config, ctx.tp
         self.ctx, self.layer_index, self.rotary = ctx, layer_index, rotary
+        # The KV arena holds this pipeline stage's layers only.
+        self.kv_index = layer_index - ctx.layers.first
         self.head_dim = head_dim
         self.num_heads, self.num_kv_heads = tp.num_heads, tp.num_kv_heads
         self.scale = head_dim ** -0.5 if not scale else scale
@@ -74,7 +76,7 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm.heads(q), self.k_norm.heads(k)
         q, k = self.rotary(inp.positions, q, k)
-        k_cache, v_cache = kv.k[self.layer_index], kv.v[self.layer_index]
+        k_cache, v_cache = kv.k[self.kv_index], kv.v[self.kv_index]
         scales = {} if self.kv_scales is None else \
             {"k_scale": self.kv_scales[0], "v_scale": self.kv_scales[1]}
         self.store_kv(k_cache, v_cache, k, v, inp.out_slots, **scales)

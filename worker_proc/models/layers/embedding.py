@@ -36,20 +36,24 @@ class LMHead(nn.Module):
     """Vocabulary rows split across ranks (padded to a multiple of the TP size); the logits
     are all-gathered and the padding cut off."""
 
-    def __init__(self, ctx: ModelContext, vocab: int, hidden: int) -> None:
+    def __init__(self, ctx: ModelContext, vocab: int, hidden: int, *,
+                 shares_table: bool = False) -> None:
+        """`shares_table`: tie() will make the embedding table the head (one rank holding the
+        whole model); otherwise the head has rows of its own, a tied model's copied from the
+        embedding's checkpoint tensor."""
         super().__init__()
         tp = ctx.tp
         self.ctx, self.vocab = ctx, vocab
+        self.shares_table = shares_table
         lo = min(tp.rank * tp.vocab_local, vocab)
         hi = min(lo + tp.vocab_local, vocab)
-        tied = ctx.config.tie_word_embeddings and tp.size == 1  # tie() shares the table
         self.proj = Linear.column(ctx, hidden, [OutputPart(None, 0, lo, hi - lo)],
                                   out_features=tp.vocab_local,
-                                  role="tied_lm_head" if tied else "lm_head")
+                                  role="tied_lm_head" if shares_table else "lm_head")
 
     def tie(self, embedding: VocabEmbedding) -> None:
         """Share the embedding table as the head (one rank: the same rows)."""
-        assert self.ctx.tp.size == 1
+        assert self.shares_table and self.ctx.tp.size == 1
         self.proj.weight = embedding.weight
 
     def load(self, param: str, tensor: torch.Tensor, part: str | None = None) -> None:

