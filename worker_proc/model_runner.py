@@ -125,8 +125,12 @@ class ModelRunner:
         self.stage = self.layout.stage_layers(mc.num_layers)
         self.max_context_len = int(config.context_length or mc.max_position_embeddings)
         if communicator is not None and config.tp_size > 1:
+            # The one-shot path reads the peers' memory: one host only. A stage whose ranks
+            # span nodes (tp-size above the ranks of a node) all-reduces through the library.
+            spans_nodes = config.tp_size > config.ranks_per_node
             chosen = communicator.configure(
-                one_shot_max_bytes=config.all_reduce_one_shot_max_kb * 1024, dtype=self.dtype)
+                one_shot_max_bytes=0 if spans_nodes else config.all_reduce_one_shot_max_kb * 1024,
+                dtype=self.dtype)
             log.info("rank %d: tensor-parallel all-reduce: %s", rank, chosen)
         self.pipeline: PipelineLink | None = None
         if config.pp_size > 1:
