@@ -67,3 +67,13 @@ def scheduler_stats(llm: Any) -> dict[str, float]:
     except Exception:
         return {}
     return dict(processes.get("scheduler", {}).get("stats", {}))
+
+
+def worker_stats(llm: Any) -> dict[str, dict[str, float]]:
+    """Each worker's latest heartbeat numbers (steps, forward time, ...) by process name."""
+    try:
+        processes = llm.status()
+    except Exception:
+        return {}
+    return {name: dict(info.get("stats", {})) for name, info in processes.items()
+            if name.startswith("worker")}

@@ -28,6 +28,7 @@ from tessera.benchmarks.engine_args import (
     add_engine_args,
     resolve_engine,
     scheduler_stats,
+    worker_stats,
 )
 from tessera.benchmarks.roofline import (
     Device,
@@ -71,6 +72,12 @@ def run_bound(cost: ModelCost, device: Device, reqs: list[BenchRequest], before:
     return roofline(cost, steps, device), "replayed schedule", len(steps)
 
 
+def _per_step(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    steps = after.get("steps", 0.0) - before.get("steps", 0.0)
+    total = after.get("forward_ms_total", 0.0) - before.get("forward_ms_total", 0.0)
+    return {"steps": steps, "forward_ms_per_step": total / steps if steps else 0.0}
+
+
 def main(argv: list[str] | None = None, llm: Any = None) -> int:
     """`llm`: an engine already started with these engine flags (tessera bench b5 runs B1 and
     B2 on one), used and left running; else one is started for this run and stopped."""
@@ -96,12 +103,14 @@ def main(argv: list[str] | None = None, llm: Any = None) -> int:
         llm.generate([reqs[0].prompt_ids[:16]], SamplingParams(max_tokens=4, ignore_eos=True),
                      use_tqdm=False)  # warm-up: first-use costs stay out of the figure
         before = scheduler_stats(llm)
+        workers_before = worker_stats(llm)
         t0 = time.perf_counter()
         outs = llm.generate([r.prompt_ids for r in reqs], params,
                             use_tqdm=not args.no_progress)
         wall = time.perf_counter() - t0
         time.sleep(2 * engine.heartbeat_interval_s)  # let a fresh heartbeat carry the counters
         after = scheduler_stats(llm)
+        workers = worker_stats(llm)
     out_tokens = sum(o.completion_tokens for o in outs)
     in_tokens = sum(r.prompt_len for r in reqs)
     kv_capacity = None
@@ -137,6 +146,10 @@ def main(argv: list[str] | None = None, llm: Any = None) -> int:
             "kv_capacity_tokens": kv_capacity, "devices": devices,
         },
         "scheduler_stats": after,
+        # Per worker over the run: steps and forward milliseconds per step (device and host
+        # time of a step as the worker sees it), to see where a layout's time goes.
+        "worker_steps": {name: _per_step(workers_before.get(name, {}), stats)
+                         for name, stats in workers.items()},
     }
     png = plots.bars(["tessera", "roofline bound"], [tok_s, bound_tok_s],
                      os.path.join(args.out_dir, f"{args.name}.png"),

@@ -43,7 +43,9 @@ CORE_GROUP = "core"
 
 
 def restart_policy(config: EngineConfig) -> RestartPolicy | None:
-    if config.restart_policy == "off":
+    # Several hosts: a restarted rank could not rejoin the other nodes' collectives, so any
+    # death stops the node (and through the link, the others).
+    if config.restart_policy == "off" or config.nnodes > 1:
         return None
     return RestartPolicy(max_restarts=config.restart_max, window_s=config.restart_window_s,
                          backoff_s=config.restart_backoff_s)
@@ -73,13 +75,25 @@ def build_specs(config: ServerConfig, paths: RunPaths) -> list[ProcessSpec]:
     # scheduler waits for the workers' WorkerReady itself. The server comes last: its
     # warm-up generation needs the whole engine.
     # One worker per (pipeline stage, tensor-parallel rank): rank = stage * tp_size + tp_rank.
-    plan += [(f"worker{r}", "tessera.worker_proc", ["--rank", str(r)], 0, False)
-             for r in range(config.world_size)]
+    # With --nnodes N this node runs its block of ranks, and the link to the other nodes
+    # (bus/node_link.py); a node other than 0 runs nothing else, its workers once it joined.
+    remote = config.node_rank > 0
+    if config.nnodes > 1:
+        plan.append(("link", "tessera.bus.node_link", [], 0, False))
+    plan += [(f"worker{r}", "tessera.worker_proc", ["--rank", str(r)], 1 if remote else 0,
+              False) for r in config.local_ranks]
+    if remote:
+        return _specs(plan, paths)
     plan.append(("scheduler", "tessera.scheduler_proc", [], 0, False))
     plan.append(("detokenizer", "tessera.detokenizer_proc", [], 0, False))
     plan += [(f"tokenizer{i}", "tessera.tokenizer_proc", ["--index", str(i)], 0, False)
              for i in range(config.tokenizer_workers)]
     plan.append(("server", "tessera.server", [], 1, True))
+    return _specs(plan, paths)
+
+
+def _specs(plan: list[tuple[str, str, list[str], int, bool]],
+           paths: RunPaths) -> list[ProcessSpec]:
     specs: list[ProcessSpec] = []
     missing: set[str] = set()
     for name, module, args, stage, drains in plan:
@@ -145,13 +159,57 @@ def check_nodes(config: ServerConfig) -> str | None:
     if config.nnodes < 1 or not 0 <= config.node_rank < config.nnodes:
         return (f"--node-rank must be in [0, --nnodes) and --nnodes at least 1 (got "
                 f"{config.node_rank} of {config.nnodes})")
-    if config.nnodes > 1:
-        return "--nnodes > 1: several hosts are not served by this version yet"
+    if config.nnodes == 1:
+        return None
+    from tessera.bus.node_link import split_addr
+
+    if not config.dist_init_addr:
+        return "--nnodes > 1 needs --dist-init-addr HOST:PORT of node 0"
+    try:
+        split_addr(config.dist_init_addr)
+    except ValueError as exc:
+        return str(exc)
+    if config.world_size % config.nnodes:
+        return (f"--nnodes {config.nnodes} must divide the worker ranks (--tp-size x "
+                f"--pp-size = {config.world_size})")
+    import zmq
+
+    if not zmq.has("curve"):
+        return "--nnodes > 1 needs ZeroMQ with CURVE (libsodium) for the encrypted bus link"
     return None
 
 
+def default_key_file(env: Env) -> str:
+    """Beside the run manifests: ~/.local/state/tessera/bus-key.json."""
+    return os.path.join(os.path.dirname(runs_dir(env.runs_dir)), "bus-key.json")
+
+
+def prepare_node_keys(config: ServerConfig, env: Env) -> tuple[ServerConfig, str | None]:
+    """Several hosts: the key file of the encrypted link, written on node 0 if missing and
+    required elsewhere. (config with the path set, a message when it cannot be used)."""
+    if config.nnodes == 1:
+        return config, None
+    from tessera.bus.curve import KeyFileError, ensure_keys, read_keys
+
+    path = config.dist_key_file or default_key_file(env)
+    config = config.replace(dist_key_file=os.path.abspath(path))
+    try:
+        if config.node_rank == 0:
+            existed = os.path.exists(path)
+            ensure_keys(path)
+            if not existed:
+                log.info("wrote the bus key pair to %s (mode 0600): copy it to the other "
+                         "nodes and give it to them with --dist-key-file", path)
+        else:
+            read_keys(path)
+    except (KeyFileError, OSError) as exc:
+        return config, str(exc)
+    return config, None
+
+
 def check_model_files(config: EngineConfig) -> str | None:
-    """One line saying what is wrong with --model, before any process is started."""
+    """One line saying what is wrong with --model (or --speculative-draft-model), before any
+    process is started."""
     from tessera.formats.check import check_model
     from tessera.formats.errors import ModelFormatError
 
@@ -159,6 +217,11 @@ def check_model_files(config: EngineConfig) -> str | None:
         check_model(config.model, config.load_format)
     except ModelFormatError as exc:
         return f"{exc}" + coded(MODEL_NOT_FOUND)
+    if config.speculative_draft_model:
+        try:
+            check_model(config.speculative_draft_model, config.load_format)
+        except ModelFormatError as exc:
+            return f"--speculative-draft-model: {exc}" + coded(MODEL_NOT_FOUND)
     return None
 
 
@@ -194,6 +257,15 @@ def ready_banner(config: ServerConfig, children: list[Child], startup: str = "")
             f"-d {shlex.quote(body)}\n")
 
 
+def node_banner(config: ServerConfig) -> str:
+    from tessera.bus.node_link import link_endpoint
+
+    ranks = list(config.local_ranks)
+    return (f"\ntessera node {config.node_rank} of {config.nnodes} is ready: worker ranks "
+            f"{ranks}, joined node 0 at {link_endpoint(config.dist_init_addr or '')}; stop "
+            f"with Ctrl-C (node 0 stops with it)\n")
+
+
 def key_on_command_line(argv: list[str]) -> bool:
     return any(a == "--api-key" or a.startswith("--api-key=") for a in argv)
 
@@ -224,6 +296,13 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"tessera serve: {problem}", file=sys.stderr)
         return 2
+    config, problem = prepare_node_keys(config, env)
+    if problem:
+        print(f"tessera serve: {problem}", file=sys.stderr)
+        return 2
+    if config.node_rank > 0:
+        return run_supervised(config, env, launched_at=launched_at, argv=argv,
+                              on_ready=lambda _children: print(node_banner(config), flush=True))
     if config.dp_size > 1:
         metrics_port = (config.replica_metrics_port if config.replica_metrics_port is not None
                         else config.port + 1)

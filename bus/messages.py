@@ -643,6 +643,9 @@ class RequestOutput(Message):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # engine steps that gave this choice tokens so far (completion_tokens / decode_steps is
+    # its mean acceptance length under speculative decoding; 1 without)
+    decode_steps: int = 0
     logprobs: np.ndarray = field(default_factory=_empty_f32)
     top_ids: np.ndarray = field(default_factory=_empty_i32)
     top_logprobs: np.ndarray = field(default_factory=_empty_f32)
@@ -682,6 +685,7 @@ class RequestOutputBatch(Message):
     prompt_tokens: list[int]
     completion_tokens: list[int]
     cached_tokens: list[int]
+    decode_steps: list[int] = field(default_factory=list)  # empty: unknown (0)
     logprob_offsets: np.ndarray = field(default_factory=_empty_i32)  # int32 [R + 1] or []
     logprobs: np.ndarray = field(default_factory=_empty_f32)
     top_widths: list[int] = field(default_factory=list)
@@ -761,3 +765,54 @@ class Shutdown(Message):
     """Ask a process to stop (drain where it can)."""
 
     reason: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# Between the nodes of a multi-host engine (bus/node_link.py), over the encrypted tcp link
+# --------------------------------------------------------------------------------------------
+
+
+@register
+@dataclass(frozen=True)
+class NodeJoin(Message):
+    """Node `node_rank`'s link asks node 0's to take it in. `config_digest`: a hash of the
+    engine configuration every node must share (model, sizes, batching)."""
+
+    node_rank: int
+    nnodes: int
+    ranks: list[int]
+    config_digest: str
+
+
+@register
+@dataclass(frozen=True)
+class NodeWelcome(Message):
+    """Node 0's answer to a NodeJoin: accepted, or why not."""
+
+    node_rank: int
+    accepted: bool
+    reason: str = ""
+
+
+@register
+@dataclass(frozen=True)
+class NodeHeartbeat(Message):
+    """Liveness of a node's link, both ways, every heartbeat interval. `leaving`: the node
+    stops on purpose (its peers stop too, cleanly)."""
+
+    node_rank: int
+    time: float
+    leaving: bool = False
+
+
+@register
+@dataclass(frozen=True)
+class PageRows(Message):
+    """Page-table entries for another node's copy of `req_to_token`, sent before the step that
+    reads them: row rows[i] gets slots[offsets[i]:offsets[i+1]] from column starts[i] on."""
+
+    step: int
+    rows: np.ndarray
+    starts: np.ndarray
+    offsets: np.ndarray
+    slots: np.ndarray

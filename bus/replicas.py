@@ -65,6 +65,7 @@ class Replica:
     ready: bool = False
     restarts: int = 0
     restart_at: float | None = None  # when a replica that died starts again
+    routed: bool = False  # the gateway has it (given at start or back, not taken out)
 
     @property
     def url(self) -> str:
@@ -169,6 +170,8 @@ class ReplicaSupervisor:
                 return False
             status, body = fetch(url, timeout=1.0)
             if status == 200 and _healthy_workers(body) >= len(self.replicas):
+                for r in self.replicas:
+                    r.routed = True
                 return True
             time.sleep(_LOOP_S)
         if not self.stopping.is_set():
@@ -187,7 +190,8 @@ class ReplicaSupervisor:
 
     def replicas_json(self) -> list[dict[str, Any]]:
         return [{"replica": r.index, "url": r.url, "pid": r.popen.pid if r.popen else None,
-                 "alive": r.alive, "restarts": r.restarts} for r in self.replicas]
+                 "alive": r.alive, "routed": r.routed, "restarts": r.restarts}
+                for r in self.replicas]
 
     def _serve_metrics(self) -> None:
         supervisor = self
@@ -268,9 +272,11 @@ class ReplicaSupervisor:
             if isinstance(worker, dict) and worker.get("url") == replica.url:
                 code = _send(self._gateway_url(f"/workers/{worker['id']}"), "DELETE")
                 log.info("replica %d taken out of the router (%s)", replica.index, code)
+        replica.routed = False
 
     def _gateway_add(self, replica: Replica) -> None:
         code = _send(self._gateway_url("/workers"), "POST", {"url": replica.url})
+        replica.routed = code in (200, 201, 202)
         log.info("replica %d is back, given to the router (%s)", replica.index, code)
 
     def stop(self) -> None:

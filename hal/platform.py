@@ -170,6 +170,13 @@ class Platform(ABC):
     @abstractmethod
     def device(self, rank: int = 0) -> torch.device: ...
 
+    def use_device(self, index: int) -> None:
+        """Make device `index` this process's current one (where allocations that name no
+        device go, whose memory `mem_get_info` reports): a worker calls it first, with its
+        own device (a second replica, a rank of another node). A no-op where a process has
+        no current device."""
+        return None
+
     @abstractmethod
     def synchronize(self) -> None: ...
 

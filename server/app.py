@@ -28,8 +28,11 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _PROTECTED = ("/v1/", "/generate", "/health_generate")
+# Every route that runs the model counts against a key's rate limits (aiohttp answers HEAD
+# with the GET handler: it generates too).
 _GENERATIONS = frozenset({("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
-                          ("POST", "/generate"), ("GET", "/health_generate")})
+                          ("POST", "/v1/embeddings"), ("POST", "/generate"),
+                          ("GET", "/health_generate"), ("HEAD", "/health_generate")})
 
 
 def _route_name(request: web.Request) -> str:
@@ -111,6 +114,7 @@ def create_app(state: ServerState) -> web.Application:
     app.router.add_get("/health_generate", ops.health_generate)
     app.router.add_get("/metrics", ops.metrics)
     app.router.add_get("/status", ops.status)
+    app.router.add_get("/", ops.page)
     app.router.add_get("/openapi.json", ops.openapi)
     worker_info.add_routes(app)
     return app

@@ -21,12 +21,15 @@ from typing import Any
 from aiohttp import web
 
 from tessera.bus.channel import Outbox, SendTimeout
-from tessera.bus.messages import Heartbeat, Message, Ready
+from tessera.bus.messages import Message, Ready
 from tessera.bus.process import load_config, setup_logging
 from tessera.bus.run_paths import RunPaths
 from tessera.client import AsyncClient, EngineDeadError, TesseraError, UnavailableError
 from tessera.config import ServerConfig
 from tessera.server.app import create_app
+from tessera.server.history import History
+from tessera.server.liveness import Liveness
+from tessera.server.ops import sample_history
 from tessera.server.state import ServerState, max_concurrency, served_model_ids
 
 log = logging.getLogger("tessera.server")
@@ -41,6 +44,8 @@ class ServerProcess:
         self.config = config
         self.stop = asyncio.Event()
         self.supervisor = Outbox(paths.supervisor, timeout_ms=0, hwm=64)
+        self.liveness = Liveness(paths.supervisor, NAME, config.heartbeat_interval_s,
+                                 config.loop_stall_timeout_s)
         self.client = AsyncClient(paths, config, process_name=NAME)
         self.state = ServerState(config=config, paths=paths, client=self.client,
                                  model_ids=served_model_ids(config),
@@ -49,6 +54,7 @@ class ServerProcess:
         self.site: web.TCPSite | None = None
         self.url = ""
         self.takes_text = True  # the tokenizer reads text (read_engine_info)
+        self.state.history = History(self.state.metrics)
 
     def notify(self, msg: Message) -> None:
         try:
@@ -64,9 +70,9 @@ class ServerProcess:
                 log.error("the supervisor (pid %d) is gone; shutting down", parent)
                 self.stop.set()
             s = self.state
-            self.notify(Heartbeat(process=NAME, pid=os.getpid(), time=time.time(), stats={
+            self.liveness.beat_from_loop(self.notify, {
                 "requests_in_flight": float(s.in_flight), "ready": float(s.ready),
-                "draining": float(s.draining), **self.host_path_stats()}))
+                "draining": float(s.draining), **self.host_path_stats()})
             await asyncio.sleep(self.config.heartbeat_interval_s)
 
     def host_path_stats(self) -> dict[str, float]:
@@ -158,9 +164,12 @@ class ServerProcess:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop.set)
         beat: asyncio.Task[Any] | None = None
+        sampler: asyncio.Task[Any] | None = None
         try:
             await self.bind()
             beat = asyncio.create_task(self.heartbeat())
+            sampler = asyncio.create_task(sample_history(self.state))
+            self.liveness.start()
             await self.read_engine_info()
             warm_start = time.perf_counter()
             if not self.config.disable_warmup:
@@ -187,8 +196,10 @@ class ServerProcess:
             await self.drain()
             return 0
         finally:
-            if beat is not None:
-                beat.cancel()
+            for task in (beat, sampler):
+                if task is not None:
+                    task.cancel()
+            self.liveness.stop()
             if self.runner is not None:
                 await self.runner.cleanup()
             self.client.close()

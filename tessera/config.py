@@ -25,7 +25,7 @@ from typing import Any
 # may capture graphs; the scheduler's time includes waiting for every worker rank's arena;
 # the server's warm-up runs a first request through the whole engine.
 READY_TIMEOUT_S: dict[str, float] = {"worker": 1800.0, "scheduler": 300.0,
-                                     "detokenizer": 300.0, "tokenizer": 600.0,
+                                     "detokenizer": 300.0, "tokenizer": 600.0, "link": 600.0,
                                      "server": 1200.0}
 SCHEDULE_POLICIES = ("fcfs", "priority", "lpm")
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
@@ -199,8 +199,9 @@ class EngineConfig(BatchingConfig):
                                      "does not exist; copy it to the other nodes (default: "
                                      "tessera-bus-key.json in the runs folder)")
     dist_timeout_s: float = _opt(120.0, "a node that has not joined node 0 by then fails its "
-                                 "start, naming the address it tried; a node silent this "
-                                 "long on the link counts as lost")
+                                 "start, naming the address it tried (and node 0 fails "
+                                 "when a node has not joined); a node silent on the link "
+                                 "for --heartbeat-timeout-s counts as lost")
     graph_max_tokens: int = _opt(1024, "largest prefill or mixed step (in tokens) replayed "
                                  "from a captured graph; larger ones run eagerly (0: capture "
                                  "decode steps only)")

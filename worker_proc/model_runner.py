@@ -28,6 +28,7 @@ from tessera.bus.messages import (
     SampledTokens,
     WorkerReady,
 )
+from tessera.codes import GRAPH_CAPTURE_FAILED, coded
 from tessera.config import EngineConfig
 from tessera.formats import ModelFiles, open_model
 from tessera.formats.dummy import DummyFiles
@@ -124,8 +125,12 @@ class ModelRunner:
         self.stage = self.layout.stage_layers(mc.num_layers)
         self.max_context_len = int(config.context_length or mc.max_position_embeddings)
         if communicator is not None and config.tp_size > 1:
+            # The one-shot path reads the peers' memory: one host only. A stage whose ranks
+            # span nodes (tp-size above the ranks of a node) all-reduces through the library.
+            spans_nodes = config.tp_size > config.ranks_per_node
             chosen = communicator.configure(
-                one_shot_max_bytes=config.all_reduce_one_shot_max_kb * 1024, dtype=self.dtype)
+                one_shot_max_bytes=0 if spans_nodes else config.all_reduce_one_shot_max_kb * 1024,
+                dtype=self.dtype)
             log.info("rank %d: tensor-parallel all-reduce: %s", rank, chosen)
         self.pipeline: PipelineLink | None = None
         if config.pp_size > 1:
@@ -187,12 +192,19 @@ class ModelRunner:
         self.graphs: Any = None
         self.mixed_graphs: Any = None
         start = time.perf_counter()
-        with quiet_gc():
-            if config.pp_size == 1:
-                self._capture_decode_graphs()
-            self._capture_mixed_graphs()
-            if self.draft is not None and self.graphs is not None:
-                self.draft.capture_graphs(self._decode_graphs_of, self._mixed_graphs_of)
+        try:
+            with quiet_gc():
+                if config.pp_size == 1:
+                    self._capture_decode_graphs()
+                self._capture_mixed_graphs()
+                if self.draft is not None and self.graphs is not None:
+                    self.draft.capture_graphs(self._decode_graphs_of, self._mixed_graphs_of)
+        except Exception as exc:
+            raise RuntimeError(
+                f"graph capture failed on {platform.name}: {type(exc).__name__}: {exc}; "
+                f"--disable-cuda-graph serves without graphs, `tessera doctor --bisect-capture` "
+                f"names the first op that does not capture" + coded(GRAPH_CAPTURE_FAILED)
+            ) from exc
         if self.graphs is not None or self.mixed_graphs is not None:
             self.phases["graph_capture"] = time.perf_counter() - start
         self.sampler = Sampler(platform.op("sample"), self.device)

@@ -87,8 +87,9 @@ class WorkerProcess(BusProcess):
                  wait_policy)
         start = time.perf_counter()
         platform = load_platform(cfg.hal)
+        platform.use_device(cfg.device_index(self.rank))
         if platform.device(0).type != "cpu":  # host plugins run any number of ranks
-            problem = devices_problem(cfg.world_size, cfg.tp_size, cfg.pp_size,
+            problem = devices_problem(cfg.ranks_per_node, cfg.tp_size, cfg.pp_size,
                                       int(getattr(platform, "device_count", lambda: 1)()),
                                       platform.name)
             if problem:

@@ -89,6 +89,9 @@ class CudaPlatform(OpTablePlatform):
         count = max(1, torch.cuda.device_count())
         return torch.device("cuda", rank % count)
 
+    def use_device(self, index: int) -> None:
+        torch.cuda.set_device(self.device(index))
+
     def device_count(self) -> int:
         return int(torch.cuda.device_count())
 

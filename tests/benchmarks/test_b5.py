@@ -49,6 +49,9 @@ def test_b5_writes_every_part_and_the_ratios(run_root: Path, tmp_path: Path) -> 
         assert b1["figures"]["roofline_devices"] == devices_b1
         assert b2["figures"]["roofline"]["devices"] == devices_b2
         assert b2["figures"]["output_tokens"] == b2["figures"]["expected_output_tokens"]
+        workers = b2["figures"]["worker_steps"]
+        assert sorted(workers) == (["worker0"] if layout == "tp1" else ["worker0", "worker1"])
+        assert all(w["steps"] > 0 and w["forward_ms_per_step"] > 0 for w in workers.values())
         assert figures[layout]["b1_decode_ms_per_step"] == b1["figures"]["decode_ms_per_step"]
     assert figures["tp2_b2_ratio"] == pytest.approx(
         figures["tp2"]["b2_output_tok_per_s"] / figures["tp1"]["b2_output_tok_per_s"])

@@ -97,7 +97,7 @@ def test_send_without_a_peer_times_out(paths: RunPaths) -> None:
     t0 = time.monotonic()
     with pytest.raises(SendTimeout, match="within 50 ms"):
         out.send(AbortRequest(rid="x"))
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 5.0  # it gave up, loosely bounded for a busy machine
     out.close()
 
 

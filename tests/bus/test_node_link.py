@@ -1,0 +1,66 @@
+"""The page-table copy of a remote node: what node 0's link sends for a step (only the entries
+node k has not seen) rebuilds, applied on node k, exactly the rows the step reads; and the
+engine-configuration digest that both nodes must share."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tessera.bus.messages import ForwardBatch
+from tessera.bus.node_link import RowShadow, apply_rows, config_digest, link_endpoint, split_addr
+from tessera.config import EngineConfig
+
+
+def batch(step: int, rows: list[int], seq_lens: list[int]) -> ForwardBatch:
+    n = len(rows)
+    i32 = np.zeros(n, np.int32)
+    f32 = np.zeros(n, np.float32)
+    return ForwardBatch(step=step, rows=np.asarray(rows, np.int32),
+                        seq_lens=np.asarray(seq_lens, np.int32), extend_lens=i32 + 1,
+                        input_ids=i32, sample=np.ones(n, np.uint8), output_lens=i32,
+                        temperature=f32, top_p=f32 + 1, top_k=i32, min_p=f32,
+                        repetition_penalty=f32 + 1, frequency_penalty=f32,
+                        presence_penalty=f32, seeds=np.full(n, -1, np.int64),
+                        logprobs=i32 - 1)
+
+
+def test_rows_rebuild_the_table_and_decode_steps_send_one_entry_per_request() -> None:
+    rng = np.random.default_rng(0)
+    head = np.zeros((4, 64), np.int32)  # the scheduler's table on node 0
+    member = np.zeros((4, 64), np.int32)  # node k's copy
+    shadow = RowShadow()
+    head[1, :20] = rng.integers(1, 1000, 20)
+    head[3, :33] = rng.integers(1, 1000, 33)
+    sent = shadow.changes(head, batch(0, [1, 3], [20, 33]))  # two prefills
+    apply_rows(member, sent)
+    assert sent.slots.size == 53
+    for step in range(1, 4):  # decodes: one new slot per request
+        head[1, 19 + step] = 2000 + step
+        head[3, 32 + step] = 3000 + step
+        sent = shadow.changes(head, batch(step, [1, 3], [20 + step, 33 + step]))
+        assert sent.slots.size == 2
+        apply_rows(member, sent)
+    # Row 1 is reused by a new request sharing its first 8 slots (a cached prefix).
+    head[1, 8:12] = rng.integers(5000, 6000, 4)
+    sent = shadow.changes(head, batch(4, [1, 3], [12, 36]))
+    assert sent.rows.tolist() == [1] and sent.starts.tolist() == [8] and sent.slots.size == 4
+    apply_rows(member, sent)
+    assert np.array_equal(member[1, :12], head[1, :12])
+    assert np.array_equal(member[3, :36], head[3, :36])
+    assert shadow.changes(head, batch(5, [1, 3], [12, 36])).rows.size == 0
+
+
+def test_config_digest_ignores_per_node_fields_only() -> None:
+    base = EngineConfig(nnodes=2, dist_init_addr="10.0.0.1:5000")
+    assert config_digest(base) == config_digest(base.replace(node_rank=1, base_device_id=4,
+                                                             log_level="debug"))
+    assert config_digest(base) != config_digest(base.replace(max_running_requests=7))
+
+
+def test_addresses() -> None:
+    assert split_addr("10.0.0.1:5000") == ("10.0.0.1", 5000)
+    assert link_endpoint("host:5000") == "tcp://host:5001"
+    assert link_endpoint("host:5000", bind=True) == "tcp://*:5001"
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        split_addr("host")
