@@ -25,6 +25,8 @@ from tessera.bus.run_paths import RunPaths
 from tessera.client import AsyncClient, EngineDeadError, TesseraError, UnavailableError
 from tessera.config import ServerConfig
 from tessera.server.app import create_app
+from tessera.server.history import History
+from tessera.server.ops import sample_history
 from tessera.server.state import ServerState, max_concurrency, served_model_ids
 
 log = logging.getLogger("tessera.server")
@@ -48,6 +50,8 @@ class ServerProcess(AsyncBusProcess):
         self.url = ""
         self.takes_text = True  # the tokenizer reads text (read_engine_info)
         self.phases: dict[str, float] = {}
+        self.state.history = History(self.state.metrics)
+        self._sampler: asyncio.Task[None] | None = None
 
     def stats(self) -> dict[str, float]:
         s = self.state
@@ -67,6 +71,7 @@ class ServerProcess(AsyncBusProcess):
 
     async def setup(self) -> None:
         await self.bind()
+        self._sampler = asyncio.create_task(sample_history(self.state))
         await self.read_engine_info()
         if not self.config.disable_warmup:
             warm_start = time.perf_counter()
@@ -84,6 +89,8 @@ class ServerProcess(AsyncBusProcess):
         await self.drain()
 
     async def teardown(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
         if self.runner is not None:
             await self.runner.cleanup()
         self.client.close()
