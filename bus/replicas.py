@@ -97,10 +97,28 @@ def gateway_argv(config: ServerConfig, replicas: list[Replica], metrics_port: in
             "--log-level", "debug" if config.log_level == "debug" else "warn"]
 
 
-def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
-    # Own process group (a Ctrl-C reaches only us; we stop them in order) and ended by the
-    # kernel if we die without stopping them.
-    return subprocess.Popen(argv, start_new_session=True, preexec_fn=end_with_parent)
+def _spawn(argv: list[str], prefix: str = "") -> subprocess.Popen[bytes]:
+    """Own process group (a Ctrl-C reaches only us; we stop them in order), ended by the
+    kernel if we die without stopping them. With `prefix`, its output comes through us, each
+    line prefixed: N replicas' logs (and their own ready lines) read apart."""
+    if not prefix:
+        return subprocess.Popen(argv, start_new_session=True, preexec_fn=end_with_parent)
+    popen = subprocess.Popen(argv, start_new_session=True, preexec_fn=end_with_parent,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    threading.Thread(target=_relay, args=(popen, prefix.encode()), daemon=True).start()
+    return popen
+
+
+def _relay(popen: subprocess.Popen[bytes], prefix: bytes) -> None:
+    assert popen.stdout is not None
+    out = sys.stdout.buffer
+    for line in iter(popen.stdout.readline, b""):
+        try:
+            out.write(prefix + line)
+            out.flush()
+        except (OSError, ValueError):
+            pass  # our stdout is gone: keep draining, so that the replica never blocks
+    popen.stdout.close()
 
 
 def _stop(popen: subprocess.Popen[bytes] | None, timeout: float = STOP_TIMEOUT_S) -> None:
@@ -134,7 +152,7 @@ class ReplicaSupervisor:
     # --- start ---------------------------------------------------------------------------
 
     def _start_replica(self, replica: Replica) -> None:
-        replica.popen = _spawn(replica.argv)
+        replica.popen = _spawn(replica.argv, prefix=f"[replica {replica.index}] ")
         replica.started_at = time.monotonic()
         replica.ready = False
         replica.restart_at = None
