@@ -3,6 +3,7 @@
     serving   B3 (HTTP tiers) and B4 (prefix cache vs --disable-radix-cache)
     offline   B2 through the offline API, with the roofline bound of the run
     latency   B1: batch-1 decode ms/step and TTFT
+    spec      B9: batch 1 with speculative decoding (ngram) beside plain, copy and random prompts
     startup   B10: `tessera serve` to ready, by phase (and from a real-size safetensors folder)
     b5        B5: B1 and B2 at TP=1, TP=2 and PP=2, and their ratios (two devices)
     b7        B7: B4's workload on --dp-size 2 replicas behind the router against one replica
@@ -26,6 +27,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "serving": ("tessera.benchmarks.serving", "main"),
     "offline": ("tessera.benchmarks.offline", "main"),
     "latency": ("tessera.benchmarks.latency", "main"),
+    "spec": ("tessera.benchmarks.speculative", "main"),
     "startup": ("tessera.benchmarks.startup", "main"),
     "b5": ("tessera.benchmarks.b5", "main"),
     "b7": ("tessera.benchmarks.b7", "main"),

@@ -19,7 +19,8 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-WORKLOADS = ("B1", "B2", "B3", "B4", "B5", "B7", "B8", "B10", "B11", "B12", "C1", "C2", "HOST")
+WORKLOADS = ("B1", "B2", "B3", "B4", "B5", "B7", "B8", "B9", "B10", "B11", "B12", "C1", "C2",
+             "HOST")
 
 # The figures each workload must report (BENCHMARKS.md and issue 7). B3 keeps one entry per
 # concurrency tier under figures["tiers"], each with TIER_FIGURES.
@@ -31,6 +32,7 @@ REQUIRED_FIGURES: dict[str, tuple[str, ...]] = {
     "B5": ("tp2_b1_ratio", "tp2_b2_ratio", "pp2_b2_ratio"),
     "B7": ("dp2_throughput_ratio", "dp2_hit_rate_fraction", "single", "replicas"),
     "B8": ("fraction_of_plain", "plain", "grammar"),
+    "B9": ("copy_speedup", "random_ratio"),
     "B10": ("ready_s", "phases"),
     "B11": ("decode_ms_per_step", "roofline_fraction", "moe_gemm_fraction_of_dense"),
     # B12's parts run together or as separate commands merged into one result (quant.py),

@@ -208,7 +208,8 @@ def prepare_node_keys(config: ServerConfig, env: Env) -> tuple[ServerConfig, str
 
 
 def check_model_files(config: EngineConfig) -> str | None:
-    """One line saying what is wrong with --model, before any process is started."""
+    """One line saying what is wrong with --model (or --speculative-draft-model), before any
+    process is started."""
     from tessera.formats.check import check_model
     from tessera.formats.errors import ModelFormatError
 
@@ -216,6 +217,11 @@ def check_model_files(config: EngineConfig) -> str | None:
         check_model(config.model, config.load_format)
     except ModelFormatError as exc:
         return f"{exc}" + coded(MODEL_NOT_FOUND)
+    if config.speculative_draft_model:
+        try:
+            check_model(config.speculative_draft_model, config.load_format)
+        except ModelFormatError as exc:
+            return f"--speculative-draft-model: {exc}" + coded(MODEL_NOT_FOUND)
     return None
 
 

@@ -643,6 +643,9 @@ class RequestOutput(Message):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # engine steps that gave this choice tokens so far (completion_tokens / decode_steps is
+    # its mean acceptance length under speculative decoding; 1 without)
+    decode_steps: int = 0
     logprobs: np.ndarray = field(default_factory=_empty_f32)
     top_ids: np.ndarray = field(default_factory=_empty_i32)
     top_logprobs: np.ndarray = field(default_factory=_empty_f32)
@@ -682,6 +685,7 @@ class RequestOutputBatch(Message):
     prompt_tokens: list[int]
     completion_tokens: list[int]
     cached_tokens: list[int]
+    decode_steps: list[int] = field(default_factory=list)  # empty: unknown (0)
     logprob_offsets: np.ndarray = field(default_factory=_empty_i32)  # int32 [R + 1] or []
     logprobs: np.ndarray = field(default_factory=_empty_f32)
     top_widths: list[int] = field(default_factory=list)

@@ -62,6 +62,7 @@ from tessera.client.errors import (
     TesseraError,
 )
 from tessera.client.resend import Resender, tokenizer_index
+from tessera.codes import OVERLOADED, coded
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +216,7 @@ class BusConnection:
             self.breaker.record_failure("send timeout")
             raise OverloadedError(
                 f"the engine did not accept the request within {wait} ms (overloaded or "
-                f"not running); retry later") from None
+                f"not running); retry later" + coded(OVERLOADED)) from None
         self._resend.sent(i, req)
 
     def send_abort(self, rid: str, reason: str = "abort") -> None:

@@ -59,6 +59,7 @@ class Sequence:
     decoder: IncrementalDecoder
     stops: StopStrings
     completion_tokens: int = 0
+    decode_steps: int = 0  # TokenBatch rows that brought tokens (engine steps)
     finished: bool = False
     scheduler_done: bool = False  # the scheduler finished it too (else it is still running)
     # stream=False: everything since the start, sent once at the end
@@ -155,6 +156,8 @@ class RequestState:
         seq = self._seq(index)
         if seq.finished:
             return None  # rows already in flight when a stop string ended it
+        if tokens:
+            seq.decode_steps += 1
         pieces: list[str] = []
         used = 0
         last = len(tokens) - 1
@@ -216,4 +219,5 @@ class RequestState:
         return RequestOutput(
             rid=self.rid, index=index, text=text, token_ids=np.array(new_ids, np.int32),
             finish_reason=finish, prompt_tokens=self.prompt_tokens,
-            completion_tokens=seq.completion_tokens, cached_tokens=cached_tokens, **extra)
+            completion_tokens=seq.completion_tokens, cached_tokens=cached_tokens,
+            decode_steps=seq.decode_steps, **extra)

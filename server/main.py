@@ -27,7 +27,9 @@ from tessera.bus.run_paths import RunPaths
 from tessera.client import AsyncClient, EngineDeadError, TesseraError, UnavailableError
 from tessera.config import ServerConfig
 from tessera.server.app import create_app
+from tessera.server.history import History
 from tessera.server.liveness import Liveness
+from tessera.server.ops import sample_history
 from tessera.server.state import ServerState, max_concurrency, served_model_ids
 
 log = logging.getLogger("tessera.server")
@@ -52,6 +54,7 @@ class ServerProcess:
         self.site: web.TCPSite | None = None
         self.url = ""
         self.takes_text = True  # the tokenizer reads text (read_engine_info)
+        self.state.history = History(self.state.metrics)
 
     def notify(self, msg: Message) -> None:
         try:
@@ -161,9 +164,11 @@ class ServerProcess:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop.set)
         beat: asyncio.Task[Any] | None = None
+        sampler: asyncio.Task[Any] | None = None
         try:
             await self.bind()
             beat = asyncio.create_task(self.heartbeat())
+            sampler = asyncio.create_task(sample_history(self.state))
             self.liveness.start()
             await self.read_engine_info()
             warm_start = time.perf_counter()
@@ -191,8 +196,9 @@ class ServerProcess:
             await self.drain()
             return 0
         finally:
-            if beat is not None:
-                beat.cancel()
+            for task in (beat, sampler):
+                if task is not None:
+                    task.cancel()
             self.liveness.stop()
             if self.runner is not None:
                 await self.runner.cleanup()

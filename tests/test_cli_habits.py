@@ -79,6 +79,18 @@ def test_a_bad_model_is_one_line_and_exit_2(case: str, tmp_path: Path, run_root:
     assert not list(run_root.iterdir())  # no run directory: nothing was started
 
 
+def test_a_bad_draft_model_is_one_line_and_exit_2(tmp_path: Path, run_root: Path) -> None:
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY))
+    out = serve("--model", str(tmp_path / "tiny.json"), "--load-format", "dummy",
+                "--speculative-algorithm", "draft", "--speculative-draft-model",
+                str(tmp_path / "no-draft.json"), "--port", "0")
+    assert out.returncode == 2
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--speculative-draft-model" in lines[0], out.stderr
+    assert "T101" in lines[0] and "Traceback" not in out.stderr
+    assert not list(run_root.iterdir())
+
+
 def test_a_good_dummy_config_passes_the_check(tmp_path: Path) -> None:
     from tessera.formats.check import check_model
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tessera.codes import OUT_OF_MEMORY, coded
+
 CPU_DEFAULT_SHARE = 0.1  # of available RAM, when --max-total-tokens is not given
 CPU_DEFAULT_MAX_TOKENS = 32768  # a 2-core host cannot use more concurrency than this
 
@@ -62,7 +64,7 @@ def plan_kv(*, free_bytes_now: int, free_bytes_before_weights: int, is_cpu: bool
                 f"--max-total-tokens {max_total_tokens} needs "
                 f"{wanted * bytes_per_slot / 2**20:.0f} MiB of KV cache but only "
                 f"{max(budget, 0) / 2**20:.0f} MiB are available; lower it or raise "
-                f"--mem-fraction")
+                f"--mem-fraction" + coded(OUT_OF_MEMORY))
         slots = wanted
     # More than every row's full context could never be used.
     slots = min(slots, max_running_requests * max_context_len + page_size)
@@ -71,5 +73,5 @@ def plan_kv(*, free_bytes_now: int, free_bytes_before_weights: int, is_cpu: bool
         raise MemoryError(
             f"no memory left for the KV cache ({max(budget, 0) / 2**20:.0f} MiB for "
             f"{bytes_per_slot} bytes per token): raise --mem-fraction, use a smaller model or "
-            f"dtype, or free device memory")
+            f"dtype, or free device memory" + coded(OUT_OF_MEMORY))
     return KVPlan(num_slots=slots, page_size=page_size, bytes_per_slot=bytes_per_slot)

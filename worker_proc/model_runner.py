@@ -28,6 +28,7 @@ from tessera.bus.messages import (
     SampledTokens,
     WorkerReady,
 )
+from tessera.codes import GRAPH_CAPTURE_FAILED, coded
 from tessera.config import EngineConfig
 from tessera.formats import ModelFiles, open_model
 from tessera.formats.dummy import DummyFiles
@@ -191,12 +192,19 @@ class ModelRunner:
         self.graphs: Any = None
         self.mixed_graphs: Any = None
         start = time.perf_counter()
-        with quiet_gc():
-            if config.pp_size == 1:
-                self._capture_decode_graphs()
-            self._capture_mixed_graphs()
-            if self.draft is not None and self.graphs is not None:
-                self.draft.capture_graphs(self._decode_graphs_of, self._mixed_graphs_of)
+        try:
+            with quiet_gc():
+                if config.pp_size == 1:
+                    self._capture_decode_graphs()
+                self._capture_mixed_graphs()
+                if self.draft is not None and self.graphs is not None:
+                    self.draft.capture_graphs(self._decode_graphs_of, self._mixed_graphs_of)
+        except Exception as exc:
+            raise RuntimeError(
+                f"graph capture failed on {platform.name}: {type(exc).__name__}: {exc}; "
+                f"--disable-cuda-graph serves without graphs, `tessera doctor --bisect-capture` "
+                f"names the first op that does not capture" + coded(GRAPH_CAPTURE_FAILED)
+            ) from exc
         if self.graphs is not None or self.mixed_graphs is not None:
             self.phases["graph_capture"] = time.perf_counter() - start
         self.sampler = Sampler(platform.op("sample"), self.device)

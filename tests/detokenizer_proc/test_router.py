@@ -306,3 +306,19 @@ def test_a_slow_client_loses_nothing(tokenizer):
     outs = h.outputs("r")
     assert "".join(o.text for o in outs) == "slow but steady"
     assert outs[-1].finish_reason == "length" and h.router.clients_gone == 0
+
+
+def test_rows_of_several_tokens_count_as_one_step_each(tokenizer):
+    """Speculative decoding sends several tokens of a request in one step's row: the output
+    counts the steps (decode_steps), so completion_tokens / decode_steps is its mean
+    acceptance length."""
+    text = "one two three four five six seven"
+    ids = tokenizer.encode(text, add_special_tokens=False) + [EOS]
+    h = Harness(tokenizer)
+    rows = [ids[:1], ids[1:5], ids[5:6], ids[6:]]
+    for k, part in enumerate(rows):
+        h.router.handle([batch([("s", 0, part, "stop" if k == len(rows) - 1 else None)],
+                               {"s": detok()} if k == 0 else None)])
+    outs = h.outputs("s")
+    assert "".join(o.text for o in outs) == text
+    assert outs[-1].completion_tokens == len(ids) and outs[-1].decode_steps == len(rows)
