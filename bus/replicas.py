@@ -37,6 +37,7 @@ from tessera.bus.parent_death import end_with_parent
 from tessera.bus.replica_metrics import fetch, read_replica, render
 from tessera.bus.restarts import RestartBook, RestartPolicy
 from tessera.bus.supervisor import describe_exit
+from tessera.codes import REPLICAS, coded
 from tessera.config import READY_TIMEOUT_S, ServerConfig
 
 log = logging.getLogger(__name__)
@@ -165,7 +166,8 @@ class ReplicaSupervisor:
                 if not r.alive:
                     code = r.popen.returncode if r.popen is not None else None
                     self.failure = (f"replica {r.index} failed to start ({describe_exit(code)});"
-                                    f" its output above says why")
+                                    f" its [replica {r.index}] lines above say why"
+                                    + coded(REPLICAS))
                     return False
                 if not r.ready and fetch(r.url + "/health", timeout=1.0)[0] == 200:
                     r.ready = True
@@ -263,7 +265,7 @@ class ReplicaSupervisor:
                         self.failure = (f"replica {r.index} failed more than "
                                         f"{self.config.restart_max} times in "
                                         f"{self.config.restart_window_s:g} s "
-                                        f"(last: {describe_exit(code)})")
+                                        f"(last: {describe_exit(code)})" + coded(REPLICAS))
                         return
                     log.error("replica %d exited (%s); the router sends its requests to the "
                               "others; starting it again in %.1f s", r.index,
