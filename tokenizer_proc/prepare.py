@@ -197,7 +197,7 @@ def _check_sampling(sp: Any, tok: ModelTokenizer) -> SamplingParams:
         raise _bad("sampling must be an object of sampling parameters", "sampling")
     problem = sp.validate()
     if problem:
-        raise _bad(problem, problem.split(" ", 1)[0])
+        raise _bad(problem.message, problem.param)
     for token in sp.stop_token_ids:
         if token >= tok.vocab_size:
             raise _bad(f"stop_token_ids holds {token}, outside the vocabulary "

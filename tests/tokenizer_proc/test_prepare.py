@@ -9,6 +9,7 @@ from tessera.bus.messages import (
     DetokInfo,
     ErrorReply,
     GenerateRequest,
+    GrammarSpec,
     SamplingParams,
     TokenizedRequest,
 )
@@ -81,6 +82,10 @@ BAD = [
     ({"sampling": SamplingParams(stop=("x" * 2000,))}, "at most 1024", "stop"),
     ({"sampling": SamplingParams(stop_token_ids=(10**6,))}, "outside the vocabulary",
      "stop_token_ids"),
+    ({"sampling": SamplingParams(grammar=GrammarSpec("regex", "", "regex"))},
+     "the regex is empty", "regex"),
+    ({"sampling": SamplingParams(grammar=GrammarSpec("yaml", "x"))}, "grammar kind",
+     "response_format"),
     ({"sampling": "greedy"}, "sampling must be an object", "sampling"),
     ({"stream": "yes"}, "stream must be true or false", "stream"),
 ]
