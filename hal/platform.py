@@ -189,7 +189,8 @@ class Communicator(ABC):
     def split(self, groups: list[list[int]]) -> Communicator:
         """The communicator of the group holding this rank. Every rank calls it with the same
         disjoint `groups` (ranks of this communicator) in the same order; a group's ranks are
-        renumbered 0.. in ascending order (as torch.distributed numbers them). The new communicator is torn down with this one."""
+        renumbered 0.. in ascending order (as torch.distributed numbers them). The new
+        communicator is torn down with this one."""
         mine = [g for g in groups if self.rank in g]
         if len(mine) != 1 or sorted(r for g in groups for r in g) != list(range(self.world_size)):
             raise ValueError(f"split: groups {groups} must cover ranks 0..{self.world_size - 1} "
