@@ -22,7 +22,7 @@ from typing import Any
 WORKLOADS = ("B1", "B2", "B3", "B4", "B5", "B7", "B8", "B9", "B10", "B11", "B12", "C1", "C2",
              "HOST")
 
-# The figures each workload must report (BENCHMARKS.md and issue 7). B3 keeps one entry per
+# The figures each workload must report (BENCHMARKS.md). B3 keeps one entry per
 # concurrency tier under figures["tiers"], each with TIER_FIGURES.
 REQUIRED_FIGURES: dict[str, tuple[str, ...]] = {
     "B1": ("decode_ms_per_step", "ttft_ms"),
