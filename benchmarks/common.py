@@ -22,7 +22,7 @@ from typing import Any
 WORKLOADS = ("B1", "B2", "B3", "B4", "B5", "B7", "B8", "B9", "B10", "B11", "B12", "C1", "C2",
              "HOST")
 
-# The figures each workload must report (BENCHMARKS.md and issue 7). B3 keeps one entry per
+# The figures each workload must report (BENCHMARKS.md). B3 keeps one entry per
 # concurrency tier under figures["tiers"], each with TIER_FIGURES.
 REQUIRED_FIGURES: dict[str, tuple[str, ...]] = {
     "B1": ("decode_ms_per_step", "ttft_ms"),
@@ -59,6 +59,10 @@ def default_results_dir() -> str:
 
 
 def git_commit() -> str:
+    """The commit measured: TESSERA_COMMIT when set (a copy of the tree on a GPU machine may
+    carry stale git metadata), else git's HEAD, "-dirty" with uncommitted changes."""
+    if os.environ.get("TESSERA_COMMIT"):
+        return os.environ["TESSERA_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root(), capture_output=True,
                              text=True, timeout=5)

@@ -5,7 +5,7 @@ graphs on and off, the whole model's step is too big to look at. This runs each 
 alone on small inputs, as the worker does: once eagerly (warm-up), then captured, then the
 inputs are overwritten in their buffers and the graph replayed; the replay must equal the
 eager op on the new inputs. The first op that fails to capture, or replays something else, is
-the one to look at (with `--disable-cuda-graph` serving meanwhile).
+the one to look at (with `--disable-graph-capture` serving meanwhile).
 """
 
 from __future__ import annotations

@@ -173,7 +173,7 @@ def _platform_rows(platform: Any) -> list[Row]:
             f"{'/'.join(caps.dtypes)} (default {caps.default_dtype}), communicator "
             f"{'/'.join(caps.communicator_backends) or 'none'}"),
     ]
-    count = int(getattr(platform, "device_count", lambda: 1)())
+    count = platform.device_count()
     status: Status = "ok" if count >= 1 else "FAIL"
     rows.append(Row("devices", status, f"{count} visible, rank 0 on {platform.device(0)}"))
     free, total = platform.mem_get_info()

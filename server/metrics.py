@@ -183,6 +183,7 @@ class EngineStatusCollector(Collector):
                     family = families[name] = cls(name.removesuffix("_total")
                                                   if kind_of == "counter" else name, help_,
                                                   labels=["process", *names])
+                assert isinstance(family, CounterMetricFamily | GaugeMetricFamily)
                 for values, value in samples:
                     family.add_metric([process, *values], value)
         yield alive

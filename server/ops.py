@@ -12,7 +12,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tessera.bus.messages import StatusReply
-from tessera.client import TesseraError
+from tessera.client import GenerateResult, TesseraError
 from tessera.server.errors import ApiError
 from tessera.server.openapi import openapi_document
 from tessera.server.state import STATE, ServerState
@@ -72,6 +72,7 @@ async def health_generate(request: web.Request) -> web.Response:
         return _unhealthy(exc.message)
     finally:
         state.release()
+    assert isinstance(result, GenerateResult)  # stream=False
     return web.json_response({"status": "ok",
                               "completion_tokens": result.usage.completion_tokens})
 

@@ -95,7 +95,7 @@ def normalize_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[Prom
     if isinstance(prompts, Sequence) and prompts:
         first = prompts[0]
         if isinstance(first, int | np.integer) or isinstance(first, dict):
-            return [prompts]  # token ids or chat messages of one request
+            return [prompts]  # type: ignore[list-item]  # token ids or chat messages of one request
         return list(prompts)  # type: ignore[arg-type]
     raise ValueError("prompts must be a string, token ids, chat messages, or a non-empty list "
                      "of those")

@@ -35,7 +35,7 @@ def test_aliases_of_sglang_and_vllm_set_the_same_fields() -> None:
                  "4096", "--served-model-name", "mine", "--tensor-parallel-size", "2",
                  "--max-num-seqs", "7", "--enforce-eager"])
     assert (cfg.model, cfg.mem_fraction, cfg.context_length, cfg.served_model_name,
-            cfg.tp_size, cfg.max_running_requests, cfg.disable_cuda_graph) == \
+            cfg.tp_size, cfg.max_running_requests, cfg.disable_graph_capture) == \
         ("m.gguf", 0.5, 4096, "mine", 2, 7, True)
     assert parse(["--gpu-memory-utilization", "0.7"]).mem_fraction == 0.7
     assert parse([]) == ServerConfig()

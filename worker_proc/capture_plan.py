@@ -1,6 +1,6 @@
 """What start-up captures: only step shapes that can occur, with the garbage collector quiet.
 
-A decode batch holds at most --max-running-requests requests, --cuda-graph-max-bs, what the
+A decode batch holds at most --max-running-requests requests, --graph-max-bs, what the
 plugin can capture, and one request per KV page (each running request writes into a page of
 its own; page 0 is reserved). A prefill or mixed step holds at most the prefill chunk plus one
 token per running request (--chunked-prefill-size + --max-running-requests, with speculative
@@ -19,8 +19,8 @@ from tessera.config import EngineConfig
 
 def decode_batch_limit(config: EngineConfig, plugin_max_batch: int | None,
                        num_pages: int) -> int:
-    return max(0, min(config.cuda_graph_max_bs, config.max_running_requests,
-                      plugin_max_batch or config.cuda_graph_max_bs, num_pages - 1))
+    return max(0, min(config.graph_max_bs, config.max_running_requests,
+                      plugin_max_batch or config.graph_max_bs, num_pages - 1))
 
 
 def mixed_token_limit(config: EngineConfig, num_slots: int) -> int:

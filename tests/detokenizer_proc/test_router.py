@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from tessera.bus.channel import SendTimeout
 from tessera.bus.messages import (
     AbortRequest,
+    DetokInfo,
     ErrorReply,
     RequestOutput,
     RequestOutputBatch,
@@ -23,10 +24,12 @@ EOS = 2
 
 
 def detok(**kw):
-    base = {"reply_to": "ipc://client", "stream": True, "n": 1, "stop": [],
+    base = {"reply_to": "ipc://client", "stream": True, "n": 1, "stop": (),
             "skip_special_tokens": True, "logprobs": None, "prompt_tokens": 7,
-            "stop_token_ids": []}
-    return {**base, **kw}
+            "stop_token_ids": ()}
+    merged = {**base, **kw}
+    merged["stop"] = tuple(merged["stop"])
+    return DetokInfo(**merged)
 
 
 def batch(rows, new=None, logprobs=None, top_ids=None, top_logprobs=None):

@@ -132,8 +132,8 @@ def test_graph_replay_equals_eager_at_every_captured_size() -> None:
     """A decode-shaped step (norm, rope, store, attention, silu) captured at each size of
     capture_batch_sizes(64) replays to exactly what eager computes on new inputs."""
     from tessera.hal.cuda import CudaPlatform
-    from tessera.hal.cuda.graph import capture_batch_sizes
     from tessera.hal.rope import cos_sin_cache
+    from tessera.worker_proc.graph_decode import capture_batch_sizes
 
     platform = CudaPlatform()
     op = platform.op
