@@ -72,7 +72,9 @@ class Planner:
             self._preempt()
         dec_rows, dec_inputs, drafts = self._plan_decodes()
         budget = self.s.step_token_budget(decoding=dec_rows.shape[0] > 0)
-        share = max(self.s.page_size, budget // 2) if self.s.waiting else budget
+        # Half (a token at least, so they always move), not a page at least: a budget of one
+        # page went wholly to the running prefill and the waiting requests never got in.
+        share = max(1, budget // 2) if self.s.waiting else budget
         chunks, left = self._plan_prefills(min(share, budget))
         self._admit(chunks, left + budget - min(share, budget))
         return dec_rows, dec_inputs, chunks, drafts
@@ -248,7 +250,16 @@ class Planner:
         prefill_only = st.max_total[rows] <= known
         prefilling = rows[(kv < known + st.pending[rows] - 1) | (prefill_only & (kv < known))]
         seqs: list[Sequence] = [s.seq_of_row[r] for r in prefilling.tolist()]  # type: ignore[misc]
-        seqs.sort(key=lambda q: q.sort_key(s.by_priority))
+
+        def order(q: Sequence) -> tuple[int, bool, int, int]:
+            # Within a priority, prompts whose rest fits this step first: a short request
+            # admitted beside a long prompt finishes its prefill now instead of waiting for
+            # every chunk of the older prompt (each such prompt ends here: no starvation).
+            first, *rest = q.sort_key(s.by_priority)
+            fits = int(st.n_known[q.row]) - int(st.kv_len[q.row]) <= budget
+            return (first, not fits, *rest)
+
+        seqs.sort(key=order)
         for seq in seqs:
             if budget <= 0:
                 break
