@@ -196,26 +196,26 @@ def main(argv: list[str] | None = None) -> int:
     for name in layouts:
         layout = LAYOUTS[name]
         names[name] = {part: f"b5_{name}_{part}_{args.suffix}" for part in part_args}
-        parts = {part: (bench, [*common, "--name", names[name][part], *extra])
-                 for part, (bench, extra) in part_args.items()}
+        runs = {part: (bench, [*common, "--name", names[name][part], *extra])
+                for part, (bench, extra) in part_args.items()}
         engine_argv = ["--model", args.model, "--load-format", args.load_format, *layout.flags,
                        *engine_flags]
         print(f"[bench] B5 {name}: {' '.join(layout.flags)}", file=sys.stderr, flush=True)
-        failed = _run_layout(engine_argv, parts, args.layout_timeout_s)
+        failed = _run_layout(engine_argv, runs, args.layout_timeout_s)
         if failed and layout.tp_size > 1 and not one_shot_set:
             print(f"[bench] B5 {name} failed ({failed}); again without the one-shot "
                   f"all-reduce", file=sys.stderr, flush=True)
             fallbacks += [f"{name} {part}: {why}" for part, why in failed.items()]
-            failed = _run_layout([*engine_argv, "--all-reduce-one-shot-max-kb", "0"], parts,
+            failed = _run_layout([*engine_argv, "--all-reduce-one-shot-max-kb", "0"], runs,
                                  args.layout_timeout_s)
         errors.update({f"{name} {part}": why for part, why in failed.items()})
-    parts = {name: {part: _read(args.out_dir, n) if f"{name} {part}" not in errors else None
-                    for part, n in by_part.items()}
-             for name, by_part in names.items()}
+    read = {name: {part: _read(args.out_dir, n) if f"{name} {part}" not in errors else None
+                   for part, n in by_part.items()}
+            for name, by_part in names.items()}
     result = new_result("B5", {**vars(args), "engine_flags": engine_flags,
                                "parts": {k: {p: f"{n}.json" for p, n in v.items()}
                                          for k, v in names.items()}})
-    result["figures"] = combine(parts)
+    result["figures"] = combine(read)
     result["errors"] = errors
     result["fallbacks"] = fallbacks
     path = write_result(result, args.out_dir, f"b5_{args.suffix}")

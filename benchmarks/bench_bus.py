@@ -40,7 +40,7 @@ import zmq
 
 from tessera.benchmarks.common import git_commit, machine, summarize, versions
 from tessera.bus.codec import decode, encode
-from tessera.bus.messages import SamplingParams, TokenizedRequest
+from tessera.bus.messages import DetokInfo, SamplingParams, TokenizedRequest
 
 MODES = ("zero_copy", "codec_copy", "pickle_copy")
 PAYLOADS = {"1KB": 1 << 10, "1MB": 1 << 20}
@@ -183,7 +183,7 @@ def run(quick: bool) -> dict[str, Any]:
         for label, size in PAYLOADS.items():
             ids = np.arange(size // 4, dtype=np.int32)
             msg = TokenizedRequest(rid="bench", input_ids=ids, sampling=SamplingParams(),
-                                   detok={"reply_to": "ipc://nowhere"})
+                                   detok=DetokInfo(reply_to="ipc://nowhere"))
             n_tp, n_lat = COUNTS[label]
             if quick:
                 n_tp, n_lat = n_tp // 10, n_lat // 10

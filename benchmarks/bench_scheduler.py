@@ -20,7 +20,7 @@ import numpy as np
 
 from tessera.benchmarks.common import default_results_dir, new_result, write_result
 from tessera.bus.codec import encode
-from tessera.bus.messages import SampledTokens, SamplingParams, TokenizedRequest
+from tessera.bus.messages import DetokInfo, SampledTokens, SamplingParams, TokenizedRequest
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.scheduler import Scheduler
 
@@ -41,7 +41,7 @@ def measure(batch: int, steps: int, prompt_len: int, overlap: bool, seed: int = 
     for i in range(batch):
         ids = rng.integers(1, 32000, size=prompt_len).astype(np.int32)
         assert sched.add_request(TokenizedRequest(rid=f"r{i}", input_ids=ids, sampling=sp,
-                                                  detok={})) is None
+                                                  detok=DetokInfo(reply_to=""))) is None
     pending: list = []
     answered = 0
     sched_cpu = 0.0  # thread CPU inside the scheduler's own calls only
@@ -72,7 +72,7 @@ def measure(batch: int, steps: int, prompt_len: int, overlap: bool, seed: int = 
         encode_cpu += time.thread_time() - t0
         answered += 1
 
-    while len(sched.running) < batch or sched.st.kv_len[sched.active_rows()].min() < prompt_len:
+    while len(sched.running) < batch or sched.st.kv_len[sched.running.active_rows()].min() < prompt_len:
         step()  # prefill everything first: the figure is about decode steps
     for _ in range(20):
         step()  # warm up

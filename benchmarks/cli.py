@@ -3,8 +3,10 @@
     serving   B3 (HTTP tiers) and B4 (prefix cache vs --disable-radix-cache)
     offline   B2 through the offline API, with the roofline bound of the run
     latency   B1: batch-1 decode ms/step and TTFT
+    spec      B9: batch 1 with speculative decoding (ngram) beside plain, copy and random prompts
     startup   B10: `tessera serve` to ready, by phase (and from a real-size safetensors folder)
     b5        B5: B1 and B2 at TP=1, TP=2 and PP=2, and their ratios (two devices)
+    b7        B7: B4's workload on --dp-size 2 replicas behind the router against one replica
     b11       B11: the Mixtral-8x7B shape's B1 and B2, and the MoE kernel figure (one GPU)
     moe-kernel  B11's grouped GEMM against a dense GEMM of the same FLOPs (one GPU)
     quant     B12: B1 and B2 with quantized weights (fp8, int4, ...) beside the unquantized
@@ -25,8 +27,10 @@ BENCHES: dict[str, tuple[str, str]] = {
     "serving": ("tessera.benchmarks.serving", "main"),
     "offline": ("tessera.benchmarks.offline", "main"),
     "latency": ("tessera.benchmarks.latency", "main"),
+    "spec": ("tessera.benchmarks.speculative", "main"),
     "startup": ("tessera.benchmarks.startup", "main"),
     "b5": ("tessera.benchmarks.b5", "main"),
+    "b7": ("tessera.benchmarks.b7", "main"),
     "b11": ("tessera.benchmarks.b11", "main"),
     "moe-kernel": ("tessera.benchmarks.moe_kernel", "main"),
     "quant": ("tessera.benchmarks.quant", "main"),

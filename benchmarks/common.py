@@ -19,9 +19,10 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-WORKLOADS = ("B1", "B2", "B3", "B4", "B5", "B8", "B10", "B11", "B12", "C1", "C2", "HOST")
+WORKLOADS = ("B1", "B2", "B3", "B4", "B5", "B7", "B8", "B9", "B10", "B11", "B12", "C1", "C2",
+             "HOST")
 
-# The figures each workload must report (BENCHMARKS.md and issue 7). B3 keeps one entry per
+# The figures each workload must report (BENCHMARKS.md). B3 keeps one entry per
 # concurrency tier under figures["tiers"], each with TIER_FIGURES.
 REQUIRED_FIGURES: dict[str, tuple[str, ...]] = {
     "B1": ("decode_ms_per_step", "ttft_ms"),
@@ -29,7 +30,9 @@ REQUIRED_FIGURES: dict[str, tuple[str, ...]] = {
     "B3": ("tiers",),
     "B4": ("cache_hit_rate", "ideal_hit_rate", "speedup_vs_no_cache"),
     "B5": ("tp2_b1_ratio", "tp2_b2_ratio", "pp2_b2_ratio"),
+    "B7": ("dp2_throughput_ratio", "dp2_hit_rate_fraction", "single", "replicas"),
     "B8": ("fraction_of_plain", "plain", "grammar"),
+    "B9": ("copy_speedup", "random_ratio"),
     "B10": ("ready_s", "phases"),
     "B11": ("decode_ms_per_step", "roofline_fraction", "moe_gemm_fraction_of_dense"),
     # B12's parts run together or as separate commands merged into one result (quant.py),
@@ -56,6 +59,10 @@ def default_results_dir() -> str:
 
 
 def git_commit() -> str:
+    """The commit measured: TESSERA_COMMIT when set (a copy of the tree on a GPU machine may
+    carry stale git metadata), else git's HEAD, "-dirty" with uncommitted changes."""
+    if os.environ.get("TESSERA_COMMIT"):
+        return os.environ["TESSERA_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root(), capture_output=True,
                              text=True, timeout=5)

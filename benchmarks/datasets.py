@@ -24,6 +24,8 @@ class BenchRequest:
     output_len: int
     group: int = -1  # shared-prefix group; -1 for none
     cacheable_tokens: int = 0  # prompt tokens an ideal prefix cache serves (shared-prefix)
+    # Sent instead of the ids when set: a router that routes on text (B7) takes no id list.
+    prompt_text: str | None = None
 
     @property
     def prompt_len(self) -> int:

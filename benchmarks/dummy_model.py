@@ -51,8 +51,8 @@ def tokenizer_json(config: dict[str, Any]) -> dict[str, Any]:
         "pre_tokenizer": {"type": "WhitespaceSplit"},
         "post_processor": None,
         "decoder": None,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": special.get(
-            config.get("bos_token_id"), "t0")},
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": _unknown_token(config,
+                                                                                   special)},
     }
 
 
@@ -183,3 +183,8 @@ def resolve_dummy_model(model: str, load_format: str, byte_level: bool = False) 
     if load_format == "dummy" and model.endswith(".json") and os.path.isfile(model):
         return dummy_model_dir(model, byte_level=byte_level)
     return model
+
+
+def _unknown_token(config: dict[str, Any], special: dict[int, str]) -> str:
+    bos = config.get("bos_token_id")
+    return special.get(bos, "t0") if isinstance(bos, int) else "t0"

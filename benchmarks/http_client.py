@@ -40,7 +40,7 @@ class RequestMetrics:
 def completion_body(model: str | None, req: BenchRequest, *, ignore_eos: bool = True,
                     temperature: float = 0.0) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "prompt": req.prompt_ids,
+        "prompt": req.prompt_ids if req.prompt_text is None else req.prompt_text,
         "max_tokens": req.output_len,
         "temperature": temperature,
         "ignore_eos": ignore_eos,

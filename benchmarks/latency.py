@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None, llm: Any = None) -> int:
                 ttft_ms.append(out.ttft_s * 1000.0)
             print(f"[bench] B1 iter {i - args.warmup}: decode {decode_ms[-1]:.2f} ms/step, "
                   f"TTFT {ttft_ms[-1]:.1f} ms, {len(times)} tokens", file=sys.stderr)
-    figures = {
+    figures: dict[str, Any] = {
         "decode_ms_per_step": statistics.median(decode_ms) if decode_ms else float("nan"),
         "ttft_ms": statistics.median(ttft_ms) if ttft_ms else float("nan"),
         "decode_ms_per_step_all": decode_ms,

@@ -71,7 +71,7 @@ def next_token_logits(engine_kwargs: dict[str, Any], prompts: list[list[int]]) -
     longest = max(len(p) for p in prompts)
     page = int(engine_kwargs.get("page_size", 16))
     tokens = sum(-(-len(p) // page) * page for p in prompts) + page
-    config = EngineConfig(**{**engine_kwargs, "disable_cuda_graph": True,
+    config = EngineConfig(**{**engine_kwargs, "disable_graph_capture": True,
                              "max_running_requests": max(len(prompts), 1),
                              "context_length": longest + page, "max_total_tokens": tokens})
     platform = load_platform(config.hal)
@@ -80,7 +80,7 @@ def next_token_logits(engine_kwargs: dict[str, Any], prompts: list[list[int]]) -
         batch, table = prefill_batch(prompts, runner.kv_plan.page_size,
                                      config.max_running_requests, runner.max_context_len)
         with torch.inference_mode():
-            logits = runner.forward(build_forward_inputs(batch, table, runner.device))
+            logits = runner.forward(build_forward_inputs(batch, table, platform, runner.device))
             return logits.float().cpu()
     finally:
         del runner

@@ -198,11 +198,12 @@ def run_b3(args: argparse.Namespace, url: str, vocab: int) -> dict[str, Any]:
     return {"tiers": tiers, "_series": series}
 
 
-def run_b4_once(args: argparse.Namespace, url: str, reqs: list[BenchRequest]) -> dict[str, Any]:
+def run_b4_once(args: argparse.Namespace, url: str, reqs: list[BenchRequest],
+                model: str | None = None) -> dict[str, Any]:
     c = int(args.concurrency.split(",")[0])
     before = asyncio.run(_metrics(url, args.api_key))
     metrics, wall = asyncio.run(run_tier(url, reqs, concurrency=c, rate=args.request_rate,
-                                         api_key=args.api_key, seed=args.seed,
+                                         model=model, api_key=args.api_key, seed=args.seed,
                                          api=args.api))
     after = asyncio.run(_metrics(url, args.api_key))
     stats = tier_stats(metrics, wall, concurrency=c, rate=args.request_rate)

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from enum import StrEnum
 
+from tessera.codes import OVERLOADED, coded
+
 
 class BreakerState(StrEnum):
     CLOSED = "closed"
@@ -27,7 +29,7 @@ class CircuitOpenError(RuntimeError):
         self.retry_after_s = max(0.0, retry_after_s)
         super().__init__(
             f"{name} is unavailable or overloaded ({reason}); retry in {self.retry_after_s:.1f} s"
-        )
+            + coded(OVERLOADED))
 
 
 class CircuitBreaker:

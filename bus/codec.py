@@ -47,24 +47,58 @@ class MessageTooLarge(EncodeError):
     """A message whose header exceeds MAX_HEADER_BYTES: every receiver would drop it."""
 
 
-@cache
-def _field_info(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, type]]:
-    """(array field names, plain field names, nested dataclass field types) of a message class."""
+@dataclasses.dataclass(frozen=True)
+class _Fields:
+    """How a message class's fields travel."""
+
+    arrays: tuple[str, ...]  # np.ndarray fields: frames of their own
+    plain: tuple[str, ...]  # everything else: the msgpack header
+    nested: dict[str, type]  # plain fields holding a nested dataclass
+    nested_maps: dict[str, type]  # plain `dict[str, nested dataclass]` fields: value type
+    nullable: frozenset[str]  # fields that may be None
+
+
+_FIELDS: dict[type, _Fields] = {}
+
+
+def _field_info(cls: type) -> _Fields:
+    info = _FIELDS.get(cls)
+    if info is None:
+        info = _FIELDS[cls] = _describe(cls)
+    return info
+
+
+def _describe(cls: type) -> _Fields:
     hints = typing.get_type_hints(cls)
     arrays: list[str] = []
     plain: list[str] = []
     nested: dict[str, type] = {}
+    nested_maps: dict[str, type] = {}
+    nullable: set[str] = set()
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         args = typing.get_args(hint)
+        if type(None) in args:
+            nullable.add(f.name)
         if hint is np.ndarray or np.ndarray in args:
             arrays.append(f.name)
-        else:
-            plain.append(f.name)
-            for candidate in (hint, *args):
-                if dataclasses.is_dataclass(candidate):
-                    nested[f.name] = candidate  # type: ignore[assignment]
-    return tuple(arrays), tuple(plain), nested
+            continue
+        plain.append(f.name)
+        if typing.get_origin(hint) is dict:
+            if dataclasses.is_dataclass(args[1]):
+                nested_maps[f.name] = args[1]  # type: ignore[assignment]
+            continue
+        for candidate in (hint, *args):
+            if dataclasses.is_dataclass(candidate):
+                nested[f.name] = candidate  # type: ignore[assignment]
+    return _Fields(tuple(arrays), tuple(plain), nested, nested_maps, frozenset(nullable))
+
+
+def _nested(cls: type, owner: str, value: dict[str, Any]) -> Any:
+    try:
+        return NESTED_TYPES[cls.__name__].from_dict(value)  # type: ignore[attr-defined]
+    except (TypeError, ValueError) as exc:
+        raise DecodeError(f"{owner}: {exc}") from None
 
 
 _SCALARS = (str, int, float, bytes, type(None))
@@ -94,8 +128,11 @@ def encode(msg: Message) -> list[Any]:
     cls = type(msg)
     if cls.TYPE not in MESSAGE_TYPES:
         raise TypeError(f"{cls.__name__} is not a registered bus message")
-    array_names, plain_names, _ = _field_info(cls)  # type: ignore[arg-type]
+    info = _field_info(cls)
+    array_names, plain_names = info.arrays, info.plain
     fields = {name: _plain(getattr(msg, name)) for name in plain_names}
+    for name in info.nested_maps:
+        fields[name] = {k: _plain(v) for k, v in fields[name].items()}
     descs: list[list[Any]] = []
     buffers: list[Any] = []
     for name in array_names:
@@ -158,16 +195,23 @@ def decode(frames: list[Any]) -> Message:
         raise DecodeError(f"{cls.TYPE}: malformed header")
     if len(frames) != 1 + len(descs):
         raise DecodeError(f"{cls.TYPE}: {len(descs)} arrays described, {len(frames) - 1} sent")
-    array_names, plain_names, nested = _field_info(cls)
+    info = _field_info(cls)
+    array_names, plain_names = info.arrays, info.plain
+    nested, nested_maps = info.nested, info.nested_maps
     values: dict[str, Any] = {}
     for name, value in fields.items():
         if name not in plain_names and not (name in array_names and value is None):
             raise DecodeError(f"{cls.TYPE}: unexpected field {name!r}")
+        if (name in nested or name in nested_maps) and not isinstance(value, dict) \
+                and not (value is None and name in info.nullable):
+            raise DecodeError(f"{cls.TYPE}.{name}: must be a map")
         if name in nested and isinstance(value, dict):
-            try:
-                value = NESTED_TYPES[nested[name].__name__].from_dict(value)  # type: ignore[attr-defined]
-            except (TypeError, ValueError) as exc:
-                raise DecodeError(f"{cls.TYPE}.{name}: {exc}") from None
+            value = _nested(nested[name], f"{cls.TYPE}.{name}", value)
+        elif name in nested_maps and isinstance(value, dict):
+            if not all(isinstance(v, dict) for v in value.values()):
+                raise DecodeError(f"{cls.TYPE}.{name}: values must be maps")
+            value = {k: _nested(nested_maps[name], f"{cls.TYPE}.{name}[{k!r}]", v)
+                     for k, v in value.items()}
         values[name] = value
     for desc, frame in zip(descs, frames[1:], strict=True):
         try:

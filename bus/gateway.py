@@ -14,9 +14,10 @@ import argparse
 import sys
 
 from tessera.bus.parent_death import end_with_parent
+from tessera.codes import REPLICAS, coded
 
 INSTALL_HINT = ("--dp-size needs the SGLang Model Gateway: pip install 'tessera[router]' "
-                "(or the sglang-router wheel alone, with --no-deps)")
+                "(or the sglang-router wheel alone, with --no-deps)" + coded(REPLICAS))
 
 
 def gateway_available() -> bool:

@@ -3,15 +3,13 @@ print where the server answers, and clean everything up on the way out.
 
 The process list is data (`build_specs`): the workers (one per TP rank), scheduler,
 detokenizer and tokenizers start together; then the HTTP server, which runs a warm-up request
-before it reports ready. A process package that is not there yet (no `__main__.py`)
-is skipped with a warning, so the command runs with whatever the checkout has.
+before it reports ready.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import logging
 import os
@@ -21,7 +19,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from tessera.bus.cleanup import remove_run, remove_stale_runs
 from tessera.bus.process import setup_logging
@@ -37,9 +34,7 @@ from tessera.version import version_line
 log = logging.getLogger(__name__)
 
 MAX_IPC_PATH = 107  # sun_path of a Unix socket address on Linux, less the final NUL
-
-
-CORE_GROUP = "core"
+CORE_GROUP = "core"  # the processes restarted together
 
 
 def restart_policy(config: EngineConfig) -> RestartPolicy | None:
@@ -49,22 +44,6 @@ def restart_policy(config: EngineConfig) -> RestartPolicy | None:
         return None
     return RestartPolicy(max_restarts=config.restart_max, window_s=config.restart_window_s,
                          backoff_s=config.restart_backoff_s)
-
-
-def module_available(module: str) -> bool:
-    """True if `python -m module` can run: the package exists and has a __main__.py.
-
-    Looks at files only, so the (possibly heavy) package is not imported here.
-    """
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return False
-    if spec is None:
-        return False
-    if spec.submodule_search_locations is None:
-        return True  # a plain module runs as a script
-    return any((Path(loc) / "__main__.py").is_file() for loc in spec.submodule_search_locations)
 
 
 def build_specs(config: ServerConfig, paths: RunPaths) -> list[ProcessSpec]:
@@ -95,11 +74,7 @@ def build_specs(config: ServerConfig, paths: RunPaths) -> list[ProcessSpec]:
 def _specs(plan: list[tuple[str, str, list[str], int, bool]],
            paths: RunPaths) -> list[ProcessSpec]:
     specs: list[ProcessSpec] = []
-    missing: set[str] = set()
     for name, module, args, stage, drains in plan:
-        if not module_available(module):
-            missing.add(module)
-            continue
         kind = name.rstrip("0123456789")
         # The worker ranks and the scheduler restart together: a new scheduler writes a new
         # page table, and the workers' KV arena means nothing without the old one.
@@ -111,8 +86,6 @@ def _specs(plan: list[tuple[str, str, list[str], int, bool]],
         specs.append(ProcessSpec.python_module(name, module, paths, *args, stage=stage,
                                                ready_timeout_s=timeout,
                                                drains=drains, group=group, stale_files=stale))
-    for module in sorted(missing):
-        log.warning("%s is not in this checkout yet (no __main__.py): not started", module)
     return specs
 
 
@@ -208,7 +181,8 @@ def prepare_node_keys(config: ServerConfig, env: Env) -> tuple[ServerConfig, str
 
 
 def check_model_files(config: EngineConfig) -> str | None:
-    """One line saying what is wrong with --model, before any process is started."""
+    """One line saying what is wrong with --model (or --speculative-draft-model), before any
+    process is started."""
     from tessera.formats.check import check_model
     from tessera.formats.errors import ModelFormatError
 
@@ -216,6 +190,11 @@ def check_model_files(config: EngineConfig) -> str | None:
         check_model(config.model, config.load_format)
     except ModelFormatError as exc:
         return f"{exc}" + coded(MODEL_NOT_FOUND)
+    if config.speculative_draft_model:
+        try:
+            check_model(config.speculative_draft_model, config.load_format)
+        except ModelFormatError as exc:
+            return f"--speculative-draft-model: {exc}" + coded(MODEL_NOT_FOUND)
     return None
 
 

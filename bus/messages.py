@@ -3,7 +3,7 @@
 Messages are frozen dataclasses. Fields typed `np.ndarray` travel as separate zero-copy ZeroMQ
 frames (see `codec.py`); every other field goes into the msgpack header and must be plain data
 (None, bool, int, float, str, bytes, list, dict) or a nested dataclass registered here
-(`SamplingParams`). Never pickle: a pickled message on an open socket is remote code execution.
+(`SamplingParams`, `DetokInfo`), alone or as the values of a `dict[str, ...]`. Never pickle: a pickled message on an open socket is remote code execution.
 
 Path of one request (ARCHITECTURE.md):
   client --GenerateRequest--> tokenizer --TokenizedRequest--> scheduler
@@ -35,6 +35,15 @@ GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "grammar")
 
 
 @dataclass(frozen=True)
+class ParamError:
+    """What is wrong with a request: the field at fault (as the request names it) and a message
+    that says what to do. Checks return it so that nobody parses the field back out of text."""
+
+    param: str
+    message: str
+
+
+@dataclass(frozen=True)
 class GrammarSpec:
     """A constraint on the output, enforced token by token by the worker's grammar engine.
 
@@ -49,16 +58,18 @@ class GrammarSpec:
 
     MAX_SPEC_CHARS: ClassVar[int] = 1 << 20
 
-    def validate(self) -> str | None:
+    def validate(self) -> ParamError | None:
+        param = self.param if isinstance(self.param, str) and self.param else "grammar"
         if self.kind not in GRAMMAR_KINDS:
-            return f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.kind!r}"
+            return ParamError(param, f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, "
+                                     f"got {self.kind!r}")
         if not isinstance(self.spec, str) or not isinstance(self.param, str):
-            return "a grammar's spec and param must be strings"
+            return ParamError(param, "a grammar's spec and param must be strings")
         if self.kind != "json_object" and not self.spec:
-            return f"{self.param}: the {self.kind} is empty"
+            return ParamError(param, f"{param}: the {self.kind} is empty")
         if len(self.spec) > self.MAX_SPEC_CHARS:
-            return (f"{self.param}: the {self.kind} has {len(self.spec)} characters; at most "
-                    f"{self.MAX_SPEC_CHARS} are accepted")
+            return ParamError(param, f"{param}: the {self.kind} has {len(self.spec)} characters;"
+                                     f" at most {self.MAX_SPEC_CHARS} are accepted")
         return None
 
     @classmethod
@@ -131,23 +142,23 @@ class SamplingParams:
             or self.presence_penalty != 0.0
         )
 
-    def validate(self) -> str | None:
-        """Return a message saying what is wrong and what to do, or None if the values are valid.
+    def validate(self) -> ParamError | None:
+        """The first problem (the field and what to do), or None if the values are valid.
 
         Checks only what can be checked without the model; the tokenizer process also checks
         lengths against the context and token ids against the vocabulary.
         """
         def bad_number(name: str, value: Any, lo: float, hi: float, *, integer: bool = False,
-                       lo_open: bool = False) -> str | None:
+                       lo_open: bool = False) -> ParamError | None:
             if isinstance(value, bool) or not isinstance(value, int | float):
-                return f"{name} must be a number, got {type(value).__name__}"
+                return ParamError(name, f"{name} must be a number, got {type(value).__name__}")
             if integer and not isinstance(value, int):
-                return f"{name} must be an integer, got {value!r}"
+                return ParamError(name, f"{name} must be an integer, got {value!r}")
             if value != value or value in (float("inf"), float("-inf")):
-                return f"{name} must be a finite number, got {value!r}"
+                return ParamError(name, f"{name} must be a finite number, got {value!r}")
             if (value <= lo if lo_open else value < lo) or value > hi:
                 left = "(" if lo_open else "["
-                return f"{name} must be in {left}{lo}, {hi}], got {value!r}"
+                return ParamError(name, f"{name} must be in {left}{lo}, {hi}], got {value!r}")
             return None
 
         checks = [
@@ -167,14 +178,15 @@ class SamplingParams:
                                      2**31 - 1, integer=True))
             if isinstance(self.max_tokens, int) and isinstance(self.min_tokens, int) \
                     and self.min_tokens > self.max_tokens:
-                checks.append(f"min_tokens ({self.min_tokens}) must not exceed max_tokens "
-                              f"({self.max_tokens})")
+                checks.append(ParamError("min_tokens", f"min_tokens ({self.min_tokens}) must not "
+                                         f"exceed max_tokens ({self.max_tokens})"))
         if self.seed is not None:
             checks.append(bad_number("seed", self.seed, -(2**63), 2**63 - 1, integer=True))
         if self.embed is not None and self.embed not in ("last", "mean"):
-            checks.append(f"embed must be \"last\" or \"mean\", got {self.embed!r}")
+            checks.append(ParamError("embed", f"embed must be \"last\" or \"mean\", got "
+                                              f"{self.embed!r}"))
         if self.embed is not None and self.n != 1:
-            checks.append("n must be 1 for an embedding: a prompt has one")
+            checks.append(ParamError("n", "n must be 1 for an embedding: a prompt has one"))
         if self.prompt_logprobs is not None:
             checks.append(bad_number("prompt_logprobs", self.prompt_logprobs, 0,
                                      self.MAX_TOP_LOGPROBS, integer=True))
@@ -183,33 +195,39 @@ class SamplingParams:
                                      integer=True))
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
-                checks.append(f"{name} must be true or false")
+                checks.append(ParamError(name, f"{name} must be true or false"))
         if not isinstance(self.stop, tuple | list) or not all(
                 isinstance(s, str) and s for s in self.stop):
-            checks.append("stop must be a string or a list of non-empty strings")
+            checks.append(ParamError("stop", "stop must be a string or a list of non-empty "
+                                             "strings"))
         elif len(self.stop) > self.MAX_STOP:
-            checks.append(f"stop accepts at most {self.MAX_STOP} strings, got {len(self.stop)}")
+            checks.append(ParamError("stop", f"stop accepts at most {self.MAX_STOP} strings, "
+                                             f"got {len(self.stop)}"))
         elif any(len(s) > self.MAX_STOP_CHARS for s in self.stop):
             longest = max(len(s) for s in self.stop)
-            checks.append(f"stop strings may have at most {self.MAX_STOP_CHARS} characters, "
-                          f"got one of {longest}")
+            checks.append(ParamError("stop", f"stop strings may have at most "
+                                             f"{self.MAX_STOP_CHARS} characters, got one of "
+                                             f"{longest}"))
         if not isinstance(self.stop_token_ids, tuple | list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= self.MAX_TOKEN_ID
                 for t in self.stop_token_ids):
-            checks.append(f"stop_token_ids must be a list of token ids in [0, "
-                          f"{self.MAX_TOKEN_ID}]")
+            checks.append(ParamError("stop_token_ids", f"stop_token_ids must be a list of token "
+                                                       f"ids in [0, {self.MAX_TOKEN_ID}]"))
         elif len(self.stop_token_ids) > self.MAX_STOP_TOKEN_IDS:
-            checks.append(f"stop_token_ids accepts at most {self.MAX_STOP_TOKEN_IDS} ids, got "
-                          f"{len(self.stop_token_ids)}")
-        checks.append(self._bad_logit_bias())
+            checks.append(ParamError("stop_token_ids", f"stop_token_ids accepts at most "
+                                                       f"{self.MAX_STOP_TOKEN_IDS} ids, got "
+                                                       f"{len(self.stop_token_ids)}"))
+        bias = self._bad_logit_bias()
+        checks.append(ParamError("logit_bias", bias) if bias else None)
         if self.grammar is not None:
             if not isinstance(self.grammar, GrammarSpec):
-                checks.append("grammar must be a GrammarSpec")
+                checks.append(ParamError("grammar", "grammar must be a GrammarSpec"))
             else:
                 checks.append(self.grammar.validate())
                 if self.min_tokens:
-                    checks.append(f"min_tokens cannot be combined with {self.grammar.param}: "
-                                  f"the grammar decides where the output ends")
+                    checks.append(ParamError("min_tokens", f"min_tokens cannot be combined with "
+                                                           f"{self.grammar.param}: the grammar "
+                                                           f"decides where the output ends"))
         for problem in checks:
             if problem:
                 return problem
@@ -264,6 +282,40 @@ class SamplingParams:
         return cls(**values)
 
 
+@dataclass(frozen=True)
+class DetokInfo:
+    """What the detokenizer needs to finish one request, and where its answers go. Written by
+    the tokenizer, carried unchanged by the scheduler, which reads only `reply_to` (to route
+    its own errors about the request)."""
+
+    reply_to: str
+    stream: bool = True
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # hidden: they end a sample but are not shown
+    skip_special_tokens: bool = True
+    logprobs: int | None = None  # top alternatives per token (None: no logprobs)
+    prompt_tokens: int = 0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DetokInfo:
+        """Build from the wire, raising ValueError on an unknown key or a value of the wrong
+        kind."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown DetokInfo field(s): {', '.join(unknown)}")
+        if not isinstance(data.get("reply_to"), str):
+            raise ValueError("DetokInfo.reply_to must be a string")
+        values = dict(data)
+        for key in ("stop", "stop_token_ids"):
+            if key in values:
+                if not isinstance(values[key], list | tuple):
+                    raise ValueError(f"DetokInfo.{key} must be a list")
+                values[key] = tuple(values[key])
+        return cls(**values)
+
+
 # --------------------------------------------------------------------------------------------
 # Base
 # --------------------------------------------------------------------------------------------
@@ -278,7 +330,8 @@ class Message:
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {}
-NESTED_TYPES: dict[str, type] = {"SamplingParams": SamplingParams, "GrammarSpec": GrammarSpec}
+NESTED_TYPES: dict[str, type] = {"SamplingParams": SamplingParams, "GrammarSpec": GrammarSpec,
+                                  "DetokInfo": DetokInfo}
 
 
 def register(cls: type[Message]) -> type[Message]:
@@ -370,15 +423,15 @@ class AbortRequest(Message):
 class TokenizedRequest(Message):
     """A validated, tokenized request.
 
-    `detok` is opaque to the scheduler: what the detokenizer needs to route and finish the
-    request (reply_to, stop strings, skip_special_tokens, stream, prompt text length...).
-    The scheduler passes it on, unchanged, the first time the request appears in a TokenBatch.
+    `detok` is what the detokenizer needs to finish the request; the scheduler passes it on,
+    unchanged, the first time the request appears in a TokenBatch, and reads only its
+    `reply_to`.
     """
 
     rid: str
     input_ids: np.ndarray
     sampling: SamplingParams
-    detok: dict[str, Any]
+    detok: DetokInfo
     priority: int = 0
     arrival_time: float = 0.0
     resent: bool = False  # see GenerateRequest.resent
@@ -586,7 +639,7 @@ class TokenBatch(Message):
 
     rids[r], indices[r]: request id and sample index (0..n-1). counts[r] tokens of token_ids
     (concatenated) belong to r. finish[r] is None while running, else "stop", "length" or
-    "abort". new_requests maps rid -> the TokenizedRequest.detok dict, sent once, the first
+    "abort". new_requests maps rid -> the TokenizedRequest's DetokInfo, sent once, the first
     time a rid appears. logprobs / top_ids / top_logprobs follow SampledTokens' layout, one row
     per token in token_ids, when any request asked for them.
     Prompt scoring (prompt_logprobs): prompt_counts[q] entries of the prompt_* arrays belong to
@@ -602,7 +655,7 @@ class TokenBatch(Message):
     finish: list[str | None]
     prompt_tokens: list[int]
     cached_tokens: list[int]
-    new_requests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    new_requests: dict[str, DetokInfo] = field(default_factory=dict)
     matched_stop: list[int | None] = field(default_factory=list)
     logprobs: np.ndarray = field(default_factory=_empty_f32)
     top_ids: np.ndarray = field(default_factory=_empty_i32)
@@ -643,6 +696,9 @@ class RequestOutput(Message):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # engine steps that gave this choice tokens so far (completion_tokens / decode_steps is
+    # its mean acceptance length under speculative decoding; 1 without)
+    decode_steps: int = 0
     logprobs: np.ndarray = field(default_factory=_empty_f32)
     top_ids: np.ndarray = field(default_factory=_empty_i32)
     top_logprobs: np.ndarray = field(default_factory=_empty_f32)
@@ -682,6 +738,7 @@ class RequestOutputBatch(Message):
     prompt_tokens: list[int]
     completion_tokens: list[int]
     cached_tokens: list[int]
+    decode_steps: list[int] = field(default_factory=list)  # empty: unknown (0)
     logprob_offsets: np.ndarray = field(default_factory=_empty_i32)  # int32 [R + 1] or []
     logprobs: np.ndarray = field(default_factory=_empty_f32)
     top_widths: list[int] = field(default_factory=list)

@@ -56,6 +56,7 @@ from tessera.bus.messages import (
     WorkerReady,
 )
 from tessera.bus.process import BusProcess, process_main
+from tessera.codes import NODE_LINK, coded
 from tessera.config import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -228,14 +229,15 @@ class NodeLink(BusProcess):
             if isinstance(msg, NodeWelcome):
                 if not msg.accepted:
                     raise RuntimeError(f"node 0 at {self.endpoint} refused node "
-                                       f"{cfg.node_rank}: {msg.reason}")
+                                       f"{cfg.node_rank}: {msg.reason}" + coded(NODE_LINK))
                 log.info("link: node %d joined node 0 at %s", cfg.node_rank, self.endpoint)
                 return
         raise RuntimeError(
             f"node {cfg.node_rank} could not join node 0 at {self.endpoint} within "
             f"{cfg.dist_timeout_s:g} s (--dist-timeout-s): is node 0 started with the same "
             f"--dist-init-addr, is the port reachable, and is --dist-key-file a copy of node "
-            f"0's key file? (a peer with another key is refused without an answer)")
+            f"0's key file? (a peer with another key is refused without an answer)"
+            + coded(NODE_LINK))
 
     def ready_info(self) -> dict[str, Any]:
         return {"node_rank": self.config.node_rank, "nnodes": self.config.nnodes,
@@ -273,7 +275,7 @@ class NodeLink(BusProcess):
             return None
 
     def _lost(self, why: str) -> None:
-        log.error("link: %s", why)
+        log.error("link: %s%s", why, coded(NODE_LINK))
         self.exit_code = 1
         self.stopping = True
 
@@ -483,7 +485,7 @@ class NodeLink(BusProcess):
                 "nodes_joined": float(joined if self.head else 1)}
 
     def teardown(self) -> None:
-        if os.getppid() != self._parent_pid:
+        if not self.supervisor_alive:
             # Orphaned: this node's supervisor died (a crash, kill -9). Not a stop on purpose:
             # the peers find the node lost by its silence.
             self.exit_code = 1

@@ -45,7 +45,8 @@ def pack_outputs(outputs: list[RequestOutput]) -> RequestOutputBatch:
         finish_reasons=[o.finish_reason for o in outputs],
         prompt_tokens=[o.prompt_tokens for o in outputs],
         completion_tokens=[o.completion_tokens for o in outputs],
-        cached_tokens=[o.cached_tokens for o in outputs])
+        cached_tokens=[o.cached_tokens for o in outputs],
+        decode_steps=[o.decode_steps for o in outputs])
     if not any(o.logprobs.shape[0] for o in outputs):
         return RequestOutputBatch(**columns)  # type: ignore[arg-type]
     widths = [o.top_ids.shape[1] if o.top_ids.ndim == 2 else 0 for o in outputs]
@@ -75,6 +76,9 @@ def _check(batch: RequestOutputBatch) -> int:
         if len(getattr(batch, name)) != rows:
             raise ValueError(f"RequestOutputBatch: {rows} rids but {len(getattr(batch, name))} "
                              f"{name}")
+    if batch.decode_steps and len(batch.decode_steps) != rows:
+        raise ValueError(f"RequestOutputBatch: {rows} rids but {len(batch.decode_steps)} "
+                         f"decode_steps")
     _check_offsets(batch.token_offsets, rows, batch.token_ids.shape[0], "token")
     if batch.logprob_offsets.shape[0]:
         _check_offsets(batch.logprob_offsets, rows, batch.logprobs.shape[0], "logprob")
@@ -117,5 +121,6 @@ def unpack_outputs(batch: RequestOutputBatch) -> list[RequestOutput]:
             token_ids=batch.token_ids[toks[r]:toks[r + 1]],
             finish_reason=batch.finish_reasons[r], prompt_tokens=batch.prompt_tokens[r],
             completion_tokens=batch.completion_tokens[r], cached_tokens=batch.cached_tokens[r],
+            decode_steps=batch.decode_steps[r] if batch.decode_steps else 0,
             **extra))  # type: ignore[arg-type]
     return out

@@ -16,11 +16,17 @@ supervisor sees the silence.
 
 SIGTERM / SIGINT set a flag; the loop finishes its iteration, runs teardown and exits 0.
 Subclasses set `name` and implement `setup` and `handle`.
+
+`AsyncBusProcess` is the same life cycle for a process built on asyncio (the HTTP server):
+setup (raced with a stop request) -> Ready -> serve until stopped -> teardown, heartbeats from
+a task, the same orphan check. `Lifeline` is what both owe the supervisor.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -29,7 +35,8 @@ import time
 from typing import Any
 
 from tessera.bus.breaker import CircuitBreaker
-from tessera.bus.channel import Inbox, Outbox, SendTimeout
+from tessera.bus.channel import DEFAULT_HWM, Inbox, Outbox, SendTimeout
+from tessera.bus.liveness import Liveness
 from tessera.bus.logs import setup_logging
 from tessera.bus.messages import Heartbeat, Message, Ready, Shutdown
 from tessera.bus.run_paths import RunPaths
@@ -44,6 +51,45 @@ def load_config(paths: RunPaths) -> ServerConfig:
         return ServerConfig.from_json(f.read())
 
 
+class Lifeline:
+    """What an engine process owes the supervisor: Ready once, heartbeats, and noticing that
+    the supervisor is gone. Sends never wait longer than `timeout_ms`: a supervisor that does
+    not read costs a debug line, never a stuck process."""
+
+    def __init__(self, name: str, paths: RunPaths, timeout_ms: int = 100,
+                 hwm: int = DEFAULT_HWM) -> None:
+        self.name = name
+        self.timeout_ms = timeout_ms
+        self.box = Outbox(paths.supervisor, timeout_ms=timeout_ms, hwm=hwm)
+        self.parent_pid = os.getppid()
+
+    @property
+    def supervisor_alive(self) -> bool:
+        return os.getppid() == self.parent_pid
+
+    def orphaned(self) -> bool:
+        """The supervisor died without stopping us (kill -9): an orphan serves no one."""
+        if self.supervisor_alive:
+            return False
+        log.error("%s: supervisor (pid %d) is gone; stopping", self.name, self.parent_pid)
+        return True
+
+    def send(self, msg: Message) -> None:
+        try:
+            self.box.send(msg, timeout_ms=self.timeout_ms)
+        except SendTimeout:
+            log.debug("%s: supervisor not reachable", self.name)
+
+    def ready(self, info: dict[str, Any]) -> None:
+        self.send(Ready(process=self.name, pid=os.getpid(), info=info))
+
+    def beat(self, stats: dict[str, float]) -> None:
+        self.send(Heartbeat(process=self.name, pid=os.getpid(), time=time.time(), stats=stats))
+
+    def close(self) -> None:
+        self.box.close()
+
+
 class BusProcess:
     name = "process"
 
@@ -52,13 +98,12 @@ class BusProcess:
         self.config = config
         self.stopping = False
         self.inbox: Inbox | None = None
-        self._supervisor: Outbox | None = None
+        self._supervisor: Lifeline | None = None
         self._last_beat = 0.0
         self._stats: dict[str, float] = {}
         self._loop_seen = time.monotonic()
         self._beating = threading.Event()
         self.max_loop_stall_s = config.loop_stall_timeout_s
-        self._parent_pid = os.getppid()
         self.loop_timeout_s = 0.05
         # Reported per channel in every heartbeat: inboxes' queue depth, breakers' state.
         self.extra_inboxes: list[Inbox] = []
@@ -95,30 +140,26 @@ class BusProcess:
         if self.inbox is not None:
             self.inbox.buffer.wake()
 
-    def notify_supervisor(self, msg: Message) -> None:
-        if self._supervisor is None:
-            return
-        try:
-            self._supervisor.send(msg, timeout_ms=100)
-        except SendTimeout:
-            log.debug("%s: supervisor not reachable", self.name)
+    @property
+    def supervisor_alive(self) -> bool:
+        """False once the supervisor died without stopping this process (crash, kill -9)."""
+        return self._supervisor is None or self._supervisor.supervisor_alive
 
-    def _heartbeat(self, box: Outbox, stats: dict[str, float]) -> None:
+    def notify_supervisor(self, msg: Message) -> None:
+        if self._supervisor is not None:
+            self._supervisor.send(msg)
+
+    def _heartbeat(self, lifeline: Lifeline, stats: dict[str, float]) -> None:
         self._last_beat = time.monotonic()
-        try:
-            box.send(Heartbeat(process=self.name, pid=os.getpid(), time=time.time(),
-                               stats=stats), timeout_ms=100)
-        except SendTimeout:
-            log.debug("%s: supervisor not reachable", self.name)
+        lifeline.beat(stats)
 
     def _loop_came_round(self) -> None:
         """Called from the loop each iteration: note it, and send a heartbeat with fresh
         stats when one is due."""
         now = time.monotonic()
         self._loop_seen = now
-        if os.getppid() != self._parent_pid:
-            # The supervisor died without stopping us (kill -9): an orphan serves no one.
-            log.error("%s: supervisor (pid %d) is gone; stopping", self.name, self._parent_pid)
+        assert self._supervisor is not None
+        if self._supervisor.orphaned():
             self.stopping = True
         if now - self._last_beat < self.config.heartbeat_interval_s:
             return
@@ -126,7 +167,6 @@ class BusProcess:
                  "cpu_s": time.process_time()}  # the process's CPU so far (per-step figures)
         stats.update(self.stats())
         self._stats = stats
-        assert self._supervisor is not None
         self._heartbeat(self._supervisor, stats)
 
     def channel_stats(self) -> dict[str, float]:
@@ -146,7 +186,7 @@ class BusProcess:
     def _beat(self) -> None:
         """Heartbeats for a loop busy in one long step (its own socket: zmq sockets are not
         shared between threads), with the stats the loop last sent."""
-        box = Outbox(self.paths.supervisor, timeout_ms=100)
+        box = Lifeline(self.name, self.paths)
         interval = self.config.heartbeat_interval_s
         try:
             while not self._beating.wait(interval):
@@ -164,11 +204,10 @@ class BusProcess:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        self._supervisor = Outbox(self.paths.supervisor, timeout_ms=100)
+        self._supervisor = Lifeline(self.name, self.paths)
         try:
             self.setup()
-            self.notify_supervisor(Ready(process=self.name, pid=os.getpid(),
-                                         info=self.ready_info()))
+            self._supervisor.ready(self.ready_info())
             log.info("%s ready", self.name)
             self._loop_came_round()
             threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
@@ -189,6 +228,87 @@ class BusProcess:
                     self.inbox.close()
                 self._supervisor.close()
         return 0
+
+
+class StartupError(RuntimeError):
+    """The process cannot become ready; AsyncBusProcess.run logs it and exits 1."""
+
+
+class AsyncBusProcess:
+    """The life cycle of BusProcess for a process built on asyncio: `setup()` (raced with a
+    stop request: a stop during a long warm-up exits 0 at once) -> Ready -> `serve()` until
+    `stop` is set -> `teardown()`. Heartbeats come from a task every heartbeat_interval_s
+    with `stats()`, and from a thread while a handler holds the loop (`bus/liveness.py`);
+    SIGTERM / SIGINT and a vanished supervisor set `stop`."""
+
+    name = "process"
+
+    def __init__(self, paths: RunPaths, config: EngineConfig) -> None:
+        self.paths = paths
+        self.config = config
+        self.stop = asyncio.Event()
+        # Never wait on the supervisor's socket from the event loop.
+        self.lifeline = Lifeline(self.name, paths, timeout_ms=0, hwm=64)
+        self.liveness = Liveness(paths.supervisor, self.name, config.heartbeat_interval_s,
+                                 config.loop_stall_timeout_s)
+
+    # -- to override ------------------------------------------------------------------------
+    async def setup(self) -> None:
+        """Bind and warm up; raise StartupError when the process cannot serve."""
+
+    async def serve(self) -> None:
+        """Serve until `stop` is set (and finish what stopping needs, such as a drain)."""
+        await self.stop.wait()
+
+    async def teardown(self) -> None:
+        """Release what setup made; runs however run() ends."""
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+    def ready_info(self) -> dict[str, Any]:
+        return {}
+
+    # -- machinery --------------------------------------------------------------------------
+    async def _heartbeats(self) -> None:
+        while True:
+            if not self.stop.is_set() and self.lifeline.orphaned():
+                self.stop.set()
+            self.liveness.beat_from_loop(self.lifeline.send, self.stats())
+            await asyncio.sleep(self.config.heartbeat_interval_s)
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop.set)
+        beat = asyncio.create_task(self._heartbeats())
+        self.liveness.start()
+        try:
+            setup = asyncio.create_task(self.setup())
+            stopping = asyncio.create_task(self.stop.wait())
+            await asyncio.wait({setup, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            if not setup.done():
+                setup.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await setup
+                return 0
+            try:
+                setup.result()
+            except StartupError as exc:
+                log.error("%s: %s", self.name, exc)
+                return 1
+            self.lifeline.ready(self.ready_info())
+            log.info("%s ready", self.name)
+            await self.serve()
+            return 0
+        finally:
+            beat.cancel()
+            self.liveness.stop()
+            try:
+                await self.teardown()
+            finally:
+                self.lifeline.close()
 
 
 def process_main(cls: type[BusProcess], argv: list[str] | None = None,

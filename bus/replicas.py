@@ -37,6 +37,7 @@ from tessera.bus.parent_death import end_with_parent
 from tessera.bus.replica_metrics import fetch, read_replica, render
 from tessera.bus.restarts import RestartBook, RestartPolicy
 from tessera.bus.supervisor import describe_exit
+from tessera.codes import REPLICAS, coded
 from tessera.config import READY_TIMEOUT_S, ServerConfig
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class Replica:
     ready: bool = False
     restarts: int = 0
     restart_at: float | None = None  # when a replica that died starts again
+    routed: bool = False  # the gateway has it (given at start or back, not taken out)
 
     @property
     def url(self) -> str:
@@ -96,10 +98,28 @@ def gateway_argv(config: ServerConfig, replicas: list[Replica], metrics_port: in
             "--log-level", "debug" if config.log_level == "debug" else "warn"]
 
 
-def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
-    # Own process group (a Ctrl-C reaches only us; we stop them in order) and ended by the
-    # kernel if we die without stopping them.
-    return subprocess.Popen(argv, start_new_session=True, preexec_fn=end_with_parent)
+def _spawn(argv: list[str], prefix: str = "") -> subprocess.Popen[bytes]:
+    """Own process group (a Ctrl-C reaches only us; we stop them in order), ended by the
+    kernel if we die without stopping them. With `prefix`, its output comes through us, each
+    line prefixed: N replicas' logs (and their own ready lines) read apart."""
+    if not prefix:
+        return subprocess.Popen(argv, start_new_session=True, preexec_fn=end_with_parent)
+    popen = subprocess.Popen(argv, start_new_session=True, preexec_fn=end_with_parent,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    threading.Thread(target=_relay, args=(popen, prefix.encode()), daemon=True).start()
+    return popen
+
+
+def _relay(popen: subprocess.Popen[bytes], prefix: bytes) -> None:
+    assert popen.stdout is not None
+    out = sys.stdout.buffer
+    for line in iter(popen.stdout.readline, b""):
+        try:
+            out.write(prefix + line)
+            out.flush()
+        except (OSError, ValueError):
+            pass  # our stdout is gone: keep draining, so that the replica never blocks
+    popen.stdout.close()
 
 
 def _stop(popen: subprocess.Popen[bytes] | None, timeout: float = STOP_TIMEOUT_S) -> None:
@@ -133,7 +153,7 @@ class ReplicaSupervisor:
     # --- start ---------------------------------------------------------------------------
 
     def _start_replica(self, replica: Replica) -> None:
-        replica.popen = _spawn(replica.argv)
+        replica.popen = _spawn(replica.argv, prefix=f"[replica {replica.index}] ")
         replica.started_at = time.monotonic()
         replica.ready = False
         replica.restart_at = None
@@ -146,7 +166,8 @@ class ReplicaSupervisor:
                 if not r.alive:
                     code = r.popen.returncode if r.popen is not None else None
                     self.failure = (f"replica {r.index} failed to start ({describe_exit(code)});"
-                                    f" its output above says why")
+                                    f" its [replica {r.index}] lines above say why"
+                                    + coded(REPLICAS))
                     return False
                 if not r.ready and fetch(r.url + "/health", timeout=1.0)[0] == 200:
                     r.ready = True
@@ -169,6 +190,8 @@ class ReplicaSupervisor:
                 return False
             status, body = fetch(url, timeout=1.0)
             if status == 200 and _healthy_workers(body) >= len(self.replicas):
+                for r in self.replicas:
+                    r.routed = True
                 return True
             time.sleep(_LOOP_S)
         if not self.stopping.is_set():
@@ -187,7 +210,8 @@ class ReplicaSupervisor:
 
     def replicas_json(self) -> list[dict[str, Any]]:
         return [{"replica": r.index, "url": r.url, "pid": r.popen.pid if r.popen else None,
-                 "alive": r.alive, "restarts": r.restarts} for r in self.replicas]
+                 "alive": r.alive, "routed": r.routed, "restarts": r.restarts}
+                for r in self.replicas]
 
     def _serve_metrics(self) -> None:
         supervisor = self
@@ -241,7 +265,7 @@ class ReplicaSupervisor:
                         self.failure = (f"replica {r.index} failed more than "
                                         f"{self.config.restart_max} times in "
                                         f"{self.config.restart_window_s:g} s "
-                                        f"(last: {describe_exit(code)})")
+                                        f"(last: {describe_exit(code)})" + coded(REPLICAS))
                         return
                     log.error("replica %d exited (%s); the router sends its requests to the "
                               "others; starting it again in %.1f s", r.index,
@@ -268,9 +292,11 @@ class ReplicaSupervisor:
             if isinstance(worker, dict) and worker.get("url") == replica.url:
                 code = _send(self._gateway_url(f"/workers/{worker['id']}"), "DELETE")
                 log.info("replica %d taken out of the router (%s)", replica.index, code)
+        replica.routed = False
 
     def _gateway_add(self, replica: Replica) -> None:
         code = _send(self._gateway_url("/workers"), "POST", {"url": replica.url})
+        replica.routed = code in (200, 201, 202)
         log.info("replica %d is back, given to the router (%s)", replica.index, code)
 
     def stop(self) -> None:

@@ -38,6 +38,7 @@ from tessera.bus.messages import Heartbeat, Message, Ready, StatusReply, StatusR
 from tessera.bus.restarts import RestartBook, RestartPolicy
 from tessera.bus.run_paths import RunPaths
 from tessera.bus.startup import ProcessTimes, StartupReport, startup_report
+from tessera.codes import DIED_AT_START, FIRST_REQUEST_HANGS, PROCESS_HUNG, coded
 
 log = logging.getLogger(__name__)
 
@@ -345,7 +346,8 @@ class Supervisor:
             if code is not None:
                 where = "" if child.ready_at is not None else " before it was ready"
                 msg = (f"process {child.spec.name} (pid {child.popen.pid}) ended{where}: "
-                       f"{describe_exit(code)}")
+                       f"{describe_exit(code)}"
+                       + ("" if child.ready_at is not None else coded(DIED_AT_START)))
                 tail = self._tail(child)
                 found.append((child, f"{msg}; last lines of its stderr:\n{tail}" if tail
                               else msg))
@@ -353,11 +355,13 @@ class Supervisor:
                     now - child.last_seen > self.heartbeat_timeout_s:
                 found.append((child, f"process {child.spec.name} (pid {child.popen.pid}) sent "
                               f"no heartbeat for {now - child.last_seen:.1f} s (limit "
-                              f"{self.heartbeat_timeout_s} s): it is hung"))
+                              f"{self.heartbeat_timeout_s} s): it is hung"
+                              + coded(PROCESS_HUNG)))
             elif (child in starting or child in restarting) and child.ready_at is None and \
                     now - child.started_at > child.spec.ready_timeout_s:
                 found.append((child, f"process {child.spec.name} (pid {child.popen.pid}) was "
-                              f"not ready after {child.spec.ready_timeout_s:.0f} s"))
+                              f"not ready after {child.spec.ready_timeout_s:.0f} s"
+                              + coded(FIRST_REQUEST_HANGS)))
         return found
 
     # -- restarts ---------------------------------------------------------------------------

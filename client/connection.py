@@ -47,6 +47,7 @@ from tessera.bus.messages import (
     AbortRequest,
     ErrorReply,
     GenerateRequest,
+    Message,
     RequestOutput,
     RequestOutputBatch,
     StatusReply,
@@ -62,6 +63,7 @@ from tessera.client.errors import (
     TesseraError,
 )
 from tessera.client.resend import Resender, tokenizer_index
+from tessera.codes import OVERLOADED, coded
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +217,7 @@ class BusConnection:
             self.breaker.record_failure("send timeout")
             raise OverloadedError(
                 f"the engine did not accept the request within {wait} ms (overloaded or "
-                f"not running); retry later") from None
+                f"not running); retry later" + coded(OVERLOADED)) from None
         self._resend.sent(i, req)
 
     def send_abort(self, rid: str, reason: str = "abort") -> None:
@@ -393,7 +395,8 @@ class BusConnection:
         """Decode one message; its items for registered requests join `deliveries`."""
         try:
             msg = decode(frames)
-            items = unpack_outputs(msg) if isinstance(msg, RequestOutputBatch) else [msg]
+            items: list[Message] = list(unpack_outputs(msg)) \
+                if isinstance(msg, RequestOutputBatch) else [msg]
         except (DecodeError, ValueError) as exc:
             self.dropped += 1
             log.warning("client dropped a malformed message (%s)", exc)
@@ -408,13 +411,14 @@ class BusConnection:
             self.dropped += 1
             log.warning("client dropped an unexpected %s", type(msg).__name__)
             return
+        outputs = [item for item in items if isinstance(item, RequestOutput | ErrorReply)]
         with self._lock:
-            for item in items:
-                sink = self._routes.get(item.rid)  # type: ignore[union-attr]
+            for item in outputs:
+                sink = self._routes.get(item.rid)
                 if sink is not None:  # outputs of finished or aborted requests are dropped
-                    deliveries.append((sink, item))  # type: ignore[arg-type]
-        for item in items:
-            self._resend.answered(item.rid)  # type: ignore[union-attr]
+                    deliveries.append((sink, item))
+        for item in outputs:
+            self._resend.answered(item.rid)
 
     def _deliver(self, deliveries: list[tuple[Sink, Item]]) -> None:
         """Hand items over in arrival order: each event loop is woken once for all of its

@@ -17,10 +17,17 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    decode_steps: int = 0  # engine steps that gave the completion tokens
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Completion tokens per engine step: the mean acceptance length under speculative
+        decoding (accepted proposals + 1 per step), 1.0 without (0.0: unknown)."""
+        return self.completion_tokens / self.decode_steps if self.decode_steps else 0.0
 
 
 @dataclass(frozen=True)
@@ -141,7 +148,8 @@ def _prompt_logprobs(out: RequestOutput) -> tuple[PromptLogprob, ...] | None:
 def delta_from_output(out: RequestOutput) -> Delta:
     usage = None
     if out.finish_reason is not None:
-        usage = Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
+        usage = Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens,
+                      out.decode_steps)
     return Delta(rid=out.rid, index=out.index, text=out.text,
                  token_ids=tuple(int(t) for t in out.token_ids.tolist()),
                  finish_reason=out.finish_reason, usage=usage, logprobs=_logprobs(out),
@@ -181,4 +189,5 @@ def total_usage(choices: list[Choice]) -> Usage:
         return Usage()
     return Usage(prompt_tokens=max(u.prompt_tokens for u in usages),
                  completion_tokens=sum(u.completion_tokens for u in usages),
-                 cached_tokens=max(u.cached_tokens for u in usages))
+                 cached_tokens=max(u.cached_tokens for u in usages),
+                 decode_steps=sum(u.decode_steps for u in usages))

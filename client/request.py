@@ -79,7 +79,7 @@ def coerce_sampling(sampling: SamplingParams | dict[str, Any] | None,
         raise BadRequestError(f"{exc}; see SamplingParams for the accepted names") from None
     problem = params.validate()
     if problem:
-        raise BadRequestError(problem, param=problem.split(" ", 1)[0])
+        raise BadRequestError(problem.message, param=problem.param)
     return params
 
 

@@ -80,6 +80,7 @@ class FakeEngine:
         self.aborts: list[AbortRequest] = []
         self.emitted_at_abort: dict[str, int] = {}  # rid -> tokens it had produced, all choices
         self.control: list[Message] = []  # Ready / Heartbeat messages received
+        self.startup: dict[str, Any] = {}  # the supervisor's start-up report, when set
         self.processes: dict[str, dict[str, Any]] = {
             name: {"alive": True, "pid": os.getpid(), "age_s": 0.0,
                    "stats": {"running": 0.0}} for name in process_names}
@@ -181,7 +182,8 @@ class FakeEngine:
         for info in self.processes.values():
             info["stats"] = {**info.get("stats", {}), "running": float(len(self._active))}
         reply = StatusReply(nonce=msg.nonce, processes={k: dict(v) for k, v in
-                                                        self.processes.items()}, ready=True)
+                                                        self.processes.items()}, ready=True,
+                            startup=dict(self.startup))
         self._send(msg.reply_to, reply)
 
     def _prompt_tokens(self, req: GenerateRequest) -> int:

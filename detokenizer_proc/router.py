@@ -5,7 +5,7 @@ RequestOutputBatch: a client serving 128 streams gets one message per step, not 
 never wait: what a slow client cannot take yet waits for it (`replies.py`), and only a client
 that takes nothing for `gone_after_s` counts as gone, its requests aborted.
 
-It keeps one RequestState per live request (created from the detok dict that comes with the
+It keeps one RequestState per live request (created from the DetokInfo that comes with the
 request's first row) and forgets it when every sample has finished, when the scheduler reports
 an error for it, or when its client is gone. A stop string is found here, not in the scheduler,
 so when one ends a request the scheduler is told with AbortRequest(reason="stop") to free it.
@@ -105,7 +105,7 @@ class Router:
                 if rid in self._finished:
                     continue
                 detok = batch.new_requests.get(rid)
-                if detok is None or "reply_to" not in detok:
+                if detok is None:
                     # Started before this detokenizer (a restart): its route and text so far
                     # are lost. The scheduler fails it to its reply_to, which it knows.
                     self.rows_dropped += 1
@@ -159,7 +159,7 @@ class Router:
         state = self.requests.get(rid)
         if state is None and rid not in self._finished:
             detok = batch.new_requests.get(rid)
-            if detok is not None and "reply_to" in detok:
+            if detok is not None:
                 state = self.requests[rid] = RequestState(rid, detok, self.tokenizer)
         return state
 

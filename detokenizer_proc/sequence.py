@@ -1,7 +1,7 @@
 """One request's detokenization state: a sequence per sample index, text deltas out.
 
 `RequestState.add(index, tokens, ...)` turns one TokenBatch row into the RequestOutput to send
-(or None while there is nothing to send yet). The detok dict the tokenizer process
+(or None while there is nothing to send yet). The DetokInfo the tokenizer process
 wrote (see tokenizer_proc/prepare.py) travels with the request's first TokenBatch row.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tessera.bus.messages import RequestOutput
+from tessera.bus.messages import DetokInfo, RequestOutput
 from tessera.detokenizer_proc.incremental import IncrementalDecoder
 from tessera.detokenizer_proc.stops import StopStrings
 from tessera.formats.tokenizer import ModelTokenizer
@@ -59,6 +59,7 @@ class Sequence:
     decoder: IncrementalDecoder
     stops: StopStrings
     completion_tokens: int = 0
+    decode_steps: int = 0  # TokenBatch rows that brought tokens (engine steps)
     finished: bool = False
     scheduler_done: bool = False  # the scheduler finished it too (else it is still running)
     # stream=False: everything since the start, sent once at the end
@@ -70,18 +71,18 @@ class Sequence:
 
 
 class RequestState:
-    def __init__(self, rid: str, detok: dict[str, Any], tokenizer: ModelTokenizer) -> None:
+    def __init__(self, rid: str, detok: DetokInfo, tokenizer: ModelTokenizer) -> None:
         self.rid = rid
         self.tokenizer = tokenizer
-        self.reply_to: str = detok["reply_to"]
-        self.stream = bool(detok.get("stream", True))
-        self.n = int(detok.get("n", 1))
-        self.skip_special = bool(detok.get("skip_special_tokens", True))
-        self.top_logprobs: int | None = detok.get("logprobs")
-        self.prompt_tokens = int(detok.get("prompt_tokens", 0))
-        self.stop = list(detok.get("stop", []))
+        self.reply_to = detok.reply_to
+        self.stream = detok.stream
+        self.n = detok.n
+        self.skip_special = detok.skip_special_tokens
+        self.top_logprobs = detok.logprobs
+        self.prompt_tokens = detok.prompt_tokens
+        self.stop = list(detok.stop)
         # Tokens that end a sequence without being shown (EOS, stop_token_ids).
-        self.hidden_stop_ids = set(detok.get("stop_token_ids", [])) | set(tokenizer.eos_token_ids)
+        self.hidden_stop_ids = set(detok.stop_token_ids) | set(tokenizer.eos_token_ids)
         self.seqs: dict[int, Sequence] = {}
         self.finished_count = 0
         self.told: set[int] = set()  # samples the scheduler was told to stop (take_stops)
@@ -155,6 +156,8 @@ class RequestState:
         seq = self._seq(index)
         if seq.finished:
             return None  # rows already in flight when a stop string ended it
+        if tokens:
+            seq.decode_steps += 1
         pieces: list[str] = []
         used = 0
         last = len(tokens) - 1
@@ -216,4 +219,5 @@ class RequestState:
         return RequestOutput(
             rid=self.rid, index=index, text=text, token_ids=np.array(new_ids, np.int32),
             finish_reason=finish, prompt_tokens=self.prompt_tokens,
-            completion_tokens=seq.completion_tokens, cached_tokens=cached_tokens, **extra)
+            completion_tokens=seq.completion_tokens, cached_tokens=cached_tokens,
+            decode_steps=seq.decode_steps, **extra)

@@ -67,7 +67,8 @@ def moe_from_hf(style: str, data: dict[str, Any], num_layers: int) -> MoEConfig:
     if experts is None or data.get("num_experts_per_tok") is None:
         raise ModelFormatError(f"a {style} config.json needs the number of experts and "
                                f"num_experts_per_tok")
-    common = dict(style=style, num_experts=int(experts), top_k=int(data["num_experts_per_tok"]))
+    common: dict[str, Any] = dict(style=style, num_experts=int(experts),
+                                  top_k=int(data["num_experts_per_tok"]))
     if style == "mixtral":
         return MoEConfig(**common, intermediate_size=int(data["intermediate_size"]))
     inter = int(data["moe_intermediate_size"])

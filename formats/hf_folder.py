@@ -157,11 +157,13 @@ class HFFolderFiles(ModelFiles):
         if quant is None or quant.scheme != "int4":
             raise ModelFormatError(f"{self.path}: {module}.qweight is packed 4-bit but "
                                    f"config.json has no AWQ or GPTQ quantization_config")
-        parts = [self._tensor(f"{module}.{p}") for p in ("qweight", "qzeros", "scales")]
+        qweight, qzeros, scales = (self._tensor(f"{module}.{p}")
+                                   for p in ("qweight", "qzeros", "scales"))
         if quant.method == "awq":
-            return awq_weight(module, *parts, quant.group_size)
+            return awq_weight(module, qweight, qzeros, scales, quant.group_size)
         g_idx = self._tensor(f"{module}.g_idx") if f"{module}.g_idx" in self._where else None
-        return gptq_weight(module, *parts, g_idx, quant.group_size, quant.zeros_offset)
+        return gptq_weight(module, qweight, qzeros, scales, g_idx, quant.group_size,
+                           quant.zeros_offset)
 
     def _load(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         quantized = self._load_quantized(name)

@@ -106,9 +106,6 @@ class OpTablePlatform(Platform):
         raise MissingOpError(name, self.name, self.registered_ops())
 
     # --- defaults a plugin may keep ------------------------------------------------------
-    def device_count(self) -> int:
-        return 1
-
     def create_kv_arena(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
                         dtype: torch.dtype) -> KVArena:
         # One allocation for every layer's K and V; zeroed so that padding slots read as 0.

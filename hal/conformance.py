@@ -16,8 +16,9 @@ Every op is compared with the reference computed in float32 on the CPU from the 
 values, over the dtypes the plugin declares, the edge cases the scheduler produces (empty
 batch, one token, KV crossing page boundaries, GQA ratios 1/4/8, head dims 64/128). Sampling is
 checked for greedy equality, per-seed reproducibility, filtering and the drawn distribution;
-graph capture for replay equality where the plugin declares it; the communicator for its
-single-rank, loopback and two-process semantics.
+graph capture for replay equality where the plugin declares it; events, asynchronous copies,
+pinned buffers, the memory policy and profiler ranges (hal/conformance_runtime.py); the
+communicator for its single-rank, loopback and two-process semantics.
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ from tessera.hal.conformance_quant import (  # noqa: F401  (the suite's quantize
     test_quant_prepare_keeps_the_values,
     test_quant_schemes_resolve_or_refuse,
     test_store_kv_fp8,
+)
+from tessera.hal.conformance_runtime import (  # noqa: F401 - collected from here
+    test_an_event_marks_finished_work,
+    test_capture_warms_up_then_replays_on_new_inputs,
+    test_copies_round_trip_through_the_device,
+    test_memory_policy_is_declared,
+    test_pinned_buffers_are_host_memory_the_device_can_fill,
+    test_profile_ranges_nest_and_repeat,
 )
 from tessera.hal.ops import OP_NAMES
 from tessera.hal.platform import Capabilities, Platform
@@ -559,8 +568,7 @@ def test_communicator_loopback(hal_platform: Platform) -> None:
 
 
 def _multi_process_capable(platform: Platform) -> bool:
-    count = getattr(platform, "device_count", lambda: 1)()
-    return "gloo" in platform.capabilities.communicator_backends or int(count) >= 2
+    return "gloo" in platform.capabilities.communicator_backends or platform.device_count() >= 2
 
 
 def test_communicator_two_processes(hal_platform: Platform, tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tessera.codes import MULTI_DEVICE_TIMEOUT, coded
 from tessera.hal.platform import Communicator
 
 log = logging.getLogger(__name__)
@@ -39,9 +40,15 @@ class TorchDistCommunicator(Communicator):
 
     def _init_group(self, backend: str, rank: int, world_size: int, init_method: str,
                     timeout_s: float, **kwargs: Any) -> None:
-        dist.init_process_group(backend, init_method=init_method, rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=timeout_s),
-                                **kwargs)
+        try:
+            dist.init_process_group(backend, init_method=init_method, rank=rank,
+                                    world_size=world_size, timeout=timedelta(seconds=timeout_s),
+                                    **kwargs)
+        except Exception as exc:
+            raise RuntimeError(
+                f"rank {rank} of {world_size} could not join the {backend} group at "
+                f"{init_method} within {timeout_s:g} s: {type(exc).__name__}: {exc}"
+                + coded(MULTI_DEVICE_TIMEOUT)) from exc
         self.rank = rank
         self.world_size = world_size
         self.group = None

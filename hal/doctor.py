@@ -4,6 +4,9 @@ Lists the plugins found (and why one that fails to import fails: its traceback's
 loads the selected one, and checks devices, memory, library versions, the op table (native,
 declared reference fallback, or missing), a smoke run of a few ops against the reference and
 communicator set-up. Prints one table; exits non-zero if any check failed.
+
+`--bisect-capture` adds a row per op of a step captured alone and replayed
+(hal/bisect_capture.py): the first failing op is where a graph-capture failure comes from.
 """
 
 from __future__ import annotations
@@ -31,8 +34,11 @@ def main(argv: list[str], extra: Callable[[], list[Row]] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tessera doctor", description=__doc__.splitlines()[0])
     parser.add_argument("--hal", default=None,
                         help="plugin to check (default: TESSERA_HAL, else the best available)")
+    parser.add_argument("--bisect-capture", action="store_true",
+                        help="capture each op of a step alone and replay it, to find the first "
+                             "that fails under graph capture (docs/troubleshooting.md, T106)")
     args = parser.parse_args(argv)
-    rows = run_checks(args.hal)
+    rows = run_checks(args.hal, bisect=args.bisect_capture)
     if extra is not None:
         rows += extra()
     print(render(rows))
@@ -44,7 +50,7 @@ def main(argv: list[str], extra: Callable[[], list[Row]] | None = None) -> int:
     return 0
 
 
-def run_checks(hal: str | None) -> list[Row]:
+def run_checks(hal: str | None, bisect: bool = False) -> list[Row]:
     import torch  # noqa: F401  (a broken torch install should fail here, plainly)
 
     rows = _version_rows()
@@ -53,7 +59,10 @@ def run_checks(hal: str | None) -> list[Row]:
     rows.append(row)
     if platform is None:
         return rows
-    for check in (_platform_rows, _op_rows, _smoke_rows, _communicator_rows):
+    checks = [_platform_rows, _op_rows, _smoke_rows, _communicator_rows]
+    if bisect:
+        checks.append(bisect_rows)
+    for check in checks:
         try:
             rows += check(platform)
         except Exception as e:  # a check that crashes is itself a finding, not a doctor crash
@@ -135,6 +144,23 @@ def _load_selected(hal: str | None) -> tuple[Any, Row]:
     return platform, Row("selected plugin", "ok", f"{platform.name} (by {how})")
 
 
+def bisect_rows(platform: Any) -> list[Row]:
+    """One row per op captured alone (`--bisect-capture`), and which failed first."""
+    from tessera.codes import GRAPH_CAPTURE_FAILED, coded
+    from tessera.hal.bisect_capture import bisect_capture
+
+    if not platform.capabilities.graph_capture:
+        return [Row("bisect-capture", "info", f"{platform.name} captures no graphs: steps run "
+                                              f"eagerly, nothing to bisect")]
+    results = bisect_capture(platform)
+    rows = [Row(f"capture {r.op}", "ok" if r.ok else "FAIL", r.detail) for r in results]
+    first = next((r for r in results if not r.ok), None)
+    rows.append(Row("bisect-capture", "ok", "every op captures and replays") if first is None
+                else Row("bisect-capture", "FAIL", f"first op that fails under capture: "
+                                                   f"{first.op}" + coded(GRAPH_CAPTURE_FAILED)))
+    return rows
+
+
 def _platform_rows(platform: Any) -> list[Row]:
     from tessera.hal.platform import HAL_API_VERSION
 
@@ -147,7 +173,7 @@ def _platform_rows(platform: Any) -> list[Row]:
             f"{'/'.join(caps.dtypes)} (default {caps.default_dtype}), communicator "
             f"{'/'.join(caps.communicator_backends) or 'none'}"),
     ]
-    count = int(getattr(platform, "device_count", lambda: 1)())
+    count = platform.device_count()
     status: Status = "ok" if count >= 1 else "FAIL"
     rows.append(Row("devices", status, f"{count} visible, rank 0 on {platform.device(0)}"))
     free, total = platform.mem_get_info()

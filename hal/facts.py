@@ -55,7 +55,7 @@ def platform_facts(platform: Any) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - facts are best effort, never fatal
         reported = {"error": str(exc)}
     try:
-        count = int(getattr(platform, "device_count", lambda: 1)())
+        count = int(platform.device_count())
     except Exception:  # noqa: BLE001
         count = 0
     devices: dict[str, Any] = {"count": count}

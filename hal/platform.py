@@ -7,6 +7,7 @@ never imports this: only worker processes do.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,9 +24,15 @@ HAL_API_VERSION = 1
 @dataclass(frozen=True)
 class Capabilities:
     graph_capture: bool = False
+    # Work is queued and runs after the call returns (events and the async copies then matter);
+    # False: every op has finished when it returns.
+    asynchronous: bool = False
     dtypes: tuple[str, ...] = ("float32",)  # serving dtypes the plugin supports
     default_dtype: str = "float32"
     max_capture_batch: int = 0
+    # Any number of ranks may share one device (host memory and threads): device_count() is
+    # no limit on --tp-size x --pp-size.
+    devices_shared: bool = False
     communicator_backends: tuple[str, ...] = ()
     # Quantization schemes (hal/quant: fp8, int8, int4) whose `linear` the plugin runs with
     # kernels of its own; see Platform.linear_kernel for the others.
@@ -34,6 +41,21 @@ class Capabilities:
     # with per-layer scales; the attention ops read it directly).
     kv_cache_dtypes: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MemoryPolicy:
+    """How much of `mem_get_info()`'s free memory the worker may give the KV cache.
+
+    A device's memory is the engine's own: --mem-fraction of what was free before the weights
+    is the budget for weights + KV. Memory shared with the host (`shared_with_host`) is also
+    everyone else's on the machine: without --max-total-tokens the KV cache takes at most
+    `default_share` of what is free and `default_max_tokens` slots.
+    """
+
+    shared_with_host: bool = False
+    default_share: float = 1.0
+    default_max_tokens: int | None = None
 
 
 def _same(weight: QuantizedWeight) -> QuantizedWeight:
@@ -86,8 +108,16 @@ class KVArena:
 
 
 class GraphRunner(ABC):
-    """Captures a callable at a static shape and replays it. Plugins without capture declare
-    `Capabilities.graph_capture = False` and the worker runs eagerly."""
+    """Captures the work queued between `begin_capture(key)` and `end_capture(key)` at static
+    shapes and replays it on the current contents of the same buffers. Plugins without capture
+    declare `Capabilities.graph_capture = False`, return no runner, and the worker runs
+    eagerly.
+
+    Inputs live in static buffers the caller owns and refills before each replay; outputs are
+    the tensors the captured work wrote, rewritten in place by every replay.
+    """
+
+    warmup_runs: int = 2
 
     @abstractmethod
     def begin_capture(self, key: Any) -> None: ...
@@ -101,6 +131,52 @@ class GraphRunner(ABC):
     @abstractmethod
     def reset(self) -> None: ...
 
+    def warm_up(self, fn: Callable[[], Any]) -> None:
+        """Run `fn` eagerly as the capture will (kernels compile, libraries choose their
+        workspaces: none of that may happen inside a capture)."""
+        for _ in range(self.warmup_runs):
+            fn()
+
+    def capture(self, key: Any, fn: Callable[[], Any]) -> Any:
+        """Warm `fn` up, capture one call of it as `key` and return its output tensors,
+        which every `replay(key)` rewrites."""
+        self.warm_up(fn)
+        self.begin_capture(key)
+        try:
+            out = fn()
+        finally:
+            self.end_capture(key)
+        return out
+
+
+class Event(ABC):
+    """A mark in the device's queue of work."""
+
+    @abstractmethod
+    def record(self) -> None:
+        """Mark the point after everything queued so far."""
+
+    @abstractmethod
+    def query(self) -> bool:
+        """Whether everything before the mark has finished; never waits."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Wait until everything before the mark has finished."""
+
+
+class HostEvent(Event):
+    """The event of a synchronous plugin: work has finished when its call returns."""
+
+    def record(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
 
 class Communicator(ABC):
     """Collectives among a group of ranks (the tensor-parallel ranks of a stage, or every
@@ -113,7 +189,8 @@ class Communicator(ABC):
     def split(self, groups: list[list[int]]) -> Communicator:
         """The communicator of the group holding this rank. Every rank calls it with the same
         disjoint `groups` (ranks of this communicator) in the same order; a group's ranks are
-        renumbered 0.. in ascending order (as torch.distributed numbers them). The new communicator is torn down with this one."""
+        renumbered 0.. in ascending order (as torch.distributed numbers them). The new
+        communicator is torn down with this one."""
         mine = [g for g in groups if self.rank in g]
         if len(mine) != 1 or sorted(r for g in groups for r in g) != list(range(self.world_size)):
             raise ValueError(f"split: groups {groups} must cover ranks 0..{self.world_size - 1} "
@@ -157,11 +234,17 @@ class Communicator(ABC):
 
 
 class Platform(ABC):
-    """One chip's data plane. Subclasses set `name`, `capabilities` and register ops."""
+    """One chip's data plane. Subclasses set `name`, `capabilities` and register ops.
+
+    The worker reaches the chip only through this class. The methods with a body are right for
+    a synchronous plugin whose device memory is host memory; an asynchronous one overrides the
+    events and copies (the conformance suite checks them either way).
+    """
 
     name: ClassVar[str] = ""
     hal_api_version: ClassVar[int] = HAL_API_VERSION
     capabilities: ClassVar[Capabilities] = Capabilities()
+    memory_policy: ClassVar[MemoryPolicy] = MemoryPolicy()
 
     @classmethod
     @abstractmethod
@@ -170,8 +253,20 @@ class Platform(ABC):
     @abstractmethod
     def device(self, rank: int = 0) -> torch.device: ...
 
+    def use_device(self, index: int) -> None:
+        """Make device `index` this process's current one (where allocations that name no
+        device go, whose memory `mem_get_info` reports): a worker calls it first, with its
+        own device (a second replica, a rank of another node). A no-op where a process has
+        no current device."""
+        return None
+
     @abstractmethod
     def synchronize(self) -> None: ...
+
+    def device_count(self) -> int:
+        """Devices this plugin can place ranks on (one worker rank per device, unless
+        `Capabilities.devices_shared`)."""
+        return 1
 
     @abstractmethod
     def mem_get_info(self) -> tuple[int, int]:
@@ -198,8 +293,34 @@ class Platform(ABC):
 
     @abstractmethod
     def create_communicator(self, rank: int, world_size: int, init_method: str,
-                            loopback: bool = False,
-                            device_index: int | None = None) -> Communicator:
+                             loopback: bool = False,
+                             device_index: int | None = None) -> Communicator:
         """`device_index`: the device this rank's tensors live on when it is not
         `device(rank)` (a second replica, a rank of another node); None: `device(rank)`.
         Callers pass it only when it differs, so a plugin may leave it out."""
+
+    # --- streams, events, copies, profiling: defaults for a synchronous host-memory plugin ---
+    def create_event(self) -> Event:
+        return HostEvent()
+
+    def pinned_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A host buffer the device can copy to and from without the host waiting."""
+        return torch.empty(shape, dtype=dtype)
+
+    def host_to_device(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """`host` (a host tensor the caller leaves alone afterwards) on `device`, queued behind
+        the work already on the device without making the host wait for it."""
+        return host.to(device)
+
+    def device_to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Start copying `tensor` into host memory, queued behind the work that produces it.
+        Its values are there once an event recorded after this call has completed."""
+        return tensor.to("cpu")
+
+    def profile_range(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """A named range for the chip's profiler around a phase of a step; a no-op where the
+        chip has none."""
+        return _NO_RANGE
+
+
+_NO_RANGE = contextlib.nullcontext()

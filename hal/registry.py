@@ -19,6 +19,7 @@ import traceback
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
+from tessera.codes import PLUGIN_MISSING, coded
 from tessera.config import Env
 from tessera.hal.errors import PluginLoadError, PluginNotFoundError
 from tessera.hal.platform import HAL_API_VERSION, Platform
@@ -141,16 +142,17 @@ def select_plugin_class(name: str | None = None) -> type[Platform]:
             raise PluginNotFoundError(
                 f"HAL plugin {explicit!r} (from {how}) is not installed. Installed plugins: "
                 f"{describe_installed(plugins)}. Pick one of them, or install the package "
-                f"that provides {explicit!r}.")
+                f"that provides {explicit!r}." + coded(PLUGIN_MISSING))
         try:
             cls = load_plugin_class(spec)
         except PluginLoadError as e:
             raise PluginLoadError(f"{e}. Installed plugins: {describe_installed(plugins)}"
-                                  ) from e.__cause__
+                                  + coded(PLUGIN_MISSING)) from e.__cause__
         if not cls.is_available():
             raise PluginLoadError(
                 f"HAL plugin {explicit!r} (from {how}) is installed but reports no usable "
-                f"device on this machine. Installed plugins: {describe_installed(plugins)}")
+                f"device on this machine. Installed plugins: {describe_installed(plugins)}"
+                + coded(PLUGIN_MISSING))
         return cls
     best: type[Platform] | None = None
     for status in survey_plugins():
@@ -161,7 +163,7 @@ def select_plugin_class(name: str | None = None) -> type[Platform]:
             best = status.cls
     if best is None:
         raise PluginNotFoundError(f"no available HAL plugin; installed: "
-                                  f"{describe_installed(plugins)}")
+                                  f"{describe_installed(plugins)}" + coded(PLUGIN_MISSING))
     return best
 
 
@@ -172,7 +174,7 @@ def load_platform(name: str | None = None) -> Platform:
         return cls()
     except Exception as e:
         raise PluginLoadError(f"HAL plugin {cls.name!r} failed to initialise: "
-                              f"{error_line(e)}") from e
+                              f"{error_line(e)}" + coded(PLUGIN_MISSING)) from e
 
 
 def _priority(cls: type[Platform]) -> int:

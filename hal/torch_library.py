@@ -20,12 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import Tensor
 from torch.library import custom_op
 
 from tessera.hal.ops import SamplingTensors
 from tessera.hal.platform import Platform
 
-Tensor = torch.Tensor
 _REGISTERED: dict[str, dict[str, Callable[..., Any]]] = {}
 
 

@@ -71,10 +71,9 @@ class Limits:
 
 
 def refuse(req: TokenizedRequest, status: int, message: str, param: str | None) -> ErrorReply:
-    reply_to = req.detok.get("reply_to") if isinstance(req.detok, dict) else None
     return ErrorReply(rid=req.rid, status=status, message=message,
                       error_type="invalid_request_error" if status < 500 else "server_error",
-                      param=param, reply_to=reply_to)
+                      param=param, reply_to=req.detok.reply_to)
 
 
 def make_request(req: TokenizedRequest, ids: np.ndarray, order: int, max_total: int,

@@ -20,6 +20,18 @@ class SchedulerConfig(BatchingConfig):
     # depend on another in flight: a row decodes again only once its token is back.
     batches_in_flight: int = 0
 
+    @property
+    def steps_in_flight(self) -> int:
+        """Steps sent and not answered, at most: two with overlap, or as many as the workers
+        hold (one per pipeline stage); one without overlap."""
+        return (self.batches_in_flight or 2) if self.overlap else 1
+
+    @property
+    def chained(self) -> bool:
+        """Whether a step may refer to the token of the step before it, still in flight
+        (otherwise a row decodes again only once its token is back)."""
+        return self.batches_in_flight == 0
+
     @classmethod
     def from_engine(cls, config: EngineConfig, ready: WorkerReady) -> SchedulerConfig:
         if ready.page_size != config.page_size:

@@ -1,16 +1,17 @@
 """Collect what the detokenizer must hear into one TokenBatch per step.
 
 Entries come in two kinds: a block of sampled tokens (one per sequence, or several with
-speculative decoding, built from arrays)
-and finish-only entries (aborts: no token). The first time a rid appears, its `detok` dict
-rides along in `new_requests`.
+speculative decoding, built from arrays) and finish-only entries (aborts: no token). The first
+time a rid appears, its `DetokInfo` rides along in `new_requests`.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from tessera.bus.messages import TokenBatch
+from tessera.bus.messages import DetokInfo, TokenBatch
 from tessera.scheduler_proc.request import Request
 
 
@@ -27,7 +28,7 @@ class OutputBuilder:
         self.prompt_tokens: list[int] = []
         self.cached_tokens: list[int] = []
         self.matched_stop: list[int | None] = []
-        self.new_requests: dict[str, dict] = {}
+        self.new_requests: dict[str, DetokInfo] = {}
         self.logprobs: list[np.ndarray] = []
         self.top_ids: list[np.ndarray] = []
         self.top_logprobs: list[np.ndarray] = []
@@ -90,8 +91,8 @@ class OutputBuilder:
         self.prompt_tokens.append(req.prompt_len)
         self.cached_tokens.append(max(cached_tokens, 0))
 
-    def _prompt_fields(self) -> dict[str, object]:
-        out: dict[str, object] = {}
+    def _prompt_fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         if self.prompt_rids:
             out.update(prompt_rids=self.prompt_rids, **_prompt_arrays(self.prompt_parts))
         if self.embedding_rids:

@@ -7,7 +7,7 @@ In order, every step:
      cache pages), proposals are dropped, then the youngest running sequence is retracted
      (`policy.retraction_victim`) until they do: decodes never deadlock;
   2. prefill chunks of sequences admitted earlier, under the token budget
-     (`Scheduler.step_token_budget`: chunked_prefill_size; while streams decode, what keeps
+     (`Planner.token_budget`: chunked_prefill_size; while streams decode, what keeps
      the step within max_mixed_step_ratio decode steps at the measured costs; about
      step_target_ms of work, as a request may arrive during any step; decodes do not count
      against it, they are planned first and never wait for a prefill). While requests
@@ -21,122 +21,154 @@ In order, every step:
      the queue is re-ranked by cached prefix first (`policy.py`).
 Before all that, with the priority policy, a waiting sequence that has no place or memory
 takes those of running sequences of lower priority: they are retracted (`_preempt`).
-Pages and page-table slots are written here, before the batch is sent.
+Pages and page-table slots are written here, before the batch is sent. The planner works on
+the parts it is given (rows, KV pool, waiting queue, running set) and returns a `StepPlan`;
+the scheduler builds the batch from it and keeps the metrics.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from tessera.scheduler_proc import speculation
 from tessera.scheduler_proc.batch import Chunk
-from tessera.scheduler_proc.policy import preemption_victim
+from tessera.scheduler_proc.config import SchedulerConfig
+from tessera.scheduler_proc.kv_pool import KVPool
+from tessera.scheduler_proc.policy import WaitingQueue, preemption_victim
 from tessera.scheduler_proc.request import Sequence
-from tessera.scheduler_proc.speculation import Drafts
+from tessera.scheduler_proc.running import RunningSet
+from tessera.scheduler_proc.speculation import Drafts, Speculation
+from tessera.scheduler_proc.step_cost import StepCost
 
-if TYPE_CHECKING:
-    from tessera.scheduler_proc.scheduler import Scheduler
+
+@dataclass
+class StepPlan:
+    """One step's work, its pages already allocated and its slots written."""
+
+    decode_rows: np.ndarray
+    decode_inputs: np.ndarray  # -1: the token this row sampled last (still in flight)
+    chunks: list[Chunk] = field(default_factory=list)
+    drafts: Drafts | None = None  # the decodes' proposals (1 + lens input ids each)
+    retracted: int = 0  # running sequences that gave their pages to the decodes
+    cache_query_tokens: int = 0  # prompt tokens of the admitted sequences
+    cache_hit_tokens: int = 0  # of which served from the cache
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode_rows.shape[0] and not self.chunks
 
 
 class Planner:
     MAX_DEFERRED = 32  # sequences looked past per step while their prefix is in the making
 
-    def __init__(self, sched: Scheduler) -> None:
-        self.s = sched
-        # first page (bytes) -> running sequences computing it, not yet in the cache
-        self._pending: dict[bytes, int] = {}
+    def __init__(self, config: SchedulerConfig, kv: KVPool, waiting: WaitingQueue,
+                 running: RunningSet, step_cost: StepCost,
+                 spec: Speculation | None = None) -> None:
+        self.config = config
+        self.page_size = config.page_size
+        self.kv, self.waiting, self.running = kv, waiting, running
+        self.st = running.st
+        self.step_cost = step_cost  # measured by the scheduler from the worker's step times
+        self.spec = spec
 
     def _first_page(self, seq: Sequence) -> bytes | None:
-        ps = self.s.page_size
-        if not self.s.kv.use_cache or seq.tokens.shape[0] <= ps:
+        ps = self.page_size
+        if not self.kv.use_cache or seq.tokens.shape[0] <= ps:
             return None  # nothing another request could match
         return seq.tokens[:ps].tobytes()
 
-    def prefix_ready(self, seq: Sequence) -> None:
-        """The sequence's first page is cached, or it stopped: stop holding others back."""
-        key = seq.pending_key
-        if key is not None:
-            seq.pending_key = None
-            left = self._pending[key] - 1
-            if left:
-                self._pending[key] = left
-            else:
-                del self._pending[key]
+    def token_budget(self, decoding: bool) -> int:
+        """Prefill tokens this step may compute (`step_cost.py`): --chunked-prefill-size;
+        while streams decode, what keeps the step within --max-mixed-step-ratio decode steps
+        (at least an eighth of the chunk size, so arrivals are not starved); about
+        --step-target-ms of work at the measured speed (whoever arrives meanwhile waits for
+        this step)."""
+        c = self.config
+        cap = c.chunked_prefill_size or (1 << 30)
+        return self.step_cost.prefill_budget(
+            decoding=decoding, cap=cap, min_tokens=max(self.page_size, cap // 8),
+            floor=self.page_size,
+            max_mixed_step_ratio=c.max_mixed_step_ratio, step_target_ms=c.step_target_ms)
 
-    def plan(self) -> tuple[np.ndarray, np.ndarray, list[Chunk], Drafts | None]:
-        """(decode rows, their input ids, prefill chunks, the decodes' proposals): everything
-        already allocated. A decode with proposals has 1 + its proposals' input ids."""
-        if self.s.by_priority:
-            self._preempt()
-        dec_rows, dec_inputs, drafts = self._plan_decodes()
-        budget = self.s.step_token_budget(decoding=dec_rows.shape[0] > 0)
+    def plan(self, step: int) -> StepPlan:
+        """The work of step number `step`."""
+        preempted = self._preempt() if self.running.by_priority else 0
+        rows, inputs, retracted, drafts = self._plan_decodes(step)
+        plan = StepPlan(rows, inputs, retracted=preempted + retracted, drafts=drafts)
+        budget = self.token_budget(decoding=rows.shape[0] > 0)
         # Half (a token at least, so they always move), not a page at least: a budget of one
         # page went wholly to the running prefill and the waiting requests never got in.
-        share = max(1, budget // 2) if self.s.waiting else budget
-        chunks, left = self._plan_prefills(min(share, budget))
-        self._admit(chunks, left + budget - min(share, budget))
-        return dec_rows, dec_inputs, chunks, drafts
+        share = max(1, budget // 2) if self.waiting else budget
+        plan.chunks, left = self._plan_prefills(min(share, budget))
+        self._admit(plan, left + budget - min(share, budget))
+        return plan
 
-    def _preempt(self) -> None:
+    def _preempt(self) -> int:
         """Priority policy: while the first waiting sequence has no row or no memory for its
         first chunk, retract running sequences of lower priority (lowest first). Done before
-        the decodes are planned, so a retracted sequence is in no part of this step."""
-        s = self.s
-        while (head := s.waiting.peek()) is not None:
-            victim = preemption_victim(head, s.running.values())
+        the decodes are planned, so a retracted sequence is in no part of this step. Returns
+        how many were retracted."""
+        running, retracted = self.running, 0
+        while (head := self.waiting.peek()) is not None:
+            victim = preemption_victim(head, running.seqs.values())
             if victim is None or self._fits(head):
-                return
-            s.retract(victim)
+                break
+            running.retract(victim)
+            retracted += 1
+        return retracted
 
     def _fits(self, seq: Sequence) -> bool:
         """Would admission take `seq`: a place among the running sequences, and pages for
         its first chunk beyond the headroom kept for them? (A row a retracted sequence left
         comes free once the steps in flight are back: it counts as free. A sequence waiting
         for a first page that another one is computing gains nothing from memory: it fits.)"""
-        s = self.s
-        if len(s.running) >= s.config.max_running_requests:
+        running, ps = self.running, self.page_size
+        if len(running) >= self.config.max_running_requests:
             return False
-        cached = s.kv.matched_tokens(seq.tokens)
-        if not cached and (key := self._first_page(seq)) is not None and key in self._pending:
+        cached = self.kv.matched_tokens(seq.tokens)
+        key = self._first_page(seq)
+        if not cached and key is not None and key in running.prefixes:
             return True
-        budget = s.step_token_budget(decoding=bool(s.running))
-        chunk = min(int(seq.tokens.shape[0]) - cached, max(s.page_size, budget // 2))
-        need = -(-chunk // s.page_size)
-        return s.kv.available() - len(s.running) >= need
+        budget = self.token_budget(decoding=bool(running))
+        chunk = min(int(seq.tokens.shape[0]) - cached, max(ps, budget // 2))
+        need = -(-chunk // ps)
+        return self.kv.available() - len(running) >= need
 
     def _decode_ready(self) -> np.ndarray:
-        s = self.s
-        st = s.st
-        rows = s.active_rows()
+        st = self.st
+        rows = self.running.active_rows()
         if not rows.shape[0]:
             return rows
         total = st.n_known[rows] + st.pending[rows]
         decoding = st.kv_len[rows] == total - 1  # the prompt is in KV (token in flight or not)
         ready = decoding & (total < st.max_total[rows])
-        if not s.chain:
+        depth = self.config.steps_in_flight
+        if not self.config.chained:
             # Batches in flight are independent: a row waits for its token to come back, and
             # each batch takes its share of the decoding rows, so every stage has work.
             ready &= st.pending[rows] == 0
             chosen = rows[ready]
-            share = -(-int(decoding.sum()) // s.depth)
+            share = -(-int(decoding.sum()) // depth)
             return chosen[:share]
-        if s.depth > 1:
+        if depth > 1:
             # Penalties need the full history; the token in flight is not known yet.
             ready &= ~(st.has_penalty[rows] & (st.pending[rows] > 0))
         return rows[ready]
 
-    def _plan_decodes(self) -> tuple[np.ndarray, np.ndarray, Drafts | None]:
-        s = self.s
-        st, ps = s.st, s.page_size
+    def _plan_decodes(self, step: int
+                      ) -> tuple[np.ndarray, np.ndarray, int, Drafts | None]:
+        """(decode rows, their input ids, sequences retracted to make room, proposals)."""
+        st, ps, running = self.st, self.page_size, self.running
+        retracted = 0
         while True:
             rows = self._decode_ready()
             drafts = None
-            if s.spec is not None and rows.shape[0]:
-                rows, drafts = s.spec.plan(rows, s.next_step)
+            if self.spec is not None and rows.shape[0]:
+                rows, drafts = self.spec.plan(rows, step)
             grow = rows[st.kv_len[rows] % ps == 0]  # the new token starts a page
-            available = s.kv.available()
+            available = self.kv.available()
             if drafts is not None:
                 extra = int(speculation.extra_pages(st, drafts.rows, drafts.lens + 1).sum()
                             - (st.kv_len[drafts.rows] % ps == 0).sum())
@@ -145,15 +177,16 @@ class Planner:
                 drafts = None  # proposals wait for memory before anyone is retracted
             if grow.shape[0] <= available:
                 break
-            if len(s.running) <= 1:  # cannot happen after admission checks; stay safe
+            if len(running) <= 1:  # cannot happen after admission checks; stay safe
                 rows = rows[st.kv_len[rows] % ps != 0]
                 grow = rows[:0]
                 break
-            s.retract(s.victim())
+            running.retract(running.victim())
+            retracted += 1
         if drafts is not None:
-            return rows, self._write_verifies(rows, drafts), drafts
+            return rows, self._write_verifies(rows, drafts), retracted, drafts
         if grow.shape[0]:
-            st.pages[grow, st.n_pages[grow]] = s.kv.alloc(int(grow.shape[0]))
+            st.pages[grow, st.n_pages[grow]] = self.kv.alloc(int(grow.shape[0]))
             st.n_pages[grow] += 1
         pos = st.kv_len[rows]
         st.req_to_token[rows, pos] = st.pages[rows, pos // ps] * ps + pos % ps
@@ -163,13 +196,12 @@ class Planner:
         inputs = np.where(pending > 0, -1, st.tokens[rows, np.minimum(last, st.width - 1)])
         st.kv_len[rows] = pos + 1
         st.pending[rows] = pending + 1
-        return rows, inputs.astype(np.int32), None
+        return rows, inputs.astype(np.int32), retracted, None
 
     def _write_verifies(self, rows: np.ndarray, drafts: Drafts) -> np.ndarray:
         """Pages, slots and input ids of a decode step some of whose rows verify proposals
         (1 + lens tokens each; the others 1): the flat input ids."""
-        s = self.s
-        st, ps = s.st, s.page_size
+        st, ps = self.st, self.page_size
         per_row = np.zeros(st.uid.shape[0], dtype=np.int32)
         per_row[drafts.rows] = drafts.lens
         lens = per_row[rows]
@@ -179,7 +211,7 @@ class Planner:
         if total:
             owner = np.repeat(rows, need)
             within = np.arange(total) - np.repeat(np.cumsum(need) - need, need)
-            st.pages[owner, st.n_pages[owner] + within] = s.kv.alloc(total)
+            st.pages[owner, st.n_pages[owner] + within] = self.kv.alloc(total)
             st.n_pages[rows] += need
         n_tok = int(extend.sum())
         tok_rows = np.repeat(rows, extend)
@@ -216,17 +248,16 @@ class Planner:
     def _chunk(self, seq: Sequence, budget: int, reserve: int) -> Chunk | None:
         """Allocate and write the next prefill chunk of a bound sequence, as long as the
         pages allow (None if not even one token fits)."""
-        s = self.s
-        st, row = s.st, seq.row
+        st, row = self.st, seq.row
         start = int(st.kv_len[row])
         extend = min(int(st.n_known[row]) - start, budget)
-        room = s.kv.available() - reserve
-        extend = min(extend, (int(st.n_pages[row]) + room) * s.page_size - start)
+        room = self.kv.available() - reserve
+        extend = min(extend, (int(st.n_pages[row]) + room) * self.page_size - start)
         if extend <= 0:
             return None
         need = st.pages_needed(row, extend)
         if need > 0:
-            st.add_pages(row, s.kv.alloc(need))
+            st.add_pages(row, self.kv.alloc(need))
         st.write_slots(row, start, start + extend)
         st.kv_len[row] = start + extend
         # max_tokens 0 (a scored prompt): the prompt is all there is, nothing is sampled.
@@ -238,9 +269,8 @@ class Planner:
 
     def _plan_prefills(self, budget: int) -> tuple[list[Chunk], int]:
         """Next chunks of sequences admitted earlier whose prompt is not all in KV yet."""
-        s = self.s
-        st = s.st
-        rows = s.active_rows()
+        st, running = self.st, self.running
+        rows = running.active_rows()
         chunks: list[Chunk] = []
         if not rows.shape[0]:
             return chunks, budget
@@ -249,13 +279,13 @@ class Planner:
         # prefill-only request (max_tokens 0: scored or embedded) prefills it instead.
         prefill_only = st.max_total[rows] <= known
         prefilling = rows[(kv < known + st.pending[rows] - 1) | (prefill_only & (kv < known))]
-        seqs: list[Sequence] = [s.seq_of_row[r] for r in prefilling.tolist()]  # type: ignore[misc]
+        seqs = [running.seqs[r] for r in prefilling.tolist()]
 
         def order(q: Sequence) -> tuple[int, bool, int, int]:
             # Within a priority, prompts whose rest fits this step first: a short request
             # admitted beside a long prompt finishes its prefill now instead of waiting for
             # every chunk of the older prompt (each such prompt ends here: no starvation).
-            first, *rest = q.sort_key(s.by_priority)
+            first, *rest = q.sort_key(running.by_priority)
             fits = int(st.n_known[q.row]) - int(st.kv_len[q.row]) <= budget
             return (first, not fits, *rest)
 
@@ -270,46 +300,45 @@ class Planner:
             budget -= chunk.extend
         return chunks, budget
 
-    def _admit(self, chunks: list[Chunk], budget: int) -> None:
+    def _admit(self, plan: StepPlan, budget: int) -> None:
         """Bind waiting sequences to rows while budget, rows and pages last."""
-        s = self.s
-        limit = s.config.max_running_requests
+        kv, waiting, running = self.kv, self.waiting, self.running
+        limit = self.config.max_running_requests
         deferred: list[Sequence] = []
-        if budget > 0 and s.row_pool.free_rows and len(s.running) < limit:
-            s.waiting.rank(s.kv.matched_tokens)
-        while budget > 0 and s.row_pool.free_rows and len(s.running) < limit:
-            seq = s.waiting.peek()
+        if budget > 0 and running.row_pool.free_rows and len(running) < limit:
+            waiting.rank(kv.matched_tokens)
+        while budget > 0 and running.row_pool.free_rows and len(running) < limit:
+            seq = waiting.peek()
             if seq is None:
                 break
             sp = seq.req.sampling
             scores = seq.index == 0 and (sp.prompt_logprobs is not None or sp.embed == "mean")
             # A request scoring its prompt (or averaging its hidden states) needs every prompt
             # position computed: no cached prefix (its KV may still go to the cache).
-            prefix, node = s.kv.match(seq.tokens[:1] if scores else seq.tokens)
+            prefix, node = kv.match(seq.tokens[:1] if scores else seq.tokens)
             key = self._first_page(seq) if not prefix.shape[0] and not scores else None
-            if key is not None and key in self._pending:
-                s.kv.unlock(node)  # its prefix is being computed: reuse it when cached
-                deferred.append(s.waiting.pop())
+            if key is not None and key in running.prefixes:
+                kv.unlock(node)  # its prefix is being computed: reuse it when cached
+                deferred.append(waiting.pop())
                 if len(deferred) >= self.MAX_DEFERRED:
                     break
                 continue
-            reserve = len(s.running)  # a page of headroom per running sequence
-            if s.kv.available() <= reserve:
-                s.kv.unlock(node)
+            reserve = len(running)  # a page of headroom per running sequence
+            if kv.available() <= reserve:
+                kv.unlock(node)
                 break
-            s.waiting.pop()
-            s.bind(seq, prefix, node)
+            waiting.pop()
+            running.bind(seq, prefix, node)
             chunk = self._chunk(seq, budget, reserve)
             if chunk is None:  # not even one page: undo
-                s.unbind(seq, insert=False)
-                s.waiting.push(seq)
+                running.unbind(seq, insert=False)
+                waiting.push(seq)
                 break
             if key is not None:
-                seq.pending_key = key
-                self._pending[key] = self._pending.get(key, 0) + 1
-            chunks.append(chunk)
+                running.prefixes.add(seq, key)
+            plan.chunks.append(chunk)
             budget -= chunk.extend
-            s.cache_query_tokens += int(seq.tokens.shape[0])
-            s.cache_hit_tokens += int(prefix.shape[0]) * s.page_size
+            plan.cache_query_tokens += int(seq.tokens.shape[0])
+            plan.cache_hit_tokens += int(prefix.shape[0]) * self.page_size
         for seq in deferred:
-            s.waiting.push(seq)  # same place in line: the sort key did not change
+            waiting.push(seq)  # same place in line: the sort key did not change

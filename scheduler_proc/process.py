@@ -177,7 +177,7 @@ class SchedulerProcess(BusProcess):
             req = self._rejected.popleft()
             self._emit(ErrorReply(rid=req.rid, status=503, error_type="server_error",
                                   message="the scheduler's inbox is full; retry later",
-                                  reply_to=req.detok.get("reply_to")))
+                                  reply_to=req.detok.reply_to))
         self._send_grammar_inits()
         self.throughput_log.maybe_log(sched.stats)
         while (batch := sched.next_batch()) is not None:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from tessera.bus.messages import SamplingParams
+from tessera.bus.messages import DetokInfo, SamplingParams
 from tessera.scheduler_proc.radix_cache import Node
 
 
@@ -30,7 +29,7 @@ class Request:
     rid: str
     prompt: np.ndarray  # int32, owned copy
     sampling: SamplingParams
-    detok: dict[str, Any]
+    detok: DetokInfo
     priority: int
     order: int  # arrival order (FCFS tie-break, retraction picks the largest)
     arrival_time: float
@@ -40,7 +39,7 @@ class Request:
     seqs: list[Sequence] = field(default_factory=list)
     fork_pending: list[Sequence] = field(default_factory=list)  # n > 1: after index 0 prefills
     live: int = 0  # sequences not finished
-    announced: bool = False  # detok dict sent in a TokenBatch
+    announced: bool = False  # its DetokInfo went out in a TokenBatch
     queued_at: float = 0.0  # time.monotonic() at admission (request timeout)
     bias_ids: np.ndarray | None = None  # logit_bias token ids (int32), None without a bias
     bias_values: np.ndarray | None = None  # their biases (float32)

@@ -100,8 +100,8 @@ class RowState:
         self.has_bias[row] = bool(sp.logit_bias)
         self.grammar_id[row] = grammar_id
         # Only the first sample scores the prompt (the others share it).
-        scores = sp.prompt_logprobs is not None and index == 0
-        self.prompt_top_n[row] = sp.prompt_logprobs if scores else -1
+        top_n = sp.prompt_logprobs
+        self.prompt_top_n[row] = top_n if top_n is not None and index == 0 else -1
         self.embed[row] = {"last": ForwardBatch.EMBED_LAST, "mean": ForwardBatch.EMBED_MEAN}.get(
             sp.embed or "", 0)
         self.index[row] = index
@@ -132,9 +132,6 @@ class RowState:
         pos = np.arange(start, end, dtype=np.int32)
         ps = self.page_size
         self.req_to_token[row, start:end] = self.pages[row, pos // ps] * ps + pos % ps
-
-    def own_pages(self, row: int) -> np.ndarray:
-        return self.pages[row, self.tree_pages[row]:self.n_pages[row]]
 
     def unbind(self, row: int) -> None:
         self.uid[row] = -1

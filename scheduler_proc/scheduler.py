@@ -19,13 +19,10 @@ back, and the decoding rows are spread over the batches in flight, so the stages
 
 Page invariant (`check_invariant`): every usable page is exactly one of free, held by a
 running sequence (its own pages, or a cache page on a path it locks), or held only by the
-cache. A request with a grammar waits outside the queue until worker rank 0 has compiled it (the
-GrammarInit / GrammarReady exchange), so a slow compile never holds up a step; the matcher
-ids of sequences that end ride on the next ForwardBatch (`grammar_free`).
-
-Pages of a sequence that stops are freed or handed to the cache at once: any step built
-later runs after the steps in flight, so a page is never reused too early. Rows are different:
-a row may be rewritten only once no step in flight names it (`_release_row`).
+cache. Rows and pages of sequences that start and stop: `running.py`; what one step runs:
+`planner.py`. A request with a grammar waits outside the queue until worker rank 0 has
+compiled it (the GrammarInit / GrammarReady exchange), so a slow compile never holds up a
+step; the matcher ids of sequences that end ride on the next ForwardBatch (`grammar_free`).
 """
 
 from __future__ import annotations
@@ -51,14 +48,14 @@ from tessera.scheduler_proc import finish
 from tessera.scheduler_proc.admission import Limits, make_request, refuse
 from tessera.scheduler_proc.batch import InFlight
 from tessera.scheduler_proc.config import SchedulerConfig
+from tessera.scheduler_proc.invariant import check
 from tessera.scheduler_proc.kv_pool import KVPool
 from tessera.scheduler_proc.output import OutputBuilder
-from tessera.scheduler_proc.page_table import RowPool
-from tessera.scheduler_proc.planner import Planner
-from tessera.scheduler_proc.policy import WaitingQueue, retraction_victim
-from tessera.scheduler_proc.radix_cache import Node
+from tessera.scheduler_proc.planner import Planner, StepPlan
+from tessera.scheduler_proc.policy import WaitingQueue
 from tessera.scheduler_proc.request import Request, SeqState, Sequence
 from tessera.scheduler_proc.rows import RowState
+from tessera.scheduler_proc.running import RunningSet
 from tessera.scheduler_proc.speculation import Speculation, make_proposer, rollback
 from tessera.scheduler_proc.step_cost import StepCost
 
@@ -77,28 +74,21 @@ class Scheduler:
                          debug=c.debug_invariants)
         self.allocator = self.kv.allocator
         self.cache = self.kv.cache
-        self.row_pool = RowPool(n_rows)
-        self.seq_of_row: list[Sequence | None] = [None] * n_rows
-        self.rid_of_row: list[str] = [""] * n_rows
-        self.by_priority = c.schedule_policy == "priority"
-        self.waiting = WaitingQueue(self.by_priority, by_prefix=c.schedule_policy == "lpm")
-        self.planner = Planner(self)
+        by_priority = c.schedule_policy == "priority"
+        self.waiting = WaitingQueue(by_priority, by_prefix=c.schedule_policy == "lpm")
+        self.running = RunningSet(self.st, self.kv, self.waiting, by_priority)
+        self.step_cost = StepCost()  # decode step and prefill token, measured
+        proposer = make_proposer(c, self.st)
+        self.spec = Speculation(proposer, self.st) if proposer is not None else None
+        self.planner = Planner(c, self.kv, self.waiting, self.running, self.step_cost,
+                               self.spec)
         self.limits = Limits(c, self.allocator.total_pages)
         self.requests: dict[str, Request] = {}
-        self.running: dict[int, Sequence] = {}  # row -> sequence
-        self._active: np.ndarray | None = None  # rows of `running`, rebuilt when it changes
         self.inflight: deque[InFlight] = deque()
-        # Steps in flight at most: two with overlap, or as many as the workers hold (one per
-        # pipeline stage), whose decodes then never refer to a token still in flight.
-        self.depth = (c.batches_in_flight or 2) if c.overlap else 1
-        self.chain = c.batches_in_flight == 0
-        self._deferred_rows: list[int] = []
-        self._fork_rows: set[int] = set()  # rows of index-0 sequences with parked siblings
+        self.depth = c.steps_in_flight
         self._out = OutputBuilder()
         self._errors: list[ErrorReply] = []
         self._step = 0
-        self._completed_step = -1
-        self._uid = 0
         self._order = 0
         self._next_grammar_id = 0
         self._grammar_inits: list[GrammarInit] = []
@@ -112,11 +102,8 @@ class Scheduler:
         self.aborted_total = 0
         self.steps_done = 0
         self.cpu_ms_ema = 0.0
-        self.step_cost = StepCost()  # decode step and prefill token, measured
         self.decode_tokens_total = 0  # tokens of the steps answered, by kind
         self.prefill_tokens_total = 0
-        proposer = make_proposer(c, self.st)
-        self.spec = Speculation(proposer, self.st) if proposer is not None else None
 
     # ---------------------------------------------------------------------------- requests
     def add_request(self, req: TokenizedRequest) -> ErrorReply | None:
@@ -234,110 +221,39 @@ class Scheduler:
             return None
         t0 = time.thread_time()
         while True:
-            dec_rows, dec_inputs, chunks, drafts = self.planner.plan()
-            if dec_rows.shape[0] or chunks:
+            plan = self.planner.plan(self._step)
+            self._count(plan)
+            if not plan.empty:
                 break
             if self.inflight or not self.running:
                 return None
             # Nothing fits and nothing will come back to free memory: give way.
-            self.retract(self.victim())
+            self.running.retract(self.running.victim())
+            self.retracted_total += 1
         step = self._step
         self._step += 1
         free = None
         if self._grammar_free:
             free = np.array(self._grammar_free, dtype=np.int64)
             self._grammar_free = []
-        batch, record = batch_mod.build(step, self.st, dec_rows, dec_inputs, chunks,
-                                        self.seq_of_row, free, verifying=drafts is not None)
+        batch, record = batch_mod.build(step, self.st, plan.decode_rows, plan.decode_inputs,
+                                        plan.chunks, self.running.seq_of_row, free,
+                                        verifying=plan.drafts is not None)
         self.st.last_step[batch.rows] = step
         record.build_cpu_s = time.thread_time() - t0
         self.inflight.append(record)
         return batch
 
-    @property
-    def next_step(self) -> int:
-        """The number the next step built will have."""
-        return self._step
-
-    # ---------------------------------------------------------------------------- membership
-    # (used by the planner too: binding a waiting sequence to a row, and back)
-    def active_rows(self) -> np.ndarray:
-        """Rows of the running sequences (cached until the running set changes)."""
-        if self._active is None:
-            self._active = np.fromiter(self.running, dtype=np.int32, count=len(self.running))
-        return self._active
-
-    def bind(self, seq: Sequence, prefix: np.ndarray, node: Node) -> None:
-        """Give a waiting sequence a row, starting from `prefix` (cache pages, locked by
-        `node`)."""
-        st = self.st
-        row = self.row_pool.alloc()
-        req = seq.req
-        st.bind(row, self._uid, seq.tokens, req.prompt_len, req.max_total, req.sampling,
-                seq.index, bool(req.stop_ids), seq.grammar_id)
-        self._uid += 1
-        st.set_prefix(row, prefix)
-        if seq.cached_tokens < 0:
-            seq.cached_tokens = int(prefix.shape[0]) * self.page_size
-        st.cached[row] = seq.cached_tokens
-        seq.row, seq.uid, seq.state = row, int(st.uid[row]), SeqState.RUNNING
-        seq.last_node = node
-        self.seq_of_row[row] = seq
-        self.rid_of_row[row] = req.rid
-        st.fresh[row] = not req.announced
-        self.running[row] = seq
-        self._active = None
-        if seq.index == 0 and seq.req.fork_pending:
-            self._fork_rows.add(row)
+    def _count(self, plan: StepPlan) -> None:
+        self.retracted_total += plan.retracted
+        self.cache_query_tokens += plan.cache_query_tokens
+        self.cache_hit_tokens += plan.cache_hit_tokens
 
     # ---------------------------------------------------------------------------- leaving
-    def unbind(self, seq: Sequence, insert: bool) -> None:
-        row = seq.row
-        self.planner.prefix_ready(seq)
-        self.kv.release(seq, insert)
-        del self.running[row]
-        self._active = None
-        self._fork_rows.discard(row)
-        self.st.unbind(row)
-        self.seq_of_row[row] = None
-        seq.row = -1
-        self._release_row(row)
-
-    def _release_row(self, row: int) -> None:
-        if int(self.st.last_step[row]) > self._completed_step:
-            self._deferred_rows.append(row)  # a step in flight still reads this row
-        else:
-            self.row_pool.free(row)
-
-    def _release_deferred_rows(self) -> None:
-        if not self._deferred_rows:
-            return
-        still = []
-        for row in self._deferred_rows:
-            if int(self.st.last_step[row]) > self._completed_step:
-                still.append(row)
-            else:
-                self.row_pool.free(row)
-        self._deferred_rows = still
-
-    def victim(self) -> Sequence:
-        victim = retraction_victim(self.running.values(), self.by_priority)
-        assert victim is not None
-        return victim
-
-    def retract(self, seq: Sequence) -> None:
-        """Free a running sequence's pages and requeue it; it recomputes when it returns."""
-        row = seq.row
-        seq.tokens = self.st.tokens[row, :self.st.n_known[row]].copy()
-        self.unbind(seq, insert=True)
-        self.waiting.push(seq)
-        self.retracted_total += 1
-        log.debug("retracted %s[%d] (%d tokens)", seq.req.rid, seq.index, seq.tokens.shape[0])
-
     def _drop(self, seq: Sequence) -> None:
         """Forget a sequence wherever it is (abort, failure)."""
         if seq.state is SeqState.RUNNING:
-            self.unbind(seq, insert=True)
+            self.running.unbind(seq, insert=True)
         elif seq.state is SeqState.WAITING:
             self.waiting.discard(seq)
         self._finished(seq)
@@ -359,7 +275,7 @@ class Scheduler:
                 self._drop(seq)
         self._errors.append(ErrorReply(rid=req.rid, status=status, message=message,
                                        error_type=error_type, param=param,
-                                       reply_to=req.detok.get("reply_to")))
+                                       reply_to=req.detok.reply_to))
 
     # ---------------------------------------------------------------------------- results
     def on_result(self, res: SampledTokens) -> TokenBatch | None:
@@ -374,15 +290,14 @@ class Scheduler:
         if not self.inflight or res.step != self.inflight[0].step:
             log.warning("dropping a result for step %d (expected %s)", res.step,
                         self.inflight[0].step if self.inflight else "none")
-            if self._completed_step < res.step < self._step:
+            if self.running.completed_step < res.step < self._step:
                 # A late answer to a step failed by fail_inflight: the worker is done with
                 # it (it runs steps in order), so the rows it named may be reused now.
-                self._completed_step = res.step
-                self._release_deferred_rows()
+                self.running.step_completed(res.step)
             return None
         t0 = time.thread_time()
         rec = self.inflight.popleft()
-        self._completed_step = rec.step
+        self.running.completed_step = rec.step
         st = self.st
         same = st.uid[rec.rows] == rec.uids
         st.kv_done[rec.rows[same]] = rec.seq_lens[same]
@@ -399,12 +314,12 @@ class Scheduler:
             if self.kv.use_cache and rec.prefill_rows.shape[0]:
                 ok = st.uid[rec.prefill_rows] == rec.prefill_uids
                 for row in rec.prefill_rows[ok].tolist():
-                    seq = self.seq_of_row[row]
+                    seq = self.running.seq_of_row[row]
                     assert seq is not None
                     self.kv.cache_prefix(seq)
                     if st.tree_pages[row] > 0:
-                        self.planner.prefix_ready(seq)
-        self._release_deferred_rows()
+                        self.running.prefixes.ready(seq)
+        self.running.release_deferred_rows()
         self.steps_done += 1
         self._measure(rec, res)
         cpu_ms = (rec.build_cpu_s + time.thread_time() - t0) * 1e3
@@ -426,19 +341,6 @@ class Scheduler:
         self.decode_tokens_total += decodes + rec.draft_tokens
         self.prefill_tokens_total += prefill
         self.step_cost.observe(decodes, prefill, res.forward_ms)
-
-    def step_token_budget(self, decoding: bool) -> int:
-        """Prefill tokens this step may compute (`step_cost.py`): --chunked-prefill-size;
-        while streams decode, what keeps the step within --max-mixed-step-ratio decode steps
-        (at least an eighth of the chunk size, so arrivals are not starved); about
-        --step-target-ms of work at the measured speed (whoever arrives meanwhile waits for
-        this step)."""
-        c = self.config
-        cap = c.chunked_prefill_size or (1 << 30)
-        return self.step_cost.prefill_budget(
-            decoding=decoding, cap=cap, min_tokens=max(self.page_size, cap // 8),
-            floor=self.page_size,
-            max_mixed_step_ratio=c.max_mixed_step_ratio, step_target_ms=c.step_target_ms)
 
     def _apply_tokens(self, rec: InFlight, res: SampledTokens) -> None:
         if res.counts.shape[0]:
@@ -502,7 +404,7 @@ class Scheduler:
         # A row's first stop token ends it there (EOS unless ignore_eos, its stop ids; a row
         # with proposals has its min_tokens out already).
         stop = finish.stop_tokens(st, rows, owner, toks, self.config.eos_token_ids,
-                                  self.seq_of_row)
+                                  self.running.seq_of_row)
         if stop.any():
             first_stop = np.minimum.reduceat(np.where(stop, within, n), first)
             counts = np.minimum(counts, first_stop + 1)
@@ -523,30 +425,29 @@ class Scheduler:
               logprobs: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> None:
         """Tokens appended to `rows` (counts[i] each, one each when None; st.n_known counts
         them): finishes, the TokenBatch entries, forks."""
-        st = self.st
+        st, running = self.st, self.running
         last = toks if counts is None else toks[np.cumsum(counts) - 1]
-        fin = finish.detect(st, rows, last, self.config.eos_token_ids, self.seq_of_row, ends)
+        fin = finish.detect(st, rows, last, self.config.eos_token_ids, running.seq_of_row, ends)
         row_list = rows.tolist()
         fresh: list[Request] = []
         if st.fresh[rows].any():
             for r in rows[st.fresh[rows]].tolist():
                 st.fresh[r] = False
-                fresh.append(self.seq_of_row[r].req)  # type: ignore[union-attr]
-        self._out.add_tokens([self.rid_of_row[r] for r in row_list], st.index[rows].tolist(),
+                fresh.append(running.seqs[r].req)
+        self._out.add_tokens([running.rid_of_row[r] for r in row_list], st.index[rows].tolist(),
                              fresh, toks, fin.reasons, fin.matched,
                              st.prompt_len[rows].tolist(), st.cached[rows].tolist(), logprobs,
                              counts)
-        if self._fork_rows:
-            for row in self._fork_rows.intersection(rows.tolist()):
-                self._fork(self.seq_of_row[row])  # type: ignore[arg-type]
+        if running.fork_rows:
+            for row in running.fork_rows.intersection(row_list):
+                self._fork(running.seqs[row])
         for i in fin.done:
-            seq = self.seq_of_row[row_list[i]]
-            assert seq is not None
-            self.unbind(seq, insert=True)
+            seq = running.seqs[row_list[i]]
+            running.unbind(seq, insert=True)
             self._finished(seq)
             self.finished_total += 1
         for i in fin.failed:
-            seq = self.seq_of_row[row_list[i]]
+            seq = running.seq_of_row[row_list[i]]
             if seq is not None:
                 self._fail_request(seq.req, 500, "the grammar engine could not follow this "
                                    "request's output; the server log has the details")
@@ -564,7 +465,7 @@ class Scheduler:
             top_lps = res.prompt_top_logprobs[offset:offset + k] if n_top else \
                 np.zeros((k, 0), np.float32)
             offset += k
-            seq = self.seq_of_row[sc.row]
+            seq = self.running.seq_of_row[sc.row]
             if seq is None or int(self.st.uid[sc.row]) != sc.uid:
                 continue
             if sc.first:  # the prompt's first token has no logprob
@@ -581,7 +482,7 @@ class Scheduler:
                       res.embeddings.shape[0], len(rec.embedded))
             return
         for emb, vector in zip(rec.embedded, res.embeddings, strict=True):
-            seq = self.seq_of_row[emb.row]
+            seq = self.running.seq_of_row[emb.row]
             if seq is None or int(self.st.uid[emb.row]) != emb.uid:
                 continue  # retracted: it recomputes from its first chunk
             if seq.req.sampling.embed == "mean":
@@ -604,11 +505,11 @@ class Scheduler:
         done = rows[(st.max_total[rows] <= st.n_known[rows]) & (st.pending[rows] == 0)
                     & (st.kv_done[rows] >= st.n_known[rows])]
         for row in done.tolist():
-            seq = self.seq_of_row[row]
+            seq = self.running.seq_of_row[row]
             if seq is None:
                 continue
             cached = max(seq.cached_tokens, 0)
-            self.unbind(seq, insert=True)
+            self.running.unbind(seq, insert=True)
             self._finished(seq)
             self._out.add_finish(seq.req, seq.index, "length", cached)
             self.finished_total += 1
@@ -616,7 +517,7 @@ class Scheduler:
     def _fork(self, seq: Sequence) -> None:
         """Index 0 has its prompt in KV (and, after this step, in the cache): start the other
         samples, which find the prompt's pages there and compute only the last partial page."""
-        self._fork_rows.discard(seq.row)
+        self.running.fork_rows.discard(seq.row)
         for sib in seq.req.fork_pending:
             self.waiting.push(sib)
         seq.req.fork_pending = []
@@ -627,7 +528,7 @@ class Scheduler:
         for rec in records:
             same = st.uid[rec.rows] == rec.uids
             for row in rec.rows[same].tolist():
-                seq = self.seq_of_row[row]
+                seq = self.running.seq_of_row[row]
                 if seq is not None:
                     reqs[seq.req.rid] = seq.req
         for req in reqs.values():
@@ -654,14 +555,14 @@ class Scheduler:
             "cache_hit_tokens": float(self.cache_hit_tokens),
             "cache_query_tokens": float(query),
             "cache_hit_rate": self.cache_hit_tokens / query if query else 0.0,
-            **(kv := self.kv.stats(self.active_rows())),  # check_invariant(): O(pages)
+            **(kv := self.kv.stats(self.running.active_rows())),  # check_invariant(): O(pages)
             # pages held by running requests (cached-only pages are reclaimable)
             "kv_usage_ratio": kv["kv_pages_running"] / kv["kv_pages_total"]
             if kv["kv_pages_total"] else 0.0,
             "sched_cpu_ms_per_step": self.cpu_ms_ema,
             "prefill_ms_per_token": self.ms_per_token,
             "decode_step_ms": self.step_cost.decode_ms,
-            "step_token_budget": float(self.step_token_budget(bool(self.running))),
+            "step_token_budget": float(self.planner.token_budget(bool(self.running))),
             "steps": float(self.steps_done),
             "decode_tokens_total": float(self.decode_tokens_total),
             "prefill_tokens_total": float(self.prefill_tokens_total),
@@ -679,9 +580,7 @@ class Scheduler:
                 "spec_accept_length": spec.accept_length}
 
     def check_invariant(self) -> None:
-        from tessera.scheduler_proc.invariant import check
-
-        check(self)
+        check(self.running)
 
 
 def _shape_problem(rec: InFlight, res: SampledTokens) -> str | None:

@@ -114,6 +114,7 @@ def create_app(state: ServerState) -> web.Application:
     app.router.add_get("/health_generate", ops.health_generate)
     app.router.add_get("/metrics", ops.metrics)
     app.router.add_get("/status", ops.status)
+    app.router.add_get("/", ops.page)
     app.router.add_get("/openapi.json", ops.openapi)
     worker_info.add_routes(app)
     return app

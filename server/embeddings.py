@@ -37,6 +37,7 @@ def _is_ids(value: Any) -> bool:
 def inputs(body: dict[str, Any]) -> list[dict[str, Any]]:
     """Each input as start() keywords: {"prompt": text} or {"input_ids": ids}."""
     value = body.get("input")
+    out: list[dict[str, Any]]
     if isinstance(value, str):
         out = [{"prompt": value}]
     elif _is_ids(value):

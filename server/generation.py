@@ -93,6 +93,8 @@ class Generation:
         self.output_tokens += n
         if delta.finish_reason is not None:
             self.finish_reasons.append(delta.finish_reason)
+        if delta.usage is not None and delta.usage.decode_steps:
+            metrics.tokens_per_step.observe(delta.usage.tokens_per_step)
         if delta.usage is not None and delta.index == 0:
             metrics.prompt_tokens.inc(delta.usage.prompt_tokens)
             self.tokens += delta.usage.prompt_tokens

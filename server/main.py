@@ -1,8 +1,9 @@
 """The HTTP server process: `python -m tessera.server --run-dir DIR`.
 
-Started by the supervisor as the last process. Life cycle:
-  bind the HTTP socket -> heartbeat task -> one warm-up generation (1 token, unless
-  --disable-warmup) -> Ready(process="server") to the supervisor -> serve
+Started by the supervisor as the last process; its life cycle is `AsyncBusProcess`'s
+(bus/process.py):
+  setup: bind the HTTP socket, one warm-up generation (1 token, unless --disable-warmup)
+  Ready(process="server") to the supervisor, then serve
   SIGTERM / SIGINT: answer new requests with 503 (Retry-After) and /health with "stopping",
   let requests in flight finish for up to drain_timeout_s, fail what is left with an error
   event, close the socket, exit 0.
@@ -14,20 +15,18 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import time
 from typing import Any
 
 from aiohttp import web
 
-from tessera.bus.channel import Outbox, SendTimeout
-from tessera.bus.messages import Message, Ready
-from tessera.bus.process import load_config, setup_logging
+from tessera.bus.process import AsyncBusProcess, StartupError, load_config, setup_logging
 from tessera.bus.run_paths import RunPaths
 from tessera.client import AsyncClient, EngineDeadError, TesseraError, UnavailableError
 from tessera.config import ServerConfig
 from tessera.server.app import create_app
-from tessera.server.liveness import Liveness
+from tessera.server.history import History
+from tessera.server.ops import sample_history
 from tessera.server.state import ServerState, max_concurrency, served_model_ids
 
 log = logging.getLogger("tessera.server")
@@ -36,14 +35,12 @@ NAME = "server"
 WARMUP_ATTEMPTS = 3
 
 
-class ServerProcess:
+class ServerProcess(AsyncBusProcess):
+    name = NAME
+
     def __init__(self, paths: RunPaths, config: ServerConfig) -> None:
-        self.paths = paths
-        self.config = config
-        self.stop = asyncio.Event()
-        self.supervisor = Outbox(paths.supervisor, timeout_ms=0, hwm=64)
-        self.liveness = Liveness(paths.supervisor, NAME, config.heartbeat_interval_s,
-                                 config.loop_stall_timeout_s)
+        super().__init__(paths, config)
+        self.config: ServerConfig = config
         self.client = AsyncClient(paths, config, process_name=NAME)
         self.state = ServerState(config=config, paths=paths, client=self.client,
                                  model_ids=served_model_ids(config),
@@ -52,25 +49,14 @@ class ServerProcess:
         self.site: web.TCPSite | None = None
         self.url = ""
         self.takes_text = True  # the tokenizer reads text (read_engine_info)
+        self.phases: dict[str, float] = {}
+        self.state.history = History(self.state.metrics)
+        self._sampler: asyncio.Task[None] | None = None
 
-    def notify(self, msg: Message) -> None:
-        try:
-            self.supervisor.send(msg, timeout_ms=0)
-        except SendTimeout:
-            log.debug("supervisor not reachable")
-
-    async def heartbeat(self) -> None:
-        parent = os.getppid()
-        while True:
-            if os.getppid() != parent and not self.stop.is_set():
-                # The supervisor is gone (killed hard): nobody will stop us, so stop now.
-                log.error("the supervisor (pid %d) is gone; shutting down", parent)
-                self.stop.set()
-            s = self.state
-            self.liveness.beat_from_loop(self.notify, {
-                "requests_in_flight": float(s.in_flight), "ready": float(s.ready),
-                "draining": float(s.draining), **self.host_path_stats()})
-            await asyncio.sleep(self.config.heartbeat_interval_s)
+    def stats(self) -> dict[str, float]:
+        s = self.state
+        return {"requests_in_flight": float(s.in_flight), "ready": float(s.ready),
+                "draining": float(s.draining), **self.host_path_stats()}
 
     def host_path_stats(self) -> dict[str, float]:
         """Counters of the way back to HTTP clients (`tessera bench host` reads them)."""
@@ -80,6 +66,35 @@ class ServerProcess:
                 "sse_events": float(self.state.sse_events),
                 "sse_writes": float(self.state.sse_writes)}
 
+    def ready_info(self) -> dict[str, Any]:
+        return {"url": self.url, "model": self.state.model_id, "phases": self.phases}
+
+    async def setup(self) -> None:
+        await self.bind()
+        self._sampler = asyncio.create_task(sample_history(self.state))
+        await self.read_engine_info()
+        if not self.config.disable_warmup:
+            warm_start = time.perf_counter()
+            try:
+                await self.warmup()
+            except TesseraError as exc:
+                raise StartupError(f"warm-up generation failed ({exc}); the engine cannot "
+                                   f"serve") from exc
+            self.phases["warmup"] = round(time.perf_counter() - warm_start, 4)
+        self.state.ready = True
+
+    async def serve(self) -> None:
+        log.info("serving %s at %s", self.state.model_id, self.url)
+        await self.stop.wait()
+        await self.drain()
+
+    async def teardown(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+        if self.runner is not None:
+            await self.runner.cleanup()
+        self.client.close()
+
     async def bind(self) -> None:
         self.runner = web.AppRunner(create_app(self.state), handler_cancellation=True,
                                     access_log=None, shutdown_timeout=1.0)
@@ -88,9 +103,9 @@ class ServerProcess:
         try:
             await self.site.start()
         except OSError as exc:
-            raise SystemExit(f"server: cannot listen on {self.config.host}:{self.config.port}"
-                             f" ({exc.strerror}); pick another --port or stop the program "
-                             f"using it") from None
+            raise StartupError(f"cannot listen on {self.config.host}:{self.config.port} "
+                               f"({exc.strerror}); pick another --port or stop the program "
+                               f"using it") from None
         host, port = self.runner.addresses[0][:2]
         self.url = f"http://{host}:{port}"
 
@@ -155,49 +170,6 @@ class ServerProcess:
             end = time.monotonic() + 1.0
             while state.in_flight and time.monotonic() < end:
                 await asyncio.sleep(0.02)
-
-    async def run(self) -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop.set)
-        beat: asyncio.Task[Any] | None = None
-        try:
-            await self.bind()
-            beat = asyncio.create_task(self.heartbeat())
-            self.liveness.start()
-            await self.read_engine_info()
-            warm_start = time.perf_counter()
-            if not self.config.disable_warmup:
-                warm = asyncio.create_task(self.warmup())
-                stopping = asyncio.create_task(self.stop.wait())
-                await asyncio.wait({warm, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                stopping.cancel()
-                if not warm.done():
-                    warm.cancel()
-                    return 0
-                try:
-                    warm.result()
-                except TesseraError as exc:
-                    log.error("warm-up generation failed (%s); the engine cannot serve", exc)
-                    return 1
-            self.state.ready = True
-            phases = {} if self.config.disable_warmup else \
-                {"warmup": round(time.perf_counter() - warm_start, 4)}
-            self.notify(Ready(process=NAME, pid=os.getpid(),
-                              info={"url": self.url, "model": self.state.model_id,
-                                    "phases": phases}))
-            log.info("serving %s at %s", self.state.model_id, self.url)
-            await self.stop.wait()
-            await self.drain()
-            return 0
-        finally:
-            if beat is not None:
-                beat.cancel()
-            self.liveness.stop()
-            if self.runner is not None:
-                await self.runner.cleanup()
-            self.client.close()
-            self.supervisor.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@
      "stream": false, "return_logprob": false, "top_logprobs_num": 0, "rid": "..."}
 
 Answer: {"text", "output_ids", "meta_info": {"id", "finish_reason": {"type"}, "prompt_tokens",
-"completion_tokens", "cached_tokens", "e2e_latency"}} (a list of them when n > 1). Streaming
+"completion_tokens", "cached_tokens", "decode_steps", "e2e_latency"}} (a list of them when n > 1). Streaming
 sends SGLang's cumulative form: each event carries the whole text so far, then [DONE].
 """
 
@@ -106,7 +106,8 @@ class _Choice:
         if delta.usage is not None:
             self.usage = {"prompt_tokens": delta.usage.prompt_tokens,
                           "completion_tokens": delta.usage.completion_tokens,
-                          "cached_tokens": delta.usage.cached_tokens}
+                          "cached_tokens": delta.usage.cached_tokens,
+                          "decode_steps": delta.usage.decode_steps}
 
     def body(self, rid: str, index: int, started: float, logprobs: bool) -> dict[str, Any]:
         meta: dict[str, Any] = {
@@ -115,6 +116,9 @@ class _Choice:
             "prompt_tokens": self.usage.get("prompt_tokens", 0),
             "completion_tokens": self.usage.get("completion_tokens", len(self.ids)),
             "cached_tokens": self.usage.get("cached_tokens", 0),
+            # steps that gave the completion (completion_tokens / decode_steps: the mean
+            # acceptance length under speculative decoding, as SGLang's spec_verify_ct)
+            "decode_steps": self.usage.get("decode_steps", 0),
             "e2e_latency": time.monotonic() - started}
         if logprobs:
             meta["output_token_logprobs"] = self.logprobs

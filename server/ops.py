@@ -1,15 +1,18 @@
-"""Operational routes: /health, /health_generate, /metrics, /v1/models, /openapi.json."""
+"""Operational routes: / (the status page), /status, /health, /health_generate, /metrics,
+/v1/models, /openapi.json."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from functools import cache
+from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tessera.bus.messages import StatusReply
-from tessera.client import TesseraError
+from tessera.client import GenerateResult, TesseraError
 from tessera.server.errors import ApiError
 from tessera.server.openapi import openapi_document
 from tessera.server.state import STATE, ServerState
@@ -69,6 +72,7 @@ async def health_generate(request: web.Request) -> web.Response:
         return _unhealthy(exc.message)
     finally:
         state.release()
+    assert isinstance(result, GenerateResult)  # stream=False
     return web.json_response({"status": "ok",
                               "completion_tokens": result.usage.completion_tokens})
 
@@ -95,6 +99,26 @@ async def status(request: web.Request) -> web.Response:
         "processes": processes, "startup": engine.startup if engine is not None else {},
         "history": state.history.samples() if state.history is not None else [],
     })
+
+
+@cache
+def _page() -> bytes:
+    return (Path(__file__).parent / "page.html").read_bytes()
+
+
+async def page(request: web.Request) -> web.Response:
+    """The status page and chat playground: one self-contained HTML file."""
+    return web.Response(body=_page(), content_type="text/html", charset="utf-8",
+                        headers={"Cache-Control": "no-cache"})
+
+
+async def sample_history(state: ServerState) -> None:
+    """Feeds the status page's history (server/history.py) for as long as the server runs."""
+    history = state.history
+    while history is not None:
+        history.sample(await engine_status(state, max_age_s=history.interval_s),
+                       state.in_flight)
+        await asyncio.sleep(history.interval_s)
 
 
 def _model_card(state: ServerState) -> dict[str, object]:

@@ -127,7 +127,7 @@ def sampling(values: dict[str, Any], keep_none: tuple[str, ...] = ()) -> Samplin
                                        if v is not None or k in keep_none})
     problem = params.validate()
     if problem:
-        raise bad_request(problem, problem.split(" ", 1)[0].rstrip(":"))
+        raise bad_request(problem.message, problem.param)
     return params
 
 

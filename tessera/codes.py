@@ -22,6 +22,8 @@ GARBLED_OUTPUT = "T110"
 P99_JUMPS = "T111"
 OVERLOADED = "T112"
 PROCESS_HUNG = "T113"
+NODE_LINK = "T114"
+REPLICAS = "T115"
 
 ALL: dict[str, str] = {
     MODEL_NOT_FOUND: "model path wrong or unreadable",
@@ -37,6 +39,8 @@ ALL: dict[str, str] = {
     P99_JUMPS: "P99 latency jumps",
     OVERLOADED: "requests fail with 503 (overloaded / unavailable)",
     PROCESS_HUNG: "a process stopped sending heartbeats (hung)",
+    NODE_LINK: "several hosts: a node cannot join node 0, or a node is lost",
+    REPLICAS: "--dp-size: the router is missing, or a replica fails",
 }
 
 

@@ -210,9 +210,11 @@ class EngineConfig(BatchingConfig):
                                "--max-total-tokens)",
                                aliases=["--mem-fraction-static", "--gpu-memory-utilization"])
     max_total_tokens: int | None = _opt(None, "cap the KV cache at this many token slots")
-    disable_cuda_graph: bool = _opt(False, "run every step eagerly instead of replaying "
-                                    "captured graphs", aliases=["--enforce-eager"])
-    cuda_graph_max_bs: int = _opt(256, "largest decode batch captured as a graph")
+    disable_graph_capture: bool = _opt(False, "run every step eagerly instead of replaying "
+                                       "captured graphs",
+                                       aliases=["--disable-cuda-graph", "--enforce-eager"])
+    graph_max_bs: int = _opt(256, "largest decode batch captured as a graph",
+                             aliases=["--cuda-graph-max-bs"])
     intra_op_threads: int = _opt(0, "host threads of each worker's ops (0: the cores this "
                                  "process may use, divided among the worker ranks)")
     # --- processes ---------------------------------------------------------------------------
@@ -241,6 +243,9 @@ class EngineConfig(BatchingConfig):
                                     "failure in the window, up to 30 s")
     step_timeout_s: float = _opt(120.0, "a worker step unanswered this long fails its "
                                  "requests with 503 (the engine stays up)")
+    profile_ranges: bool = _opt(False, "mark the phases of each worker step (inputs, draft, "
+                                "forward, sample, copy-out) as ranges of the plugin's profiler "
+                                "(a no-op where the chip has none)")
     speculative_draft_model: str | None = _opt(
         None, "--speculative-algorithm draft: the draft model (a folder or .gguf of a smaller "
         "model with the target's vocabulary), loaded by every worker rank beside the target "
@@ -321,6 +326,7 @@ class EngineConfig(BatchingConfig):
         defaults to None, so that `from_cli` can tell a flag given from one left out."""
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
+            # Aliases keep the names other engines use for the same setting.
             flags = ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ())]
             kind = hints[f.name]
             help_text = (f.metadata.get("help", "") + f" (default: {shown_default(f.default)})"

@@ -54,9 +54,16 @@ class RequestResult:
     completion_tokens: int
     cached_tokens: int
     e2e_s: float
+    decode_steps: int = 0  # engine steps that gave the completion tokens (all choices)
     ttft_s: float | None = None
     token_times: list[float] = field(default_factory=list)
     choices: list[Any] = field(default_factory=list)
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Completion tokens per engine step: the mean acceptance length with speculative
+        decoding (1.0 without; 0.0 when unknown)."""
+        return self.completion_tokens / self.decode_steps if self.decode_steps else 0.0
 
     @property
     def itl_s(self) -> list[float]:
@@ -88,7 +95,7 @@ def normalize_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[Prom
     if isinstance(prompts, Sequence) and prompts:
         first = prompts[0]
         if isinstance(first, int | np.integer) or isinstance(first, dict):
-            return [prompts]  # token ids or chat messages of one request
+            return [prompts]  # type: ignore[list-item]  # token ids or chat messages of one request
         return list(prompts)  # type: ignore[arg-type]
     raise ValueError("prompts must be a string, token ids, chat messages, or a non-empty list "
                      "of those")
@@ -125,7 +132,7 @@ async def run_request(client: Any, prompt: PromptInput, sampling: SamplingInput,
         rid=res.rid, text=first.text, token_ids=list(first.token_ids),
         finish_reason=first.finish_reason, prompt_tokens=res.usage.prompt_tokens,
         completion_tokens=res.usage.completion_tokens, cached_tokens=res.usage.cached_tokens,
-        e2e_s=e2e, ttft_s=token_times[0] if stream and token_times else None,
+        decode_steps=res.usage.decode_steps, e2e_s=e2e, ttft_s=token_times[0] if stream and token_times else None,
         token_times=token_times if stream else [], choices=res.choices)
 
 

@@ -35,7 +35,7 @@ def test_aliases_of_sglang_and_vllm_set_the_same_fields() -> None:
                  "4096", "--served-model-name", "mine", "--tensor-parallel-size", "2",
                  "--max-num-seqs", "7", "--enforce-eager"])
     assert (cfg.model, cfg.mem_fraction, cfg.context_length, cfg.served_model_name,
-            cfg.tp_size, cfg.max_running_requests, cfg.disable_cuda_graph) == \
+            cfg.tp_size, cfg.max_running_requests, cfg.disable_graph_capture) == \
         ("m.gguf", 0.5, 4096, "mine", 2, 7, True)
     assert parse(["--gpu-memory-utilization", "0.7"]).mem_fraction == 0.7
     assert parse([]) == ServerConfig()
@@ -77,6 +77,18 @@ def test_a_bad_model_is_one_line_and_exit_2(case: str, tmp_path: Path, run_root:
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "T101" in lines[0] and "Traceback" not in out.stderr, out.stderr
     assert not list(run_root.iterdir())  # no run directory: nothing was started
+
+
+def test_a_bad_draft_model_is_one_line_and_exit_2(tmp_path: Path, run_root: Path) -> None:
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY))
+    out = serve("--model", str(tmp_path / "tiny.json"), "--load-format", "dummy",
+                "--speculative-algorithm", "draft", "--speculative-draft-model",
+                str(tmp_path / "no-draft.json"), "--port", "0")
+    assert out.returncode == 2
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--speculative-draft-model" in lines[0], out.stderr
+    assert "T101" in lines[0] and "Traceback" not in out.stderr
+    assert not list(run_root.iterdir())
 
 
 def test_a_good_dummy_config_passes_the_check(tmp_path: Path) -> None:

@@ -102,6 +102,14 @@ def test_importing_the_config_loads_nothing_else_of_tessera() -> None:
     assert out.strip() == "['tessera', 'tessera.config']"
 
 
+def test_graph_flags_keep_the_names_other_engines_use() -> None:
+    cfg = ServerConfig.from_cli(parse(["--disable-cuda-graph", "--cuda-graph-max-bs", "32"]),
+                                NO_ENV)
+    assert cfg.disable_graph_capture and cfg.graph_max_bs == 32
+    cfg = ServerConfig.from_cli(parse(["--graph-max-bs", "8"]), NO_ENV)
+    assert cfg.graph_max_bs == 8 and not cfg.disable_graph_capture
+
+
 def test_allowed_special_tokens_flag_is_a_set() -> None:
     config = ServerConfig.from_cli(
         parse(["--allowed-special-tokens", "<|im_end|>, <|im_start|>"]), NO_ENV)

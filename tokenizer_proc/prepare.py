@@ -7,7 +7,7 @@ answered with an ErrorReply that names the field, what was wrong and what to do:
     413  the prompt plus max_tokens does not fit the model's context; a text too long to fit
          whatever its tokens (more characters than context x the longest token) is refused
          before it is tokenized, so no request costs more tokenizer work than a full context
-The `detok` dict written here is everything the detokenizer needs to finish the request; the
+The `DetokInfo` written here is everything the detokenizer needs to finish the request; the
 scheduler carries it unchanged (see detokenizer_proc/sequence.py for the reader).
 """
 
@@ -18,7 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from tessera.bus.messages import ErrorReply, GenerateRequest, SamplingParams, TokenizedRequest
+from tessera.bus.messages import (
+    DetokInfo,
+    ErrorReply,
+    GenerateRequest,
+    SamplingParams,
+    TokenizedRequest,
+)
 from tessera.formats.chat_guard import ChatTokenError
 from tessera.formats.chat_template import ChatTemplateError
 from tessera.formats.tokenizer import ModelTokenizer, TokenizerError
@@ -191,7 +197,7 @@ def _check_sampling(sp: Any, tok: ModelTokenizer) -> SamplingParams:
         raise _bad("sampling must be an object of sampling parameters", "sampling")
     problem = sp.validate()
     if problem:
-        raise _bad(problem, problem.split(" ", 1)[0])
+        raise _bad(problem.message, problem.param)
     for token in sp.stop_token_ids:
         if token >= tok.vocab_size:
             raise _bad(f"stop_token_ids holds {token}, outside the vocabulary "
@@ -235,16 +241,16 @@ def prepare(req: GenerateRequest, tok: ModelTokenizer, context_length: int | Non
         return ErrorReply(rid=req.rid, status=rej.status, message=rej.message,
                           param=rej.param, reply_to=req.reply_to)
     hidden = [] if sampling.ignore_eos else list(tok.eos_token_ids)
-    detok = {
-        "reply_to": req.reply_to,
-        "stream": req.stream,
-        "n": sampling.n,
-        "stop": list(sampling.stop),
-        "stop_token_ids": sorted(set(sampling.stop_token_ids) | set(hidden)),
-        "skip_special_tokens": sampling.skip_special_tokens,
-        "logprobs": sampling.logprobs,
-        "prompt_tokens": len(ids),
-    }
+    detok = DetokInfo(
+        reply_to=req.reply_to,
+        stream=req.stream,
+        n=sampling.n,
+        stop=tuple(sampling.stop),
+        stop_token_ids=tuple(sorted(set(sampling.stop_token_ids) | set(hidden))),
+        skip_special_tokens=sampling.skip_special_tokens,
+        logprobs=sampling.logprobs,
+        prompt_tokens=len(ids),
+    )
     return TokenizedRequest(rid=req.rid, input_ids=np.asarray(ids, dtype=np.int32),
                             sampling=sampling, detok=detok, priority=req.priority,
                             arrival_time=req.arrival_time, resent=req.resent is True)

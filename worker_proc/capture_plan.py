@@ -1,10 +1,10 @@
 """What start-up captures: only step shapes that can occur, with the garbage collector quiet.
 
-A decode batch holds at most --max-running-requests requests, --cuda-graph-max-bs, what the
+A decode batch holds at most --max-running-requests requests, --graph-max-bs, what the
 plugin can capture, and one request per KV page (each running request writes into a page of
 its own; page 0 is reserved). A prefill or mixed step holds at most the prefill chunk plus one
-token per running request (--chunked-prefill-size + --max-running-requests; unbounded without
-chunking), --graph-max-tokens, and the KV slots there are. Graphs for larger shapes would never
+token per running request (--chunked-prefill-size + --max-running-requests, with speculative
+decoding 1 + --speculative-num-draft-tokens per request; unbounded without chunking), --graph-max-tokens, and the KV slots there are. Graphs for larger shapes would never
 replay: capturing them only costs start-up time and graph memory.
 """
 
@@ -19,14 +19,19 @@ from tessera.config import EngineConfig
 
 def decode_batch_limit(config: EngineConfig, plugin_max_batch: int | None,
                        num_pages: int) -> int:
-    return max(0, min(config.cuda_graph_max_bs, config.max_running_requests,
-                      plugin_max_batch or config.cuda_graph_max_bs, num_pages - 1))
+    return max(0, min(config.graph_max_bs, config.max_running_requests,
+                      plugin_max_batch or config.graph_max_bs, num_pages - 1))
 
 
 def mixed_token_limit(config: EngineConfig, num_slots: int) -> int:
     limit = min(config.graph_max_tokens, num_slots)
     if config.chunked_prefill_size > 0:
-        limit = min(limit, config.chunked_prefill_size + config.max_running_requests)
+        # each running request decodes one token, or verifies it with its proposals
+        per_request = 1
+        if config.speculative_algorithm != "none":
+            per_request += config.speculative_num_draft_tokens
+        limit = min(limit, config.chunked_prefill_size
+                    + config.max_running_requests * per_request)
     return max(0, limit)
 
 

@@ -32,7 +32,7 @@ import torch
 from tessera.bus.messages import ForwardBatch
 from tessera.formats import open_model
 from tessera.formats.dummy import DummyFiles
-from tessera.hal.platform import KVArena
+from tessera.hal.platform import KVArena, Platform
 from tessera.worker_proc.forward_inputs import ForwardInputs, build_forward_inputs, to_device
 from tessera.worker_proc.models import model_class
 from tessera.worker_proc.quant_plan import plan_quantization
@@ -49,6 +49,7 @@ class DraftModel:
         assert cfg.speculative_draft_model is not None
         start = time.perf_counter()
         self.runner = runner
+        self.platform = runner.platform
         self.device = runner.device
         self.files = open_model(cfg.speculative_draft_model, cfg.load_format, cfg.seed)
         mc = self.files.config
@@ -129,9 +130,10 @@ class DraftModel:
             input_ids=np.asarray(batch.input_ids)[keep],
             sample=(drafts > 0).astype(np.uint8), draft_lens=np.zeros(0, np.int32),
             prompt_targets=np.zeros(0, np.int32), is_decode=False)
-        base_inputs = build_forward_inputs(base, req_to_token, self.device)
-        base_inputs.input_ids = inputs.input_ids[to_device(np.flatnonzero(keep), torch.int64,
-                                                           self.device)]
+        platform, device = self.platform, self.device
+        base_inputs = build_forward_inputs(base, req_to_token, platform, device)
+        base_inputs.input_ids = inputs.input_ids[to_device(platform, np.flatnonzero(keep),
+                                                           torch.int64, device)]
         base_inputs.has_last_sampled = False  # the target's inputs have them resolved
         proposals = self._argmax(self._forward(base_inputs))  # [R]: each request's next
         # 2. one token at a time: proposal j + 1 of the requests with more than j
@@ -143,11 +145,11 @@ class DraftModel:
         rounds = int(d.max())
         for j in range(rounds):
             live = np.flatnonzero(d > j)
-            live_dev = to_device(live, torch.int64, self.device)
+            live_dev = to_device(platform, live, torch.int64, device)
             ids = proposals[live_dev]
-            inputs.input_ids[to_device(first_tok[live] + j, torch.int64, self.device)] = ids
+            inputs.input_ids[to_device(platform, first_tok[live] + j, torch.int64, device)] = ids
             logits = self._forward(_decode_inputs(rows[live], first_pos[live] + j,
-                                                  req_to_token, self.device, ids))
+                                                  req_to_token, platform, device, ids))
             if j + 1 < rounds:  # the last round only writes the last proposal's KV
                 proposals[live_dev] = self._argmax(logits)
 
@@ -157,7 +159,8 @@ class DraftModel:
 
 
 def _decode_inputs(rows: np.ndarray, positions: np.ndarray, req_to_token: np.ndarray,
-                   device: torch.device, ids: torch.Tensor) -> ForwardInputs:
+                   platform: Platform, device: torch.device, ids: torch.Tensor
+                   ) -> ForwardInputs:
     """One token per row at `positions` (its slot from the page table), attending to every
     position up to it."""
     n = int(rows.shape[0])
@@ -167,7 +170,7 @@ def _decode_inputs(rows: np.ndarray, positions: np.ndarray, req_to_token: np.nda
     slots = req_to_token[rows, positions].astype(np.int64)
 
     def dev(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return to_device(a, dtype, device)
+        return to_device(platform, a, dtype, device)
 
     return ForwardInputs(
         input_ids=ids, token_rows=dev(rows, torch.int64), positions=dev(positions, torch.int64),

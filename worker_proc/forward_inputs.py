@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from tessera.bus.messages import ForwardBatch
+from tessera.hal.platform import Platform
 
 
 @dataclass
@@ -42,17 +43,14 @@ class ForwardInputs:
         return int(self.input_ids.shape[0])
 
 
-def to_device(a: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host array on the device without waiting for the device: through pinned memory the
-    copy is queued behind the work already on the stream (a plain `.to(device)` from pageable
-    memory makes the host wait for the whole stream, step n included)."""
-    host = torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+def to_device(platform: Platform, a: np.ndarray, dtype: torch.dtype,
+              device: torch.device) -> torch.Tensor:
+    """A host array on the device without waiting for the device: the plugin queues the copy
+    behind the work already there (step n may still be running)."""
+    return platform.host_to_device(torch.from_numpy(np.ascontiguousarray(a)).to(dtype), device)
 
 
-def build_forward_inputs(batch: ForwardBatch, req_to_token: np.ndarray,
+def build_forward_inputs(batch: ForwardBatch, req_to_token: np.ndarray, platform: Platform,
                          device: torch.device) -> ForwardInputs:
     rows = np.asarray(batch.rows, dtype=np.int64)
     seq_lens = np.asarray(batch.seq_lens, dtype=np.int64)
@@ -81,7 +79,7 @@ def build_forward_inputs(batch: ForwardBatch, req_to_token: np.ndarray,
     input_ids = np.asarray(batch.input_ids, dtype=np.int64)
 
     def dev(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return to_device(a, dtype, device)
+        return to_device(platform, a, dtype, device)
 
     return ForwardInputs(
         input_ids=dev(input_ids, torch.int64),

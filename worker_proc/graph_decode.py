@@ -1,7 +1,5 @@
-"""Decode through captured graphs: static input buffers, one graph per padded batch size.
-
-Owned by the cuda-plugin work (issue 8) and kept apart from model_runner.py: ModelRunner can
-use it as
+"""Decode through captured graphs: static input buffers, one graph per padded batch size,
+through the plugin's `GraphRunner` (hal/platform.py). ModelRunner uses it as
 
     graphs = DecodeGraphs(lambda inp: self.model(inp, self.kv), runner, max_bs,
                           max_context_len, device)       # after the KV arena exists
@@ -18,21 +16,39 @@ dummy token into slot 0 (page 0, reserved for padding: KVArena) with seq_len 1.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
+from tessera.hal.platform import GraphRunner
 from tessera.worker_proc.forward_inputs import ForwardInputs
 
 
+def capture_batch_sizes(max_bs: int) -> list[int]:
+    """1, 2, 4, 8, then steps of 8 up to 64, then steps of 16 up to max_bs (max_bs included)."""
+    if max_bs < 1:
+        return []
+    sizes = [s for s in (1, 2, 4, 8) if s <= max_bs]
+    sizes += list(range(16, min(max_bs, 64) + 1, 8))
+    sizes += list(range(80, max_bs + 1, 16))
+    if sizes[-1] != max_bs:
+        sizes.append(max_bs)
+    return sizes
+
+
+def padded_batch_size(batch: int, sizes: Iterable[int]) -> int | None:
+    """The smallest captured size that holds `batch`, or None (run eagerly)."""
+    fits = [s for s in sizes if s >= batch]
+    return min(fits) if fits else None
+
+
 class DecodeGraphs:
-    def __init__(self, forward: Callable[[ForwardInputs], torch.Tensor], runner: object,
+    def __init__(self, forward: Callable[[ForwardInputs], torch.Tensor], runner: GraphRunner,
                  max_bs: int, max_context_len: int, device: torch.device,
                  sizes: Sequence[int] | None = None) -> None:
-        from tessera.hal.cuda.graph import capture_batch_sizes
-
         self.forward = forward
-        self.runner = runner  # a GraphRunner with capture(key, fn) / replay(key)
+        self.runner = runner
         self.sizes = sorted(sizes) if sizes is not None else capture_batch_sizes(max_bs)
         self.max_bs = self.sizes[-1] if self.sizes else 0
         self.max_context_len = max_context_len
@@ -70,8 +86,7 @@ class DecodeGraphs:
                                       device=probe.device)
             # Largest first: the smaller graphs' temporaries then fit in the pool it reserved.
             for bs in reversed(self.sizes):
-                self.outputs[bs] = self.runner.capture(  # type: ignore[attr-defined]
-                    bs, lambda bs=bs: self._step(bs))
+                self.outputs[bs] = self.runner.capture(bs, functools.partial(self._step, bs))
 
     def _step(self, bs: int) -> torch.Tensor:
         assert self.logits is not None
@@ -80,8 +95,7 @@ class DecodeGraphs:
         return out
 
     def padded_size(self, batch: int) -> int | None:
-        fits = [s for s in self.sizes if s >= batch]
-        return fits[0] if fits else None
+        return padded_batch_size(batch, self.sizes)
 
     def can_run(self, inputs: ForwardInputs) -> bool:
         batch = int(inputs.seq_lens.shape[0])
@@ -110,5 +124,5 @@ class DecodeGraphs:
                 buf[batch:bs].zero_()
             self.req_to_token[batch:bs, 0].zero_()
             self.seq_lens[batch:bs].fill_(1)
-        self.runner.replay(bs)  # type: ignore[attr-defined]
+        self.runner.replay(bs)
         return self.outputs[bs][:batch]

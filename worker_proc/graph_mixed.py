@@ -32,11 +32,12 @@ not the last takes `run_hidden`'s (hidden, residual) and sends them on.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
+from tessera.hal.platform import GraphRunner
 from tessera.worker_proc.forward_inputs import ForwardInputs
 
 
@@ -63,12 +64,12 @@ class MixedGraphs:
     def __init__(self, hidden: Callable[[ForwardInputs], Hidden],
                  logits: Callable[[torch.Tensor, torch.Tensor | None, ForwardInputs],
                                   torch.Tensor],
-                 runner: Any, max_tokens: int, max_requests: int, max_context_len: int,
+                 runner: GraphRunner, max_tokens: int, max_requests: int, max_context_len: int,
                  device: torch.device, buckets: Sequence[int] | None = None,
                  stage_input: tuple[int, torch.dtype] | None = None) -> None:
         self.hidden = hidden
         self.logits = logits
-        self.runner = runner  # a GraphRunner with capture(key, fn) / replay(key)
+        self.runner = runner
         self.buckets = sorted(buckets) if buckets is not None else token_buckets(max_tokens)
         self.max_requests = max_requests
         self.max_context_len = max_context_len
@@ -131,7 +132,7 @@ class MixedGraphs:
                 self.residual = torch.empty((n, *residual.shape[1:]), dtype=residual.dtype,
                                             device=residual.device)
             for tokens in reversed(self.buckets):
-                self.runner.capture(("mixed", tokens), lambda tokens=tokens: self._step(tokens))
+                self.runner.capture(("mixed", tokens), functools.partial(self._step, tokens))
                 self.captured.add(tokens)
 
     def _step(self, tokens: int) -> torch.Tensor:

@@ -1,10 +1,11 @@
 """How many KV token slots the arena gets (ARCHITECTURE.md: one allocation at start-up).
 
-    accelerator: mem_fraction of the device's free memory *before the weights* is the budget
-                 for weights + KV; the KV gets what the weights left of it.
-    cpu:         a modest share of available RAM (host memory is shared with everything else
-                 on the machine, often several engines in CI), at most --mem-fraction of it
-                 and at most CPU_DEFAULT_MAX_TOKENS slots; --max-total-tokens asks for more.
+The plugin's `MemoryPolicy` (hal/platform.py) says which rule applies:
+    device memory:       mem_fraction of the device's free memory *before the weights* is the
+                         budget for weights + KV; the KV gets what the weights left of it.
+    shared host memory:  a modest share of what is free (the policy's default_share, at most
+                         --mem-fraction) and at most its default_max_tokens slots;
+                         --max-total-tokens asks for more.
 Either way --max-total-tokens caps it, and it never exceeds what max_running_requests full
 contexts could use. The result is whole pages; page 0 is reserved for padding.
 """
@@ -13,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CPU_DEFAULT_SHARE = 0.1  # of available RAM, when --max-total-tokens is not given
-CPU_DEFAULT_MAX_TOKENS = 32768  # a 2-core host cannot use more concurrency than this
+from tessera.codes import OUT_OF_MEMORY, coded
+from tessera.hal.platform import MemoryPolicy
 
 
 @dataclass(frozen=True)
@@ -40,20 +41,20 @@ class KVPlan:
                 f"({self.usable_tokens} usable token slots, {self.total_bytes / 2**20:.1f} MiB)")
 
 
-def plan_kv(*, free_bytes_now: int, free_bytes_before_weights: int, is_cpu: bool,
+def plan_kv(*, free_bytes_now: int, free_bytes_before_weights: int, policy: MemoryPolicy,
             mem_fraction: float, max_total_tokens: int | None, page_size: int,
             bytes_per_slot: int, max_context_len: int, max_running_requests: int) -> KVPlan:
     if not 0.0 < mem_fraction <= 1.0:
         raise ValueError(f"--mem-fraction must be in (0, 1], got {mem_fraction}")
-    if is_cpu:
-        budget = free_bytes_now * min(mem_fraction, CPU_DEFAULT_SHARE)
+    if policy.shared_with_host:
+        budget = free_bytes_now * min(mem_fraction, policy.default_share)
         if max_total_tokens is not None:
             budget = free_bytes_now * mem_fraction  # an explicit cap may use more
     else:
         budget = free_bytes_now - free_bytes_before_weights * (1.0 - mem_fraction)
     slots = int(budget // bytes_per_slot)
-    if is_cpu and max_total_tokens is None:
-        slots = min(slots, CPU_DEFAULT_MAX_TOKENS + page_size)
+    if policy.default_max_tokens is not None and max_total_tokens is None:
+        slots = min(slots, policy.default_max_tokens + page_size)
     if max_total_tokens is not None:
         # Whole pages holding at least max_total_tokens, plus the reserved page 0.
         wanted = -(-max_total_tokens // page_size) * page_size + page_size
@@ -62,7 +63,7 @@ def plan_kv(*, free_bytes_now: int, free_bytes_before_weights: int, is_cpu: bool
                 f"--max-total-tokens {max_total_tokens} needs "
                 f"{wanted * bytes_per_slot / 2**20:.0f} MiB of KV cache but only "
                 f"{max(budget, 0) / 2**20:.0f} MiB are available; lower it or raise "
-                f"--mem-fraction")
+                f"--mem-fraction" + coded(OUT_OF_MEMORY))
         slots = wanted
     # More than every row's full context could never be used.
     slots = min(slots, max_running_requests * max_context_len + page_size)
@@ -71,5 +72,5 @@ def plan_kv(*, free_bytes_now: int, free_bytes_before_weights: int, is_cpu: bool
         raise MemoryError(
             f"no memory left for the KV cache ({max(budget, 0) / 2**20:.0f} MiB for "
             f"{bytes_per_slot} bytes per token): raise --mem-fraction, use a smaller model or "
-            f"dtype, or free device memory")
+            f"dtype, or free device memory" + coded(OUT_OF_MEMORY))
     return KVPlan(num_slots=slots, page_size=page_size, bytes_per_slot=bytes_per_slot)

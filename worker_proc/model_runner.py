@@ -8,13 +8,16 @@ captures graphs, both replay graphs captured at start-up: decodes at their padde
 padded token count (`worker_proc/graph_mixed.py`). With --pp-size > 1 every step goes through
 the latter (a stage that is not the last ends at its hidden states, which it sends on: no
 logits), and a later stage starts from what the previous one sent (`worker_proc/pipeline.py`).
+The chip is reached only through the Platform contract.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,14 +31,17 @@ from tessera.bus.messages import (
     SampledTokens,
     WorkerReady,
 )
+from tessera.codes import GRAPH_CAPTURE_FAILED, coded
 from tessera.config import EngineConfig
 from tessera.formats import ModelFiles, open_model
 from tessera.formats.dummy import DummyFiles
 from tessera.formats.hf_folder import HFFolderFiles
-from tessera.hal.platform import Communicator, KVArena, Platform
+from tessera.hal.platform import Communicator, GraphRunner, KVArena, Platform
 from tessera.worker_proc.capture_plan import decode_batch_limit, mixed_token_limit, quiet_gc
 from tessera.worker_proc.forward_inputs import ForwardInputs, build_forward_inputs, to_device
 from tessera.worker_proc.grammar.runtime import GrammarRuntime
+from tessera.worker_proc.graph_decode import DecodeGraphs
+from tessera.worker_proc.graph_mixed import MixedGraphs
 from tessera.worker_proc.kv_sizing import KVPlan, plan_kv
 from tessera.worker_proc.models import model_class
 from tessera.worker_proc.parallel import RankLayout
@@ -50,6 +56,13 @@ if TYPE_CHECKING:
     from tessera.worker_proc.draft_model import DraftModel
 
 log = logging.getLogger(__name__)
+
+_NO_RANGE = contextlib.nullcontext()
+
+
+def _no_range(name: str) -> contextlib.AbstractContextManager[None]:
+    return _NO_RANGE
+
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -124,8 +137,12 @@ class ModelRunner:
         self.stage = self.layout.stage_layers(mc.num_layers)
         self.max_context_len = int(config.context_length or mc.max_position_embeddings)
         if communicator is not None and config.tp_size > 1:
+            # The one-shot path reads the peers' memory: one host only. A stage whose ranks
+            # span nodes (tp-size above the ranks of a node) all-reduces through the library.
+            spans_nodes = config.tp_size > config.ranks_per_node
             chosen = communicator.configure(
-                one_shot_max_bytes=config.all_reduce_one_shot_max_kb * 1024, dtype=self.dtype)
+                one_shot_max_bytes=0 if spans_nodes else config.all_reduce_one_shot_max_kb * 1024,
+                dtype=self.dtype)
             log.info("rank %d: tensor-parallel all-reduce: %s", rank, chosen)
         self.pipeline: PipelineLink | None = None
         if config.pp_size > 1:
@@ -167,7 +184,7 @@ class ModelRunner:
         layers = len(self.stage.layers)
         plan = plan_kv(
             free_bytes_now=platform.mem_get_info()[0], free_bytes_before_weights=free_before,
-            is_cpu=platform.name == "cpu", mem_fraction=config.mem_fraction,
+            policy=platform.memory_policy, mem_fraction=config.mem_fraction,
             max_total_tokens=config.max_total_tokens, page_size=config.page_size,
             bytes_per_slot=KVArena.bytes_per_slot(layers, tp.num_kv_heads, mc.head_dim,
                                                   self.kv_dtype)
@@ -184,18 +201,25 @@ class ModelRunner:
         platform.synchronize()
         self.phases["kv_arena"] = time.perf_counter() - start
         log.info("rank %d: %s", rank, self.kv_plan.describe())
-        self.graphs: Any = None
-        self.mixed_graphs: Any = None
+        self.graphs: DecodeGraphs | None = None
+        self.mixed_graphs: MixedGraphs | None = None
         start = time.perf_counter()
-        with quiet_gc():
-            if config.pp_size == 1:
-                self._capture_decode_graphs()
-            self._capture_mixed_graphs()
-            if self.draft is not None and self.graphs is not None:
-                self.draft.capture_graphs(self._decode_graphs_of, self._mixed_graphs_of)
+        try:
+            with quiet_gc():
+                if config.pp_size == 1:
+                    self._capture_decode_graphs()
+                self._capture_mixed_graphs()
+                if self.draft is not None and self.graphs is not None:
+                    self.draft.capture_graphs(self._decode_graphs_of, self._mixed_graphs_of)
+        except Exception as exc:
+            raise RuntimeError(
+                f"graph capture failed on {platform.name}: {type(exc).__name__}: {exc}; "
+                f"--disable-graph-capture serves without graphs, `tessera doctor --bisect-capture` "
+                f"names the first op that does not capture" + coded(GRAPH_CAPTURE_FAILED)
+            ) from exc
         if self.graphs is not None or self.mixed_graphs is not None:
             self.phases["graph_capture"] = time.perf_counter() - start
-        self.sampler = Sampler(platform.op("sample"), self.device)
+        self.sampler = Sampler(platform, self.device)
         # Rank 0's grammar matchers (structured output), made on the first GrammarInit.
         self.grammar: GrammarRuntime | None = None
         self._grammar_error: str | None = None
@@ -203,21 +227,17 @@ class ModelRunner:
         self.last_sampled = torch.zeros(config.max_running_requests, dtype=torch.int64,
                                         device=self.device)
         self.seed_default_rng()
+        # Ranges of the chip's profiler around the phases of a step (--profile-ranges).
+        self._phase = platform.profile_range if config.profile_ranges else _no_range
 
     def _capture_decode_graphs(self) -> None:
         """Capture decode graphs when the plugin can (`Capabilities.graph_capture`) and
-        --disable-cuda-graph is off; batches too large for them run eagerly."""
+        --disable-graph-capture is off; batches too large for them run eagerly."""
         cfg, platform = self.config, self.platform
-        if cfg.disable_cuda_graph or not platform.capabilities.graph_capture:
-            return
-        runner = platform.create_graph_runner()
-        if runner is None or not hasattr(runner, "capture"):
-            log.info("rank %d: %s offers no capture(key, fn) graph runner: decode runs eagerly",
-                     self.rank, platform.name)
+        if cfg.disable_graph_capture or not platform.capabilities.graph_capture:
             return
         start = time.perf_counter()
-        self.graphs = graphs = self._decode_graphs_of(lambda inp: self.model(inp, self.kv),
-                                                      runner)
+        self.graphs = graphs = self._decode_graphs_of(lambda inp: self.model(inp, self.kv))
         self.phases["graph_capture_decode"] = time.perf_counter() - start
         self.phases["graph_decode_sizes"] = float(len(graphs.sizes))
         log.info("rank %d: captured decode graphs for batch sizes %s in %.1fs", self.rank,
@@ -236,8 +256,8 @@ class ModelRunner:
         stages, every step (decodes too) goes through these."""
         cfg, platform = self.config, self.platform
         if cfg.pp_size == 1 and self.graphs is None:
-            return  # no decode graphs (no capture(key, fn) runner): no mixed ones either
-        if cfg.disable_cuda_graph or not platform.capabilities.graph_capture:
+            return  # no decode graphs: no mixed ones either
+        if cfg.disable_graph_capture or not platform.capabilities.graph_capture:
             return
         if mixed_token_limit(cfg, self.kv_plan.num_slots) < 1:
             return
@@ -246,32 +266,38 @@ class ModelRunner:
                                                           self.dtype)
         self.mixed_graphs = graphs = self._mixed_graphs_of(
             lambda inp: self.model.hidden(inp, self.kv), self.model.logits, stage_input)
+        assert graphs is not None  # the limit was checked above
         self.phases["graph_capture_mixed"] = time.perf_counter() - start
         self.phases["graph_mixed_sizes"] = float(len(graphs.buckets))
         log.info("rank %d: captured prefill/mixed graphs for %s tokens in %.1fs", self.rank,
                  graphs.buckets, time.perf_counter() - start)
 
-    def _decode_graphs_of(self, forward: Any, runner: Any = None) -> Any:
-        """Decode graphs of `forward` (a decode batch's logits), captured."""
-        from tessera.worker_proc.graph_decode import DecodeGraphs
+    def _graph_runner(self) -> GraphRunner:
+        runner = self.platform.create_graph_runner()
+        if runner is None:
+            raise RuntimeError(f"the {self.platform.name} plugin declares graph capture but "
+                               f"create_graph_runner() returned None")
+        return runner
 
+    def _decode_graphs_of(self, forward: Callable[[ForwardInputs], torch.Tensor]
+                          ) -> DecodeGraphs:
+        """Decode graphs of `forward` (a decode batch's logits), captured."""
         max_bs = decode_batch_limit(self.config, self.platform.capabilities.max_capture_batch,
                                     self.kv_plan.num_pages)
-        graphs = DecodeGraphs(forward, runner or self.platform.create_graph_runner(), max_bs,
-                              self.max_context_len, self.device)
+        graphs = DecodeGraphs(forward, self._graph_runner(), max_bs, self.max_context_len,
+                              self.device)
         graphs.capture_all()
         return graphs
 
     def _mixed_graphs_of(self, hidden: Any, logits: Any,
-                         stage_input: tuple[int, torch.dtype] | None = None) -> Any:
+                         stage_input: tuple[int, torch.dtype] | None = None
+                         ) -> MixedGraphs | None:
         """Prefill / mixed-step graphs of `hidden` (`logits` then runs eagerly), captured;
         None when no such step can be captured."""
-        from tessera.worker_proc.graph_mixed import MixedGraphs
-
         limit = mixed_token_limit(self.config, self.kv_plan.num_slots)
         if limit < 1:
             return None
-        graphs = MixedGraphs(hidden, logits, self.platform.create_graph_runner(), limit,
+        graphs = MixedGraphs(hidden, logits, self._graph_runner(), limit,
                              self.config.max_running_requests, self.max_context_len,
                              self.device, stage_input=stage_input)
         graphs.capture_all()
@@ -311,7 +337,8 @@ class ModelRunner:
             eos = list(self.model_config.eos_token_ids)
             compiler = GrammarCompiler(lambda: tokenizer_info(model, vocab, eos))
             self.grammar = GrammarRuntime(compiler, vocab,
-                                          lambda a, dtype: to_device(a, dtype, self.device))
+                                          lambda a, dtype: to_device(self.platform, a, dtype,
+                                                                     self.device))
         return self.grammar
 
     def grammar_init(self, msg: GrammarInit) -> list[GrammarReady]:
@@ -335,8 +362,8 @@ class ModelRunner:
 
     @property
     def asynchronous(self) -> bool:
-        """Whether launch() returns before the device has finished (not on the CPU)."""
-        return self.device.type != "cpu"
+        """Whether launch() returns before the device has finished."""
+        return self.platform.capabilities.asynchronous
 
     def step(self, batch: ForwardBatch, req_to_token: np.ndarray) -> SampledTokens:
         return self.finish(self.launch(batch, req_to_token))
@@ -349,76 +376,91 @@ class ModelRunner:
         start = time.perf_counter()
         if batch.batch_size == 0:
             return PendingStep(batch.step, None, start)
-        inputs = build_forward_inputs(batch, req_to_token, self.device)
-        if self.pipeline is None:
-            self._resolve_last_sampled(inputs)
-        elif self.stage.is_first:
-            if inputs.has_last_sampled:
-                # Only the last stage knows a token in flight: the scheduler must not send
-                # a row whose previous token it has not received (batches_in_flight).
-                raise ValueError(f"step {batch.step}: an input id refers to a token still in "
-                                 f"flight, which a pipeline's first stage cannot know")
-        else:
-            inputs.hidden_in, inputs.residual_in = self.pipeline.receive(inputs.num_tokens)
-        if not self.stage.is_last:
-            assert self.pipeline is not None
+        phase = self._phase
+        with phase("step"):
+            with phase("inputs"):
+                inputs = build_forward_inputs(batch, req_to_token, self.platform, self.device)
+                if self.pipeline is None:
+                    self._resolve_last_sampled(inputs)
+                elif self.stage.is_first:
+                    if inputs.has_last_sampled:
+                        # Only the last stage knows a token in flight: the scheduler must not
+                        # send a row whose previous token it has not received
+                        # (batches_in_flight).
+                        raise ValueError(f"step {batch.step}: an input id refers to a token "
+                                         f"still in flight, which a pipeline's first stage "
+                                         f"cannot know")
+                else:
+                    inputs.hidden_in, inputs.residual_in = self.pipeline.receive(
+                        inputs.num_tokens)
+                if self.stage.is_last:
+                    verify = plan_verify(batch, self.platform, self.device)
+                    scored = with_score_rows(batch, inputs, self.platform, self.device)
+            if not self.stage.is_last:
+                assert self.pipeline is not None
+                with torch.inference_mode(), phase("forward"):
+                    self.pipeline.send(*self.forward_hidden(inputs))
+                return PendingStep(batch.step, None, start)
+            if self.draft is not None:  # its KV for every token; the proposals it is asked for
+                with phase("draft"):
+                    self.draft.step(batch, inputs, req_to_token)
+            grammar = self.grammar
+            if grammar is None and self.answers and batch.grammar_ids.shape[0]:
+                grammar = self._grammar_runtime()  # (its matchers are unknown: the rows fail)
+            record = None
+            prompt = None
+            embeddings = None
             with torch.inference_mode():
-                self.pipeline.send(*self.forward_hidden(inputs))
-            return PendingStep(batch.step, None, start)
-        verify = plan_verify(batch, self.device)
-        if self.draft is not None:  # its KV for every token; the proposals it is asked for
-            self.draft.step(batch, inputs, req_to_token)
-        grammar = self.grammar
-        if grammar is None and self.answers and batch.grammar_ids.shape[0]:
-            grammar = self._grammar_runtime()  # (its matchers are unknown: the rows fail)
-        record = None
-        scored = with_score_rows(batch, inputs, self.device)
-        prompt = None
-        embeddings = None
-        with torch.inference_mode():
-            if wants_pooling(batch):  # eager: the pooled hidden states stay inside graphs
-                hidden, residual = self.model.hidden(inputs, self.kv)
-                logits = self.model.logits(hidden, residual, inputs)
-                embeddings = pool_hidden(self.model, hidden, residual, batch, self.device)
-            else:
-                logits = self.forward(inputs)
-            if scored is not None:  # prompt positions' logits ride after the sampled rows'
-                prompt = score(logits[scored.first:], scored)
-                logits = logits[:scored.first]
-            mask = None
+                with phase("forward"):
+                    if wants_pooling(batch):  # eager: the pooled hidden states stay inside graphs
+                        hidden, residual = self.model.hidden(inputs, self.kv)
+                        logits = self.model.logits(hidden, residual, inputs)
+                        embeddings = pool_hidden(self.model, hidden, residual, batch,
+                                                 self.platform, self.device)
+                    else:
+                        logits = self.forward(inputs)
+                with phase("sample"):
+                    if scored is not None:  # prompt positions' logits follow the sampled rows'
+                        prompt = score(logits[scored.first:], scored)
+                        logits = logits[:scored.first]
+                    mask = None
+                    if grammar is not None:
+                        # After the forward is queued: the device works while the matchers
+                        # catch up.
+                        grammar.free(batch)
+                        mask, record = grammar.before_sample(batch, np.flatnonzero(batch.sample))
+                        if mask is not None and verify is not None:  # a request's first row
+                            mask.rows = verify.first_dev[mask.rows]
+                    if verify is None:
+                        sample = self.sampler.sample(logits, batch, mask)
+                    else:
+                        sample = self.sampler.sample(logits, batch, mask, verify.sel,
+                                                     verify.offset_add)
+            tokens = sample.tokens
+            if self.config.tp_size > 1 and not draws_agree(batch):
+                # Unseeded draws may differ between ranks: all adopt their TP rank 0's tokens.
+                assert self.communicator is not None
+                own = tokens if self.layout.tp_rank == 0 else torch.zeros_like(tokens)
+                tokens = sample.tokens = self.communicator.all_reduce(own)
+            result: DeviceSample | VerifiedSample = sample
+            if verify is not None:  # every rank keeps the same proposals: the draws agree
+                counts, tokens = accept(tokens, inputs.input_ids, verify)
+                result = VerifiedSample(sample, counts, verify)
+            with phase("copy-out"):
+                if tokens.numel():
+                    rows = to_device(self.platform, np.asarray(batch.rows, dtype=np.int64)[
+                        np.asarray(batch.sample, dtype=bool)], torch.int64, self.device)
+                    self.last_sampled[rows] = tokens
+                if embeddings is not None:
+                    prompt = prompt or PromptScores(torch.zeros(0, device=self.device))
+                    prompt.embeddings = embeddings
+                if prompt is not None:
+                    # Before the sample's copies: their event covers these too.
+                    prompt.start_copy(self.platform)
+                result.start_copy()
             if grammar is not None:
-                # After the forward is queued: the device works while the matchers catch up.
-                grammar.free(batch)
-                mask, record = grammar.before_sample(batch, np.flatnonzero(batch.sample))
-                if mask is not None and verify is not None:  # a request's first logits row
-                    mask.rows = verify.first_dev[mask.rows]
-            if verify is None:
-                sample = self.sampler.sample(logits, batch, mask)
-            else:
-                sample = self.sampler.sample(logits, batch, mask, verify.sel, verify.offset_add)
-        tokens = sample.tokens
-        if self.config.tp_size > 1 and not draws_agree(batch):
-            # Unseeded draws may differ between ranks: all adopt their TP rank 0's tokens.
-            assert self.communicator is not None
-            own = tokens if self.layout.tp_rank == 0 else torch.zeros_like(tokens)
-            tokens = sample.tokens = self.communicator.all_reduce(own)
-        result: DeviceSample | VerifiedSample = sample
-        if verify is not None:  # every rank keeps the same proposals: the draws agree
-            counts, tokens = accept(tokens, inputs.input_ids, verify)
-            result = VerifiedSample(sample, counts, verify)
-        if tokens.numel():
-            rows = to_device(np.asarray(batch.rows, dtype=np.int64)[
-                np.asarray(batch.sample, dtype=bool)], torch.int64, self.device)
-            self.last_sampled[rows] = tokens
-        if embeddings is not None:
-            prompt = prompt or PromptScores(torch.zeros(0, device=self.device))
-            prompt.embeddings = embeddings
-        if prompt is not None:
-            prompt.start_copy()  # before the sample's copies: their event covers these too
-        result.start_copy()
-        if grammar is not None:
-            grammar.after_sample(record, (lambda: sample.fetch().token_ids) if verify is None
-                                 else result.first_draws)  # type: ignore[union-attr]
+                grammar.after_sample(record, (lambda: sample.fetch().token_ids) if verify is None
+                                     else result.first_draws)  # type: ignore[union-attr]
         return PendingStep(batch.step, result, start, prompt)
 
     def finish(self, pending: PendingStep) -> SampledTokens:
@@ -428,7 +470,7 @@ class ModelRunner:
         result = pending.sample.fetch()
         ends = self.grammar.step_ends(pending.step) if self.grammar is not None else \
             np.zeros(0, np.uint8)
-        prompt: dict[str, np.ndarray] = {}
+        prompt: dict[str, Any] = {}
         if pending.prompt is not None:
             lps, top_ids, top_lps = pending.prompt.fetch()
             prompt = {"prompt_logprobs": lps, "prompt_top_ids": top_ids,
@@ -450,7 +492,7 @@ class ModelRunner:
         """A stage's output (hidden states, residual) for every token: a captured graph where
         one holds the step, else eager."""
         if self.mixed_graphs is not None and self.mixed_graphs.can_run(inputs):
-            return self.mixed_graphs.run_hidden(inputs)  # type: ignore[no-any-return]
+            return self.mixed_graphs.run_hidden(inputs)
         return self.model.hidden(inputs, self.kv)
 
     def forward(self, inputs: ForwardInputs) -> torch.Tensor:
@@ -460,7 +502,7 @@ class ModelRunner:
         if inputs.is_decode:
             return self.forward_decode(inputs)
         if self.mixed_graphs is not None and self.mixed_graphs.can_run(inputs):
-            return self.mixed_graphs.run(inputs)  # type: ignore[no-any-return]
+            return self.mixed_graphs.run(inputs)
         return self.model(inputs, self.kv)
 
     def forward_decode(self, inputs: ForwardInputs) -> torch.Tensor:
@@ -468,7 +510,7 @@ class ModelRunner:
         was captured for its padded size (the logits are then a view of a static buffer, valid
         until the next replay), else a mixed-step graph that holds it, else eager."""
         if self.graphs is not None and self.graphs.can_run(inputs):
-            return self.graphs.run(inputs)  # type: ignore[no-any-return]
+            return self.graphs.run(inputs)
         if self.mixed_graphs is not None and self.mixed_graphs.can_run(inputs):
-            return self.mixed_graphs.run(inputs)  # type: ignore[no-any-return]
+            return self.mixed_graphs.run(inputs)
         return self.model(inputs, self.kv)

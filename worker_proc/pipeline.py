@@ -5,7 +5,8 @@ through the world communicator's point-to-point ops.
 Every stage runs the scheduler's steps in the order they were sent, so stage s + 1's n-th
 receive matches stage s's n-th send; the token count T comes from the step's ForwardBatch,
 which every worker gets. On an asynchronous device the send and the receive are queued on the
-stream like any kernel (NCCL p2p), so the host goes on to the next step.
+stream like any kernel (the communicator's point-to-point ops), so the host goes on to the
+next step.
 """
 
 from __future__ import annotations

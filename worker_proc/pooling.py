@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from tessera.bus.messages import ForwardBatch
+from tessera.hal.platform import Platform
 from tessera.worker_proc.forward_inputs import to_device
 
 
@@ -21,7 +22,7 @@ def wants_pooling(batch: ForwardBatch) -> bool:
 
 
 def pool_hidden(model: Any, h: torch.Tensor, residual: torch.Tensor | None,
-                batch: ForwardBatch, device: torch.device) -> torch.Tensor:
+                batch: ForwardBatch, platform: Platform, device: torch.device) -> torch.Tensor:
     """float32 [E, hidden]: one row per request with embed > 0, in batch order."""
     modes = np.asarray(batch.embed)
     extend = np.asarray(batch.extend_lens, dtype=np.int64)
@@ -34,7 +35,7 @@ def pool_hidden(model: Any, h: torch.Tensor, residual: torch.Tensor | None,
     segment = np.repeat(np.arange(chosen.shape[0]), count)
     within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
     positions = first[segment] + within
-    normed = model.normed(h, residual, to_device(positions, torch.int64, device)).float()
+    normed = model.normed(h, residual, to_device(platform, positions, torch.int64, device)).float()
     out = torch.zeros((chosen.shape[0], normed.shape[1]), dtype=torch.float32, device=device)
-    out.index_add_(0, to_device(segment, torch.int64, device), normed)
+    out.index_add_(0, to_device(platform, segment, torch.int64, device), normed)
     return out

@@ -87,10 +87,10 @@ class WorkerProcess(BusProcess):
                  wait_policy)
         start = time.perf_counter()
         platform = load_platform(cfg.hal)
-        if platform.device(0).type != "cpu":  # host plugins run any number of ranks
-            problem = devices_problem(cfg.world_size, cfg.tp_size, cfg.pp_size,
-                                      int(getattr(platform, "device_count", lambda: 1)()),
-                                      platform.name)
+        platform.use_device(cfg.device_index(self.rank))
+        if not platform.capabilities.devices_shared:
+            problem = devices_problem(cfg.ranks_per_node, cfg.tp_size, cfg.pp_size,
+                                      platform.device_count(), platform.name)
             if problem:
                 raise ValueError(problem)
         how = communicator_args(cfg, self.rank, self.paths)
@@ -138,7 +138,8 @@ class WorkerProcess(BusProcess):
     # On a GPU a step is launched, then the previous one is finished: the device starts step
     # n+1 (the scheduler sends it before it has step n's result) while this thread waits for
     # step n's tokens and sends them, so host work hides behind device work. Results still
-    # leave in step order. On the CPU launching is computing: each step finishes at once.
+    # leave in step order. On a synchronous plugin launching is computing: each step finishes
+    # at once.
 
     def _launch(self, batch: ForwardBatch) -> None:
         start = time.perf_counter()

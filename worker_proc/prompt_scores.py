@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from tessera.bus.messages import ForwardBatch
+from tessera.hal.platform import Platform
 from tessera.worker_proc.forward_inputs import ForwardInputs, to_device
 
 
@@ -26,21 +27,14 @@ class PromptScores:
     embeddings: torch.Tensor | None = None  # float32 [E, hidden] (worker_proc/pooling.py)
     _host: list[torch.Tensor | None] | None = None
 
-    def start_copy(self) -> None:
-        def to_host(t: torch.Tensor | None) -> torch.Tensor | None:
-            if t is None or t.device.type == "cpu":
-                return t
-            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            host.copy_(t, non_blocking=True)
-            return host
-        self._host = [to_host(t) for t in (self.logprobs, self.top_values, self.top_ids,
-                                           self.embeddings)]
+    def start_copy(self, platform: Platform) -> None:
+        """Queue the copies to the host (the step's event, recorded after, covers them)."""
+        self._host = [None if t is None else platform.device_to_host(t)
+                      for t in (self.logprobs, self.top_values, self.top_ids, self.embeddings)]
 
     def fetch(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(logprobs [P], top ids [P, N], top logprobs [P, N]); call after the step's event."""
-        if self._host is None:
-            self.start_copy()
-        assert self._host is not None
+        assert self._host is not None, "start_copy first"
         lps, values, ids, _ = self._host
         assert lps is not None
         if values is None or ids is None:
@@ -49,9 +43,8 @@ class PromptScores:
         return lps.numpy(), ids.numpy(), values.numpy()
 
     def fetch_embeddings(self) -> np.ndarray:
-        if self._host is None:
-            self.start_copy()
-        assert self._host is not None and self._host[3] is not None
+        assert self._host is not None, "start_copy first"
+        assert self._host[3] is not None
         return self._host[3].numpy()
 
 
@@ -64,7 +57,7 @@ class ScoreRows:
     top_n: int
 
 
-def with_score_rows(batch: ForwardBatch, inputs: ForwardInputs,
+def with_score_rows(batch: ForwardBatch, inputs: ForwardInputs, platform: Platform,
                     device: torch.device) -> ScoreRows | None:
     """Add the scored positions to the rows the LM head computes (after the sampled ones)."""
     targets = np.asarray(batch.prompt_targets)
@@ -75,10 +68,11 @@ def with_score_rows(batch: ForwardBatch, inputs: ForwardInputs,
         return None
     first = int(inputs.logits_indices.shape[0])
     inputs.logits_indices = torch.cat([inputs.logits_indices,
-                                       to_device(positions, torch.int64, device)])
+                                       to_device(platform, positions, torch.int64, device)])
     inputs.is_decode = False  # decode graphs compute only the sampled rows' logits
     top_n = int(np.asarray(batch.prompt_top_n).max()) if batch.prompt_top_n.shape[0] else 0
-    return ScoreRows(first, to_device(targets[positions], torch.int64, device), max(top_n, 0))
+    return ScoreRows(first, to_device(platform, targets[positions], torch.int64, device),
+                     max(top_n, 0))
 
 
 def score(logits: torch.Tensor, rows: ScoreRows) -> PromptScores:

@@ -20,6 +20,7 @@ import torch
 
 from tessera.bus.messages import ForwardBatch
 from tessera.hal.ops import SamplingTensors
+from tessera.hal.platform import Event, Platform
 from tessera.worker_proc.forward_inputs import to_device
 from tessera.worker_proc.grammar.runtime import TokenMask
 
@@ -40,37 +41,31 @@ class SampleResult:
 class DeviceSample:
     """A step's sampled tokens (and logprobs) still on the device.
 
-    `start_copy` queues the copies to pinned host memory behind the step's kernels and
-    records an event; `ready` asks whether they are done without waiting; `fetch` waits and
-    returns host arrays. A worker can so queue step n+1 before it waits for step n.
+    `start_copy` queues the copies to host memory behind the step's kernels and records an
+    event; `ready` asks whether they are done without waiting; `fetch` waits and returns host
+    arrays. A worker can so queue step n+1 before it waits for step n.
     """
 
+    platform: Platform
     tokens: torch.Tensor  # int64 [S]
     want: np.ndarray  # top-N logprobs asked per row (-1: none)
     token_logprobs: torch.Tensor | None = None
     top_values: torch.Tensor | None = None
     top_indices: torch.Tensor | None = None
     _host: list[torch.Tensor | None] | None = None
-    _event: Any = None
+    _event: Event | None = None
     _result: SampleResult | None = None
 
     def start_copy(self) -> None:
-        def to_host(t: torch.Tensor | None) -> torch.Tensor | None:
-            if t is None or not t.is_cuda:
-                return t
-            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            host.copy_(t, non_blocking=True)
-            return host
-
-        tokens32 = self.tokens.to(torch.int32)
-        self._host = [to_host(t) for t in (tokens32, self.token_logprobs, self.top_values,
-                                           self.top_indices)]
-        if self.tokens.is_cuda:
-            self._event = torch.cuda.Event()
-            self._event.record()
+        to_host = self.platform.device_to_host
+        self._host = [None if t is None else to_host(t) for t in (
+            self.tokens.to(torch.int32), self.token_logprobs, self.top_values,
+            self.top_indices)]
+        self._event = self.platform.create_event()
+        self._event.record()
 
     def ready(self) -> bool:
-        return self._event is None or bool(self._event.query())
+        return self._event is None or self._event.query()
 
     def fetch(self) -> SampleResult:
         """The host arrays (waits for the device); computed once, then returned again."""
@@ -78,19 +73,18 @@ class DeviceSample:
             return self._result
         if self._host is None:
             self.start_copy()
-        if self._event is not None:
-            self._event.synchronize()
-        assert self._host is not None
+        assert self._host is not None and self._event is not None
+        self._event.synchronize()
         tokens, token_lp, top_vals, top_ids_t = self._host
         assert tokens is not None
         out = SampleResult(
-            token_ids=tokens.cpu().numpy(), logprobs=np.zeros(0, np.float32),
+            token_ids=tokens.numpy(), logprobs=np.zeros(0, np.float32),
             top_ids=np.zeros((0,), np.int32), top_logprobs=np.zeros((0,), np.float32),
             tokens_device=self.tokens)
         if token_lp is not None:
-            out.logprobs = token_lp.cpu().numpy()
+            out.logprobs = token_lp.numpy()
         if top_vals is not None and top_ids_t is not None:
-            top_lp, top_ids = top_vals.cpu().numpy().copy(), top_ids_t.cpu().numpy().copy()
+            top_lp, top_ids = top_vals.numpy().copy(), top_ids_t.numpy().copy()
             n = top_lp.shape[1]
             fewer = np.arange(n)[None, :] >= np.maximum(self.want, 0)[:, None]
             top_ids[fewer] = -1  # this row asked for fewer alternatives
@@ -116,7 +110,8 @@ def _csr_gather(offsets: np.ndarray, values: np.ndarray, sel: np.ndarray
     return row, values[starts[row] + within].astype(np.int64), within
 
 
-def apply_penalties(logits: torch.Tensor, batch: ForwardBatch, sel: np.ndarray) -> None:
+def apply_penalties(platform: Platform, logits: torch.Tensor, batch: ForwardBatch,
+                    sel: np.ndarray) -> None:
     """In place on logits [S, V]: repetition, frequency and presence penalties of the
     requests `sel` (indices into the batch)."""
     rep = np.asarray(batch.repetition_penalty, dtype=np.float32)[sel]
@@ -132,36 +127,38 @@ def apply_penalties(logits: torch.Tensor, batch: ForwardBatch, sel: np.ndarray) 
     dev = logits.device
     keep = (tok >= 0) & (tok < vocab)
     row, tok, within = row[keep], tok[keep], within[keep]
-    flat = to_device(row * vocab + tok, torch.int64, dev)
+    flat = to_device(platform, row * vocab + tok, torch.int64, dev)
     if (rep != 1.0).any():
         seen = torch.zeros(s * vocab, dtype=torch.bool, device=dev)
         seen[flat] = True
         seen = seen.view(s, vocab)
-        penalty = to_device(rep, torch.float32, dev)[:, None]
+        penalty = to_device(platform, rep, torch.float32, dev)[:, None]
         penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
         logits.copy_(torch.where(seen, penalized, logits))
     if (freq != 0.0).any() or (pres != 0.0).any():
         prompt_lens = np.asarray(batch.hist_prompt_lens, dtype=np.int64)[sel]
         is_output = within >= prompt_lens[row]
         counts = torch.zeros(s * vocab, dtype=torch.float32, device=dev)
-        counts.index_add_(0, flat[to_device(is_output, torch.bool, dev)],
+        counts.index_add_(0, flat[to_device(platform, is_output, torch.bool, dev)],
                           torch.ones(int(is_output.sum()), device=dev))
         counts = counts.view(s, vocab)
-        logits -= to_device(freq, torch.float32, dev)[:, None] * counts
-        logits -= to_device(pres, torch.float32, dev)[:, None] * (counts > 0).float()
+        logits -= to_device(platform, freq, torch.float32, dev)[:, None] * counts
+        logits -= to_device(platform, pres, torch.float32, dev)[:, None] * (counts > 0).float()
 
 
-def apply_blocks(logits: torch.Tensor, batch: ForwardBatch, sel: np.ndarray) -> None:
+def apply_blocks(platform: Platform, logits: torch.Tensor, batch: ForwardBatch,
+                 sel: np.ndarray) -> None:
     """In place: forbid this step's block ids (e.g. EOS while output_len < min_tokens)."""
     row, tok, _ = _csr_gather(np.asarray(batch.block_offsets), np.asarray(batch.block_ids), sel)
     keep = (tok >= 0) & (tok < logits.shape[1])
     if keep.any():
-        rows_t = to_device(row[keep], torch.int64, logits.device)
-        toks_t = to_device(tok[keep], torch.int64, logits.device)
+        rows_t = to_device(platform, row[keep], torch.int64, logits.device)
+        toks_t = to_device(platform, tok[keep], torch.int64, logits.device)
         logits[rows_t, toks_t] = float("-inf")
 
 
-def apply_bias(logits: torch.Tensor, batch: ForwardBatch, sel: np.ndarray) -> None:
+def apply_bias(platform: Platform, logits: torch.Tensor, batch: ForwardBatch,
+               sel: np.ndarray) -> None:
     """In place: add each request's logit_bias (OpenAI: -100 bans a token, 100 forces it)."""
     if not np.asarray(batch.bias_offsets).shape[0]:
         return
@@ -173,15 +170,16 @@ def apply_bias(logits: torch.Tensor, batch: ForwardBatch, sel: np.ndarray) -> No
     starts = np.asarray(batch.bias_offsets, dtype=np.int64)[sel][row]
     values = np.asarray(batch.bias_values, dtype=np.float32)[(starts + within)[keep]]
     dev = logits.device
-    logits.index_put_((to_device(row[keep], torch.int64, dev), to_device(tok[keep], torch.int64,
-                                                                         dev)),
-                      to_device(values, torch.float32, dev), accumulate=True)
+    logits.index_put_((to_device(platform, row[keep], torch.int64, dev),
+                       to_device(platform, tok[keep], torch.int64, dev)),
+                      to_device(platform, values, torch.float32, dev), accumulate=True)
 
 
 class Sampler:
-    def __init__(self, sample_op: Callable[..., Any], device: torch.device,
+    def __init__(self, platform: Platform, device: torch.device,
                  mask_op: Callable[..., Any] | None = None) -> None:
-        self.sample_op = sample_op
+        self.platform = platform
+        self.sample_op: Callable[..., Any] = platform.op("sample")
         self.mask_op = mask_op  # the HAL's apply_token_mask, where grammars are served
         self.device = device
 
@@ -202,15 +200,15 @@ class Sampler:
         want = np.asarray(batch.logprobs, dtype=np.int64)[sel]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if (want >= 0).any() else None
         if logits.shape[0]:  # penalties edit the logits in place: they are this step's own
-            apply_penalties(logits, batch, sel)
-            apply_blocks(logits, batch, sel)
-            apply_bias(logits, batch, sel)
+            apply_penalties(self.platform, logits, batch, sel)
+            apply_blocks(self.platform, logits, batch, sel)
+            apply_bias(self.platform, logits, batch, sel)
         if token_mask is not None:
             assert self.mask_op is not None, "a token mask without apply_token_mask"
             self.mask_op(logits, token_mask.bitmask, token_mask.rows)
         params = self._params(batch, sel, offset_add)
         tokens = self.sample_op(logits, params).to(torch.int64)
-        out = DeviceSample(tokens=tokens, want=want)
+        out = DeviceSample(platform=self.platform, tokens=tokens, want=want)
         if raw_logprobs is not None:
             out.token_logprobs = raw_logprobs.gather(1, tokens[:, None])[:, 0]
             n = int(want.max())
@@ -225,7 +223,7 @@ class Sampler:
             host = np.ascontiguousarray(np.asarray(a)[sel], dtype=dtype)
             if add is not None:
                 host = host + add.astype(dtype)
-            return to_device(host, torch.from_numpy(host[:0]).dtype, self.device)
+            return to_device(self.platform, host, torch.from_numpy(host[:0]).dtype, self.device)
 
         temperature = np.asarray(batch.temperature, np.float32)[sel]
         top_k = np.asarray(batch.top_k, np.int32)[sel]

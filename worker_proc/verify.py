@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from tessera.bus.messages import ForwardBatch
+from tessera.hal.platform import Platform
 from tessera.worker_proc.forward_inputs import to_device
 from tessera.worker_proc.sampler import DeviceSample, SampleResult
 
@@ -52,7 +53,8 @@ class VerifyPlan:
         return int(self.sel.shape[0])
 
 
-def plan_verify(batch: ForwardBatch, device: torch.device) -> VerifyPlan | None:
+def plan_verify(batch: ForwardBatch, platform: Platform, device: torch.device
+                ) -> VerifyPlan | None:
     """The plan of a step with proposals (None when it has none)."""
     if not batch.draft_lens.shape[0]:
         return None
@@ -73,10 +75,10 @@ def plan_verify(batch: ForwardBatch, device: torch.device) -> VerifyPlan | None:
     proposal_idx = np.where(valid, (ends - drafts)[:, None] + j, 0)
     return VerifyPlan(
         sel=sel, offset_add=offset_add, first=first, drafts=drafts,
-        draw_idx=to_device(draw_idx, torch.int64, device),
-        proposal_idx=to_device(proposal_idx, torch.int64, device),
-        valid=to_device(valid, torch.bool, device),
-        first_dev=to_device(first, torch.int64, device))
+        draw_idx=to_device(platform, draw_idx, torch.int64, device),
+        proposal_idx=to_device(platform, proposal_idx, torch.int64, device),
+        valid=to_device(platform, valid, torch.bool, device),
+        first_dev=to_device(platform, first, torch.int64, device))
 
 
 def accept(draws: torch.Tensor, input_ids: torch.Tensor, plan: VerifyPlan
@@ -105,12 +107,7 @@ class VerifiedSample:
         return self.inner.tokens
 
     def start_copy(self) -> None:
-        counts = self.counts.to(torch.int32)
-        if counts.is_cuda:
-            host = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True)
-            host.copy_(counts, non_blocking=True)
-            counts = host
-        self._host_counts = counts
+        self._host_counts = self.inner.platform.device_to_host(self.counts.to(torch.int32))
         self.inner.start_copy()  # records the event after every copy of the step
 
     def ready(self) -> bool:
@@ -127,7 +124,7 @@ class VerifiedSample:
         if self._host_counts is None:
             self.start_copy()
         assert self._host_counts is not None
-        counts = self._host_counts.cpu().numpy().astype(np.int32)
+        counts = self._host_counts.numpy().astype(np.int32)
         per = self.plan.drafts + 1
         within = np.arange(self.plan.rows) - np.repeat(self.plan.first, per)
         keep = within < np.repeat(counts, per)

@@ -16,7 +16,13 @@ import torch
 
 from tessera.hal.base import OpTablePlatform
 from tessera.hal.local_comm import make_local_communicator
-from tessera.hal.platform import Capabilities, Communicator, GraphRunner, QuantLinearKernel
+from tessera.hal.platform import (
+    Capabilities,
+    Communicator,
+    GraphRunner,
+    MemoryPolicy,
+    QuantLinearKernel,
+)
 from tessera.hal.reference import reference_ops
 
 
@@ -28,10 +34,15 @@ class CpuPlatform(OpTablePlatform):
         dtypes=("float32", "bfloat16"),
         default_dtype="float32",
         max_capture_batch=0,
+        devices_shared=True,
         communicator_backends=("gloo",),
         quant_schemes=("fp8", "int8", "int4"),
         kv_cache_dtypes=("fp8_e4m3",),
     )
+    # Host memory is shared with everything else on the machine (often several engines in
+    # CI): a modest share of it by default, and no more slots than a small host can use.
+    memory_policy: ClassVar[MemoryPolicy] = MemoryPolicy(
+        shared_with_host=True, default_share=0.1, default_max_tokens=32768)
 
     @classmethod
     def is_available(cls) -> bool:

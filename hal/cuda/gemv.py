@@ -5,8 +5,12 @@ against 4.2 TB/s of copy bandwidth; this kernel: 3.3-3.6, and 4.3-4.4 on the lar
 One program per BLOCK_N output rows streams its weight rows once in BLOCK_K-wide tiles; the
 wide tiles put many 16-byte loads in flight per thread, which is what keeps the memory system
 busy when there are only a few programs per multiprocessor. The `linear` op takes this path
-only for shapes in TUNED (measured faster than cuBLAS on the device); everything else stays
-on cuBLAS.
+for shapes in TUNED (measured faster than cuBLAS on the device ahead of time). Any other
+bf16 one-token shape on the same device kind (a tensor-parallel rank's share of a model:
+Llama-3-8B at --tp-size 2 has o [4096, 2048], down [4096, 7168], ...) is measured the first
+time it runs outside a graph capture (the graph runner's eager warm-up comes before every
+capture): cuBLAS against a few launch configurations, with the L2 cache flushed between runs
+(triton's do_bench), and the fastest kept for the process. Everything else stays on cuBLAS.
 """
 
 from __future__ import annotations
@@ -73,10 +77,50 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
 
 
+# Launch configurations tried for a shape TUNED does not hold; CUBLAS stands for F.linear.
+CANDIDATES: tuple[tuple[int, int, int], ...] = ((2, 2048, 8), (4, 2048, 8), (4, 1024, 4),
+                                                (1, 4096, 8))
+CUBLAS = (0, 0, 0)
+_measured: dict[tuple[int, int, int | None, bool], tuple[int, int, int]] = {}
+
+
+def _measure(x: torch.Tensor, weight: torch.Tensor,
+             bias: torch.Tensor | None) -> tuple[int, int, int]:
+    """The fastest of cuBLAS and CANDIDATES for this one-token product (CUBLAS when none
+    of the candidates runs or beats it)."""
+    from triton.testing import do_bench
+
+    timings = [(float(do_bench(lambda: F.linear(x, weight, bias), warmup=2, rep=10)), CUBLAS)]
+    for cand in CANDIDATES:
+        try:
+            ms = do_bench(lambda c=cand: gemv(x, weight, bias, *c), warmup=2, rep=10)
+        except Exception:  # noqa: BLE001 - a configuration the compiler rejects is skipped
+            continue
+        timings.append((float(ms), cand))
+    return min(timings, key=lambda t: t[0])[1]
+
+
+def _config(x: torch.Tensor, weight: torch.Tensor,
+            bias: torch.Tensor | None) -> tuple[int, int, int] | None:
+    """The GEMV configuration for this bf16 one-token product on sm_90, or None (cuBLAS)."""
+    shape = (int(weight.shape[0]), int(weight.shape[1]))
+    tuned = TUNED.get(shape)
+    if tuned is not None:
+        return tuned
+    key = (*shape, x.device.index, bias is not None)
+    choice = _measured.get(key)
+    if choice is None:
+        if torch.cuda.is_current_stream_capturing():
+            return None  # not measured before this capture: cuBLAS in this graph
+        choice = _measured[key] = _measure(x, weight, bias)
+    return None if choice == CUBLAS else choice
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and weight.stride(-1) == 1:
-        config = TUNED.get((weight.shape[0], weight.shape[1]))
-        if (config is not None and x.dtype == weight.dtype == torch.bfloat16
-                and x.is_cuda and _capability(x.device) == TUNED_CAPABILITY):
+    if (x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and weight.stride(-1) == 1
+            and x.dtype == weight.dtype == torch.bfloat16 and x.is_cuda
+            and _capability(x.device) == TUNED_CAPABILITY):
+        config = _config(x, weight, bias)
+        if config is not None:
             return gemv(x, weight, bias, *config)
     return F.linear(x, weight, bias)

@@ -1,19 +1,13 @@
-"""CUDA graph runner for static decode shapes.
+"""CUDA graph runner (the `GraphRunner` contract, hal/platform.py).
 
 All graphs share one memory pool, so the temporaries of every captured batch size come from
 the same reserved memory (capture the largest batch first: the smaller ones then fit in what it
-left). Inputs must live in static buffers the caller owns and refills before each replay;
-outputs are whatever tensors the captured callable returned, rewritten in place by replay.
-
-Two ways to use it:
-    runner.capture(bs, fn)  -> fn's output (warm-up runs, then capture; returns static outputs)
-    runner.replay(bs)       -> reruns the graph on the current contents of the input buffers
-or, to follow the `GraphRunner` contract exactly, begin_capture(key) / <work> / end_capture(key).
+left). Captures and their warm-up run on a side stream of their own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -46,24 +40,6 @@ class _Capture:
             self.stream_ctx.__exit__(None, None, None)
 
 
-def capture_batch_sizes(max_bs: int) -> list[int]:
-    """1, 2, 4, 8, then steps of 8 up to 64, then steps of 16 up to max_bs (max_bs included)."""
-    if max_bs < 1:
-        return []
-    sizes = [s for s in (1, 2, 4, 8) if s <= max_bs]
-    sizes += list(range(16, min(max_bs, 64) + 1, 8))
-    sizes += list(range(80, max_bs + 1, 16))
-    if sizes[-1] != max_bs:
-        sizes.append(max_bs)
-    return sizes
-
-
-def padded_batch_size(batch: int, sizes: Iterable[int]) -> int | None:
-    """The smallest captured size that holds `batch`, or None (run eagerly)."""
-    fits = [s for s in sizes if s >= batch]
-    return min(fits) if fits else None
-
-
 class CudaGraphRunner(GraphRunner):
     def __init__(self, device: torch.device | None = None, warmup_runs: int = 2) -> None:
         self.device = device if device is not None else torch.device(
@@ -71,9 +47,8 @@ class CudaGraphRunner(GraphRunner):
         self.warmup_runs = warmup_runs
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[Any, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[Any, Any] = {}
         self._stream: torch.cuda.Stream | None = None
-        self._active: tuple[Any, Any] | None = None  # (key, torch.cuda.graph context)
+        self._active: tuple[Any, Any] | None = None  # (key, its _Capture)
 
     # --- the GraphRunner contract ---------------------------------------------------------
     def begin_capture(self, key: Any) -> None:
@@ -107,17 +82,14 @@ class CudaGraphRunner(GraphRunner):
         if self._active is not None:
             raise RuntimeError("reset() during a capture")
         self.graphs.clear()
-        self.outputs.clear()
         torch.cuda.synchronize(self.device)
         self.pool = torch.cuda.graph_pool_handle()
 
-    # --- convenience for the worker --------------------------------------------------------
-    def capture(self, key: Any, fn: Callable[[], Any]) -> Any:
-        """Warm `fn` up eagerly on the capture stream (Triton compiles, cuBLAS picks its
-        kernels and workspaces: none of that may happen inside a capture), then capture it.
-        Returns fn's output tensors, which every replay of `key` rewrites. The first capture
-        warms up `warmup_runs` times; later ones (smaller shapes of the same work, whose
-        workspaces exist by then) once, which still compiles a new shape's kernels."""
+    def warm_up(self, fn: Callable[[], Any]) -> None:
+        """On the capture stream, then wait for it: the capture must find everything
+        compiled and allocated. The first capture warms up `warmup_runs` times; later ones
+        (smaller shapes of the same work, whose workspaces exist by then) once, which still
+        compiles a new shape's kernels."""
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=self.device)
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -126,16 +98,3 @@ class CudaGraphRunner(GraphRunner):
                 fn()
         torch.cuda.current_stream(self.device).wait_stream(self._stream)
         torch.cuda.synchronize(self.device)
-        self.begin_capture(key)
-        try:
-            out = fn()
-        finally:
-            self.end_capture(key)
-        self.outputs[key] = out
-        return out
-
-    def output(self, key: Any) -> Any:
-        return self.outputs[key]
-
-    def captured(self) -> list[Any]:
-        return sorted(self.graphs)

@@ -74,6 +74,8 @@ class OneShotAllReduce:
         from torch.distributed import _symmetric_memory as symm_mem
 
         pg = group if group is not None else dist.group.WORLD
+        if pg is None:
+            raise RuntimeError("one-shot all-reduce: torch.distributed is not initialised")
         name = pg.group_name
         enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
         if enable is not None:

@@ -6,6 +6,7 @@ platform is constructed, which the registry does only after `is_available()` sai
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -13,10 +14,12 @@ import torch
 import torch.nn.functional as F
 
 from tessera.hal.base import OpTablePlatform
+from tessera.hal.cuda import runtime
 from tessera.hal.local_comm import make_local_communicator
 from tessera.hal.platform import (
     Capabilities,
     Communicator,
+    Event,
     GraphRunner,
     KVArena,
     QuantLinearKernel,
@@ -32,6 +35,7 @@ class CudaPlatform(OpTablePlatform):
     priority: ClassVar[int] = 100
     capabilities: ClassVar[Capabilities] = Capabilities(
         graph_capture=True,
+        asynchronous=True,
         dtypes=("bfloat16", "float16", "float32"),
         default_dtype="bfloat16",
         max_capture_batch=256,
@@ -89,6 +93,9 @@ class CudaPlatform(OpTablePlatform):
         count = max(1, torch.cuda.device_count())
         return torch.device("cuda", rank % count)
 
+    def use_device(self, index: int) -> None:
+        torch.cuda.set_device(self.device(index))
+
     def device_count(self) -> int:
         return int(torch.cuda.device_count())
 
@@ -111,6 +118,21 @@ class CudaPlatform(OpTablePlatform):
         from tessera.hal.cuda.graph import CudaGraphRunner
 
         return CudaGraphRunner()
+
+    def create_event(self) -> Event:
+        return runtime.CudaEvent()
+
+    def pinned_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return runtime.pinned_empty(shape, dtype)
+
+    def host_to_device(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return runtime.host_to_device(host, device)
+
+    def device_to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        return runtime.device_to_host(tensor)
+
+    def profile_range(self, name: str) -> contextlib.AbstractContextManager[None]:
+        return runtime.nvtx_range(name)
 
     def create_communicator(self, rank: int, world_size: int, init_method: str,
                             loopback: bool = False,

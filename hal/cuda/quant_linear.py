@@ -158,7 +158,7 @@ def apply(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None) -> tor
         cfg3 = quant_tune.w8a8_config(w, x, bias)
         if cfg3 == quant_tune.SCALED_MM:
             return fp8_scaled_mm(x, w, bias)
-        return qgemm(x, w, bias, *cfg3, w8a8=True)
+        return qgemm(x, w, bias, *quant_tune.tile(cfg3), w8a8=True)
     cfg2 = quant_tune.gemm_config(w, x, bias)
     return qgemm(x, w, bias, *cfg2)
 

@@ -41,6 +41,12 @@ W8A8_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
 _chosen: dict[tuple[Any, ...], tuple[int, ...]] = {}
 
 
+def tile(config: tuple[int, ...]) -> tuple[int, int, int, int, int]:
+    """A qgemm tile (block_m, block_n, block_k, num_warps, num_stages) from a chosen config."""
+    block_m, block_n, block_k, num_warps, num_stages = config
+    return block_m, block_n, block_k, num_warps, num_stages
+
+
 def batch_bucket(m: int) -> int:
     for bucket in (16, 32, 64, 128):
         if m <= bucket:
@@ -99,7 +105,7 @@ def gemm_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
     if x.dtype == torch.float32:  # fp32 tiles are twice the registers and shared memory
         candidates = [(min(bm, 32), min(bn, 32), min(bk, 64), nw, min(ns, 2))
                       for bm, bn, bk, nw, ns in candidates[:1]]
-    cfg = _pick(_key("gemm", w, x, bucket), candidates, x, lambda c: qgemm(x, w, bias, *c))
+    cfg = _pick(_key("gemm", w, x, bucket), candidates, x, lambda c: qgemm(x, w, bias, *tile(c)))
     return cfg  # type: ignore[return-value]
 
 
@@ -119,5 +125,5 @@ def w8a8_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
     def run(c: tuple[int, ...]) -> torch.Tensor:
         if c == SCALED_MM:
             return fp8_scaled_mm(x, w, bias)
-        return qgemm(x, w, bias, *c, w8a8=True)
+        return qgemm(x, w, bias, *tile(c), w8a8=True)
     return _pick(_key("w8a8", w, x, bucket), candidates, x, run)

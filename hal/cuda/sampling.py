@@ -163,7 +163,7 @@ def _thresholds(x: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
              torch.where(k_on, top_k, 0).max()]).tolist()
     thresh = neg_inf
     if any_k or any_p:
-        n_cand = min(vocab, max(CANDIDATES, k_max))
+        n_cand = min(vocab, max(CANDIDATES, int(k_max or 0)))
         cand = torch.topk(x, n_cand, dim=-1, sorted=True).values
         k_clamped = torch.where(k_on, top_k, n_cand).clamp(1, n_cand)
         kth = cand.gather(1, (k_clamped - 1)[:, None]).squeeze(1)

@@ -84,7 +84,7 @@ def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
     if not isinstance(tools, list) or not tools:
         raise bad_request("'tools' must be a non-empty list of {\"type\": \"function\", "
                           "\"function\": {...}} objects", "tools")
-    out = []
+    out: list[dict[str, Any]] = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             raise bad_request(f"tools[{i}] must be {{\"type\": \"function\", \"function\": "

@@ -94,7 +94,7 @@ def test_result_json_has_required_keys_and_refuses_holes(tmp_path: Path) -> None
     b3["figures"] = {"tiers": [{"concurrency": 1}]}
     assert "tiers[0].itl_p99_ms" in missing_figures(b3)
     with pytest.raises(ValueError):
-        new_result("B9", {})
+        new_result("B99", {})
 
 
 def test_config_paths_are_made_portable() -> None:

@@ -44,7 +44,9 @@ EXAMPLES: dict[str, Message] = {
         rid="r2", input_ids=i32(5, 6, 7, 8),
         sampling=SamplingParams(n=2, logit_bias={7: -100.0, 9: 2.5}, grammar=m.GrammarSpec(
             "json_schema", '{"type": "object"}', "response_format")),
-        detok={"reply_to": "ipc:///tmp/y.sock", "stop": ["x"], "nested": {"a": [1, 2.5]}},
+        detok=m.DetokInfo(reply_to="ipc:///tmp/y.sock", stream=False, n=2, stop=("x",),
+                          stop_token_ids=(2, 7), skip_special_tokens=False, logprobs=3,
+                          prompt_tokens=4),
         priority=1, arrival_time=2.0),
     "WorkerReady": m.WorkerReady(rank=0, world_size=2, num_slots=4096, page_size=16,
                                  max_context_len=8192, vocab_size=49152,
@@ -76,7 +78,8 @@ EXAMPLES: dict[str, Message] = {
     "TokenBatch": m.TokenBatch(
         rids=["a", "b"], indices=[0, 1], counts=i32(1, 2), token_ids=i32(7, 8, 9),
         finish=[None, "stop"], prompt_tokens=[3, 4], cached_tokens=[0, 2],
-        new_requests={"a": {"reply_to": "ipc:///tmp/z.sock"}}, matched_stop=[None, 2],
+        new_requests={"a": m.DetokInfo(reply_to="ipc:///tmp/z.sock", stop=("\n",))},
+        matched_stop=[None, 2],
         prompt_rids=["b"], prompt_counts=i32(2), prompt_token_ids=i32(5, 18),
         prompt_logprobs=f32(np.nan, -0.7), prompt_top_ids=np.array([[-1], [18]], np.int32),
         prompt_top_logprobs=np.array([[-np.inf], [-0.7]], dtype=np.float32)),
@@ -154,7 +157,7 @@ def test_defaults_and_none_arrays_round_trip() -> None:
 def test_decoded_array_is_the_received_frame(zmq_pair: tuple[zmq.Socket, zmq.Socket]) -> None:
     ids = np.arange(100_000, dtype=np.int32)
     frames = encode(m.TokenizedRequest(rid="z", input_ids=ids, sampling=SamplingParams(),
-                                       detok={}))
+                                       detok=m.DetokInfo(reply_to="ipc:///tmp/z")))
     # Sending side: the frame is a view of the array, not a copy.
     assert np.shares_memory(np.frombuffer(frames[1], dtype=np.int32), ids)
     push, pull = zmq_pair
@@ -200,8 +203,27 @@ MALFORMED = {
                                        a=[["step", "<i4", [1]], ["token_ids", "<i4", [0]]]),
                                 b"\0" * 4, b""],
     "bad sampling params": [header(t="TokenizedRequest",
-                                   f={"rid": "r", "sampling": {"temprature": 1}, "detok": {}},
+                                   f={"rid": "r", "sampling": {"temprature": 1},
+                                      "detok": {"reply_to": "ipc://c"}},
                                    a=[["input_ids", "<i4", [0]]]), b""],
+    "detok without reply_to": [header(t="TokenizedRequest",
+                                      f={"rid": "r", "sampling": {}, "detok": {"n": 1}},
+                                      a=[["input_ids", "<i4", [0]]]), b""],
+    "detok not a map": [header(t="TokenizedRequest",
+                               f={"rid": "r", "sampling": {}, "detok": "ipc://c"},
+                               a=[["input_ids", "<i4", [0]]]), b""],
+    "detok of None": [header(t="TokenizedRequest", f={"rid": "r", "sampling": {}, "detok": None},
+                             a=[["input_ids", "<i4", [0]]]), b""],
+    "unknown detok field": [header(t="TokenizedRequest",
+                                   f={"rid": "r", "sampling": {},
+                                      "detok": {"reply_to": "ipc://c", "route": 1}},
+                                   a=[["input_ids", "<i4", [0]]]), b""],
+    "new request not a map": [header(t="TokenBatch",
+                                     f={"rids": [], "indices": [], "finish": [],
+                                        "prompt_tokens": [], "cached_tokens": [],
+                                        "new_requests": {"a": "ipc://c"}},
+                                     a=[["counts", "<i4", [0]], ["token_ids", "<i4", [0]]]),
+                              b"", b""],
 }
 
 

@@ -14,7 +14,6 @@ from tessera.bus.launcher import (
     check_config,
     check_port_free,
     main,
-    module_available,
     ready_banner,
     run_supervised,
 )
@@ -23,8 +22,7 @@ from tessera.bus.supervisor import Child, ProcessSpec
 from tessera.config import Env, ServerConfig
 
 
-def test_plan_orders_stages_and_names_processes(monkeypatch, run_root: Path) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr("tessera.bus.launcher.module_available", lambda module: True)
+def test_plan_orders_stages_and_names_processes(run_root: Path) -> None:
     paths = RunPaths.create()
     specs = build_specs(ServerConfig(tp_size=2, tokenizer_workers=2), paths)
     assert [(s.name, s.stage) for s in specs] == [
@@ -36,19 +34,6 @@ def test_plan_orders_stages_and_names_processes(monkeypatch, run_root: Path) -> 
                                 "--rank", "1")
     # model loading takes longest; the scheduler waits for it
     assert specs[3].ready_timeout_s < worker1.ready_timeout_s < specs[2].ready_timeout_s
-
-
-def test_missing_process_packages_are_skipped(monkeypatch, run_root: Path) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr("tessera.bus.launcher.module_available",
-                        lambda module: module != "tessera.server")
-    names = [s.name for s in build_specs(ServerConfig(), RunPaths.create())]
-    assert "server" not in names and names[0] == "worker0"
-
-
-def test_module_available_looks_for_main() -> None:
-    assert module_available("tessera")  # tessera/__main__.py
-    assert not module_available("tessera.bus")  # a package without __main__.py
-    assert not module_available("tessera.no_such_thing")
 
 
 def test_config_checks_say_what_is_wrong() -> None:

@@ -124,13 +124,10 @@ def one_host(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> list[
         node.stop()
 
 
-@pytest.fixture(scope="module")
-def two_hosts(tiny_model: str, tmp_path_factory: pytest.TempPathFactory
-              ) -> Iterator[tuple[Node, Node, int]]:
-    folder = tmp_path_factory.mktemp("twohosts")
+def start_pair(model: str, folder: Path) -> Iterator[tuple[Node, Node, int]]:
     addr = f"127.0.0.1:{free_pair()}"
     port = free_port()
-    common = ["--model", tiny_model, *ENGINE, "--nnodes", "2", "--dist-init-addr", addr,
+    common = ["--model", model, *ENGINE, "--nnodes", "2", "--dist-init-addr", addr,
               "--dist-key-file", str(folder / "bus-key.json")]
     node0 = start_node([*common, "--node-rank", "0", "--port", str(port)], folder, "node0")
     node1 = None
@@ -144,6 +141,12 @@ def two_hosts(tiny_model: str, tmp_path_factory: pytest.TempPathFactory
         for node in (node1, node0):
             if node is not None:
                 node.stop()
+
+
+@pytest.fixture(scope="module")
+def two_hosts(tiny_model: str, tmp_path_factory: pytest.TempPathFactory
+              ) -> Iterator[tuple[Node, Node, int]]:
+    yield from start_pair(tiny_model, tmp_path_factory.mktemp("twohosts"))
 
 
 def test_two_hosts_give_the_tokens_of_one(two_hosts, one_host) -> None:
@@ -161,6 +164,18 @@ def test_losing_node_1_stops_node_0_naming_it(two_hosts) -> None:
     node1.proc.wait()
     assert node0.proc.wait(60) != 0
     assert "node 1 lost" in node0.log()
+
+
+def test_a_node_stopped_on_purpose_stops_the_other_cleanly(tiny_model, tmp_path) -> None:
+    pair = start_pair(tiny_model, tmp_path)
+    node0, node1, _ = next(pair)
+    try:
+        node1.proc.send_signal(signal.SIGTERM)  # the operator stops node 1
+        assert node1.proc.wait(60) == 0
+        assert node0.proc.wait(60) == 0, node0.log()[-3000:]
+        assert "node 1 is stopping; stopping this node too" in node0.log()
+    finally:
+        pair.close()
 
 
 def test_a_node_that_cannot_join_names_the_address(tmp_path, tiny_model) -> None:

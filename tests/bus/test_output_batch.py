@@ -17,7 +17,7 @@ def _plain(n_tokens: int, rid: str = "r", finish: str | None = None) -> RequestO
     return RequestOutput(rid=rid, index=1, text="héllo 🎉" * n_tokens,
                          token_ids=np.arange(n_tokens, dtype=np.int32) + 5,
                          finish_reason=finish, prompt_tokens=9, completion_tokens=n_tokens,
-                         cached_tokens=4)
+                         cached_tokens=4, decode_steps=max(1, n_tokens // 2))
 
 
 def _with_logprobs(n_tokens: int, k: int, rid: str) -> RequestOutput:
@@ -65,6 +65,7 @@ def test_inconsistent_columns_are_refused() -> None:
         dataclasses.replace(good, token_offsets=np.array([0, 1, 2], np.int32)),
         dataclasses.replace(good, token_offsets=np.array([0, 4, 3], np.int32)),
         dataclasses.replace(good, token_offsets=np.array([0, 3], np.int32)),
+        dataclasses.replace(good, decode_steps=[1]),
     ]
     lp = pack_outputs([_with_logprobs(2, 2, "a")])
     bad += [dataclasses.replace(lp, top_widths=[5]),

@@ -148,7 +148,7 @@ def test_killing_a_replica_leaves_the_other_serving(dp: DpEngine) -> None:
     victim = dp.replicas()[1]
     os.killpg(int(victim["pid"]), signal.SIGKILL)  # the replica's supervisor and its engine
     deadline = time.monotonic() + 30.0
-    while dp.replicas()[1]["alive"]:  # the supervisor notices (and tells the router)
+    while dp.replicas()[1]["routed"]:  # the supervisor notices and takes it out of the router
         assert time.monotonic() < deadline, dp.log()
         time.sleep(0.1)
     prompts = [p for group in workload(seed=3) for p in group][:8]
@@ -156,7 +156,7 @@ def test_killing_a_replica_leaves_the_other_serving(dp: DpEngine) -> None:
         replies = list(pool.map(lambda p: complete(dp.url, p), prompts))
     assert all(r["choices"] for r in replies)  # type: ignore[index]
     deadline = time.monotonic() + 30.0
-    while dp.replicas()[1]["restarts"] == 0:  # noticed and started again
+    while dp.replicas()[1]["restarts"] == 0:  # and starts it again
         assert time.monotonic() < deadline, dp.log()
         time.sleep(0.2)
     assert dp.proc.poll() is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tessera.bus.messages import SamplingParams
+from tessera.bus.messages import GrammarSpec, SamplingParams
 from tessera.client import BadRequestError, Client, GenerateResult
 from tessera.client.testing import FakeEngine, token_text
 
@@ -79,6 +79,8 @@ def test_messages_and_token_ids_reach_the_engine(client: Client, engine: FakeEng
     ({"temperature": -1.0}, "temperature"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"n": 99}, "n"),
+    # the field a grammar came from, not the first word of its message ("regex:")
+    ({"grammar": GrammarSpec("regex", "", "regex")}, "regex"),
 ])
 def test_bad_sampling_is_refused_before_sending(client: Client, engine: FakeEngine,
                                                 kwargs: dict, field: str) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tessera.bus.channel import Outbox
-from tessera.bus.messages import AbortRequest, ErrorReply, RequestOutput, TokenBatch
+from tessera.bus.messages import AbortRequest, DetokInfo, ErrorReply, RequestOutput, TokenBatch
 from tests.tokenizer_proc.procs import Engine, wait_for
 
 pytestmark = pytest.mark.integration
@@ -33,9 +33,11 @@ def engine():
 
 
 def detok(engine, **kw):
-    return {"reply_to": engine.client.endpoint, "stream": True, "n": 1, "stop": [],
-            "skip_special_tokens": True, "logprobs": None, "prompt_tokens": 5,
-            "stop_token_ids": [2], **kw}
+    values = {"reply_to": engine.client.endpoint, "stream": True, "n": 1, "stop": (),
+              "skip_special_tokens": True, "logprobs": None, "prompt_tokens": 5,
+              "stop_token_ids": (2,), **kw}
+    values["stop"] = tuple(values["stop"])
+    return DetokInfo(**values)
 
 
 def one_token_batches(engine, rid, ids, info, last_finish):

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from tessera.bus.channel import SendTimeout
 from tessera.bus.messages import (
     AbortRequest,
+    DetokInfo,
     ErrorReply,
     RequestOutput,
     RequestOutputBatch,
@@ -23,10 +24,12 @@ EOS = 2
 
 
 def detok(**kw):
-    base = {"reply_to": "ipc://client", "stream": True, "n": 1, "stop": [],
+    base = {"reply_to": "ipc://client", "stream": True, "n": 1, "stop": (),
             "skip_special_tokens": True, "logprobs": None, "prompt_tokens": 7,
-            "stop_token_ids": []}
-    return {**base, **kw}
+            "stop_token_ids": ()}
+    merged = {**base, **kw}
+    merged["stop"] = tuple(merged["stop"])
+    return DetokInfo(**merged)
 
 
 def batch(rows, new=None, logprobs=None, top_ids=None, top_logprobs=None):
@@ -306,3 +309,19 @@ def test_a_slow_client_loses_nothing(tokenizer):
     outs = h.outputs("r")
     assert "".join(o.text for o in outs) == "slow but steady"
     assert outs[-1].finish_reason == "length" and h.router.clients_gone == 0
+
+
+def test_rows_of_several_tokens_count_as_one_step_each(tokenizer):
+    """Speculative decoding sends several tokens of a request in one step's row: the output
+    counts the steps (decode_steps), so completion_tokens / decode_steps is its mean
+    acceptance length."""
+    text = "one two three four five six seven"
+    ids = tokenizer.encode(text, add_special_tokens=False) + [EOS]
+    h = Harness(tokenizer)
+    rows = [ids[:1], ids[1:5], ids[5:6], ids[6:]]
+    for k, part in enumerate(rows):
+        h.router.handle([batch([("s", 0, part, "stop" if k == len(rows) - 1 else None)],
+                               {"s": detok()} if k == 0 else None)])
+    outs = h.outputs("s")
+    assert "".join(o.text for o in outs) == text
+    assert outs[-1].completion_tokens == len(ids) and outs[-1].decode_steps == len(rows)

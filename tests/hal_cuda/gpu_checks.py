@@ -230,8 +230,7 @@ def bf16_op_swaps(cfg: dict[str, Any], platform: Any,
 
 
 def graphs_vs_eager_every_size(cfg: dict[str, Any], platform: Any, max_bs: int) -> dict[str, Any]:
-    from tessera.hal.cuda.graph import capture_batch_sizes
-    from tessera.worker_proc.graph_decode import DecodeGraphs
+    from tessera.worker_proc.graph_decode import DecodeGraphs, capture_batch_sizes
 
     dev, dtype, width = torch.device("cuda"), torch.bfloat16, 512
     mc = ModelConfig.from_hf_dict(cfg)

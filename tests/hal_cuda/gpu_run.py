@@ -1,4 +1,4 @@
-"""The cuda plugin's GPU run (issue 8): correctness against transformers, graphs vs eager,
+"""The cuda plugin's GPU run: correctness against transformers, graphs vs eager,
 decode-attention micro-benchmark and a B1 smoke figure. Writes JSON files into OUT_DIR.
 
     python3 tests/hal_cuda/gpu_run.py OUT_DIR            # on the GPU machine

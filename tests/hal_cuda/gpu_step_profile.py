@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import inspect
 import json
 import statistics
 import sys
@@ -153,11 +152,7 @@ class Harness:
             logprobs=np.full(b, -1, np.int32), is_decode=bool((ext == 1).all()))
 
     def inputs(self, batch: ForwardBatch) -> ForwardInputs:
-        params = inspect.signature(build_forward_inputs).parameters
-        if "platform" in params:
-            return build_forward_inputs(batch, self.rtt, self.runner.platform,  # type: ignore[call-arg]
-                                        self.runner.device)
-        return build_forward_inputs(batch, self.rtt, self.runner.device)
+        return build_forward_inputs(batch, self.rtt, self.runner.platform, self.runner.device)
 
     @contextlib.contextmanager
     def eager(self) -> Iterator[None]:

@@ -38,25 +38,42 @@ def main(argv: list[str]) -> int:
             want = comm.nccl_all_reduce(x.clone())  # type: ignore[attr-defined]
             got = comm.all_reduce(x)
             eager_equal.append(bool(torch.equal(got, want)) and got.data_ptr() == x.data_ptr())
+        # Gathers of a decode step's vocabulary shards (the LM head): one-shot below the limit
+        gather_equal = []
+        for rows in (1, 8):
+            part = torch.randn((rows, 64128), generator=gen, device=dev).to(dtype)
+            want = comm.nccl_all_gather(part)  # type: ignore[attr-defined]
+            gather_equal.append(bool(torch.equal(comm.all_gather(part), want)))
+            along_last = torch.cat(want.chunk(world, dim=0), dim=-1)
+            gather_equal.append(bool(torch.equal(comm.all_gather(part, dim=-1), along_last)))
         # Captured: the decode graphs replay the all-reduce with new inputs every step.
         static_in = torch.zeros((8, HIDDEN), dtype=dtype, device=dev)
         runner = platform.create_graph_runner()
         assert runner is not None
         static_out = runner.capture(("one_shot", name), lambda s=static_in: comm.all_reduce(s * 2))
+        static_part = torch.zeros((1, 64128), dtype=dtype, device=dev)
+        gathered = runner.capture(("gather", name),
+                                  lambda p=static_part: comm.all_gather(p * 2, dim=-1))
         replay_equal = []
         for _ in range(3):
             src = torch.randn((8, HIDDEN), generator=gen, device=dev).to(dtype)
+            part = torch.randn((1, 64128), generator=gen, device=dev).to(dtype)
             static_in.copy_(src)
+            static_part.copy_(part)
             runner.replay(("one_shot", name))
+            runner.replay(("gather", name))
             want = comm.nccl_all_reduce(src * 2)  # type: ignore[attr-defined]
+            want_gather = comm.nccl_all_gather(part * 2)  # type: ignore[attr-defined]
             torch.cuda.synchronize()
-            replay_equal.append(bool(torch.equal(static_out, want)))
+            replay_equal.append(bool(torch.equal(static_out, want)) and bool(torch.equal(
+                gathered, torch.cat(want_gather.chunk(world, dim=0), dim=-1))))
         runner.reset()
         big = torch.full((limit // x.element_size() + HIDDEN,), rank + 1.0, dtype=dtype,
                          device=dev) if limit else torch.ones(1, dtype=dtype, device=dev)
         big_ok = bool((comm.all_reduce(big) == (3.0 if limit else world)).all())
         torch.cuda.synchronize()
         report[name] = {"chosen": chosen, "limit": limit, "eager_equal": eager_equal,
+                        "gather_equal": gather_equal,
                         "replay_equal": replay_equal, "over_limit_ok": big_ok}
     comm.barrier()
     comm.destroy()

@@ -37,8 +37,8 @@ def test_constrained_outputs_on_the_gpu(tmp_path: Path) -> None:
     info = tokenizer_info(folder, vocab, tok.eos_token_ids)
     platform = load_platform("cuda")
     device = platform.device(0)
-    sampler = Sampler(platform.op("sample"), device, platform.op("apply_token_mask"))
-    rt = ready_runtime(info, vocab, device)
+    sampler = Sampler(platform, device, platform.op("apply_token_mask"))
+    rt = ready_runtime(info, vocab, platform, device)
     for seed in range(3):
         out, ended = run(rt, sampler, [0, -1, 2, 1], vocab, seed=seed, device=device)
         assert set(ended) == {0, 2, 3}

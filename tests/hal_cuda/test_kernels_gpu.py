@@ -132,8 +132,8 @@ def test_graph_replay_equals_eager_at_every_captured_size() -> None:
     """A decode-shaped step (norm, rope, store, attention, silu) captured at each size of
     capture_batch_sizes(64) replays to exactly what eager computes on new inputs."""
     from tessera.hal.cuda import CudaPlatform
-    from tessera.hal.cuda.graph import capture_batch_sizes
     from tessera.hal.rope import cos_sin_cache
+    from tessera.worker_proc.graph_decode import capture_batch_sizes
 
     platform = CudaPlatform()
     op = platform.op
@@ -174,6 +174,30 @@ def test_graph_replay_equals_eager_at_every_captured_size() -> None:
         eager = step(bs)
         assert torch.equal(replayed, eager), f"batch {bs}: replay differs from eager"
     runner.reset()
+
+
+def test_untuned_one_token_shape_is_measured_once_and_stays_correct() -> None:
+    """A TP rank's share of Llama-3-8B (o at --tp-size 2: [4096, 2048]) is not in TUNED: the
+    first eager call measures cuBLAS against the GEMV configurations and keeps the fastest;
+    inside a graph capture an unmeasured shape goes to cuBLAS. The product is right either
+    way."""
+    from tessera.hal.cuda import gemv
+
+    if torch.cuda.get_device_capability() != gemv.TUNED_CAPABILITY:
+        pytest.skip("the one-token GEMV is used on Hopper only")
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn((1, 2048), device="cuda", generator=gen).bfloat16()
+    w = (torch.randn((4096, 2048), device="cuda", generator=gen) * 0.02).bfloat16()
+    assert (4096, 2048) not in gemv.TUNED
+    gemv._measured.clear()
+    out = gemv.linear(x, w, None)
+    key = (4096, 2048, x.device.index, False)
+    assert gemv._measured[key] in (gemv.CUBLAS, *gemv.CANDIDATES)
+    ref = x.double() @ w.double().T
+    assert float((out.double() - ref).norm() / ref.norm()) < 1e-2
+    chosen = gemv._measured[key]
+    gemv.linear(x, w, None)
+    assert gemv._measured[key] == chosen  # measured once
 
 
 @pytest.mark.parametrize("n_out,n_in", [(6144, 4096), (4096, 14336), (1000, 77)])

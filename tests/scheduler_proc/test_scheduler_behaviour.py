@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tessera.bus.messages import AbortRequest, SampledTokens, SamplingParams
+from tessera.bus.messages import AbortRequest, DetokInfo, SampledTokens, SamplingParams
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.scheduler import Scheduler
 from tests.scheduler_proc.sched_fakes import (
@@ -144,7 +144,7 @@ def test_priority_policy_runs_higher_priority_first() -> None:
     while sched.has_work():
         fb = sched.next_batch()
         if fb.extend_lens[0] > 1:
-            order.append(sched.seq_of_row[int(fb.rows[0])].req.rid)
+            order.append(sched.running.seq_of_row[int(fb.rows[0])].req.rid)
         sched.on_result(worker.step(fb))
     assert order == ["high", "mid", "low"]
 
@@ -158,7 +158,7 @@ def test_fcfs_runs_in_arrival_order() -> None:
     while sched.has_work():
         fb = sched.next_batch()
         if fb.extend_lens[0] > 1:
-            order.append(sched.seq_of_row[int(fb.rows[0])].req.rid)
+            order.append(sched.running.seq_of_row[int(fb.rows[0])].req.rid)
         sched.on_result(worker.step(fb))
     assert order == ["a", "b", "c"]
 
@@ -187,7 +187,7 @@ def test_abort_frees_everything_at_once(overlap: bool) -> None:
         rec = sched.inflight[0]
         got.add(sched.on_result(SampledTokens(step=rec.step, token_ids=np.zeros(
             rec.sampled_rows.shape[0], dtype=np.int32))))
-    assert sched.row_pool.free_rows == sched.config.max_running_requests
+    assert sched.running.row_pool.free_rows == sched.config.max_running_requests
     sched.check_invariant()
 
 
@@ -238,7 +238,7 @@ def test_penalties_send_the_full_history(overlap: bool) -> None:
     while sched.has_work() or sched.inflight:
         while (fb := sched.next_batch()) is not None:
             pen = [i for i in range(fb.batch_size)
-                   if sched.seq_of_row[int(fb.rows[i])].req.rid == "pen"]
+                   if sched.running.seq_of_row[int(fb.rows[i])].req.rid == "pen"]
             if pen:
                 i = pen[0]
                 hist = fb.hist_ids[fb.hist_offsets[i]:fb.hist_offsets[i + 1]].tolist()
@@ -264,7 +264,7 @@ def test_logprobs_pass_through_to_the_token_batch() -> None:
         top_logprobs=np.array([[-0.5, -1.5]], dtype=np.float32)))
     assert tb.token_ids.tolist() == [11] and tb.logprobs.tolist() == [-0.5]
     assert tb.top_ids.tolist() == [[11, 12]]
-    assert tb.new_requests == {"lp": {"reply_to": "ipc://nowhere/lp"}}
+    assert tb.new_requests == {"lp": DetokInfo(reply_to="ipc://nowhere/lp")}
 
 
 def test_a_failed_step_fails_its_requests_and_frees_them() -> None:
@@ -294,9 +294,9 @@ def test_worker_timeout_fails_inflight_requests_but_keeps_the_rest() -> None:
     # The failed step's row stays reserved until the worker is done with that step: a late
     # answer is dropped and gives the row back.
     rows = sched.config.max_running_requests
-    assert sched.row_pool.free_rows == rows - 1
+    assert sched.running.row_pool.free_rows == rows - 1
     assert sched.on_result(SampledTokens(step=0, token_ids=np.zeros(1, np.int32))) is None
-    assert sched.row_pool.free_rows == rows
+    assert sched.running.row_pool.free_rows == rows
     worker = FakeWorker(sched)
     got = Collected()
     drive(sched, worker, got)

@@ -45,9 +45,11 @@ def random_request(rng: np.random.Generator, rid: str, bases: list[np.ndarray], 
 
 def run_schedule(seed: int, overlap: bool, num_pages: int, n_requests: int = 60,
                  disable_cache: bool = False, model: Model = next_token,
-                 worker_class: type[FakeWorker] = FakeWorker, **config: object) -> Scheduler:
+                 worker_class: type[FakeWorker] = FakeWorker, priorities: int = 0,
+                 **config: object) -> Scheduler:
     """Random arrivals, aborts and cache flushes until every request is done; every output is
-    checked against `model` computed directly. `config`: more SchedulerConfig fields."""
+    checked against `model` computed directly. `priorities` > 0: each request gets a random
+    priority below it. `config`: more SchedulerConfig fields."""
     rng = np.random.default_rng(seed)
     ps, ctx = 4, 128
     cfg = SchedulerConfig(num_slots=ps * (num_pages + 1), page_size=ps, max_context_len=ctx,
@@ -62,16 +64,19 @@ def run_schedule(seed: int, overlap: bool, num_pages: int, n_requests: int = 60,
              for _ in range(3)]
     sent: dict = {}
     aborted: set[str] = set()
-    for i in range(8):
-        req = random_request(rng, f"r{i}", bases, ctx)
+    def arrive(rid: str) -> None:
+        req = random_request(rng, rid, bases, ctx)
+        if priorities:
+            object.__setattr__(req, "priority", int(rng.integers(0, priorities)))
         assert sched.add_request(req) is None
         sent[req.rid] = req
 
+    for i in range(8):
+        arrive(f"r{i}")
+
     def between(step: int) -> None:
         if len(sent) < n_requests and rng.random() < 0.4:
-            req = random_request(rng, f"r{len(sent)}", bases, ctx)
-            assert sched.add_request(req) is None
-            sent[req.rid] = req
+            arrive(f"r{len(sent)}")
         if rng.random() < 0.04:
             rid = f"r{int(rng.integers(len(sent)))}"
             if sched.abort(rid):
@@ -112,6 +117,15 @@ def test_random_schedule_with_memory_pressure(seed: int, overlap: bool) -> None:
     sched = run_schedule(seed, overlap, num_pages=48)
     assert sched.retracted_total > 0, "the pool was meant to be too small for everyone"
     assert sched.cache_hit_tokens > 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("policy", ["priority", "lpm"])
+def test_random_schedule_under_each_policy(policy: str, overlap: bool) -> None:
+    """Arrivals of mixed priorities pre-empt running requests (priority), or jump the queue
+    by cached prefix (lpm), under memory pressure: every output is still exact."""
+    sched = run_schedule(11, overlap, num_pages=48, priorities=3, schedule_policy=policy)
+    assert sched.retracted_total > 0 and sched.cache_hit_tokens > 0
 
 
 @pytest.mark.parametrize("overlap", [False, True])

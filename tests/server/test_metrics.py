@@ -203,3 +203,41 @@ def test_real_engine_metrics_under_load(tmp_path: Path, run_root: Path) -> None:
     assert types["tessera:scheduler_decode_tokens"] == "counter"
     assert get(after, "tessera:startup_ready_seconds") > 0
     assert get(after, "tessera:startup_phase_seconds", phase="weights") > 0
+
+
+@pytest.mark.integration
+def test_speculation_reports_each_requests_acceptance_length(tmp_path: Path,
+                                                             run_root: Path) -> None:
+    """With --speculative-algorithm ngram, a prompt that repeats a segment: /generate's
+    meta_info has the steps behind the tokens, and /metrics the tokens-per-step histogram and
+    the scheduler's speculation counters."""
+    from tessera.benchmarks.server_launch import ServerProcess
+
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps(TINY))
+    args = ["--model", str(model), "--load-format", "dummy", "--hal", "cpu",
+            "--max-total-tokens", "2048", "--max-running-requests", "4",
+            "--heartbeat-interval-s", "0.1", "--speculative-algorithm", "ngram",
+            "--speculative-num-draft-tokens", "4"]
+    # the tiny random model falls into loops: prompt lookup finds its continuation
+    prompt = list(range(3, 19)) * 4
+    with ServerProcess(args, log_path=str(tmp_path / "serve.log")) as server:
+        server.wait_ready(180)
+        req = urllib.request.Request(
+            server.url + "/generate", method="POST", headers={"Content-Type": "application/json"},
+            data=json.dumps({"input_ids": prompt, "sampling_params": {
+                "max_new_tokens": 48, "temperature": 0, "ignore_eos": True}}).encode())
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            meta = json.loads(resp.read())["meta_info"]
+        time.sleep(0.5)  # the scheduler's next heartbeat carries its counters
+        after, types = scrape_url(server.url)
+    assert meta["completion_tokens"] == 48
+    assert 0 < meta["decode_steps"] < 48  # more than one token in some steps
+    assert types["tessera:request_tokens_per_step"] == "histogram"
+    assert get(after, "tessera:request_tokens_per_step_count") == 1
+    assert get(after, "tessera:request_tokens_per_step_sum") == pytest.approx(
+        48 / meta["decode_steps"])
+    sched = {"process": "scheduler"}
+    accepted = get(after, "tessera:scheduler_spec_accepted_tokens_total", **sched)
+    assert accepted == 48 - meta["decode_steps"]  # each step: its own token + the accepted
+    assert get(after, "tessera:scheduler_spec_draft_tokens_total", **sched) >= accepted

@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tessera.bus.messages import ErrorReply, GenerateRequest, SamplingParams, TokenizedRequest
+from tessera.bus.messages import (
+    DetokInfo,
+    ErrorReply,
+    GenerateRequest,
+    GrammarSpec,
+    SamplingParams,
+    TokenizedRequest,
+)
 from tessera.tokenizer_proc.prepare import prepare
 
 CTX = 8192
@@ -25,10 +32,10 @@ def test_prompt_is_tokenized_with_detok_info(tokenizer):
     assert out.input_ids.dtype == np.int32
     assert out.input_ids.tolist() == tokenizer.encode("Héllo 世界 🎉")
     assert out.sampling == sp
-    assert out.detok == {"reply_to": "ipc://client", "stream": False, "n": 2, "stop": ["\n\n"],
-                         "stop_token_ids": tokenizer.eos_token_ids,
-                         "skip_special_tokens": False, "logprobs": 2,
-                         "prompt_tokens": len(out.input_ids)}
+    assert out.detok == DetokInfo(reply_to="ipc://client", stream=False, n=2, stop=("\n\n",),
+                                  stop_token_ids=tuple(tokenizer.eos_token_ids),
+                                  skip_special_tokens=False, logprobs=2,
+                                  prompt_tokens=len(out.input_ids))
 
 
 def test_messages_use_the_chat_template(tokenizer):
@@ -75,6 +82,10 @@ BAD = [
     ({"sampling": SamplingParams(stop=("x" * 2000,))}, "at most 1024", "stop"),
     ({"sampling": SamplingParams(stop_token_ids=(10**6,))}, "outside the vocabulary",
      "stop_token_ids"),
+    ({"sampling": SamplingParams(grammar=GrammarSpec("regex", "", "regex"))},
+     "the regex is empty", "regex"),
+    ({"sampling": SamplingParams(grammar=GrammarSpec("yaml", "x"))}, "grammar kind",
+     "response_format"),
     ({"sampling": "greedy"}, "sampling must be an object", "sampling"),
     ({"stream": "yes"}, "stream must be true or false", "stream"),
 ]

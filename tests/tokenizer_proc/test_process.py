@@ -55,7 +55,7 @@ def test_prompt_and_chat_reach_the_scheduler_tokenized(engine, tokenizer):
     got = wait_for(engine.scheduler, TokenizedRequest, predicate=lambda m: m.rid == "p1")
     assert got.input_ids.tolist() == tokenizer.encode(text)
     assert tokenizer.decode(got.input_ids.tolist()) == text
-    assert got.detok["reply_to"] == engine.client.endpoint and got.detok["stop"] == ["。"]
+    assert got.detok.reply_to == engine.client.endpoint and got.detok.stop == ("。",)
     msgs = [{"role": "user", "content": "Say hi 👋"}]
     send(engine, worker=1, rid="c1", messages=msgs)
     got = wait_for(engine.scheduler, TokenizedRequest, predicate=lambda m: m.rid == "c1")

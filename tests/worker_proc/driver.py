@@ -120,8 +120,8 @@ class MiniScheduler:
         finally:
             self.chunk_size = chunk
         with torch.inference_mode():
-            return self.runner.forward(build_forward_inputs(batch, self.req_to_token,
-                                                            self.runner.device))
+            return self.runner.forward(build_forward_inputs(
+                batch, self.req_to_token, self.runner.platform, self.runner.device))
 
     def _step(self, active: list[_Req]) -> None:
         batch, ext, sample = self._make_batch(active)

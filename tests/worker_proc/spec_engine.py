@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from tessera.bus import codec
-from tessera.bus.messages import Message, SamplingParams, TokenizedRequest
+from tessera.bus.messages import DetokInfo, Message, SamplingParams, TokenizedRequest
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.scheduler import Scheduler
 
@@ -39,7 +39,7 @@ def generate(runner: Any, requests: dict[str, tuple[list[int], SamplingParams]],
     for rid, (prompt, sp) in requests.items():
         err = sched.add_request(TokenizedRequest(
             rid=rid, input_ids=np.asarray(prompt, dtype=np.int32), sampling=sp,
-            detok={"reply_to": "ipc://nowhere"}))
+            detok=DetokInfo(reply_to="ipc://nowhere")))
         assert err is None, err
     out = Outputs()
     pending: deque[Any] = deque()

@@ -14,7 +14,7 @@ from tessera.formats.config import ModelConfig
 from tessera.formats.layout import hf_tensor_shapes
 from tessera.hal.cpu import CpuPlatform
 from tessera.worker_proc.forward_inputs import ForwardInputs
-from tessera.worker_proc.graph_decode import DecodeGraphs
+from tessera.worker_proc.graph_decode import DecodeGraphs, capture_batch_sizes, padded_batch_size
 from tessera.worker_proc.models.llama import LlamaForCausalLM
 
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32,
@@ -107,3 +107,23 @@ def test_can_run_refuses_what_no_graph_holds(setup: Any) -> None:
     assert not graphs.can_run(prefill)
     with pytest.raises(ValueError, match="no graph"):
         graphs.run(decode_inputs([0, 1, 2], [3, 3, 3], [1, 1, 1]))
+
+
+def test_capture_batch_sizes() -> None:
+    assert capture_batch_sizes(1) == [1]
+    assert capture_batch_sizes(6) == [1, 2, 4, 6]
+    assert capture_batch_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    sizes = capture_batch_sizes(256)
+    assert sizes[:4] == [1, 2, 4, 8] and sizes[-1] == 256
+    assert sizes == sorted(set(sizes))
+    assert all(b - a in (8, 16) for a, b in zip(sizes[3:], sizes[4:], strict=False))
+    assert capture_batch_sizes(100)[-2:] == [96, 100]
+
+
+def test_padded_batch_size() -> None:
+    sizes = capture_batch_sizes(64)
+    assert padded_batch_size(1, sizes) == 1
+    assert padded_batch_size(3, sizes) == 4
+    assert padded_batch_size(9, sizes) == 16
+    assert padded_batch_size(64, sizes) == 64
+    assert padded_batch_size(65, sizes) is None

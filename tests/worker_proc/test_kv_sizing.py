@@ -2,13 +2,17 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.worker_proc.kv_sizing import CPU_DEFAULT_MAX_TOKENS, CPU_DEFAULT_SHARE, plan_kv
+from tessera.hal.cpu import CpuPlatform
+from tessera.hal.platform import MemoryPolicy
+from tessera.worker_proc.kv_sizing import plan_kv
+
+HOST = CpuPlatform.memory_policy
 
 GIB = 1 << 30
 
 
 def plan(**kw):
-    args = dict(free_bytes_now=10 * GIB, free_bytes_before_weights=12 * GIB, is_cpu=False,
+    args = dict(free_bytes_now=10 * GIB, free_bytes_before_weights=12 * GIB, policy=MemoryPolicy(),
                 mem_fraction=0.5, max_total_tokens=None, page_size=16, bytes_per_slot=1 << 20,
                 max_context_len=1 << 20, max_running_requests=256)
     args.update(kw)
@@ -23,13 +27,14 @@ def test_accelerator_budget_is_a_fraction_of_memory_before_weights():
     assert "256 pages of 16 tokens" in p.describe()
 
 
-def test_cpu_takes_a_modest_share_of_available_ram():
-    p = plan(is_cpu=True, mem_fraction=0.9)
-    assert p.num_slots == int(10 * GIB * CPU_DEFAULT_SHARE) // (1 << 20) // 16 * 16
+def test_shared_host_memory_takes_a_modest_share_of_available_ram():
+    assert HOST.shared_with_host and HOST.default_share == 0.1
+    p = plan(policy=HOST, mem_fraction=0.9)
+    assert p.num_slots == int(10 * GIB * HOST.default_share) // (1 << 20) // 16 * 16
     # A small model is capped at a token count, not a memory share.
-    small = plan(is_cpu=True, bytes_per_slot=1024)
-    assert small.num_slots == CPU_DEFAULT_MAX_TOKENS + 16
-    explicit = plan(is_cpu=True, bytes_per_slot=1024, max_total_tokens=100_000)
+    small = plan(policy=HOST, bytes_per_slot=1024)
+    assert small.num_slots == HOST.default_max_tokens + 16
+    explicit = plan(policy=HOST, bytes_per_slot=1024, max_total_tokens=100_000)
     assert explicit.usable_tokens == 100_000  # an explicit size may exceed the default cap
 
 

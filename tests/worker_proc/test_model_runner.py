@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -129,27 +130,27 @@ def test_ready_message_reports_the_arena(llama_folder):
     assert np.asarray(runner.kv.storage.shape).prod() * 4 == runner.kv_plan.total_bytes
 
 
-def test_decode_graphs_are_captured_and_replayed_with_the_same_tokens(llama_folder):
-    """A plugin that captures graphs: the runner captures decode graphs at start-up and
-    replays them (here a stand-in runner that reruns the captured callable on the static
-    buffers); batches larger than the largest graph run eagerly. Tokens do not change."""
-    from tessera.hal.cpu import CpuPlatform
-    from tests.worker_proc.test_graph_decode import RerunRunner
+def test_decode_graphs_are_captured_and_replayed_with_the_same_tokens(llama_folder,
+                                                                       monkeypatch):
+    """An out-of-tree plugin that captures graphs (tests/hal_plugin_example: a recording of
+    aten ops, its own events) through the Platform contract alone: the runner captures decode
+    and mixed-step graphs at start-up and replays them; batches larger than the largest graph
+    run eagerly. Tokens are those of the eager cpu plugin."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "hal_plugin_example"))
+    from tessera_hal_example import ExamplePlatform
 
-    class CapturingCpu(CpuPlatform):
-        capabilities = dataclasses.replace(CpuPlatform.capabilities, graph_capture=True,
-                                           max_capture_batch=4)
-
-        def create_graph_runner(self):
-            return RerunRunner()
+    class SmallGraphs(ExamplePlatform):
+        capabilities = dataclasses.replace(ExamplePlatform.capabilities, max_capture_batch=4)
 
     folder, model = llama_folder
     from tessera.worker_proc.model_runner import ModelRunner
 
     eager = make_runner(folder)
-    config = eager.config.replace(cuda_graph_max_bs=8)
-    runner = ModelRunner(config, 0, CapturingCpu())
+    config = eager.config.replace(graph_max_bs=8, graph_max_tokens=64)
+    runner = ModelRunner(config, 0, SmallGraphs())
     assert runner.graphs is not None and runner.graphs.sizes == [1, 2, 4]
+    assert runner.graphs.runner.tapes.keys() == {1, 2, 4}
+    assert runner.mixed_graphs is not None and runner.mixed_graphs.captured == {32, 64}
     calls = []
     run = runner.graphs.run
     runner.graphs.run = lambda inp: calls.append(int(inp.seq_lens.shape[0])) or run(inp)
@@ -221,3 +222,28 @@ def test_prefill_and_mixed_steps_replay_token_bucket_graphs(llama_folder):
     got = [r.out for r in MiniScheduler(runner).generate(long, 2)]
     assert got == [r.out for r in MiniScheduler(eager).generate(long, 2)]
     assert tokens == []  # 70 tokens: eager; one decode: the decode graph
+
+
+def test_profile_ranges_mark_each_step_phase_only_when_asked(llama_folder):
+    import contextlib
+
+    from tessera.hal.cpu import CpuPlatform
+    from tessera.worker_proc.model_runner import ModelRunner
+
+    opened: list[str] = []
+
+    class Recording(CpuPlatform):
+        def profile_range(self, name):
+            opened.append(name)
+            return contextlib.nullcontext()
+
+    folder, _ = llama_folder
+    base = make_runner(folder).config
+    batch = prompts(256, [5, 9])
+    quiet = MiniScheduler(ModelRunner(base, 0, Recording())).generate(batch, 2)
+    assert opened == []
+    marked = MiniScheduler(ModelRunner(base.replace(profile_ranges=True), 0, Recording())
+                           ).generate(batch, 2)
+    assert opened[:5] == ["step", "inputs", "forward", "sample", "copy-out"]
+    assert len(opened) == 5 * 2  # a prefill step and a decode step
+    assert [r.out for r in marked] == [r.out for r in quiet]

@@ -16,7 +16,7 @@ from tessera.worker_proc.sampler import Sampler
 
 @pytest.fixture(scope="module")
 def sampler() -> Sampler:
-    return Sampler(load_platform("cpu").op("sample"), torch.device("cpu"))
+    return Sampler(load_platform("cpu"), torch.device("cpu"))
 
 
 def make_batch(n: int, **arrays: Any) -> ForwardBatch:
@@ -134,7 +134,7 @@ def test_penalties_match_hugging_face_and_openai(sampler):
                             "hist_ids": np.array(prompt0 + out0 + prompt1 + out1, np.int32),
                             "hist_prompt_lens": np.array([3, 1], np.int32)})
     got = logits.clone()
-    apply_penalties(got, batch, np.arange(2))
+    apply_penalties(load_platform("cpu"), got, batch, np.arange(2))
     want0 = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([prompt0 + out0]),
                                                   logits[:1].clone())[0]
     assert torch.allclose(got[0], want0)

@@ -140,14 +140,14 @@ def test_acceptance_keeps_the_sampling_distribution() -> None:
     top-p), whatever the proposal; given it equals proposal 1, the second has P1. Chi-square
     tests at a 1e-4 level on 20000 verifications, with a fixed generator (deterministic)."""
     platform = load_platform("cpu")
-    sampler = Sampler(platform.op("sample"), torch.device("cpu"))
+    sampler = Sampler(platform, torch.device("cpu"))
     vocab, n = 6, 20000
     logits0 = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -3.0])
     logits1 = torch.tensor([0.1, 1.0, 2.0, 0.0, -1.0, 0.5])
     logits2 = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 0.0])
     proposals = [1, 2]  # the second most likely token first, then P1's favourite
     batch = _verify_batch(n, proposals, temperature=0.9, top_p=0.9)
-    plan = plan_verify(batch, torch.device("cpu"))
+    plan = plan_verify(batch, platform, torch.device("cpu"))
     assert plan is not None
     logits = torch.stack([logits0, logits1, logits2]).repeat(n, 1)
     torch.manual_seed(0)

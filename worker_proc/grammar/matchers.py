@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -40,7 +40,7 @@ class MaskPlan:
 
 
 class MatcherTable:
-    def __init__(self, vocab_size: int, fill_threads: int | str = "auto") -> None:
+    def __init__(self, vocab_size: int, fill_threads: int | Literal["auto"] = "auto") -> None:
         self.words = (vocab_size + 31) // 32
         self.slots: dict[int, Slot] = {}
         self._fill_threads = fill_threads

@@ -192,6 +192,7 @@ class CausalLM(nn.Module):
                idx: torch.Tensor) -> torch.Tensor:
         """The final hidden states (after the last norm, as transformers' last_hidden_state)
         of the tokens at `idx`."""
+        assert self.final_norm is not None, "only the last pipeline stage has the final norm"
         if residual is None:
             return self.final_norm(h.index_select(0, idx))  # type: ignore[no-any-return]
         out, _ = self.final_norm.add_forward(h.index_select(0, idx),

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from tessera.bus.messages import ForwardBatch, GrammarInit, GrammarSpec, SampledTokens
+from tessera.hal.platform import Platform
 from tessera.worker_proc.grammar.compiler import GrammarCompiler
 from tessera.worker_proc.grammar.runtime import GrammarRuntime
 from tessera.worker_proc.sampler import Sampler
@@ -57,12 +58,13 @@ def make_batch(n: int, **arrays: Any) -> ForwardBatch:
                         input_ids=np.zeros(n, np.int32), sample=np.ones(n, np.uint8), **base)
 
 
-def ready_runtime(info: Any, vocab: int, device: torch.device) -> GrammarRuntime:
+def ready_runtime(info: Any, vocab: int, platform: Platform, device: torch.device
+                  ) -> GrammarRuntime:
     """A runtime with matchers 0, 1 (REGEX) and 2 (SCHEMA) compiled and made."""
     from tessera.worker_proc.forward_inputs import to_device
 
     rt = GrammarRuntime(GrammarCompiler(lambda: info), vocab,
-                        lambda a, dtype: to_device(a, dtype, device))
+                        lambda a, dtype: to_device(platform, a, dtype, device))
     rt.init(GrammarInit(first_id=0, count=2, grammar=GrammarSpec("regex", REGEX, "regex")))
     rt.init(GrammarInit(first_id=2, count=1, grammar=GrammarSpec(
         "json_schema", json.dumps(SCHEMA), "response_format")))

@@ -32,13 +32,13 @@ CPU = torch.device("cpu")
 
 @pytest.fixture
 def runtime(info: Any) -> GrammarRuntime:
-    return ready_runtime(info, VOCAB, CPU)
+    return ready_runtime(info, VOCAB, load_platform("cpu"), CPU)
 
 
 @pytest.fixture
 def sampler() -> Sampler:
     platform = load_platform("cpu")
-    return Sampler(platform.op("sample"), CPU, platform.op("apply_token_mask"))
+    return Sampler(platform, CPU, platform.op("apply_token_mask"))
 
 
 def _text(tokenizer: Any, ids: list[int]) -> str:

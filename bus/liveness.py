@@ -1,11 +1,11 @@
-"""The server's heartbeats: from its event loop, with fresh stats, and from a thread while a
-handler holds the loop.
+"""Heartbeats of an asyncio process (AsyncBusProcess, bus/process.py): from its event loop,
+with fresh stats, and from a thread while a handler holds the loop.
 
-One request can hold the event loop for a second or more (parsing and checking an 8 MiB body
-of millions of items); a few at once held it past --heartbeat-timeout-s, the loop's own
-heartbeat could not run, and the supervisor took the server for hung and restarted it,
-failing every stream in flight. As in the engine processes (bus/process.py), a thread keeps
-the heartbeats going with the stats the loop last sent, until the loop has not come round for
+One request can hold the HTTP server's event loop for a second or more (parsing and checking an
+8 MiB body of millions of items); a few at once held it past --heartbeat-timeout-s, the loop's
+own heartbeat could not run, and the supervisor took the server for hung and restarted it,
+failing every stream in flight. As in the engine processes (BusProcess), a thread keeps the
+heartbeats going with the stats the loop last sent, until the loop has not come round for
 --loop-stall-timeout-s: a loop stuck that long is hung, and the supervisor sees the silence.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from tessera.bus.channel import Outbox, SendTimeout
 from tessera.bus.messages import Heartbeat
 
-log = logging.getLogger("tessera.server")
+log = logging.getLogger(__name__)
 
 
 class Liveness:

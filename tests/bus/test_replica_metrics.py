@@ -1,0 +1,37 @@
+"""The --dp-size /metrics: each replica's figures read from its own exposition (the scheduler's
+samples), and the routed hit rate over all of them, exposed in a form Prometheus parses."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tessera.bus.replica_metrics import ReplicaLoad, parse_replica, render, router_hit_rate
+
+REPLICA = """\
+# TYPE tessera:num_requests_running gauge
+tessera:num_requests_running{process="scheduler"} 3.0
+# TYPE tessera:num_requests_waiting gauge
+tessera:num_requests_waiting{process="scheduler"} 5.0
+# TYPE tessera:cache_hit_tokens counter
+tessera:cache_hit_tokens_total{process="scheduler"} 900.0
+# TYPE tessera:cache_query_tokens counter
+tessera:cache_query_tokens_total{process="scheduler"} 1000.0
+# TYPE tessera:prompt_tokens counter
+tessera:prompt_tokens_total 1000.0
+"""
+
+
+def test_parse_and_render() -> None:
+    one = parse_replica(0, "http://127.0.0.1:1", REPLICA, up=True, restarts=2)
+    assert (one.running, one.waiting, one.cache_hit_rate) == (3.0, 5.0, 0.9)
+    other = ReplicaLoad(1, "http://127.0.0.1:2", up=False, cache_hit_tokens=100.0,
+                        cache_query_tokens=1000.0)
+    assert router_hit_rate([one, other]) == 0.5  # tokens, not the mean of the rates
+    text = render([one, other], gateway_text='smg_worker_health{worker="x"} 1\n')
+    samples = {(s.name, s.labels.get("replica")): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("tessera:replica_requests_waiting", "0")] == 5.0
+    assert samples[("tessera:replica_up", "1")] == 0.0
+    assert samples[("tessera:replica_restarts_total", "0")] == 2.0
+    assert samples[("tessera:router_cache_hit_rate", None)] == 0.5
+    assert samples[("smg_worker_health", None)] == 1.0
