@@ -59,6 +59,10 @@ def default_results_dir() -> str:
 
 
 def git_commit() -> str:
+    """The commit measured: TESSERA_COMMIT when set (a copy of the tree on a GPU machine may
+    carry stale git metadata), else git's HEAD, "-dirty" with uncommitted changes."""
+    if os.environ.get("TESSERA_COMMIT"):
+        return os.environ["TESSERA_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root(), capture_output=True,
                              text=True, timeout=5)

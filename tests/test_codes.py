@@ -51,9 +51,10 @@ def test_an_open_breaker_names_its_code() -> None:
 
 @pytest.mark.parametrize("max_total_tokens", [None, 1_000_000])
 def test_too_little_kv_memory_names_its_code(max_total_tokens: int | None) -> None:
+    from tessera.hal.platform import MemoryPolicy
     from tessera.worker_proc.kv_sizing import plan_kv
 
     with pytest.raises(MemoryError, match=r"\[T107, docs/troubleshooting.md\]"):
-        plan_kv(free_bytes_now=2**20, free_bytes_before_weights=2**30, is_cpu=False,
+        plan_kv(free_bytes_now=2**20, free_bytes_before_weights=2**30, policy=MemoryPolicy(),
                 mem_fraction=0.5, max_total_tokens=max_total_tokens, page_size=16,
                 bytes_per_slot=2**16, max_context_len=4096, max_running_requests=8)
