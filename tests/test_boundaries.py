@@ -2,7 +2,9 @@
 
     tessera/config.py   imports nothing of tessera (tests/test_config.py checks it at runtime)
     hal/                never imports the bus or a process package
-    worker_proc/        names no chip and tests no device type: the Platform contract only
+    worker_proc/        names no chip, tests no device type, probes no plugin attribute:
+                        the Platform contract only
+    scheduler_proc/     its parts (planner, running set, invariant) never import the Scheduler
     every package       but hal/: no chip API (torch.cuda, triton, device-type tests)
     scheduler, bus, server, tokenizer, detokenizer, client: import no torch
     a process package   never imports another process package
@@ -107,3 +109,12 @@ def test_loading_a_plugin_loads_no_bus() -> None:
     loaded = loaded_after_import(["tessera.hal.registry", "tessera.hal.cpu",
                                   "tessera.hal.conformance"])
     assert sorted(m for m in loaded if m.startswith("tessera.bus")) == []
+
+
+def test_the_scheduler_s_parts_do_not_reach_back_into_it() -> None:
+    """The planner, running set, invariant check, ... work on the parts they are given and
+    return what they decided: only the process module holds a Scheduler."""
+    bad = {str(p.relative_to(ROOT)) for p in sources("scheduler_proc")
+           if p.name not in ("scheduler.py", "process.py")
+           and "tessera.scheduler_proc.scheduler" in tessera_imports(p)}
+    assert bad == set()

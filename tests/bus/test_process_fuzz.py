@@ -95,7 +95,7 @@ def test_both_still_serve_after_the_fuzz(engine: Engine) -> None:
             rids=["after"], indices=[0], counts=np.array([1], np.int32),
             token_ids=np.array(tokenizer.encode(" ok", add_special_tokens=False)[:1], np.int32),
             finish=["length"], prompt_tokens=[3], cached_tokens=[0],
-            new_requests={"after": dict(got.detok)}, matched_stop=[None]))
+            new_requests={"after": got.detok}, matched_stop=[None]))
         out = wait_for(engine.client, RequestOutput, timeout=30.0,
                        predicate=lambda m: m.rid == "after")
         assert out.finish_reason == "length" and out.text == " ok"
