@@ -6,7 +6,8 @@
 The roofline bound is computed for the steps the run made: from the scheduler's step counters
 when it exports them (forward_tokens_total, kv_tokens_read_total, attended_positions_total),
 else by replaying its policy over this workload (`roofline.simulate_steps`, with the engine's
-max running requests, chunk size and KV capacity). Bandwidth and matmul peak are measured
+max running requests, chunk size and KV capacity; with pipeline stages each step dealt into
+the batches in flight, `roofline.micro_batches`, since each reads the weights). Bandwidth and matmul peak are measured
 before the engine starts (`device_probe`) unless given, per device; the bound sums them over
 the --tp-size x --pp-size devices (every stage works on a batch of its own).
 """
@@ -34,6 +35,7 @@ from tessera.benchmarks.roofline import (
     Device,
     ModelCost,
     RooflineResult,
+    micro_batches,
     parallel_devices,
     roofline,
     roofline_from_totals,
@@ -66,9 +68,10 @@ def run_bound(cost: ModelCost, device: Device, reqs: list[BenchRequest], before:
         res = roofline_from_totals(cost, int(delta["steps"]), int(delta[COUNTERS[0]]),
                                    int(delta[COUNTERS[1]]), int(delta[COUNTERS[2]]), device)
         return res, "scheduler counters", int(delta["steps"])
-    steps = simulate_steps([r.prompt_len for r in reqs], [r.output_len for r in reqs],
-                           engine.max_running_requests, engine.chunked_prefill_size,
-                           kv_capacity)
+    steps = micro_batches(
+        simulate_steps([r.prompt_len for r in reqs], [r.output_len for r in reqs],
+                       engine.max_running_requests, engine.chunked_prefill_size, kv_capacity),
+        engine.pipeline_batches)
     return roofline(cost, steps, device), "replayed schedule", len(steps)
 
 

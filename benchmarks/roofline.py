@@ -170,6 +170,21 @@ def roofline_from_totals(cost: ModelCost, steps: int, new_tokens: int, kv_tokens
     return RooflineResult(max(mem, comp), mem, comp, steps, nbytes, flops)
 
 
+def micro_batches(steps: Sequence[StepShape], parts: int) -> list[StepShape]:
+    """The steps as a pipeline runs them: each step's requests dealt round-robin into `parts`
+    independent batches (the scheduler spreads the decoding requests over the batches in
+    flight), every batch reading the weights again."""
+    if parts <= 1:
+        return list(steps)
+    out: list[StepShape] = []
+    for step in steps:
+        pairs = list(zip(step.extend_lens, step.seq_lens, strict=True))
+        for i in range(min(parts, len(pairs))):
+            share = pairs[i::parts]
+            out.append(StepShape(tuple(e for e, _ in share), tuple(q for _, q in share)))
+    return out
+
+
 def simulate_steps(prompt_lens: Sequence[int], output_lens: Sequence[int], max_running: int,
                    chunk_size: int = 2048, kv_capacity: int | None = None,
                    mixed: bool = True) -> list[StepShape]:

@@ -98,7 +98,9 @@ class Planner:
         rows, inputs, retracted, drafts = self._plan_decodes(step)
         plan = StepPlan(rows, inputs, retracted=preempted + retracted, drafts=drafts)
         budget = self.token_budget(decoding=rows.shape[0] > 0)
-        share = max(self.page_size, budget // 2) if self.waiting else budget
+        # Half (a token at least, so they always move), not a page at least: a budget of one
+        # page went wholly to the running prefill and the waiting requests never got in.
+        share = max(1, budget // 2) if self.waiting else budget
         plan.chunks, left = self._plan_prefills(min(share, budget))
         self._admit(plan, left + budget - min(share, budget))
         return plan
@@ -278,7 +280,16 @@ class Planner:
         prefill_only = st.max_total[rows] <= known
         prefilling = rows[(kv < known + st.pending[rows] - 1) | (prefill_only & (kv < known))]
         seqs = [running.seqs[r] for r in prefilling.tolist()]
-        seqs.sort(key=lambda q: q.sort_key(running.by_priority))
+
+        def order(q: Sequence) -> tuple[int, bool, int, int]:
+            # Within a priority, prompts whose rest fits this step first: a short request
+            # admitted beside a long prompt finishes its prefill now instead of waiting for
+            # every chunk of the older prompt (each such prompt ends here: no starvation).
+            first, *rest = q.sort_key(running.by_priority)
+            fits = int(st.n_known[q.row]) - int(st.kv_len[q.row]) <= budget
+            return (first, not fits, *rest)
+
+        seqs.sort(key=order)
         for seq in seqs:
             if budget <= 0:
                 break

@@ -10,10 +10,14 @@ The prefill budget protects running decodes: while some decode, a step that also
 may take at most `max_mixed_step_ratio` decode steps, so its chunk is what fits in the rest
 at the measured cost, but never less than `min_tokens` (new requests must still be served:
 protecting decodes must not starve arrivals). Independently, `step_target_ms` caps the
-prefill work of every step, down to a page at least: a request that arrives while a long
-prompt prefills waits for the step in flight, so on a slow CPU device no step may last tens
-of seconds, even one that had nobody to wait for it when it started. Before anything is
-measured (a fresh or restarted engine), a step prefills at most UNMEASURED_CHUNK tokens:
+prefill work of every step: a request that arrives while a long prompt prefills waits for the
+step in flight, so on a slow CPU device no step may last tens of seconds, even one that had
+nobody to wait for it when it started. That cap stops at `min_tokens` too: on a device whose
+fixed cost per step is near the target, smaller chunks would make the prompt take hundreds
+of steps, and before a decode step has measured that fixed cost it counts as prefill work,
+so each smaller chunk would measure dearer and shrink the next (down to a page a step, a
+long prompt took minutes and the requests waiting beside it got no budget). Before anything
+is measured (a fresh or restarted engine), a step prefills at most UNMEASURED_CHUNK tokens:
 enough to measure the device, little enough not to hold an arrival for long.
 """
 
@@ -59,9 +63,9 @@ class StepCost:
     def prefill_budget(self, *, decoding: bool, cap: int, min_tokens: int, floor: int,
                        max_mixed_step_ratio: float, step_target_ms: float) -> int:
         """Prefill tokens the next step may carry: at most `cap`; while streams decode, what
-        fits in (max_mixed_step_ratio - 1) decode steps but at least `min_tokens`; at most
-        step_target_ms of prefill work but at least `floor` (UNMEASURED_CHUNK before any
-        measure). A step target of 0 turns the time cap off."""
+        fits in (max_mixed_step_ratio - 1) decode steps, and at most step_target_ms of
+        prefill work, but at least `min_tokens` (UNMEASURED_CHUNK before any measure). A
+        step target of 0 turns the time cap off."""
         per_token = self.prefill_ms_per_token
         if per_token <= 0:
             return min(cap, UNMEASURED_CHUNK) if step_target_ms > 0 else cap
@@ -70,5 +74,5 @@ class StepCost:
             fits = _tokens((max_mixed_step_ratio - 1) * self.decode_ms, per_token)
             budget = min(budget, max(fits, min_tokens))
         if step_target_ms > 0:
-            budget = min(budget, max(_tokens(step_target_ms, per_token), floor))
+            budget = min(budget, max(_tokens(step_target_ms, per_token), min_tokens))
         return max(budget, min(floor, cap))

@@ -177,6 +177,10 @@ class EngineConfig(BatchingConfig):
     pp_size: int = _opt(1, "pipeline-parallel stages: the layers are split into pp_size "
                         "stages of equal length, each served by --tp-size worker processes; "
                         "several batches are in flight so that stages do not idle")
+    pp_batches_in_flight: int = _opt(
+        0, "with --pp-size > 1, the independent batches kept in flight (each takes its share "
+        "of the decoding requests); 0: pp-size + 1, so that while one batch's tokens go back "
+        "to the scheduler and its next step comes, every stage still has a batch to run")
     all_reduce_one_shot_max_kb: int = _opt(
         4096, "tensor-parallel all-reduces of at most this many KiB take the plugin's "
         "one-shot path over peer memory where it offers one (cuda: torch symmetric memory, "
@@ -274,12 +278,23 @@ class EngineConfig(BatchingConfig):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
                                  f"{getattr(self, name)!r}")
+        if self.pp_batches_in_flight < 0:
+            raise ValueError(f"pp_batches_in_flight must be 0 (automatic) or positive, got "
+                             f"{self.pp_batches_in_flight}")
         if self.all_reduce_one_shot_max_kb < 0:
             raise ValueError(f"all_reduce_one_shot_max_kb must be 0 (off) or positive, got "
                              f"{self.all_reduce_one_shot_max_kb}")
         if self.intra_op_threads < 0:
             raise ValueError(f"intra_op_threads must be 0 (automatic) or positive, got "
                              f"{self.intra_op_threads}")
+
+    @property
+    def pipeline_batches(self) -> int:
+        """Independent batches the workers hold in flight: 0 with one stage (the scheduler
+        then chains steps instead), else --pp-batches-in-flight or pp-size + 1."""
+        if self.pp_size == 1:
+            return 0
+        return self.pp_batches_in_flight or self.pp_size + 1
 
     @property
     def world_size(self) -> int:

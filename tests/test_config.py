@@ -115,3 +115,9 @@ def test_allowed_special_tokens_flag_is_a_set() -> None:
         parse(["--allowed-special-tokens", "<|im_end|>, <|im_start|>"]), NO_ENV)
     assert config.allowed_special == frozenset({"<|im_end|>", "<|im_start|>"})
     assert ServerConfig.from_cli(parse([]), NO_ENV).allowed_special == frozenset()
+
+
+def test_pipeline_batches_default_to_one_more_than_the_stages() -> None:
+    assert EngineConfig(pp_size=1).pipeline_batches == 0  # one stage: steps are chained
+    assert EngineConfig(pp_size=2).pipeline_batches == 3
+    assert EngineConfig(pp_size=4, pp_batches_in_flight=4).pipeline_batches == 4

@@ -312,14 +312,13 @@ class ModelRunner:
         return self.layout.answers
 
     def ready_message(self) -> WorkerReady:
-        pp = self.config.pp_size
         return WorkerReady(
             rank=self.rank, world_size=self.config.world_size,
             num_slots=self.kv_plan.num_slots,
             page_size=self.kv_plan.page_size, max_context_len=self.max_context_len,
             vocab_size=self.model_config.vocab_size,
             eos_token_ids=list(self.model_config.eos_token_ids), device=str(self.device),
-            answers=self.answers, batches_in_flight=pp if pp > 1 else 0)
+            answers=self.answers, batches_in_flight=self.config.pipeline_batches)
 
     # -- grammars (rank 0) --------------------------------------------------------------------
 

@@ -188,6 +188,22 @@ def test_roofline_sums_the_devices_that_work_at_once() -> None:
     assert roofline(cost, step, h200.times(2)).bound_s == pytest.approx(one / 2)
 
 
+def test_pipeline_batches_read_the_weights_each() -> None:
+    from tessera.benchmarks.roofline import micro_batches
+
+    steps = [StepShape((1, 1, 1), (10, 20, 30)), StepShape((5,), (5,))]
+    split = micro_batches(steps, 2)
+    assert split == [StepShape((1, 1), (10, 30)), StepShape((1,), (20,)),
+                     StepShape((5,), (5,))]
+    assert micro_batches(steps, 0) == steps
+    config = read_config_file(str(CONFIGS / "llama3-8b.json"))
+    cost = ModelCost.of(config, "bfloat16")
+    h200 = Device(bandwidth_gbps=4220, peak_tflops=794)
+    # two half-batches read the weights twice: the bound grows by one weight read
+    whole, halves = (roofline(cost, s, h200).memory_s for s in (steps[:1], split[:2]))
+    assert halves - whole == pytest.approx(cost.weight_bytes / 4220e9)
+
+
 def test_step_cost_counts_causal_attention() -> None:
     cost = ModelCost(weight_bytes=100.0, matmul_params=10.0, kv_bytes_per_token=2.0,
                      attn_flops_per_position=1.0)

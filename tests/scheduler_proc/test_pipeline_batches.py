@@ -55,3 +55,26 @@ def test_one_running_request_decodes_one_batch_at_a_time() -> None:
         steps += 1
     assert steps == 4 and len(got.tokens[("a", 0)]) == 4
     assert np.all(np.asarray(got.tokens[("a", 0)]) >= 0)
+
+
+def test_one_batch_more_than_the_stages_spreads_the_rows_over_three() -> None:
+    """pp-size 2 keeps three batches in flight by default (tessera/config.py
+    pipeline_batches): eight decoding requests go 3, 3, 2, and no row is in two of them."""
+    sched = _sched(3)
+    worker = FakeWorker(sched, refer_back=False)
+    got = Collected()
+    for i in range(8):
+        assert sched.add_request(make_request(f"r{i}", [5 + i, 6, 7, 8], max_tokens=20,
+                                              ignore_eos=True)) is None
+    first = sched.next_batch()
+    assert first is not None and first.batch_size == 8
+    got.add(sched.on_result(worker.step(first)))
+    inflight = []
+    while (batch := sched.next_batch()) is not None:
+        inflight.append(batch)
+    assert [b.batch_size for b in inflight] == [3, 3, 2]
+    rows = [set(b.rows.tolist()) for b in inflight]
+    assert not (rows[0] & rows[1] or rows[0] & rows[2] or rows[1] & rows[2])
+    for batch in inflight:
+        got.add(sched.on_result(worker.step(batch)))
+

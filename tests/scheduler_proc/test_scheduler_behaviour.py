@@ -448,6 +448,42 @@ def test_prefill_chunks_shrink_to_the_step_time_target_even_alone() -> None:
     assert sched.stats()["step_token_budget"] == 16
 
 
+def test_on_a_device_slower_than_the_step_target_waiting_requests_still_get_in() -> None:
+    """A step's fixed cost (1 s) alone exceeds --step-target-ms (500 ms), and no decode step
+    has measured it yet, so it reads as prefill work. The chunks must not shrink step after
+    step down to a page (which went wholly to the long prompt): the requests that arrive are
+    admitted and finish while most of the long prompt is still to come."""
+    sched = make(chunked_prefill_size=512, step_target_ms=500.0, max_context_len=4096,
+                 num_slots=16 * 400)
+    worker = FakeWorker(sched)
+    got = Collected()
+
+    def slow(fb) -> SampledTokens:  # noqa: ANN001
+        return dataclasses.replace(worker.step(fb),
+                                   forward_ms=1000.0 + 5.0 * float(fb.extend_lens.sum()))
+
+    assert sched.add_request(make_request("long", prompt(3000), max_tokens=2,
+                                          ignore_eos=True)) is None
+    for _ in range(4):
+        got.add(sched.on_result(slow(sched.next_batch())))
+    for i in range(3):
+        sched.add_request(make_request(f"short{i}", prompt(24, 2 + i), max_tokens=3,
+                                       ignore_eos=True))
+    steps = 0
+    while not all((f"short{i}", 0) in got.finish for i in range(3)) and steps < 40:
+        got.add(sched.on_result(slow(sched.next_batch())))
+        steps += 1
+    assert all((f"short{i}", 0) in got.finish for i in range(3)), sched.stats()
+    assert prefill_left(sched, "long") > 1500
+    assert sched.stats()["step_token_budget"] >= 64  # an eighth of the chunk size at least
+    drive(sched, worker, got)
+    for rid, p, n in [("long", prompt(3000), 2)] + [(f"short{i}", prompt(24, 2 + i), 3)
+                                                    for i in range(3)]:
+        want, _ = reference_output(p, SamplingParams(max_tokens=n, ignore_eos=True), 0,
+                                   len(p) + n)
+        assert got.tokens[(rid, 0)] == want
+
+
 def test_a_resent_copy_of_a_running_request_is_ignored() -> None:
     sched = make()
     worker = FakeWorker(sched)
