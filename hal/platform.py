@@ -206,6 +206,12 @@ class Communicator(ABC):
         del one_shot_max_bytes, dtype
         return "default collectives"
 
+    @property
+    def one_shot_max_bytes(self) -> int:
+        """The largest all-reduce that takes the faster path `configure` set up (0: none),
+        reported in the worker's stats."""
+        return 0
+
     def abort(self) -> None:
         """Leave the group at once, even with collectives a peer will never join (shutdown
         while a step is half done). By default the same as destroy()."""
