@@ -306,7 +306,7 @@ class Planner:
         limit = self.config.max_running_requests
         deferred: list[Sequence] = []
         if budget > 0 and running.row_pool.free_rows and len(running) < limit:
-            waiting.rank(kv.matched_tokens)
+            waiting.rank(kv.matched_tokens, kv.cache_version)
         while budget > 0 and running.row_pool.free_rows and len(running) < limit:
             seq = waiting.peek()
             if seq is None:
