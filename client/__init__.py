@@ -30,10 +30,12 @@ from tessera.client.outputs import (
     TopLogprob,
     Usage,
 )
+from tessera.client.sampling import CheckedSampling, check_sampling
 from tessera.client.sync_client import Client, Stream
 
 __all__ = [
-    "AsyncClient", "AsyncStream", "AuthenticationError", "BadRequestError", "Choice", "Client",
+    "AsyncClient", "AsyncStream", "AuthenticationError", "BadRequestError", "CheckedSampling",
+    "Choice", "Client", "check_sampling",
     "Delta", "EngineDeadError", "EngineNotFoundError", "GenerateResult", "InternalError",
     "NotFoundError", "OverloadedError", "PromptLogprob", "PromptTooLongError", "RateLimitError",
     "RequestTimeoutError", "SlowConsumerError", "Stream", "TesseraError", "TokenLogprob",

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from tessera.bus.channel import SendTimeout
-from tessera.bus.messages import GenerateRequest, SamplingParams, StatusReply
+from tessera.bus.messages import GenerateRequest, StatusReply
 from tessera.client.connection import Item, LoopSink
 from tessera.client.outputs import Delta, GenerateResult, ResultBuilder
 from tessera.client.request import (
@@ -28,6 +28,7 @@ from tessera.client.request import (
     open_request,
     status_timeout_error,
 )
+from tessera.client.sampling import SamplingArg
 
 
 class AsyncStream(StreamBase):
@@ -104,7 +105,7 @@ class AsyncClient(ClientBase):
             await asyncio.get_running_loop().run_in_executor(None, self.conn.send_generate, req)
 
     async def start(self, prompt: Prompt = None,
-                    sampling: SamplingParams | dict[str, Any] | None = None, *,
+                    sampling: SamplingArg = None, *,
                     messages: Sequence[dict[str, Any]] | None = None, input_ids: Any = None,
                     stream: bool = True, rid: str | None = None, priority: int = 0,
                     add_generation_prompt: bool = True,
@@ -129,7 +130,7 @@ class AsyncClient(ClientBase):
         return AsyncStream(tracker, replies, self.first_timeout_s, self.inter_timeout_s)
 
     async def generate(self, prompt: Prompt = None,
-                       sampling: SamplingParams | dict[str, Any] | None = None, *,
+                       sampling: SamplingArg = None, *,
                        stream: bool = False, **kwargs: Any) -> GenerateResult | AsyncStream:
         """Like `Client.generate`: the whole GenerateResult, or (stream=True) an AsyncStream."""
         out = await self.start(prompt, sampling, stream=stream, **kwargs)

@@ -28,6 +28,7 @@ from tessera.client.errors import (
     from_reply,
 )
 from tessera.client.outputs import Delta, delta_from_output
+from tessera.client.sampling import SamplingArg, check_sampling
 from tessera.config import EngineConfig
 
 Prompt = str | Sequence[dict[str, Any]] | Sequence[int] | np.ndarray | None
@@ -58,29 +59,6 @@ def make_connection(run_dir: str | RunPaths, config: EngineConfig, *,
         watch_engine=watch_engine, status_interval_s=min(0.5, config.heartbeat_interval_s),
         silence_timeout_s=config.heartbeat_timeout_s, self_name=self_name,
         tokenizer_workers=config.tokenizer_workers)
-
-
-def coerce_sampling(sampling: SamplingParams | dict[str, Any] | None,
-                    overrides: dict[str, Any]) -> SamplingParams:
-    """SamplingParams from an object, a dict and/or keyword overrides; invalid → 400."""
-    if sampling is None:
-        values: dict[str, Any] = {}
-    elif isinstance(sampling, SamplingParams):
-        values = sampling.to_dict()
-    elif isinstance(sampling, dict):
-        values = dict(sampling)
-    else:
-        raise BadRequestError(f"sampling must be SamplingParams or a dict, got "
-                              f"{type(sampling).__name__}", param="sampling")
-    values.update(overrides)
-    try:
-        params = SamplingParams.from_dict(values)
-    except (TypeError, ValueError) as exc:
-        raise BadRequestError(f"{exc}; see SamplingParams for the accepted names") from None
-    problem = params.validate()
-    if problem:
-        raise BadRequestError(problem.message, param=problem.param)
-    return params
 
 
 def build_request(conn: BusConnection, prompt: Prompt, sampling: SamplingParams, *,
@@ -237,7 +215,7 @@ class RequestTracker:
 
 
 def open_request(conn: BusConnection, prompt: Prompt,
-                 sampling: SamplingParams | dict[str, Any] | None,
+                 sampling: SamplingArg,
                  sampling_kwargs: dict[str, Any], sink: Callable[[Item], None], *,
                  messages: Sequence[dict[str, Any]] | None, input_ids: Any, stream: bool,
                  rid: str | None, priority: int, add_generation_prompt: bool,
@@ -247,7 +225,7 @@ def open_request(conn: BusConnection, prompt: Prompt,
     """Check the parameters and the breaker, build the request and route its replies to
     `sink` (at most `buffer_limit` unread outputs, 0: no limit); the caller sends it (and
     unregisters `req.rid` if the send fails)."""
-    params = coerce_sampling(sampling, sampling_kwargs)
+    params = check_sampling(sampling, sampling_kwargs).params
     conn.check_available()
     req = build_request(conn, prompt, params, messages=messages, input_ids=input_ids,
                         stream=stream, rid=rid, priority=priority,

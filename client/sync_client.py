@@ -15,7 +15,7 @@ import queue
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from tessera.bus.messages import SamplingParams, StatusReply
+from tessera.bus.messages import StatusReply
 from tessera.client.connection import Item
 from tessera.client.outputs import Delta, GenerateResult, ResultBuilder
 from tessera.client.request import (
@@ -25,6 +25,7 @@ from tessera.client.request import (
     open_request,
     status_timeout_error,
 )
+from tessera.client.sampling import SamplingArg
 
 
 class Stream(StreamBase):
@@ -69,7 +70,7 @@ class Client(ClientBase):
     """Blocking client of a running engine, addressed by its run directory."""
 
     def generate(self, prompt: Prompt = None,
-                 sampling: SamplingParams | dict[str, Any] | None = None, *,
+                 sampling: SamplingArg = None, *,
                  messages: Sequence[dict[str, Any]] | None = None, input_ids: Any = None,
                  stream: bool = False, rid: str | None = None, priority: int = 0,
                  add_generation_prompt: bool = True,

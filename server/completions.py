@@ -84,7 +84,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     elif values["max_tokens"] == 0:
         raise bad_request("'max_tokens' 0 generates nothing: it needs 'echo' with 'logprobs' "
                           "(scoring the prompt)", "max_tokens")
-    params = sampling(values)
+    checked = sampling(values)
+    params = checked.params
     if scoring and opts.stream and params.n > 1:
         raise bad_request("streamed 'echo' with 'logprobs' takes n = 1; send n requests or "
                           "stream=false", "n")
@@ -103,7 +104,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
     async with Generation(state) as gen:
         for i, prompt in enumerate(batch):
-            await gen.start(sampling=params, rid=rid if i == 0 else f"{rid}-{i}",
+            await gen.start(sampling=checked, rid=rid if i == 0 else f"{rid}-{i}",
                             priority=priority, **prompt)
         if not opts.stream:
             tally = UsageTally()

@@ -16,8 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tessera.bus.messages import SamplingParams
-from tessera.client import Delta
+from tessera.client import CheckedSampling, Delta
 from tessera.server.errors import ApiError, bad_request
 from tessera.server.fields import check_fields
 from tessera.server.formatting import read_body
@@ -78,7 +77,7 @@ _NATIVE_NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
                  "logprobs": "top_logprobs_num"}
 
 
-def _native_params(values: dict[str, Any]) -> SamplingParams:
+def _native_params(values: dict[str, Any]) -> CheckedSampling:
     try:
         return sampling(values)
     except ApiError as exc:
@@ -140,7 +139,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     values = native_sampling(body, state.config.lenient_params)
     want_logprobs = take(body, "return_logprob", BOOL, False)
     values["logprobs"] = take(body, "top_logprobs_num", INT, 0) if want_logprobs else None
-    params = _native_params(values)
+    checked = _native_params(values)
+    params = checked.params
     stream = take(body, "stream", BOOL, False)
     rid = take(body, "rid", STR) or uuid.uuid4().hex
     priority = take_priority(body, state.config.schedule_policy)
@@ -148,7 +148,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     choices = [_Choice() for _ in range(params.n)]
 
     async with Generation(state) as gen:
-        await gen.start(sampling=params, rid=rid, priority=priority, **prompt)
+        await gen.start(sampling=checked, rid=rid, priority=priority, **prompt)
         if not stream:
             for index, delta in await gen.collect():
                 choices[index].add(delta)

@@ -2,7 +2,8 @@
 
 Unknown fields are refused (fields.py); a known field of the wrong type is a 400 that names
 the field and the type it must have. Values are then checked by
-`SamplingParams.validate`, whose message also names the field.
+the client library's `check_sampling` (`SamplingParams.validate`), whose error also names the
+field.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tessera.bus.messages import SamplingParams
+from tessera.client import BadRequestError, CheckedSampling, check_sampling
 from tessera.server.errors import ApiError, bad_request
 from tessera.server.structured import read_grammar
 
@@ -140,15 +141,16 @@ def check_model(body: dict[str, Any], served: tuple[str, ...]) -> str:
     return served[0]
 
 
-def sampling(values: dict[str, Any], keep_none: tuple[str, ...] = ()) -> SamplingParams:
-    """SamplingParams from already type-checked values; an out-of-range value is a 400.
+def sampling(values: dict[str, Any], keep_none: tuple[str, ...] = ()) -> CheckedSampling:
+    """SamplingParams from already type-checked values, checked by the client library's
+    `check_sampling` (the one check in this process: the engine requests started with the
+    result are not checked again here); an out-of-range value is a 400 naming the field.
     None means "the default" except for the names in `keep_none` (max_tokens=None: no cap)."""
-    params = SamplingParams.from_dict({k: v for k, v in values.items()
-                                       if v is not None or k in keep_none})
-    problem = params.validate()
-    if problem:
-        raise bad_request(problem.message, problem.param)
-    return params
+    try:
+        return check_sampling({k: v for k, v in values.items()
+                               if v is not None or k in keep_none}, {})
+    except BadRequestError as exc:
+        raise ApiError.from_client(exc) from None
 
 
 def take_logit_bias(body: dict[str, Any]) -> dict[int, float] | None:
