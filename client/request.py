@@ -96,8 +96,12 @@ def build_request(conn: BusConnection, prompt: Prompt, sampling: SamplingParams,
         if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
             raise BadRequestError("input_ids must be a non-empty list of integers",
                                   param="input_ids")
-        if ids.min() < 0 or ids.max() > np.iinfo(np.int32).max:
-            raise BadRequestError("input_ids must be non-negative token ids", param="input_ids")
+        # Only what the message's int32 array can hold is checked here: whether an id is
+        # in the vocabulary is the scheduler's to judge, where the model's vocabulary is.
+        wire = np.iinfo(np.int32)
+        if ids.min() < wire.min or ids.max() > wire.max:
+            raise BadRequestError("input_ids holds a value that is no token id (ids are 32-bit "
+                                  "integers)", param="input_ids")
         ids = ids.astype(np.int32)
     return GenerateRequest(
         rid=rid or uuid.uuid4().hex, reply_to=conn.endpoint, sampling=sampling, prompt=prompt,

@@ -79,7 +79,8 @@ class Client(ClientBase):
                  **sampling_kwargs: Any) -> GenerateResult | Stream:
         """Generate from text, chat messages or token ids. `stream=False` returns the whole
         GenerateResult; `stream=True` returns a Stream of Deltas. Sampling parameters come
-        from `sampling` and/or keywords (`max_tokens=8, temperature=0`)."""
+        from `sampling` and/or keywords (`max_tokens=8, temperature=0`), checked here unless
+        `sampling` is a CheckedSampling (from `check_sampling`) without keywords."""
         replies: queue.SimpleQueue[Item] = queue.SimpleQueue()
         req, tracker = open_request(self.conn, prompt, sampling, sampling_kwargs, replies.put,
                                     messages=messages, input_ids=input_ids, stream=stream,

@@ -3,7 +3,9 @@
 A request is refused here, never later, when it cannot possibly complete. This is the one
 place that judges whether a prompt plus max_tokens fits: the tokenizer bounds only the work a
 request may cost before it is tokenized.
-  400  empty prompt, token ids outside the vocabulary, a rid already in use
+  400  empty prompt, a token id outside the model's vocabulary (in the prompt, stop_token_ids
+       or logit_bias: the model's vocabulary is a fact of the worker, which only this process
+       has; the tokenizer's own may differ from it), a rid already in use
   413  prompt + max_tokens longer than the model's context
   503  prompt + max_tokens needs more KV pages than the whole pool (it could never run), or the
        queue is full (retry later)
@@ -37,13 +39,9 @@ class Limits:
             return 400, f"request id {req.rid!r} is already in use; use a unique id", "rid"
         if n == 0:
             return 400, "the prompt is empty: send at least one token", "prompt"
-        if c.vocab_size > 0 and (int(ids.min()) < 0 or int(ids.max()) >= c.vocab_size):
-            return (400, f"token ids must be in [0, {c.vocab_size}); got ids from "
-                    f"{int(ids.min())} to {int(ids.max())}", "input_ids")
-        if c.vocab_size > 0 and sp.logit_bias and \
-                max(t for t, _ in sp.logit_bias) >= c.vocab_size:
-            return (400, f"logit_bias names token {max(t for t, _ in sp.logit_bias)}, outside "
-                    f"the vocabulary [0, {c.vocab_size})", "logit_bias")
+        outside = self.outside_vocabulary(req, ids)
+        if outside is not None:
+            return 400, *outside
         if queued >= c.max_queued_requests:
             return (503, f"the server has {queued} requests waiting (max_queued_requests="
                     f"{c.max_queued_requests}); retry later", None)
@@ -62,6 +60,28 @@ class Limits:
                     f"slots but the whole KV cache holds {pool}; lower max_tokens or shorten "
                     f"the prompt, or start the engine with more KV memory (--mem-fraction, "
                     f"--max-total-tokens)", "max_tokens")
+        return None
+
+    def outside_vocabulary(self, req: TokenizedRequest, ids: np.ndarray
+                           ) -> tuple[str, str] | None:
+        """(message, param) for a token id the request names that the model has no row of
+        (its embedding for the prompt, its logits for stop ids and biases), else None. The
+        tokenizer leaves this to admission: its own vocabulary is not the model's."""
+        vocab = self.config.vocab_size  # 0: unknown (a scheduler built without a worker)
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0:
+            return f"input_ids holds {lo}: token ids are not negative", "input_ids"
+        if 0 < vocab <= hi:
+            return (f"input_ids holds token {hi}, outside the vocabulary [0, {vocab})",
+                    "input_ids")
+        if vocab <= 0:
+            return None
+        sp = req.sampling
+        for name, named in (("stop_token_ids", sp.stop_token_ids),
+                            ("logit_bias", [t for t, _ in sp.logit_bias])):
+            if named and max(named) >= vocab:
+                return (f"{name} holds token {max(named)}, outside the vocabulary "
+                        f"[0, {vocab})", name)
         return None
 
     def max_total(self, prompt_len: int, max_tokens: int | None) -> int:

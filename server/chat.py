@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tessera.bus.messages import GrammarSpec, SamplingParams
+from tessera.bus.messages import GrammarSpec
 from tessera.client import Delta
 from tessera.server.chat_output import ChoiceOutput, OutputPlan, whole_message
 from tessera.server.errors import bad_request
@@ -36,14 +36,12 @@ from tessera.server.tools.request import ToolRequest, forced_schema, read_tools
 
 
 def _top_n(body: dict[str, Any]) -> int | None:
-    """Top alternatives asked for: None (no logprobs) or 0..20."""
+    """Top alternatives asked for: None (no logprobs) or a count (SamplingParams.logprobs,
+    whose range `sampling` checks)."""
     wanted = take(body, "logprobs", BOOL, False)
     top = take(body, "top_logprobs", INT)
     if top is not None and not wanted:
         raise bad_request("'top_logprobs' requires 'logprobs': true", "top_logprobs")
-    limit = SamplingParams.MAX_TOP_LOGPROBS
-    if top is not None and not 0 <= top <= limit:
-        raise bad_request(f"'top_logprobs' must be in [0, {limit}], got {top}", "top_logprobs")
     return (top or 0) if wanted else None
 
 
@@ -87,7 +85,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     values["max_tokens"] = take(body, "max_completion_tokens", INT,
                                 take(body, "max_tokens", INT))
     values["logprobs"] = top_n
-    params = sampling(values, keep_none=("max_tokens",))
+    params = sampling(values, keep_none=("max_tokens",), names={"logprobs": "top_logprobs"})
     add_generation_prompt = take(body, "add_generation_prompt", BOOL, True)  # vLLM's extra
     plan = _plan(state, tools)
     priority = take_priority(body, state.config.schedule_policy)

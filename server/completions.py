@@ -84,7 +84,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     elif values["max_tokens"] == 0:
         raise bad_request("'max_tokens' 0 generates nothing: it needs 'echo' with 'logprobs' "
                           "(scoring the prompt)", "max_tokens")
-    checked = sampling(values)
+    checked = sampling(values, names={"prompt_logprobs": "logprobs"})
     params = checked.params
     if scoring and opts.stream and params.n > 1:
         raise bad_request("streamed 'echo' with 'logprobs' takes n = 1; send n requests or "

@@ -16,8 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
-from tessera.client import CheckedSampling, Delta
-from tessera.server.errors import ApiError, bad_request
+from tessera.client import Delta
+from tessera.server.errors import bad_request
 from tessera.server.fields import check_fields
 from tessera.server.formatting import read_body
 from tessera.server.generation import Generation
@@ -77,17 +77,6 @@ _NATIVE_NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
                  "logprobs": "top_logprobs_num"}
 
 
-def _native_params(values: dict[str, Any]) -> CheckedSampling:
-    try:
-        return sampling(values)
-    except ApiError as exc:
-        native = _NATIVE_NAMES.get(exc.param or "")
-        if native is None or exc.param is None:
-            raise
-        message = exc.message.replace(exc.param, native, 1)
-        raise bad_request(message, native) from None
-
-
 class _Choice:
     def __init__(self) -> None:
         self.text = ""
@@ -139,7 +128,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     values = native_sampling(body, state.config.lenient_params)
     want_logprobs = take(body, "return_logprob", BOOL, False)
     values["logprobs"] = take(body, "top_logprobs_num", INT, 0) if want_logprobs else None
-    checked = _native_params(values)
+    checked = sampling(values, names=_NATIVE_NAMES)
     params = checked.params
     stream = take(body, "stream", BOOL, False)
     rid = take(body, "rid", STR) or uuid.uuid4().hex

@@ -141,16 +141,21 @@ def check_model(body: dict[str, Any], served: tuple[str, ...]) -> str:
     return served[0]
 
 
-def sampling(values: dict[str, Any], keep_none: tuple[str, ...] = ()) -> CheckedSampling:
+def sampling(values: dict[str, Any], keep_none: tuple[str, ...] = (),
+             names: dict[str, str] | None = None) -> CheckedSampling:
     """SamplingParams from already type-checked values, checked by the client library's
     `check_sampling` (the one check in this process: the engine requests started with the
     result are not checked again here); an out-of-range value is a 400 naming the field.
-    None means "the default" except for the names in `keep_none` (max_tokens=None: no cap)."""
+    None means "the default" except for the names in `keep_none` (max_tokens=None: no cap).
+    `names` maps a SamplingParams name to the request field that set it, for the 400."""
     try:
         return check_sampling({k: v for k, v in values.items()
                                if v is not None or k in keep_none}, {})
     except BadRequestError as exc:
-        raise ApiError.from_client(exc) from None
+        field = (names or {}).get(exc.param or "")
+        if field is None or exc.param is None:
+            raise ApiError.from_client(exc) from None
+        raise bad_request(exc.message.replace(exc.param, field, 1), field) from None
 
 
 def take_logit_bias(body: dict[str, Any]) -> dict[int, float] | None:

@@ -3,12 +3,16 @@
 Everything a client can get wrong is caught here, before the scheduler sees the request, and
 answered with an ErrorReply that names the field, what was wrong and what to do:
     400  malformed input: not exactly one of prompt / messages / input_ids, a bad message,
-         a sampling value out of range, a token id outside the vocabulary, an empty prompt
+         a sampling value out of range (SamplingParams.validate), an id that is no 32-bit
+         integer, an empty prompt
     413  a text too long to fit whatever its tokens (more characters than context x the
          longest token), or more ids or messages than the context holds, is refused before
          any work, so no request costs more tokenizer work than a full context
-Whether the prompt plus max_tokens fits is the scheduler's rule alone (scheduler_proc/
-admission.py): it knows the worker's context length and KV pool, which this process may not.
+Whether the prompt plus max_tokens fits, and whether the token ids a request names (its
+prompt, stop_token_ids, logit_bias) are in the vocabulary, are the scheduler's rules alone
+(scheduler_proc/admission.py): it knows the worker's context length, KV pool and the model's
+vocabulary (the rows of its embedding and logits), which this process does not; the
+tokenizer's own vocabulary may be smaller or larger than the model's.
 The `DetokInfo` written here is everything the detokenizer needs to finish the request; the
 scheduler carries it unchanged (see detokenizer_proc/sequence.py for the reader).
 """
@@ -31,6 +35,7 @@ from tessera.formats.chat_template import ChatTemplateError
 from tessera.formats.tokenizer import ModelTokenizer, TokenizerError
 from tessera.tokenizer_proc.tool_prompt import template_inputs
 
+_INT32 = np.iinfo(np.int32)
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
 
 
@@ -186,23 +191,21 @@ def _prompt_ids(req: GenerateRequest, tok: ModelTokenizer, context: int | None,
     if context is not None and ids.size > context:
         raise Rejected(413, f"input_ids has {ids.size} tokens: more than the model's context "
                        f"length of {context}; shorten the prompt", "input_ids")
-    bad = ids[(ids < 0) | (ids >= tok.vocab_size)]
+    # Only what the message's int32 array can hold is checked here; whether an id is in the
+    # vocabulary is the scheduler's to judge (admission.py): it has the model's vocabulary.
+    bad = ids[(ids < _INT32.min) | (ids > _INT32.max)]
     if bad.size:
-        raise _bad(f"input_ids holds token {int(bad[0])}, outside the vocabulary "
-                   f"[0, {tok.vocab_size})", "input_ids")
+        raise _bad(f"input_ids holds {int(bad[0])}, which is no token id (ids are 32-bit "
+                   f"integers)", "input_ids")
     return ids.astype(np.int32).tolist()
 
 
-def _check_sampling(sp: Any, tok: ModelTokenizer) -> SamplingParams:
+def _check_sampling(sp: Any) -> SamplingParams:
     if not isinstance(sp, SamplingParams):
         raise _bad("sampling must be an object of sampling parameters", "sampling")
     problem = sp.validate()
     if problem:
         raise _bad(problem.message, problem.param)
-    for token in sp.stop_token_ids:
-        if token >= tok.vocab_size:
-            raise _bad(f"stop_token_ids holds {token}, outside the vocabulary "
-                       f"[0, {tok.vocab_size})", "stop_token_ids")
     return sp
 
 
@@ -211,7 +214,7 @@ def prepare(req: GenerateRequest, tok: ModelTokenizer, context_length: int | Non
     """The TokenizedRequest for `req`, or the ErrorReply to send to its reply_to.
     `allowed_special`: special tokens a chat message may hold as control tokens."""
     try:
-        sampling = _check_sampling(req.sampling, tok)
+        sampling = _check_sampling(req.sampling)
         if not isinstance(req.stream, bool):
             raise _bad("stream must be true or false", "stream")
         if isinstance(req.priority, bool) or not isinstance(req.priority, int):

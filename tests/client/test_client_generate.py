@@ -75,6 +75,19 @@ def test_messages_and_token_ids_reach_the_engine(client: Client, engine: FakeEng
     assert result.usage.prompt_tokens == 3
 
 
+def test_token_ids_are_checked_only_for_what_the_message_can_hold(client: Client,
+                                                                  engine: FakeEngine) -> None:
+    """Whether an id is in the vocabulary is the engine's to judge (scheduler admission);
+    the client refuses only ids that an int32 array cannot carry."""
+    client.generate([5, -1], max_tokens=1)
+    assert engine.requests[-1].input_ids.tolist() == [5, -1]
+    before = len(engine.requests)
+    with pytest.raises(BadRequestError) as info:
+        client.generate([5, 2**31], max_tokens=1)
+    assert info.value.param == "input_ids" and "32-bit" in info.value.message
+    assert len(engine.requests) == before
+
+
 @pytest.mark.parametrize("kwargs, field", [
     ({"temperature": -1.0}, "temperature"),
     ({"max_tokens": 0}, "max_tokens"),
@@ -103,7 +116,7 @@ def test_exactly_one_input_form(client: Client) -> None:
     with pytest.raises(BadRequestError, match="exactly one"):
         client.generate("hi", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(BadRequestError, match="input_ids"):
-        client.generate(input_ids=[-1, 2])
+        client.generate(input_ids=[2**40, 2])
 
 
 def test_status_reports_every_process(client: Client) -> None:

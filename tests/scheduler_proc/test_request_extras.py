@@ -108,6 +108,30 @@ def test_logit_bias_outside_the_vocabulary_is_refused() -> None:
     assert error is not None and error.status == 400 and error.param == "logit_bias"
 
 
+@pytest.mark.parametrize(("ids", "sampling", "param", "said"), [
+    ([1, 50], {}, "input_ids", "token 50, outside the vocabulary [0, 50)"),
+    ([1, -1], {}, "input_ids", "holds -1"),
+    ([1, 2], {"stop_token_ids": (3, 50)}, "stop_token_ids", "token 50, outside"),
+    ([1, 2], {"logit_bias": {49: 1.0, 50: 1.0}}, "logit_bias", "token 50, outside"),
+])
+def test_every_token_id_a_request_names_is_checked_against_the_models_vocabulary(
+        ids: list[int], sampling: dict[str, object], param: str, said: str) -> None:
+    """Admission is the one check of ids against the vocabulary (the tokenizer's own may not
+    be the model's): a refused request leaves nothing behind, the next one runs."""
+    sched = make(vocab_size=50)
+    error = sched.add_request(make_request("a", np.array(ids), **sampling))
+    assert error is not None and (error.status, error.param) == (400, param)
+    assert said in error.message and "a" not in sched.requests
+    sched.check_invariant()
+    assert sched.add_request(make_request("b", [1, 49], stop_token_ids=(49,),
+                                          logit_bias={49: 1.0})) is None
+
+
+def test_a_negative_id_is_refused_even_where_the_vocabulary_is_unknown() -> None:
+    error = make().add_request(make_request("a", [3, -2]))
+    assert error is not None and (error.status, error.param) == (400, "input_ids")
+
+
 def test_aborting_one_sample_leaves_the_others_running() -> None:
     sched = make()
     worker = FakeWorker(sched)

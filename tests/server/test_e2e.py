@@ -161,8 +161,8 @@ def test_32_concurrent_streams_through_the_engine(serve: Serve) -> None:
 def test_bad_inputs_through_the_engine_then_it_keeps_serving(serve: Serve) -> None:
     from tests.server.harness import check_error_body
 
-    def post(body: dict[str, Any]) -> tuple[int, bytes]:
-        req = urllib.request.Request(serve.url + "/v1/chat/completions",
+    def post(body: dict[str, Any], path: str = "/v1/chat/completions") -> tuple[int, bytes]:
+        req = urllib.request.Request(serve.url + path,
                                      data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         try:
@@ -178,6 +178,19 @@ def test_bad_inputs_through_the_engine_then_it_keeps_serving(serve: Serve) -> No
     assert err["code"] == "context_length_exceeded"
     status, body = post({"messages": MESSAGES, "max_tokens": 4, "stop_token_ids": [10**6]})
     assert status == 400 and check_error_body(body, 400)["param"] == "stop_token_ids"
+    # Token ids outside the model's vocabulary, in every field that names one.
+    for path, bad, param in (
+            ("/generate", {"input_ids": [1, 10**6], "sampling_params": {"max_new_tokens": 2}},
+             "input_ids"),
+            ("/generate", {"input_ids": [1, -1], "sampling_params": {"max_new_tokens": 2}},
+             "input_ids"),
+            ("/v1/completions", {"prompt": [1, 10**6], "max_tokens": 2}, "input_ids"),
+            ("/v1/completions", {"prompt": [1, 2], "max_tokens": 2,
+                                 "logit_bias": {str(10**6): 1}}, "logit_bias")):
+        status, body = post(bad, path)
+        err = check_error_body(body, 400)
+        assert (status, err["param"]) == (400, param), (path, bad, err)
+        assert "vocabulary" in err["message"] or "negative" in err["message"], err
     status, body = post({"messages": MESSAGES, "max_tokens": 4, "temperature": 0})
     assert status == 200 and json.loads(body)["usage"]["completion_tokens"] >= 1
 

@@ -38,6 +38,10 @@ BAD = [
                               "top_p": 2}, "top_p"),
     ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": -1}},
      "max_new_tokens"),
+    # A SamplingParams name the request did not write is named as the request wrote it.
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "logprobs": True, "top_logprobs": 50}, "top_logprobs"),
+    ("/v1/completions", {"prompt": "hi", "echo": True, "logprobs": 50}, "logprobs"),
 ]
 
 

@@ -42,7 +42,7 @@ BAD_FIELD_CASES = [
     (CHAT, chat(n=1000), 400, "n must be in", "n"),
     (CHAT, chat(stop=[1, 2]), 400, "'stop' must be a string or a list", "stop"),
     (CHAT, chat(top_logprobs=3), 400, "requires 'logprobs'", "top_logprobs"),
-    (CHAT, chat(logprobs=True, top_logprobs=50), 400, "'top_logprobs' must be in [0, 20]",
+    (CHAT, chat(logprobs=True, top_logprobs=50), 400, "top_logprobs must be in [0, 20]",
      "top_logprobs"),
     (CHAT, chat(stream_options={"include_usage": True}), 400, "only allowed when 'stream'",
      "stream_options"),
