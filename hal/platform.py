@@ -251,6 +251,9 @@ class Platform(ABC):
     hal_api_version: ClassVar[int] = HAL_API_VERSION
     capabilities: ClassVar[Capabilities] = Capabilities()
     memory_policy: ClassVar[MemoryPolicy] = MemoryPolicy()
+    # Environment variables that change what this plugin runs (device selection, its
+    # libraries' switches): run manifests record their values (hal/facts.py).
+    environment_variables: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     @abstractmethod
