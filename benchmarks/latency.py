@@ -24,6 +24,7 @@ from tessera.benchmarks.device_probe import probe
 from tessera.benchmarks.engine_args import (
     add_engine_args,
     resolve_engine,
+    worker_stats,
 )
 from tessera.benchmarks.roofline import ModelCost, StepShape, parallel_devices, roofline
 
@@ -85,11 +86,17 @@ def main(argv: list[str] | None = None, llm: Any = None) -> int:
                 ttft_ms.append(out.ttft_s * 1000.0)
             print(f"[bench] B1 iter {i - args.warmup}: decode {decode_ms[-1]:.2f} ms/step, "
                   f"TTFT {ttft_ms[-1]:.1f} ms, {len(times)} tokens", file=sys.stderr)
+        workers = worker_stats(llm)
     figures: dict[str, Any] = {
         "decode_ms_per_step": statistics.median(decode_ms) if decode_ms else float("nan"),
         "ttft_ms": statistics.median(ttft_ms) if ttft_ms else float("nan"),
         "decode_ms_per_step_all": decode_ms,
         "ttft_ms_all": ttft_ms,
+        # What each worker ran on: the TP all-reduce's one-shot limit (0: the collective
+        # library for every all-reduce), its steps and forward time.
+        "workers": {name: {k: stats.get(k, 0.0) for k in
+                           ("steps", "forward_ms_avg", "all_reduce_one_shot_bytes")}
+                    for name, stats in workers.items()},
     }
     if device is not None:
         devices = parallel_devices(engine.tp_size, engine.pp_size, stages_overlap=False)

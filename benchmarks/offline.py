@@ -78,7 +78,8 @@ def run_bound(cost: ModelCost, device: Device, reqs: list[BenchRequest], before:
 def _per_step(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     steps = after.get("steps", 0.0) - before.get("steps", 0.0)
     total = after.get("forward_ms_total", 0.0) - before.get("forward_ms_total", 0.0)
-    return {"steps": steps, "forward_ms_per_step": total / steps if steps else 0.0}
+    return {"steps": steps, "forward_ms_per_step": total / steps if steps else 0.0,
+            "all_reduce_one_shot_bytes": after.get("all_reduce_one_shot_bytes", 0.0)}
 
 
 def main(argv: list[str] | None = None, llm: Any = None) -> int:

@@ -1,8 +1,9 @@
 """What a run manifest records about the hardware side, asked of a loaded plugin: its name,
 HAL API version, version and a SHA-256 of its files; the devices it sees, their driver and
 runtime versions and how they are connected. A plugin tells what it can through the optional
-`versions()` (name -> text; "device", "driver", "runtime", "topology" are read here) and
-`device_count()`; nothing here names a chip."""
+`versions()` (name -> text; "device", "driver", "runtime", "topology" are read here),
+`device_count()` and `environment_variables` (the values set of those are recorded); nothing
+here names a chip."""
 
 from __future__ import annotations
 
@@ -69,6 +70,9 @@ def platform_facts(platform: Any) -> dict[str, Any]:
                    "hal_api_version": getattr(platform, "hal_api_version", None),
                    "module": module, "version": _distribution_version(module),
                    "files_sha256": plugin_files_sha256(module),
-                   "reported": reported},
+                   "reported": reported,
+                   "environment": {k: os.environ[k]
+                                   for k in getattr(platform, "environment_variables", ())
+                                   if k in os.environ}},
         "devices": devices,
     }

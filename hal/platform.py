@@ -206,6 +206,12 @@ class Communicator(ABC):
         del one_shot_max_bytes, dtype
         return "default collectives"
 
+    @property
+    def one_shot_max_bytes(self) -> int:
+        """The largest all-reduce that takes the faster path `configure` set up (0: none),
+        reported in the worker's stats."""
+        return 0
+
     def abort(self) -> None:
         """Leave the group at once, even with collectives a peer will never join (shutdown
         while a step is half done). By default the same as destroy()."""
@@ -245,6 +251,9 @@ class Platform(ABC):
     hal_api_version: ClassVar[int] = HAL_API_VERSION
     capabilities: ClassVar[Capabilities] = Capabilities()
     memory_policy: ClassVar[MemoryPolicy] = MemoryPolicy()
+    # Environment variables that change what this plugin runs (device selection, its
+    # libraries' switches): run manifests record their values (hal/facts.py).
+    environment_variables: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     @abstractmethod

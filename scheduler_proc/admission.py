@@ -1,6 +1,8 @@
 """Admission: accept a TokenizedRequest into the queue, or say clearly why not.
 
-A request is refused here, never later, when it cannot possibly complete:
+A request is refused here, never later, when it cannot possibly complete. This is the one
+place that judges whether a prompt plus max_tokens fits: the tokenizer bounds only the work a
+request may cost before it is tokenized.
   400  empty prompt, token ids outside the vocabulary, a rid already in use
   413  prompt + max_tokens longer than the model's context
   503  prompt + max_tokens needs more KV pages than the whole pool (it could never run), or the
@@ -50,7 +52,7 @@ class Limits:
             return (413, f"the prompt has {n} tokens and max_tokens is {sp.max_tokens}: "
                     f"{n + sp.max_tokens} tokens, more than the model's context length of "
                     f"{ctx}; shorten the prompt or lower max_tokens", "max_tokens")
-        if n >= ctx:
+        if sp.max_tokens is None and n >= ctx:
             return (413, f"the prompt has {n} tokens, which fills the model's context length "
                     f"of {ctx} and leaves no room for output; shorten the prompt", "prompt")
         pool = self.total_pages * c.page_size

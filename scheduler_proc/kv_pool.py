@@ -57,6 +57,11 @@ class KVPool:
         usable = ((tokens.shape[0] - 1) // self.page_size) * self.page_size
         return self.cache.matched_pages(tokens[:usable]) * self.page_size
 
+    @property
+    def cache_version(self) -> int:
+        """Changes whenever what `matched_tokens` can find changes."""
+        return self.cache.version
+
     def unlock(self, node: Node) -> None:
         self.cache.unlock(node)
 

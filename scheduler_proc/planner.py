@@ -285,9 +285,9 @@ class Planner:
             # Within a priority, prompts whose rest fits this step first: a short request
             # admitted beside a long prompt finishes its prefill now instead of waiting for
             # every chunk of the older prompt (each such prompt ends here: no starvation).
-            first, *rest = q.sort_key(running.by_priority)
+            first, order, index = q.sort_key(running.by_priority)
             fits = int(st.n_known[q.row]) - int(st.kv_len[q.row]) <= budget
-            return (first, not fits, *rest)
+            return first, not fits, order, index
 
         seqs.sort(key=order)
         for seq in seqs:
@@ -306,7 +306,7 @@ class Planner:
         limit = self.config.max_running_requests
         deferred: list[Sequence] = []
         if budget > 0 and running.row_pool.free_rows and len(running) < limit:
-            waiting.rank(kv.matched_tokens)
+            waiting.rank(kv.matched_tokens, kv.cache_version)
         while budget > 0 and running.row_pool.free_rows and len(running) < limit:
             seq = waiting.peek()
             if seq is None:

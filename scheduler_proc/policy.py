@@ -31,6 +31,8 @@ class WaitingQueue:
         self.by_prefix = by_prefix  # lpm: `rank` orders by cached prefix length
         self._heap: list[tuple[tuple[int, int, int], int, Sequence]] = []
         self._count = 0
+        self._pushes = 0
+        self._ranked: tuple[int, int] | None = None  # (cache version, pushes) of the ranking
 
     def __len__(self) -> int:
         return self._count
@@ -45,12 +47,18 @@ class WaitingQueue:
         seq.queued += 1
         heapq.heappush(self._heap, (self._key(seq), seq.queued, seq))
         self._count += 1
+        self._pushes += 1
 
-    def rank(self, matched_tokens: Callable[[np.ndarray], int]) -> None:
+    def rank(self, matched_tokens: Callable[[np.ndarray], int], cache_version: int) -> None:
         """lpm: order the queue by the cached prefix of each sequence now (`matched_tokens`
-        of its tokens); arrival order beyond LPM_MAX_WAITING. No-op for other policies."""
+        of its tokens); arrival order beyond LPM_MAX_WAITING. Skipped while neither the cache
+        (`cache_version`) nor the queue's arrivals changed since the last ranking (taking
+        sequences out keeps the others in order). No-op for other policies."""
         if not self.by_prefix or not self._count:
             return
+        if self._ranked == (cache_version, self._pushes):
+            return
+        self._ranked = (cache_version, self._pushes)
         seqs = self.sequences()
         rank = len(seqs) <= LPM_MAX_WAITING
         for seq in seqs:

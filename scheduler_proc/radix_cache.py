@@ -46,6 +46,7 @@ class RadixCache:
         self.protected_pages = 0
         self._leaves: set[Node] = set()
         self._clock = 0
+        self.version = 0  # bumps whenever a page enters or leaves the tree
 
     # -- lookup ------------------------------------------------------------------------------
     def _chunks(self, tokens: np.ndarray) -> Iterator[bytes]:
@@ -103,6 +104,7 @@ class RadixCache:
             child = node.children.get(key)
             if child is None:
                 child = Node(key, int(pages[i]), node)
+                self.version += 1
                 if not node.children:
                     self._leaves.discard(node)
                 node.children[key] = child
@@ -152,6 +154,7 @@ class RadixCache:
             self._leaves.discard(leaf)
             self.evictable_pages -= 1
             freed.append(leaf.page)
+            self.version += 1
             leaf.parent = None
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 self._leaves.add(parent)

@@ -27,6 +27,7 @@ from tessera.server.params import (
     sampling,
     stream_options,
     take,
+    take_priority,
 )
 from tessera.server.reasoning import ReasoningParser
 from tessera.server.state import STATE, ServerState
@@ -89,12 +90,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     params = sampling(values, keep_none=("max_tokens",))
     add_generation_prompt = take(body, "add_generation_prompt", BOOL, True)  # vLLM's extra
     plan = _plan(state, tools)
+    priority = take_priority(body, state.config.schedule_policy)
     rid = uuid.uuid4().hex
     head = {"id": f"chatcmpl-{rid}", "created": int(time.time()), "model": model,
             "system_fingerprint": None}
 
     async with Generation(state) as gen:
-        await gen.start(messages=messages, sampling=params, rid=rid,
+        await gen.start(messages=messages, sampling=params, rid=rid, priority=priority,
                         add_generation_prompt=add_generation_prompt,
                         tools=tools.tools if tools.active else None,
                         chat_template_kwargs=_template_kwargs(body))

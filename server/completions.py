@@ -25,6 +25,7 @@ from tessera.server.params import (
     sampling,
     stream_options,
     take,
+    take_priority,
 )
 from tessera.server.state import STATE, ServerState
 
@@ -87,6 +88,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if scoring and opts.stream and params.n > 1:
         raise bad_request("streamed 'echo' with 'logprobs' takes n = 1; send n requests or "
                           "stream=false", "n")
+    priority = take_priority(body, state.config.schedule_policy)
     rid = uuid.uuid4().hex
     head = {"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()),
             "model": model, "system_fingerprint": None}
@@ -101,7 +103,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
     async with Generation(state) as gen:
         for i, prompt in enumerate(batch):
-            await gen.start(sampling=params, rid=rid if i == 0 else f"{rid}-{i}", **prompt)
+            await gen.start(sampling=params, rid=rid if i == 0 else f"{rid}-{i}",
+                            priority=priority, **prompt)
         if not opts.stream:
             tally = UsageTally()
             choices = gather(await gen.collect(), tally)

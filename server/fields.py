@@ -29,11 +29,13 @@ SAMPLING = frozenset({
     "stop_token_ids", "logit_bias", "stream", "stream_options", "model", "max_tokens",
     *GRAMMAR_FIELDS})
 BOOKKEEPING = frozenset({"user", "metadata", "service_tier", "store", "modalities"})
-CHAT = SAMPLING | BOOKKEEPING | {
+# `priority` (vLLM's and SGLang's extension): honoured under --schedule-policy priority
+SCHEDULING = frozenset({"priority"})
+CHAT = SAMPLING | BOOKKEEPING | SCHEDULING | {
     "messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
     "parallel_tool_calls", "functions", "function_call", "add_generation_prompt",
     "chat_template_kwargs"}
-COMPLETIONS = SAMPLING | BOOKKEEPING | {"prompt", "echo", "logprobs", "best_of", "suffix"}
+COMPLETIONS = SAMPLING | BOOKKEEPING | SCHEDULING | {"prompt", "echo", "logprobs", "best_of", "suffix"}
 
 # name -> the values that mean "what this server does anyway" (see the module docstring).
 # `log_metrics` is bookkeeping: every request gets its log line either way.

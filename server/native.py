@@ -32,6 +32,7 @@ from tessera.server.params import (
     take,
     take_int_list,
     take_logit_bias,
+    take_priority,
     take_stop,
 )
 from tessera.server.sse import SseWriter
@@ -47,7 +48,7 @@ _INTS = ("max_new_tokens", "min_new_tokens", "top_k", "n", "sampling_seed", "see
 _SAMPLING_FIELDS = frozenset({*_NUMBERS, *_INTS, "ignore_eos", "skip_special_tokens", "stop",
                               "stop_token_ids", "logit_bias", "json_schema", "regex", "ebnf"})
 _BODY_FIELDS = frozenset({"text", "input_ids", "sampling_params", "stream", "return_logprob",
-                          "top_logprobs_num", "rid", "model"})
+                          "top_logprobs_num", "rid", "model", "priority"})
 
 
 def native_sampling(body: dict[str, Any], lenient: bool = False) -> dict[str, Any]:
@@ -142,11 +143,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
     params = _native_params(values)
     stream = take(body, "stream", BOOL, False)
     rid = take(body, "rid", STR) or uuid.uuid4().hex
+    priority = take_priority(body, state.config.schedule_policy)
     started = time.monotonic()
     choices = [_Choice() for _ in range(params.n)]
 
     async with Generation(state) as gen:
-        await gen.start(sampling=params, rid=rid, **prompt)
+        await gen.start(sampling=params, rid=rid, priority=priority, **prompt)
         if not stream:
             for index, delta in await gen.collect():
                 choices[index].add(delta)

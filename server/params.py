@@ -43,6 +43,20 @@ def take(body: dict[str, Any], name: str, kind: tuple[tuple[type, ...], str],
     return value
 
 
+def take_priority(body: dict[str, Any], schedule_policy: str) -> int:
+    """The request's `priority` (higher runs first, and may pre-empt lower ones). Only the
+    priority policy orders by it: under another a priority other than 0 would be ignored, so
+    it is refused."""
+    priority: int = take(body, "priority", INT, 0)
+    if not -2**31 <= priority < 2**31:
+        raise bad_request("'priority' must fit in 32 bits", "priority")
+    if priority != 0 and schedule_policy != "priority":
+        raise bad_request(f"'priority' orders requests only when the server runs with "
+                          f"--schedule-policy priority; this one runs {schedule_policy!r}",
+                          "priority")
+    return priority
+
+
 def parse_json_body(raw: bytes) -> dict[str, Any]:
     if not raw:
         raise bad_request("the request body is empty; send a JSON object")

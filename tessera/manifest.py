@@ -5,9 +5,10 @@ months later one can tell why yesterday's deployment worked and today's does not
       id, kind ("serve", "offline", "bench:B3", ...)
       arguments    every engine setting, defaults included (the run directory aside)
       model        path, load format, and per file its size and SHA-256
-      versions     tessera (+ commit), python, torch, triton, numpy, ... (package metadata)
-      environment  TESSERA_* (never the API key) and the device-selection variables
-      hal          the plugin: name, HAL API version, version, SHA-256 of its files    } from the
+      versions     tessera (+ commit), python, torch, numpy, ... (package metadata)
+      environment  TESSERA_* (never the API key) and the host's thread settings
+      hal          the plugin: name, HAL API version, version, SHA-256 of its files,   } from the
+                   its libraries' versions and its environment variables              }
       devices      count, names, driver and runtime, topology                          } workers
       run          what differs every time: start time, pid, host, run dir, argv, start-up
                    report, outcome (`tessera manifest diff` leaves it out unless --all)
@@ -41,12 +42,12 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 HASH_CACHE = "hashes.json"
-VERSIONED = ("tessera", "torch", "triton", "numpy", "pyzmq", "msgpack", "aiohttp",
+VERSIONED = ("tessera", "torch", "numpy", "pyzmq", "msgpack", "aiohttp",
              "safetensors", "gguf", "tokenizers", "xgrammar", "transformers")
-# Environment variables that change what runs (the API key is never recorded).
-ENV_RECORDED = ("TESSERA_HAL", "TESSERA_MODEL", "TESSERA_LOG_LEVEL", "CUDA_VISIBLE_DEVICES",
-                "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "OMP_NUM_THREADS", "OMP_WAIT_POLICY",
-                "PYTORCH_CUDA_ALLOC_CONF", "TRITON_INTERPRET")
+# Environment variables that change what runs (the API key is never recorded); the plugin's
+# own (device selection, its libraries' switches) come with its facts from the workers.
+ENV_RECORDED = ("TESSERA_HAL", "TESSERA_MODEL", "TESSERA_LOG_LEVEL", "OMP_NUM_THREADS",
+                "OMP_WAIT_POLICY")
 # Arguments that name this run rather than choose how it runs.
 VOLATILE_ARGUMENTS = ("run_dir",)
 

@@ -4,16 +4,17 @@ Everything a client can get wrong is caught here, before the scheduler sees the 
 answered with an ErrorReply that names the field, what was wrong and what to do:
     400  malformed input: not exactly one of prompt / messages / input_ids, a bad message,
          a sampling value out of range, a token id outside the vocabulary, an empty prompt
-    413  the prompt plus max_tokens does not fit the model's context; a text too long to fit
-         whatever its tokens (more characters than context x the longest token) is refused
-         before it is tokenized, so no request costs more tokenizer work than a full context
+    413  a text too long to fit whatever its tokens (more characters than context x the
+         longest token), or more ids or messages than the context holds, is refused before
+         any work, so no request costs more tokenizer work than a full context
+Whether the prompt plus max_tokens fits is the scheduler's rule alone (scheduler_proc/
+admission.py): it knows the worker's context length and KV pool, which this process may not.
 The `DetokInfo` written here is everything the detokenizer needs to finish the request; the
 scheduler carries it unchanged (see detokenizer_proc/sequence.py for the reader).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -205,24 +206,6 @@ def _check_sampling(sp: Any, tok: ModelTokenizer) -> SamplingParams:
     return sp
 
 
-def _fit_context(n_prompt: int, sp: SamplingParams, context: int | None) -> SamplingParams:
-    if context is None:
-        if sp.max_tokens is None:
-            raise _bad("max_tokens is required: the model's context length is unknown",
-                       "max_tokens")
-        return sp
-    wanted = sp.max_tokens if sp.max_tokens is not None else 1
-    if n_prompt + wanted > context:
-        what = (f"max_tokens is {sp.max_tokens}" if sp.max_tokens is not None
-                else "at least 1 token must be generated")
-        raise Rejected(413, f"the prompt has {n_prompt} tokens and {what}: {n_prompt + wanted} "
-                       f"tokens exceed the model's context length of {context}; shorten the "
-                       f"prompt or lower max_tokens", "max_tokens" if sp.max_tokens else "prompt")
-    if sp.max_tokens is None:  # "until the context is full"
-        return dataclasses.replace(sp, max_tokens=context - n_prompt)
-    return sp
-
-
 def prepare(req: GenerateRequest, tok: ModelTokenizer, context_length: int | None,
             allowed_special: frozenset[str] = frozenset()) -> TokenizedRequest | ErrorReply:
     """The TokenizedRequest for `req`, or the ErrorReply to send to its reply_to.
@@ -236,7 +219,6 @@ def prepare(req: GenerateRequest, tok: ModelTokenizer, context_length: int | Non
         ids = _prompt_ids(req, tok, context_length, allowed_special)
         if not ids:
             raise _bad("the prompt encodes to no tokens; send some text", "prompt")
-        sampling = _fit_context(len(ids), sampling, context_length)
     except Rejected as rej:
         return ErrorReply(rid=req.rid, status=rej.status, message=rej.message,
                           param=rej.param, reply_to=req.reply_to)

@@ -224,7 +224,13 @@ class WorkerProcess(BusProcess):
                 "tokens": float(self.tokens),
                 "forward_ms_avg": self.forward_ms_total / self.steps if self.steps else 0.0,
                 "forward_ms_total": self.forward_ms_total,
-                "weight_bytes": weights, "rss_bytes": float(resident_bytes())}
+                "weight_bytes": weights, "rss_bytes": float(resident_bytes()),
+                "all_reduce_one_shot_bytes": float(self._one_shot_bytes())}
+
+    def _one_shot_bytes(self) -> int:
+        """The largest TP all-reduce on the plugin's one-shot path (0: none, or one rank)."""
+        comm = self.runner.communicator if self.runner is not None else None
+        return comm.one_shot_max_bytes if comm is not None else 0
 
     def _wait_until(self, done: Callable[[], bool], timeout_s: float | None = None) -> bool:
         """Wait for `done()` without blocking in the device (a wait inside a driver call

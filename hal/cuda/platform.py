@@ -33,6 +33,9 @@ def _embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 class CudaPlatform(OpTablePlatform):
     name: ClassVar[str] = "cuda"
     priority: ClassVar[int] = 100
+    environment_variables: ClassVar[tuple[str, ...]] = (
+        "CUDA_VISIBLE_DEVICES", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "PYTORCH_CUDA_ALLOC_CONF",
+        "TRITON_INTERPRET")
     capabilities: ClassVar[Capabilities] = Capabilities(
         graph_capture=True,
         asynchronous=True,

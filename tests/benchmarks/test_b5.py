@@ -47,6 +47,9 @@ def test_b5_writes_every_part_and_the_ratios(run_root: Path, tmp_path: Path) -> 
         b2 = json.loads((out / f"b5_{layout}_b2_cpu.json").read_text())
         assert b1["config"]["engine"].get("tp_size", 1) == (2 if layout == "tp2" else 1)
         assert b1["figures"]["roofline_devices"] == devices_b1
+        # gloo has no one-shot path: every worker says so (cuda's say their limit)
+        assert [w["all_reduce_one_shot_bytes"] for w in b1["figures"]["workers"].values()] \
+            == [0.0] * (1 if layout == "tp1" else 2)
         assert b2["figures"]["roofline"]["devices"] == devices_b2
         assert b2["figures"]["output_tokens"] == b2["figures"]["expected_output_tokens"]
         workers = b2["figures"]["worker_steps"]

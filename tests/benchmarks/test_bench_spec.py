@@ -80,3 +80,23 @@ def test_bench_spec_writes_b9_with_ngram_and_a_draft_model(run_root: Path,
     assert all(r["completion_tokens"] == 16 for r in parts["ngram"]["random"]["requests"])
     assert result["config"]["speculative"]["draft"]["speculative_draft_model"].endswith(
         "tiny1.json")
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_failing_draft_engine_keeps_the_ngram_figures(run_root: Path, tmp_path: Path) -> None:
+    from tessera.benchmarks import speculative
+
+    target = tmp_path / "tiny.json"
+    target.write_text(json.dumps(TINY))
+    rc = speculative.main(["--model", str(target), "--load-format", "dummy", "--hal", "cpu",
+                           "--prompt-len", "16", "--output-len", "8", "--iters", "1",
+                           "--warmup", "0", "--self-prompt-len", "16", "--self-search-len",
+                           "128", "--self-chunk", "64", "--draft-model",
+                           str(tmp_path / "missing.json"), "--max-running-requests", "4",
+                           "--out-dir", str(tmp_path), "--name", "b9"])
+    assert rc == 0
+    f = json.loads((tmp_path / "b9.json").read_text())["figures"]
+    assert "missing.json" in f["failed_engines"]["draft"]
+    assert f["copy_speedup"] > 0 and f["random_ratio"] > 0 and f["same_tokens_copy"] is True
+    assert "draft_copy_speedup" not in f and set(f["parts"]) == {"plain", "ngram"}

@@ -42,3 +42,23 @@ def test_bench_startup_writes_b10_for_dummy_and_real_weights(run_root: Path,
     assert f["real_ready_s"] > 0 and f["real_phases"]["weights"] > 0
     assert real["shards"] >= 1
     assert not weights.exists()  # deleted after the run unless --keep-weights
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_failed_real_weights_start_keeps_the_dummy_figures(run_root: Path,
+                                                             tmp_path: Path) -> None:
+    from tessera.benchmarks import startup
+
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps(TINY))
+    blocker = tmp_path / "a-file"  # not a folder: the weights cannot be written there
+    blocker.write_text("")
+    rc = startup.main(["--model", str(config), "--load-format", "dummy", "--runs", "1",
+                       "--real-weights", "--weights-dir", str(blocker), "--out-dir",
+                       str(tmp_path), "--name", "b10", "--", "--hal", "cpu",
+                       "--max-total-tokens", "2048", "--max-running-requests", "4"])
+    assert rc == 0
+    f = json.loads((tmp_path / "b10.json").read_text())["figures"]
+    assert f["ready_s"] > 0 and "FileExistsError" in f["real"]["failed"]
+    assert "real_ready_s" not in f

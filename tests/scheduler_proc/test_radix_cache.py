@@ -158,3 +158,18 @@ class RadixVsReference(RuleBasedStateMachine):
 TestRadixVsReference = RadixVsReference.TestCase
 TestRadixVsReference.settings = settings(max_examples=150, stateful_step_count=40,
                                          deadline=None)
+
+
+def test_version_changes_exactly_when_pages_enter_or_leave() -> None:
+    cache = RadixCache(page_size=2)
+    v0 = cache.version
+    path, node = cache.insert(toks(1, 2, 3, 4), toks(5, 6))
+    v1 = cache.version
+    assert v1 != v0
+    cache.insert(toks(1, 2, 3, 4), toks(7, 8))  # already there: nothing enters
+    cache.match(toks(1, 2, 3, 4))
+    cache.lock(node)
+    cache.unlock(node)
+    assert cache.version == v1
+    assert cache.evict(1).tolist() == [6]
+    assert cache.version != v1

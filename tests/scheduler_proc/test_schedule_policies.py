@@ -114,12 +114,16 @@ def test_lpm_ranks_by_the_cache_as_it_is_now() -> None:
         seqs.append(sched.requests[f"s{i}"].seqs[0])
         queue.push(seqs[-1])
     matched = {id(s.tokens): m for s, m in zip(seqs, (8, 40, 24), strict=True)}
-    queue.rank(lambda tokens: matched[id(tokens)])
+    queue.rank(lambda tokens: matched[id(tokens)], 0)
     assert [queue.pop() for _ in range(3)] == [seqs[1], seqs[2], seqs[0]]
     for s in seqs:
-        queue.push(s)
-    matched[id(seqs[0].tokens)] = 64  # the cache changed: the ranking follows
-    queue.rank(lambda tokens: matched[id(tokens)])
+        queue.push(s)  # arrivals: ranked again even at the same cache version
+    queue.rank(lambda tokens: matched[id(tokens)], 0)
+    assert queue.peek() is seqs[1]
+    matched[id(seqs[0].tokens)] = 64
+    queue.rank(lambda tokens: matched[id(tokens)], 0)
+    assert queue.peek() is seqs[1]  # same cache version, no arrival: the ranking stands
+    queue.rank(lambda tokens: matched[id(tokens)], 1)  # the cache changed: it follows
     assert queue.peek() is seqs[0] and len(queue) == 3
 
 

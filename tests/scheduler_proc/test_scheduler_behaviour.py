@@ -115,7 +115,9 @@ def test_admission_refuses_what_cannot_run_with_clear_messages() -> None:
     assert err.status == 413 and "200" in err.message and "256" in err.message
     assert err.reply_to == "ipc://nowhere/long"
     err = sched.add_request(make_request("full", prompt(256), max_tokens=None))
-    assert err.status == 413 and "context" in err.message
+    assert err.status == 413 and "context" in err.message and err.param == "prompt"
+    err = sched.add_request(make_request("over", prompt(250), max_tokens=7))
+    assert err.status == 413 and err.param == "max_tokens" and "257 tokens" in err.message
     err = sched.add_request(make_request("huge", prompt(100), max_tokens=100))
     assert err.status == 503 and "KV cache holds 160" in err.message
     assert sched.add_request(make_request("empty", prompt(0))).status == 400

@@ -254,3 +254,34 @@ def test_stream_failing_before_its_first_output_gets_an_http_status(
     assert status == 503 and int(headers["retry-after"]) >= 1
     assert headers["content-type"].startswith("application/json")
     check_error_body(body, 503)
+
+
+PRIORITY_ROUTES = [
+    (CHAT, lambda **kw: chat(**kw)),
+    ("/v1/completions", lambda **kw: {"prompt": "hi", "max_tokens": 2, **kw}),
+    ("/generate", lambda **kw: {"text": "hi", "sampling_params": {"max_new_tokens": 2}, **kw}),
+]
+
+
+@pytest.mark.parametrize("path,body", PRIORITY_ROUTES, ids=["chat", "completions", "native"])
+def test_priority_is_refused_unless_the_server_orders_by_it(server: ServerUnderTest, path: str,
+                                                           body: Any) -> None:
+    status, _, _ = server.request("POST", path, body(priority=0))  # the default: nothing to do
+    assert status == 200
+    status, _, raw = server.request("POST", path, body(priority=3))
+    err = check_error_body(raw, 400)
+    assert status == 400 and err["param"] == "priority" and "--schedule-policy" in err["message"]
+
+
+def test_priority_reaches_the_engine_under_the_priority_policy() -> None:
+    srv = ServerUnderTest(schedule_policy="priority")
+    try:
+        for (path, body), priority in zip(PRIORITY_ROUTES, (5, -2, 7), strict=True):
+            status, _, raw = srv.request("POST", path, body(priority=priority))
+            assert status == 200, raw
+            assert srv.engine.requests[-1].priority == priority
+        for bad in ("high", 1.5, 2**40):
+            status, _, raw = srv.request("POST", CHAT, chat(priority=bad))
+            assert status == 400 and check_error_body(raw, 400)["param"] == "priority"
+    finally:
+        srv.stop()

@@ -72,8 +72,8 @@ BAD = [
     ({"input_ids": np.array([5, 10**6], np.int32)}, 400, "outside the vocabulary"),
     ({"messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
     ({"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, 400, "exactly one"),
-    ({"input_ids": np.arange(60, dtype=np.int32), "sampling": SamplingParams(max_tokens=10)},
-     413, f"context length of {CONTEXT}"),
+    ({"input_ids": np.arange(CONTEXT + 1, dtype=np.int32)}, 413,
+     f"context length of {CONTEXT}"),
 ]
 
 
@@ -101,10 +101,17 @@ def test_abort_is_forwarded(engine):
     assert got == AbortRequest(rid="gone", reason="client disconnected")
 
 
-def test_max_tokens_none_is_filled_to_the_context(engine, tokenizer):
+def test_context_fit_is_the_scheduler_s(engine, tokenizer):
+    """max_tokens=None ("until the context or the KV pool is full") and a prompt plus
+    max_tokens past the context travel on: the scheduler, which knows the worker's context
+    and pool, is the one place that judges the fit."""
     send(engine, rid="fill", prompt="count", sampling=SamplingParams(max_tokens=None))
     got = wait_for(engine.scheduler, TokenizedRequest, predicate=lambda m: m.rid == "fill")
-    assert got.sampling.max_tokens == CONTEXT - len(tokenizer.encode("count"))
+    assert got.sampling.max_tokens is None
+    send(engine, rid="over", input_ids=np.arange(60, dtype=np.int32),
+         sampling=SamplingParams(max_tokens=10))
+    got = wait_for(engine.scheduler, TokenizedRequest, predicate=lambda m: m.rid == "over")
+    assert got.sampling.max_tokens == 10
 
 
 def test_a_huge_prompt_is_refused_without_starving_the_heartbeat(engine):
