@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The GPU figures of BENCHMARKS.md on one H200: Llama-3-8B shape, bf16, random weights.
-#   benchmarks/run_gpu.sh [PART...] [extra tessera flags...]   PART: b1 b2 b3 b4 b5 b5check b7 b8 b9 b10 peer b11 b12 all
+#   benchmarks/run_gpu.sh [PART...] [extra tessera flags...]   PART: b1 b2 b3 b4 b5 b5check tpar b7 b8 b9 b10 peer b11 b12 all
 # (b11 runs the Mixtral-8x7B shape, benchmarks/configs/mixtral-8x7b.json, whatever MODEL says;
 # b12 runs B12, bf16 beside fp8 and int4 weights and the fp8 KV cache; b10 starts `tessera
 # serve` twice with graphs (dummy weights), then once from a real-size safetensors folder it
 # writes (16 GB, deleted after; REAL=0 skips it); b9 runs plain, ngram and a 4-layer draft of
-# the same width (DRAFT=config to change it) one engine after the other; b5 needs two GPUs: B1
+# the same width (DRAFT=config to change it) one engine after the other, its copy part on a
+# 16 GB model of the shape that repeats its last token (a temporary folder, deleted after); b5 needs two GPUs: B1
 # and B2 at TP=1, TP=2 and PP=2, one engine each, and b5_<suffix>.json with their ratios;
 # b5check runs the two-GPU tests (one-shot all-reduce against NCCL, greedy parity of TP=2 and
 # PP=2 with one GPU on the 4-layer shape) and keeps going if they fail; b7 needs two GPUs and
 # the sglang-router wheel: B4's workload on `--dp-size 2` replicas behind the router against
-# one replica, one run; none of these is part of `all`)
+# one replica, one run; tpar (two GPUs) measures one TP all-reduce inside a graph, NCCL against
+# the one-shot path, 1-256 tokens of hidden 4096 (tp2_allreduce_<suffix>.json, under a
+# minute); none of these is part of `all`)
 # e.g. `benchmarks/run_gpu.sh b1 b2 b3`. Each part is one command of a few minutes (model load
 # included) and writes benchmarks/results/<part>_h200.json (+ PNGs where matplotlib is
 # installed). The flags go to every part.
@@ -26,8 +29,8 @@ while [[ $# -gt 0 && $1 != -* ]]; do parts+=("$1"); shift; done
 [[ ${#parts[@]} -gt 0 ]] || parts=(all)
 for part in "${parts[@]}"; do
   case $part in
-    b1|b2|b3|b4|b5|b5check|b7|b8|b9|b10|peer|b11|b12|all) ;;
-    *) echo "usage: $0 [b1|b2|b3|b4|b5|b5check|b7|b8|b9|b10|peer|b11|b12|all ...] [flags]" >&2; exit 2 ;;
+    b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|all) ;;
+    *) echo "usage: $0 [b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|all ...] [flags]" >&2; exit 2 ;;
   esac
 done
 common=(--model "$MODEL" --load-format dummy)
@@ -56,6 +59,9 @@ for part in "${parts[@]}"; do
                tests/hal_cuda/test_parallel_parity_gpu.py "tests/hal_cuda/test_kernels_gpu.py::test_untuned_one_token_shape_is_measured_once_and_stays_correct" \
                2>&1 | tee "$OUT/b5check_$SUFFIX.log" ||
                echo "b5check: a test failed (see $OUT/b5check_$SUFFIX.log)" >&2 ;;
+    tpar)   echo "+ tests/hal_cuda/allreduce_latency.py" >&2
+            "$PY" tests/hal_cuda/allreduce_latency.py "$OUT/tp2_allreduce_$SUFFIX.json" ||
+              echo "tpar: failed" >&2 ;;
     b11)    run b11 --model benchmarks/configs/mixtral-8x7b.json "${roof[@]}" --out-dir "$OUT" --suffix "$SUFFIX" "$@" ;;
     *) ;;
   esac

@@ -73,6 +73,10 @@ def tiny_hf_model(kind: str, folder: str, **overrides: Any) -> Any:
     else:
         raise ValueError(kind)
     cfg.update(overrides)
+    if cfg.get("attn_logit_softcapping"):
+        # transformers' SDPA path drops the attention soft-cap without a word (releases
+        # before about 5.2x even pick it for Gemma 2 by default): eager applies it.
+        cfg["attn_implementation"] = "eager"
     model = cls(conf(**cfg)).eval()
     if kind == "qwen2":  # qkv biases start at zero: make them matter
         with torch.no_grad():

@@ -10,9 +10,16 @@ Also: the tokens do not change with chunked prefill or with a prefix served from
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.worker_proc.driver import MiniScheduler
-from tests.worker_proc.helpers import hf_greedy, make_runner, prompts, tiny_hf_model
+from tests.worker_proc.helpers import (
+    hf_greedy,
+    hf_last_logits,
+    make_runner,
+    prompts,
+    tiny_hf_model,
+)
 
 LENGTHS = [1, 3, 7, 12, 17, 24, 31, 45]
 NEW = 32
@@ -52,3 +59,15 @@ def test_prefix_cache_gives_same_tokens(tiny):
     again = sched.generate(batch[4:] + batch[:4], NEW)
     assert sched.cached_tokens > 0
     assert [r.out for r in again] == expected[4:] + expected[:4]
+
+
+def test_gemma2_oracle_applies_the_attention_soft_cap(tmp_path):
+    """The oracle itself: transformers' SDPA attention ignores Gemma 2's soft-cap (and some
+    releases choose it by default), so a parity test would compare against a model without
+    the cap. The same weights with and without the cap must give different logits."""
+    capped = tiny_hf_model("gemma2", str(tmp_path / "capped"))
+    uncapped = tiny_hf_model("gemma2", str(tmp_path / "uncapped"), attn_logit_softcapping=None)
+    assert torch.equal(capped.model.embed_tokens.weight, uncapped.model.embed_tokens.weight)
+    prompt = prompts(capped.config.vocab_size, [12], seed=3)[0]
+    diff = (hf_last_logits(capped, prompt) - hf_last_logits(uncapped, prompt)).abs().max()
+    assert diff > 1e-2
