@@ -128,8 +128,16 @@ def _c1_run(args: argparse.Namespace, kwargs: dict[str, Any], engine: Any, devic
 def engine_cpu_seconds(llm: Any) -> float:
     """CPU seconds so far of every engine process (all threads) and of this process (the
     caller's client)."""
+    for attempt in range(3):  # a status call can time out on a busy machine
+        try:
+            processes = llm.status()
+            break
+        except Exception:  # noqa: BLE001 - retried, then raised
+            if attempt == 2:
+                raise
+            time.sleep(1.0)
     total = time.process_time()
-    for info in llm.status().values():
+    for info in processes.values():
         pid = info.get("pid")
         if isinstance(pid, int) and pid > 0:
             try:

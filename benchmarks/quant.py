@@ -94,11 +94,20 @@ def part_kl(base: dict[str, Any], variants: list[str], vocab: int, count: int,
     return figures
 
 
-def _worker_stats(llm: Any) -> dict[str, float]:
-    try:
-        return dict(llm.status().get("worker0", {}).get("stats", {}))
-    except Exception:  # noqa: BLE001 - a missing figure, not a failed benchmark
-        return {}
+def _worker_stats(llm: Any, wait_s: float = 15.0) -> dict[str, float]:
+    """Worker rank 0's heartbeat numbers, once a heartbeat carrying its memory has come (the
+    first after ready may not yet; a busy machine may miss a status call): {} after
+    `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    stats: dict[str, float] = {}
+    while True:
+        try:
+            stats = dict(llm.status().get("worker0", {}).get("stats", {}))
+        except Exception:  # noqa: BLE001 - a missing figure, not a failed benchmark
+            stats = {}
+        if "weight_bytes" in stats or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.2)
 
 
 def run_b1(llm: Any, args: argparse.Namespace, vocab: int) -> dict[str, Any]:

@@ -5,7 +5,8 @@
 # b12 runs B12, bf16 beside fp8 and int4 weights and the fp8 KV cache; b10 starts `tessera
 # serve` twice with graphs (dummy weights), then once from a real-size safetensors folder it
 # writes (16 GB, deleted after; REAL=0 skips it); b9 runs plain, ngram and a 4-layer draft of
-# the same width (DRAFT=config to change it) one engine after the other; b5 needs two GPUs: B1
+# the same width (DRAFT=config to change it) one engine after the other, its copy part on a
+# 16 GB model of the shape that repeats its last token (a temporary folder, deleted after); b5 needs two GPUs: B1
 # and B2 at TP=1, TP=2 and PP=2, one engine each, and b5_<suffix>.json with their ratios;
 # b5check runs the two-GPU tests (one-shot all-reduce against NCCL, greedy parity of TP=2 and
 # PP=2 with one GPU on the 4-layer shape) and keeps going if they fail; b7 needs two GPUs and

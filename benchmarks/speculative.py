@@ -17,6 +17,13 @@ Two engines with the same flags, one after the other: plain, then with
                    found within --self-search-len tokens: `contains_continuation`; random
                    weights fall into loops, so one usually is).
 
+    model (random weights, the default under --load-format dummy): the 8B random model never
+             repeats itself (on the H200 not one 2-gram recurred in 2048 greedy tokens), so
+             the copy part runs on a model of the same shape that repeats its last token
+             (`weights_folder.write_folder(copying=True)`: output projections zero, LM head =
+             embedding; every weight is still read each step), plain then speculative, on
+             B1's random prompts; the random part stays on the random-weight model.
+
 With --draft-model a third engine runs `--speculative-algorithm draft` with that model on the
 same prompts (figures draft_*). Under random weights its proposals share nothing with the
 target's tokens: that measures what drafting costs when almost nothing is accepted.
@@ -33,6 +40,7 @@ engines are compared token for token (`same_tokens`).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from dataclasses import asdict, dataclass
@@ -91,10 +99,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--dataset-seed", type=int, default=0)
-    p.add_argument("--copy", choices=["auto", "edit", "self"], default="auto",
+    p.add_argument("--copy", choices=["auto", "edit", "self", "model"], default="auto",
                    help="the copy workload: edit (chat rewrite of a paragraph; needs a real "
-                        "tokenizer), self (the model's own continuation; for random weights); "
-                        "auto: self under --load-format dummy, else edit")
+                        "tokenizer), self (the model's own continuation, where random weights "
+                        "loop), model (a model of the target's shape that repeats its last "
+                        "token, written to a temporary folder); auto: model under "
+                        "--load-format dummy, else edit")
     p.add_argument("--edit-output-len", type=int, default=160,
                    help="edit workload: max_tokens (answers end at EOS before)")
     p.add_argument("--self-prompt-len", type=int, default=256,
@@ -205,10 +215,52 @@ def _self_copy(llm: Any, args: argparse.Namespace, vocab_size: int, n: int
     return prompts, info
 
 
-def _engine_part(llm: Any, label: str, copy_prompts: list[Any], copy_params: list[Any],
+def _copying_model_part(args: argparse.Namespace, kwargs: dict[str, Any],
+                        spec_args: dict[str, Any], prompts: list[Any], greedy: Any
+                        ) -> tuple[dict[str, list[Measured]], list[dict[str, Any]]]:
+    """The copy workload under random weights: a model of the target's shape that repeats its
+    last token (weights_folder.write_folder(copying=True)), written to a temporary folder,
+    plain then speculative on B1's random prompts."""
+    import shutil
+    import tempfile
+
+    from tessera.benchmarks.weights_folder import weights_bytes, write_folder
+    from tessera.offline import LLM
+
+    target = kwargs["model"]
+    config = os.path.join(target, "config.json") if os.path.isdir(target) else target
+    folder = tempfile.mkdtemp(prefix="tessera-b9-copying-")
+    need, free = weights_bytes(config), shutil.disk_usage(folder).free
+    if free < need * 1.1:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise SystemExit(f"B9 copy workload: {need / 2**30:.1f} GiB of weights to write but "
+                         f"{free / 2**30:.1f} GiB free in {folder}; pass --copy self")
+    try:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        written = write_folder(config, folder, device=device, copying=True)
+        print(f"[bench] B9: wrote the copying model ({written.bytes / 2**30:.1f} GiB) in "
+              f"{written.seconds:.1f} s", file=sys.stderr)
+        copy_kwargs = {**kwargs, "model": folder, "load_format": "auto"}
+        params = [greedy] * len(prompts)
+        with LLM(**copy_kwargs) as llm:
+            plain = _run(llm, prompts, params, "plain copy (copying model)")
+        with LLM(**copy_kwargs, **spec_args) as llm:
+            spec = _run(llm, prompts, params, "speculative copy (copying model)")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    repeats = all(len(set(m.token_ids)) == 1 for m in plain)
+    return {"plain": plain, "spec": spec}, [{"weights_gb": round(written.bytes / 1e9, 2),
+                                             "write_s": round(written.seconds, 1),
+                                             "repeats_last_token": repeats}]
+
+
+def _engine_part(llm: Any, label: str, copy_prompts: list[Any] | None, copy_params: list[Any],
                  rand_prompts: list[Any], greedy: Any, skip_random: bool
                  ) -> dict[str, list[Measured]]:
-    out = {"copy": _run(llm, copy_prompts, copy_params, f"{label} copy")}
+    out = {} if copy_prompts is None else {
+        "copy": _run(llm, copy_prompts, copy_params, f"{label} copy")}
     if not skip_random:
         out["random"] = _run(llm, rand_prompts, [greedy] * len(rand_prompts),
                              f"{label} random")
@@ -223,13 +275,16 @@ def _compare(plain: dict[str, Any], spec: dict[str, Any], raw_plain: dict[str, l
              raw_spec: dict[str, list[Measured]], prefix: str) -> dict[str, Any]:
     """A speculative engine's figures against plain: copy speedup, random ratio, tokens per
     step, and whether the greedy tokens are the same."""
-    out: dict[str, Any] = {
-        f"{prefix}copy_speedup": plain["copy"]["ms_per_token"] / spec["copy"]["ms_per_token"],
-        f"{prefix}copy_tokens_per_step": spec["copy"]["tokens_per_step"],
-        f"{prefix}copy_tokens_per_s_plain": plain["copy"]["tokens_per_s"],
-        f"{prefix}copy_tokens_per_s_spec": spec["copy"]["tokens_per_s"],
-        f"{prefix}same_tokens_copy": _same(raw_plain["copy"], raw_spec["copy"]),
-    }
+    out: dict[str, Any] = {}
+    if "copy" in spec:
+        out.update({
+            f"{prefix}copy_speedup": plain["copy"]["ms_per_token"]
+            / spec["copy"]["ms_per_token"],
+            f"{prefix}copy_tokens_per_step": spec["copy"]["tokens_per_step"],
+            f"{prefix}copy_tokens_per_s_plain": plain["copy"]["tokens_per_s"],
+            f"{prefix}copy_tokens_per_s_spec": spec["copy"]["tokens_per_s"],
+            f"{prefix}same_tokens_copy": _same(raw_plain["copy"], raw_spec["copy"]),
+        })
     if "random" in spec:
         out.update({
             f"{prefix}random_ratio": spec["random"]["ms_per_token"]
@@ -258,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                             "speculative_num_draft_tokens": args.num_draft_tokens,
                             "speculative_draft_model": args.draft_model}
     copy_kind = args.copy if args.copy != "auto" else (
-        "self" if engine.load_format == "dummy" else "edit")
+        "model" if engine.load_format == "dummy" else "edit")
     n = args.warmup + args.iters
 
     from tessera.bus.messages import SamplingParams
@@ -271,13 +326,18 @@ def main(argv: list[str] | None = None) -> int:
     rand_prompts = [r.prompt_ids for r in rand]
     copy_info: list[dict[str, Any]] = []
     raw: dict[str, dict[str, list[Measured]]] = {}
+    copy_model: dict[str, list[Measured]] = {}
+    copy_prompts: list[Any] | None = None
+    copy_params = [greedy] * n
+    if copy_kind == "model":
+        copy_model, copy_info = _copying_model_part(args, kwargs, spec_args, rand_prompts,
+                                                    greedy)
     with LLM(**kwargs) as llm:
         if copy_kind == "edit":
-            copy_prompts: list[Any] = edit_prompts(n)
+            copy_prompts = edit_prompts(n)
             copy_params = [SamplingParams(temperature=0.0, max_tokens=args.edit_output_len)] * n
-        else:
+        elif copy_kind == "self":
             copy_prompts, copy_info = _self_copy(llm, args, mconf.vocab_size, n)
-            copy_params = [greedy] * n
         raw["plain"] = _engine_part(llm, "plain", copy_prompts, copy_params, rand_prompts,
                                     greedy, args.skip_random)
     spec_stats: dict[str, dict[str, float]] = {}
@@ -296,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
             failed[name] = f"{type(exc).__name__}: {exc}"
             print(f"[bench] B9 {name} engine failed: {failed[name]}", file=sys.stderr)
 
+    if copy_model:
+        raw["plain"]["copy"] = copy_model["plain"]
+        raw[args.algorithm]["copy"] = copy_model["spec"]
     summary = {name: {part: summarize(rows[args.warmup:]) for part, rows in parts.items()}
                for name, parts in raw.items()}
     figures: dict[str, Any] = {"copy_workload": copy_kind, "algorithm": args.algorithm}
@@ -310,11 +373,13 @@ def main(argv: list[str] | None = None) -> int:
         figures["plain_b1_decode_ms_per_step"] = summary["plain"]["random"]["ms_per_token"]
     figures["parts"] = summary
     figures["scheduler_spec_stats"] = spec_stats
-    if copy_info:
+    if copy_info and copy_kind == "self":
         for info, plain in zip(copy_info, raw["plain"]["copy"], strict=True):
             expected = info.pop("expected")
             info["plain_matches_expected"] = plain.token_ids[:len(expected)] == expected
         figures["self_copy_prompts"] = copy_info
+    elif copy_info:
+        figures["copying_model"] = copy_info[0]
     result = new_result("B9", {**vars(args), "engine": kwargs, "speculative": engines,
                                "dtype": dtype, "device_name": dev_name})
     result["figures"] = figures

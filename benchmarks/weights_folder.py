@@ -1,6 +1,13 @@
 """A Hugging Face folder of real size written from a config: config.json, a word-level
 tokenizer.json of the config's vocabulary, and random weights in safetensors shards. B10 starts
-the engine from it to measure loading real files (read from disk, not drawn at random)."""
+the engine from it to measure loading real files (read from disk, not drawn at random).
+
+`copying=True` writes a model of the same shape and cost that repeats its last input token:
+every attention and MLP output projection is zero (the residual stream stays the token's
+embedding) and the LM head is the embedding table, whose row for the token scores highest (in
+4096 dimensions a random row's product with itself dwarfs its products with the others). B9
+measures speculation on it where random weights never repeat themselves: every weight is
+still read each step, so a step costs what the real shape costs."""
 
 from __future__ import annotations
 
@@ -50,8 +57,8 @@ def write_tokenizer(folder: str, vocab_size: int) -> None:
     tok.save(os.path.join(folder, "tokenizer.json"))
 
 
-def write_folder(config_path: str, folder: str, device: str = "cpu", seed: int = 0
-                 ) -> WrittenFolder:
+def write_folder(config_path: str, folder: str, device: str = "cpu", seed: int = 0,
+                 copying: bool = False) -> WrittenFolder:
     """Write the folder; values are drawn on `device` (a GPU draws 16 GB in a second)."""
     import time
 
@@ -74,6 +81,7 @@ def write_folder(config_path: str, folder: str, device: str = "cpu", seed: int =
     total = 0
     weight_map: dict[str, str] = {}
     names = list(shapes)
+    embedding: torch.Tensor | None = None
 
     def flush(last: bool) -> None:
         index = len(shards)
@@ -89,8 +97,15 @@ def write_folder(config_path: str, folder: str, device: str = "cpu", seed: int =
         shape = tuple(int(d) for d in shapes[name])
         if is_norm_weight(name):
             t = torch.ones(shape, dtype=torch.bfloat16, device=device)
+        elif copying and name.endswith(("o_proj.weight", "down_proj.weight")):
+            t = torch.zeros(shape, dtype=torch.bfloat16, device=device)
+        elif copying and name == "lm_head.weight":
+            assert embedding is not None, "the embedding comes before the LM head"
+            t = embedding.clone()
         else:
             t = (torch.randn(shape, generator=gen, device=device) * 0.02).to(torch.bfloat16)
+        if name == "model.embed_tokens.weight":
+            embedding = t
         nbytes = t.numel() * 2
         if size and size + nbytes > SHARD_BYTES:
             flush(last=False)

@@ -28,6 +28,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -347,10 +348,13 @@ def test_attention_extend_padded(hal_platform: Platform, dtype: torch.dtype, hq:
     assert torch.equal(out[t:].cpu(), torch.zeros_like(out[t:].cpu()))
 
 
-# sliding window, soft-capping cap: windows inside one KV block and across several, caps
-# that bite at the scores' scale (inputs of unit variance, head dim 64, scale 1/8)
-WINDOW_CAP_CASES = {"window5": (5, 0.0), "window70": (70, 0.0), "cap": (0, 1.5),
-                    "window_cap": (33, 2.0)}
+# sliding window, soft-capping cap, score scale (None: head_dim^-1/2): windows inside one KV
+# block and across several, caps that bite at the scores' scale (inputs of unit variance,
+# head dim 64, scale 1/8), and a scale the model sets (Gemma 2's query_pre_attn_scalar) with
+# scores far past the cap, where tanh saturates
+WINDOW_CAP_CASES: dict[str, tuple[int, float, float | None]] = {
+    "window5": (5, 0.0, None), "window70": (70, 0.0, None), "cap": (0, 1.5, None),
+    "window_cap": (33, 2.0, None), "window_cap_scale1": (10, 2.0, 1.0)}
 # (seq_lens, extend_lens): rows longer than the windows, prefixes, decode rows mixed in
 WINDOW_BATCHES = {"prefill": ((40, 150), (40, 150)), "cached_prefix": ((90, 13, 140), (20, 1, 7)),
                   "mixed": ((1, 120, 4, 75), (1, 6, 1, 1))}
@@ -362,9 +366,11 @@ WINDOW_BATCHES = {"prefill": ((40, 150), (40, 150)), "cached_prefix": ((90, 13, 
 def test_attention_sliding_window_and_soft_cap(hal_platform: Platform, dtype: torch.dtype,
                                                hq: int, hk: int, case: str,
                                                variant: str) -> None:
-    window, cap = WINDOW_CAP_CASES[variant]
+    window, cap, scale = WINDOW_CAP_CASES[variant]
     seq_lens, extend_lens = WINDOW_BATCHES[case]
     data = make_paged_case(seq_lens, extend_lens, hq, hk, 64, dtype, seed=46)
+    if scale is not None:
+        data = replace(data, scale=scale)
     dev = _case_on(hal_platform, data)
     kw = {"sliding_window": window, "logit_cap": cap}
     out = hal_platform.op("attention_extend")(dev.q, dev.k_cache, dev.v_cache, dev.req_to_token,
@@ -374,12 +380,43 @@ def test_attention_sliding_window_and_soft_cap(hal_platform: Platform, dtype: to
         data.q.float(), data.k_cache.float(), data.v_cache.float(), data.req_to_token,
         data.seq_lens, data.extend_lens, data.qo_indptr, data.scale, **kw), dtype)
     dec = make_paged_case(seq_lens, (1,) * len(seq_lens), hq, hk, 64, dtype, seed=47)
+    dec = replace(dec, scale=data.scale)
     ddev = _case_on(hal_platform, dec)
     out = hal_platform.op("attention_decode")(ddev.q, ddev.k_cache, ddev.v_cache,
                                               ddev.req_to_token, ddev.seq_lens, dec.scale, **kw)
     _close(out, reference_op("attention_decode")(
         dec.q.float(), dec.k_cache.float(), dec.v_cache.float(), dec.req_to_token,
         dec.seq_lens, dec.scale, **kw), dtype)
+
+
+@pytest.mark.parametrize("variant", ["window_cap", "window_cap_scale1"])
+def test_attention_decode_window_cap_as_captured(hal_platform: Platform, dtype: torch.dtype,
+                                                 variant: str) -> None:
+    """Decode with a sliding window and a soft-cap as a captured decode step runs it: rows
+    shorter than, at, just past and far past the window, then padding rows (one token at
+    position 0 in slot 0, seq_len 1). The real rows are the reference's, the padding rows
+    finite."""
+    window, cap, scale = WINDOW_CAP_CASES[variant]
+    seq_lens = (1, window - 1, window, window + 1, 2 * window + 5, 130)
+    real = make_paged_case(seq_lens, (1,) * len(seq_lens), 8, 2, 64, dtype, seed=48)
+    if scale is not None:
+        real = replace(real, scale=scale)
+    pad = 3
+    gen = torch.Generator().manual_seed(49)
+    q = torch.cat([real.q, torch.randn((pad, *real.q.shape[1:]), generator=gen).to(dtype)])
+    req_to_token = torch.cat([real.req_to_token,
+                              torch.zeros((pad, real.req_to_token.shape[1]), dtype=torch.int32)])
+    lens = torch.cat([real.seq_lens, torch.ones(pad, dtype=torch.int32)])
+    kw = {"sliding_window": window, "logit_cap": cap}
+    q_d, kc, vc, rtt, lens_d = _on(hal_platform, q, real.k_cache, real.v_cache, req_to_token,
+                                   lens)
+    out = hal_platform.op("attention_decode")(q_d, kc, vc, rtt, lens_d, real.scale, **kw)
+    assert out.shape == q.shape
+    b = len(seq_lens)
+    _close(out[:b], reference_op("attention_decode")(
+        real.q.float(), real.k_cache.float(), real.v_cache.float(), real.req_to_token,
+        real.seq_lens, real.scale, **kw), dtype)
+    assert bool(torch.isfinite(out[b:].cpu().float()).all())
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)

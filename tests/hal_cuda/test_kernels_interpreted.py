@@ -3,6 +3,7 @@ against the reference ops (hal/cpu, the conformance oracle)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import ModuleType
 
 import pytest
@@ -151,6 +152,33 @@ def test_attention_sliding_window_and_soft_cap(kernels: dict[str, ModuleType], w
     out = kernels["extend_attention"].attention_extend(*args, **kw)
     torch.testing.assert_close(out, reference_op("attention_extend")(*args, **kw), **TOL)
     dec = make_paged_case(seq_lens, (1,) * 4, 8, 2, 32, torch.float32, seed=21)
+    dargs = (dec.q, dec.k_cache, dec.v_cache, dec.req_to_token, dec.seq_lens, dec.scale)
+    for splits in (1, 3):
+        out = kernels["decode_attention"].attention_decode(*dargs, splits=splits, **kw)
+        torch.testing.assert_close(out, reference_op("attention_decode")(*dargs, **kw), **TOL)
+
+
+# The tiny Gemma 2 of the model tests: (seq_lens, extend_lens) of its first two steps with
+# prompts of 1, 3, 7, 12, ... tokens in chunks of 10 (one-token extends and chunks together)
+GEMMA2_STEPS = (((1, 3, 6, 1, 1, 1, 1, 1), (1, 3, 6, 1, 1, 1, 1, 1)),
+                ((2, 4, 7, 10, 2, 2, 2, 2), (1, 1, 1, 9, 1, 1, 1, 1)))
+
+
+@pytest.mark.parametrize("window", [10, 0])  # its sliding and its global layer
+def test_attention_gemma2_tiny_steps(kernels: dict[str, ModuleType], window: int) -> None:
+    """Head dim 16, 4 query heads on 2 KV heads, scale 1 (query_pre_attn_scalar 1: scores
+    far past the cap of 2, tanh saturated): its chunked steps, then decodes on both sides of
+    the window."""
+    kw = {"sliding_window": window, "logit_cap": 2.0}
+    for i, (seq_lens, extend_lens) in enumerate(GEMMA2_STEPS):
+        case = replace(make_paged_case(seq_lens, extend_lens, 4, 2, 16, torch.float32,
+                                       seed=40 + i), scale=1.0)
+        args = (case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens,
+                case.extend_lens, case.qo_indptr, case.scale)
+        out = kernels["extend_attention"].attention_extend(*args, **kw)
+        torch.testing.assert_close(out, reference_op("attention_extend")(*args, **kw), **TOL)
+    dec = replace(make_paged_case((8, 10, 11, 12, 40, 45), (1,) * 6, 4, 2, 16, torch.float32,
+                                  seed=42), scale=1.0)
     dargs = (dec.q, dec.k_cache, dec.v_cache, dec.req_to_token, dec.seq_lens, dec.scale)
     for splits in (1, 3):
         out = kernels["decode_attention"].attention_decode(*dargs, splits=splits, **kw)
