@@ -192,14 +192,16 @@ def test_malformed_messages_are_dropped_and_the_process_lives_on(run_root: Path)
 
 
 def test_stale_run_of_a_crashed_supervisor_is_removed_before_start(run_root: Path) -> None:
-    stale = RunPaths.create(str(run_root / "tessera-run-crashed1"))
+    # Names of this test process's own: the shared-memory segment lives in /dev/shm, which
+    # another test run on the machine shares.
+    stale = RunPaths.create(str(run_root / f"tessera-run-crashed{os.getpid()}"))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     Path(stale.pid_file).write_text(f"{dead.pid}\n")
     Path(stale.run_dir, "scheduler.sock").touch()
     segment = Path("/dev/shm", stale.shm_name("req_to_token"))
     segment.write_bytes(b"\0" * 64)
-    live = RunPaths.create(str(run_root / "tessera-run-alive001"))
+    live = RunPaths.create(str(run_root / f"tessera-run-alive{os.getpid()}"))
     Path(live.pid_file).write_text(f"{os.getpid()}\n")
     try:
         run = Run([["a", 0, []]])
