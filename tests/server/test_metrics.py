@@ -153,7 +153,8 @@ def test_real_engine_metrics_under_load(tmp_path: Path, run_root: Path) -> None:
     args = ["--model", str(model), "--load-format", "dummy", "--hal", "cpu",
             "--max-total-tokens", "2048", "--max-running-requests", "4",
             "--heartbeat-interval-s", "0.1", "--served-model-name", "tiny"]
-    n, max_tokens = 8, 24
+    # long enough (about 160 steps a wave) that heartbeats carry the queue while it is full
+    n, max_tokens = 8, 160
     with ServerProcess(args, log_path=str(tmp_path / "serve.log")) as server:
         server.wait_ready(180)
         time.sleep(0.5)
