@@ -90,11 +90,13 @@ def test_stop_string_from_the_request_is_honoured(engine, tokenizer):
 
 
 def test_bad_request_answered_and_next_one_served(engine, tokenizer):
+    # a request the tokenizer refuses itself (context fit is the scheduler's rule, and the
+    # scheduler here is the test's)
     engine.to_tokenizer.send(GenerateRequest(rid="bad", reply_to=engine.client.endpoint,
                                              prompt="x" * 10, sampling=SamplingParams(
-                                                 max_tokens=9000)))
+                                                 max_tokens=16, top_p=1.5)))
     err = wait_for(engine.client, ErrorReply)
-    assert err.rid == "bad" and err.status == 413
+    assert err.rid == "bad" and err.status == 400 and err.param == "top_p"
     engine.to_tokenizer.send(GenerateRequest(rid="good", reply_to=engine.client.endpoint,
                                              prompt="ok"))
     req = wait_for(engine.scheduler, TokenizedRequest)
