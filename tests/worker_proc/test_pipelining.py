@@ -15,11 +15,17 @@ from tessera.worker_proc.process import WorkerProcess
 
 @dataclass
 class FakePending:
+    """A step on a fake asynchronous device: still running at the first look, finished when
+    the worker keeps waiting for it (the worker polls `ready()` rather than blocking in the
+    device); `done` finishes it at once."""
+
     step: int
     done: bool = False
+    polls: int = 0
 
     def ready(self) -> bool:
-        return self.done
+        self.polls += 1
+        return self.done or self.polls > 1
 
 
 @dataclass
@@ -29,6 +35,7 @@ class FakeRunner:
     launched: list[FakePending] = field(default_factory=list)
     fail_launch: set[int] = field(default_factory=set)
     grammars_compiling: bool = False
+    answers: bool = True  # the runner of the last pipeline stage answers the scheduler
 
     def launch(self, batch: ForwardBatch, table: np.ndarray) -> FakePending:
         if batch.step in self.fail_launch:
