@@ -16,8 +16,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")]
 
 
-def test_nccl_collectives_and_captured_all_reduce(tmp_path: Path) -> None:
-    script = Path(__file__).with_name("nccl_rank.py")
+def _run_ranks(script_name: str, tmp_path: Path) -> list[dict]:
+    """Run this folder's `script_name` as ranks 0 and 1 of a two-GPU group; each rank's
+    JSON result, after both exited 0 within 180 s."""
+    script = Path(__file__).with_name(script_name)
     init = f"file://{tmp_path / 'store'}"
     procs = [subprocess.Popen([sys.executable, str(script), str(rank), "2", init,
                                str(tmp_path / f"rank{rank}.json")],
@@ -30,11 +32,14 @@ def test_nccl_collectives_and_captured_all_reduce(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             for p in procs:
                 p.kill()
-            pytest.fail("NCCL ranks did not finish in 180 s")
+            pytest.fail(f"{script_name} ranks did not finish in 180 s")
     for rank, proc in enumerate(procs):
         assert proc.returncode == 0, f"rank {rank} failed:\n{logs[rank][-3000:]}"
-    for rank in range(2):
-        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+def test_nccl_collectives_and_captured_all_reduce(tmp_path: Path) -> None:
+    for rank, got in enumerate(_run_ranks("nccl_rank.py", tmp_path)):
         assert got["eager"] == [3.0]
         assert got["gathered"] == [[0.0, 0.0, 0.0, 1.0, 1.0, 1.0]] * 2
         # sum over ranks of arange(8).view(2, 4) + rank is 2 * arange + 1; rank r keeps
@@ -49,24 +54,7 @@ def test_one_shot_all_reduce_equals_nccl(tmp_path: Path) -> None:
     """The one-shot all-reduce over peer memory (no multicast) gives NCCL's sums bit for bit,
     eagerly and inside a captured graph, bf16 and fp32, and small all-gathers through it
     NCCL's gathers; larger tensors go through NCCL."""
-    script = Path(__file__).with_name("one_shot_rank.py")
-    init = f"file://{tmp_path / 'store'}"
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank), "2", init,
-                               str(tmp_path / f"rank{rank}.json")],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=os.environ.copy()) for rank in range(2)]
-    logs = []
-    for proc in procs:
-        try:
-            logs.append(proc.communicate(timeout=180)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail("one-shot ranks did not finish in 180 s")
-    for rank, proc in enumerate(procs):
-        assert proc.returncode == 0, f"rank {rank} failed:\n{logs[rank][-3000:]}"
-    for rank in range(2):
-        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    for got in _run_ranks("one_shot_rank.py", tmp_path):
         for dtype in ("bfloat16", "float32"):
             part = got[dtype]
             assert part["chosen"].startswith("one-shot"), part["chosen"]
