@@ -71,10 +71,11 @@ def wait_gateway(url: str, replicas: int) -> None:
 
 
 def replica_figures(metrics_url: str) -> dict[str, Any]:
-    from tessera.bus.replica_metrics import read_replica, router_hit_rate
+    from tessera.bus.replica_metrics import read_replica, read_settled, router_hit_rate
 
     listed = _get_json(metrics_url + "/replicas")
-    loads = [read_replica(int(r["replica"]), str(r["url"])) for r in listed]
+    loads = read_settled(lambda: [read_replica(int(r["replica"]), str(r["url"]))
+                                  for r in listed])
     return {"router_cache_hit_rate": router_hit_rate(loads),
             "per_replica": [{"replica": r.index, "cache_hit_rate": r.cache_hit_rate,
                              "cache_query_tokens": r.cache_query_tokens} for r in loads]}

@@ -19,13 +19,21 @@ sent to a replica that does not hold it is computed again). The gateway keeps no
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
 FETCH_TIMEOUT_S = 2.0
+# A replica's counters reach its /metrics through the scheduler's heartbeat (0.5 s) and the
+# server's cached engine status (0.5 s): a read right after the last answer can lag by both,
+# more on a loaded machine. Counters that stay the same this long, with nothing running or
+# waiting, are the final ones.
+SETTLE_QUIET_S = 2.0
+SETTLE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,30 @@ def read_replica(index: int, url: str, restarts: int = 0) -> ReplicaLoad:
     if status != 200:
         return ReplicaLoad(index=index, url=url, up=False, restarts=restarts)
     return parse_replica(index, url, text, health == 200, restarts)
+
+
+def _counters(loads: list[ReplicaLoad]) -> list[tuple[bool, float, float, float, float]]:
+    return [(r.up, r.running, r.waiting, r.cache_hit_tokens, r.cache_query_tokens)
+            for r in loads]
+
+
+def read_settled(read: Callable[[], list[ReplicaLoad]], quiet_s: float = SETTLE_QUIET_S,
+                 timeout_s: float = SETTLE_TIMEOUT_S) -> list[ReplicaLoad]:
+    """The replicas' figures once the work sent to them is all counted: two reads `quiet_s`
+    apart that agree, every replica up and idle. Raises TimeoutError if they never settle
+    (a replica down or still busy): figures read then would be wrong, not late."""
+    deadline = time.monotonic() + timeout_s
+    last = read()
+    while True:
+        time.sleep(quiet_s)
+        now = read()
+        idle = all(r.up and r.running == 0 and r.waiting == 0 for r in now)
+        if idle and _counters(now) == _counters(last):
+            return now
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the replicas' figures did not settle in {timeout_s:g} s: "
+                               f"{_counters(now)}")
+        last = now
 
 
 def router_hit_rate(loads: list[ReplicaLoad]) -> float:

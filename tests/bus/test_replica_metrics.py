@@ -3,9 +3,16 @@ samples), and the routed hit rate over all of them, exposed in a form Prometheus
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tessera.bus.replica_metrics import ReplicaLoad, parse_replica, render, router_hit_rate
+from tessera.bus.replica_metrics import (
+    ReplicaLoad,
+    parse_replica,
+    read_settled,
+    render,
+    router_hit_rate,
+)
 
 REPLICA = """\
 # TYPE tessera:num_requests_running gauge
@@ -35,3 +42,29 @@ def test_parse_and_render() -> None:
     assert samples[("tessera:replica_restarts_total", "0")] == 2.0
     assert samples[("tessera:router_cache_hit_rate", None)] == 0.5
     assert samples[("smg_worker_health", None)] == 1.0
+
+
+def _load(hits: float, queried: float, running: float = 0.0, up: bool = True) -> list[ReplicaLoad]:
+    return [ReplicaLoad(0, "http://127.0.0.1:1", up=up, running=running,
+                        cache_hit_tokens=hits, cache_query_tokens=queried)]
+
+
+def test_read_settled_waits_for_the_late_counters() -> None:
+    # The counters arrive late and in pieces: a read that stops at the first figures would
+    # report 100 of the 400 queried tokens.
+    reads = iter([_load(0, 100, running=1), _load(50, 300), _load(90, 400), _load(90, 400),
+                  _load(90, 400)])
+    calls = []
+
+    def read() -> list[ReplicaLoad]:
+        calls.append(1)
+        return next(reads)
+
+    (final,) = read_settled(read, quiet_s=0.0)
+    assert (final.cache_hit_tokens, final.cache_query_tokens) == (90, 400)
+    assert len(calls) == 4  # the first two equal reads, no more
+
+
+def test_read_settled_refuses_a_replica_that_stays_down() -> None:
+    with pytest.raises(TimeoutError, match="did not settle"):
+        read_settled(lambda: _load(0, 0, up=False), quiet_s=0.01, timeout_s=0.05)

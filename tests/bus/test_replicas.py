@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import pytest
 
 from tessera.bus.gateway import gateway_available
-from tessera.bus.replica_metrics import ReplicaLoad, read_replica
+from tessera.bus.replica_metrics import ReplicaLoad, read_replica, read_settled
 from tessera.bus.replicas import free_port
 
 pytestmark = pytest.mark.skipif(not gateway_available(),
@@ -45,7 +45,10 @@ class DpEngine:
         return json.loads(_get(self.metrics_url + "/replicas"))
 
     def replica_loads(self) -> list[ReplicaLoad]:
-        return [read_replica(int(r["replica"]), str(r["url"])) for r in self.replicas()]
+        """Read once every request sent so far is counted (the counters come late)."""
+        listed = self.replicas()
+        return read_settled(lambda: [read_replica(int(r["replica"]), str(r["url"]))
+                                     for r in listed])
 
     def log(self) -> str:
         with open(self.log_path, errors="replace") as f:
