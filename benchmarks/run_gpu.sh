@@ -15,7 +15,8 @@
 # one replica, one run; tpar (two GPUs) measures one TP all-reduce inside a graph, NCCL against
 # the one-shot path, 1-256 tokens of hidden 4096 (tp2_allreduce_<suffix>.json, under a
 # minute); profile is the step profile of docs/performance.md (tests/hal_cuda/
-# gpu_step_profile.py, into $OUT/step_profile_<suffix>/); gputests runs the one-GPU tests
+# gpu_step_profile.py, into $OUT/step_profile_<suffix>/; about 10 minutes whole, PROFILE_ONLY=
+# "steps ttft traces" for some of its parts); gputests runs the one-GPU tests
 # still to confirm (model families' parity, gemma2 included, and the mixed-step graphs) and
 # multihost the two-GPU two-launcher test, each with its log in $OUT; none of these is part
 # of `all`)
@@ -128,7 +129,9 @@ for part in "${parts[@]}"; do
               "${T_cpu[@]}" || echo "tpar: failed" >&2 ;;
     b11)    run b11 --model "$MOE_MODEL" "${roof[@]}" "${T_b11[@]}" --out-dir "$OUT" --suffix "$SUFFIX" "$@" ;;
     profile) echo "+ tests/hal_cuda/gpu_step_profile.py" >&2
+             # PROFILE_ONLY="steps ttft ...": those parts of the profile alone
              "$PY" tests/hal_cuda/gpu_step_profile.py "$OUT/step_profile_$SUFFIX" \
+               $(for x in ${PROFILE_ONLY:-}; do echo "--only=$x"; done) \
                "${T_cpu[@]}" || echo "profile: failed" >&2 ;;
     gputests) gpu_pytest gputests tests/hal_cuda/test_models_gpu.py \
                 tests/hal_cuda/test_mixed_graphs_gpu.py ;;
