@@ -528,7 +528,9 @@ def part_traces(h: Harness, out_dir: Path) -> dict[str, Any]:
 
     comps = {"mixed_32dec_plus_256": lambda: h.batch(decode_entries(32) + [(200, 256, 256)]),
              "prefill_only_512": lambda: h.batch([(200, 512, 512)]),
-             "decode_bs32": lambda: h.batch(decode_entries(32))}
+             "decode_bs32": lambda: h.batch(decode_entries(32)),
+             # B1's step: its kernels one by one (how many launches a layer costs)
+             "decode_bs1": lambda: h.batch(decode_entries(1))}
     written = []
     # The worker's own phase ranges (--profile-ranges: NVTX through the plugin) as profiler
     # ranges here, so the chrome trace shows inputs / forward / sample / copy-out per step.
@@ -537,7 +539,7 @@ def part_traces(h: Harness, out_dir: Path) -> dict[str, Any]:
         h.runner._phase = record_function
     for name, make in comps.items():
         for label, ctx in (("graph", contextlib.nullcontext()), ("eager", h.eager())):
-            if name == "decode_bs32" and label == "eager":
+            if name.startswith("decode_bs") and label == "eager":
                 continue
             with ctx:
                 h.runner.step(make(), h.rtt)
