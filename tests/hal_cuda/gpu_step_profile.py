@@ -544,7 +544,7 @@ def part_traces(h: Harness, out_dir: Path) -> dict[str, Any]:
             with ctx:
                 h.runner.step(make(), h.rtt)
                 h.sync()
-                activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+                activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if h.gpu else [])
                 with profile(activities=activities) as prof:
                     for i in range(3):
                         with record_function(f"step {i}: launch"):
@@ -554,7 +554,8 @@ def part_traces(h: Harness, out_dir: Path) -> dict[str, Any]:
                     h.sync()
             tag = f"{name}_{label}"
             prof.export_chrome_trace(str(out_dir / f"trace_{tag}.json"))
-            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+            table = prof.key_averages().table(
+                sort_by="cuda_time_total" if h.gpu else "cpu_time_total", row_limit=25)
             (out_dir / f"prof_{tag}.txt").write_text(table)
             written.append(tag)
             log(f"trace {tag} written")
@@ -582,7 +583,7 @@ def main(argv: list[str]) -> int:
     if not gpu:
         config = str(out_dir / "tiny-config.json")
         Path(config).write_text(json.dumps(TINY))
-        parts = [x for x in parts if x in ("steps", "equality", "ttft")]
+        parts = [x for x in parts if x in ("steps", "equality", "ttft", "traces")]
     np.random.seed(0)
     torch.manual_seed(0)
     h = Harness(config, gpu, args.graph_max_tokens)
