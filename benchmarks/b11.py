@@ -69,17 +69,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.peak_tflops:
         common += ["--peak-tflops", str(args.peak_tflops)]
     names = {part: f"b11_{part}_{args.suffix}" for part in ("b1", "b2", "moe_kernel")}
-    for part, bench, extra in (("b1", latency, shlex.split(args.b1_flags)),
-                               ("b2", offline, ["--no-progress", *shlex.split(args.b2_flags)])):
-        code = bench.main([*common, "--name", names[part], *extra, *engine_flags])
+    runs = {"b1": (latency.main, [*common, "--name", names["b1"],
+                                  *shlex.split(args.b1_flags), *engine_flags]),
+            "b2": (offline.main, [*common, "--name", names["b2"], "--no-progress",
+                                  *shlex.split(args.b2_flags), *engine_flags]),
+            "moe_kernel": (moe_kernel.main, [
+                "--model", args.model, "--out-dir", args.out_dir, "--name", names["moe_kernel"],
+                *([] if args.no_sweep else ["--sweep"]), *shlex.split(args.kernel_flags)])}
+    failed: dict[str, str] = {}
+    for part, (bench, part_argv) in runs.items():
+        # A part that fails leaves the others their run (each writes its own JSON).
+        try:
+            code = bench(part_argv)
+        except SystemExit as exc:  # argparse's refusal; a signal's exit (>= 128) goes on up
+            code = exc.code if isinstance(exc.code, int) else 1
+            if code >= 128:
+                raise
+            why = f"exit code {code}"
+        except Exception as exc:  # noqa: BLE001
+            code, why = 1, f"{type(exc).__name__}: {exc}"
+        else:
+            why = f"exit code {code}"
         if code:
-            print(f"tessera bench b11: the {part} part failed ({code})", file=sys.stderr)
-            return code
-    code = moe_kernel.main(["--model", args.model, "--out-dir", args.out_dir, "--name",
-                            names["moe_kernel"], *([] if args.no_sweep else ["--sweep"]),
-                            *shlex.split(args.kernel_flags)])
-    if code:
-        return code
+            failed[part] = why
+            print(f"tessera bench b11: the {part} part failed ({why})", file=sys.stderr)
+    if failed:
+        print(f"tessera bench b11: no b11_{args.suffix}.json, parts failed: {failed}",
+              file=sys.stderr)
+        return 1
     parts = {part: _read(args.out_dir, name) for part, name in names.items()}
     result = new_result("B11", {**vars(args), "engine_flags": engine_flags,
                                 "parts": {k: f"{v}.json" for k, v in names.items()}})

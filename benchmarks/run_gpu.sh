@@ -15,7 +15,8 @@
 # one replica, one run; tpar (two GPUs) measures one TP all-reduce inside a graph, NCCL against
 # the one-shot path, 1-256 tokens of hidden 4096 (tp2_allreduce_<suffix>.json, under a
 # minute); profile is the step profile of docs/performance.md (tests/hal_cuda/
-# gpu_step_profile.py, into $OUT/step_profile_<suffix>/); gputests runs the one-GPU tests
+# gpu_step_profile.py, into $OUT/step_profile_<suffix>/; about 10 minutes whole, PROFILE_ONLY=
+# "steps ttft traces" for some of its parts); gputests runs the one-GPU tests
 # still to confirm (model families' parity, gemma2 included, and the mixed-step graphs) and
 # multihost the two-GPU two-launcher test, each with its log in $OUT; none of these is part
 # of `all`)
@@ -69,7 +70,7 @@ roof=(--bandwidth-gbps 4220 --peak-tflops 794)
 # The dry run's tiny workloads: each part's own flags, before the ones given on the command
 # line (which win). Empty on the GPU.
 T_b1=() T_b2=() T_b3=() T_b4=() T_b5=() T_b7=() T_b8=() T_b9=() T_b10=() T_b11=() T_b12=()
-T_peer=() T_cpu=() T_pytest=()
+T_peer=() T_cpu=() T_pytest=() T_gputests=() T_multihost=()
 if [[ $DRY == 1 ]]; then
   T_b1=(--prompt-len 32 --output-len 8 --iters 1 --warmup 1)
   T_b2=(--num-requests 4 --prompt-len 16,32 --output-len 8,16)
@@ -93,6 +94,10 @@ if [[ $DRY == 1 ]]; then
   T_cpu=(--cpu)
   # A pytest plugin installed here but not there (its imports are refused by scripts/gpu_env).
   T_pytest=(-p no:schemathesis)
+  # The GPU tests skip here: their cpu twins run instead, with the GPU machine's packages.
+  T_gputests=(tests/worker_proc/test_graph_mixed.py tests/worker_proc/test_parity_tiny.py
+              -k "gemma2 or mixed or Mixed")
+  T_multihost=("tests/bus/test_multihost.py::test_two_hosts_give_the_tokens_of_one")
 fi
 
 run() { echo "+ $*" >&2; "$PY" -m tessera bench "$@"; }
@@ -128,11 +133,13 @@ for part in "${parts[@]}"; do
               "${T_cpu[@]}" || echo "tpar: failed" >&2 ;;
     b11)    run b11 --model "$MOE_MODEL" "${roof[@]}" "${T_b11[@]}" --out-dir "$OUT" --suffix "$SUFFIX" "$@" ;;
     profile) echo "+ tests/hal_cuda/gpu_step_profile.py" >&2
+             # PROFILE_ONLY="steps ttft ...": those parts of the profile alone
              "$PY" tests/hal_cuda/gpu_step_profile.py "$OUT/step_profile_$SUFFIX" \
+               $(for x in ${PROFILE_ONLY:-}; do echo "--only=$x"; done) \
                "${T_cpu[@]}" || echo "profile: failed" >&2 ;;
     gputests) gpu_pytest gputests tests/hal_cuda/test_models_gpu.py \
-                tests/hal_cuda/test_mixed_graphs_gpu.py ;;
-    multihost) gpu_pytest multihost tests/hal_cuda/test_multihost_gpu.py ;;
+                tests/hal_cuda/test_mixed_graphs_gpu.py "${T_gputests[@]}" ;;
+    multihost) gpu_pytest multihost tests/hal_cuda/test_multihost_gpu.py "${T_multihost[@]}" ;;
     *) ;;
   esac
 done

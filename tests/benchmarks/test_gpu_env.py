@@ -48,3 +48,13 @@ def test_every_engine_dependency_is_on_the_gpu_machine_or_carried() -> None:
              for d in deps}
     have = _names((GPU_ENV / "packages.txt").read_text())
     assert names - have == LAZY_AND_ABSENT
+
+
+def test_the_gpu_scripts_refuse_an_unknown_part_or_call_at_once() -> None:
+    """A typo in the device command costs seconds, not a started run."""
+    for script, arg in (("run_gpu.sh", "b99"), ("gpu_session.sh", "4")):
+        got = subprocess.run(["bash", str(ROOT / "benchmarks" / script), arg],
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "DRY": "1"})
+        assert got.returncode == 2, (script, got.stderr)
+        assert "usage" in got.stderr
