@@ -143,3 +143,10 @@ def test_gguf_projections_of_one_type_fuse(tmp_path):
     assert all(len(m.method.segments) == 1 for m in runner.model.modules()
                if isinstance(m, Linear) and isinstance(m.method, QuantLinear))
     _check_fused(runner, prompts(256, [3, 9], seed=2))
+
+
+def test_dummy_weights_fuse_as_a_checkpoint_does(tmp_path):
+    """The benchmarks' --load-format dummy streams its tensors through the same targets."""
+    folder = str(tmp_path / "m")
+    tiny_hf_model("llama31", folder)
+    _check_fused(make_runner(folder, load_format="dummy"), prompts(256, [3, 9], seed=2))
