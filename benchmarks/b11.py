@@ -4,7 +4,8 @@ experts each step reads), B2 (offline throughput against the bound of its steps)
 kernel figure (grouped GEMM at 256 tokens against a dense GEMM of the same FLOPs).
 
     tessera bench b11 [--model benchmarks/configs/mixtral-8x7b.json] [--suffix h200]
-                      [--bandwidth-gbps 4220 --peak-tflops 794] [engine flags...]
+                      [--bandwidth-gbps 4220 --peak-tflops 794] [--b1-flags "..."]
+                      [--b2-flags "..."] [--kernel-flags "..."] [engine flags...]
 
 Writes b11_b1_<suffix>.json (a B1 result), b11_b2_<suffix>.json (a B2 result),
 b11_moe_kernel_<suffix>.json and b11_<suffix>.json (workload "B11": decode_ms_per_step,
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from typing import Any
 
@@ -56,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bandwidth-gbps", type=float)
     p.add_argument("--peak-tflops", type=float)
     p.add_argument("--no-sweep", action="store_true", help="skip the kernel's block sweep")
+    p.add_argument("--b1-flags", default="", help="more flags for the B1 part (one string)")
+    p.add_argument("--b2-flags", default="", help="more flags for the B2 part (one string)")
+    p.add_argument("--kernel-flags", default="",
+                   help="more flags for the MoE kernel part (one string, e.g. \"--tokens 16\")")
     args, engine_flags = p.parse_known_args(argv)
     common = ["--model", args.model, "--load-format", "dummy", "--out-dir", args.out_dir]
     if args.bandwidth_gbps:
@@ -63,15 +69,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.peak_tflops:
         common += ["--peak-tflops", str(args.peak_tflops)]
     names = {part: f"b11_{part}_{args.suffix}" for part in ("b1", "b2", "moe_kernel")}
-    for part, bench, extra in (("b1", latency, []), ("b2", offline, ["--no-progress"])):
-        code = bench.main([*common, "--name", names[part], *extra, *engine_flags])
+    runs = {"b1": (latency.main, [*common, "--name", names["b1"],
+                                  *shlex.split(args.b1_flags), *engine_flags]),
+            "b2": (offline.main, [*common, "--name", names["b2"], "--no-progress",
+                                  *shlex.split(args.b2_flags), *engine_flags]),
+            "moe_kernel": (moe_kernel.main, [
+                "--model", args.model, "--out-dir", args.out_dir, "--name", names["moe_kernel"],
+                *([] if args.no_sweep else ["--sweep"]), *shlex.split(args.kernel_flags)])}
+    failed: dict[str, str] = {}
+    for part, (bench, part_argv) in runs.items():
+        # A part that fails leaves the others their run (each writes its own JSON).
+        try:
+            code = bench(part_argv)
+        except SystemExit as exc:  # argparse's refusal; a signal's exit (>= 128) goes on up
+            code = exc.code if isinstance(exc.code, int) else 1
+            if code >= 128:
+                raise
+            why = f"exit code {code}"
+        except Exception as exc:  # noqa: BLE001
+            code, why = 1, f"{type(exc).__name__}: {exc}"
+        else:
+            why = f"exit code {code}"
         if code:
-            print(f"tessera bench b11: the {part} part failed ({code})", file=sys.stderr)
-            return code
-    code = moe_kernel.main(["--model", args.model, "--out-dir", args.out_dir, "--name",
-                            names["moe_kernel"], *([] if args.no_sweep else ["--sweep"])])
-    if code:
-        return code
+            failed[part] = why
+            print(f"tessera bench b11: the {part} part failed ({why})", file=sys.stderr)
+    if failed:
+        print(f"tessera bench b11: no b11_{args.suffix}.json, parts failed: {failed}",
+              file=sys.stderr)
+        return 1
     parts = {part: _read(args.out_dir, name) for part, name in names.items()}
     result = new_result("B11", {**vars(args), "engine_flags": engine_flags,
                                 "parts": {k: f"{v}.json" for k, v in names.items()}})

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 BENCHES: dict[str, tuple[str, str]] = {
@@ -52,7 +53,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tessera bench: unknown benchmark {name!r}\n\n{__doc__.strip()}", file=sys.stderr)
         return 2
     module, func = BENCHES[name]
-    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+    # A time limit (`timeout`) ends a benchmark with SIGTERM: exit through Python so the
+    # engines and servers it started (each in a session of its own) are stopped on the way
+    # out instead of being left holding the device.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        return int(getattr(importlib.import_module(module), func)(rest) or 0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

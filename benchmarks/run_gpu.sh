@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures of BENCHMARKS.md on one H200: Llama-3-8B shape, bf16, random weights.
-#   benchmarks/run_gpu.sh [PART...] [extra tessera flags...]   PART: b1 b2 b3 b4 b5 b5check tpar b7 b8 b9 b10 peer b11 b12 all
+#   benchmarks/run_gpu.sh [PART...] [extra tessera flags...]
+#   PART: b1 b2 b3 b4 b5 b5check tpar b7 b8 b9 b10 peer b11 b12 profile gputests multihost all
 # (b11 runs the Mixtral-8x7B shape, benchmarks/configs/mixtral-8x7b.json, whatever MODEL says;
 # b12 runs B12, bf16 beside fp8 and int4 weights and the fp8 KV cache; b10 starts `tessera
 # serve` twice with graphs (dummy weights), then once from a real-size safetensors folder it
@@ -13,56 +14,132 @@
 # the sglang-router wheel: B4's workload on `--dp-size 2` replicas behind the router against
 # one replica, one run; tpar (two GPUs) measures one TP all-reduce inside a graph, NCCL against
 # the one-shot path, 1-256 tokens of hidden 4096 (tp2_allreduce_<suffix>.json, under a
-# minute); none of these is part of `all`)
+# minute); profile is the step profile of docs/performance.md (tests/hal_cuda/
+# gpu_step_profile.py, into $OUT/step_profile_<suffix>/; about 10 minutes whole, PROFILE_ONLY=
+# "steps ttft traces" for some of its parts); gputests runs the one-GPU tests
+# still to confirm (model families' parity, gemma2 included, and the mixed-step graphs) and
+# multihost the two-GPU two-launcher test, each with its log in $OUT; none of these is part
+# of `all`)
 # e.g. `benchmarks/run_gpu.sh b1 b2 b3`. Each part is one command of a few minutes (model load
 # included) and writes benchmarks/results/<part>_h200.json (+ PNGs where matplotlib is
 # installed). The flags go to every part.
+#
+# DRY=1: a dry run on a machine without a GPU. Every part runs end to end on the cpu plugin
+# with tiny random configs (benchmarks/configs/tiny-*.json) and tiny workloads, so a crash, a
+# missing import, a bad argument or a wrong path shows before GPU time is spent on it. The
+# Triton kernels a part times directly run in Triton's interpreter; scripts/gpu_env on
+# PYTHONPATH refuses the packages the GPU machine lacks (GPU_ENV=0 lets them be). Results go
+# to $OUT (default: a temporary folder, never benchmarks/results) with the suffix "dry".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-MODEL=${MODEL:-benchmarks/configs/llama3-8b.json}
-OUT=${OUT:-benchmarks/results}
-SUFFIX=${SUFFIX:-h200}
+DRY=${DRY:-0}
+if [[ $DRY == 1 ]]; then
+  MODEL=${MODEL:-benchmarks/configs/tiny-llama.json}
+  MOE_MODEL=${MOE_MODEL:-benchmarks/configs/tiny-mixtral.json}
+  DRAFT=${DRAFT:-benchmarks/configs/tiny-llama-1layer.json}
+  OUT=${OUT:-${TMPDIR:-/tmp}/tessera-dry-run}
+  SUFFIX=${SUFFIX:-dry}
+  export TRITON_INTERPRET=1
+  if [[ ${GPU_ENV:-1} == 1 ]]; then
+    export PYTHONPATH="$PWD/scripts/gpu_env${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+else
+  MODEL=${MODEL:-benchmarks/configs/llama3-8b.json}
+  MOE_MODEL=${MOE_MODEL:-benchmarks/configs/mixtral-8x7b.json}
+  DRAFT=${DRAFT:-benchmarks/configs/llama3-8b-4layer.json}
+  OUT=${OUT:-benchmarks/results}
+  SUFFIX=${SUFFIX:-h200}
+fi
 mkdir -p "$OUT"
 parts=()
 while [[ $# -gt 0 && $1 != -* ]]; do parts+=("$1"); shift; done
 [[ ${#parts[@]} -gt 0 ]] || parts=(all)
+all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|all"
 for part in "${parts[@]}"; do
-  case $part in
-    b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|all) ;;
-    *) echo "usage: $0 [b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|all ...] [flags]" >&2; exit 2 ;;
-  esac
+  if [[ ! $part =~ ^($all_parts)$ ]]; then
+    echo "usage: $0 [${all_parts//|/|} ...] [flags]" >&2
+    exit 2
+  fi
 done
 common=(--model "$MODEL" --load-format dummy)
 # Measured on the reference H200 (BENCHMARKS.md); pass MEASURE=1 to measure them in the run.
 roof=(--bandwidth-gbps 4220 --peak-tflops 794)
 [[ "${MEASURE:-0}" == 1 ]] && roof=()
 
+# The dry run's tiny workloads: each part's own flags, before the ones given on the command
+# line (which win). Empty on the GPU.
+T_b1=() T_b2=() T_b3=() T_b4=() T_b5=() T_b7=() T_b8=() T_b9=() T_b10=() T_b11=() T_b12=()
+T_peer=() T_cpu=() T_pytest=() T_gputests=() T_multihost=()
+if [[ $DRY == 1 ]]; then
+  T_b1=(--prompt-len 32 --output-len 8 --iters 1 --warmup 1)
+  T_b2=(--num-requests 4 --prompt-len 16,32 --output-len 8,16)
+  T_b3=(--concurrency 1,2 --requests-per-concurrency 1 --min-requests 2 --prompt-len 16,32
+        --output-len 4,8 --warmup 1)
+  T_b4=(--concurrency 4 --groups 2 --group-size 2 --prefix-len 32 --suffix-len 8
+        --prefix-output-len 4 --warmup 1)
+  T_b7=("${T_b4[@]}")
+  T_b8=(--concurrency 2 --requests-per-concurrency 1 --min-requests 2 --prompt-len 16,32
+        --output-len 8,16 --warmup 1)
+  T_b9=(--prompt-len 32 --output-len 16 --iters 1 --warmup 1)
+  T_b10=(--runs 1)
+  T_b11=(--b1-flags "${T_b1[*]}" --b2-flags "${T_b2[*]}"
+         --kernel-flags "--tokens 16 --iters 2 --warmup 1")
+  T_b12=(--prompt-len 32 --output-len 8 --iters 1 --warmup 1 --num-requests 4
+         --b2-prompt-len 16,32 --b2-output-len 8,16 --kv-pool-tokens 1024 --kl-prompts 2
+         --kl-prompt-len 8,16)
+  T_b5=(--num-requests 4 --iters 1 --warmup 1 --b1-flags "--prompt-len 32 --output-len 8"
+        --b2-flags "--prompt-len 16,32 --output-len 8,16")
+  T_peer=(--prompt-len 32 --output-len 8 --iters 1 --warmup 1)
+  T_cpu=(--cpu)
+  # A pytest plugin installed here but not there (its imports are refused by scripts/gpu_env).
+  T_pytest=(-p no:schemathesis)
+  # The GPU tests skip here: their cpu twins run instead, with the GPU machine's packages.
+  T_gputests=(tests/worker_proc/test_graph_mixed.py tests/worker_proc/test_parity_tiny.py
+              -k "gemma2 or mixed or Mixed")
+  T_multihost=("tests/bus/test_multihost.py::test_two_hosts_give_the_tokens_of_one")
+fi
+
 run() { echo "+ $*" >&2; "$PY" -m tessera bench "$@"; }
+
+# pytest over GPU test files, its log in $OUT; a failure is reported, not fatal.
+gpu_pytest() {
+  local name=$1; shift
+  echo "+ pytest $*" >&2
+  "$PY" -m pytest -q -p no:cacheprovider "${T_pytest[@]}" "$@" 2>&1 |
+    tee "$OUT/${name}_$SUFFIX.log" ||
+    echo "$name: a test failed (see $OUT/${name}_$SUFFIX.log)" >&2
+}
 
 for part in "${parts[@]}"; do
   case $part in
-    b1|all) run latency "${common[@]}" "${roof[@]}" --out-dir "$OUT" --name "b1_$SUFFIX" "$@" ;;&
-    b2|all) run offline "${common[@]}" "${roof[@]}" --no-progress --out-dir "$OUT" --name "b2_$SUFFIX" "$@" ;;&
-    b3|all) run serving --workload B3 "${common[@]}" --out-dir "$OUT" --name "b3_$SUFFIX" "$@" ;;&
-    b4|all) run serving --workload B4 "${common[@]}" --out-dir "$OUT" --name "b4_$SUFFIX" "$@" ;;&
-    b8|all) run serving --workload B8 "${common[@]}" --out-dir "$OUT" --name "b8_$SUFFIX" "$@" ;;&
-    b9)     run spec "${common[@]}" --draft-model "${DRAFT:-benchmarks/configs/llama3-8b-4layer.json}" --out-dir "$OUT" --name "b9_$SUFFIX" "$@" ;;
-    peer)   run peer "${common[@]}" --batch-sizes 1,16,64 --out-dir "$OUT" --name "b1_peer_transformers_$SUFFIX" "$@" ;;
-    b7)     run b7 "${common[@]}" --out-dir "$OUT" --name "b7_$SUFFIX" "$@" ;;
-    b10)    run startup "${common[@]}" --runs 2 $([[ "${REAL:-1}" == 1 ]] && echo --real-weights) --out-dir "$OUT" --name "b10_$SUFFIX" "$@" ;;
-    b12)    run quant "${common[@]}" --bandwidth-gbps 4220 --out-dir "$OUT" --name "b12_$SUFFIX" "$@" ;;
-    b5)     run b5 "${common[@]}" "${roof[@]}" --out-dir "$OUT" --suffix "$SUFFIX" "$@" ||
+    b1|all) run latency "${common[@]}" "${roof[@]}" "${T_b1[@]}" --out-dir "$OUT" --name "b1_$SUFFIX" "$@" ;;&
+    b2|all) run offline "${common[@]}" "${roof[@]}" --no-progress "${T_b2[@]}" --out-dir "$OUT" --name "b2_$SUFFIX" "$@" ;;&
+    b3|all) run serving --workload B3 "${common[@]}" "${T_b3[@]}" --out-dir "$OUT" --name "b3_$SUFFIX" "$@" ;;&
+    b4|all) run serving --workload B4 "${common[@]}" "${T_b4[@]}" --out-dir "$OUT" --name "b4_$SUFFIX" "$@" ;;&
+    b8|all) run serving --workload B8 "${common[@]}" "${T_b8[@]}" --out-dir "$OUT" --name "b8_$SUFFIX" "$@" ;;&
+    b9)     run spec "${common[@]}" --draft-model "$DRAFT" "${T_b9[@]}" --out-dir "$OUT" --name "b9_$SUFFIX" "$@" ;;
+    peer)   run peer "${common[@]}" --batch-sizes 1,16,64 "${T_peer[@]}" --out-dir "$OUT" --name "b1_peer_transformers_$SUFFIX" "$@" ;;
+    b7)     run b7 "${common[@]}" "${T_b7[@]}" --out-dir "$OUT" --name "b7_$SUFFIX" "$@" ;;
+    b10)    run startup "${common[@]}" --runs 2 $([[ "${REAL:-1}" == 1 ]] && echo --real-weights) "${T_b10[@]}" --out-dir "$OUT" --name "b10_$SUFFIX" "$@" ;;
+    b12)    run quant "${common[@]}" --bandwidth-gbps 4220 "${T_b12[@]}" --out-dir "$OUT" --name "b12_$SUFFIX" "$@" ;;
+    b5)     run b5 "${common[@]}" "${roof[@]}" "${T_b5[@]}" --out-dir "$OUT" --suffix "$SUFFIX" "$@" ||
               echo "b5: some part failed (see errors in $OUT/b5_$SUFFIX.json)" >&2 ;;
-    b5check) echo "+ pytest two-GPU checks" >&2
-             "$PY" -m pytest -q -p no:cacheprovider tests/hal_cuda/test_nccl_gpu.py \
-               tests/hal_cuda/test_parallel_parity_gpu.py "tests/hal_cuda/test_kernels_gpu.py::test_untuned_one_token_shape_is_measured_once_and_stays_correct" \
-               2>&1 | tee "$OUT/b5check_$SUFFIX.log" ||
-               echo "b5check: a test failed (see $OUT/b5check_$SUFFIX.log)" >&2 ;;
+    b5check) gpu_pytest b5check tests/hal_cuda/test_nccl_gpu.py \
+               tests/hal_cuda/test_parallel_parity_gpu.py \
+               "tests/hal_cuda/test_kernels_gpu.py::test_untuned_one_token_shape_is_measured_once_and_stays_correct" ;;
     tpar)   echo "+ tests/hal_cuda/allreduce_latency.py" >&2
-            "$PY" tests/hal_cuda/allreduce_latency.py "$OUT/tp2_allreduce_$SUFFIX.json" ||
-              echo "tpar: failed" >&2 ;;
-    b11)    run b11 --model benchmarks/configs/mixtral-8x7b.json "${roof[@]}" --out-dir "$OUT" --suffix "$SUFFIX" "$@" ;;
+            "$PY" tests/hal_cuda/allreduce_latency.py "$OUT/tp2_allreduce_$SUFFIX.json" \
+              "${T_cpu[@]}" || echo "tpar: failed" >&2 ;;
+    b11)    run b11 --model "$MOE_MODEL" "${roof[@]}" "${T_b11[@]}" --out-dir "$OUT" --suffix "$SUFFIX" "$@" ;;
+    profile) echo "+ tests/hal_cuda/gpu_step_profile.py" >&2
+             # PROFILE_ONLY="steps ttft ...": those parts of the profile alone
+             "$PY" tests/hal_cuda/gpu_step_profile.py "$OUT/step_profile_$SUFFIX" \
+               $(for x in ${PROFILE_ONLY:-}; do echo "--only=$x"; done) \
+               "${T_cpu[@]}" || echo "profile: failed" >&2 ;;
+    gputests) gpu_pytest gputests tests/hal_cuda/test_models_gpu.py \
+                tests/hal_cuda/test_mixed_graphs_gpu.py "${T_gputests[@]}" ;;
+    multihost) gpu_pytest multihost tests/hal_cuda/test_multihost_gpu.py "${T_multihost[@]}" ;;
     *) ;;
   esac
 done

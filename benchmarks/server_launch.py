@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 
+from tessera.child_env import child_env
 from tessera.offline_launch import terminate_group
 
 
@@ -35,7 +36,7 @@ class ServerProcess:
                 "--port", str(self.port)]
         print(f"[bench] starting: {shlex.join(argv[1:])}", file=sys.stderr, flush=True)
         self.popen = subprocess.Popen(argv, stdout=self._log, stderr=self._log,
-                                      start_new_session=True)
+                                      start_new_session=True, env=child_env())
 
     def wait_ready(self, timeout_s: float = 1800.0) -> str:
         """Poll /health until it answers 200; raise if the server exits or times out."""

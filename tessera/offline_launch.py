@@ -24,6 +24,7 @@ import threading
 import time
 
 from tessera.bus.run_paths import RUN_PREFIX
+from tessera.child_env import child_env
 from tessera.config import READY_TIMEOUT_S, Env, ServerConfig
 
 READY_MARK = "TESSERA_OFFLINE_READY"
@@ -70,7 +71,7 @@ class EngineProcesses:
         self.popen = subprocess.Popen(
             [sys.executable, "-m", "tessera.offline_launch", self._config_file],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True)
+            start_new_session=True, env=child_env())
         self._ready = threading.Event()
         self._pumps = [threading.Thread(target=self._read_stdout, daemon=True),
                        threading.Thread(target=self._read_stderr, daemon=True)]

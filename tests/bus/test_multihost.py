@@ -24,6 +24,7 @@ import pytest
 import zmq
 
 from tessera.bus.replicas import free_port
+from tessera.child_env import child_env
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")]
@@ -90,7 +91,8 @@ def start_node(args: list[str], folder: Path, name: str) -> Node:
     log_path = str(folder / f"{name}.log")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "tessera", "serve", *args], stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env=child_env())
     return Node(proc, log_path)
 
 

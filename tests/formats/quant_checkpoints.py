@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,13 +50,13 @@ def awq_pack(n: int, k: int, group: int, seed: int) -> Packed:
 
 
 def gptq_pack(n: int, k: int, group: int, seed: int, *, desc_act: bool = False,
-              v2: bool = False, sym: bool = False) -> Packed:
+              v2: bool = False, sym: bool = False, order_seed: int | None = None) -> Packed:
     q, z, s = _random_int4(n, k, group, seed)
     if sym:
         z = torch.full_like(z, 8)
     elif not v2:
         z = z.clamp(min=1)  # the original format stores zero - 1: a zero point of 0 cannot be
-    gen = torch.Generator().manual_seed(seed + 1)
+    gen = torch.Generator().manual_seed(seed + 1 if order_seed is None else order_seed)
     order = torch.randperm(k, generator=gen) if desc_act else torch.arange(k)
     g_idx = (torch.argsort(order) // group).to(torch.int32)  # column order[r] is in group r // g
     intweight = q.t().contiguous()  # [K, N]
@@ -90,6 +91,14 @@ def fp8_pack(weight: torch.Tensor, per_tensor: bool) -> Packed:
 
 
 LINEAR_SUFFIXES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Projections that read the same input: GPTQ's act-order sorts the input columns by the
+# Hessian of that input, so they share one order (and fuse into one matrix)
+_SAME_INPUT = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}
+
+
+def _order_seed(module: str) -> int:
+    prefix, _, last = module.rpartition(".")
+    return zlib.crc32(f"{prefix}.{_SAME_INPUT.get(last, last)}".encode())
 
 
 def quantization_config(method: str, group: int, **kw: Any) -> dict[str, Any]:
@@ -114,7 +123,9 @@ def quantization_config(method: str, group: int, **kw: Any) -> dict[str, Any]:
 def write_quantized(folder: str, twin_folder: str, method: str, group: int = 32,
                     seed: int = 0, **kw: Any) -> None:
     """Quantize the HF model saved in `folder` in place (its linear layers; lm_head and
-    embeddings stay float) and write its dequantized float twin to `twin_folder`."""
+    embeddings stay float) and write its dequantized float twin to `twin_folder`.
+    gptq `shared_order=True` (with desc_act): projections of one input share their act-order
+    column order, as GPTQ writes them; without it each has its own (the unfusable case)."""
     from safetensors.torch import load_file, save_file
 
     path = os.path.join(folder, "model.safetensors")
@@ -131,7 +142,9 @@ def write_quantized(folder: str, twin_folder: str, method: str, group: int = 32,
             packed = awq_pack(n, k, group, seed + index)
         elif method == "gptq":
             packed = gptq_pack(n, k, group, seed + index, desc_act=kw.get("desc_act", False),
-                               v2=kw.get("v2", False), sym=kw.get("sym", False))
+                               v2=kw.get("v2", False), sym=kw.get("sym", False),
+                               order_seed=_order_seed(module) if kw.get("shared_order")
+                               else None)
         else:
             packed = fp8_pack(tensor, per_tensor=kw.get("per_tensor", False))
         for suffix, value in packed.tensors.items():

@@ -528,7 +528,9 @@ def part_traces(h: Harness, out_dir: Path) -> dict[str, Any]:
 
     comps = {"mixed_32dec_plus_256": lambda: h.batch(decode_entries(32) + [(200, 256, 256)]),
              "prefill_only_512": lambda: h.batch([(200, 512, 512)]),
-             "decode_bs32": lambda: h.batch(decode_entries(32))}
+             "decode_bs32": lambda: h.batch(decode_entries(32)),
+             # B1's step: its kernels one by one (how many launches a layer costs)
+             "decode_bs1": lambda: h.batch(decode_entries(1))}
     written = []
     # The worker's own phase ranges (--profile-ranges: NVTX through the plugin) as profiler
     # ranges here, so the chrome trace shows inputs / forward / sample / copy-out per step.
@@ -537,12 +539,12 @@ def part_traces(h: Harness, out_dir: Path) -> dict[str, Any]:
         h.runner._phase = record_function
     for name, make in comps.items():
         for label, ctx in (("graph", contextlib.nullcontext()), ("eager", h.eager())):
-            if name == "decode_bs32" and label == "eager":
+            if name.startswith("decode_bs") and label == "eager":
                 continue
             with ctx:
                 h.runner.step(make(), h.rtt)
                 h.sync()
-                activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+                activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if h.gpu else [])
                 with profile(activities=activities) as prof:
                     for i in range(3):
                         with record_function(f"step {i}: launch"):
@@ -552,7 +554,8 @@ def part_traces(h: Harness, out_dir: Path) -> dict[str, Any]:
                     h.sync()
             tag = f"{name}_{label}"
             prof.export_chrome_trace(str(out_dir / f"trace_{tag}.json"))
-            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+            table = prof.key_averages().table(
+                sort_by="cuda_time_total" if h.gpu else "cpu_time_total", row_limit=25)
             (out_dir / f"prof_{tag}.txt").write_text(table)
             written.append(tag)
             log(f"trace {tag} written")
@@ -580,7 +583,7 @@ def main(argv: list[str]) -> int:
     if not gpu:
         config = str(out_dir / "tiny-config.json")
         Path(config).write_text(json.dumps(TINY))
-        parts = [x for x in parts if x in ("steps", "equality", "ttft")]
+        parts = [x for x in parts if x in ("steps", "equality", "ttft", "traces")]
     np.random.seed(0)
     torch.manual_seed(0)
     h = Harness(config, gpu, args.graph_max_tokens)

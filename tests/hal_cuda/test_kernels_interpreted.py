@@ -27,12 +27,28 @@ def test_rms_norm(kernels: dict[str, ModuleType]) -> None:
     assert kernels["norm"].rms_norm(x[:0], w, 1e-6).shape == (0, 96)
 
 
-def test_fused_add_rms_norm(kernels: dict[str, ModuleType]) -> None:
-    x, res, w = _rand(4, 64, seed=3), _rand(4, 64, seed=4), _rand(64, seed=5)
+@pytest.mark.parametrize("rows,cols", [(4, 64), (3, 96), (0, 64)])
+def test_fused_add_rms_norm(kernels: dict[str, ModuleType], rows: int, cols: int) -> None:
+    """One launch returns both the new residual and its norm; 96 is not a power of two
+    (masked columns must not enter the mean)."""
+    x, res, w = _rand(rows, cols, seed=3), _rand(rows, cols, seed=4), _rand(cols, seed=5)
     out, res_out = kernels["norm"].fused_add_rms_norm(x, res, w, 1e-5)
     ref_out, ref_res = reference_op("fused_add_rms_norm")(x, res, w, 1e-5)
+    assert out.shape == res_out.shape == (rows, cols)
     torch.testing.assert_close(res_out, ref_res, **TOL)
     torch.testing.assert_close(out, ref_out, **TOL)
+
+
+def test_fused_add_rms_norm_on_row_views(kernels: dict[str, ModuleType]) -> None:
+    """x and the residual as row-strided views (rows of wider buffers), inputs unchanged."""
+    x_buf, res_buf, w = _rand(5, 160, seed=6), _rand(5, 192, seed=7), _rand(96, seed=8)
+    x, res = x_buf[:, 32:128], res_buf[:, :96]
+    x_before, res_before = x.clone(), res.clone()
+    out, res_out = kernels["norm"].fused_add_rms_norm(x, res, w, 1e-6)
+    ref_out, ref_res = reference_op("fused_add_rms_norm")(x_before, res_before, w, 1e-6)
+    torch.testing.assert_close(res_out, ref_res, **TOL)
+    torch.testing.assert_close(out, ref_out, **TOL)
+    assert torch.equal(x, x_before) and torch.equal(res, res_before)
 
 
 @pytest.mark.parametrize("hq,hk,dim", [(4, 2, 32), (3, 1, 24)])

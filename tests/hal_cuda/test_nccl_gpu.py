@@ -4,13 +4,14 @@ CUDA graph (what tensor-parallel decode replays)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tessera.child_env import child_env
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")]
@@ -24,7 +25,7 @@ def _run_ranks(script_name: str, tmp_path: Path) -> list[dict]:
     procs = [subprocess.Popen([sys.executable, str(script), str(rank), "2", init,
                                str(tmp_path / f"rank{rank}.json")],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=os.environ.copy()) for rank in range(2)]
+                              env=child_env()) for rank in range(2)]
     logs = []
     for proc in procs:
         try:

@@ -122,19 +122,30 @@ def test_required_named_and_parallel_tool_calls(oai: Any) -> None:
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name == "get_time" and r.choices[0].finish_reason == "stop"
     _check_calls([call])
+    seeds = range(12)
+
+    def free(seed: int) -> Any:
+        return _chat(oai, tools=TOOLS, tool_choice="required", temperature=1.0, seed=seed,
+                     max_tokens=300)
+
+    def single(seed: int) -> Any:
+        return _chat(oai, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+                     temperature=1.0, seed=seed)
+
+    with ThreadPoolExecutor(2 * len(seeds)) as pool:  # concurrent: the engine batches them
+        frees = pool.map(free, seeds)
+        singles = pool.map(single, seeds)
+        replies = list(zip(frees, singles, strict=True))
     counts = []
-    for seed in range(12):
-        r = _chat(oai, tools=TOOLS, tool_choice="required", temperature=1.0, seed=seed,
-                  max_tokens=300)
+    for r, one in replies:
         if r.choices[0].finish_reason == "length":
             # at temperature 1 a model may keep adding calls: the array is cut, not broken
             assert r.choices[0].message.content.startswith("[")
             continue
         _check_calls(r.choices[0].message.tool_calls)
         counts.append(len(r.choices[0].message.tool_calls))
-        single = _chat(oai, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
-                       temperature=1.0, seed=seed)
-        assert len(single.choices[0].message.tool_calls) == 1
+        assert len(one.choices[0].message.tool_calls) == 1
+        _check_calls(one.choices[0].message.tool_calls)
     assert len(counts) >= 6 and max(counts) >= 2, counts  # parallel calls in one answer
 
 

@@ -201,20 +201,27 @@ def test_fp8_kv_cache_scales_come_from_the_checkpoint(tmp_path):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("method,quantization", [("gptq", "auto"), ("float", "fp8"),
-                                                 ("float", "int4")])
-def test_two_ranks_serve_quantized_like_one(tmp_path, method: str, quantization: str):
+@pytest.mark.parametrize("kind,method,quantization", [
+    ("llama31", "gptq", "auto"), ("llama31", "float", "fp8"), ("llama31", "float", "int4"),
+    ("qwen2", "fp8", "auto")])
+def test_two_ranks_serve_quantized_like_one(tmp_path, kind: str, method: str,
+                                            quantization: str):
     """Column-parallel rows and row-parallel groups of a quantized weight, on two gloo ranks:
-    the logits and greedy tokens of one rank serving the same weights."""
+    the logits and greedy tokens of one rank serving the same weights. The qwen2 case: fp8
+    with one scale per tensor, each rank fusing its share of q/k/v (their own scales) and of
+    the q/k/v biases."""
     import json
     import subprocess
     import sys
 
     folder = str(tmp_path / "m")
     # wide enough that int4's groups of 128 hold whole on each rank's half of o and down
-    tiny_hf_model("llama31", folder, rope_scaling=None, hidden_size=256, intermediate_size=512)
+    overrides = {"rope_scaling": None} if kind == "llama31" else {}
+    tiny_hf_model(kind, folder, hidden_size=256, intermediate_size=512, **overrides)
     if method == "gptq":
         write_quantized(folder, str(tmp_path / "twin"), "gptq", group=32)
+    elif method == "fp8":
+        write_quantized(folder, str(tmp_path / "twin"), "fp8", per_tensor=True)
     batch = prompts(256, [5, 17, 30], seed=8)
     init = f"file://{tmp_path / 'rendezvous'}"
     procs = [subprocess.Popen([sys.executable, "-m", "tests.worker_proc.tp_rank", folder,

@@ -17,11 +17,14 @@ from tests.worker_proc.helpers import hf_greedy, hf_last_logits, prompts, tiny_h
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("kind,ep_size", [("llama31", 1), ("mistral", 1), ("mixtral", 1),
-                                          ("qwen3_moe", 2), ("dots1", 1)])
+@pytest.mark.parametrize("kind,ep_size", [("llama31", 1), ("mistral", 1), ("qwen2", 1),
+                                          ("phi3", 1), ("mixtral", 1), ("qwen3_moe", 2),
+                                          ("dots1", 1)])
 def test_two_ranks_match_transformers(tmp_path, kind, ep_size):
-    """MoE models: ep_size 1 splits every expert's intermediate dimension across the ranks,
-    ep_size 2 gives each rank whole experts (half of them)."""
+    """Each rank fuses its own share of q/k/v (its query heads, then its KV heads; Qwen2's
+    biases likewise) and of gate/up; Phi-3's checkpoint stores them pre-fused, cut back per
+    part before the split. MoE models: ep_size 1 splits every expert's intermediate dimension
+    across the ranks, ep_size 2 gives each rank whole experts (half of them)."""
     model = tiny_hf_model(kind, str(tmp_path / "model"))
     batch = prompts(256, [5, 17, 30])
     init = f"file://{tmp_path / 'rendezvous'}"

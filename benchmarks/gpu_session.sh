@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# One GPU session's measurements in three device commands (docs/gpu_runbook.md):
+#
+#   benchmarks/gpu_session.sh 1   # one H200:  gputests, b8, b10, profile   (~450 s expected)
+#   benchmarks/gpu_session.sh 2   # one H200:  b11, b9                      (~400 s expected)
+#   benchmarks/gpu_session.sh 3   # two H200s: tpar, b5check, multihost, b5, b7 (~470 s)
+#
+# Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
+# left of the call's budget BUDGET_S, default 560 s, if less): a part that hangs or crashes
+# costs its cap, never the call, and the parts after it still run. After each part the GPU
+# processes left behind are killed by pid and the results so far are packed into $OUT, so what
+# was measured comes back even if the device command itself is cut off:
+#   $OUT/call<N>.log            everything printed
+#   $OUT/call<N>_summary.txt    one line a part: exit code, seconds, expected, limit
+#   $OUT/call<N>_results.tgz    the parts' JSON, PNG and logs (benchmarks/results layout)
+#   $OUT/call<N>_traces.tgz     the step profile's chrome traces (call 1), kept apart for size
+# Unpack call<N>_results.tgz into benchmarks/results/ to commit what is worth keeping.
+#
+# On the GPU machine: wheels from .whl/ are installed to /tmp/site (pyzmq, gguf, xgrammar and
+# its pydantic/tvm-ffi, prometheus-client, sglang-router; ../shared/gpu/prepare.sh and the
+# runbook list them), PYTHONPATH is exported for every child, NVLink multicast stays off, and
+# TESSERA_COMMIT (set it to the commit measured: the device copy's git metadata is stale) is
+# written into every result.
+#
+# DRY=1 rehearses a call on a machine without a GPU: the same parts, in the same order, with
+# run_gpu.sh's tiny dry-run workloads on the cpu plugin and the GPU machine's packages alone
+# (scripts/gpu_env). Nothing is installed; the GPU count is not checked.
+#
+# EXTRA_PARTS="b3 ..." appends run_gpu.sh parts to the call (each capped at 200 s) for
+# whatever budget is left.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+CALL=${1:-}
+DRY=${DRY:-0}
+BUDGET_S=${BUDGET_S:-560}
+MIN_PART_S=30  # a part with less time than this left is skipped, not started
+OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
+[[ $CALL =~ ^[123]$ ]] || { echo "usage: $0 1|2|3  (see the header)" >&2; exit 2; }
+mkdir -p "$OUT"
+RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
+LOG=$OUT/call$CALL.log
+SUMMARY=$OUT/call${CALL}_summary.txt
+: >"$LOG"
+: >"$SUMMARY"
+say() { echo "[session] $*" | tee -a "$LOG" >&2; }
+
+export PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export DRY
+PY=${PYTHON:-python3}
+export PYTHON=$PY
+if [[ $DRY != 1 ]]; then
+  if [[ -d .whl ]]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl 2>&1 | tee -a "$LOG"
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+  else
+    say "no .whl/ here: pyzmq, gguf, xgrammar, sglang-router must already be installed"
+  fi
+  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . 2>&1 | tee -a "$LOG"
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>>"$LOG" || echo 0)
+  need=$([[ $CALL == 3 ]] && echo 2 || echo 1)
+  say "GPUs: $gpus (call $CALL needs $need); commit ${TESSERA_COMMIT:-unset}"
+  if (( gpus < need )); then
+    say "too few GPUs for call $CALL: nothing run (call 3 is for nvidia-h200-x2)"
+    echo "call $CALL: not run, $gpus GPU(s)" >>"$SUMMARY"
+    exit 3
+  fi
+  [[ -n ${TESSERA_COMMIT:-} ]] || say "TESSERA_COMMIT is unset: results will name the device copy's stale commit"
+  "$PY" -c 'import zmq, gguf, xgrammar, prometheus_client' 2>&1 | tee -a "$LOG" ||
+    say "a carried wheel does not import (above): the parts that need it will fail"
+fi
+
+pack() {
+  (cd "$RES" && tar czf "$OUT/call${CALL}_results.tgz" --exclude='trace_*' .) 2>>"$LOG"
+  local traces
+  traces=$(cd "$RES" && find . -name 'trace_*' | sort)
+  if [[ -n $traces ]]; then
+    # shellcheck disable=SC2086
+    (cd "$RES" && tar czf "$OUT/call${CALL}_traces.tgz" $traces) 2>>"$LOG"
+  fi
+}
+
+# GPU processes a part left behind (a server in a session of its own, when its parent was
+# killed at the limit) would hold memory the next part needs: ended by pid.
+reap() {
+  [[ $DRY == 1 ]] && return 0
+  command -v nvidia-smi >/dev/null || return 0
+  local pids
+  pids=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -d ' ')
+  for pid in $pids; do
+    [[ $pid =~ ^[0-9]+$ ]] || continue
+    say "killing leftover GPU process $pid: $(ps -o args= -p "$pid" 2>/dev/null | cut -c1-120)"
+    kill -9 "$pid" 2>/dev/null || true
+  done
+}
+
+start=$SECONDS
+# part NAME CAP_S EXPECTED_S ARGS...: `run_gpu.sh ARGS` (results into $RES) under
+# min(CAP_S, budget left) seconds.
+part() {
+  local name=$1 cap=$2 expect=$3
+  shift 3
+  local left=$((BUDGET_S - (SECONDS - start)))
+  local limit=$((cap < left ? cap : left))
+  if ((limit < MIN_PART_S)); then
+    say "$name: skipped, ${left}s of the budget left"
+    echo "$name skipped (budget: ${left}s left, expected ${expect}s)" >>"$SUMMARY"
+    return
+  fi
+  say "$name: start (expected ~${expect}s, limit ${limit}s): run_gpu.sh $*"
+  local t0=$SECONDS
+  timeout -k 15 "$limit" env OUT="$RES" benchmarks/run_gpu.sh "$@" 2>&1 | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  local took=$((SECONDS - t0))
+  local what="rc=$rc"
+  ((rc == 124 || rc == 137)) && what="TIMED OUT (rc=$rc)"
+  say "$name: $what after ${took}s"
+  echo "$name $what ${took}s (expected ${expect}s, limit ${limit}s)" >>"$SUMMARY"
+  reap
+  pack
+}
+
+# The step profile's parts that the serving issue needs (the kernel sweeps take minutes).
+export PROFILE_ONLY=${PROFILE_ONLY:-steps ttft traces}
+case $CALL in
+  1)
+    part gputests 240 150 gputests
+    part b8 200 90 b8
+    part b10 240 120 b10
+    part profile 240 120 profile
+    ;;
+  2)
+    part b11 330 220 b11
+    part b9 300 180 b9
+    ;;
+  3)
+    part tpar 90 40 tpar
+    part b5check 150 60 b5check
+    part multihost 200 100 multihost
+    part b5 280 145 b5 --layout-timeout-s 100
+    part b7 200 115 b7
+    ;;
+esac
+for extra in ${EXTRA_PARTS:-}; do
+  part "$extra" 200 0 "$extra"
+done
+pack
+rm -rf "$RES"
+say "call $CALL done in $((SECONDS - start))s; results: $OUT"
+cat "$SUMMARY" >&2

@@ -1,0 +1,152 @@
+"""Fused projections and fused residual adds, in every model family and weight format: each
+attention runs q/k/v as one product and each gated MLP gate/up as one (one `linear` op or one
+quantized kernel call per layer call), and every residual add of a decoder layer goes through
+the HAL `fused_add_rms_norm` op. Greedy parity of the same models is test_parity_tiny's and
+test_quantized's; this pins the number of products, which parity alone would not notice."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from tessera.worker_proc.models.layers.attention import Attention
+from tessera.worker_proc.models.layers.linear import Linear
+from tessera.worker_proc.models.layers.mlp import GatedMLP
+from tessera.worker_proc.models.layers.moe import FusedMoE
+from tessera.worker_proc.models.layers.norm import RMSNorm
+from tessera.worker_proc.models.layers.quant_linear import QuantLinear
+from tests.formats.quant_checkpoints import write_quantized
+from tests.worker_proc.driver import MiniScheduler
+from tests.worker_proc.helpers import make_runner, prompts, tiny_hf_model
+
+FAMILIES = ["llama31", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe", "dots1",
+            "gemma2", "gemma3", "phi3", "granite"]
+
+
+def _counted(fn: Callable[..., Any], counts: Counter, key: object) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        counts[key] += 1
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+def _instrument(model: torch.nn.Module) -> tuple[Counter, Counter, Counter]:
+    """(products per Linear, forwards per Linear, fused add+norm calls per RMSNorm)."""
+    products: Counter = Counter()
+    forwards: Counter = Counter()
+    adds: Counter = Counter()
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.register_forward_pre_hook(
+                lambda m, _args: forwards.update([id(m)]))  # type: ignore[misc]
+            if isinstance(module.method, QuantLinear):
+                for seg in module.method.segments:
+                    seg.run = _counted(seg.run, products, id(module))
+            else:
+                module.linear_op = _counted(module.linear_op, products, id(module))
+        elif isinstance(module, RMSNorm):
+            module.add_norm_op = _counted(module.add_norm_op, adds, id(module))
+    return products, forwards, adds
+
+
+def _check_fused(runner: Any, batch: list[list[int]]) -> None:
+    model = runner.model
+    attentions = [m for m in model.modules() if isinstance(m, Attention)]
+    mlps = [m for m in model.modules() if isinstance(m, GatedMLP)]
+    experts = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    assert len(attentions) == model.config.num_layers and (mlps or experts)
+    for moe in experts:  # gate and up of every expert stacked in one tensor, as for an MLP
+        assert moe.w13.shape[:2] == (moe.num_local, 2 * moe.inter)
+    for attn in attentions:
+        linears = {name: m for name, m in attn.named_children() if isinstance(m, Linear)}
+        assert set(linears) == {"qkv", "o"}
+        assert list(attn.qkv.parts) == ["q", "k", "v"]
+    for mlp in mlps:
+        linears = {name: m for name, m in mlp.named_children() if isinstance(m, Linear)}
+        assert set(linears) == {"gate_up", "down"}
+        assert list(mlp.gate_up.parts) == ["gate", "up"]
+    products, forwards, adds = _instrument(model)
+    generated = MiniScheduler(runner).generate(batch, 3)
+    assert all(len(r.out) == 3 for r in generated)
+    for owner in [*attentions, *mlps]:
+        layer = owner.qkv if isinstance(owner, Attention) else owner.gate_up
+        assert forwards[id(layer)] > 0
+        assert products[id(layer)] == forwards[id(layer)], "a fused layer ran several products"
+    # Every other linear issues one product per call too (no hidden split).
+    assert products == forwards
+    # Two residual adds per decoder layer (after attention, after the MLP; the last one is
+    # the final norm's), each through fused_add_rms_norm: 2 L calls per forward.
+    steps = forwards[id(attentions[0].qkv)]
+    assert sum(adds.values()) == 2 * model.config.num_layers * steps
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_every_family_runs_fused_projections_and_adds(tmp_path, kind: str):
+    folder = str(tmp_path / kind)
+    model = tiny_hf_model(kind, folder)
+    _check_fused(make_runner(folder), prompts(model.config.vocab_size, [3, 9], seed=2))
+
+
+@pytest.mark.parametrize("method,kw", [
+    ("awq", {}), ("gptq", {}),
+    ("gptq", {"desc_act": True, "sym": True, "v2": True, "shared_order": True}),
+    ("fp8", {}), ("fp8", {"per_tensor": True}),
+], ids=["awq", "gptq", "gptq-act-order", "fp8-channel", "fp8-tensor"])
+def test_quantized_checkpoints_fuse_into_one_kernel_call(tmp_path, method: str, kw: dict):
+    """qwen2: the q/k/v biases are fused beside the quantized rows. Per-tensor fp8 scales
+    become one scale per output row at load, so q, k and v keep their own and still fuse.
+    GPTQ act-order parts fuse when they share their input order, as GPTQ writes them."""
+    folder, twin = str(tmp_path / "q"), str(tmp_path / "twin")
+    tiny_hf_model("qwen2", folder)
+    write_quantized(folder, twin, method, group=32, **kw)
+    runner = make_runner(folder)
+    for attn in (m for m in runner.model.modules() if isinstance(m, Attention)):
+        assert len(attn.qkv.method.segments) == 1
+    batch = prompts(256, [3, 9], seed=2)
+    # the fused product computes what the checkpoint means: its dequantized float twin
+    torch.testing.assert_close(MiniScheduler(runner).prefill_logits(batch),
+                               MiniScheduler(make_runner(twin)).prefill_logits(batch),
+                               atol=1e-4, rtol=1e-4)
+    _check_fused(runner, batch)
+
+
+def test_act_order_parts_of_different_orders_run_as_segments(tmp_path):
+    """Parts whose input orders differ cannot share one matrix: each stays its own product
+    (exact; the layer then runs one product per part and concatenates)."""
+    folder, twin = str(tmp_path / "q"), str(tmp_path / "twin")
+    tiny_hf_model("qwen2", folder)
+    write_quantized(folder, twin, "gptq", group=32, desc_act=True, sym=True, v2=True)
+    runner = make_runner(folder)
+    for attn in (m for m in runner.model.modules() if isinstance(m, Attention)):
+        assert [s.size for s in attn.qkv.method.segments] == [64, 32, 32]
+
+
+@pytest.mark.parametrize("scheme", ["fp8", "int8", "int4"])
+def test_quantizing_at_load_fuses_into_one_kernel_call(tmp_path, scheme: str):
+    folder = str(tmp_path / "f")
+    tiny_hf_model("qwen2", folder)
+    runner = make_runner(folder, quantization=scheme)
+    _check_fused(runner, prompts(256, [3, 9], seed=2))
+
+
+def test_gguf_projections_of_one_type_fuse(tmp_path):
+    from tests.formats.gguf_helpers import write_gguf
+
+    model = tiny_hf_model("llama31", str(tmp_path / "src"), rope_scaling=None)
+    path = str(tmp_path / "m.gguf")
+    write_gguf(path, "llama", model.config, model.state_dict(), quant="Q4_0")
+    runner = make_runner(path)
+    assert all(len(m.method.segments) == 1 for m in runner.model.modules()
+               if isinstance(m, Linear) and isinstance(m.method, QuantLinear))
+    _check_fused(runner, prompts(256, [3, 9], seed=2))
+
+
+def test_dummy_weights_fuse_as_a_checkpoint_does(tmp_path):
+    """The benchmarks' --load-format dummy streams its tensors through the same targets."""
+    folder = str(tmp_path / "m")
+    tiny_hf_model("llama31", folder)
+    _check_fused(make_runner(folder, load_format="dummy"), prompts(256, [3, 9], seed=2))
