@@ -113,7 +113,7 @@ part() {
   fi
   say "$name: start (expected ~${expect}s, limit ${limit}s): run_gpu.sh $*"
   local t0=$SECONDS
-  timeout -k 15 "$limit" env OUT="$RES" benchmarks/run_gpu.sh "$@" 2>&1 | tee -a "$LOG"
+  timeout -k 15 "$limit" env OUT="$RES" bash benchmarks/run_gpu.sh "$@" 2>&1 | tee -a "$LOG"
   local rc=${PIPESTATUS[0]}
   local took=$((SECONDS - t0))
   local what="rc=$rc"
