@@ -56,8 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     # A time limit (`timeout`) ends a benchmark with SIGTERM: exit through Python so the
     # engines and servers it started (each in a session of its own) are stopped on the way
     # out instead of being left holding the device.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        return int(getattr(importlib.import_module(module), func)(rest) or 0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One GPU session's measurements in three device commands (docs/gpu_runbook.md):
 #
-#   benchmarks/gpu_session.sh 1   # one H200:  gputests, b8, b10, profile   (~450 s expected)
-#   benchmarks/gpu_session.sh 2   # one H200:  b11, b9                      (~400 s expected)
-#   benchmarks/gpu_session.sh 3   # two H200s: tpar, b5check, multihost, b5, b7 (~470 s)
+#   benchmarks/gpu_session.sh 1   # one H200:  gputests, b8, b10, profile          (~410 s)
+#   benchmarks/gpu_session.sh 2   # one H200:  b11, b9                             (~400 s)
+#   benchmarks/gpu_session.sh 3   # two H200s: tpar, b5check, multihost, b5, b7    (~460 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
-# left of the call's budget BUDGET_S, default 560 s, if less): a part that hangs or crashes
+# left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
 # costs its cap, never the call, and the parts after it still run. After each part the GPU
 # processes left behind are killed by pid and the results so far are packed into $OUT, so what
 # was measured comes back even if the device command itself is cut off:
@@ -32,7 +32,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 CALL=${1:-}
 DRY=${DRY:-0}
-BUDGET_S=${BUDGET_S:-560}
+# Three calls of a machine start (~1.5 min), the wheels' install and this budget fit the
+# session's 30 minutes of device time.
+BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
 [[ $CALL =~ ^[123]$ ]] || { echo "usage: $0 1|2|3  (see the header)" >&2; exit 2; }
@@ -111,7 +113,7 @@ part() {
   fi
   say "$name: start (expected ~${expect}s, limit ${limit}s): run_gpu.sh $*"
   local t0=$SECONDS
-  timeout -k 15 "$limit" env OUT="$RES" benchmarks/run_gpu.sh "$@" 2>&1 | tee -a "$LOG"
+  timeout -k 15 "$limit" env OUT="$RES" bash benchmarks/run_gpu.sh "$@" 2>&1 | tee -a "$LOG"
   local rc=${PIPESTATUS[0]}
   local took=$((SECONDS - t0))
   local what="rc=$rc"
@@ -127,13 +129,13 @@ export PROFILE_ONLY=${PROFILE_ONLY:-steps ttft traces}
 case $CALL in
   1)
     part gputests 240 150 gputests
-    part b8 200 90 b8
-    part b10 240 120 b10
-    part profile 240 120 profile
+    part b8 180 70 b8
+    part b10 200 100 b10
+    part profile 200 90 profile
     ;;
   2)
-    part b11 330 220 b11
-    part b9 300 180 b9
+    part b11 300 200 b11
+    part b9 300 200 b9
     ;;
   3)
     part tpar 90 40 tpar

@@ -42,14 +42,15 @@ RESPONSE_FORMAT = {"response_format": {"type": "json_schema", "json_schema": {
 
 
 def json_outcomes(metrics: list[RequestMetrics]) -> dict[str, int | None]:
-    """How the constrained requests ended: complete JSON that validates (None without the
-    jsonschema package), or cut by length."""
+    """How the constrained requests ended: complete JSON (`parsed_json`: it parses and holds
+    every required field; `valid_json`: it validates against the schema, None without the
+    jsonschema package, which the GPU machine lacks), or cut by length."""
     try:
         import jsonschema
-    except ImportError:  # a GPU machine may lack it: the counts still come
+    except ImportError:  # a GPU machine may lack it: the other counts still come
         jsonschema = None
 
-    out: dict[str, int | None] = {"finished_by_grammar": 0, "valid_json": 0,
+    out: dict[str, int | None] = {"finished_by_grammar": 0, "parsed_json": 0, "valid_json": 0,
                                   "cut_by_max_tokens": 0}
     for m in metrics:
         if not m.ok:
@@ -58,13 +59,19 @@ def json_outcomes(metrics: list[RequestMetrics]) -> dict[str, int | None]:
             out["cut_by_max_tokens"] = (out["cut_by_max_tokens"] or 0) + 1
             continue
         out["finished_by_grammar"] = (out["finished_by_grammar"] or 0) + 1
+        try:
+            doc = json.loads(m.text)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict) and all(k in doc for k in SCHEMA["required"]):
+            out["parsed_json"] = (out["parsed_json"] or 0) + 1
         if jsonschema is None:
             out["valid_json"] = None
             continue
         try:
-            jsonschema.validate(json.loads(m.text), SCHEMA)
+            jsonschema.validate(doc, SCHEMA)
             out["valid_json"] = (out["valid_json"] or 0) + 1
-        except (ValueError, jsonschema.ValidationError):
+        except jsonschema.ValidationError:
             pass
     return out
 

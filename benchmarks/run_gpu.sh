@@ -101,6 +101,9 @@ if [[ $DRY == 1 ]]; then
 fi
 
 run() { echo "+ $*" >&2; "$PY" -m tessera bench "$@"; }
+# Parts that keep the others going when they fail (the tests, b5, tpar, profile): named at the
+# end, and the exit code says so.
+failed=()
 
 # pytest over GPU test files, its log in $OUT; a failure is reported, not fatal.
 gpu_pytest() {
@@ -108,7 +111,7 @@ gpu_pytest() {
   echo "+ pytest $*" >&2
   "$PY" -m pytest -q -p no:cacheprovider "${T_pytest[@]}" "$@" 2>&1 |
     tee "$OUT/${name}_$SUFFIX.log" ||
-    echo "$name: a test failed (see $OUT/${name}_$SUFFIX.log)" >&2
+    { echo "$name: a test failed (see $OUT/${name}_$SUFFIX.log)" >&2; failed+=("$name"); }
 }
 
 for part in "${parts[@]}"; do
@@ -124,22 +127,26 @@ for part in "${parts[@]}"; do
     b10)    run startup "${common[@]}" --runs 2 $([[ "${REAL:-1}" == 1 ]] && echo --real-weights) "${T_b10[@]}" --out-dir "$OUT" --name "b10_$SUFFIX" "$@" ;;
     b12)    run quant "${common[@]}" --bandwidth-gbps 4220 "${T_b12[@]}" --out-dir "$OUT" --name "b12_$SUFFIX" "$@" ;;
     b5)     run b5 "${common[@]}" "${roof[@]}" "${T_b5[@]}" --out-dir "$OUT" --suffix "$SUFFIX" "$@" ||
-              echo "b5: some part failed (see errors in $OUT/b5_$SUFFIX.json)" >&2 ;;
+              { echo "b5: some part failed (see errors in $OUT/b5_$SUFFIX.json)" >&2; failed+=(b5); } ;;
     b5check) gpu_pytest b5check tests/hal_cuda/test_nccl_gpu.py \
                tests/hal_cuda/test_parallel_parity_gpu.py \
                "tests/hal_cuda/test_kernels_gpu.py::test_untuned_one_token_shape_is_measured_once_and_stays_correct" ;;
     tpar)   echo "+ tests/hal_cuda/allreduce_latency.py" >&2
             "$PY" tests/hal_cuda/allreduce_latency.py "$OUT/tp2_allreduce_$SUFFIX.json" \
-              "${T_cpu[@]}" || echo "tpar: failed" >&2 ;;
+              "${T_cpu[@]}" || { echo "tpar: failed" >&2; failed+=(tpar); } ;;
     b11)    run b11 --model "$MOE_MODEL" "${roof[@]}" "${T_b11[@]}" --out-dir "$OUT" --suffix "$SUFFIX" "$@" ;;
     profile) echo "+ tests/hal_cuda/gpu_step_profile.py" >&2
              # PROFILE_ONLY="steps ttft ...": those parts of the profile alone
              "$PY" tests/hal_cuda/gpu_step_profile.py "$OUT/step_profile_$SUFFIX" \
                $(for x in ${PROFILE_ONLY:-}; do echo "--only=$x"; done) \
-               "${T_cpu[@]}" || echo "profile: failed" >&2 ;;
+               "${T_cpu[@]}" || { echo "profile: failed" >&2; failed+=(profile); } ;;
     gputests) gpu_pytest gputests tests/hal_cuda/test_models_gpu.py \
                 tests/hal_cuda/test_mixed_graphs_gpu.py "${T_gputests[@]}" ;;
     multihost) gpu_pytest multihost tests/hal_cuda/test_multihost_gpu.py "${T_multihost[@]}" ;;
     *) ;;
   esac
 done
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "run_gpu.sh: failed: ${failed[*]}" >&2
+  exit 1
+fi

@@ -71,18 +71,21 @@ class InFlight:
     embedded: list[Embedded] = field(default_factory=list)
     tokens: int = 0  # tokens computed by the step (prefill chunks + decodes + proposals)
     draft_lens: np.ndarray | None = None  # per sampled row: proposals it verifies (or None)
+    sampled_seq_lens: np.ndarray | None = None  # per sampled row, with draft_lens
     draft_tokens: int = 0  # proposals verified by the step
 
 
 def build(step: int, st: RowState, dec_rows: np.ndarray, dec_inputs: np.ndarray,
           chunks: list[Chunk], seq_of_row: list[Sequence | None],
-          grammar_free: np.ndarray | None = None, verifying: bool = False
+          grammar_free: np.ndarray | None = None, dec_drafts: np.ndarray | None = None
           ) -> tuple[ForwardBatch, InFlight]:
     """The step's ForwardBatch and its in-flight record. `grammar_free`: matcher ids of
-    sequences that ended, for the worker to drop. `verifying`: some decodes verify proposals
-    (RowState.drafts of their rows; dec_inputs holds 1 + that many ids for each)."""
+    sequences that ended, for the worker to drop. `dec_drafts`: the proposals each decode
+    verifies, when some do (dec_inputs then holds 1 + that many ids for each)."""
     n_dec = int(dec_rows.shape[0])
-    dec_drafts = st.drafts[dec_rows] if verifying else np.zeros(n_dec, dtype=np.int32)
+    verifying = dec_drafts is not None
+    if dec_drafts is None:
+        dec_drafts = np.zeros(n_dec, dtype=np.int32)
     dec_extend = dec_drafts + 1
     if chunks:
         ch_rows = np.fromiter((c.row for c in chunks), dtype=np.int32, count=len(chunks))
@@ -105,6 +108,9 @@ def build(step: int, st: RowState, dec_rows: np.ndarray, dec_inputs: np.ndarray,
     output_lens = st.n_known[rows] + st.pending[rows] - st.prompt_len[rows]
     # pending was set for rows sampling in this step: do not count this step's own token.
     output_lens -= sample.astype(np.int32)
+    # A decode's first draw is at the output position after its input token: for a chained
+    # verify (its row's verify in flight) that is past the proposals in flight.
+    output_lens[:n_dec] = seq_lens[:n_dec] - dec_extend + 1 - st.prompt_len[dec_rows]
     block_offsets, block_ids = _blocks(rows, sample, output_lens, st, seq_of_row)
     hist = _history(rows, st, seq_of_row)
     bias = _bias(rows, sample, st, seq_of_row)
@@ -138,6 +144,7 @@ def build(step: int, st: RowState, dec_rows: np.ndarray, dec_inputs: np.ndarray,
                       embedded=embedded)
     if verifying:
         record.draft_lens = draft_lens[sampled]
+        record.sampled_seq_lens = seq_lens[sampled]
         record.draft_tokens = int(dec_drafts.sum())
     return batch, record
 

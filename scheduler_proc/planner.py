@@ -3,7 +3,8 @@
 In order, every step:
   1. decodes: every running sequence whose prompt is in KV takes one token, or with
      speculative decoding verifies that token and its proposals (`speculation.py`: which
-     sequences, how many slots). When their new pages do not fit (after evicting unlocked
+     sequences, how many slots; a sequence whose verify is in flight may verify again,
+     chained after it). When their new pages do not fit (after evicting unlocked
      cache pages), proposals are dropped, then the youngest running sequence is retracted
      (`policy.retraction_victim`) until they do: decodes never deadlock;
   2. prefill chunks of sequences admitted earlier, under the token budget
@@ -51,6 +52,7 @@ class StepPlan:
     decode_inputs: np.ndarray  # -1: the token this row sampled last (still in flight)
     chunks: list[Chunk] = field(default_factory=list)
     drafts: Drafts | None = None  # the decodes' proposals (1 + lens input ids each)
+    draft_lens: np.ndarray | None = None  # per decode row: proposals it verifies
     retracted: int = 0  # running sequences that gave their pages to the decodes
     cache_query_tokens: int = 0  # prompt tokens of the admitted sequences
     cache_hit_tokens: int = 0  # of which served from the cache
@@ -97,6 +99,8 @@ class Planner:
         preempted = self._preempt() if self.running.by_priority else 0
         rows, inputs, retracted, drafts = self._plan_decodes(step)
         plan = StepPlan(rows, inputs, retracted=preempted + retracted, drafts=drafts)
+        if drafts is not None:
+            plan.draft_lens = self._lens_of(rows, drafts)
         budget = self.token_budget(decoding=rows.shape[0] > 0)
         # Half (a token at least, so they always move), not a page at least: a budget of one
         # page went wholly to the running prefill and the waiting requests never got in.
@@ -164,9 +168,15 @@ class Planner:
         retracted = 0
         while True:
             rows = self._decode_ready()
-            drafts = None
-            if self.spec is not None and rows.shape[0]:
-                rows, drafts = self.spec.plan(rows, step)
+            drafts = chained = None
+            if self.spec is not None:
+                if rows.shape[0]:
+                    rows, drafts = self.spec.plan(rows, step)
+                if self.config.chained:
+                    chained = self.spec.chain(running.active_rows(), step)
+                if chained is not None:
+                    rows = np.concatenate([rows, chained.rows])
+                    drafts = speculation.merge(drafts, chained)
             grow = rows[st.kv_len[rows] % ps == 0]  # the new token starts a page
             available = self.kv.available()
             if drafts is not None:
@@ -175,6 +185,10 @@ class Planner:
                 if grow.shape[0] + extra <= available:
                     break
                 drafts = None  # proposals wait for memory before anyone is retracted
+                if chained is not None:  # a chained row has nothing to run without them
+                    rows = rows[:rows.shape[0] - chained.count]
+                    grow = rows[st.kv_len[rows] % ps == 0]
+                    chained = None
             if grow.shape[0] <= available:
                 break
             if len(running) <= 1:  # cannot happen after admission checks; stay safe
@@ -184,6 +198,8 @@ class Planner:
             running.retract(running.victim())
             retracted += 1
         if drafts is not None:
+            if chained is not None and self.spec is not None:
+                self.spec.stats.chained_steps += chained.count
             return rows, self._write_verifies(rows, drafts), retracted, drafts
         if grow.shape[0]:
             st.pages[grow, st.n_pages[grow]] = self.kv.alloc(int(grow.shape[0]))
@@ -198,13 +214,19 @@ class Planner:
         st.pending[rows] = pending + 1
         return rows, inputs.astype(np.int32), retracted, None
 
+    def _lens_of(self, rows: np.ndarray, drafts: Drafts) -> np.ndarray:
+        """Proposals of each of `rows` (0 for a plain decode)."""
+        per_row = np.zeros(self.st.uid.shape[0], dtype=np.int32)
+        per_row[drafts.rows] = drafts.lens
+        return per_row[rows]
+
     def _write_verifies(self, rows: np.ndarray, drafts: Drafts) -> np.ndarray:
         """Pages, slots and input ids of a decode step some of whose rows verify proposals
-        (1 + lens tokens each; the others 1): the flat input ids."""
+        (1 + lens tokens each; the others 1): the flat input ids. The proposals are also
+        written after the row's tokens (RowState.tokens past n_known), where a chained
+        proposal looks them up; the result overwrites them with what was sampled."""
         st, ps = self.st, self.page_size
-        per_row = np.zeros(st.uid.shape[0], dtype=np.int32)
-        per_row[drafts.rows] = drafts.lens
-        lens = per_row[rows]
+        lens = self._lens_of(rows, drafts)
         extend = lens + 1
         need = speculation.extra_pages(st, rows, extend)
         total = int(need.sum())
@@ -222,13 +244,16 @@ class Planner:
         pending = st.pending[rows]
         last = st.n_known[rows] + pending - 1
         inputs = np.empty(n_tok, dtype=np.int32)
+        # pending > 0: a plain decode's token in flight, or a chained verify's input (the
+        # token its row's verify in flight samples last); -1 asks the worker for it.
         inputs[starts] = np.where(pending > 0, -1, st.tokens[rows, np.minimum(last,
                                                                                st.width - 1)])
-        # A verifying row has nothing in flight (Speculation.plan): its last token is known.
-        inputs[within > 0] = drafts.tokens[self._draft_order(rows, drafts, lens)]
+        proposed = within > 0
+        inputs[proposed] = drafts.tokens[self._draft_order(rows, drafts, lens)]
+        st.tokens[tok_rows[proposed], pos[proposed]] = inputs[proposed]
         st.kv_len[rows] += extend
         st.pending[rows] = pending + 1
-        st.drafts[rows] = lens
+        st.drafts[rows] += lens
         return inputs
 
     @staticmethod

@@ -5,13 +5,16 @@ B sequences is a handful of fancy-indexing operations instead of B Python calls.
 
 Per row (positions count tokens from 0):
   tokens[r, :n_known]   known tokens: prompt, then outputs received
-  pending[r]            1 while a sampled token is in flight (overlap), not yet in tokens
+  pending[r]            steps in flight that sample for it (overlap: 1; 2 while a verify is
+                        chained after another one); their tokens are not in tokens yet
   kv_len[r]             tokens whose KV is written or scheduled to be; kv_done[r]: written
   pages[r, :n_pages]    KV pages, n_pages == ceil(kv_len / page_size) (kept by `grow`)
   tree_pages[r]         the first tree_pages pages belong to the radix cache (locked path);
                         the rest are the sequence's own
-  drafts[r]             proposals its step in flight verifies (speculative decoding): their
-                        KV slots count in kv_len until the result says how many were kept
+  drafts[r]             proposals its steps in flight verify (speculative decoding): their
+                        KV slots count in kv_len until the result says how many were kept;
+                        they are also in tokens[r, n_known:kv_len] (beside a guess of each
+                        token in flight), where a chained verify's lookup finds them
 A row is *decode-ready* when kv_len == n_known + pending - 1 (only the last token lacks KV;
 never while a verify of it is in flight, whose proposals count in kv_len),
 *prefilling* when kv_len is smaller, and *done scheduling* when n_known + pending reaches

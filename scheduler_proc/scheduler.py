@@ -238,7 +238,7 @@ class Scheduler:
             self._grammar_free = []
         batch, record = batch_mod.build(step, self.st, plan.decode_rows, plan.decode_inputs,
                                         plan.chunks, self.running.seq_of_row, free,
-                                        verifying=plan.drafts is not None)
+                                        dec_drafts=plan.draft_lens)
         self.st.last_step[batch.rows] = step
         record.build_cpu_s = time.thread_time() - t0
         self.inflight.append(record)
@@ -379,18 +379,28 @@ class Scheduler:
         verified = valid & (drafts > 0)
         if verified.any():
             v_rows = rows[verified]
+            drafted = drafts[verified]
             accepted = counts[verified] - 1
+            assert rec.sampled_seq_lens is not None
             # The verify wrote KV for its input and every proposal; the input and the
-            # accepted proposals stay: kv_len = seq_len - proposals + accepted.
-            kv_after = st.kv_len[v_rows] - drafts[verified] + accepted
+            # accepted proposals stay.
+            kv_after = rec.sampled_seq_lens[verified] - drafted + accepted
+            st.drafts[v_rows] -= drafted
+            # A chained verify of the row is in flight: it stands if every proposal was kept.
+            chained = st.pending[v_rows] > 1
+            void = chained & (accepted < drafted)
+            if void.any():
+                self._void_chained(v_rows[void])
+                st.pending[v_rows[void]] -= 1
+            back = ~chained | void
             freed: list[np.ndarray] = []
-            for row, kv in zip(v_rows.tolist(), kv_after.tolist(), strict=True):
+            for row, kv in zip(v_rows[back].tolist(), kv_after[back].tolist(), strict=True):
                 rollback(st, row, kv, freed)
             if freed:
                 self.kv.allocator.free(np.concatenate(freed))
-            st.drafts[v_rows] = 0
             if self.spec is not None:
-                self.spec.on_verified(v_rows, drafts[verified], accepted, rec.step)
+                self.spec.on_verified(v_rows, drafted, accepted, rec.step)
+                self.spec.stats.void_steps += int(void.sum())
         keep = np.repeat(valid, counts)  # per token of res.token_ids
         ends = res.grammar_end[valid] if res.grammar_end.shape[0] else None
         rows, counts = rows[valid], counts[valid]
@@ -419,6 +429,24 @@ class Scheduler:
         if res.logprobs.shape[0]:
             logprobs = (res.logprobs[keep], res.top_ids[keep], res.top_logprobs[keep])
         self._emit(rows, toks, counts.astype(np.int32), ends, logprobs)
+
+    def _void_chained(self, rows: np.ndarray) -> None:
+        """`rows` verified in a later step in flight on the guess that their verify just
+        answered kept every proposal, and it did not: that step's part for them is void. Its
+        record forgets them (their result is ignored, like a retracted row's) and their
+        proposals there no longer count; the caller rolls their KV back."""
+        st = self.st
+        for later in self.inflight:
+            if later.draft_lens is None:
+                continue
+            hit = np.isin(later.sampled_rows, rows) & \
+                (later.sampled_uids == st.uid[later.sampled_rows])
+            if not hit.any():
+                continue
+            st.drafts[later.sampled_rows[hit]] -= later.draft_lens[hit]
+            later.sampled_uids = np.where(hit, -2, later.sampled_uids)
+            gone = np.isin(later.rows, later.sampled_rows[hit])
+            later.uids = np.where(gone, -2, later.uids)
 
     def _emit(self, rows: np.ndarray, toks: np.ndarray, counts: np.ndarray | None,
               ends: np.ndarray | None,
@@ -577,6 +605,8 @@ class Scheduler:
         return {"spec_verify_steps_total": float(spec.verify_steps),
                 "spec_draft_tokens_total": float(spec.draft_tokens),
                 "spec_accepted_tokens_total": float(spec.accepted_tokens),
+                "spec_chained_steps_total": float(spec.chained_steps),
+                "spec_void_steps_total": float(spec.void_steps),
                 "spec_accept_length": spec.accept_length}
 
     def check_invariant(self) -> None:

@@ -15,14 +15,22 @@ EAGLE-style head) writes the proposals on the device.
 
 Overlap. Step n+1 is built before step n's result is read; for a plain decode the scheduler
 knows where its next token goes (one token per step), for a verify it does not (1 to k + 1
-tokens). A sequence therefore speculates only when nothing of it is in flight: a verify's
-sequence sits out the step built while it runs and is planned again once its result is in
-(with everything known, the proposer sees every token). A plain decode whose proposer `wants`
-to speculate after the token in flight is held for one step, so it proposes with that token
-known. Sequences without proposals keep decoding one token per step, overlapped as before, at
-the cost of one suffix lookup each. This keeps the host path of plain decoding unchanged,
-where SGLang's overlapped speculation ("spec v2") pads every verify to k accepted tokens and
-over-estimates sequence lengths on the host, resolving them on the device.
+tokens). A sequence whose verify is in flight and whose last verify kept every proposal
+verifies again in the step built meanwhile, *chained* on the guess that this one keeps every
+proposal too (SGLang's overlapped "spec v2" guesses the same way): its input is the token the
+verify in flight samples last (id -1, resolved on the worker), at the position after all its
+proposals, and its proposals continue the known tokens followed by the proposals in flight
+(`Proposer.propose_chained`; the token in flight is guessed too, by the same lookup). If the
+verify in flight then keeps fewer tokens, the chained step's part for that sequence is void:
+its result is ignored (its in-flight record forgets the sequence), its KV slots are rolled
+back with the rejected proposals', and the sequence is planned again from what it knows. Only
+a proposer that proposes on the host chains (`chains`); the draft model proposes on the
+worker from tokens it has seen, so its sequences sit out the step built while their verify
+runs and are planned again once its result is in.
+
+A plain decode whose proposer `wants` to speculate after the token in flight is held for one
+step, so it proposes with that token known. Sequences without proposals keep decoding one
+token per step, overlapped as before, at the cost of one suffix lookup each.
 
 Not speculated (they decode one token a step): requests with penalties (their sampling needs
 the history of every position), a grammar, min_tokens still to reach, and a sequence too
@@ -65,9 +73,11 @@ class Drafts:
 
 @dataclass
 class SpecStats:
-    verify_steps: int = 0  # sequence-steps that verified proposals
+    verify_steps: int = 0  # sequence-steps that verified proposals (void chained ones not)
     draft_tokens: int = 0  # tokens proposed
     accepted_tokens: int = 0  # of which accepted
+    chained_steps: int = 0  # sequence-steps planned while the sequence's verify was in flight
+    void_steps: int = 0  # of which void: that verify kept fewer tokens than it proposed
 
     @property
     def accept_length(self) -> float:
@@ -81,6 +91,7 @@ class Proposer(ABC):
     """Proposes continuations for running sequences (rows of `RowState`)."""
 
     fills_on_worker = False  # the proposals sent are placeholders the worker overwrites
+    chains = False  # proposes after proposals still in flight (propose_chained)
 
     def __init__(self, st: RowState, k: int) -> None:
         self.st = st
@@ -96,8 +107,17 @@ class Proposer(ABC):
         """bool per row (its last token in flight): whether it would propose once the token
         is known."""
 
+    def propose_chained(self, rows: np.ndarray, limits: np.ndarray) -> Drafts:
+        """Proposals for `rows`, each with a verify in flight, after the known tokens and
+        that verify's proposals (RowState.tokens[:kv_len]) and a guess of the token it samples
+        after them, which is written at tokens[kv_len] (room the chained step's input takes;
+        the worker resolves the real token). Only for a proposer with `chains`."""
+        raise NotImplementedError(f"{type(self).__name__} does not chain")
+
 
 class NgramProposer(Proposer):
+    chains = True
+
     def __init__(self, st: RowState, k: int, min_n: int, max_n: int) -> None:
         super().__init__(st, k)
         self.min_n, self.max_n = min_n, max_n
@@ -139,6 +159,27 @@ class NgramProposer(Proposer):
             out[i] = self._index(row).match(st.tokens[row], int(st.n_known[row])) >= 0
         return out
 
+    def propose_chained(self, rows: np.ndarray, limits: np.ndarray) -> Drafts:
+        st = self.st
+        got_rows: list[int] = []
+        lens: list[int] = []
+        parts: list[np.ndarray] = []
+        for row, limit in zip(rows.tolist(), limits.tolist(), strict=True):
+            # Index the known tokens only: a proposal still in flight may be rejected.
+            length = int(st.kv_len[row])
+            pos = self._index(row).match(st.tokens[row], length)
+            if pos < 0:
+                continue
+            count = min(self.k, limit)
+            cont = continuation(st.tokens[row], length, pos, count + 1)
+            st.tokens[row, length] = cont[0]
+            got_rows.append(row)
+            lens.append(count)
+            parts.append(cont[1:])
+        return Drafts(np.array(got_rows, dtype=np.int32), np.array(lens, dtype=np.int32),
+                      np.concatenate(parts).astype(np.int32) if parts
+                      else np.zeros(0, dtype=np.int32))
+
 
 class WorkerProposer(Proposer):
     """Proposals made on the worker (its draft model): every eligible row proposes as many
@@ -176,6 +217,7 @@ class Speculation:
         self.resume_at = np.zeros(n_rows, dtype=np.int64)  # step from which it may propose
         self.owner = np.full(n_rows, -1, dtype=np.int64)  # uid the back-off belongs to
         self.held = np.zeros(n_rows, dtype=bool)  # held last time for its token in flight
+        self.full = np.zeros(n_rows, dtype=bool)  # its last verify kept every proposal
         self.stats = SpecStats()
 
     def _eligible(self, rows: np.ndarray, step: int) -> np.ndarray:
@@ -186,6 +228,7 @@ class Speculation:
             self.fails[fresh] = 0
             self.resume_at[fresh] = 0
             self.held[fresh] = False
+            self.full[fresh] = False
             self.owner[fresh] = st.uid[fresh]
         n = st.n_known[rows]
         return (~st.has_penalty[rows] & (st.grammar_id[rows] < 0)
@@ -225,9 +268,30 @@ class Speculation:
             self.held[asked] = False
         return rows, drafts if drafts.count else None
 
+    def chain(self, rows: np.ndarray, step: int) -> Drafts | None:
+        """Of the running `rows`: proposals for those whose verify is in flight (nothing else
+        of them: pending 1, KV scheduled past their known tokens) and kept every proposal
+        last time, chained after it (see the module doc); None when there are none."""
+        st = self.st
+        if not self.proposer.chains or not rows.shape[0]:
+            return None
+        rows = rows[(st.pending[rows] == 1) & (st.kv_len[rows] > st.n_known[rows])]
+        if not rows.shape[0]:
+            return None
+        rows = rows[self._eligible(rows, step) & self.full[rows]]
+        # Room for the token in flight, the chained input and its proposals:
+        # kv_len + 1 + lens + 1 <= max_total.
+        room = st.max_total[rows] - st.kv_len[rows] - 2
+        rows, room = rows[room >= 1], room[room >= 1]
+        if not rows.shape[0]:
+            return None
+        drafts = self.proposer.propose_chained(rows, room)
+        return drafts if drafts.count else None
+
     def on_verified(self, rows: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
                     step: int) -> None:
         """Results of verify rows (still bound): back-off and counters."""
+        self.full[rows] = accepted == drafted
         self.stats.verify_steps += int(rows.shape[0])
         self.stats.draft_tokens += int(drafted.sum())
         self.stats.accepted_tokens += int(accepted.sum())
@@ -241,6 +305,14 @@ class Speculation:
             self.fails[rows] += 1
             wait = np.minimum(1 << np.minimum(self.fails[rows] - 1, 5), MAX_BACKOFF)
             self.resume_at[rows] = step + 1 + wait
+
+
+def merge(a: Drafts | None, b: Drafts) -> Drafts:
+    """The proposals of `a` (None: none) and `b` (rows of neither in the other)."""
+    if a is None:
+        return b
+    return Drafts(np.concatenate([a.rows, b.rows]), np.concatenate([a.lens, b.lens]),
+                  np.concatenate([a.tokens, b.tokens]))
 
 
 def extra_pages(st: RowState, rows: np.ndarray, extend: np.ndarray) -> np.ndarray:

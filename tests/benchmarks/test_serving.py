@@ -119,10 +119,28 @@ def test_b8_compares_plain_and_schema_tiers_in_one_run(fake: FakeOpenAI, tmp_pat
     plain, grammar = figures["plain"], figures["grammar"]
     assert figures["fraction_of_plain"] == pytest.approx(
         grammar["output_tok_per_s"] / plain["output_tok_per_s"])
-    assert figures["grammar_outcomes"] == {"finished_by_grammar": 16, "valid_json": 16,
-                                           "cut_by_max_tokens": 0}
+    assert figures["grammar_outcomes"] == {"finished_by_grammar": 16, "parsed_json": 16,
+                                           "valid_json": 16, "cut_by_max_tokens": 0}
     assert figures["schema"] == SCHEMA and figures["errors"] == 0
     measured = [b for b in fake.bodies if b["max_tokens"] >= 60]
     assert len(measured) == 32  # 16 requests plain, the same 16 with the schema
     assert sum("response_format" in b for b in measured) == 16
     assert [b["prompt"] for b in measured[:16]] == [b["prompt"] for b in measured[16:]]
+
+
+def test_b8_outcomes_without_jsonschema_still_count_parsed_documents(monkeypatch) -> None:
+    """The GPU machine has no jsonschema: B8 still says how many outputs were whole JSON
+    documents with every required field."""
+    import sys
+
+    from tessera.benchmarks.grammar_serving import SCHEMA, json_outcomes
+    from tessera.benchmarks.http_client import RequestMetrics
+
+    monkeypatch.setitem(sys.modules, "jsonschema", None)  # import fails as if absent
+    whole = json.dumps({k: "x" for k in SCHEMA["required"]})
+    rows = []
+    for text, reason in ((whole, "stop"), ('{"id": 1}', "stop"), ("{", "stop"),
+                         ('{"id": ', "length")):
+        rows.append(RequestMetrics(ok=True, prompt_len=1, text=text, finish_reason=reason))
+    assert json_outcomes(rows) == {"finished_by_grammar": 3, "parsed_json": 1,
+                                   "valid_json": None, "cut_by_max_tokens": 1}

@@ -97,8 +97,12 @@ class FakeWorker:
             drafts = int(fb.draft_lens[i]) if fb.draft_lens.shape[0] else 0
             if (ids < 0).any():
                 assert self.refer_back, f"step {fb.step}: a -1 input the worker cannot resolve"
-                assert ext == 1 and row in self.last, "a -1 input for a row that never sampled"
-                ids = np.array([self.last[row]])
+                # Only the first: a decode's input, or a chained verify's (the token the
+                # row's previous verify kept last).
+                assert (ids[1:] >= 0).all() and row in self.last, \
+                    "a -1 input that is not a decode's first, or for a row that never sampled"
+                ids = ids.copy()
+                ids[0] = self.last[row]
             slots = self.r2t[row, seq_len - ext:seq_len]
             assert (slots >= self.page_size).all(), "a slot of the reserved page 0"
             self.kv_tok[slots] = ids

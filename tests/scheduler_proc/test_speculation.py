@@ -279,3 +279,74 @@ def test_speculation_off_sends_no_draft_lens() -> None:
         assert fb is not None and not fb.draft_lens.shape[0]
         got.add(sched.on_result(worker.step(fb)))
     assert "spec_verify_steps_total" not in sched.stats()
+
+
+def copying_with_slips(tokens: np.ndarray, seed: int, blocked: set[int]) -> int:
+    """Copies; a seeded request slips every 13th position (after long runs of copying)."""
+    tok = copying(tokens, -1, blocked)
+    if seed >= 0 and tokens.shape[0] % 13 == 0:
+        tok = (tok + 1) % VOCAB
+        while tok in blocked:
+            tok = (tok + 1) % VOCAB
+    return tok
+
+
+def test_verifies_chain_while_one_is_in_flight_and_void_on_a_rejection() -> None:
+    """With overlap, a sequence whose verify is in flight verifies again in the step built
+    meanwhile (its input the token in flight, -1), guessing that every proposal is kept. A
+    sequence that keeps copying has a verify in flight at every step; one whose copy deviates
+    now and then (seeded) has chained steps made void, whose results are ignored and whose
+    slots are rolled back. Both get exactly the model's tokens."""
+    sched = _scheduler(overlap=True)
+    worker = FakeWorker(sched, model=copying_with_slips)
+    got = Collected()
+    period = [7, 8, 9, 10, 11]
+    prompts = {"periodic": period * 6, "deviating": [3, 4, 5, 6, 12] * 6}
+    params: dict[str, dict[str, object]] = {"periodic": {"max_tokens": 60},
+                                            "deviating": {"max_tokens": 60, "seed": 3}}
+    for rid, prompt in prompts.items():
+        assert sched.add_request(make_request(rid, prompt, **params[rid])) is None
+    results: list[SampledTokens] = []
+    chained_inputs = 0
+    while sched.has_work() or sched.inflight:
+        while (fb := sched.next_batch()) is not None:
+            if fb.draft_lens.shape[0]:
+                starts = np.cumsum(fb.extend_lens) - fb.extend_lens
+                chained_inputs += int(((fb.input_ids[starts] < 0) & (fb.draft_lens > 0)).sum())
+            results.append(worker.step(fb))
+        got.add(sched.on_result(results.pop(0)))
+        sched.check_invariant()
+    for rid, prompt in prompts.items():
+        req = make_request(rid, prompt, **params[rid])
+        max_total = len(prompt) + int(params[rid]["max_tokens"])  # type: ignore[call-overload]
+        want, _ = reference_output(req.input_ids, req.sampling, 0, max_total,
+                                   model=copying_with_slips)
+        assert got.tokens[(rid, 0)] == want, rid
+    stats = sched.stats()
+    assert stats["spec_chained_steps_total"] == chained_inputs > 3
+    assert stats["spec_void_steps_total"] > 0
+    assert stats["spec_verify_steps_total"] > 0
+    assert not sched.running and sched.stats()["kv_invariant_ok"] == 1.0
+    assert sched.allocator.free_pages + sched.cache.evictable_pages == \
+        sched.allocator.total_pages
+
+
+def test_a_copying_sequence_alone_keeps_a_step_in_flight() -> None:
+    """Batch 1, a sequence that keeps every proposal: once a verify has kept all its
+    proposals, every step is built while the one before it runs (the worker never waits for
+    the scheduler). The first verify has no such record: the second waits for its result."""
+    sched = _scheduler(overlap=True)
+    worker = FakeWorker(sched, model=copying)
+    got = Collected()
+    prompt = [7, 8, 9, 10, 11] * 6
+    assert sched.add_request(make_request("r", prompt, max_tokens=41)) is None
+    results: list[SampledTokens] = []
+    alone: list[bool] = []  # per verify planned: nothing else was in flight
+    while sched.has_work() or sched.inflight:
+        while (fb := sched.next_batch()) is not None:
+            if fb.draft_lens.shape[0]:
+                alone.append(len(sched.inflight) == 1)
+            results.append(worker.step(fb))
+        got.add(sched.on_result(results.pop(0)))
+    assert got.tokens[("r", 0)] == (prompt * 3)[len(prompt):len(prompt) + 41]
+    assert len(alone) == 8 and alone[:2] == [True, True] and not any(alone[2:])

@@ -78,6 +78,9 @@ def test_ngram_greedy_equals_transformers(tiny: tuple[str, str, Any],
                    speculative_algorithm="ngram", speculative_num_draft_tokens=4)
     _check_greedy(out, expected)
     assert out.stats["spec_accepted_tokens_total"] > 0
+    # verifies chained on one in flight, and one of them void (the one before it kept fewer
+    # proposals): the tokens above are transformers' all the same
+    assert out.stats["spec_chained_steps_total"] > 0 and out.stats["spec_void_steps_total"] > 0
     # requests gained different numbers of tokens per step
     per_step = {rid: len(out.tokens[rid]) / out.steps[rid] for rid in _prompts()}
     assert max(per_step.values()) > 1.5 and len(set(per_step.values())) > 1
