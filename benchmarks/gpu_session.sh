@@ -4,6 +4,8 @@
 #   benchmarks/gpu_session.sh 1   # one H200:  gputests, b8, b10, profile          (~410 s)
 #   benchmarks/gpu_session.sh 2   # one H200:  b11, b9                             (~400 s)
 #   benchmarks/gpu_session.sh 3   # two H200s: tpar, b5check, multihost, b5, b7    (~460 s)
+#   benchmarks/gpu_session.sh 4   # one H200:  fusion (fused ops' GPU conformance, B1
+#                                 #   with the cuda fusions off, then on)            (~100 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -37,7 +39,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^[123]$ ]] || { echo "usage: $0 1|2|3  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^[1234]$ ]] || { echo "usage: $0 1|2|3|4  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -113,7 +115,7 @@ part() {
   fi
   say "$name: start (expected ~${expect}s, limit ${limit}s): run_gpu.sh $*"
   local t0=$SECONDS
-  timeout -k 15 "$limit" env OUT="$RES" benchmarks/run_gpu.sh "$@" 2>&1 | tee -a "$LOG"
+  timeout -k 15 "$limit" env OUT="$RES" bash benchmarks/run_gpu.sh "$@" 2>&1 | tee -a "$LOG"
   local rc=${PIPESTATUS[0]}
   local took=$((SECONDS - t0))
   local what="rc=$rc"
@@ -143,6 +145,9 @@ case $CALL in
     part multihost 200 100 multihost
     part b5 280 145 b5 --layout-timeout-s 100
     part b7 200 115 b7
+    ;;
+  4)
+    part fusion 200 100 fusion
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

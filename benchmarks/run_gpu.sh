@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU figures of BENCHMARKS.md on one H200: Llama-3-8B shape, bf16, random weights.
 #   benchmarks/run_gpu.sh [PART...] [extra tessera flags...]
-#   PART: b1 b2 b3 b4 b5 b5check tpar b7 b8 b9 b10 peer b11 b12 profile gputests multihost all
+#   PART: b1 b2 b3 b4 b5 b5check tpar b7 b8 b9 b10 peer b11 b12 profile gputests multihost
+#         fusion all
 # (b11 runs the Mixtral-8x7B shape, benchmarks/configs/mixtral-8x7b.json, whatever MODEL says;
 # b12 runs B12, bf16 beside fp8 and int4 weights and the fp8 KV cache; b10 starts `tessera
 # serve` twice with graphs (dummy weights), then once from a real-size safetensors folder it
@@ -18,8 +19,11 @@
 # gpu_step_profile.py, into $OUT/step_profile_<suffix>/; about 10 minutes whole, PROFILE_ONLY=
 # "steps ttft traces" for some of its parts); gputests runs the one-GPU tests
 # still to confirm (model families' parity, gemma2 included, and the mixed-step graphs) and
-# multihost the two-GPU two-launcher test, each with its log in $OUT; none of these is part
-# of `all`)
+# multihost the two-GPU two-launcher test, each with its log in $OUT; fusion is the A/B of
+# the cuda plugin's fused ops (docs/performance.md): their GPU conformance cases
+# (fusion_<suffix>.log), then B1 with every fusion off (HAL_CUDA_UNFUSE=all,
+# b1_unfused_<suffix>.json) and on (b1_fused_<suffix>.json), and b1_fusion_<suffix>.json with
+# both decode figures and their difference (about 100 s); none of these is part of `all`)
 # e.g. `benchmarks/run_gpu.sh b1 b2 b3`. Each part is one command of a few minutes (model load
 # included) and writes benchmarks/results/<part>_h200.json (+ PNGs where matplotlib is
 # installed). The flags go to every part.
@@ -55,7 +59,7 @@ mkdir -p "$OUT"
 parts=()
 while [[ $# -gt 0 && $1 != -* ]]; do parts+=("$1"); shift; done
 [[ ${#parts[@]} -gt 0 ]] || parts=(all)
-all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|all"
+all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|fusion|all"
 for part in "${parts[@]}"; do
   if [[ ! $part =~ ^($all_parts)$ ]]; then
     echo "usage: $0 [${all_parts//|/|} ...] [flags]" >&2
@@ -70,7 +74,7 @@ roof=(--bandwidth-gbps 4220 --peak-tflops 794)
 # The dry run's tiny workloads: each part's own flags, before the ones given on the command
 # line (which win). Empty on the GPU.
 T_b1=() T_b2=() T_b3=() T_b4=() T_b5=() T_b7=() T_b8=() T_b9=() T_b10=() T_b11=() T_b12=()
-T_peer=() T_cpu=() T_pytest=() T_gputests=() T_multihost=()
+T_peer=() T_cpu=() T_pytest=() T_gputests=() T_multihost=() T_fusion=()
 if [[ $DRY == 1 ]]; then
   T_b1=(--prompt-len 32 --output-len 8 --iters 1 --warmup 1)
   T_b2=(--num-requests 4 --prompt-len 16,32 --output-len 8,16)
@@ -98,6 +102,8 @@ if [[ $DRY == 1 ]]; then
   T_gputests=(tests/worker_proc/test_graph_mixed.py tests/worker_proc/test_parity_tiny.py
               -k "gemma2 or mixed or Mixed")
   T_multihost=("tests/bus/test_multihost.py::test_two_hosts_give_the_tokens_of_one")
+  # The fused kernels in Triton's interpreter against their references.
+  T_fusion=(tests/hal_cuda/test_fused_interpreted.py)
 fi
 
 run() { echo "+ $*" >&2; "$PY" -m tessera bench "$@"; }
@@ -143,6 +149,15 @@ for part in "${parts[@]}"; do
     gputests) gpu_pytest gputests tests/hal_cuda/test_models_gpu.py \
                 tests/hal_cuda/test_mixed_graphs_gpu.py "${T_gputests[@]}" ;;
     multihost) gpu_pytest multihost tests/hal_cuda/test_multihost_gpu.py "${T_multihost[@]}" ;;
+    fusion) gpu_pytest fusion tests/hal_cuda/test_conformance_gpu.py -k "fused_op or rotary_store_kv" \
+              "${T_fusion[@]}"
+            # The switch is read by the plugin in each worker process: one engine per setting.
+            HAL_CUDA_UNFUSE=all run latency "${common[@]}" "${roof[@]}" "${T_b1[@]}" \
+              --out-dir "$OUT" --name "b1_unfused_$SUFFIX" "$@"
+            HAL_CUDA_UNFUSE= run latency "${common[@]}" "${roof[@]}" "${T_b1[@]}" \
+              --out-dir "$OUT" --name "b1_fused_$SUFFIX" "$@"
+            "$PY" benchmarks/fusion_ab.py "$OUT/b1_unfused_$SUFFIX.json" \
+              "$OUT/b1_fused_$SUFFIX.json" "$OUT/b1_fusion_$SUFFIX.json" ;;
     *) ;;
   esac
 done

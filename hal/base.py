@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from tessera.hal.errors import MissingOpError, MissingSchemeError
-from tessera.hal.ops import OP_NAMES
+from tessera.hal.ops import FUSED_OP_NAMES, OP_NAMES
 from tessera.hal.platform import KVArena, Platform, QuantLinearKernel
 
 OpSource = Literal["native", "reference", "missing"]
@@ -38,10 +38,11 @@ class OpTablePlatform(Platform):
 
     def __init__(self) -> None:
         ops = dict(self.register_ops())
-        unknown = sorted(set(ops) - set(OP_NAMES))
+        unknown = sorted(set(ops) - set(OP_NAMES) - set(FUSED_OP_NAMES))
         if unknown:
             raise ValueError(f"plugin {self.name!r} registers unknown ops {unknown}; "
-                             f"the op names are {list(OP_NAMES)}")
+                             f"the op names are {list(OP_NAMES)}, the fused ones "
+                             f"{list(FUSED_OP_NAMES)}")
         bad = sorted(set(self.reference_fallbacks) - set(OP_NAMES))
         if bad:
             raise ValueError(f"plugin {self.name!r} declares fallbacks for unknown ops {bad}")
@@ -104,6 +105,13 @@ class OpTablePlatform(Platform):
 
             return reference_op(name)
         raise MissingOpError(name, self.name, self.registered_ops())
+
+    def fused_op(self, name: str) -> Callable[..., Any] | None:
+        # A fused op is never borrowed from the reference: the worker's composition of this
+        # plugin's own ops is the better fallback.
+        if name not in FUSED_OP_NAMES:
+            raise KeyError(f"no fused op {name!r}; the fused ops are {list(FUSED_OP_NAMES)}")
+        return self._ops.get(name)
 
     # --- defaults a plugin may keep ------------------------------------------------------
     def create_kv_arena(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,

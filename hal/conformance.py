@@ -45,6 +45,10 @@ from tessera.hal.conformance_data import (
     pad_paged_case,
     sampling_params,
 )
+from tessera.hal.conformance_fused import (  # noqa: F401  (the suite's fused-op cases)
+    test_fused_op_names_resolve,
+    test_rotary_store_kv,
+)
 from tessera.hal.conformance_quant import (  # noqa: F401  (the suite's quantized cases)
     test_attention_reads_fp8_kv,
     test_quant_linear,

@@ -77,6 +77,19 @@ L = row length of the page table. Integer index tensors may be int32 or int64.
 
 Penalties, forbidden tokens and logprobs are applied by the worker in plain torch around
 these ops; they are not part of the table.
+
+Fused ops (FUSED_OP_NAMES) are optional: each is defined as a composition of the ops above,
+with the same results, and saves the launches and memory passes between them. A plugin may
+register any of them; the worker asks `Platform.fused_op(name)` and composes the unfused ops
+itself where the answer is None. The reference (cpu) plugin registers them all, as the
+compositions that define them.
+
+    rotary_store_kv(positions[T], q[T, Hq, D], k[T, Hk, D], v[T, Hk, D], cos_sin[P, D],
+                    k_cache, v_cache, slots[T], *, k_scale=1.0, v_scale=1.0) -> q_out[T, Hq, D]
+        q_out, k_rot = rotary_embedding(positions, q, k, cos_sin)
+        store_kv(k_cache, v_cache, k_rot, v, slots, k_scale=..., v_scale=...)
+        (rotary over the whole head dim; k_rot is rounded to k.dtype before it is stored,
+        as the composition rounds it)
 """
 
 from __future__ import annotations
@@ -99,6 +112,9 @@ OP_NAMES: tuple[str, ...] = (
     "fused_moe",
     "sample",
     "apply_token_mask",
+)
+FUSED_OP_NAMES: tuple[str, ...] = (
+    "rotary_store_kv",
 )
 
 

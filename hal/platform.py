@@ -286,6 +286,11 @@ class Platform(ABC):
         """The implementation of op `name`; raises an error naming the op, the plugin and the
         ops it registered if it has none (see hal/registry.py)."""
 
+    def fused_op(self, name: str) -> Callable[..., Any] | None:
+        """The plugin's implementation of fused op `name` (hal/ops.py FUSED_OP_NAMES), or None
+        where it has none: the caller then composes the unfused ops that define it."""
+        return None
+
     def linear_kernel(self, scheme: str) -> QuantLinearKernel:
         """The `linear` op for quantization scheme `scheme`. A plugin without quantized
         kernels raises MissingSchemeError (OpTablePlatform resolves its declared ones)."""

@@ -10,7 +10,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from tessera.hal.ops import OP_NAMES
+from tessera.hal.ops import FUSED_OP_NAMES, OP_NAMES
 
 # op name -> "module:function"
 REFERENCE_TARGETS: dict[str, str] = {
@@ -27,17 +27,21 @@ REFERENCE_TARGETS: dict[str, str] = {
     "fused_moe": "tessera.hal.cpu.moe:fused_moe",
     "sample": "tessera.hal.cpu.sampling:sample",
     "apply_token_mask": "tessera.hal.cpu.token_mask:apply_token_mask",
+    # fused ops: the compositions of the ops above that define them
+    "rotary_store_kv": "tessera.hal.cpu.dense:rotary_store_kv",
 }
-assert set(REFERENCE_TARGETS) == set(OP_NAMES), "every op needs a reference"
+assert set(REFERENCE_TARGETS) == set(OP_NAMES) | set(FUSED_OP_NAMES), "every op needs a reference"
 
 
 def reference_op(name: str) -> Callable[..., Any]:
     target = REFERENCE_TARGETS.get(name)
     if target is None:
-        raise KeyError(f"no reference op {name!r}; the op names are {list(OP_NAMES)}")
+        raise KeyError(f"no reference op {name!r}; the op names are "
+                       f"{list(OP_NAMES) + list(FUSED_OP_NAMES)}")
     module, func = target.split(":")
     return getattr(importlib.import_module(module), func)  # type: ignore[no-any-return]
 
 
 def reference_ops() -> dict[str, Callable[..., Any]]:
-    return {name: reference_op(name) for name in OP_NAMES}
+    """Every op and every fused op."""
+    return {name: reference_op(name) for name in (*OP_NAMES, *FUSED_OP_NAMES)}

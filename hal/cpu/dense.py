@@ -80,6 +80,16 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
         cache.index_copy_(0, index, values)
 
 
+def rotary_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    cos_sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    slots: torch.Tensor, *, k_scale: float = 1.0, v_scale: float = 1.0
+                    ) -> torch.Tensor:
+    """The fused op's definition: rotary_embedding, then store_kv of the rotated k."""
+    q_out, k_rot = rotary_embedding(positions, q, k, cos_sin)
+    store_kv(k_cache, v_cache, k_rot, v, slots, k_scale=k_scale, v_scale=v_scale)
+    return q_out
+
+
 FP8_KV_MAX = 448.0  # largest finite float8_e4m3fn
 
 

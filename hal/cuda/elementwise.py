@@ -1,4 +1,5 @@
-"""Small memory-bound ops as Triton kernels: rotary embedding, SiLU/GELU-and-mul, KV store.
+"""Small memory-bound ops as Triton kernels: rotary embedding, SiLU/GELU-and-mul, KV store,
+and rotary fused with the KV store (one launch instead of two, k never written back).
 
 Each reads its inputs once and writes its outputs once, math in fp32. Inputs may be strided
 views (q/k/v slices of a fused QKV projection) as long as the innermost dimension is
@@ -151,3 +152,91 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
         k_cache.stride(0), k_cache.stride(1), heads, float(k_scale), float(v_scale), HEAD_DIM=dim,
         BLOCK_H=triton.next_power_of_2(heads), BLOCK_D=triton.next_power_of_2(dim),
         FP8=k_cache.dtype == torch.float8_e4m3fn, num_warps=4)
+
+
+@triton.jit
+def _rotary_store_kv_kernel(pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr,
+                            cs_ptr, q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, qo_s0, qo_s1, c_s0, c_s1,
+                            cs_s0, n_q_heads, n_k_heads, k_scale, v_scale,
+                            HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+                            BLOCK_HALF: tl.constexpr, Q_BLOCKS: tl.constexpr,
+                            FP8: tl.constexpr):
+    # Head blocks 0 .. Q_BLOCKS-1 rotate q into q_out; the others rotate k and store it, and
+    # v, into the cache slot of their token.
+    t = tl.program_id(0).to(tl.int64)
+    blk = tl.program_id(1)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    d = tl.arange(0, BLOCK_HALF)
+    dmask = d < HALF
+    cos = tl.load(cs_ptr + pos * cs_s0 + d, mask=dmask, other=0.0).to(tl.float32)
+    sin = tl.load(cs_ptr + pos * cs_s0 + HALF + d, mask=dmask, other=0.0).to(tl.float32)
+    if blk < Q_BLOCKS:
+        h = blk * BLOCK_H + tl.arange(0, BLOCK_H)
+        mask = (h[:, None] < n_q_heads) & dmask[None, :]
+        src = q_ptr + t * q_s0 + h[:, None] * q_s1 + d[None, :]
+        x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+        dst = qo_ptr + t * qo_s0 + h[:, None] * qo_s1 + d[None, :]
+        tl.store(dst, (x1 * cos[None, :] - x2 * sin[None, :]).to(qo_ptr.dtype.element_ty),
+                 mask=mask)
+        tl.store(dst + HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(qo_ptr.dtype.element_ty),
+                 mask=mask)
+    else:
+        h = (blk - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
+        mask = (h[:, None] < n_k_heads) & dmask[None, :]
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        src = k_ptr + t * k_s0 + h[:, None] * k_s1 + d[None, :]
+        x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+        # Rounded to k's dtype first, as the unfused rotary returns it to store_kv.
+        k1 = (x1 * cos[None, :] - x2 * sin[None, :]).to(k_ptr.dtype.element_ty).to(tl.float32)
+        k2 = (x2 * cos[None, :] + x1 * sin[None, :]).to(k_ptr.dtype.element_ty).to(tl.float32)
+        vsrc = v_ptr + t * v_s0 + h[:, None] * v_s1 + d[None, :]
+        v1 = tl.load(vsrc, mask=mask, other=0.0).to(tl.float32)
+        v2 = tl.load(vsrc + HALF, mask=mask, other=0.0).to(tl.float32)
+        if FP8:  # x / scale saturated to e4m3's finite range, as store_kv does
+            k1 = tl.minimum(tl.maximum(tl.div_rn(k1, k_scale), -448.0), 448.0)
+            k2 = tl.minimum(tl.maximum(tl.div_rn(k2, k_scale), -448.0), 448.0)
+            v1 = tl.minimum(tl.maximum(tl.div_rn(v1, v_scale), -448.0), 448.0)
+            v2 = tl.minimum(tl.maximum(tl.div_rn(v2, v_scale), -448.0), 448.0)
+        dst = slot * c_s0 + h[:, None] * c_s1 + d[None, :]
+        tl.store(kc_ptr + dst, k1.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(kc_ptr + dst + HALF, k2.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + dst, v1.to(vc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + dst + HALF, v2.to(vc_ptr.dtype.element_ty), mask=mask)
+
+
+def rotary_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    cos_sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    slots: torch.Tensor, *, k_scale: float = 1.0, v_scale: float = 1.0
+                    ) -> torch.Tensor:
+    """rotary_embedding then store_kv in one launch (hal/ops.py); returns the rotated q."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("cos_sin", cos_sin), ("k_cache", k_cache),
+                    ("v_cache", v_cache)):
+        _check_inner_contiguous(f"rotary_store_kv {name}", t)
+    if k_cache.stride() != v_cache.stride():
+        raise ValueError("rotary_store_kv: k_cache and v_cache must have the same layout")
+    tokens, q_heads, dim = q.shape
+    k_heads = k.shape[1]
+    if (dim % 2 or cos_sin.shape[-1] != dim or k.shape[2] != dim or v.shape != k.shape
+            or q.dtype != k.dtype or k_cache.shape[1:] != k.shape[1:]):
+        raise ValueError(f"rotary_store_kv: q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)} "
+                         f"{k.dtype}, v {tuple(v.shape)} and the cache "
+                         f"{tuple(k_cache.shape)} need one even head dim matching cos_sin's "
+                         f"last dimension {cos_sin.shape[-1]}, one dtype for q and k, and "
+                         f"the cache's heads")
+    q_out = torch.empty((tokens, q_heads, dim), dtype=q.dtype, device=q.device)
+    if tokens == 0:
+        return q_out
+    half = dim // 2
+    block_half = triton.next_power_of_2(half)
+    block_h = max(1, min(triton.next_power_of_2(max(q_heads, k_heads)), 4096 // block_half))
+    q_blocks = triton.cdiv(q_heads, block_h)
+    grid = (tokens, q_blocks + triton.cdiv(k_heads, block_h))
+    _rotary_store_kv_kernel[grid](
+        positions, slots, q, k, v, q_out, k_cache, v_cache, cos_sin, q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), q_out.stride(0), q_out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), cos_sin.stride(0), q_heads, k_heads,
+        float(k_scale), float(v_scale), HALF=half, BLOCK_H=block_h, BLOCK_HALF=block_half,
+        Q_BLOCKS=q_blocks, FP8=k_cache.dtype == torch.float8_e4m3fn, num_warps=4)
+    return q_out

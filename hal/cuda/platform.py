@@ -2,11 +2,17 @@
 
 Importing this module needs neither a GPU nor Triton: kernel modules are imported when the
 platform is constructed, which the registry does only after `is_available()` said yes.
+
+`HAL_CUDA_UNFUSE` turns fused ops off, for A/B runs: a comma-separated list of fused op
+names (hal/ops.py FUSED_OP_NAMES), or `all`. A fused op turned off is not registered, so the
+worker composes the unfused ops instead, in eager steps and captured graphs alike. Read when
+the platform is constructed (once per worker process); unset, every fused op is on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -16,6 +22,7 @@ import torch.nn.functional as F
 from tessera.hal.base import OpTablePlatform
 from tessera.hal.cuda import runtime
 from tessera.hal.local_comm import make_local_communicator
+from tessera.hal.ops import FUSED_OP_NAMES
 from tessera.hal.platform import (
     Capabilities,
     Communicator,
@@ -24,6 +31,20 @@ from tessera.hal.platform import (
     KVArena,
     QuantLinearKernel,
 )
+
+UNFUSE_VARIABLE = "HAL_CUDA_UNFUSE"
+
+
+def unfused_ops(value: str | None) -> frozenset[str]:
+    """The fused ops that `HAL_CUDA_UNFUSE`'s value turns off."""
+    names = {n.strip() for n in (value or "").split(",") if n.strip()}
+    if "all" in names:
+        return frozenset(FUSED_OP_NAMES)
+    unknown = sorted(names - set(FUSED_OP_NAMES))
+    if unknown:
+        raise ValueError(f"{UNFUSE_VARIABLE} names unknown fused ops {unknown}; the fused ops "
+                         f"are {list(FUSED_OP_NAMES)} (or 'all')")
+    return frozenset(names)
 
 
 def _embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -35,7 +56,7 @@ class CudaPlatform(OpTablePlatform):
     priority: ClassVar[int] = 100
     environment_variables: ClassVar[tuple[str, ...]] = (
         "CUDA_VISIBLE_DEVICES", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "PYTORCH_CUDA_ALLOC_CONF",
-        "TRITON_INTERPRET")
+        "TRITON_INTERPRET", UNFUSE_VARIABLE)
     capabilities: ClassVar[Capabilities] = Capabilities(
         graph_capture=True,
         asynchronous=True,
@@ -71,7 +92,7 @@ class CudaPlatform(OpTablePlatform):
             token_mask,
         )
 
-        return {
+        ops: dict[str, Callable[..., Any]] = {
             "embedding": _embedding,
             "rms_norm": norm.rms_norm,
             "fused_add_rms_norm": norm.fused_add_rms_norm,
@@ -86,6 +107,10 @@ class CudaPlatform(OpTablePlatform):
             "sample": sampling.sample,
             "apply_token_mask": token_mask.apply_token_mask,
         }
+        fused = {"rotary_store_kv": elementwise.rotary_store_kv}
+        off = unfused_ops(os.environ.get(UNFUSE_VARIABLE))
+        ops.update({name: fn for name, fn in fused.items() if name not in off})
+        return ops
 
     def register_quant_linears(self) -> dict[str, QuantLinearKernel]:
         from tessera.hal.cuda.quant_linear import quant_linears

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tessera.hal.ops import OP_NAMES
+from tessera.hal.ops import FUSED_OP_NAMES, OP_NAMES
 
 
 def test_import_needs_no_gpu_and_reports_availability() -> None:
@@ -33,7 +33,30 @@ def test_op_table_is_complete_even_without_a_gpu() -> None:
     from tessera.hal.cuda import CudaPlatform
 
     platform = CudaPlatform()
-    assert platform.registered_ops() == sorted(OP_NAMES)
+    assert platform.registered_ops() == sorted(OP_NAMES + FUSED_OP_NAMES)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="builds the platform without a GPU")
+@pytest.mark.parametrize("value,off", [("", ()), ("rotary_store_kv", ("rotary_store_kv",)),
+                                       ("all", FUSED_OP_NAMES), (" all , ", FUSED_OP_NAMES)])
+def test_unfuse_switch_leaves_the_fused_ops_out(monkeypatch: pytest.MonkeyPatch, value: str,
+                                               off: tuple[str, ...]) -> None:
+    from tessera.hal.cuda import CudaPlatform
+    from tessera.hal.cuda.platform import UNFUSE_VARIABLE
+
+    monkeypatch.setenv(UNFUSE_VARIABLE, value)
+    platform = CudaPlatform()
+    for name in FUSED_OP_NAMES:
+        assert (platform.fused_op(name) is None) == (name in off)
+    assert set(OP_NAMES) <= set(platform.registered_ops())  # unfused ops stay
+    assert UNFUSE_VARIABLE in CudaPlatform.environment_variables  # recorded in run manifests
+
+
+def test_unfuse_switch_refuses_unknown_names() -> None:
+    from tessera.hal.cuda.platform import UNFUSE_VARIABLE, unfused_ops
+
+    with pytest.raises(ValueError, match=UNFUSE_VARIABLE):
+        unfused_ops("rotary_store_kv,rotary_embedding")
 
 
 def test_copies_leave_host_tensors_alone_and_ranges_nest() -> None:

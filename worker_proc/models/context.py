@@ -50,6 +50,10 @@ class ModelContext:
             fn = self._ops[name] = self.platform.op(name)
         return fn
 
+    def fused_op(self, name: str) -> Callable[..., Any] | None:
+        """The plugin's fused op `name`, or None: the layer then composes the unfused ops."""
+        return self.platform.fused_op(name)
+
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over the TP ranks (the identity on one rank)."""
         if self.tp.size == 1:

@@ -1,7 +1,7 @@
 """Fused projections and fused residual adds, in every model family and weight format: each
 attention runs q/k/v as one product and each gated MLP gate/up as one (one `linear` op or one
 quantized kernel call per layer call), and every residual add of a decoder layer goes through
-the HAL `fused_add_rms_norm` op. Greedy parity of the same models is test_parity_tiny's and
+the HAL `fused_add_rms_norm` op. Rotary runs inside the KV store where the plugin fuses them. Greedy parity of the same models is test_parity_tiny's and
 test_quantized's; this pins the number of products, which parity alone would not notice."""
 
 from __future__ import annotations
@@ -150,3 +150,65 @@ def test_dummy_weights_fuse_as_a_checkpoint_does(tmp_path):
     folder = str(tmp_path / "m")
     tiny_hf_model("llama31", folder)
     _check_fused(make_runner(folder, load_format="dummy"), prompts(256, [3, 9], seed=2))
+
+
+def _count_rotary_ops(runner: Any) -> Counter:
+    """Calls of the fused and the unfused rotary/KV-store ops in the runner's attentions."""
+    calls: Counter = Counter()
+    for attn in (m for m in runner.model.modules() if isinstance(m, Attention)):
+        if attn.rotary_store_kv is not None:
+            attn.rotary_store_kv = _counted(attn.rotary_store_kv, calls, "rotary_store_kv")
+        attn.store_kv = _counted(attn.store_kv, calls, "store_kv")
+        if not isinstance(attn.rotary.rotary_op, _Counting):
+            attn.rotary.rotary_op = _Counting(attn.rotary.rotary_op, calls)
+    return calls
+
+
+class _Counting:
+    """A rotary table shared by layers is wrapped once."""
+
+    def __init__(self, fn: Callable[..., Any], calls: Counter) -> None:
+        self.fn, self.calls = fn, calls
+
+    def __call__(self, *args: Any) -> Any:
+        self.calls["rotary_embedding"] += 1
+        return self.fn(*args)
+
+
+def _cpu_without_fusions() -> Any:
+    """A cpu platform that fuses nothing: the worker composes rotary and store_kv."""
+    from tessera.hal.cpu import CpuPlatform
+
+    class NoFusion(CpuPlatform):
+        def fused_op(self, name: str) -> None:
+            return None
+
+    return NoFusion()
+
+
+@pytest.mark.parametrize("kind", ["llama31", "qwen3", "gemma2", "phi3"])
+def test_rotary_is_applied_inside_the_kv_store_where_the_plugin_fuses_it(tmp_path, kind: str):
+    """One rotary_store_kv call per attention forward (q/k norm, sliding windows and per-layer
+    rope bases included); partial rotary (phi3) and a plugin without the fusion compose
+    rotary_embedding and store_kv; the tokens are the same either way."""
+    from tessera.worker_proc.model_runner import ModelRunner
+
+    folder = str(tmp_path / kind)
+    model = tiny_hf_model(kind, folder)
+    batch = prompts(model.config.vocab_size, [3, 9], seed=4)
+    fused = make_runner(folder)
+    calls = _count_rotary_ops(fused)
+    layers = model.config.num_hidden_layers
+    fused_out = [r.out for r in MiniScheduler(fused).generate(batch, 4)]
+    partial = kind == "phi3"
+    steps = calls["store_kv" if partial else "rotary_store_kv"] // layers
+    assert steps >= 4  # a prefill step and decode steps
+    if partial:
+        assert calls == Counter(store_kv=steps * layers, rotary_embedding=steps * layers)
+    else:
+        assert calls == Counter(rotary_store_kv=steps * layers)
+
+    plain = ModelRunner(fused.config, 0, _cpu_without_fusions())
+    plain_calls = _count_rotary_ops(plain)
+    assert [r.out for r in MiniScheduler(plain).generate(batch, 4)] == fused_out
+    assert plain_calls == Counter(store_kv=steps * layers, rotary_embedding=steps * layers)

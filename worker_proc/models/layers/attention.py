@@ -53,6 +53,10 @@ class Attention(nn.Module):
         # cache is in the serving dtype and the ops take no scales.
         self.kv_scales: tuple[float, float] | None = None
         self.store_kv = ctx.op("store_kv")
+        # Rotary and the KV store in one op where the plugin fuses them (partial rotary keeps
+        # the two ops: the fused op rotates the whole head).
+        self.rotary_store_kv = ctx.fused_op("rotary_store_kv") \
+            if rotary.rotary_dim == head_dim else None
         self.attention_extend = ctx.op("attention_extend")
         self.attention_decode = ctx.op("attention_decode")
 
@@ -75,11 +79,15 @@ class Attention(nn.Module):
         q, k, v = q.reshape(t, hq, d), k.reshape(t, hk, d), v.reshape(t, hk, d)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm.heads(q), self.k_norm.heads(k)
-        q, k = self.rotary(inp.positions, q, k)
         k_cache, v_cache = kv.k[self.kv_index], kv.v[self.kv_index]
         scales = {} if self.kv_scales is None else \
             {"k_scale": self.kv_scales[0], "v_scale": self.kv_scales[1]}
-        self.store_kv(k_cache, v_cache, k, v, inp.out_slots, **scales)
+        if self.rotary_store_kv is not None:
+            q = self.rotary_store_kv(inp.positions, q, k, v, self.rotary.cos_sin, k_cache,
+                                     v_cache, inp.out_slots, **scales)
+        else:
+            q, k = self.rotary(inp.positions, q, k)
+            self.store_kv(k_cache, v_cache, k, v, inp.out_slots, **scales)
         if inp.is_decode:
             o = self.attention_decode(q, k_cache, v_cache, inp.req_to_token, inp.seq_lens,
                                       self.scale, **self.attn_options, **scales)
