@@ -20,7 +20,7 @@
 # "steps ttft traces" for some of its parts); gputests runs the one-GPU tests
 # still to confirm (model families' parity, gemma2 included, and the mixed-step graphs) and
 # multihost the two-GPU two-launcher test, each with its log in $OUT; fusion is the A/B of
-# the cuda plugin's fused ops (docs/performance.md): their GPU conformance cases
+# the cuda plugin's fused ops (docs/performance.md): their GPU tests and conformance cases
 # (fusion_<suffix>.log), then B1 with every fusion off (HAL_CUDA_UNFUSE=all,
 # b1_unfused_<suffix>.json) and on (b1_fused_<suffix>.json), and b1_fusion_<suffix>.json with
 # both decode figures and their difference (about 100 s); none of these is part of `all`)
@@ -149,8 +149,8 @@ for part in "${parts[@]}"; do
     gputests) gpu_pytest gputests tests/hal_cuda/test_models_gpu.py \
                 tests/hal_cuda/test_mixed_graphs_gpu.py "${T_gputests[@]}" ;;
     multihost) gpu_pytest multihost tests/hal_cuda/test_multihost_gpu.py "${T_multihost[@]}" ;;
-    fusion) gpu_pytest fusion tests/hal_cuda/test_conformance_gpu.py -k "fused_op or rotary_store_kv" \
-              "${T_fusion[@]}"
+    fusion) gpu_pytest fusion tests/hal_cuda/test_fused_gpu.py tests/hal_cuda/test_conformance_gpu.py \
+              -k "fused_op or rotary_store_kv or silu_and_mul_linear or test_fused_gpu" "${T_fusion[@]}"
             # The switch is read by the plugin in each worker process: one engine per setting.
             HAL_CUDA_UNFUSE=all run latency "${common[@]}" "${roof[@]}" "${T_b1[@]}" \
               --out-dir "$OUT" --name "b1_unfused_$SUFFIX" "$@"

@@ -48,6 +48,7 @@ from tessera.hal.conformance_data import (
 from tessera.hal.conformance_fused import (  # noqa: F401  (the suite's fused-op cases)
     test_fused_op_names_resolve,
     test_rotary_store_kv,
+    test_silu_and_mul_linear,
 )
 from tessera.hal.conformance_quant import (  # noqa: F401  (the suite's quantized cases)
     test_attention_reads_fp8_kv,

@@ -92,3 +92,22 @@ def test_rotary_store_kv(hal_platform: Platform, dtype: torch.dtype, head_dim: i
             assert bool(((got - want).abs() <= want.abs() * 2 ** -3).all())
         else:
             torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("tokens,inner,out", [(0, 64, 32), (1, 80, 48), (1, 1536, 256),
+                                              (5, 96, 40)])
+def test_silu_and_mul_linear(hal_platform: Platform, dtype: torch.dtype, tokens: int, inner: int,
+                             out: int, with_bias: bool) -> None:
+    fused = _fused(hal_platform, "silu_and_mul_linear")
+    gen = torch.Generator().manual_seed(70 + inner)
+    x = (torch.randn((tokens, 2 * inner), generator=gen) * 2).to(dtype)
+    # unit-order outputs: the tolerances mean the same at every width
+    weight = (torch.randn((out, inner), generator=gen) / inner ** 0.5).to(dtype)
+    bias = torch.randn((out,), generator=gen).to(dtype) if with_bias else None
+    dev = hal_platform.device()
+    got = fused(x.to(dev), weight.to(dev), None if bias is None else bias.to(dev))
+    want = reference_op("silu_and_mul_linear")(x, weight, bias)
+    tol = _TOLERANCES[dtype]
+    assert got.shape == (tokens, out) and got.dtype == dtype
+    torch.testing.assert_close(got.cpu().float(), want.float(), atol=tol, rtol=tol)

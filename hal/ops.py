@@ -90,6 +90,10 @@ compositions that define them.
         store_kv(k_cache, v_cache, k_rot, v, slots, k_scale=..., v_scale=...)
         (rotary over the whole head dim; k_rot is rounded to k.dtype before it is stored,
         as the composition rounds it)
+    silu_and_mul_linear(x[T, 2I], weight[Out, I], bias[Out] | None) -> [T, Out]
+        linear(silu_and_mul(x), weight, bias): the gated MLP's activation as the down
+        projection's prologue (the activation rounded to x.dtype, as the composition rounds
+        it, before the product)
 """
 
 from __future__ import annotations
@@ -115,6 +119,7 @@ OP_NAMES: tuple[str, ...] = (
 )
 FUSED_OP_NAMES: tuple[str, ...] = (
     "rotary_store_kv",
+    "silu_and_mul_linear",
 )
 
 

@@ -29,6 +29,7 @@ REFERENCE_TARGETS: dict[str, str] = {
     "apply_token_mask": "tessera.hal.cpu.token_mask:apply_token_mask",
     # fused ops: the compositions of the ops above that define them
     "rotary_store_kv": "tessera.hal.cpu.dense:rotary_store_kv",
+    "silu_and_mul_linear": "tessera.hal.cpu.dense:silu_and_mul_linear",
 }
 assert set(REFERENCE_TARGETS) == set(OP_NAMES) | set(FUSED_OP_NAMES), "every op needs a reference"
 

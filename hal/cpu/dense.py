@@ -70,6 +70,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor,
+                        bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The fused op's definition: silu_and_mul, then linear."""
+    return linear(silu_and_mul(x), weight, bias)
+
+
 def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slots: torch.Tensor, *, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     index = slots.long()

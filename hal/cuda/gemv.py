@@ -11,6 +11,10 @@ Llama-3-8B at --tp-size 2 has o [4096, 2048], down [4096, 7168], ...) is measure
 time it runs outside a graph capture (the graph runner's eager warm-up comes before every
 capture): cuBLAS against a few launch configurations, with the L2 cache flushed between runs
 (triton's do_bench), and the fastest kept for the process. Everything else stays on cuBLAS.
+
+`silu_and_mul_linear` (a fused op) runs the gated MLP's down projection the same way, with
+silu_and_mul computed in the GEMV's loop from the [gate | up] row instead of by a kernel of
+its own; outside the GEMV path it is the two kernels, one after the other.
 """
 
 from __future__ import annotations
@@ -55,6 +59,47 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_out, n_in, w_s0,
     if HAS_BIAS:
         acc += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rmask)
+
+
+@triton.jit
+def _silu_mul_gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_out, n_in, w_s0,
+                          HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr):
+    # _gemv_kernel with silu_and_mul as its prologue: x is [gate | up], 2 * n_in wide. Each
+    # program recomputes the activation of its tiles (from L2) instead of reading a
+    # separate kernel's output, rounded to x's dtype as silu_and_mul's output is, so the
+    # sums are those of the two kernels run one after the other.
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < n_out
+    cols = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + rows[:, None].to(tl.int64) * w_s0
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for k0 in range(0, n_in, BLOCK_K):
+        k = k0 + cols
+        kmask = k < n_in
+        gate = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + n_in + k, mask=kmask, other=0.0).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
+        w = tl.load(w_rows + k[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * act[None, :], 1)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rmask)
+
+
+def silu_mul_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  block_n: int, block_k: int, num_warps: int) -> torch.Tensor:
+    """silu_and_mul(x [1, 2 In]) @ weight[Out, In]^T (+ bias) -> [1, Out] in one kernel."""
+    n_out, n_in = weight.shape
+    if x.shape != (1, 2 * n_in) or x.stride(-1) != 1 or weight.stride(-1) != 1:
+        raise ValueError(f"silu_mul_gemv expects x [1, {2 * n_in}] (gate | up) and a row-major "
+                         f"weight, got x {tuple(x.shape)} strides {x.stride()}, weight strides "
+                         f"{weight.stride()}")
+    out = torch.empty((1, n_out), dtype=x.dtype, device=x.device)
+    _silu_mul_gemv_kernel[(triton.cdiv(n_out, block_n),)](
+        x, weight, bias if bias is not None else out, out, n_out, n_in, weight.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+    return out
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block_n: int,
@@ -116,11 +161,30 @@ def _config(x: torch.Tensor, weight: torch.Tensor,
     return None if choice == CUBLAS else choice
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if (x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and weight.stride(-1) == 1
+def _one_token(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and weight.stride(-1) == 1
             and x.dtype == weight.dtype == torch.bfloat16 and x.is_cuda
-            and _capability(x.device) == TUNED_CAPABILITY):
+            and _capability(x.device) == TUNED_CAPABILITY)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if _one_token(x, weight):
         config = _config(x, weight, bias)
         if config is not None:
             return gemv(x, weight, bias, *config)
     return F.linear(x, weight, bias)
+
+
+def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor,
+                        bias: torch.Tensor | None) -> torch.Tensor:
+    """The fused op (hal/ops.py): one kernel where the down projection is a GEMV (one token,
+    a shape this module runs as a GEMV: the GEMV's own configuration, chosen or measured on
+    the activation's shape), else silu_and_mul's kernel, then `linear`."""
+    inter = weight.shape[1]
+    if _one_token(x, weight) and x.shape[1] == 2 * inter:
+        config = _config(x[:, :inter], weight, bias)
+        if config is not None:
+            return silu_mul_gemv(x, weight, bias, *config)
+    from tessera.hal.cuda.elementwise import silu_and_mul
+
+    return linear(silu_and_mul(x), weight, bias)

@@ -212,3 +212,41 @@ def test_rotary_is_applied_inside_the_kv_store_where_the_plugin_fuses_it(tmp_pat
     plain_calls = _count_rotary_ops(plain)
     assert [r.out for r in MiniScheduler(plain).generate(batch, 4)] == fused_out
     assert plain_calls == Counter(store_kv=steps * layers, rotary_embedding=steps * layers)
+
+
+@pytest.mark.parametrize("kind,fused", [("llama31", True), ("qwen2_moe", True),
+                                        ("gemma2", False)])
+def test_silu_runs_as_the_down_projections_prologue_where_the_plugin_fuses_it(
+        tmp_path, kind: str, fused: bool):
+    """Every gated MLP with SiLU (a MoE's shared expert included) runs silu_and_mul_linear
+    once a call instead of silu_and_mul and the down product; GELU (gemma2) keeps the two
+    ops; a plugin without the fusion composes them; the tokens are the same."""
+    from tessera.worker_proc.model_runner import ModelRunner
+
+    folder = str(tmp_path / kind)
+    model = tiny_hf_model(kind, folder)
+    batch = prompts(model.config.vocab_size, [3, 9], seed=6)
+
+    def run(runner: Any) -> tuple[list[list[int]], Counter]:
+        calls: Counter = Counter()
+        mlps = [m for m in runner.model.modules() if isinstance(m, GatedMLP)]
+        assert mlps
+        for mlp in mlps:
+            mlp.register_forward_pre_hook(lambda m, _a: calls.update(["mlp"]))
+            if mlp.act_down is not None:
+                mlp.act_down = _counted(mlp.act_down, calls, "silu_and_mul_linear")
+            mlp.act_op = _counted(mlp.act_op, calls, "act")
+            mlp.down.register_forward_pre_hook(lambda m, _a: calls.update(["down"]))
+        return [r.out for r in MiniScheduler(runner).generate(batch, 4)], calls
+
+    tokens, calls = run(make_runner(folder))
+    mlp_calls = calls["mlp"]
+    assert mlp_calls > 0
+    if fused:
+        assert calls == Counter(mlp=mlp_calls, silu_and_mul_linear=mlp_calls)
+    else:
+        assert calls == Counter(mlp=mlp_calls, act=mlp_calls, down=mlp_calls)
+    plain_tokens, plain = run(ModelRunner(make_runner(folder).config, 0,
+                                          _cpu_without_fusions()))
+    assert plain_tokens == tokens
+    assert plain == Counter(mlp=mlp_calls, act=mlp_calls, down=mlp_calls)

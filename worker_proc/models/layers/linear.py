@@ -23,6 +23,7 @@ LinearMethod that stores its own parameters and calls its own op variant; it is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -177,6 +178,18 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.method.apply(self, x)
+        return self.ctx.all_reduce(y) if self.reduce else y
+
+    @property
+    def is_dense(self) -> bool:
+        return isinstance(self.method, DenseLinear)
+
+    def forward_fused(self, op: Callable[..., torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """`op(x, weight, bias)` in place of the `linear` op: a fused op whose last step is
+        this layer's product (dense layers only), then the row-parallel sum as forward."""
+        if not self.is_dense:
+            raise TypeError("a fused product needs a dense layer; this one is quantized")
+        y = op(x, self.weight, self.bias)
         return self.ctx.all_reduce(y) if self.reduce else y
 
 

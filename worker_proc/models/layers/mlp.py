@@ -29,6 +29,10 @@ class GatedMLP(nn.Module):
                                                                     "up": intermediate}))
         self.down = Linear.row(ctx, intermediate, hidden, reduce=reduce)
         self.act_op = ctx.op(ACTIVATION_OPS[activation])
+        # The activation as the down projection's prologue where the plugin fuses them (a
+        # quantized down projection keeps the two ops).
+        self.act_down = ctx.fused_op("silu_and_mul_linear") \
+            if activation == "silu" and self.down.is_dense else None
 
     def targets(self, prefix: str) -> Targets:
         out: Targets = {}
@@ -38,4 +42,7 @@ class GatedMLP(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.act_op(self.gate_up(x)))  # type: ignore[no-any-return]
+        gate_up = self.gate_up(x)
+        if self.act_down is not None:
+            return self.down.forward_fused(self.act_down, gate_up)
+        return self.down(self.act_op(gate_up))  # type: ignore[no-any-return]
