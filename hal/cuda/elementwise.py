@@ -170,40 +170,43 @@ def _rotary_store_kv_kernel(pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, qo_ptr, kc_p
     dmask = d < HALF
     cos = tl.load(cs_ptr + pos * cs_s0 + d, mask=dmask, other=0.0).to(tl.float32)
     sin = tl.load(cs_ptr + pos * cs_s0 + HALF + d, mask=dmask, other=0.0).to(tl.float32)
+    # The two branches name their values apart: Triton merges a name bound in both branches
+    # into one value, which must then have one type.
     if blk < Q_BLOCKS:
-        h = blk * BLOCK_H + tl.arange(0, BLOCK_H)
-        mask = (h[:, None] < n_q_heads) & dmask[None, :]
-        src = q_ptr + t * q_s0 + h[:, None] * q_s1 + d[None, :]
-        x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
-        dst = qo_ptr + t * qo_s0 + h[:, None] * qo_s1 + d[None, :]
-        tl.store(dst, (x1 * cos[None, :] - x2 * sin[None, :]).to(qo_ptr.dtype.element_ty),
-                 mask=mask)
-        tl.store(dst + HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(qo_ptr.dtype.element_ty),
-                 mask=mask)
+        qh = blk * BLOCK_H + tl.arange(0, BLOCK_H)
+        qmask = (qh[:, None] < n_q_heads) & dmask[None, :]
+        q_src = q_ptr + t * q_s0 + qh[:, None] * q_s1 + d[None, :]
+        q1 = tl.load(q_src, mask=qmask, other=0.0).to(tl.float32)
+        q2 = tl.load(q_src + HALF, mask=qmask, other=0.0).to(tl.float32)
+        q_dst = qo_ptr + t * qo_s0 + qh[:, None] * qo_s1 + d[None, :]
+        tl.store(q_dst, (q1 * cos[None, :] - q2 * sin[None, :]).to(qo_ptr.dtype.element_ty),
+                 mask=qmask)
+        tl.store(q_dst + HALF,
+                 (q2 * cos[None, :] + q1 * sin[None, :]).to(qo_ptr.dtype.element_ty),
+                 mask=qmask)
     else:
-        h = (blk - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
-        mask = (h[:, None] < n_k_heads) & dmask[None, :]
+        kh = (blk - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
+        kmask = (kh[:, None] < n_k_heads) & dmask[None, :]
         slot = tl.load(slot_ptr + t).to(tl.int64)
-        src = k_ptr + t * k_s0 + h[:, None] * k_s1 + d[None, :]
-        x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+        k_src = k_ptr + t * k_s0 + kh[:, None] * k_s1 + d[None, :]
+        x1 = tl.load(k_src, mask=kmask, other=0.0).to(tl.float32)
+        x2 = tl.load(k_src + HALF, mask=kmask, other=0.0).to(tl.float32)
         # Rounded to k's dtype first, as the unfused rotary returns it to store_kv.
         k1 = (x1 * cos[None, :] - x2 * sin[None, :]).to(k_ptr.dtype.element_ty).to(tl.float32)
         k2 = (x2 * cos[None, :] + x1 * sin[None, :]).to(k_ptr.dtype.element_ty).to(tl.float32)
-        vsrc = v_ptr + t * v_s0 + h[:, None] * v_s1 + d[None, :]
-        v1 = tl.load(vsrc, mask=mask, other=0.0).to(tl.float32)
-        v2 = tl.load(vsrc + HALF, mask=mask, other=0.0).to(tl.float32)
+        v_src = v_ptr + t * v_s0 + kh[:, None] * v_s1 + d[None, :]
+        v1 = tl.load(v_src, mask=kmask, other=0.0).to(tl.float32)
+        v2 = tl.load(v_src + HALF, mask=kmask, other=0.0).to(tl.float32)
         if FP8:  # x / scale saturated to e4m3's finite range, as store_kv does
             k1 = tl.minimum(tl.maximum(tl.div_rn(k1, k_scale), -448.0), 448.0)
             k2 = tl.minimum(tl.maximum(tl.div_rn(k2, k_scale), -448.0), 448.0)
             v1 = tl.minimum(tl.maximum(tl.div_rn(v1, v_scale), -448.0), 448.0)
             v2 = tl.minimum(tl.maximum(tl.div_rn(v2, v_scale), -448.0), 448.0)
-        dst = slot * c_s0 + h[:, None] * c_s1 + d[None, :]
-        tl.store(kc_ptr + dst, k1.to(kc_ptr.dtype.element_ty), mask=mask)
-        tl.store(kc_ptr + dst + HALF, k2.to(kc_ptr.dtype.element_ty), mask=mask)
-        tl.store(vc_ptr + dst, v1.to(vc_ptr.dtype.element_ty), mask=mask)
-        tl.store(vc_ptr + dst + HALF, v2.to(vc_ptr.dtype.element_ty), mask=mask)
+        c_off = slot * c_s0 + kh[:, None] * c_s1 + d[None, :]
+        tl.store(kc_ptr + c_off, k1.to(kc_ptr.dtype.element_ty), mask=kmask)
+        tl.store(kc_ptr + c_off + HALF, k2.to(kc_ptr.dtype.element_ty), mask=kmask)
+        tl.store(vc_ptr + c_off, v1.to(vc_ptr.dtype.element_ty), mask=kmask)
+        tl.store(vc_ptr + c_off + HALF, v2.to(vc_ptr.dtype.element_ty), mask=kmask)
 
 
 def rotary_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
