@@ -200,7 +200,18 @@ def _op_rows(platform: Any) -> list[Row]:
             rows.append(Row(f"op {name}", "ok", "reference fallback (declared by the plugin)"))
         else:
             rows.append(Row(f"op {name}", "ok", "native"))
-    return rows + _scheme_rows(platform)
+    return rows + _fused_rows(platform) + _scheme_rows(platform)
+
+
+def _fused_rows(platform: Any) -> list[Row]:
+    """One row per fused op: the plugin's kernel, or composed by the worker (not a failure:
+    fused ops are optional, and a plugin may turn its own off)."""
+    from tessera.hal.ops import FUSED_OP_NAMES
+
+    fused_op = getattr(platform, "fused_op", lambda name: None)
+    return [Row(f"op {name}", "info", "fused, native" if fused_op(name) is not None
+                else "fused op not registered: the worker composes the plain ops")
+            for name in FUSED_OP_NAMES]
 
 
 def _scheme_rows(platform: Any) -> list[Row]:

@@ -44,7 +44,9 @@ def test_rotary_store_kv_equals_rotary_then_store(tokens: int, fp8: bool) -> Non
     # the same fp32 expressions rounded at the same points: equal but for a contraction
     # the compiler may make differently in two kernels (one bf16 / e4m3 step)
     assert _rel(q_out, q_rot) < 1e-3
-    assert _rel(fused_k, plain_k) < 1e-2 and torch.equal(fused_v, plain_v)
+    assert _rel(fused_k, plain_k) < 1e-2
+    # v is stored as store_kv stores it (compared as bytes: fp8 has no equality kernel)
+    assert torch.equal(fused_v.view(torch.uint8), plain_v.view(torch.uint8))
 
 
 def test_silu_and_mul_linear_at_the_down_projection() -> None:
