@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import time
 from typing import Any
 
 from tessera.benchmarks.device_probe import torch_device
@@ -67,6 +68,22 @@ def scheduler_stats(llm: Any) -> dict[str, float]:
     except Exception:
         return {}
     return dict(processes.get("scheduler", {}).get("stats", {}))
+
+
+def settled_scheduler_stats(llm: Any, interval_s: float = 0.5, timeout_s: float = 10.0
+                            ) -> dict[str, float]:
+    """The scheduler's heartbeat numbers once they stop changing. Read right after the last
+    answer, the latest heartbeat may predate the last steps; two reads more than a heartbeat
+    (`interval_s`) apart that agree are settled (the last read when `timeout_s` runs out)."""
+    deadline = time.monotonic() + timeout_s
+    last = scheduler_stats(llm)
+    while time.monotonic() < deadline:
+        time.sleep(interval_s * 1.5)
+        now = scheduler_stats(llm)
+        if now == last:
+            break
+        last = now
+    return last
 
 
 def worker_stats(llm: Any) -> dict[str, dict[str, float]]:

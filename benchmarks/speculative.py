@@ -22,7 +22,8 @@ Two engines with the same flags, one after the other: plain, then with
              the copy part runs on a model of the same shape that repeats its last token
              (`weights_folder.write_folder(copying=True)`: output projections zero, LM head =
              embedding; every weight is still read each step), plain then speculative, on
-             B1's random prompts; the random part stays on the random-weight model.
+             B1's random prompts; the random part stays on the random-weight model (the
+             speculative copy engine's scheduler counters are in figures.copying_model).
 
 With --draft-model a third engine runs `--speculative-algorithm draft` with that model on the
 same prompts (figures draft_*). Under random weights its proposals share nothing with the
@@ -50,7 +51,11 @@ import numpy as np
 
 from tessera.benchmarks.common import default_results_dir, new_result, write_result
 from tessera.benchmarks.datasets import random_requests
-from tessera.benchmarks.engine_args import add_engine_args, resolve_engine, scheduler_stats
+from tessera.benchmarks.engine_args import (
+    add_engine_args,
+    resolve_engine,
+    settled_scheduler_stats,
+)
 
 PARAGRAPHS = [
     "The old lighthouse stood at the edge of the cliff for more than two hundred years. Every "
@@ -248,12 +253,15 @@ def _copying_model_part(args: argparse.Namespace, kwargs: dict[str, Any],
             plain = _run(llm, prompts, params, "plain copy (copying model)")
         with LLM(**copy_kwargs, **spec_args) as llm:
             spec = _run(llm, prompts, params, "speculative copy (copying model)")
+            stats = {k: v for k, v in settled_scheduler_stats(llm).items()
+                     if k.startswith("spec_")}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     repeats = all(len(set(m.token_ids)) == 1 for m in plain)
     return {"plain": plain, "spec": spec}, [{"weights_gb": round(written.bytes / 1e9, 2),
                                              "write_s": round(written.seconds, 1),
-                                             "repeats_last_token": repeats}]
+                                             "repeats_last_token": repeats,
+                                             "scheduler_spec_stats": stats}]
 
 
 def _engine_part(llm: Any, label: str, copy_prompts: list[Any] | None, copy_params: list[Any],
@@ -347,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             with LLM(**kwargs, **extra) as llm:
                 raw[name] = _engine_part(llm, name, copy_prompts, copy_params, rand_prompts,
                                          greedy, args.skip_random)
-                spec_stats[name] = {k: v for k, v in scheduler_stats(llm).items()
+                spec_stats[name] = {k: v for k, v in settled_scheduler_stats(llm).items()
                                     if k.startswith("spec_")}
         except Exception as exc:
             if name == args.algorithm:

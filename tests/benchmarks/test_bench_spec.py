@@ -64,6 +64,10 @@ def test_bench_spec_writes_b9_with_ngram_and_a_draft_model(run_root: Path,
     assert f["copy_workload"] == "model" and f["algorithm"] == "ngram"
     # the copy part ran on a model of the same shape that repeats its last token
     assert f["copying_model"]["repeats_last_token"] is True
+    # its speculative engine verified, chaining verifies on the one in flight (every proposal
+    # of a model that repeats its last token is kept)
+    copy_stats = f["copying_model"]["scheduler_spec_stats"]
+    assert copy_stats["spec_verify_steps_total"] > 0 and copy_stats["spec_chained_steps_total"] > 0
     # speculation changes no greedy token, for either proposer, on either workload
     for key in ("same_tokens_copy", "same_tokens_random", "draft_same_tokens_random"):
         assert f[key] is True, key
