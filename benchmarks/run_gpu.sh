@@ -21,7 +21,8 @@
 # still to confirm (model families' parity, gemma2 included, and the mixed-step graphs) and
 # multihost the two-GPU two-launcher test, each with its log in $OUT; fusion is the A/B of
 # the cuda plugin's fused ops (docs/performance.md): their GPU tests and conformance cases
-# (fusion_<suffix>.log), then B1 with every fusion off (HAL_CUDA_UNFUSE=all,
+# (fusion_<suffix>.log), each fused kernel timed against the kernels it replaces
+# (fused_kernels_<suffix>.json, tests/hal_cuda/fused_bench.py), then B1 with every fusion off (HAL_CUDA_UNFUSE=all,
 # b1_unfused_<suffix>.json) and on (b1_fused_<suffix>.json), and b1_fusion_<suffix>.json with
 # both decode figures and their difference (about 100 s); none of these is part of `all`)
 # e.g. `benchmarks/run_gpu.sh b1 b2 b3`. Each part is one command of a few minutes (model load
@@ -151,6 +152,9 @@ for part in "${parts[@]}"; do
     multihost) gpu_pytest multihost tests/hal_cuda/test_multihost_gpu.py "${T_multihost[@]}" ;;
     fusion) gpu_pytest fusion tests/hal_cuda/test_fused_gpu.py tests/hal_cuda/test_conformance_gpu.py \
               -k "fused_op or rotary_store_kv or silu_and_mul_linear or test_fused_gpu" "${T_fusion[@]}"
+            echo "+ tests/hal_cuda/fused_bench.py" >&2
+            "$PY" tests/hal_cuda/fused_bench.py "$OUT/fused_kernels_$SUFFIX.json" "${T_cpu[@]}" ||
+              { echo "fusion: the kernel timings failed" >&2; failed+=(fused_bench); }
             # The switch is read by the plugin in each worker process: one engine per setting.
             HAL_CUDA_UNFUSE=all run latency "${common[@]}" "${roof[@]}" "${T_b1[@]}" \
               --out-dir "$OUT" --name "b1_unfused_$SUFFIX" "$@"
