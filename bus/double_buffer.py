@@ -21,7 +21,11 @@ class DoubleBuffer(Generic[T]):
             raise ValueError(f"capacity must be positive, got {capacity}")
         self.capacity = capacity
         self._back: list[T] = []
-        self._cond = threading.Condition(threading.Lock())
+        # Reentrant: wake() runs in a SIGTERM handler, which interrupts the main thread
+        # wherever it is -- possibly inside put() or swap() with this lock held. A plain lock
+        # would then wait for itself forever and the process would be killed at the end of
+        # the supervisor's grace period instead of stopping.
+        self._cond = threading.Condition(threading.RLock())
         self.accepted = 0
         self.rejected = 0
         self._woken = False
@@ -50,7 +54,8 @@ class DoubleBuffer(Generic[T]):
             return front
 
     def wake(self) -> None:
-        """Make a swap() that is waiting return now, empty-handed if need be (for shutdown)."""
+        """Make a swap() that is waiting return now, empty-handed if need be (for shutdown).
+        Safe in a signal handler of a thread that is inside put() or swap()."""
         with self._cond:
             self._woken = True
             self._cond.notify_all()

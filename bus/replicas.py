@@ -36,6 +36,7 @@ from tessera.bus.gateway import INSTALL_HINT, gateway_available
 from tessera.bus.parent_death import end_with_parent
 from tessera.bus.replica_metrics import fetch, read_replica, render
 from tessera.bus.restarts import RestartBook, RestartPolicy
+from tessera.bus.signal_flag import SignalFlag
 from tessera.bus.supervisor import describe_exit
 from tessera.codes import REPLICAS, coded
 from tessera.config import READY_TIMEOUT_S, ServerConfig
@@ -146,7 +147,7 @@ class ReplicaSupervisor:
         self.book = RestartBook(RestartPolicy(
             max_restarts=config.restart_max, window_s=config.restart_window_s,
             backoff_s=config.restart_backoff_s))
-        self.stopping = threading.Event()
+        self.stopping = SignalFlag()  # set by the SIGTERM / SIGINT handler
         self.failure: str | None = None
         self.http: ThreadingHTTPServer | None = None
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -91,3 +94,28 @@ def test_wake_releases_a_waiting_swap() -> None:
 def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError, match="capacity must be positive"):
         DoubleBuffer(capacity=0)
+
+
+# A signal handler that wakes the buffer, firing every 0.5 ms while the main thread puts and
+# swaps: it lands inside put()/swap() with the lock held thousands of times a second. With a
+# non-reentrant lock the handler waits for itself (a SIGTERM that never stops the process).
+_HAMMER = textwrap.dedent("""
+    import signal, time
+    from tessera.bus.double_buffer import DoubleBuffer
+    buf = DoubleBuffer(8)
+    signal.signal(signal.SIGALRM, lambda signum, frame: buf.wake())
+    signal.setitimer(signal.ITIMER_REAL, 5e-4, 5e-4)
+    end, n = time.monotonic() + 1.0, 0
+    while time.monotonic() < end:
+        buf.put(n)
+        buf.swap(0.001)
+        n += len(buf) + 1
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    print("done", n)
+""")
+
+
+def test_wake_from_a_signal_handler_that_interrupts_put_or_swap() -> None:
+    proc = subprocess.run([sys.executable, "-c", _HAMMER], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("done"), proc.stderr[-2000:]
