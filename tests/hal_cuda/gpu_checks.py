@@ -163,6 +163,10 @@ class OpSwapPlatform:
         self.table.setdefault(name, self.platform.op(name))
         return lambda *args, **kwargs: self.table[name](*args, **kwargs)
 
+    def fused_op(self, name: str) -> None:
+        # Swaps are per plain op: the layers compose them, so that each one can be swapped.
+        return None
+
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.platform, attr)
 
