@@ -172,6 +172,19 @@ class ServerProcess(AsyncBusProcess):
                 await asyncio.sleep(0.02)
 
 
+class _QuietProbes(logging.Filter):
+    """The SGLang Model Gateway probes each replica for gRPC (an HTTP/2 preface, "PRI * ...")
+    before it settles on HTTP; aiohttp answers 400 and would log a traceback per probe. One
+    debug line instead: anything else the parser refuses is still logged in full."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and "PRI/Upgrade" in str(exc):
+            log.debug("refused an HTTP/2 (gRPC) probe: this server speaks HTTP/1.1")
+            return False
+        return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tessera.server",
                                      description="tessera's OpenAI-compatible HTTP server")
@@ -180,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = RunPaths(run_dir=os.path.abspath(args.run_dir))
     config = load_config(paths)
     setup_logging(config.log_level, NAME, config.log_format)
+    logging.getLogger("aiohttp.server").addFilter(_QuietProbes())
     try:
         import uvloop
     except ImportError:  # Windows: the default loop serves too, only slower

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.skipif(not gateway_available(),
                                        "(pip install 'tessera[router]')")
 
 START_TIMEOUT_S = 300.0
+KEY = "replica-test-key"  # every replica requires it; the gateway passes the client's on
 GROUPS, PER_GROUP = 4, 4
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
          "november oscar papa quebec romeo sierra tango uniform victor whiskey xray").split()
@@ -60,11 +62,13 @@ def _get(url: str, timeout: float = 10.0) -> str:
         return resp.read().decode()
 
 
-def complete(base: str, prompt: str) -> dict[str, object]:
+def complete(base: str, prompt: str, key: str | None = KEY) -> dict[str, object]:
     body = json.dumps({"model": "default", "prompt": prompt, "max_tokens": 1,
                        "temperature": 0}).encode()
-    req = urllib.request.Request(base + "/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(base + "/v1/completions", data=body, headers=headers)
     with urllib.request.urlopen(req, timeout=120) as resp:
         assert resp.status == 200
         return json.loads(resp.read())
@@ -104,7 +108,8 @@ def dp() -> Iterator[DpEngine]:
             [sys.executable, "-m", "tessera", "serve", "--dp-size", "2", "--port", str(port),
              "--replica-metrics-port", str(metrics_port), "--max-total-tokens", "8192",
              "--intra-op-threads", "1", "--restart-backoff-s", "0.5", "--log-level",
-             "warning"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+             "warning"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "TESSERA_API_KEY": KEY})
     engine = DpEngine(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}",
                       log_path)
     try:
@@ -144,7 +149,17 @@ def test_routed_hit_rate_is_near_one_replica_alone(dp: DpEngine) -> None:
         [(b.cache_query_tokens, a.cache_query_tokens) for a, b in zip(after, before, strict=True)]
     metrics = _get(dp.metrics_url + "/metrics")
     assert 'tessera:replica_requests_running{replica="1"}' in metrics
+    # The gateway's gRPC probes of each replica are refused without a traceback in the log.
+    assert "PRI/Upgrade" not in dp.log() and "Traceback" not in dp.log(), dp.log()
     assert "tessera:router_cache_hit_rate " in metrics
+
+
+@pytest.mark.parametrize("key", [None, "wrong-key"])
+def test_the_replicas_keys_hold_through_the_router(dp: DpEngine, key: str | None) -> None:
+    with pytest.raises(urllib.error.HTTPError) as info:
+        complete(dp.url, "Hello", key=key)
+    assert info.value.code == 401
+    assert "invalid_api_key" in info.value.read().decode()
 
 
 def test_killing_a_replica_leaves_the_other_serving(dp: DpEngine) -> None:
