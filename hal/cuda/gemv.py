@@ -44,7 +44,12 @@ TUNED_CAPABILITY = (9, 0)
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_out, n_in, w_s0,
-                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    # SILU_MUL: silu_and_mul as the prologue, x is [gate | up], 2 * n_in wide. Each program
+    # recomputes the activation of its tiles (from L2) instead of reading a separate
+    # kernel's output, rounded to x's dtype as silu_and_mul's output is, so the sums are
+    # those of the two kernels run one after the other.
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < n_out
     cols = tl.arange(0, BLOCK_K)
@@ -53,35 +58,14 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_out, n_in, w_s0,
     for k0 in range(0, n_in, BLOCK_K):
         k = k0 + cols
         kmask = k < n_in
-        x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+        if SILU_MUL:
+            gate = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+            up = tl.load(x_ptr + n_in + k, mask=kmask, other=0.0).to(tl.float32)
+            x = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
+        else:
+            x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
         w = tl.load(w_rows + k[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
         acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rmask)
-
-
-@triton.jit
-def _silu_mul_gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_out, n_in, w_s0,
-                          HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr):
-    # _gemv_kernel with silu_and_mul as its prologue: x is [gate | up], 2 * n_in wide. Each
-    # program recomputes the activation of its tiles (from L2) instead of reading a
-    # separate kernel's output, rounded to x's dtype as silu_and_mul's output is, so the
-    # sums are those of the two kernels run one after the other.
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rmask = rows < n_out
-    cols = tl.arange(0, BLOCK_K)
-    w_rows = w_ptr + rows[:, None].to(tl.int64) * w_s0
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for k0 in range(0, n_in, BLOCK_K):
-        k = k0 + cols
-        kmask = k < n_in
-        gate = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
-        up = tl.load(x_ptr + n_in + k, mask=kmask, other=0.0).to(tl.float32)
-        act = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
-        w = tl.load(w_rows + k[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
-        acc += tl.sum(w.to(tl.float32) * act[None, :], 1)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rmask)
@@ -96,9 +80,10 @@ def silu_mul_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                          f"weight, got x {tuple(x.shape)} strides {x.stride()}, weight strides "
                          f"{weight.stride()}")
     out = torch.empty((1, n_out), dtype=x.dtype, device=x.device)
-    _silu_mul_gemv_kernel[(triton.cdiv(n_out, block_n),)](
+    _gemv_kernel[(triton.cdiv(n_out, block_n),)](
         x, weight, bias if bias is not None else out, out, n_out, n_in, weight.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+        HAS_BIAS=bias is not None, SILU_MUL=True, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=num_warps)
     return out
 
 
@@ -113,7 +98,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block
     out = torch.empty((1, n_out), dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n_out, block_n),)](
         x, weight, bias if bias is not None else out, out, n_out, n_in, weight.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+        HAS_BIAS=bias is not None, SILU_MUL=False, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=num_warps)
     return out
 
 
