@@ -17,17 +17,21 @@ import torch
 from tessera.hal.platform import QuantLinearKernel
 from tessera.hal.quant.weight import SCHEMES, QuantizedWeight, unpack_int4
 
-# Output rows are dequantized in blocks of about this many weights (512 KiB of float32) into
-# one reused scratch buffer: the dequantization passes then run in cache, and nothing the size
-# of the dense weight is ever allocated (measured: 3x faster than dequantizing whole).
-BLOCK_ELEMENTS = 1 << 17
-# Inputs of 2 to this many rows (a verify of a few proposals, a small decode batch) multiply
-# each block as x @ block^T: MKL's block @ x^T with 2-16 columns is up to ten times slower
-# for some shapes (measured on the default model's down projection, 576 x 1536 in blocks of
-# 85 rows: 5.3-5.6 ms against 0.5 ms a layer at 2-5 rows; the same at one row). One row keeps
-# block @ x^T, which a plain decode at batch 1 has always used; many rows too (prefill,
-# where it is the faster of the two).
-ROWS_FIRST_MAX = 16
+# Output rows are dequantized in blocks of up to this many weights (16 MiB of float32) into one
+# reused scratch buffer, then multiplied in one matmul per block: every projection of a small
+# model (the default one's largest is 3072 x 576) is one block, so a call runs three parallel
+# regions (copy_, mul_, mm) whatever its rows. Each region costs its thread team a wake-up and
+# a barrier; with two intra-op threads on a loaded machine that was about 0.6 ms per matmul,
+# which blocks of 128k weights (7 for the 576 x 1536 down projection) paid seven times:
+# 5-7 ms of CPU a call at 2-64 rows against 0.7-0.8 ms at 2-32 rows in one block (the matmul
+# itself is 0.1-0.35 ms of it). One thread measured the same in both (0.8 ms at 32 rows). A
+# model whose projections exceed a block still never allocates its dense weight.
+BLOCK_ELEMENTS = 1 << 22
+# Inputs of 2 to this many rows multiply x @ block^T, which MKL runs several times faster
+# than block @ x^T with 2-8 columns (0.13-0.19 against 0.24 ms for the whole down projection
+# with two threads; 0.02 against 0.66 ms for a block of 85 of its rows); from 16 rows on
+# block @ x^T is the faster one (0.24-0.33 against 0.62-0.74 ms at 16-32 rows).
+ROWS_FIRST_MAX = 8
 _scratch = threading.local()
 
 
