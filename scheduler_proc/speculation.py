@@ -31,13 +31,11 @@ its proposals continue the known tokens, the proposals in flight and a guess of 
     verify chains only when the sequence's last answered step kept every proposal it made (a
     plain decode made none: the first verify of a run chains too, unless the token it was
     chained after was guessed wrong), not right after one that kept fewer.
-Both proposers chain (`chains`): prompt lookup here, and the draft model on the worker, which
-drafts after the chained step's input once the device has resolved it (its KV holds the
-proposals of the step in flight; if they were not all kept, the chained step is void as
-above). There is no guess to check then: the draft follows the real token. A proposer that
-did not chain would leave a sequence whose verify is in flight out of the step built
-meanwhile, and hold one whose plain decode is in flight for a step when it `wants` to
-speculate after that token. Sequences without proposals keep decoding one token per step,
+Only a proposer that proposes on the host chains (`chains`); the draft model proposes on the
+worker from tokens it has seen, so a sequence of it whose verify is in flight sits out the
+step built meanwhile and is planned again once the result is in, and one whose plain decode
+is in flight and that `wants` to speculate after that token is held for one step, so it
+proposes with that token known. Sequences without proposals keep decoding one token per step,
 overlapped as before, at the cost of one suffix lookup each.
 
 Not speculated (they decode one token a step): requests with penalties (their sampling needs
@@ -193,19 +191,13 @@ class NgramProposer(Proposer):
 
 class WorkerProposer(Proposer):
     """Proposals made on the worker (its draft model): every eligible row proposes as many
-    tokens as it may; the ids sent are placeholders. It chains: the worker drafts after the
-    chained step's input, the token the step in flight samples last, resolved on the device
-    (its draft KV holds every proposal of that step: all kept, or the chained step is void)."""
+    tokens as it may; the ids sent are placeholders."""
 
     fills_on_worker = True
-    chains = True
 
     def propose(self, rows: np.ndarray, limits: np.ndarray) -> Drafts:
         lens = np.minimum(limits, self.k).astype(np.int32)
         return Drafts(rows.astype(np.int32), lens, np.zeros(int(lens.sum()), dtype=np.int32))
-
-    def propose_chained(self, rows: np.ndarray, limits: np.ndarray) -> Drafts:
-        return self.propose(rows, limits)
 
     def wants(self, rows: np.ndarray) -> np.ndarray:
         return np.ones(rows.shape[0], dtype=bool)
@@ -272,8 +264,7 @@ class Speculation:
         after: Drafts | None = None
         if hold.any() and self.proposer.chains:
             after = self.proposer.propose_chained(rows[hold], room[hold])
-            if not self.proposer.fills_on_worker:  # the worker proposes after the real token
-                self.guess[after.rows] = st.tokens[after.rows, st.kv_len[after.rows]]
+            self.guess[after.rows] = st.tokens[after.rows, st.kv_len[after.rows]]
             hold[:] = False
         if hold.any():
             held = rows[hold]

@@ -13,9 +13,6 @@ draft's KV is written for exactly the positions the target's is, which keeps it 
      writes the KV of the last proposal;
   3. the proposals are written into the target's input ids on the device, in place of the
      placeholders the scheduler sent, before the target's forward verifies them.
-A decode's input may be -1 in the batch (the token of the step before, still in flight when
-the scheduler built this one); the runner resolves it on the device before the draft runs,
-so a verify chained after a step in flight drafts after that step's real token.
 Proposals the target rejects leave KV in slots that the next tokens at those positions
 overwrite (the scheduler rolls the KV length back). Decode steps of the draft replay
 captured graphs where the plugin captures (the same DecodeGraphs / MixedGraphs as the

@@ -133,8 +133,7 @@ class DraftingWorker(FakeWorker):
                 if d:
                     row, seq_len = int(fb.rows[i]), int(fb.seq_lens[i])
                     ctx = list(self.kv_tok[self.r2t[row, :seq_len - d - 1]])
-                    # -1: the token this row sampled last (a chained verify's input)
-                    ctx.append(int(ids[off]) if ids[off] >= 0 else self.last[row])
+                    ctx.append(int(ids[off]))
                     for j in range(d):
                         tok = copying(np.asarray(ctx), int(fb.seeds[i]), set())
                         if (len(ctx) + j) % 7 == 0:
@@ -153,8 +152,6 @@ def test_worker_proposals_reserve_slots_and_match_the_model(overlap: bool) -> No
     stats = sched.stats()
     assert stats["spec_verify_steps_total"] > 20
     assert stats["spec_accept_length"] > 2.0
-    if overlap:  # drafted on the worker after the token of the step in flight
-        assert stats["spec_chained_steps_total"] > 0 and stats["spec_void_steps_total"] > 0
 
 
 def _scheduler(**kw: object) -> Scheduler:

@@ -101,11 +101,6 @@ def test_draft_model_greedy_equals_transformers(tiny: tuple[str, str, Any],
     assert stats["spec_verify_steps_total"] > 0
     if draft == "same":  # the target proposing for itself: every proposal is accepted
         assert stats["spec_accepted_tokens_total"] == stats["spec_draft_tokens_total"]
-    else:  # the one-layer draft is wrong now and then: chained verifies were made void
-        assert stats["spec_void_steps_total"] > 0
-    # verifies chained after a step in flight (the worker drafted after its token in flight),
-    # a plain decode's among them
-    assert stats["spec_chained_steps_total"] > 0 and out.chained_after_decode > 0
 
 
 def test_seeded_sampling_draws_the_same_tokens_with_and_without_speculation(
