@@ -3,7 +3,7 @@
 In order, every step:
   1. decodes: every running sequence whose prompt is in KV takes one token, or with
      speculative decoding verifies that token and its proposals (`speculation.py`: which
-     sequences, how many slots; a sequence whose decode or verify is in flight may verify,
+     sequences, how many slots; a sequence whose verify is in flight may verify again,
      chained after it). When their new pages do not fit (after evicting unlocked
      cache pages), proposals are dropped, then the youngest running sequence is retracted
      (`policy.retraction_victim`) until they do: decodes never deadlock;
@@ -198,8 +198,8 @@ class Planner:
             running.retract(running.victim())
             retracted += 1
         if drafts is not None:
-            if self.spec is not None:  # verifies chained after a step in flight
-                self.spec.stats.chained_steps += int((st.pending[drafts.rows] > 0).sum())
+            if chained is not None and self.spec is not None:
+                self.spec.stats.chained_steps += chained.count
             return rows, self._write_verifies(rows, drafts), retracted, drafts
         if grow.shape[0]:
             st.pages[grow, st.n_pages[grow]] = self.kv.alloc(int(grow.shape[0]))

@@ -358,8 +358,6 @@ class Scheduler:
         st.tokens[rows, pos] = toks
         st.n_known[rows] = pos + 1
         st.pending[rows] -= 1
-        if self.spec is not None:
-            self.spec.on_decoded(rows, toks)
         ends = None
         if res.grammar_end.shape[0]:
             ends = res.grammar_end if all_valid else res.grammar_end[valid]
@@ -403,9 +401,6 @@ class Scheduler:
             if self.spec is not None:
                 self.spec.on_verified(v_rows, drafted, accepted, rec.step)
                 self.spec.stats.void_steps += int(void.sum())
-        if self.spec is not None:
-            plain = valid & (drafts == 0)
-            self.spec.on_decoded(rows[plain], toks[(np.cumsum(counts) - 1)[plain]])
         keep = np.repeat(valid, counts)  # per token of res.token_ids
         ends = res.grammar_end[valid] if res.grammar_end.shape[0] else None
         rows, counts = rows[valid], counts[valid]

@@ -15,28 +15,22 @@ EAGLE-style head) writes the proposals on the device.
 
 Overlap. Step n+1 is built before step n's result is read; for a plain decode the scheduler
 knows where its next token goes (one token per step), for a verify it does not (1 to k + 1
-tokens). A sequence with a step in flight may verify in the step built meanwhile, *chained*
-after it: its input is the token that step samples last (id -1, resolved on the worker), and
-its proposals continue the known tokens, the proposals in flight and a guess of that token
-(`Proposer.propose_chained`; the guess is the same lookup's next token).
-  - After a plain decode (the step of a sequence that did not speculate, or its prompt's last
-    chunk) nothing can go wrong but the guess: the input lands where the chain put it, and
-    proposals that continue a wrong guess are rejected like any other. The decode's result
-    tells whether the guess was right before the verify's does.
-  - After a verify, the chain guesses that the verify keeps every proposal (SGLang's
-    overlapped "spec v2" guesses the same way): its input goes after all of them. If the
-    verify keeps fewer, the chained step's part for that sequence is void: its result is
-    ignored (its in-flight record forgets the sequence), its KV slots are rolled back with
-    the rejected proposals', and the sequence is planned again from what it knows. So a
-    verify chains only when the sequence's last answered step kept every proposal it made (a
-    plain decode made none: the first verify of a run chains too, unless the token it was
-    chained after was guessed wrong), not right after one that kept fewer.
-Only a proposer that proposes on the host chains (`chains`); the draft model proposes on the
-worker from tokens it has seen, so a sequence of it whose verify is in flight sits out the
-step built meanwhile and is planned again once the result is in, and one whose plain decode
-is in flight and that `wants` to speculate after that token is held for one step, so it
-proposes with that token known. Sequences without proposals keep decoding one token per step,
-overlapped as before, at the cost of one suffix lookup each.
+tokens). A sequence whose verify is in flight and whose last verify kept every proposal
+verifies again in the step built meanwhile, *chained* on the guess that this one keeps every
+proposal too (SGLang's overlapped "spec v2" guesses the same way): its input is the token the
+verify in flight samples last (id -1, resolved on the worker), at the position after all its
+proposals, and its proposals continue the known tokens followed by the proposals in flight
+(`Proposer.propose_chained`; the token in flight is guessed too, by the same lookup). If the
+verify in flight then keeps fewer tokens, the chained step's part for that sequence is void:
+its result is ignored (its in-flight record forgets the sequence), its KV slots are rolled
+back with the rejected proposals', and the sequence is planned again from what it knows. Only
+a proposer that proposes on the host chains (`chains`); the draft model proposes on the
+worker from tokens it has seen, so its sequences sit out the step built while their verify
+runs and are planned again once its result is in.
+
+A plain decode whose proposer `wants` to speculate after the token in flight is held for one
+step, so it proposes with that token known. Sequences without proposals keep decoding one
+token per step, overlapped as before, at the cost of one suffix lookup each.
 
 Not speculated (they decode one token a step): requests with penalties (their sampling needs
 the history of every position), a grammar, min_tokens still to reach, and a sequence too
@@ -82,9 +76,8 @@ class SpecStats:
     verify_steps: int = 0  # sequence-steps that verified proposals (void chained ones not)
     draft_tokens: int = 0  # tokens proposed
     accepted_tokens: int = 0  # of which accepted
-    chained_steps: int = 0  # verify sequence-steps planned while the sequence's step was in
-    # flight (a plain decode or a verify)
-    void_steps: int = 0  # of which void: the verify before kept fewer tokens than it proposed
+    chained_steps: int = 0  # sequence-steps planned while the sequence's verify was in flight
+    void_steps: int = 0  # of which void: that verify kept fewer tokens than it proposed
 
     @property
     def accept_length(self) -> float:
@@ -115,11 +108,10 @@ class Proposer(ABC):
         is known."""
 
     def propose_chained(self, rows: np.ndarray, limits: np.ndarray) -> Drafts:
-        """Proposals for `rows`, each with one step in flight (a plain decode or a verify),
-        after the known tokens and that step's proposals (RowState.tokens[:kv_len]) and a
-        guess of the token it samples last, which is written at tokens[kv_len] (room the
-        chained step's input takes; the worker resolves the real token). Only for a proposer
-        with `chains`."""
+        """Proposals for `rows`, each with a verify in flight, after the known tokens and
+        that verify's proposals (RowState.tokens[:kv_len]) and a guess of the token it samples
+        after them, which is written at tokens[kv_len] (room the chained step's input takes;
+        the worker resolves the real token). Only for a proposer with `chains`."""
         raise NotImplementedError(f"{type(self).__name__} does not chain")
 
 
@@ -225,11 +217,7 @@ class Speculation:
         self.resume_at = np.zeros(n_rows, dtype=np.int64)  # step from which it may propose
         self.owner = np.full(n_rows, -1, dtype=np.int64)  # uid the back-off belongs to
         self.held = np.zeros(n_rows, dtype=bool)  # held last time for its token in flight
-        # Its last answered step kept every proposal it made (a plain decode made none).
-        self.full = np.zeros(n_rows, dtype=bool)
-        # The guess a verify chained after the row's plain decode made of that decode's token
-        # (-1: none in flight).
-        self.guess = np.full(n_rows, -1, dtype=np.int64)
+        self.full = np.zeros(n_rows, dtype=bool)  # its last verify kept every proposal
         self.stats = SpecStats()
 
     def _eligible(self, rows: np.ndarray, step: int) -> np.ndarray:
@@ -240,8 +228,7 @@ class Speculation:
             self.fails[fresh] = 0
             self.resume_at[fresh] = 0
             self.held[fresh] = False
-            self.full[fresh] = True
-            self.guess[fresh] = -1
+            self.full[fresh] = False
             self.owner[fresh] = st.uid[fresh]
         n = st.n_known[rows]
         return (~st.has_penalty[rows] & (st.grammar_id[rows] < 0)
@@ -250,8 +237,7 @@ class Speculation:
 
     def plan(self, rows: np.ndarray, step: int) -> tuple[np.ndarray, Drafts | None]:
         """Of the decode-ready `rows`: the rows that decode this step (those held for their
-        token in flight left out) and the proposals of those that verify (with a chaining
-        proposer, also of those whose plain decode is in flight, chained after it)."""
+        token in flight left out) and the proposals of those that verify."""
         st = self.st
         ok = self._eligible(rows, step)
         if not ok.any():
@@ -261,11 +247,6 @@ class Speculation:
         room = st.max_total[rows] - st.n_known[rows] - st.pending[rows] - 1
         ok &= room >= 1
         hold = ok & pending
-        after: Drafts | None = None
-        if hold.any() and self.proposer.chains:
-            after = self.proposer.propose_chained(rows[hold], room[hold])
-            self.guess[after.rows] = st.tokens[after.rows, st.kv_len[after.rows]]
-            hold[:] = False
         if hold.any():
             held = rows[hold]
             wanted = self.proposer.wants(held)
@@ -276,7 +257,7 @@ class Speculation:
             pending = pending[keep]
         ready = ok & ~pending
         if not ready.any():
-            return rows, after if after is not None and after.count else None
+            return rows, None
         asked = rows[ready]
         drafts = self.proposer.propose(asked, room[ready])
         if self.held[asked].any():
@@ -285,15 +266,12 @@ class Speculation:
             missed = asked[self.held[asked] & ~np.isin(asked, drafts.rows)]
             self._back_off(missed, step - 1)
             self.held[asked] = False
-        if after is not None:
-            drafts = merge(after, drafts)
         return rows, drafts if drafts.count else None
 
     def chain(self, rows: np.ndarray, step: int) -> Drafts | None:
         """Of the running `rows`: proposals for those whose verify is in flight (nothing else
-        of them: pending 1, KV scheduled past their known tokens) and whose last answered
-        step kept every proposal it made, chained after it (see the module doc); None when
-        there are none."""
+        of them: pending 1, KV scheduled past their known tokens) and kept every proposal
+        last time, chained after it (see the module doc); None when there are none."""
         st = self.st
         if not self.proposer.chains or not rows.shape[0]:
             return None
@@ -309,14 +287,6 @@ class Speculation:
             return None
         drafts = self.proposer.propose_chained(rows, room)
         return drafts if drafts.count else None
-
-    def on_decoded(self, rows: np.ndarray, tokens: np.ndarray) -> None:
-        """Results of plain decodes (still bound), `tokens` their tokens: they kept every
-        proposal they made, and a verify chained after one continued its token if that was
-        guessed right."""
-        guess = self.guess[rows]
-        self.full[rows] = (guess < 0) | (guess == tokens)
-        self.guess[rows] = -1
 
     def on_verified(self, rows: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
                     step: int) -> None:

@@ -24,9 +24,6 @@ class Outputs:
     steps: dict[str, int] = field(default_factory=dict)  # steps that gave each request tokens
     logprobs: dict[str, list[float]] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)
-    # verifies sent while the same sequence's plain decode (or prompt chunk) was in flight,
-    # their input that decode's token (-1)
-    chained_after_decode: int = 0
 
 
 def _through_codec(msg: Message) -> Any:
@@ -46,17 +43,12 @@ def generate(runner: Any, requests: dict[str, tuple[list[int], SamplingParams]],
         assert err is None, err
     out = Outputs()
     pending: deque[Any] = deque()
-    sent: deque[Any] = deque()  # the batches of `pending`
     table = sched.st.req_to_token
     while sched.has_work() or sched.inflight:
         while (fb := sched.next_batch()) is not None:
-            if sent:
-                out.chained_after_decode += _chained_after_decode(fb, sent[-1])
             pending.append(runner.launch(_through_codec(fb), table))
-            sent.append(fb)
         assert pending, "work left but nothing planned"
         res = _through_codec(runner.finish(pending.popleft()))
-        sent.popleft()
         tb = sched.on_result(res)
         if tb is None:
             continue
@@ -76,16 +68,3 @@ def generate(runner: Any, requests: dict[str, tuple[list[int], SamplingParams]],
         sched.allocator.total_pages
     out.stats = sched.stats()
     return out
-
-
-def _chained_after_decode(fb: Any, before: Any) -> int:
-    """Rows of `fb` that verify with input -1 while `before` (in flight) samples one token
-    for them."""
-    if not fb.draft_lens.shape[0]:
-        return 0
-    starts = np.cumsum(fb.extend_lens) - fb.extend_lens
-    chained = fb.rows[(fb.input_ids[starts] < 0) & (fb.draft_lens > 0)]
-    sampled = before.rows[before.sample.astype(bool)]
-    if before.draft_lens.shape[0]:
-        sampled = before.rows[before.sample.astype(bool) & (before.draft_lens == 0)]
-    return int(np.isin(chained, sampled).sum())

@@ -81,8 +81,6 @@ def test_ngram_greedy_equals_transformers(tiny: tuple[str, str, Any],
     # verifies chained on one in flight, and one of them void (the one before it kept fewer
     # proposals): the tokens above are transformers' all the same
     assert out.stats["spec_chained_steps_total"] > 0 and out.stats["spec_void_steps_total"] > 0
-    # and verifies chained after a plain decode in flight (the first verify of a copy run)
-    assert out.chained_after_decode > 0
     # requests gained different numbers of tokens per step
     per_step = {rid: len(out.tokens[rid]) / out.steps[rid] for rid in _prompts()}
     assert max(per_step.values()) > 1.5 and len(set(per_step.values())) > 1

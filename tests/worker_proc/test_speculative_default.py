@@ -83,8 +83,7 @@ def test_ngram_on_the_default_model_gives_plain_greedy_tokens(
     per_step = {rid: len(spec.tokens[rid]) / spec.steps[rid] for rid in ("copy", "random")}
     assert per_step["copy"] > 1.5 and per_step["copy"] > per_step["random"]
     assert spec.stats["spec_accepted_tokens_total"] > 0
-    assert spec.stats["spec_chained_steps_total"] > 0  # verifies chained on a step in flight
-    assert spec.chained_after_decode > 0  # ... on a plain decode (a copy run's first verify)
+    assert spec.stats["spec_chained_steps_total"] > 0  # verifies chained on one in flight
 
 
 def test_draft_model_on_the_default_model_gives_plain_greedy_tokens(
