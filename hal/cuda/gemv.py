@@ -74,31 +74,28 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_out, n_in, w_s0,
 def silu_mul_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   block_n: int, block_k: int, num_warps: int) -> torch.Tensor:
     """silu_and_mul(x [1, 2 In]) @ weight[Out, In]^T (+ bias) -> [1, Out] in one kernel."""
-    n_out, n_in = weight.shape
-    if x.shape != (1, 2 * n_in) or x.stride(-1) != 1 or weight.stride(-1) != 1:
-        raise ValueError(f"silu_mul_gemv expects x [1, {2 * n_in}] (gate | up) and a row-major "
-                         f"weight, got x {tuple(x.shape)} strides {x.stride()}, weight strides "
-                         f"{weight.stride()}")
-    out = torch.empty((1, n_out), dtype=x.dtype, device=x.device)
-    _gemv_kernel[(triton.cdiv(n_out, block_n),)](
-        x, weight, bias if bias is not None else out, out, n_out, n_in, weight.stride(0),
-        HAS_BIAS=bias is not None, SILU_MUL=True, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=num_warps)
-    return out
+    return _launch(x, weight, bias, block_n, block_k, num_warps, silu_mul=True)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block_n: int,
          block_k: int, num_warps: int) -> torch.Tensor:
     """x [1, In] @ weight[Out, In]^T (+ bias) -> [1, Out], fp32 accumulation."""
+    return _launch(x, weight, bias, block_n, block_k, num_warps, silu_mul=False)
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block_n: int,
+            block_k: int, num_warps: int, silu_mul: bool) -> torch.Tensor:
     n_out, n_in = weight.shape
-    if x.shape != (1, n_in) or x.stride(-1) != 1 or weight.stride(-1) != 1:
-        raise ValueError(f"gemv expects x [1, {n_in}] and a row-major weight, got x "
+    width = 2 * n_in if silu_mul else n_in
+    if x.shape != (1, width) or x.stride(-1) != 1 or weight.stride(-1) != 1:
+        name, what = ("silu_mul_gemv", " (gate | up)") if silu_mul else ("gemv", "")
+        raise ValueError(f"{name} expects x [1, {width}]{what} and a row-major weight, got x "
                          f"{tuple(x.shape)} strides {x.stride()}, weight strides "
                          f"{weight.stride()}")
     out = torch.empty((1, n_out), dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n_out, block_n),)](
         x, weight, bias if bias is not None else out, out, n_out, n_in, weight.stride(0),
-        HAS_BIAS=bias is not None, SILU_MUL=False, BLOCK_N=block_n, BLOCK_K=block_k,
+        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps)
     return out
 
