@@ -135,22 +135,7 @@ class NgramProposer(Proposer):
         return index
 
     def propose(self, rows: np.ndarray, limits: np.ndarray) -> Drafts:
-        st = self.st
-        got_rows: list[int] = []
-        lens: list[int] = []
-        parts: list[np.ndarray] = []
-        for row, limit in zip(rows.tolist(), limits.tolist(), strict=True):
-            length = int(st.n_known[row])
-            pos = self._index(row).match(st.tokens[row], length)
-            if pos < 0:
-                continue
-            count = min(self.k, limit)
-            got_rows.append(row)
-            lens.append(count)
-            parts.append(continuation(st.tokens[row], length, pos, count))
-        return Drafts(np.array(got_rows, dtype=np.int32), np.array(lens, dtype=np.int32),
-                      np.concatenate(parts).astype(np.int32) if parts
-                      else np.zeros(0, dtype=np.int32))
+        return self._lookup(rows, limits, chained=False)
 
     def wants(self, rows: np.ndarray) -> np.ndarray:
         st = self.st
@@ -160,22 +145,29 @@ class NgramProposer(Proposer):
         return out
 
     def propose_chained(self, rows: np.ndarray, limits: np.ndarray) -> Drafts:
+        return self._lookup(rows, limits, chained=True)
+
+    def _lookup(self, rows: np.ndarray, limits: np.ndarray, chained: bool) -> Drafts:
+        """Proposals after each row's known tokens. Chained: the token in flight is guessed
+        by the same lookup and written after them (a proposal still in flight may be
+        rejected, so only the known tokens are indexed)."""
         st = self.st
+        guess = 1 if chained else 0  # the token in flight, guessed ahead of the proposals
         got_rows: list[int] = []
         lens: list[int] = []
         parts: list[np.ndarray] = []
         for row, limit in zip(rows.tolist(), limits.tolist(), strict=True):
-            # Index the known tokens only: a proposal still in flight may be rejected.
-            length = int(st.kv_len[row])
+            length = int(st.kv_len[row] if chained else st.n_known[row])
             pos = self._index(row).match(st.tokens[row], length)
             if pos < 0:
                 continue
             count = min(self.k, limit)
-            cont = continuation(st.tokens[row], length, pos, count + 1)
-            st.tokens[row, length] = cont[0]
+            cont = continuation(st.tokens[row], length, pos, count + guess)
+            if chained:
+                st.tokens[row, length] = cont[0]
             got_rows.append(row)
             lens.append(count)
-            parts.append(cont[1:])
+            parts.append(cont[guess:])
         return Drafts(np.array(got_rows, dtype=np.int32), np.array(lens, dtype=np.int32),
                       np.concatenate(parts).astype(np.int32) if parts
                       else np.zeros(0, dtype=np.int32))
