@@ -59,6 +59,10 @@ from tessera.scheduler_proc.running import RunningSet
 from tessera.scheduler_proc.speculation import Speculation, make_proposer, rollback
 from tessera.scheduler_proc.step_cost import StepCost
 
+# A record's uid for a row it no longer answers for: no sequence has it, a free row (-1)
+# neither, so the row's result is ignored when that step comes back.
+FORGOTTEN_UID = -2
+
 log = logging.getLogger(__name__)
 
 
@@ -444,9 +448,9 @@ class Scheduler:
             if not hit.any():
                 continue
             st.drafts[later.sampled_rows[hit]] -= later.draft_lens[hit]
-            later.sampled_uids = np.where(hit, -2, later.sampled_uids)
+            later.sampled_uids = np.where(hit, FORGOTTEN_UID, later.sampled_uids)
             gone = np.isin(later.rows, later.sampled_rows[hit])
-            later.uids = np.where(gone, -2, later.uids)
+            later.uids = np.where(gone, FORGOTTEN_UID, later.uids)
 
     def _emit(self, rows: np.ndarray, toks: np.ndarray, counts: np.ndarray | None,
               ends: np.ndarray | None,
