@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
 from typing import Any
 
 from tessera.benchmarks.device_probe import torch_device
@@ -74,16 +73,15 @@ def settled_scheduler_stats(llm: Any, interval_s: float = 0.5, timeout_s: float 
                             ) -> dict[str, float]:
     """The scheduler's heartbeat numbers once they stop changing. Read right after the last
     answer, the latest heartbeat may predate the last steps; two reads more than a heartbeat
-    (`interval_s`) apart that agree are settled (the last read when `timeout_s` runs out)."""
-    deadline = time.monotonic() + timeout_s
-    last = scheduler_stats(llm)
-    while time.monotonic() < deadline:
-        time.sleep(interval_s * 1.5)
-        now = scheduler_stats(llm)
-        if now == last:
-            break
-        last = now
-    return last
+    (`interval_s`) apart whose work counters (`*_total`, `steps`) agree are settled; gauges
+    such as the process's CPU time move with every heartbeat."""
+    from tessera.bus.settle import read_settled
+
+    def counters(stats: dict[str, float]) -> dict[str, float]:
+        return {k: v for k, v in stats.items() if k.endswith("_total") or k == "steps"}
+
+    return read_settled(lambda: scheduler_stats(llm), 1.5 * interval_s, timeout_s,
+                        key=counters, ready=bool, what="the scheduler's figures")
 
 
 def worker_stats(llm: Any) -> dict[str, dict[str, float]]:

@@ -19,13 +19,14 @@ sent to a replica that does not hold it is computed again). The gateway keeps no
 
 from __future__ import annotations
 
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from tessera.bus import settle
 
 FETCH_TIMEOUT_S = 2.0
 # A replica's counters reach its /metrics through the scheduler's heartbeat (0.5 s) and the
@@ -100,19 +101,10 @@ def read_settled(read: Callable[[], list[ReplicaLoad]], quiet_s: float = SETTLE_
                  timeout_s: float = SETTLE_TIMEOUT_S) -> list[ReplicaLoad]:
     """The replicas' figures once the work sent to them is all counted: two reads `quiet_s`
     apart that agree, every replica up and idle. Raises TimeoutError if they never settle
-    (a replica down or still busy): figures read then would be wrong, not late."""
-    deadline = time.monotonic() + timeout_s
-    last = read()
-    while True:
-        time.sleep(quiet_s)
-        now = read()
-        idle = all(r.up and r.running == 0 and r.waiting == 0 for r in now)
-        if idle and _counters(now) == _counters(last):
-            return now
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the replicas' figures did not settle in {timeout_s:g} s: "
-                               f"{_counters(now)}")
-        last = now
+    (a replica down or still busy)."""
+    return settle.read_settled(
+        read, quiet_s, timeout_s, key=_counters, what="the replicas' figures",
+        ready=lambda loads: all(r.up and r.running == 0 and r.waiting == 0 for r in loads))
 
 
 def router_hit_rate(loads: list[ReplicaLoad]) -> float:
