@@ -12,9 +12,11 @@ time it runs outside a graph capture (the graph runner's eager warm-up comes bef
 capture): cuBLAS against a few launch configurations, with the L2 cache flushed between runs
 (triton's do_bench), and the fastest kept for the process. Everything else stays on cuBLAS.
 
-`silu_and_mul_linear` (a fused op) runs the gated MLP's down projection the same way, with
-silu_and_mul computed in the GEMV's loop from the [gate | up] row instead of by a kernel of
-its own; outside the GEMV path it is the two kernels, one after the other.
+The gated MLP's activation as this kernel's prologue (the optional fused op
+`silu_and_mul_linear`) was built and measured on the H200 at 9806725: 32.8-40.3 us against
+30.4 us for silu_and_mul's kernel then this GEMV at the down projection, and B1 4.59 against
+4.29 ms/step (benchmarks/results/b1_fusion_h200.json): every program re-reads and re-computes
+the activation of its tiles. The cuda plugin does not offer that op.
 """
 
 from __future__ import annotations
@@ -44,12 +46,7 @@ TUNED_CAPABILITY = (9, 0)
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_out, n_in, w_s0,
-                 HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
-    # SILU_MUL: silu_and_mul as the prologue, x is [gate | up], 2 * n_in wide. Each program
-    # recomputes the activation of its tiles (from L2) instead of reading a separate
-    # kernel's output, rounded to x's dtype as silu_and_mul's output is, so the sums are
-    # those of the two kernels run one after the other.
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < n_out
     cols = tl.arange(0, BLOCK_K)
@@ -58,12 +55,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_out, n_in, w_s0,
     for k0 in range(0, n_in, BLOCK_K):
         k = k0 + cols
         kmask = k < n_in
-        if SILU_MUL:
-            gate = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
-            up = tl.load(x_ptr + n_in + k, mask=kmask, other=0.0).to(tl.float32)
-            x = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
-        else:
-            x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
         w = tl.load(w_rows + k[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
         acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
     if HAS_BIAS:
@@ -71,32 +63,18 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_out, n_in, w_s0,
     tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rmask)
 
 
-def silu_mul_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  block_n: int, block_k: int, num_warps: int) -> torch.Tensor:
-    """silu_and_mul(x [1, 2 In]) @ weight[Out, In]^T (+ bias) -> [1, Out] in one kernel."""
-    return _launch(x, weight, bias, block_n, block_k, num_warps, silu_mul=True)
-
-
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block_n: int,
          block_k: int, num_warps: int) -> torch.Tensor:
     """x [1, In] @ weight[Out, In]^T (+ bias) -> [1, Out], fp32 accumulation."""
-    return _launch(x, weight, bias, block_n, block_k, num_warps, silu_mul=False)
-
-
-def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block_n: int,
-            block_k: int, num_warps: int, silu_mul: bool) -> torch.Tensor:
     n_out, n_in = weight.shape
-    width = 2 * n_in if silu_mul else n_in
-    if x.shape != (1, width) or x.stride(-1) != 1 or weight.stride(-1) != 1:
-        name, what = ("silu_mul_gemv", " (gate | up)") if silu_mul else ("gemv", "")
-        raise ValueError(f"{name} expects x [1, {width}]{what} and a row-major weight, got x "
+    if x.shape != (1, n_in) or x.stride(-1) != 1 or weight.stride(-1) != 1:
+        raise ValueError(f"gemv expects x [1, {n_in}] and a row-major weight, got x "
                          f"{tuple(x.shape)} strides {x.stride()}, weight strides "
                          f"{weight.stride()}")
     out = torch.empty((1, n_out), dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n_out, block_n),)](
         x, weight, bias if bias is not None else out, out, n_out, n_in, weight.stride(0),
-        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=num_warps)
+        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
     return out
 
 
@@ -156,18 +134,3 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
         if config is not None:
             return gemv(x, weight, bias, *config)
     return F.linear(x, weight, bias)
-
-
-def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor,
-                        bias: torch.Tensor | None) -> torch.Tensor:
-    """The fused op (hal/ops.py): one kernel where the down projection is a GEMV (one token,
-    a shape this module runs as a GEMV: the GEMV's own configuration, chosen or measured on
-    the activation's shape), else silu_and_mul's kernel, then `linear`."""
-    inter = weight.shape[1]
-    if _one_token(x, weight) and x.shape[1] == 2 * inter:
-        config = _config(x[:, :inter], weight, bias)
-        if config is not None:
-            return silu_mul_gemv(x, weight, bias, *config)
-    from tessera.hal.cuda.elementwise import silu_and_mul
-
-    return linear(silu_and_mul(x), weight, bias)

@@ -109,7 +109,6 @@ class CudaPlatform(OpTablePlatform):
         }
         fused: dict[str, Callable[..., Any]] = {
             "rotary_store_kv": elementwise.rotary_store_kv,
-            "silu_and_mul_linear": gemv.silu_and_mul_linear,
         }
         off = unfused_ops(os.environ.get(UNFUSE_VARIABLE))
         ops.update({name: fn for name, fn in fused.items() if name not in off})

@@ -119,13 +119,26 @@ def test_b8_compares_plain_and_schema_tiers_in_one_run(fake: FakeOpenAI, tmp_pat
     plain, grammar = figures["plain"], figures["grammar"]
     assert figures["fraction_of_plain"] == pytest.approx(
         grammar["output_tok_per_s"] / plain["output_tok_per_s"])
-    assert figures["grammar_outcomes"] == {"finished_by_grammar": 16, "parsed_json": 16,
-                                           "valid_json": 16, "cut_by_max_tokens": 0}
+    # two rounds a side: each side pools its rounds, both rounds' throughputs are kept
+    assert figures["grammar_outcomes"] == {"finished_by_grammar": 32, "parsed_json": 32,
+                                           "valid_json": 32, "cut_by_max_tokens": 0}
     assert figures["schema"] == SCHEMA and figures["errors"] == 0
+    for side in (plain, grammar):
+        assert len(side["rounds_output_tok_per_s"]) == 2
+        assert side["requests"] == 32
     measured = [b for b in fake.bodies if b["max_tokens"] >= 60]
-    assert len(measured) == 32  # 16 requests plain, the same 16 with the schema
-    assert sum("response_format" in b for b in measured) == 16
-    assert [b["prompt"] for b in measured[:16]] == [b["prompt"] for b in measured[16:]]
+    # 16 requests in the order plain, schema, schema, plain; the same prompts every round
+    assert len(measured) == 64
+    assert [("response_format" in b) for b in measured[::16]] == [False, True, True, False]
+    assert all(("response_format" in b) == ("response_format" in measured[16 * (i // 16)])
+               for i, b in enumerate(measured))
+    rounds = [[b["prompt"] for b in measured[16 * r:16 * (r + 1)]] for r in range(4)]
+    assert rounds[0] == rounds[1] == rounds[2] == rounds[3]
+    # the warm-up ran at the tier's concurrency with and without the schema
+    # (2 short requests, then 4 at the tier's concurrency; plain, then with the schema)
+    warm = fake.bodies[:len(fake.bodies) - 64]
+    assert len(warm) == 12 and all(b["max_tokens"] <= 16 for b in warm)
+    assert [("response_format" in b) for b in warm] == [False] * 6 + [True] * 6
 
 
 def test_b8_outcomes_without_jsonschema_still_count_parsed_documents(monkeypatch) -> None:

@@ -1,16 +1,14 @@
 """The cuda plugin's fused ops against the kernels they replace, at Llama-3-8B's one-token
 shapes in bf16, timed inside CUDA graphs (gpu_bench.graph_time_us), the down projection's
 weights rotated through copies so that L2 does not hold them. Finer than the B1 A/B (a few
-microseconds a layer, where B1's step varies by ~15 us), and it measures the fused down GEMV
-at several launch configurations, so that a fusion that loses at the tuned one can be retuned.
+microseconds a layer, where B1's step varies by ~15 us).
 
     python3 tests/hal_cuda/fused_bench.py OUT.json          # on the GPU, ~20 s
     python3 tests/hal_cuda/fused_bench.py OUT.json --cpu    # dry run: tiny shapes, Triton's
                                                             # interpreter (TRITON_INTERPRET=1)
 
-OUT.json: rotary_store_kv {unfused_us, fused_us, saved_us}; silu_and_mul_linear
-{unfused_us (silu_and_mul, then the GEMV at the tuned configuration), fused at each
-configuration {us, rel_err}, best, saved_us (unfused minus the best fused)}.
+OUT.json: rotary_store_kv {unfused_us, fused_us, saved_us}. (The SiLU-prologue down GEMV
+measured here at 9806725 lost at every configuration and was removed: hal/cuda/gemv.py.)
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 Timer = Callable[[Callable[[], Any], int], float]
 
@@ -62,43 +59,6 @@ def rotary_store(dev: torch.device, dt: torch.dtype, timer: Timer, hq: int, hk: 
     return res
 
 
-def down(dev: torch.device, dt: torch.dtype, timer: Timer, n_out: int, inter: int,
-         configs: list[tuple[int, int, int]], copies: int) -> dict[str, Any]:
-    from tessera.hal.cuda import elementwise, gemv
-
-    weights = [(torch.randn((n_out, inter), device=dev) / inter ** 0.5).to(dt)
-               for _ in range(copies)]
-    x = torch.randn((1, 2 * inter), device=dev, dtype=dt)
-    ref = F.linear(F.silu(x[:, :inter].float()) * x[:, inter:].float(), weights[0].float())
-    turn = [0]
-
-    def next_weight() -> torch.Tensor:
-        turn[0] += 1
-        return weights[turn[0] % copies]
-
-    tuned = gemv.TUNED.get((n_out, inter), configs[0])
-    res: dict[str, Any] = {"shape": [n_out, inter], "tuned": list(tuned)}
-    res["unfused_us"] = timer(lambda: gemv.gemv(elementwise.silu_and_mul(x), next_weight(),
-                                                None, *tuned), copies * 4)
-    best: tuple[float, str] | None = None
-    for bn, bk, nw in configs:
-        key = f"bn{bn}_bk{bk}_w{nw}"
-        try:
-            out = gemv.silu_mul_gemv(x, weights[0], None, bn, bk, nw).float()
-            err = float((out - ref).norm() / ref.norm())
-            us = timer(lambda bn=bn, bk=bk, nw=nw: gemv.silu_mul_gemv(  # type: ignore[misc]
-                x, next_weight(), None, bn, bk, nw), copies * 4)
-        except Exception as exc:  # noqa: BLE001 - a configuration the compiler refuses
-            res[key] = {"error": repr(exc)[:300]}
-            continue
-        res[key] = {"us": us, "rel_err": err}
-        if err < 1e-2 and (best is None or us < best[0]):
-            best = (us, key)
-    if best is not None:
-        res["best"], res["saved_us"] = best[1], res["unfused_us"] - best[0]
-    return res
-
-
 def main(argv: list[str]) -> int:
     out = Path(argv[0])
     cpu = "--cpu" in argv
@@ -106,9 +66,7 @@ def main(argv: list[str]) -> int:
         dev, dt, timer = torch.device("cpu"), torch.float32, _cpu_timer
         report: dict[str, Any] = {
             "device": "cpu (dry run)",
-            "rotary_store_kv": rotary_store(dev, dt, timer, 4, 2, 32),
-            "silu_and_mul_linear": down(dev, dt, timer, 37, 100,
-                                        [(2, 32, 4), (4, 64, 4)], copies=2)}
+            "rotary_store_kv": rotary_store(dev, dt, timer, 4, 2, 32)}
     else:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from gpu_bench import graph_time_us
@@ -119,11 +77,7 @@ def main(argv: list[str]) -> int:
         dev, dt = torch.device("cuda"), torch.bfloat16
         report = {
             "device": torch.cuda.get_device_name(),
-            "rotary_store_kv": rotary_store(dev, dt, timer, 32, 8, 128),
-            "silu_and_mul_linear": down(dev, dt, timer, 4096, 14336,
-                                        [(2, 2048, 8), (4, 2048, 8), (4, 1024, 4),
-                                         (8, 1024, 8), (1, 4096, 8), (8, 2048, 8)],
-                                        copies=4)}
+            "rotary_store_kv": rotary_store(dev, dt, timer, 32, 8, 128)}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"[fused_bench] {json.dumps(report)[:1500]}", file=sys.stderr)

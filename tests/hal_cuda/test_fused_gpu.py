@@ -9,7 +9,7 @@ import torch
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
-HQ, HK, D, HIDDEN, INTER = 32, 8, 128, 4096, 14336
+HQ, HK, D, HIDDEN = 32, 8, 128, 4096
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -49,45 +49,22 @@ def test_rotary_store_kv_equals_rotary_then_store(tokens: int, fp8: bool) -> Non
     assert torch.equal(fused_v.view(torch.uint8), plain_v.view(torch.uint8))
 
 
-def test_silu_and_mul_linear_at_the_down_projection() -> None:
-    from tessera.hal.cuda import elementwise, gemv
-
-    if torch.cuda.get_device_capability() != gemv.TUNED_CAPABILITY:
-        pytest.skip("the GEMV path is tuned for sm_90 only")
-    dev = torch.device("cuda")
-    gen = torch.Generator(device=dev).manual_seed(3)
-    x = torch.randn((1, 2 * INTER), device=dev, generator=gen, dtype=torch.bfloat16) * 2
-    w = (torch.randn((HIDDEN, INTER), device=dev, generator=gen) / INTER ** 0.5
-         ).to(torch.bfloat16)
-    config = gemv.TUNED[(HIDDEN, INTER)]
-    fused = gemv.silu_mul_gemv(x, w, None, *config)
-    two_kernels = gemv.gemv(elementwise.silu_and_mul(x), w, None, *config)
-    assert _rel(fused, two_kernels) < 1e-3
-    via_op = gemv.silu_and_mul_linear(x, w, None)  # takes the fused GEMV
-    assert torch.equal(via_op, fused)
-    want = torch.nn.functional.linear(
-        torch.nn.functional.silu(x[:, :INTER].float()) * x[:, INTER:].float(), w.float())
-    assert _rel(fused, want) < 1e-2
-    several = gemv.silu_and_mul_linear(x.repeat(3, 1), w, None)  # off the GEMV path
-    assert _rel(several[1:2], want) < 1e-2
-
-
 def test_fused_decode_layer_replays_as_eager_computes() -> None:
-    """rotary_store_kv, decode attention and silu_and_mul_linear captured at batch 1 (B1's
-    graph) replay to what eager computes on new inputs."""
+    """rotary_store_kv, decode attention and the o projection (the tuned GEMV) captured at
+    batch 1 (B1's graph) replay to what eager computes on new inputs."""
     from tessera.hal.cuda import CudaPlatform
     from tessera.hal.rope import cos_sin_cache
 
     platform = CudaPlatform()
     rotary_store_kv = platform.fused_op("rotary_store_kv")
-    act_down = platform.fused_op("silu_and_mul_linear")
-    assert rotary_store_kv is not None and act_down is not None
+    assert rotary_store_kv is not None
+    linear = platform.op("linear")
     dev, width = torch.device("cuda"), 512
     kv = platform.create_kv_arena(1, width, HK, D, torch.bfloat16)
     kv.storage.normal_()
     table = cos_sin_cache(D, 4096, 500000.0, None, dev, torch.bfloat16)
     qkv = torch.zeros((1, (HQ + 2 * HK) * D), device=dev, dtype=torch.bfloat16)
-    w_down = (torch.randn((HIDDEN, HQ * D // 2), device=dev) / 64).to(torch.bfloat16)
+    w_o = (torch.randn((HIDDEN, HQ * D), device=dev) / 64).to(torch.bfloat16)
     positions = torch.zeros(1, dtype=torch.int64, device=dev)
     slots = torch.zeros(1, dtype=torch.int64, device=dev)
     rtt = torch.arange(width, device=dev, dtype=torch.int32)[None, :]
@@ -99,7 +76,7 @@ def test_fused_decode_layer_replays_as_eager_computes() -> None:
         v = qkv[:, (HQ + HK) * D:].view(1, HK, D)
         q = rotary_store_kv(positions, q, k, v, table, kv.k[0], kv.v[0], slots)
         o = platform.op("attention_decode")(q, kv.k[0], kv.v[0], rtt, seq_lens, D ** -0.5)
-        return act_down(o.reshape(1, HQ * D), w_down, None)  # type: ignore[no-any-return]
+        return linear(o.reshape(1, HQ * D), w_o, None)  # type: ignore[no-any-return]
 
     runner = platform.create_graph_runner()
     assert runner is not None

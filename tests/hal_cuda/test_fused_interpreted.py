@@ -94,37 +94,3 @@ def test_rotary_store_kv_refuses_mismatched_heads(kernels: dict[str, ModuleType]
         kernels["elementwise"].rotary_store_kv(torch.tensor([0, 1]), q, k, v, table,
                                                torch.zeros((8, 4, 64)), torch.zeros((8, 4, 64)),
                                                torch.tensor([1, 2], dtype=torch.int32))
-
-
-@pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("out,inner,block_n,block_k", [(37, 100, 8, 32), (16, 64, 2, 64),
-                                                       (5, 300, 4, 128)])
-def test_silu_mul_gemv_matches_silu_and_mul_then_linear(kernels: dict[str, ModuleType],
-                                                        out: int, inner: int, block_n: int,
-                                                        block_k: int, with_bias: bool) -> None:
-    """Output rows and input widths that are not multiples of the blocks (masking on both
-    axes; the up half starts mid-tile), the one-token row a view into a wider buffer."""
-    gen = torch.Generator().manual_seed(out + inner)
-    row = torch.randn((2, 2 * inner + 8), generator=gen) * 2
-    x = row[1:, 4:4 + 2 * inner]
-    w = torch.randn((out, inner), generator=gen)
-    bias = torch.randn((out,), generator=gen) if with_bias else None
-    got = kernels["gemv"].silu_mul_gemv(x, w, bias, block_n, block_k, 4)
-    torch.testing.assert_close(got, reference_op("silu_and_mul_linear")(x, w, bias), **TOL)
-    # the plugin's two kernels one after the other give the same sums
-    plain = kernels["gemv"].gemv(kernels["elementwise"].silu_and_mul(x), w, bias, block_n,
-                                 block_k, 4)
-    torch.testing.assert_close(got, plain, atol=1e-6, rtol=1e-6)
-
-
-def test_silu_and_mul_linear_off_the_gemv_path(kernels: dict[str, ModuleType]) -> None:
-    """Several tokens (a prefill, or a batch): the activation kernel, then `linear`."""
-    gen = torch.Generator().manual_seed(9)
-    x, w = torch.randn((6, 2 * 48), generator=gen), torch.randn((20, 48), generator=gen)
-    torch.testing.assert_close(kernels["gemv"].silu_and_mul_linear(x, w, None),
-                               reference_op("silu_and_mul_linear")(x, w, None), **TOL)
-
-
-def test_silu_mul_gemv_refuses_a_row_of_the_wrong_width(kernels: dict[str, ModuleType]) -> None:
-    with pytest.raises(ValueError, match=r"gate \| up"):
-        kernels["gemv"].silu_mul_gemv(torch.zeros((1, 64)), torch.zeros((8, 64)), None, 2, 32, 4)
