@@ -4,8 +4,13 @@ bf16 (layouts: hal/quant/weight.py).
 
     qgemv   one token (batch-1 decode): each program reduces BLOCK_N weight rows against x.
             int4 bytes are split into their low / high nibbles and multiplied with the even /
-            odd elements of x, so nothing is interleaved; each group's partial sums are
-            scaled once: sum_g s_g * sum_{k in g} x_k q_k + o_g * sum_{k in g} x_k.
+            odd elements of x, so nothing is interleaved. Grouped scales, two formulations
+            (the launch config's variant, measured per shape by quant_tune): each group's
+            partial sums scaled once, sum_g s_g * sum_{k in g} x_k q_k + o_g * sum_{k in g}
+            x_k, through a reshape of the product tile to [rows, groups, group] (which the
+            compiler may lay out anew through shared memory every iteration); or GEMV_COLUMN,
+            no reshape: every column's product times its group's scale (plus the offset times
+            x), the scales gathered per column (one group's repeated addresses hit L1).
     qgemm   several tokens: tl.dot on tiles of x [BLOCK_M, BLOCK_K] and of the integer (or
             e4m3) values [BLOCK_N, BLOCK_K] converted exactly to x's dtype; every K tile lies
             within one group (BLOCK_K divides the group size), so its product is scaled by the
@@ -25,12 +30,33 @@ import triton
 import triton.language as tl
 
 FP8, INT8, INT4 = 0, 1, 2
+# qgemv formulations, flags of a GEMV config's `variant` (0: group sums through a reshape of
+# the product tile, the integer -> float conversion instruction)
+GEMV_COLUMN = 1  # no reshape: each column's group scale / offset gathered, x split by stride
+GEMV_EXP_CVT = 2  # int8 / int4 converted to float32 through the exponent bits (_int_to_f32)
+
+
+@triton.jit
+def _int_to_f32(q, KIND: tl.constexpr, EXP_CVT: tl.constexpr):
+    """Small integers (int4 0..15 as int32, int8 sign-extended) to float32, exactly. EXP_CVT:
+    through the float's bits, 2^23 + v has v in its mantissa, so an integer OR / add and one
+    float subtract replace the int -> float conversion instruction, which runs at a quarter
+    of the FMA rate and bounds a narrow-weight GEMV before the memory does."""
+    if EXP_CVT:
+        if KIND == 2:
+            f = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+        else:
+            f = (q + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+    else:
+        f = q.to(tl.float32)
+    return f
 
 
 @triton.jit
 def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, s_s0,
                  KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 COLUMN: tl.constexpr, EXP_CVT: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < n_out
     q_rows = q_ptr + rows[:, None].to(tl.int64) * q_s0
@@ -42,16 +68,26 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
             j = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte index: columns 2j, 2j + 1
             jmask = j < n_in // 2
             packed = tl.load(q_rows + j[None, :], mask=rmask[:, None] & jmask[None, :],
-                             other=0)
-            k = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + k, mask=k < n_in, other=0.0).to(tl.float32)
-            x_even, x_odd = tl.split(tl.reshape(x, [BLOCK_K // 2, 2]))
-            prod = (packed & 0xF).to(tl.float32) * x_even[None, :] + \
-                (packed >> 4).to(tl.float32) * x_odd[None, :]  # [BLOCK_N, BLOCK_K / 2]
+                             other=0).to(tl.int32)
+            if COLUMN:  # x's even / odd elements loaded straight into the tile's columns
+                x_even = tl.load(x_ptr + 2 * j, mask=jmask, other=0.0).to(tl.float32)
+                x_odd = tl.load(x_ptr + 2 * j + 1, mask=jmask, other=0.0).to(tl.float32)
+            else:
+                k = k0 + tl.arange(0, BLOCK_K)
+                x = tl.load(x_ptr + k, mask=k < n_in, other=0.0).to(tl.float32)
+                x_even, x_odd = tl.split(tl.reshape(x, [BLOCK_K // 2, 2]))
+            prod = _int_to_f32(packed & 0xF, KIND, EXP_CVT) * x_even[None, :] + \
+                _int_to_f32(packed >> 4, KIND, EXP_CVT) * x_odd[None, :]  # [BLOCK_N, BLOCK_K/2]
             pair = x_even + x_odd
             if PER_ROW:
                 acc += tl.sum(prod, 1)
                 xsum += pair
+            elif COLUMN:  # each column's group scale / offset, repeated addresses hit L1
+                cmask = rmask[:, None] & jmask[None, :]
+                g = j[None, :] // (GROUP // 2)
+                s = tl.load(s_ptr + s_rows + g, mask=cmask, other=0.0)
+                o = tl.load(o_ptr + s_rows + g, mask=cmask, other=0.0)
+                acc += tl.sum(prod * s + o * pair[None, :], 1)
             else:
                 NG: tl.constexpr = BLOCK_K // GROUP
                 part = tl.sum(tl.reshape(prod, [BLOCK_N, NG, GROUP // 2]), 2)
@@ -66,9 +102,16 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
             kmask = k < n_in
             w = tl.load(q_rows + k[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
             x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
-            prod = w.to(tl.float32) * x[None, :]
+            if KIND == 1:
+                prod = _int_to_f32(w.to(tl.int32), KIND, EXP_CVT) * x[None, :]
+            else:
+                prod = w.to(tl.float32) * x[None, :]
             if PER_ROW:
                 acc += tl.sum(prod, 1)
+            elif COLUMN:
+                cmask = rmask[:, None] & kmask[None, :]
+                s = tl.load(s_ptr + s_rows + k[None, :] // GROUP, mask=cmask, other=0.0)
+                acc += tl.sum(prod * s, 1)
             else:
                 NG2: tl.constexpr = BLOCK_K // GROUP
                 part = tl.sum(tl.reshape(prod, [BLOCK_N, NG2, GROUP]), 2)

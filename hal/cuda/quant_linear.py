@@ -23,6 +23,8 @@ import triton
 from tessera.hal.cuda import quant_tune
 from tessera.hal.cuda.quant_kernels import (
     FP8,
+    GEMV_COLUMN,
+    GEMV_EXP_CVT,
     INT4,
     INT8,
     qgemm_kernel,
@@ -71,7 +73,8 @@ def _per_row(w: QuantizedWeight) -> bool:
 
 
 def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
-          block_n: int, block_k: int, num_warps: int) -> torch.Tensor:
+          block_n: int, block_k: int, num_warps: int, variant: int = 0) -> torch.Tensor:
+    """variant: GEMV_COLUMN | GEMV_EXP_CVT flags (quant_kernels.py), 0 the plain tile."""
     n, k = w.shape
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     per_row = _per_row(w)
@@ -81,7 +84,9 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
         x, w.qweight, w.scales, w.offsets if w.offsets is not None else w.scales,
         bias if bias is not None else out, out, n, k, w.qweight.stride(0), w.scales.stride(0),
         KIND=KINDS[w.scheme], GROUP=group if not per_row else 1, PER_ROW=per_row,
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+        COLUMN=bool(variant & GEMV_COLUMN), EXP_CVT=bool(variant & GEMV_EXP_CVT),
+        num_warps=num_warps)
     return out
 
 

@@ -13,13 +13,24 @@ from typing import Any
 
 import torch
 
+from tessera.hal.cuda.quant_kernels import GEMV_COLUMN, GEMV_EXP_CVT
 from tessera.hal.quant.weight import QuantizedWeight
 
-# (BLOCK_N, BLOCK_K, num_warps); each thread should have several 16-byte loads in flight
-GEMV_CANDIDATES: dict[str, list[tuple[int, int, int]]] = {
-    "fp8": [(2, 2048, 8), (4, 2048, 8), (4, 1024, 4), (8, 1024, 8), (1, 4096, 8)],
-    "int8": [(2, 2048, 8), (4, 2048, 8), (4, 1024, 4), (8, 1024, 8), (1, 4096, 8)],
-    "int4": [(4, 2048, 8), (8, 2048, 8), (8, 1024, 8), (2, 4096, 8), (16, 1024, 8)],
+# (BLOCK_N, BLOCK_K, num_warps, variant); each thread should have several 16-byte loads in
+# flight. The bf16 GEMV's best moves 8 KiB of weight per program per iteration; the wider
+# tiles give fp8 / int8 / int4 as many bytes in flight (int4: 16 KiB at 8 x 4096, that is
+# 64 products a thread at 8 warps). variant: flags GEMV_COLUMN | GEMV_EXP_CVT
+# (quant_kernels.py), both formulations listed so the device measures which wins.
+_WIDE_INT8 = [(2, 4096, 8), (4, 4096, 8), (8, 2048, 8)]
+_WIDE_INT4 = [(2, 8192, 8), (4, 4096, 8), (8, 4096, 8), (4, 8192, 8)]
+GEMV_VARIANTS = (0, GEMV_COLUMN, GEMV_EXP_CVT, GEMV_COLUMN | GEMV_EXP_CVT)
+GEMV_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
+    "fp8": [(2, 2048, 8, 0), (4, 2048, 8, 0), (4, 1024, 4, 0), (8, 1024, 8, 0),
+            (1, 4096, 8, 0)] + [(*c, 0) for c in _WIDE_INT8],
+    "int8": [(2, 2048, 8, 0), (4, 2048, 8, 0), (4, 1024, 4, 0), (8, 1024, 8, 0),
+             (1, 4096, 8, 0)] + [(*c, v) for c in _WIDE_INT8 for v in GEMV_VARIANTS],
+    "int4": [(4, 2048, 8, 0), (8, 2048, 8, 0), (8, 1024, 8, 0), (2, 4096, 8, 0),
+             (16, 1024, 8, 0)] + [(*c, v) for c in _WIDE_INT4 for v in GEMV_VARIANTS],
 }
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by batch bucket; BLOCK_K is cut to the
 # group size where the group is smaller
@@ -84,14 +95,18 @@ def _key(kernel: str, w: QuantizedWeight, x: torch.Tensor, bucket: int) -> tuple
             x.device.index)
 
 
+def gemv_candidates(w: QuantizedWeight) -> list[tuple[int, int, int, int]]:
+    """The configs that fit the weight: a grouped weight's BLOCK_K holds whole groups."""
+    per_row = w.num_groups == 1
+    return [c for c in GEMV_CANDIDATES[w.scheme] if per_row or c[1] % w.group_size == 0] or \
+        [(4, max(w.group_size, 256), 8, 0)]
+
+
 def gemv_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
-                ) -> tuple[int, int, int]:
+                ) -> tuple[int, int, int, int]:
     from tessera.hal.cuda.quant_linear import qgemv
 
-    per_row = w.num_groups == 1
-    candidates = [c for c in GEMV_CANDIDATES[w.scheme]
-                  if per_row or c[1] % w.group_size == 0] or \
-        [(4, max(w.group_size, 256), 8)]
+    candidates = gemv_candidates(w)
     cfg = _pick(_key("gemv", w, x, 1), candidates, x, lambda c: qgemv(x, w, bias, *c))
     return cfg  # type: ignore[return-value]
 

@@ -1,25 +1,69 @@
-"""Compile the cuda plugin's fused kernels for an H100/H200 (sm_90) on a machine without a GPU:
-Triton's front end, its passes and the ptxas it ships, down to a cubin. The interpreter runs
-a kernel's Python, not its compilation: a kernel the compiler refuses (a value of two types
-out of an `if`, a constexpr misuse) passes there and fails on the GPU.
+"""Compile the cuda plugin's fused and quantized-GEMV kernels for an H100/H200 (sm_90) on a
+machine without a GPU: Triton's front end, its passes and the ptxas it ships, down to a cubin.
+The interpreter runs a kernel's Python, not its compilation: a kernel the compiler refuses (a
+value of two types out of an `if`, a constexpr misuse) passes there and fails on the GPU.
 
     python tests/hal_cuda/compile_for_sm90.py    # one JSON line: kernel -> "ok" or the error
 
 Run with TRITON_INTERPRET unset (decorated kernels are otherwise interpreter functions).
+Arguments are specialized as the launcher does for Llama-3-8B's shapes (pointers and sizes
+divisible by 16), so the loads vectorize as they will on the device.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass
+class Case:
+    name: str
+    fn: Any
+    signature: dict[str, str]
+    consts: dict[str, Any]
+    num_warps: int = 4
+    divisible_by_16: tuple[str, ...] = field(default_factory=tuple)
+
+    def attrs(self) -> dict[tuple[int, ...], list[list[Any]]]:
+        return {(i,): [["tt.divisibility", 16]] for i, n in enumerate(self.fn.arg_names)
+                if n in self.divisible_by_16}
 
 
 def _signature(fn: Any, types: dict[str, str], consts: dict[str, Any]) -> dict[str, str]:
     return {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
 
 
-def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
+def _qgemv_cases() -> list[Case]:
+    """Every GEMV formulation (tile / GEMV_COLUMN, with and without GEMV_EXP_CVT) at a wide
+    candidate tile, grouped (AWQ's 128) and one scale per row."""
+    from tessera.hal.cuda import quant_kernels, quant_tune
+
+    fn = quant_kernels.qgemv_kernel
+    qtypes = {"fp8": "*fp8e4nv", "int8": "*i8", "int4": "*u8"}
+    out = []
+    for scheme, group, variants in (("fp8", None, (0,)),
+                                    ("int8", 128, quant_tune.GEMV_VARIANTS),
+                                    ("int4", 128, quant_tune.GEMV_VARIANTS),
+                                    ("int4", None, (0, quant_tune.GEMV_VARIANTS[-1]))):
+        for variant in variants:
+            types = {"x_ptr": "*bf16", "q_ptr": qtypes[scheme], "s_ptr": "*fp32",
+                     "o_ptr": "*fp32", "b_ptr": "*bf16", "out_ptr": "*bf16"}
+            consts = {"KIND": {"fp8": 0, "int8": 1, "int4": 2}[scheme], "GROUP": group or 1,
+                      "PER_ROW": group is None, "HAS_BIAS": False, "BLOCK_N": 4,
+                      "BLOCK_K": 4096,
+                      "COLUMN": bool(variant & quant_kernels.GEMV_COLUMN),
+                      "EXP_CVT": bool(variant & quant_kernels.GEMV_EXP_CVT)}
+            out.append(Case(f"qgemv {scheme} group={group or 'row'} variant={variant}", fn,
+                            _signature(fn, types, consts), consts, num_warps=8,
+                            divisible_by_16=("x_ptr", "q_ptr", "s_ptr", "o_ptr", "out_ptr",
+                                             "n_out", "n_in", "q_s0", "s_s0")))
+    return out
+
+
+def cases() -> list[Case]:
     from tessera.hal.cuda import elementwise, gemv
 
     out = []
@@ -32,14 +76,14 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
                          k_scale="fp32", v_scale="fp32")
             # Llama-3-8B's decode launch: 32 q heads and 8 KV heads of 128 in one block each
             consts = {"HALF": 64, "BLOCK_H": 32, "BLOCK_HALF": 64, "Q_BLOCKS": 1, "FP8": fp8}
-            out.append((f"rotary_store_kv {dt} fp8={fp8}", fn, _signature(fn, types, consts),
-                        consts))
+            out.append(Case(f"rotary_store_kv {dt} fp8={fp8}", fn,
+                            _signature(fn, types, consts), consts))
     fn = gemv._gemv_kernel
     for bias in (False, True):
         types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
         consts = {"HAS_BIAS": bias, "BLOCK_N": 2, "BLOCK_K": 2048}
-        out.append((f"gemv bias={bias}", fn, _signature(fn, types, consts), consts))
-    return out
+        out.append(Case(f"gemv bias={bias}", fn, _signature(fn, types, consts), consts))
+    return out + _qgemv_cases()
 
 
 def main() -> int:
@@ -49,13 +93,14 @@ def main() -> int:
 
     target = GPUTarget("cuda", 90, 32)
     results: dict[str, str] = {}
-    for name, fn, signature, consts in cases():
+    for case in cases():
         try:
-            triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts),
-                           target=target, options={"num_warps": 4})
-            results[name] = "ok"
+            triton.compile(ASTSource(fn=case.fn, signature=case.signature,
+                                     constexprs=case.consts, attrs=case.attrs()),
+                           target=target, options={"num_warps": case.num_warps})
+            results[case.name] = "ok"
         except Exception as e:  # noqa: BLE001 - every kernel's outcome is reported
-            results[name] = f"{type(e).__name__}: {e}"
+            results[case.name] = f"{type(e).__name__}: {e}"
     print(json.dumps(results))
     return 0
 

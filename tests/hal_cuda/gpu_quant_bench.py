@@ -1,29 +1,59 @@
 """Quantized linears on the GPU at the Llama-3-8B shapes: time, weight bandwidth and error of
 bf16 (cuBLAS / the tuned GEMV), fp8 and int4 (group 128) at batch 1, 16, 64 and 256, each timed
-inside CUDA graphs over rotating weight copies (so L2 does not hold them). Not a pytest module.
+inside CUDA graphs over rotating weight copies (so L2 does not hold them); then every batch-1
+GEMV candidate of quant_tune (tile sizes and formulations) for fp8 and int4 at each shape, with
+the one the tuner picks. Not a pytest module.
 
-    python3 tests/hal_cuda/gpu_quant_bench.py OUT.json
+    python3 tests/hal_cuda/gpu_quant_bench.py OUT.json          # on the GPU, a few minutes
+    python3 tests/hal_cuda/gpu_quant_bench.py OUT.json --cpu    # dry run: tiny shapes, Triton's
+                                                                # interpreter (TRITON_INTERPRET=1)
 
 The per-layer sum of the four linears x 32 (+ the bf16 LM head) is the step's linear time: the
 number to hold against B12's targets (fp8 <= 2.3 ms, int4 <= 1.5 ms at batch 1).
+OUT.json["gemv_candidates"][scheme][shape]: {"candidates": [{config, variant, us, GBps,
+rel_err_vs_definition} or {config, error}], "fastest", "tuner_pick"}, "weight_bytes"}.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
-from gpu_bench import graph_time_us
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
           "down": (4096, 14336)}
 BATCHES = (1, 16, 64, 256)
+# the dry run: the same four linears, tiny (int4 groups of 128 still divide every width)
+CPU_SHAPES = {"qkv": (48, 256), "o": (32, 256), "gate_up": (96, 256), "down": (32, 512)}
+CPU_BATCHES = (1, 3)
+GEMV_SCHEMES = ("fp8", "int4")
+
+Timer = Callable[[Callable[[Any], torch.Tensor], list[Any]], float]
 
 
-def _timed(call: Callable[[Any], torch.Tensor], weights: list[Any]) -> float:
+@dataclass
+class Setup:
+    dev: torch.device
+    dtype: torch.dtype
+    shapes: dict[str, tuple[int, int]]
+    batches: tuple[int, ...]
+    lm_head: tuple[int, int]
+    timer: Timer
+
+
+def _graph_timer(call: Callable[[Any], torch.Tensor], weights: list[Any]) -> float:
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from gpu_bench import graph_time_us
+
     t = [0]
 
     def run() -> torch.Tensor:
@@ -32,32 +62,77 @@ def _timed(call: Callable[[Any], torch.Tensor], weights: list[Any]) -> float:
     return graph_time_us(run, reps=len(weights) * 4)
 
 
-def main(out_path: str) -> int:
+def _cpu_timer(call: Callable[[Any], torch.Tensor], weights: list[Any]) -> float:
+    call(weights[0])
+    t0 = time.perf_counter()
+    for w in weights:
+        call(w)
+    return (time.perf_counter() - t0) * 1e6 / len(weights)
 
-    from tessera.hal.cuda import CudaPlatform
-    from tessera.hal.quant import quant_linear_reference, quantize
 
-    platform = CudaPlatform()
-    dev, dt = torch.device("cuda"), torch.bfloat16
+def _rel_err(out: torch.Tensor, x: torch.Tensor, w: Any) -> float:
+    from tessera.hal.quant import quant_linear_reference
+
+    ref = quant_linear_reference(x.float(), w)
+    return float((out.float() - ref).norm() / ref.norm())
+
+
+def gemv_candidates(setup: Setup, scheme: str, n_out: int, n_in: int) -> dict[str, Any]:
+    """Every batch-1 GEMV candidate the tuner would measure for this weight, timed the same
+    way as the linears (graphs, rotating copies), and what quant_tune.gemv_config picks (its
+    own do_bench measurement: on the GPU it should agree with the fastest here)."""
+    from tessera.hal.cuda import quant_kernels, quant_linear, quant_tune
+    from tessera.hal.quant import quantize
+
+    dense = [torch.randn((n_out, n_in), device=setup.dev, dtype=setup.dtype) * 0.02
+             for _ in range(3)]
+    packed = [quant_linear.prepare(quantize(w, scheme)) for w in dense]
+    del dense
+    x = torch.randn((1, n_in), device=setup.dev, dtype=setup.dtype)
+    nbytes = packed[0].nbytes
+    rows: list[dict[str, Any]] = []
+    for cand in quant_tune.gemv_candidates(packed[0]):
+        variant = cand[3]
+        name = "+".join(n for n, flag in (("column", quant_kernels.GEMV_COLUMN),
+                                          ("exp_cvt", quant_kernels.GEMV_EXP_CVT))
+                        if variant & flag) or "tile"
+        row: dict[str, Any] = {"config": list(cand), "variant": name}
+        try:
+            err = _rel_err(quant_linear.qgemv(x, packed[0], None, *cand), x, packed[0])
+            us = setup.timer(lambda w, c=cand: quant_linear.qgemv(x, w, None, *c), packed)
+            row.update(us=us, GBps=nbytes / (us * 1e-6) / 1e9, rel_err_vs_definition=err)
+        except Exception as e:  # noqa: BLE001 - a candidate the compiler refuses is reported
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        rows.append(row)
+    timed = [r for r in rows if "us" in r]
+    fastest = min(timed, key=lambda r: r["us"])["config"] if timed else None
+    pick = list(quant_tune.gemv_config(packed[0], x, None))
+    del packed
+    return {"weight_bytes": nbytes, "candidates": rows, "fastest": fastest,
+            "tuner_pick": pick}
+
+
+def linears(setup: Setup, platform: Any) -> dict[str, Any]:
+    from tessera.hal.quant import quantize
+
     linear = platform.op("linear")
-    res: dict[str, Any] = {"device": torch.cuda.get_device_name()}
-    for batch in BATCHES:
+    res: dict[str, Any] = {}
+    for batch in setup.batches:
         per: dict[str, Any] = {}
         totals = {"bf16": 0.0, "fp8": 0.0, "int4": 0.0}
-        for name, (n_out, n_in) in SHAPES.items():
-            dense = [torch.randn((n_out, n_in), device=dev, dtype=dt) * 0.02 for _ in range(3)]
-            x = torch.randn((batch, n_in), device=dev, dtype=dt)
+        for name, (n_out, n_in) in setup.shapes.items():
+            dense = [torch.randn((n_out, n_in), device=setup.dev, dtype=setup.dtype) * 0.02
+                     for _ in range(3)]
+            x = torch.randn((batch, n_in), device=setup.dev, dtype=setup.dtype)
             row: dict[str, Any] = {}
-            us = _timed(lambda w, x=x: linear(x, w, None), dense)
+            us = setup.timer(lambda w, x=x: linear(x, w, None), dense)
             row["bf16"] = {"us": us, "TBps": n_out * n_in * 2 / (us * 1e-6) / 1e12}
             totals["bf16"] += us
             for scheme in ("fp8", "int4"):
                 kernel = platform.linear_kernel(scheme)
                 packed = [kernel.prepare(quantize(w, scheme)) for w in dense]
-                out = kernel(x, packed[0]).float()
-                ref = quant_linear_reference(x.float(), packed[0])
-                err = float((out - ref).norm() / ref.norm())
-                us = _timed(lambda w, x=x, k=kernel: k(x, w), packed)
+                err = _rel_err(kernel(x, packed[0]), x, packed[0])
+                us = setup.timer(lambda w, x=x, k=kernel: k(x, w), packed)
                 row[scheme] = {"us": us, "TBps": packed[0].nbytes / (us * 1e-6) / 1e12,
                                "rel_err_vs_definition": err, "bytes": packed[0].nbytes}
                 totals[scheme] += us
@@ -67,22 +142,50 @@ def main(out_path: str) -> int:
             print(f"b{batch} {name}: " + ", ".join(
                 f"{k} {v['us']:.1f} us ({v['TBps']:.2f} TB/s)" for k, v in row.items()),
                 file=sys.stderr, flush=True)
-        lm_head = torch.randn((128256, 4096), device=dev, dtype=dt) * 0.02
-        x = torch.randn((batch, 4096), device=dev, dtype=dt)
-        head_us = _timed(lambda w, x=x: linear(x, w, None), [lm_head, lm_head.clone()])
+        lm_head = torch.randn(setup.lm_head, device=setup.dev, dtype=setup.dtype) * 0.02
+        x = torch.randn((batch, setup.lm_head[1]), device=setup.dev, dtype=setup.dtype)
+        head_us = setup.timer(lambda w, x=x: linear(x, w, None), [lm_head, lm_head.clone()])
         per["step_linears_ms"] = {k: (32 * v + head_us) / 1e3 for k, v in totals.items()}
         per["lm_head_bf16_us"] = head_us
         res[f"b{batch}"] = per
         print(f"b{batch}: 32 layers of linears + bf16 lm_head, ms: {per['step_linears_ms']}",
               file=sys.stderr, flush=True)
         del lm_head
-    from tessera.hal.cuda import quant_tune
+    return res
 
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0])
+    if "--cpu" in argv:
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported
+        setup = Setup(torch.device("cpu"), torch.float32, CPU_SHAPES, CPU_BATCHES,
+                      (512, 256), _cpu_timer)
+        device = "cpu (dry run, Triton interpreter)"
+    else:
+        setup = Setup(torch.device("cuda"), torch.bfloat16, SHAPES, BATCHES, (128256, 4096),
+                      _graph_timer)
+        device = torch.cuda.get_device_name()
+    from tessera.hal.cuda import CudaPlatform, quant_tune
+
+    res: dict[str, Any] = {"device": device}
+    res.update(linears(setup, CudaPlatform()))
+    res["gemv_candidates"] = {}
+    for scheme in GEMV_SCHEMES:
+        per_shape = {}
+        for name, (n_out, n_in) in setup.shapes.items():
+            per_shape[name] = r = gemv_candidates(setup, scheme, n_out, n_in)
+            best = min((c for c in r["candidates"] if "us" in c), key=lambda c: c["us"],
+                       default=None)
+            print(f"gemv {scheme} {name}: {len(r['candidates'])} candidates, fastest "
+                  f"{r['fastest']} {best['us'] if best else float('nan'):.1f} us "
+                  f"({best['GBps'] if best else float('nan'):.0f} GB/s), tuner picks "
+                  f"{r['tuner_pick']}", file=sys.stderr, flush=True)
+        res["gemv_candidates"][scheme] = per_shape
     res["tuned"] = {str(k): list(v) for k, v in quant_tune._chosen.items()}
-    with open(out_path, "w", encoding="utf-8") as f:
-        json.dump(res, f, indent=1)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1:]))

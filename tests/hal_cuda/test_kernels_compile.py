@@ -1,4 +1,4 @@
-"""The fused kernels compile for sm_90 here, without a GPU (tests/hal_cuda/compile_for_sm90.py):
+"""The fused kernels and every quantized-GEMV formulation compile for sm_90 here, without a GPU (tests/hal_cuda/compile_for_sm90.py):
 what the interpreter tests cannot show."""
 
 from __future__ import annotations

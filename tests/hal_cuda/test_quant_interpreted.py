@@ -4,6 +4,7 @@ shapes, against the definition y = x @ dequantize(w)^T (hal/quant)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from types import ModuleType
 
 import pytest
@@ -45,6 +46,60 @@ def test_qgemv(kernels: dict[str, ModuleType], scheme: str, group: int | None,
             continue
         out = ql.qgemv(x, w, bias, block_n, block_k, warps)
         torch.testing.assert_close(out, quant_linear_reference(x, w, bias), **TOL)
+
+
+# every GEMV formulation: (scheme, group or None for one scale per row, input width); the
+# widths are not multiples of the small BLOCK_K below, so the last tile is partly masked
+VARIANT_CASES = [("fp8", None, 200), ("int8", None, 200), ("int8", 32, 416),
+                 ("int8", 128, 640), ("int4", None, 200), ("int4", 32, 416),
+                 ("int4", 128, 640)]
+
+
+def _awq_offsets(w: QuantizedWeight, seed: int) -> QuantizedWeight:
+    """int4 offsets as AWQ stores them (-scale * zero point, zero points anywhere in 0..15),
+    not the ones min/max quantization chose: a kernel that applied them to the wrong group
+    or row would now disagree with the definition."""
+    if w.offsets is None:
+        return w
+    zeros = torch.randint(0, 16, w.scales.shape, generator=torch.Generator().manual_seed(seed))
+    return replace(w, offsets=-w.scales * zeros.float())
+
+
+@pytest.mark.parametrize("scheme,group,k", VARIANT_CASES,
+                         ids=[f"{s}-g{g or 'row'}-k{k}" for s, g, k in VARIANT_CASES])
+def test_qgemv_every_variant(kernels: dict[str, ModuleType], scheme: str, group: int | None,
+                             k: int) -> None:
+    """Each formulation (quant_kernels GEMV_COLUMN / GEMV_EXP_CVT flags) against the
+    definition, with tiles small enough to loop over several groups and tiles, and with every
+    tuned candidate's own tile (wider than these inputs: masked)."""
+    from tessera.hal.cuda import quant_tune
+
+    ql = kernels["quant_linear"]
+    w = ql.prepare(_awq_offsets(_weight(scheme, group or k, 37, k, seed=20), seed=21))
+    assert (w.num_groups == 1) == (group is None)
+    x = _x(1, k, seed=22)
+    bias = torch.randn(37, generator=torch.Generator().manual_seed(23))
+    want = quant_linear_reference(x, w, bias)
+    small = [(bn, bk, 4, v) for v in quant_tune.GEMV_VARIANTS
+             for bn, bk in ((4, 256), (2, 128), (8, 512))
+             if w.num_groups == 1 or bk % w.group_size == 0]
+    assert small, "no small tile holds whole groups"
+    for cfg in small + quant_tune.gemv_candidates(w):
+        out = ql.qgemv(x, w, bias, *cfg)
+        torch.testing.assert_close(out, want, **TOL, msg=lambda m, c=cfg: f"{c}: {m}")
+
+
+def test_gemv_candidates_cover_every_variant() -> None:
+    """The tuner measures both formulations and both conversions for the grouped integer
+    schemes, and tiles that move 8-16 KiB of weight per iteration for every scheme."""
+    from tessera.hal.cuda import quant_tune
+
+    bytes_per_weight = {"fp8": 1.0, "int8": 1.0, "int4": 0.5}
+    for scheme, cands in quant_tune.GEMV_CANDIDATES.items():
+        assert all(len(c) == 4 for c in cands), scheme
+        assert max(bn * bk * bytes_per_weight[scheme] for bn, bk, _, _ in cands) >= 16384
+        if scheme != "fp8":
+            assert {c[3] for c in cands} == set(quant_tune.GEMV_VARIANTS), scheme
 
 
 @pytest.mark.parametrize("scheme,group", CASES, ids=[f"{s}-g{g}" for s, g in CASES])
