@@ -39,7 +39,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^[1234]$ ]] || { echo "usage: $0 1|2|3|4  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^[12345]$ ]] || { echo "usage: $0 1|2|3|4|5  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -148,6 +148,16 @@ case $CALL in
     ;;
   4)
     part fusion 200 100 fusion
+    ;;
+  5)
+    # After a kernel change: the compiled kernels' tests first, then the serving figures
+    # (B2 and B3 in one run for B3's c=128 ratio), B8, and the quantized batch-1 path.
+    part kernels 150 90 kernels
+    part b2 120 35 b2
+    part b3 150 60 b3
+    part b8 150 75 b8
+    part quantbench 120 60 quantbench
+    part b12b1 150 70 b12 --parts b1 --name b12_b1_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

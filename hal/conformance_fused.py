@@ -61,8 +61,9 @@ def test_rotary_store_kv(hal_platform: Platform, dtype: torch.dtype, head_dim: i
     q = qkv[:, :hq * head_dim].view(tokens, hq, head_dim)
     k = qkv[:, hq * head_dim:(hq + hk) * head_dim].view(tokens, hk, head_dim)
     v = qkv[:, (hq + hk) * head_dim:width].view(tokens, hk, head_dim)
-    # Distinct slots scattered over the pages, the padding slot 0 among them.
-    slots = torch.randperm(_SLOTS, generator=gen)[:tokens].to(torch.int32)
+    # Distinct slots scattered over the pages, the padding slot 0 among them (the last): two
+    # tokens on one slot would race, and which write lands is not defined.
+    slots = (torch.randperm(_SLOTS - 1, generator=gen)[:tokens] + 1).to(torch.int32)
     if tokens > 1:
         slots[-1] = 0
     cache_dtype = torch.float8_e4m3fn if fp8 else dtype

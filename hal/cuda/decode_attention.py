@@ -47,13 +47,23 @@ def scores_log2(qk, sm_scale_log2, logit_cap, HAS_CAP: tl.constexpr):
     return out
 
 
-@triton.jit
+# The split count is a run-time argument, not a constant of the compiled kernel: it follows
+# the batch size (num_splits), and a mixed step's batch is any number of requests, so as a
+# constexpr every new count compiled a kernel in the middle of serving (an H200 run's first
+# c=32 tier: TTFT p90 520 ms against 51 ms once warm). Nor is it specialized on its value
+# (Triton compiles integer arguments apart when they equal 1 or divide by 16), and neither
+# are the merge buffers' strides that follow it; ONE_SPLIT is the only constant that does.
+_SPLIT_DEPENDENT = ["num_splits", "mo_s0", "mo_s1", "ml_s0", "ml_s1"]
+
+
+@triton.jit(do_not_specialize=_SPLIT_DEPENDENT)
 def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, qo_ptr,
                    mid_o_ptr, mid_lse_ptr, out_ptr,
                    q_s0, q_s1, c_s0, c_s1, rtt_s0, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1,
-                   sm_scale_log2, window, logit_cap, HAS_CAP: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, MIXED: tl.constexpr):
+                   sm_scale_log2, window, logit_cap, num_splits, HAS_CAP: tl.constexpr,
+                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ONE_SPLIT: tl.constexpr,
+                   BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                   DOT_PREC: tl.constexpr, MIXED: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kh = tl.program_id(1)
     split = tl.program_id(2)
@@ -68,7 +78,7 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
     # A sliding window: the query (position seq_len - 1) sees only the last `window`
     # positions; the splits share out just those.
     lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
-    per_split = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    per_split = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
     start = lo + split * per_split
     end = tl.minimum(start + per_split, seq_len)
 
@@ -109,7 +119,7 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = acc / safe_l[:, None]
     omask = hmask[:, None] & dmask[None, :]
-    if NUM_SPLITS == 1:
+    if ONE_SPLIT:
         # Nothing to merge (large batches): the final output, exactly what stage 2 would give.
         tl.store(out_ptr + q_row * o_s0 + heads[:, None] * o_s1 + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=omask)
@@ -120,9 +130,9 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
         tl.store(mid_lse_ptr + b * ml_s0 + heads * ml_s1 + split, lse, mask=hmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SPLIT_DEPENDENT)
 def _decode_stage2(mid_o_ptr, mid_lse_ptr, out_ptr, ext_lens_ptr, qo_ptr, mo_s0, mo_s1, mo_s2,
-                   ml_s0, ml_s1, o_s0, o_s1, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                   ml_s0, ml_s1, o_s0, o_s1, num_splits, HEAD_DIM: tl.constexpr,
                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, MIXED: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -132,7 +142,7 @@ def _decode_stage2(mid_o_ptr, mid_lse_ptr, out_ptr, ext_lens_ptr, qo_ptr, mo_s0,
             return
         o_row = tl.load(qo_ptr + b).to(tl.int64)
     s = tl.arange(0, BLOCK_S)
-    smask = s < NUM_SPLITS
+    smask = s < num_splits
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
     lse = tl.load(mid_lse_ptr + b * ml_s0 + h * ml_s1 + s, mask=smask, other=float("-inf"))
@@ -157,6 +167,10 @@ def num_splits(batch: int, kv_heads: int, device: torch.device) -> int:
     if device.type != "cuda":
         return 4  # the interpreter: any value exercises the merge
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return splits_for(batch, kv_heads, sms)
+
+
+def splits_for(batch: int, kv_heads: int, sms: int) -> int:
     return max(1, min(MAX_SPLITS, triton.cdiv(2 * sms, max(1, batch * kv_heads))))
 
 
@@ -212,6 +226,8 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     qo = qo_indptr if qo_indptr is not None else seq_lens
     group = q_heads // kv_heads
     n_split = splits or num_splits(batch, kv_heads, q.device)
+    if not 1 <= n_split <= MAX_SPLITS:
+        raise ValueError(f"attention_decode: {n_split} splits; 1 to {MAX_SPLITS} are merged")
     # One split needs no merge: stage 1 then writes `out` and the buffers are not touched.
     mid_shape = (batch, q_heads, n_split, head_dim) if n_split > 1 else (1, 1, 1, 1)
     mid_o = torch.empty(mid_shape, dtype=torch.float32, device=q.device)
@@ -222,8 +238,8 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1), float(scale) * LOG2E, int(sliding_window),
-        float(logit_cap), HAS_CAP=logit_cap > 0, GROUP=group, HEAD_DIM=head_dim,
-        NUM_SPLITS=n_split,
+        float(logit_cap), n_split, HAS_CAP=logit_cap > 0, GROUP=group, HEAD_DIM=head_dim,
+        ONE_SPLIT=n_split == 1,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=BLOCK_N,
         DOT_PREC=dot_precision(q.dtype), MIXED=mixed, num_warps=NUM_WARPS,
         num_stages=NUM_STAGES)
@@ -231,6 +247,5 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         return
     _decode_stage2[(batch, q_heads)](
         mid_o, mid_lse, out, ext, qo, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
-        mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), HEAD_DIM=head_dim,
-        NUM_SPLITS=n_split, BLOCK_S=triton.next_power_of_2(n_split), BLOCK_D=block_d,
-        MIXED=mixed, num_warps=4)
+        mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), n_split,
+        HEAD_DIM=head_dim, BLOCK_S=MAX_SPLITS, BLOCK_D=block_d, MIXED=mixed, num_warps=4)

@@ -140,7 +140,11 @@ def _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b, mblk, ext, seq, q_
              out.to(out_ptr.dtype.element_ty), mask=imask[:, None] & dmask[None, :])
 
 
-@triton.jit
+# The request and token counts change every step: not specialized on their values (Triton
+# compiles integer arguments apart when they equal 1 or divide by 16), so a new count never
+# compiles a kernel while serving. REQS, the only constant that follows the batch, takes
+# powers of two.
+@triton.jit(do_not_specialize=["num_reqs", "num_tokens"])
 def _extend_kernel(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, qo_ptr, out_ptr,
                    num_reqs, num_tokens, q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1,
                    sm_scale_log2, window, logit_cap, HAS_CAP: tl.constexpr,

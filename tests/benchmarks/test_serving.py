@@ -126,7 +126,7 @@ def test_b8_compares_plain_and_schema_tiers_in_one_run(fake: FakeOpenAI, tmp_pat
     for side in (plain, grammar):
         assert len(side["rounds_output_tok_per_s"]) == 2
         assert side["requests"] == 32
-    measured = [b for b in fake.bodies if b["max_tokens"] >= 60]
+    warm, measured = fake.bodies[:12], fake.bodies[12:]
     # 16 requests in the order plain, schema, schema, plain; the same prompts every round
     assert len(measured) == 64
     assert [("response_format" in b) for b in measured[::16]] == [False, True, True, False]
@@ -135,10 +135,11 @@ def test_b8_compares_plain_and_schema_tiers_in_one_run(fake: FakeOpenAI, tmp_pat
     rounds = [[b["prompt"] for b in measured[16 * r:16 * (r + 1)]] for r in range(4)]
     assert rounds[0] == rounds[1] == rounds[2] == rounds[3]
     # the warm-up ran at the tier's concurrency with and without the schema
-    # (2 short requests, then 4 at the tier's concurrency; plain, then with the schema)
-    warm = fake.bodies[:len(fake.bodies) - 64]
-    assert len(warm) == 12 and all(b["max_tokens"] <= 16 for b in warm)
+    # (2 short requests, then 4 at the tier's concurrency and lengths; plain, then with the
+    # schema), none of them among the measured prompts
     assert [("response_format" in b) for b in warm] == [False] * 6 + [True] * 6
+    assert [b["max_tokens"] <= 8 for b in warm] == ([True] * 2 + [False] * 4) * 2
+    assert not {str(b["prompt"]) for b in warm} & {str(b["prompt"]) for b in measured}
 
 
 def test_b8_outcomes_without_jsonschema_still_count_parsed_documents(monkeypatch) -> None:
