@@ -4,13 +4,21 @@ bf16 (layouts: hal/quant/weight.py).
 
     qgemv   one token (batch-1 decode): each program reduces BLOCK_N weight rows against x.
             int4 bytes are split into their low / high nibbles and multiplied with the even /
-            odd elements of x, so nothing is interleaved. Grouped scales, two formulations
-            (the launch config's variant, measured per shape by quant_tune): each group's
-            partial sums scaled once, sum_g s_g * sum_{k in g} x_k q_k + o_g * sum_{k in g}
-            x_k, through a reshape of the product tile to [rows, groups, group] (which the
-            compiler may lay out anew through shared memory every iteration); or GEMV_COLUMN,
-            no reshape: every column's product times its group's scale (plus the offset times
-            x), the scales gathered per column (one group's repeated addresses hit L1).
+            odd elements of x, so nothing is interleaved. The launch config's variant (flags,
+            measured per shape by quant_tune) picks among formulations:
+            - default: each group's partial sums scaled once, sum_g s_g * sum_{k in g} x_k q_k
+              + o_g * sum_{k in g} x_k, through a reshape of the product tile to [rows,
+              groups, group] (free in registers: each thread's columns lie in one group).
+            - GEMV_COLUMN: no reshape at all: every column's product times its group's scale
+              (plus the offset times x), the scales gathered per column (repeated addresses
+              hit L1), x's even / odd elements loaded by stride.
+            - GEMV_EXP_CVT: integers to float32 through the exponent bits (_int_to_f32).
+            - GEMV_X_VEC: weight loads no wider than x's 16-byte vectors (fp8 / int8: 8 bytes
+              a thread for bf16 x, int4: 4). The compiler lays out the weight tile by its
+              loads (16 bytes a thread) and x by its own; x then goes through shared memory,
+              with barriers, every iteration to reach the tile's columns (the sm_90 code of
+              the fp8 2 x 2048 tile: 4 KiB of shared memory and 8 barriers, none with this
+              flag, where the bf16 GEMV's x and weight layouts already agree).
     qgemm   several tokens: tl.dot on tiles of x [BLOCK_M, BLOCK_K] and of the integer (or
             e4m3) values [BLOCK_N, BLOCK_K] converted exactly to x's dtype; every K tile lies
             within one group (BLOCK_K divides the group size), so its product is scaled by the
@@ -31,9 +39,10 @@ import triton.language as tl
 
 FP8, INT8, INT4 = 0, 1, 2
 # qgemv formulations, flags of a GEMV config's `variant` (0: group sums through a reshape of
-# the product tile, the integer -> float conversion instruction)
+# the product tile, the integer -> float conversion instruction, 16-byte weight loads)
 GEMV_COLUMN = 1  # no reshape: each column's group scale / offset gathered, x split by stride
 GEMV_EXP_CVT = 2  # int8 / int4 converted to float32 through the exponent bits (_int_to_f32)
+GEMV_X_VEC = 4  # weight loads as wide as x's, so x needs no layout conversion
 
 
 @triton.jit
@@ -56,7 +65,7 @@ def _int_to_f32(q, KIND: tl.constexpr, EXP_CVT: tl.constexpr):
 def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, s_s0,
                  KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 COLUMN: tl.constexpr, EXP_CVT: tl.constexpr):
+                 COLUMN: tl.constexpr, EXP_CVT: tl.constexpr, X_VEC: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < n_out
     q_rows = q_ptr + rows[:, None].to(tl.int64) * q_s0
@@ -67,7 +76,10 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
         if KIND == 2:
             j = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte index: columns 2j, 2j + 1
             jmask = j < n_in // 2
-            packed = tl.load(q_rows + j[None, :], mask=rmask[:, None] & jmask[None, :],
+            jq = j
+            if X_VEC:  # a byte holds two columns: half of x's elements per 16 bytes
+                jq = tl.max_contiguous(j, 64 // x_ptr.dtype.element_ty.primitive_bitwidth)
+            packed = tl.load(q_rows + jq[None, :], mask=rmask[:, None] & jmask[None, :],
                              other=0).to(tl.int32)
             if COLUMN:  # x's even / odd elements loaded straight into the tile's columns
                 x_even = tl.load(x_ptr + 2 * j, mask=jmask, other=0.0).to(tl.float32)
@@ -100,7 +112,10 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
         else:
             k = k0 + tl.arange(0, BLOCK_K)
             kmask = k < n_in
-            w = tl.load(q_rows + k[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+            kq = k
+            if X_VEC:  # as many weight bytes per load as x elements in 16 bytes
+                kq = tl.max_contiguous(k, 128 // x_ptr.dtype.element_ty.primitive_bitwidth)
+            w = tl.load(q_rows + kq[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
             x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
             if KIND == 1:
                 prod = _int_to_f32(w.to(tl.int32), KIND, EXP_CVT) * x[None, :]

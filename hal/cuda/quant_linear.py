@@ -25,6 +25,7 @@ from tessera.hal.cuda.quant_kernels import (
     FP8,
     GEMV_COLUMN,
     GEMV_EXP_CVT,
+    GEMV_X_VEC,
     INT4,
     INT8,
     qgemm_kernel,
@@ -74,7 +75,7 @@ def _per_row(w: QuantizedWeight) -> bool:
 
 def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
           block_n: int, block_k: int, num_warps: int, variant: int = 0) -> torch.Tensor:
-    """variant: GEMV_COLUMN | GEMV_EXP_CVT flags (quant_kernels.py), 0 the plain tile."""
+    """variant: GEMV_COLUMN | GEMV_EXP_CVT | GEMV_X_VEC flags (quant_kernels.py), 0 none."""
     n, k = w.shape
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     per_row = _per_row(w)
@@ -86,7 +87,7 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
         KIND=KINDS[w.scheme], GROUP=group if not per_row else 1, PER_ROW=per_row,
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
         COLUMN=bool(variant & GEMV_COLUMN), EXP_CVT=bool(variant & GEMV_EXP_CVT),
-        num_warps=num_warps)
+        X_VEC=bool(variant & GEMV_X_VEC), num_warps=num_warps)
     return out
 
 

@@ -13,24 +13,28 @@ from typing import Any
 
 import torch
 
-from tessera.hal.cuda.quant_kernels import GEMV_COLUMN, GEMV_EXP_CVT
+from tessera.hal.cuda.quant_kernels import GEMV_COLUMN, GEMV_EXP_CVT, GEMV_X_VEC
 from tessera.hal.quant.weight import QuantizedWeight
 
 # (BLOCK_N, BLOCK_K, num_warps, variant); each thread should have several 16-byte loads in
 # flight. The bf16 GEMV's best moves 8 KiB of weight per program per iteration; the wider
 # tiles give fp8 / int8 / int4 as many bytes in flight (int4: 16 KiB at 8 x 4096, that is
-# 64 products a thread at 8 warps). variant: flags GEMV_COLUMN | GEMV_EXP_CVT
-# (quant_kernels.py), both formulations listed so the device measures which wins.
-_WIDE_INT8 = [(2, 4096, 8), (4, 4096, 8), (8, 2048, 8)]
+# 64 products a thread at 8 warps). variant: flags GEMV_COLUMN | GEMV_EXP_CVT | GEMV_X_VEC
+# (quant_kernels.py); the formulations are listed side by side so the device measures which
+# wins, the first candidate (taken where nothing is measured) the one B12 measured.
+_COL, _EXP, _XV = GEMV_COLUMN, GEMV_EXP_CVT, GEMV_X_VEC
+GEMV_VARIANTS = tuple(range(8))  # every combination of the three flags
+_B12_8BIT = [(2, 2048, 8), (4, 2048, 8), (4, 1024, 4), (8, 1024, 8), (1, 4096, 8)]
+_WIDE_8BIT = [(2, 4096, 8), (4, 4096, 8), (8, 2048, 8)]
+_B12_INT4 = [(4, 2048, 8), (8, 2048, 8), (8, 1024, 8), (2, 4096, 8), (16, 1024, 8)]
 _WIDE_INT4 = [(2, 8192, 8), (4, 4096, 8), (8, 4096, 8), (4, 8192, 8)]
-GEMV_VARIANTS = (0, GEMV_COLUMN, GEMV_EXP_CVT, GEMV_COLUMN | GEMV_EXP_CVT)
+_GROUPED = (0, _COL, _EXP, _COL | _EXP, _EXP | _XV)  # per wide tile
 GEMV_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
-    "fp8": [(2, 2048, 8, 0), (4, 2048, 8, 0), (4, 1024, 4, 0), (8, 1024, 8, 0),
-            (1, 4096, 8, 0)] + [(*c, 0) for c in _WIDE_INT8],
-    "int8": [(2, 2048, 8, 0), (4, 2048, 8, 0), (4, 1024, 4, 0), (8, 1024, 8, 0),
-             (1, 4096, 8, 0)] + [(*c, v) for c in _WIDE_INT8 for v in GEMV_VARIANTS],
-    "int4": [(4, 2048, 8, 0), (8, 2048, 8, 0), (8, 1024, 8, 0), (2, 4096, 8, 0),
-             (16, 1024, 8, 0)] + [(*c, v) for c in _WIDE_INT4 for v in GEMV_VARIANTS],
+    "fp8": [(*c, v) for v in (0, _XV) for c in _B12_8BIT + _WIDE_8BIT],
+    "int8": [(*c, 0) for c in _B12_8BIT] + [(*c, v) for c in _WIDE_8BIT for v in _GROUPED]
+    + [(*c, _EXP | _XV) for c in _B12_8BIT[:2]],
+    "int4": [(*c, 0) for c in _B12_INT4] + [(*c, v) for c in _WIDE_INT4 for v in _GROUPED]
+    + [(*c, _EXP | _XV) for c in _B12_INT4[:2] + _B12_INT4[4:]],
 }
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by batch bucket; BLOCK_K is cut to the
 # group size where the group is smaller

@@ -37,25 +37,27 @@ def _signature(fn: Any, types: dict[str, str], consts: dict[str, Any]) -> dict[s
 
 
 def _qgemv_cases() -> list[Case]:
-    """Every GEMV formulation (tile / GEMV_COLUMN, with and without GEMV_EXP_CVT) at a wide
+    """Every GEMV formulation the tuner lists (quant_tune.GEMV_CANDIDATES' variants) at a wide
     candidate tile, grouped (AWQ's 128) and one scale per row."""
-    from tessera.hal.cuda import quant_kernels, quant_tune
+    from tessera.hal.cuda import quant_kernels as qk
+    from tessera.hal.cuda import quant_tune
 
-    fn = quant_kernels.qgemv_kernel
+    fn = qk.qgemv_kernel
     qtypes = {"fp8": "*fp8e4nv", "int8": "*i8", "int4": "*u8"}
+    listed = {s: sorted({c[3] for c in cands}) for s, cands in quant_tune.GEMV_CANDIDATES.items()}
     out = []
-    for scheme, group, variants in (("fp8", None, (0,)),
-                                    ("int8", 128, quant_tune.GEMV_VARIANTS),
-                                    ("int4", 128, quant_tune.GEMV_VARIANTS),
-                                    ("int4", None, (0, quant_tune.GEMV_VARIANTS[-1]))):
+    for scheme, group, variants in (("fp8", None, listed["fp8"]),
+                                    ("int8", 128, listed["int8"]),
+                                    ("int4", 128, listed["int4"]),
+                                    ("int4", None, (0, qk.GEMV_EXP_CVT | qk.GEMV_X_VEC))):
         for variant in variants:
             types = {"x_ptr": "*bf16", "q_ptr": qtypes[scheme], "s_ptr": "*fp32",
                      "o_ptr": "*fp32", "b_ptr": "*bf16", "out_ptr": "*bf16"}
             consts = {"KIND": {"fp8": 0, "int8": 1, "int4": 2}[scheme], "GROUP": group or 1,
                       "PER_ROW": group is None, "HAS_BIAS": False, "BLOCK_N": 4,
-                      "BLOCK_K": 4096,
-                      "COLUMN": bool(variant & quant_kernels.GEMV_COLUMN),
-                      "EXP_CVT": bool(variant & quant_kernels.GEMV_EXP_CVT)}
+                      "BLOCK_K": 4096, "COLUMN": bool(variant & qk.GEMV_COLUMN),
+                      "EXP_CVT": bool(variant & qk.GEMV_EXP_CVT),
+                      "X_VEC": bool(variant & qk.GEMV_X_VEC)}
             out.append(Case(f"qgemv {scheme} group={group or 'row'} variant={variant}", fn,
                             _signature(fn, types, consts), consts, num_warps=8,
                             divisible_by_16=("x_ptr", "q_ptr", "s_ptr", "o_ptr", "out_ptr",
