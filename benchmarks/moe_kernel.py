@@ -86,7 +86,7 @@ def measure(shape: MoEShape, iters: int, warmup: int, sweep: bool) -> dict[str, 
     import torch
 
     from tessera.hal.cpu.moe import fused_moe as reference
-    from tessera.hal.cuda import moe
+    from tessera.hal.cuda import moe, moe_tune
 
     # Without a GPU (Triton's interpreter, which mishandles bf16 arithmetic): fp32 on the cpu.
     gpu = torch.cuda.is_available()
@@ -100,7 +100,7 @@ def measure(shape: MoEShape, iters: int, warmup: int, sweep: bool) -> dict[str, 
     weights, ids = torch.softmax(scores, -1).topk(k, dim=-1)
     ids = ids.to(torch.int32)
 
-    block_m, block_n, block_k = moe._block_sizes(t, 2 * i)
+    block_m, block_n, block_k, _, _ = moe_tune.candidates(t, 2 * i, h, dtype)[0]
     align = moe.align_by_expert(ids, e, block_m)
     out = torch.empty(t * k, 2 * i, dtype=dtype, device=dev)
 

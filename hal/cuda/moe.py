@@ -23,6 +23,7 @@ import triton.language as tl
 
 from tessera.hal.cuda.decode_attention import dot_precision
 from tessera.hal.cuda.elementwise import gelu_tanh_and_mul, silu_and_mul
+from tessera.hal.cuda.moe_tune import Tile, down_tile, gate_up_tile
 
 _ACTIVATIONS = {"silu": silu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
 
@@ -52,7 +53,10 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> A
         torch.zeros(num_experts, dtype=torch.int64, device=dev)
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = torch.cumsum(padded, 0)
-    num_blocks = triton.cdiv(pairs + num_experts * (block_m - 1), block_m)
+    # At most min(E, pairs) experts hold pairs, each padded by under block_m: the grid's
+    # bound on used blocks (launching programs only to return costs at decode, where 2 of 8
+    # experts hold 1 pair each).
+    num_blocks = triton.cdiv(pairs + min(num_experts, pairs) * (block_m - 1), block_m)
     length = num_blocks * block_m
     start = (padded_end - padded)[key.clamp(max=num_experts - 1)]
     dest = torch.where(held, start + rank, length)  # index `length`: dropped
@@ -101,20 +105,10 @@ def _grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, w_ptr, pairs_ptr, expert_ptr, num_
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
 
 
-def _block_sizes(tokens: int, n: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K). Small batches (decode) give each expert a few rows: a small
-    BLOCK_M wastes less padding, and narrow BLOCK_N tiles give the few experts read enough
-    programs to stream their weights with the whole chip (the down projection of one expert
-    has only hidden / BLOCK_N tiles)."""
-    if tokens <= 64:
-        return 16, min(32, max(16, triton.next_power_of_2(n))), 64
-    return 64, min(128, max(16, triton.next_power_of_2(n))), 64
-
-
 def grouped_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, align: Alignment,
                  top_k: int, *, a_row_is_token: bool, weights: torch.Tensor | None = None,
                  block_n: int = 128, block_k: int = 64, num_warps: int = 4,
-                 num_stages: int | None = None) -> None:
+                 num_stages: int = 3) -> None:
     """out[pair] = a[row(pair)] @ b[expert(pair)]^T (* weights[pair]) for every held pair;
     b is [E, N, K] (contiguous in K), a [rows, K], out [pairs, N]."""
     num_pairs, n = out.shape[0], b.shape[1]
@@ -129,11 +123,32 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, align: Ali
         out.stride(0), TOP_K=top_k, A_ROW_IS_TOKEN=a_row_is_token,
         MUL_WEIGHT=weights is not None, BLOCK_M=align.block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, DOT_PREC=dot_precision(a.dtype), num_warps=num_warps,
-        **({"num_stages": num_stages} if num_stages is not None else {}))
+        num_stages=num_stages)
+
+
+@dataclass(frozen=True)
+class MoETiles:
+    """The two GEMMs' tiles (moe_tune.Tile); both BLOCK_Ms must be equal (one alignment)."""
+
+    gate_up: Tile
+    down: Tile
+
+
+def _tiled(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, align: Alignment, top_k: int,
+           tile: Tile, *, a_row_is_token: bool, weights: torch.Tensor | None = None) -> None:
+    if tile[0] != align.block_m:
+        raise ValueError(f"fused_moe: tile {tile} does not fit an alignment of "
+                         f"BLOCK_M {align.block_m}")
+    _, block_n, block_k, num_warps, num_stages = tile
+    grouped_gemm(a, b, out, align, top_k, a_row_is_token=a_row_is_token, weights=weights,
+                 block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+              topk_ids: torch.Tensor, activation: str = "silu",
+              tiles: MoETiles | None = None) -> torch.Tensor:
+    """tiles: both GEMMs' tiles as given (tests, benchmarks); else moe_tune's (measured once
+    per shape outside graph capture)."""
     if activation not in _ACTIVATIONS:
         raise ValueError(f"fused_moe: unknown activation {activation!r}; have "
                          f"{', '.join(_ACTIVATIONS)}")
@@ -146,15 +161,30 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     if tokens == 0:
         return torch.empty_like(x)
     pairs = tokens * top_k
-    block_m, block_n, block_k = _block_sizes(tokens, two_inter)
-    align = align_by_expert(topk_ids, num_experts, block_m)
+    aligns: dict[int, Alignment] = {}
+
+    def align_for(block_m: int) -> Alignment:
+        if block_m not in aligns:
+            aligns[block_m] = align_by_expert(topk_ids, num_experts, block_m)
+        return aligns[block_m]
+
     gate_up = torch.empty((pairs, two_inter), dtype=x.dtype, device=x.device)
-    grouped_gemm(x, w13, gate_up, align, top_k, a_row_is_token=True, block_n=block_n,
-                 block_k=block_k)
+
+    def run_gate_up(tile: Tile) -> None:
+        _tiled(x, w13, gate_up, align_for(tile[0]), top_k, tile, a_row_is_token=True)
+
+    tile1 = tiles.gate_up if tiles is not None else \
+        gate_up_tile(x, num_experts, two_inter, top_k, run_gate_up)
+    run_gate_up(tile1)
     hidden_act = _ACTIVATIONS[activation](gate_up)
     out = torch.zeros((pairs, hidden), dtype=torch.float32, device=x.device)
-    _, block_n, _ = _block_sizes(tokens, hidden)
-    grouped_gemm(hidden_act, w2, out, align, top_k, a_row_is_token=False,
-                 weights=topk_weights.reshape(-1).float().contiguous(), block_n=block_n,
-                 block_k=block_k)
+    weights = topk_weights.reshape(-1).float().contiguous()
+
+    def run_down(tile: Tile) -> None:
+        _tiled(hidden_act, w2, out, align_for(tile1[0]), top_k, tile, a_row_is_token=False,
+               weights=weights)
+
+    tile2 = tiles.down if tiles is not None else \
+        down_tile(x, num_experts, hidden, two_inter // 2, top_k, tile1[0], run_down)
+    run_down(tile2)
     return out.view(tokens, top_k, hidden).sum(dim=1).to(x.dtype)

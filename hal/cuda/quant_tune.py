@@ -1,18 +1,18 @@
 """Launch configurations of the quantized kernels: a few candidates, measured once per
 (kernel, scheme, shape, group, batch bucket, dtype) on the device, the fastest kept.
 
-The measurement runs the first time a shape is seen outside CUDA graph capture (the worker's
-warm-up runs come before its captures, so every captured shape is measured); during a capture,
-or under the Triton interpreter, the first candidate is taken as it is.
+The measurement (autotune.pick) runs the first time a shape is seen outside CUDA graph capture
+(the worker's warm-up runs come before its captures, so every captured shape is measured);
+during a capture, or under the Triton interpreter, the first candidate is taken as it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from tessera.hal.cuda.autotune import pick as _pick
 from tessera.hal.cuda.quant_kernels import GEMV_COLUMN, GEMV_EXP_CVT, GEMV_X_VEC
 from tessera.hal.quant.weight import QuantizedWeight
 
@@ -53,7 +53,6 @@ W8A8_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
     128: [(128, 128, 128, 8, 3), (64, 128, 128, 4, 4), (128, 64, 128, 8, 3), SCALED_MM],
     256: [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (64, 128, 128, 4, 4), SCALED_MM],
 }
-_chosen: dict[tuple[Any, ...], tuple[int, ...]] = {}
 
 
 def tile(config: tuple[int, ...]) -> tuple[int, int, int, int, int]:
@@ -67,31 +66,6 @@ def batch_bucket(m: int) -> int:
         if m <= bucket:
             return bucket
     return 256
-
-
-def _measurable(x: torch.Tensor) -> bool:
-    """On a GPU (the interpreter runs on CPU tensors) and not inside a graph capture."""
-    return x.is_cuda and not torch.cuda.is_current_stream_capturing()
-
-
-def _pick(key: tuple[Any, ...], candidates: Sequence[tuple[int, ...]], x: torch.Tensor,
-          run: Callable[[tuple[int, ...]], Any]) -> tuple[int, ...]:
-    cfg = _chosen.get(key)
-    if cfg is not None:
-        return cfg
-    if not _measurable(x) or len(candidates) == 1:
-        return candidates[0]
-    from triton.testing import do_bench
-
-    timings = []
-    for cand in candidates:
-        try:
-            timings.append((float(do_bench(lambda c=cand: run(c), warmup=2, rep=10)), cand))
-        except Exception:  # a candidate the compiler rejects (resources) is skipped  # noqa: BLE001
-            continue
-    cfg = min(timings)[1] if timings else candidates[0]
-    _chosen[key] = cfg
-    return cfg
 
 
 def _key(kernel: str, w: QuantizedWeight, x: torch.Tensor, bucket: int) -> tuple[Any, ...]:

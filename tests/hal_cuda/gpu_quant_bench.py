@@ -166,7 +166,7 @@ def main(argv: list[str]) -> int:
         setup = Setup(torch.device("cuda"), torch.bfloat16, SHAPES, BATCHES, (128256, 4096),
                       _graph_timer)
         device = torch.cuda.get_device_name()
-    from tessera.hal.cuda import CudaPlatform, quant_tune
+    from tessera.hal.cuda import CudaPlatform, autotune
 
     res: dict[str, Any] = {"device": device}
     res.update(linears(setup, CudaPlatform()))
@@ -182,7 +182,7 @@ def main(argv: list[str]) -> int:
                   f"({best['GBps'] if best else float('nan'):.0f} GB/s), tuner picks "
                   f"{r['tuner_pick']}", file=sys.stderr, flush=True)
         res["gemv_candidates"][scheme] = per_shape
-    res["tuned"] = {str(k): list(v) for k, v in quant_tune._chosen.items()}
+    res["tuned"] = {str(k): list(v) for k, v in autotune.chosen.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")
     return 0

@@ -95,6 +95,54 @@ def test_fused_moe(kernels: dict[str, ModuleType], tokens: int, experts: int, to
                                                               activation), **TOL)
 
 
+def _moe_case(tokens: int, experts: int, top_k: int, hidden: int, inner: int, seed: int
+              ) -> tuple[torch.Tensor, ...]:
+    """x, w13, w2 and a routing that never picks the last expert (its weights must not enter)
+    and, from 3 tokens, drops two pairs (experts of another rank)."""
+    x = _rand(tokens, hidden, seed=seed)
+    w13 = _rand(experts, 2 * inner, hidden, seed=seed + 1) / hidden ** 0.5
+    w2 = _rand(experts, hidden, inner, seed=seed + 2) / inner ** 0.5
+    scores = _rand(tokens, experts, seed=seed + 3)
+    scores[:, -1] = float("-inf")
+    weights, ids = torch.softmax(scores, -1).topk(top_k, dim=-1)
+    ids = ids.to(torch.int32)
+    if tokens > 2:
+        ids[0, 0], ids[2, -1] = -1, experts
+    assert not (ids == experts - 1).any()
+    return x, w13, w2, weights, ids
+
+
+def test_fused_moe_every_candidate_tile(kernels: dict[str, ModuleType]) -> None:
+    """Every tile moe_tune may choose, forced on both GEMMs, against the reference at 1-100
+    tokens, top-1 and top-2, both activations. The interpreter ignores num_warps and
+    num_stages, so each (BLOCK_M, BLOCK_N, BLOCK_K) runs once; hidden 144 loops over K with
+    BLOCK_K 64 and 128, and 144, 2 * 40 and 40 leave every tile partly masked."""
+    acts = ("silu", "gelu_tanh")
+    from tessera.hal.cuda import moe_tune
+
+    moe = kernels["moe"]
+    tiles = {t[:3]: t for bucket in moe_tune.BUCKETS.values() for t in bucket}
+    assert len(tiles) >= 12
+    cases = []  # per token count, (case, want) per activation
+    for i, tokens in enumerate((1, 3, 17, 64, 100)):
+        case = _moe_case(tokens, 5, 1 + i % 2, 144, 40, seed=40 + i)
+        cases.append([(case, act, reference_op("fused_moe")(*case, act)) for act in acts])
+    for j, tile in enumerate(tiles.values()):
+        for i, per_act in enumerate(cases):  # the activation alternates with the token count
+            case, activation, want = per_act[(i + j) % 2]
+            out = moe.fused_moe(*case, activation, tiles=moe.MoETiles(tile, tile))
+            torch.testing.assert_close(out, want, **TOL,
+                                       msg=lambda m, t=tile, c=case: f"{t} at {len(c[0])} "
+                                       f"tokens: {m}")
+
+
+def test_fused_moe_refuses_tiles_of_two_alignments(kernels: dict[str, ModuleType]) -> None:
+    moe = kernels["moe"]
+    case = _moe_case(3, 4, 2, 48, 40, seed=50)
+    with pytest.raises(ValueError, match="BLOCK_M"):
+        moe.fused_moe(*case, tiles=moe.MoETiles((16, 32, 64, 4, 3), (32, 32, 64, 4, 3)))
+
+
 def test_moe_alignment_groups_pairs_by_expert(kernels: dict[str, ModuleType]) -> None:
     ids = torch.tensor([[2, 0], [2, 1], [-1, 2]], dtype=torch.int32)
     align = kernels["moe"].align_by_expert(ids, 3, 16)
