@@ -33,7 +33,11 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def effective_config(kwargs: dict[str, Any]) -> EngineConfig:
-    return EngineConfig(**kwargs)
+    """The configuration an offline `LLM` started with these arguments runs (its defaults
+    where they differ from serving's)."""
+    from tessera.offline import LLM
+
+    return EngineConfig(**{**LLM.DEFAULTS, **kwargs})
 
 
 def weight_dtype(config: EngineConfig, device: str) -> str:

@@ -36,33 +36,40 @@ def _signature(fn: Any, types: dict[str, str], consts: dict[str, Any]) -> dict[s
     return {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
 
 
+def qgemv_case(scheme: str, group: int | None, variant: int, block_n: int = 4,
+               block_k: int = 4096, num_warps: int = 8) -> Case:
+    """The quantized GEMV for bf16 x: `group` None is one scale per output row."""
+    from tessera.hal.cuda import quant_kernels as qk
+
+    fn = qk.qgemv_kernel
+    qtypes = {"fp8": "*fp8e4nv", "int8": "*i8", "int4": "*u8"}
+    types = {"x_ptr": "*bf16", "q_ptr": qtypes[scheme], "s_ptr": "*fp32", "o_ptr": "*fp32",
+             "b_ptr": "*bf16", "out_ptr": "*bf16"}
+    consts = {"KIND": {"fp8": qk.FP8, "int8": qk.INT8, "int4": qk.INT4}[scheme],
+              "GROUP": group or 1, "PER_ROW": group is None, "HAS_BIAS": False,
+              "BLOCK_N": block_n, "BLOCK_K": block_k,
+              "COLUMN": bool(variant & qk.GEMV_COLUMN),
+              "EXP_CVT": bool(variant & qk.GEMV_EXP_CVT),
+              "X_VEC": bool(variant & qk.GEMV_X_VEC)}
+    return Case(f"qgemv {scheme} group={group or 'row'} variant={variant}", fn,
+                _signature(fn, types, consts), consts, num_warps=num_warps,
+                divisible_by_16=("x_ptr", "q_ptr", "s_ptr", "o_ptr", "out_ptr", "n_out",
+                                 "n_in", "q_s0", "s_s0"))
+
+
 def _qgemv_cases() -> list[Case]:
     """Every GEMV formulation the tuner lists (quant_tune.GEMV_CANDIDATES' variants) at a wide
     candidate tile, grouped (AWQ's 128) and one scale per row."""
     from tessera.hal.cuda import quant_kernels as qk
     from tessera.hal.cuda import quant_tune
 
-    fn = qk.qgemv_kernel
-    qtypes = {"fp8": "*fp8e4nv", "int8": "*i8", "int4": "*u8"}
     listed = {s: sorted({c[3] for c in cands}) for s, cands in quant_tune.GEMV_CANDIDATES.items()}
-    out = []
-    for scheme, group, variants in (("fp8", None, listed["fp8"]),
-                                    ("int8", 128, listed["int8"]),
-                                    ("int4", 128, listed["int4"]),
-                                    ("int4", None, (0, qk.GEMV_EXP_CVT | qk.GEMV_X_VEC))):
-        for variant in variants:
-            types = {"x_ptr": "*bf16", "q_ptr": qtypes[scheme], "s_ptr": "*fp32",
-                     "o_ptr": "*fp32", "b_ptr": "*bf16", "out_ptr": "*bf16"}
-            consts = {"KIND": {"fp8": 0, "int8": 1, "int4": 2}[scheme], "GROUP": group or 1,
-                      "PER_ROW": group is None, "HAS_BIAS": False, "BLOCK_N": 4,
-                      "BLOCK_K": 4096, "COLUMN": bool(variant & qk.GEMV_COLUMN),
-                      "EXP_CVT": bool(variant & qk.GEMV_EXP_CVT),
-                      "X_VEC": bool(variant & qk.GEMV_X_VEC)}
-            out.append(Case(f"qgemv {scheme} group={group or 'row'} variant={variant}", fn,
-                            _signature(fn, types, consts), consts, num_warps=8,
-                            divisible_by_16=("x_ptr", "q_ptr", "s_ptr", "o_ptr", "out_ptr",
-                                             "n_out", "n_in", "q_s0", "s_s0")))
-    return out
+    return [qgemv_case(scheme, group, variant)
+            for scheme, group, variants in (
+                ("fp8", None, listed["fp8"]), ("int8", 128, listed["int8"]),
+                ("int4", 128, listed["int4"]),
+                ("int4", None, (0, qk.GEMV_EXP_CVT | qk.GEMV_X_VEC)))
+            for variant in variants]
 
 
 def cases() -> list[Case]:

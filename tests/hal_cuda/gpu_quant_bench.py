@@ -2,7 +2,8 @@
 bf16 (cuBLAS / the tuned GEMV), fp8 and int4 (group 128) at batch 1, 16, 64 and 256, each timed
 inside CUDA graphs over rotating weight copies (so L2 does not hold them); then every batch-1
 GEMV candidate of quant_tune (tile sizes and formulations) for fp8 and int4 at each shape, with
-the one the tuner picks. Not a pytest module.
+the one the tuner picks (those first; OUT.json is rewritten after every shape, so a run cut
+off at its time limit keeps what it measured). Not a pytest module.
 
     python3 tests/hal_cuda/gpu_quant_bench.py OUT.json          # on the GPU, a few minutes
     python3 tests/hal_cuda/gpu_quant_bench.py OUT.json --cpu    # dry run: tiny shapes, Triton's
@@ -113,11 +114,12 @@ def gemv_candidates(setup: Setup, scheme: str, n_out: int, n_in: int) -> dict[st
             "tuner_pick": pick}
 
 
-def linears(setup: Setup, platform: Any) -> dict[str, Any]:
+def linears(setup: Setup, platform: Any, res: dict[str, Any],
+            save: Callable[[], None]) -> None:
+    """Every scheme through the plugin's linear op at each batch, into res["b<batch>"]."""
     from tessera.hal.quant import quantize
 
     linear = platform.op("linear")
-    res: dict[str, Any] = {}
     for batch in setup.batches:
         per: dict[str, Any] = {}
         totals = {"bf16": 0.0, "fp8": 0.0, "int4": 0.0}
@@ -149,10 +151,10 @@ def linears(setup: Setup, platform: Any) -> dict[str, Any]:
         per["step_linears_ms"] = {k: (32 * v + head_us) / 1e3 for k, v in totals.items()}
         per["lm_head_bf16_us"] = head_us
         res[f"b{batch}"] = per
+        save()
         print(f"b{batch}: 32 layers of linears + bf16 lm_head, ms: {per['step_linears_ms']}",
               file=sys.stderr, flush=True)
         del lm_head
-    return res
 
 
 def main(argv: list[str]) -> int:
@@ -168,23 +170,28 @@ def main(argv: list[str]) -> int:
         device = torch.cuda.get_device_name()
     from tessera.hal.cuda import CudaPlatform, autotune
 
-    res: dict[str, Any] = {"device": device}
-    res.update(linears(setup, CudaPlatform()))
-    res["gemv_candidates"] = {}
+    res: dict[str, Any] = {"device": device, "gemv_candidates": {}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every piece: a run cut off at its time limit keeps the rest
+        res["tuned"] = {str(k): list(v) for k, v in autotune.chosen.items()}
+        out.write_text(json.dumps(res, indent=1) + "\n")
+
+    # the candidates first: which formulation wins is what this run is for
     for scheme in GEMV_SCHEMES:
-        per_shape = {}
+        per_shape: dict[str, Any] = {}
+        res["gemv_candidates"][scheme] = per_shape
         for name, (n_out, n_in) in setup.shapes.items():
             per_shape[name] = r = gemv_candidates(setup, scheme, n_out, n_in)
+            save()
             best = min((c for c in r["candidates"] if "us" in c), key=lambda c: c["us"],
                        default=None)
             print(f"gemv {scheme} {name}: {len(r['candidates'])} candidates, fastest "
                   f"{r['fastest']} {best['us'] if best else float('nan'):.1f} us "
                   f"({best['GBps'] if best else float('nan'):.0f} GB/s), tuner picks "
                   f"{r['tuner_pick']}", file=sys.stderr, flush=True)
-        res["gemv_candidates"][scheme] = per_shape
-    res["tuned"] = {str(k): list(v) for k, v in autotune.chosen.items()}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1) + "\n")
+    linears(setup, CudaPlatform(), res, save)
+    save()
     return 0
 
 

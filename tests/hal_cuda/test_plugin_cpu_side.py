@@ -8,6 +8,8 @@ import torch
 
 from tessera.hal.ops import FUSED_OP_NAMES, OP_NAMES
 
+CUDA_FUSED = ("rotary_store_kv",)
+
 
 def test_import_needs_no_gpu_and_reports_availability() -> None:
     from tessera.hal.cuda import CudaPlatform
@@ -33,7 +35,9 @@ def test_op_table_is_complete_even_without_a_gpu() -> None:
     from tessera.hal.cuda import CudaPlatform
 
     platform = CudaPlatform()
-    assert platform.registered_ops() == sorted(OP_NAMES + FUSED_OP_NAMES)
+    # every plain op, and the fused ops it offers (the SiLU-prologue GEMV measured slower
+    # on the H200 and was removed)
+    assert platform.registered_ops() == sorted(OP_NAMES + CUDA_FUSED)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="builds the platform without a GPU")
@@ -47,7 +51,7 @@ def test_unfuse_switch_leaves_the_fused_ops_out(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv(UNFUSE_VARIABLE, value)
     platform = CudaPlatform()
     for name in FUSED_OP_NAMES:
-        assert (platform.fused_op(name) is None) == (name in off)
+        assert (platform.fused_op(name) is None) == (name in off or name not in CUDA_FUSED)
     assert set(OP_NAMES) <= set(platform.registered_ops())  # unfused ops stay
     assert UNFUSE_VARIABLE in CudaPlatform.environment_variables  # recorded in run manifests
 
