@@ -26,15 +26,14 @@ from tessera.hal.cuda import autotune
 Tile = tuple[int, int, int, int, int]
 # Decode-size batches: each expert holds a few pairs, BLOCK_M = 16 (tl.dot's smallest) pads
 # least, and the GEMM streams weights, so the candidates move 8-64 KiB of weight per program
-# per K iteration (the heuristic, first, moves 4 KiB) with 3-5 loads in flight, in tiles wide
-# (fewer programs, more bytes each) or narrow (more programs for the down GEMM, whose N is only
-# hidden). Shared memory per program is about stages * BLOCK_K * (BLOCK_M + BLOCK_N) * 2 bytes
-# at bf16; every tile here stays under 164 KiB.
+# per K iteration (the heuristic, first, moves 4 KiB) with 2-4 iterations' loads in flight, in
+# tiles wide (fewer programs, more bytes each) or narrow (more programs for the down GEMM,
+# whose N is only hidden).
 DECODE: list[Tile] = [
     (16, 32, 64, 4, 3),
     (16, 32, 128, 4, 5), (16, 32, 256, 4, 4), (16, 64, 128, 4, 4), (16, 64, 128, 8, 5),
     (16, 64, 256, 4, 3), (16, 64, 256, 8, 4), (16, 128, 64, 4, 4), (16, 128, 128, 4, 4),
-    (16, 128, 128, 8, 4),
+    (16, 128, 128, 8, 4), (16, 128, 256, 8, 3), (16, 256, 128, 8, 3),
 ]
 # 9-64 tokens: up to ~16 pairs per expert; BLOCK_M 32 wastes less than it saves there.
 SMALL: list[Tile] = DECODE + [(32, 64, 128, 4, 4), (32, 128, 64, 4, 4), (32, 128, 128, 8, 3)]
@@ -47,7 +46,10 @@ LARGE: list[Tile] = [
 # Upper bounds of the token buckets (the last takes every larger batch) and their candidates.
 BUCKETS: dict[int, list[Tile]] = {1: DECODE, 4: DECODE, 8: DECODE, 64: SMALL, 256: LARGE,
                                   1024: LARGE, 1 << 62: LARGE}
-SMEM_BYTES = 200 * 1024  # the device's limit is 227 KiB; the pipeline needs some besides
+# Shared memory of a tile: at most `stages` buffers of the A and B tiles (Triton 3.9 at sm_90
+# allocates stages - 1 for BLOCK_M 16 and stages for the wgmma tiles of BLOCK_M >= 64,
+# tests/hal_cuda/compile_for_sm90.py checks it); the H100/H200 allow a program 227 KiB.
+SMEM_BYTES = 224 * 1024
 
 
 def token_bucket(tokens: int) -> int:
@@ -62,9 +64,9 @@ def _fit(tile: Tile, n: int, k: int) -> Tile:
         min(bk, max(64, triton.next_power_of_2(k))), warps, stages
 
 
-def _fits_smem(tile: Tile, elem_bytes: int) -> bool:
+def shared_bytes(tile: Tile, elem_bytes: int) -> int:
     bm, bn, bk, _, stages = tile
-    return stages * bk * (bm + bn) * elem_bytes <= SMEM_BYTES
+    return stages * bk * (bm + bn) * elem_bytes
 
 
 def candidates(tokens: int, n: int, k: int, dtype: torch.dtype,
@@ -77,7 +79,7 @@ def candidates(tokens: int, n: int, k: int, dtype: torch.dtype,
         if block_m is not None:
             tile = (block_m, *tile[1:])
         tile = _fit(tile, n, k)
-        if tile not in out and (i == 0 or _fits_smem(tile, elem)):
+        if tile not in out and (i == 0 or shared_bytes(tile, elem) <= SMEM_BYTES):
             out.append(tile)
     return out
 

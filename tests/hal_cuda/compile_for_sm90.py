@@ -1,4 +1,4 @@
-"""Compile the cuda plugin's fused and quantized-GEMV kernels for an H100/H200 (sm_90) on a
+"""Compile the cuda plugin's fused, quantized-GEMV and MoE grouped-GEMM kernels for an H100/H200 (sm_90) on a
 machine without a GPU: Triton's front end, its passes and the ptxas it ships, down to a cubin.
 The interpreter runs a kernel's Python, not its compilation: a kernel the compiler refuses (a
 value of two types out of an `if`, a constexpr misuse) passes there and fails on the GPU.
@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+SHARED_LIMIT = 227 * 1024  # what sm_90 allows one program
+
 
 @dataclass
 class Case:
@@ -26,6 +28,8 @@ class Case:
     consts: dict[str, Any]
     num_warps: int = 4
     divisible_by_16: tuple[str, ...] = field(default_factory=tuple)
+    num_stages: int = 3
+    max_shared: int = SHARED_LIMIT  # bytes of shared memory the compiled kernel may use
 
     def attrs(self) -> dict[tuple[int, ...], list[list[Any]]]:
         return {(i,): [["tt.divisibility", 16]] for i, n in enumerate(self.fn.arg_names)
@@ -72,6 +76,32 @@ def _qgemv_cases() -> list[Case]:
             for variant in variants]
 
 
+def _moe_cases() -> list[Case]:
+    """Every tile moe_tune lists, as the gate/up and the down GEMM, bf16 at Mixtral-8x7B's
+    strides: each compiles, within moe_tune's estimate of its shared memory (the estimate
+    that keeps too large a tile from being measured)."""
+    from tessera.hal.cuda import moe, moe_tune
+
+    fn = moe._grouped_gemm_kernel
+    types = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "w_ptr": "*fp32",
+             "pairs_ptr": "*i32", "expert_ptr": "*i32"}
+    tiles = list(dict.fromkeys(t for bucket in moe_tune.BUCKETS.values() for t in bucket))
+    out = []
+    for tile in tiles:
+        bm, bn, bk, warps, stages = tile
+        for gemm, row_is_token, c_type in (("gate_up", True, "*bf16"), ("down", False, "*fp32")):
+            consts = {"TOP_K": 2, "A_ROW_IS_TOKEN": row_is_token, "MUL_WEIGHT": not row_is_token,
+                      "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "DOT_PREC": "tf32"}
+            out.append(Case(f"moe {gemm} {tile}", fn,
+                            _signature(fn, {**types, "c_ptr": c_type}, consts), consts,
+                            num_warps=warps, num_stages=stages,
+                            max_shared=min(SHARED_LIMIT, moe_tune.shared_bytes(tile, 2)),
+                            divisible_by_16=("a_ptr", "b_ptr", "c_ptr", "w_ptr", "pairs_ptr",
+                                             "expert_ptr", "N", "K", "a_s0", "b_s0", "b_s1",
+                                             "c_s0")))
+    return out
+
+
 def cases() -> list[Case]:
     from tessera.hal.cuda import elementwise, gemv
 
@@ -92,7 +122,7 @@ def cases() -> list[Case]:
         types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
         consts = {"HAS_BIAS": bias, "BLOCK_N": 2, "BLOCK_K": 2048}
         out.append(Case(f"gemv bias={bias}", fn, _signature(fn, types, consts), consts))
-    return out + _qgemv_cases()
+    return out + _qgemv_cases() + _moe_cases()
 
 
 def main() -> int:
@@ -104,10 +134,13 @@ def main() -> int:
     results: dict[str, str] = {}
     for case in cases():
         try:
-            triton.compile(ASTSource(fn=case.fn, signature=case.signature,
-                                     constexprs=case.consts, attrs=case.attrs()),
-                           target=target, options={"num_warps": case.num_warps})
-            results[case.name] = "ok"
+            kernel = triton.compile(ASTSource(fn=case.fn, signature=case.signature,
+                                              constexprs=case.consts, attrs=case.attrs()),
+                                    target=target, options={"num_warps": case.num_warps,
+                                                            "num_stages": case.num_stages})
+            shared = kernel.metadata.shared
+            results[case.name] = "ok" if shared <= case.max_shared else \
+                f"{shared} bytes of shared memory, more than {case.max_shared}"
         except Exception as e:  # noqa: BLE001 - every kernel's outcome is reported
             results[case.name] = f"{type(e).__name__}: {e}"
     print(json.dumps(results))

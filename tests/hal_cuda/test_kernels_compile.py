@@ -1,5 +1,6 @@
-"""The fused kernels and every quantized-GEMV formulation compile for sm_90 here, without a GPU (tests/hal_cuda/compile_for_sm90.py):
-what the interpreter tests cannot show."""
+"""The fused kernels, every quantized-GEMV formulation and every MoE tile compile for sm_90
+here, without a GPU (tests/hal_cuda/compile_for_sm90.py): what the interpreter tests cannot
+show."""
 
 from __future__ import annotations
 

@@ -213,3 +213,53 @@ def test_gemv_matches_cublas_in_fp32(n_out: int, n_in: int, config: tuple[int, i
     ref = x.double() @ w.double().T + bias.double()
     assert out.dtype == torch.bfloat16
     assert float((out.double() - ref).norm() / ref.norm()) < 1e-2
+
+
+def _moe_inputs(tokens: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """bf16 MoE inputs at a quarter of Mixtral-8x7B's width (8 experts, top-2), fp32 routing."""
+    hidden, inter, experts = 1024, 3584, 8
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn((tokens, hidden), device="cuda", generator=gen).bfloat16()
+    w13 = (torch.randn((experts, 2 * inter, hidden), device="cuda", generator=gen)
+           * hidden ** -0.5).bfloat16()
+    w2 = (torch.randn((experts, hidden, inter), device="cuda", generator=gen)
+          * inter ** -0.5).bfloat16()
+    scores = torch.randn((tokens, experts), device="cuda", generator=gen)
+    weights, ids = torch.softmax(scores, -1).topk(2, dim=-1)
+    return x, w13, w2, weights, ids.to(torch.int32)
+
+
+def _moe_rel_err(out: torch.Tensor, case: tuple[torch.Tensor, ...]) -> float:
+    x, w13, w2, weights, ids = case
+    ref = reference_op("fused_moe")(x.float(), w13.float(), w2.float(), weights, ids)
+    return float((out.float() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 100])
+def test_fused_moe_every_tile_compiled(tokens: int) -> None:
+    """Each tile moe_tune may choose, compiled and forced on both GEMMs, in bf16."""
+    from tessera.hal.cuda import moe, moe_tune
+
+    case = _moe_inputs(tokens, seed=tokens)
+    for tile in dict.fromkeys(t for bucket in moe_tune.BUCKETS.values() for t in bucket):
+        out = moe.fused_moe(*case, tiles=moe.MoETiles(tile, tile))
+        assert _moe_rel_err(out, case) < 1e-2, tile
+
+
+def test_fused_moe_tiles_are_measured_once_and_stay_correct() -> None:
+    """The first eager call of a shape bucket measures the candidates and keeps the fastest;
+    the next call of the bucket takes it without measuring again."""
+    from tessera.hal.cuda import autotune, moe
+
+    def moe_keys() -> dict:
+        return {k: v for k, v in autotune.chosen.items() if str(k[0]).startswith("moe_")}
+
+    for k in moe_keys():
+        del autotune.chosen[k]
+    case = _moe_inputs(3, seed=5)
+    assert _moe_rel_err(moe.fused_moe(*case), case) < 1e-2
+    chosen = moe_keys()
+    assert len(chosen) == 2  # the gate/up tile (with BLOCK_M) and the down tile
+    case = _moe_inputs(4, seed=6)  # the same bucket (2-4 tokens)
+    assert _moe_rel_err(moe.fused_moe(*case), case) < 1e-2
+    assert moe_keys() == chosen

@@ -51,7 +51,7 @@ def test_decode_candidates_move_more_weight_per_iteration() -> None:
         assert len(cands) == len(set(cands)) >= 8
         assert max(bn * bk * 2 for _, bn, bk, _, _ in cands) >= 32 * 1024
         assert {w for *_, w, _ in cands} == {4, 8} and max(s for *_, s in cands) >= 5
-        assert all(s * bk * (bm + bn) * 2 <= moe_tune.SMEM_BYTES for bm, bn, bk, _, s in cands)
+        assert all(moe_tune.shared_bytes(t, 2) <= moe_tune.SMEM_BYTES for t in cands)
     large = moe_tune.candidates(4096, 28672, 4096, torch.bfloat16)
     assert {t[0] for t in large} >= {64, 128} and {t[1] for t in large} >= {128, 256}
 
