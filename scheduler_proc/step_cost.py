@@ -1,10 +1,16 @@
 """What a step costs on this device, learned from the steps it runs, and how many prefill
 tokens the next step may therefore carry.
 
-A step of D decodes and P prefill tokens takes about decode_ms + P * prefill_ms_per_token:
-decode-only steps measure `decode_ms` (the step every running stream waits for), steps with
-at least MIN_PREFILL_MEASURED prefill tokens measure the marginal cost of a prefill token
-over it. Both are moving averages of the worker's own time per step (`forward_ms`).
+A step of D decodes and P prefill tokens takes about decode_ms(D) + P * prefill_ms_per_token:
+decode-only steps measure `decode_ms` (the step every running stream waits for), per size of
+batch (powers of two: a decode step of 128 streams reads more KV than one of 8), and steps
+with at least MIN_PREFILL_MEASURED prefill tokens measure the marginal cost of a prefill token
+over the decode step of their own batch size (the nearest size measured). All are moving
+averages of the worker's own time per step (`forward_ms`). Charging a mixed step's decodes
+at the last decode step's cost instead (whatever its batch size, or nothing before the first
+one) made prefill tokens look 3x dearer than they are on an H200 (0.067 ms against 0.019)
+whenever prompts kept arriving, so decode-only steps were few: the chunks were cut to the
+floor.
 
 The prefill budget protects running decodes: while some decode, a step that also prefills
 may take at most `max_mixed_step_ratio` decode steps, so its chunk is what fits in the rest
@@ -23,7 +29,7 @@ enough to measure the device, little enough not to hold an arrival for long.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MIN_PREFILL_MEASURED = 32  # smaller chunks measure the fixed cost of a step, not a token
 SMOOTHING = 0.3  # weight of the newest step in the moving averages
@@ -38,10 +44,26 @@ def _ema(old: float, new: float) -> float:
     return new if old <= 0 else (1 - SMOOTHING) * old + SMOOTHING * new
 
 
+def batch_class(decodes: int) -> int:
+    """Decode counts measured together: 1, 2-3, 4-7, ..., 128-255, 256-511."""
+    return max(1, decodes).bit_length()
+
+
 @dataclass
 class StepCost:
-    decode_ms: float = 0.0  # a decode-only step, moving average (0: none seen yet)
+    decode_ms: float = 0.0  # the latest decode-only steps, moving average (0: none seen yet)
     prefill_ms_per_token: float = 0.0  # marginal cost of a prefill token (0: unknown)
+    # decode-only steps by batch_class of their decode count, moving averages
+    decode_ms_by_class: dict[int, float] = field(default_factory=dict)
+
+    def decode_ms_at(self, decodes: int) -> float:
+        """The decode step of this many streams: its class's, else the nearest class
+        measured (the smaller on a tie), else 0 (nothing measured)."""
+        if not self.decode_ms_by_class:
+            return 0.0
+        want = batch_class(decodes)
+        nearest = min(self.decode_ms_by_class, key=lambda c: (abs(c - want), c))
+        return self.decode_ms_by_class[nearest]
 
     def observe(self, decodes: int, prefill_tokens: int, step_ms: float) -> None:
         """Learn from one finished step (its decode count, prefill tokens, own time)."""
@@ -50,28 +72,34 @@ class StepCost:
         if prefill_tokens == 0:
             if decodes:
                 self.decode_ms = _ema(self.decode_ms, step_ms)
+                c = batch_class(decodes)
+                self.decode_ms_by_class[c] = _ema(self.decode_ms_by_class.get(c, 0.0), step_ms)
             return
         if prefill_tokens < MIN_PREFILL_MEASURED:
             return
-        # Without a decode-only step seen yet, charge the whole step to its prefill tokens:
+        # The step's decodes cost what a decode step of their batch size costs; a step
+        # without decodes still reads every weight once, as a one-stream decode step does.
+        # With no decode step measured yet, the whole step is charged to its prefill tokens:
         # an overestimate (smaller chunks) until the first decode step corrects it.
-        base = self.decode_ms if decodes and self.decode_ms > 0 else 0.0
+        base = self.decode_ms_at(max(decodes, 1))
         marginal = (step_ms - base) / prefill_tokens
         if marginal > 0:
             self.prefill_ms_per_token = _ema(self.prefill_ms_per_token, marginal)
 
     def prefill_budget(self, *, decoding: bool, cap: int, min_tokens: int, floor: int,
-                       max_mixed_step_ratio: float, step_target_ms: float) -> int:
-        """Prefill tokens the next step may carry: at most `cap`; while streams decode, what
-        fits in (max_mixed_step_ratio - 1) decode steps, and at most step_target_ms of
-        prefill work, but at least `min_tokens` (UNMEASURED_CHUNK before any measure). A
-        step target of 0 turns the time cap off."""
+                       max_mixed_step_ratio: float, step_target_ms: float,
+                       decodes: int | None = None) -> int:
+        """Prefill tokens the next step may carry: at most `cap`; while streams decode (their
+        number `decodes`, when known), what fits in (max_mixed_step_ratio - 1) of their
+        decode steps, and at most step_target_ms of prefill work, but at least `min_tokens`
+        (UNMEASURED_CHUNK before any measure). A step target of 0 turns the time cap off."""
         per_token = self.prefill_ms_per_token
         if per_token <= 0:
             return min(cap, UNMEASURED_CHUNK) if step_target_ms > 0 else cap
         budget = cap
-        if decoding and max_mixed_step_ratio > 1 and self.decode_ms > 0:
-            fits = _tokens((max_mixed_step_ratio - 1) * self.decode_ms, per_token)
+        decode_ms = self.decode_ms_at(decodes) if decodes else self.decode_ms
+        if decoding and max_mixed_step_ratio > 1 and decode_ms > 0:
+            fits = _tokens((max_mixed_step_ratio - 1) * decode_ms, per_token)
             budget = min(budget, max(fits, min_tokens))
         if step_target_ms > 0:
             budget = min(budget, max(_tokens(step_target_ms, per_token), min_tokens))

@@ -63,3 +63,47 @@ def test_unmeasured_device_gets_a_first_chunk_that_measures_it() -> None:
     first = StepCost()
     first.observe(0, 1024, 40.0)  # a prefill-only step, before any decode: all of it per token
     assert first.prefill_ms_per_token == pytest.approx(40.0 / 1024)
+
+
+def h200_like(decodes: int) -> float:
+    """A decode step that grows with the batch (more KV read): 4.3 ms alone, 9 ms at 128."""
+    return 4.3 + 4.7 * decodes / 128
+
+
+def test_a_mixed_step_is_charged_the_decode_step_of_its_own_batch_size() -> None:
+    """Prompts keep arriving beside 128 streams, and the last decode-only steps were of 8
+    streams: their decode step is not what the mixed step's decodes cost. Charged the 8
+    streams' step, the prefill tokens looked 0.035 ms each; charged their own, 0.02."""
+    cost = StepCost()
+    for _ in range(30):
+        cost.observe(128, 0, h200_like(128))
+    for _ in range(30):
+        cost.observe(8, 0, h200_like(8))
+    assert cost.decode_ms == pytest.approx(h200_like(8), rel=1e-3)  # the latest decode step
+    for _ in range(30):
+        cost.observe(128, 256, h200_like(128) + 256 * 0.02)
+    assert cost.prefill_ms_per_token == pytest.approx(0.02)
+    # and the budget is held to the ratio of the decode step of the streams that decode
+    assert cost.prefill_budget(decoding=True, decodes=128, **KW) == round(h200_like(128) / 0.02)
+    assert cost.prefill_budget(decoding=True, decodes=8, **KW) == 256  # its 4.6 ms: the floor
+
+
+def test_a_batch_size_not_measured_takes_the_nearest_measured() -> None:
+    cost = StepCost()
+    assert cost.decode_ms_at(5) == 0.0
+    cost.observe(1, 0, 4.3)
+    cost.observe(100, 0, 8.0)
+    assert cost.decode_ms_at(1) == 4.3
+    assert cost.decode_ms_at(64) == 8.0  # class of 64-127: measured
+    assert cost.decode_ms_at(40) == 8.0  # 32-63: the nearest is 64-127
+    assert cost.decode_ms_at(3) == 4.3  # 2-3: the nearest is 1
+    assert cost.decode_ms_at(8) == 4.3  # 8-15 is as far from 1 as from 64-127: the smaller
+    assert cost.decode_ms_at(256) == 8.0
+
+
+def test_a_prefill_only_step_still_reads_the_weights_once() -> None:
+    """Its fixed cost is a one-stream decode step's (the weights), not prefill work."""
+    cost = StepCost()
+    cost.observe(1, 0, 4.3)
+    cost.observe(0, 512, 4.3 + 512 * 0.02)
+    assert cost.prefill_ms_per_token == pytest.approx(0.02)
