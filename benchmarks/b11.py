@@ -1,7 +1,9 @@
 """`tessera bench b11`: workload B11 (BENCHMARKS.md) in one command — the Mixtral-8x7B shape
 (bf16, random weights, one GPU): B1 (batch-1 decode against its roofline, which counts only the
 experts each step reads), B2 (offline throughput against the bound of its steps) and the MoE
-kernel figure (grouped GEMM at 256 tokens against a dense GEMM of the same FLOPs).
+kernel figures (grouped GEMM at 256 tokens against a dense GEMM of the same FLOPs, its GB/s of
+expert weights against the bandwidth, the same comparison at a compute-bound batch, fused_moe
+at decode sizes: moe_kernel.py).
 
     tessera bench b11 [--model benchmarks/configs/mixtral-8x7b.json] [--suffix h200]
                       [--bandwidth-gbps 4220 --peak-tflops 794] [--b1-flags "..."]
@@ -23,6 +25,12 @@ from typing import Any
 
 from tessera.benchmarks import latency, moe_kernel, offline
 from tessera.benchmarks.common import default_results_dir, new_result, write_result
+
+# The kernel part's further figures carried into b11_<suffix>.json.
+KERNEL_EXTRA = ("grouped_gemm_gbps", "grouped_gemm_hbm_fraction", "fused_moe_hbm_fraction",
+                "compute_bound_fraction_of_dense", "compute_fused_moe_fraction_of_dense",
+                "decode1_fused_moe_ms", "decode1_fused_moe_hbm_fraction",
+                "decode1_untuned_fused_moe_ms")
 
 
 def _read(out_dir: str, name: str) -> dict[str, Any]:
@@ -46,6 +54,8 @@ def combine(b1: dict[str, Any], b2: dict[str, Any], kernel: dict[str, Any]) -> d
         "dense_gemm_tflops": fk["dense_gemm_tflops"],
         "fused_moe_tflops": fk["fused_moe_tflops"],
         "fused_moe_fraction_of_dense": fk["fused_moe_fraction_of_dense"],
+        # the kernel part's HBM, compute-bound and decode views, where it ran them
+        **{name: fk[name] for name in KERNEL_EXTRA if name in fk},
     }
 
 
@@ -75,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                                   *shlex.split(args.b2_flags), *engine_flags]),
             "moe_kernel": (moe_kernel.main, [
                 "--model", args.model, "--out-dir", args.out_dir, "--name", names["moe_kernel"],
-                *([] if args.no_sweep else ["--sweep"]), *shlex.split(args.kernel_flags)])}
+                *([] if args.no_sweep else ["--sweep"]),
+                *(["--bandwidth-gbps", str(args.bandwidth_gbps)] if args.bandwidth_gbps else []),
+                *shlex.split(args.kernel_flags)])}
     failed: dict[str, str] = {}
     for part, (bench, part_argv) in runs.items():
         # A part that fails leaves the others their run (each writes its own JSON).

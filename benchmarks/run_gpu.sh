@@ -89,7 +89,7 @@ if [[ $DRY == 1 ]]; then
   T_b9=(--prompt-len 32 --output-len 16 --iters 1 --warmup 1)
   T_b10=(--runs 1)
   T_b11=(--b1-flags "${T_b1[*]}" --b2-flags "${T_b2[*]}"
-         --kernel-flags "--tokens 16 --iters 2 --warmup 1")
+         --kernel-flags "--tokens 16 --iters 2 --warmup 1 --compute-tokens 64")
   T_b12=(--prompt-len 32 --output-len 8 --iters 1 --warmup 1 --num-requests 4
          --b2-prompt-len 16,32 --b2-output-len 8,16 --kv-pool-tokens 1024 --kl-prompts 2
          --kl-prompt-len 8,16)

@@ -151,6 +151,13 @@ def test_b11_combines_its_parts() -> None:
     figures = combine(b1, b2, kernel)
     assert figures["decode_ms_per_step"] == 8.0 and figures["b2_roofline_fraction"] == 0.6
     assert not missing_figures({"workload": "B11", "figures": figures})
+    assert "grouped_gemm_hbm_fraction" not in figures  # a kernel part without the HBM view
+    kernel["figures"].update(grouped_gemm_hbm_fraction=0.85, compute_bound_fraction_of_dense=0.8,
+                             decode1_fused_moe_hbm_fraction=0.7, sweep=[])
+    figures = combine(b1, b2, kernel)
+    assert figures["grouped_gemm_hbm_fraction"] == 0.85
+    assert figures["compute_bound_fraction_of_dense"] == 0.8
+    assert figures["decode1_fused_moe_hbm_fraction"] == 0.7 and "sweep" not in figures
 
 
 def test_b5_ratios_of_its_parts() -> None:
