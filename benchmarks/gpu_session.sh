@@ -152,12 +152,13 @@ case $CALL in
   5)
     # After a kernel change: the compiled kernels' tests first, then the serving figures
     # (B2 and B3 in one run for B3's c=128 ratio), B8, and the quantized batch-1 path.
-    part kernels 150 90 kernels
-    part b2 120 35 b2
-    part b3 150 60 b3
-    part b8 150 75 b8
-    part quantbench 120 60 quantbench
-    part b12b1 150 70 b12 --parts b1 --name b12_b1_h200
+    part kernels 120 60 kernels
+    part b2 90 35 b2
+    part b3 120 60 b3
+    part b8 120 75 b8
+    part b12b1 120 70 b12 --parts b1 --name b12_b1_h200
+    part quantbench 120 90 quantbench
+    part b11 150 100 b11
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
