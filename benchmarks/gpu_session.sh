@@ -157,8 +157,8 @@ case $CALL in
     part b3 120 60 b3
     part b8 120 75 b8
     part b12b1 120 70 b12 --parts b1 --name b12_b1_h200
-    part quantbench 120 90 quantbench
     part b11 150 100 b11
+    part quantbench 120 90 quantbench
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
