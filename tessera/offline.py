@@ -26,7 +26,7 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -157,14 +157,10 @@ class _EngineBase:
     `shutdown()` (or `with`) stops them; an engine left running is stopped at interpreter
     exit, or when it is garbage-collected."""
 
-    # Engine arguments whose default differs from `tessera serve`'s for this kind of engine
-    # (an argument given explicitly always wins).
-    DEFAULTS: ClassVar[dict[str, Any]] = {}
-
     def __init__(self, model: str = "default", *,
                  ready_timeout_s: float = READY_TIMEOUT_S["worker"],
                  connect_to: str | None = None, **engine_args: Any) -> None:
-        self.config = make_config(model, {**self.DEFAULTS, **engine_args})
+        self.config = make_config(model, engine_args)
         self.processes: EngineProcesses | None = None
         if connect_to is not None:
             self.run_dir = str(connect_to)
@@ -207,16 +203,7 @@ class _EngineBase:
 
 class LLM(_EngineBase):
     """Blocking offline engine. `generate` sends every prompt at once, so the scheduler
-    batches them continuously, and returns results in the order of the prompts.
-
-    Its steps are sized for throughput: `max_mixed_step_ratio` defaults to 0 here, so a step
-    carries up to --chunked-prefill-size prompt tokens beside the running decodes. Serving
-    (and `Engine`, which streams) keeps a step that prefills within 1.8 decode steps so that
-    no stream stalls; with every prompt sent at once that cut B2 (8B shape, H200) to chunks
-    of 256 tokens while 256 requests decoded, and 40% more steps than the same schedule with
-    whole chunks. Pass max_mixed_step_ratio to have it anyway."""
-
-    DEFAULTS: ClassVar[dict[str, Any]] = {"max_mixed_step_ratio": 0.0}
+    batches them continuously, and returns results in the order of the prompts."""
 
     def __init__(self, model: str = "default", **engine_args: Any) -> None:
         super().__init__(model, **engine_args)

@@ -79,29 +79,3 @@ def test_engine_async_generate_and_stream(fake: FakeEngine) -> None:
     count, texts = asyncio.run(main())
     assert count == 3
     assert "".join(texts) == "w0 w1"
-
-
-def test_llm_sizes_steps_for_throughput_unless_told(fake: FakeEngine) -> None:
-    """Blocking generation has no stream to protect: LLM's steps carry whole prefill chunks
-    (max_mixed_step_ratio 0); an explicit value wins, and the streaming Engine keeps
-    serving's default."""
-    import dataclasses
-
-    from tessera.benchmarks.engine_args import effective_config
-    from tessera.config import ServerConfig
-
-    serving = {f.name: f.default for f in dataclasses.fields(ServerConfig)}["max_mixed_step_ratio"]
-    assert serving > 1
-    with LLM(connect_to=fake.paths.run_dir) as llm:
-        assert llm.config.max_mixed_step_ratio == 0
-    with LLM(connect_to=fake.paths.run_dir, max_mixed_step_ratio=2.5) as llm:
-        assert llm.config.max_mixed_step_ratio == 2.5
-    engine = Engine(connect_to=fake.paths.run_dir)
-    try:
-        assert engine.config.max_mixed_step_ratio == serving
-    finally:
-        engine.shutdown()
-    # what the offline benchmarks record as the configuration they ran
-    assert effective_config({"model": "default"}).max_mixed_step_ratio == 0
-    assert effective_config({"model": "default",
-                             "max_mixed_step_ratio": 3.0}).max_mixed_step_ratio == 3.0
