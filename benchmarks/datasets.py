@@ -53,6 +53,15 @@ def random_requests(num_requests: int, prompt_len: tuple[int, int], output_len: 
     return out
 
 
+def fresh_prompts(reqs: list[BenchRequest], vocab_size: int, seed: int) -> list[BenchRequest]:
+    """The same requests (prompt and output lengths) with new random prompt tokens: a round
+    that repeats a workload without the prefix cache holding its prompts from the last one."""
+    rng = random.Random(seed)
+    lo, hi = _id_range(vocab_size)
+    return [BenchRequest([rng.randint(lo, hi) for _ in r.prompt_ids], r.output_len)
+            for r in reqs]
+
+
 def shared_prefix_requests(num_groups: int, requests_per_group: int, prefix_len: int,
                            suffix_len: int, output_len: int, vocab_size: int, seed: int = 0,
                            shuffle: bool = True) -> list[BenchRequest]:

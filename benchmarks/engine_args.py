@@ -33,11 +33,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def effective_config(kwargs: dict[str, Any]) -> EngineConfig:
-    """The configuration an offline `LLM` started with these arguments runs (its defaults
-    where they differ from serving's)."""
-    from tessera.offline import LLM
-
-    return EngineConfig(**{**LLM.DEFAULTS, **kwargs})
+    return EngineConfig(**kwargs)
 
 
 def weight_dtype(config: EngineConfig, device: str) -> str:

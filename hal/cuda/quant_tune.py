@@ -30,7 +30,10 @@ _B12_INT4 = [(4, 2048, 8), (8, 2048, 8), (8, 1024, 8), (2, 4096, 8), (16, 1024, 
 _WIDE_INT4 = [(2, 8192, 8), (4, 4096, 8), (8, 4096, 8), (4, 8192, 8)]
 _GROUPED = (0, _COL, _EXP, _COL | _EXP, _EXP | _XV)  # per wide tile
 GEMV_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
-    "fp8": [(*c, v) for v in (0, _XV) for c in _B12_8BIT + _WIDE_8BIT],
+    # fp8 keeps B12's list: with the wide and X_VEC tiles beside it the tuner's pick made
+    # B1 slower on the H200 at cffd704 (3.68 ms/step against 3.13 at 3f9e7a6), where int4
+    # gained from its new tiles (3.62 against 4.26): b12_b1_h200.json
+    "fp8": [(*c, 0) for c in _B12_8BIT],
     "int8": [(*c, 0) for c in _B12_8BIT] + [(*c, v) for c in _WIDE_8BIT for v in _GROUPED]
     + [(*c, _EXP | _XV) for c in _B12_8BIT[:2]],
     "int4": [(*c, 0) for c in _B12_INT4] + [(*c, v) for c in _WIDE_INT4 for v in _GROUPED]

@@ -127,13 +127,18 @@ def test_b8_compares_plain_and_schema_tiers_in_one_run(fake: FakeOpenAI, tmp_pat
         assert len(side["rounds_output_tok_per_s"]) == 2
         assert side["requests"] == 32
     warm, measured = fake.bodies[:12], fake.bodies[12:]
-    # 16 requests in the order plain, schema, schema, plain; the same prompts every round
+    # 16 requests in the order plain, schema, schema, plain; the same lengths every round,
+    # prompts of its own (the prefix cache must not serve a later round from an earlier one)
     assert len(measured) == 64
     assert [("response_format" in b) for b in measured[::16]] == [False, True, True, False]
     assert all(("response_format" in b) == ("response_format" in measured[16 * (i // 16)])
                for i, b in enumerate(measured))
-    rounds = [[b["prompt"] for b in measured[16 * r:16 * (r + 1)]] for r in range(4)]
-    assert rounds[0] == rounds[1] == rounds[2] == rounds[3]
+    rounds = [measured[16 * r:16 * (r + 1)] for r in range(4)]
+    shapes = [sorted((len(b["prompt"]), b["max_tokens"]) for b in r) for r in rounds]
+    assert shapes[0] == shapes[1] == shapes[2] == shapes[3]
+    prompts = [{str(b["prompt"]) for b in r} for r in rounds]
+    assert all(len(p) == 16 for p in prompts)
+    assert all(not prompts[i] & prompts[j] for i in range(4) for j in range(i + 1, 4))
     # the warm-up ran at the tier's concurrency with and without the schema
     # (2 short requests, then 4 at the tier's concurrency and lengths; plain, then with the
     # schema), none of them among the measured prompts
