@@ -152,7 +152,7 @@ case $CALL in
   5)
     # After a kernel change: the compiled kernels' tests first, then the serving figures
     # (B2 and B3 in one run for B3's c=128 ratio), B8, and the quantized batch-1 path.
-    part kernels 120 60 kernels
+    part kernels 240 150 kernels
     part b2 90 35 b2
     part b3 120 60 b3
     part b8 120 75 b8
