@@ -79,7 +79,10 @@ def _per_step(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
     steps = after.get("steps", 0.0) - before.get("steps", 0.0)
     total = after.get("forward_ms_total", 0.0) - before.get("forward_ms_total", 0.0)
     return {"steps": steps, "forward_ms_per_step": total / steps if steps else 0.0,
-            "all_reduce_one_shot_bytes": after.get("all_reduce_one_shot_bytes", 0.0)}
+            "all_reduce_one_shot_bytes": after.get("all_reduce_one_shot_bytes", 0.0),
+            # launches that compiled or waited for the allocator (the worker logs each)
+            "slow_launches": after.get("slow_launches", 0.0) - before.get("slow_launches", 0.0),
+            "launch_ms_max": after.get("launch_ms_max", 0.0)}
 
 
 def main(argv: list[str] | None = None, llm: Any = None) -> int:

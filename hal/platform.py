@@ -281,6 +281,13 @@ class Platform(ABC):
     def mem_get_info(self) -> tuple[int, int]:
         """(free, total) bytes of the memory the KV arena is carved from."""
 
+    def allocator_counters(self) -> dict[str, int]:
+        """Running totals of the device allocator's expensive events (names of the plugin's
+        choosing: reclaims after a failed allocation, calls into the driver), for the worker
+        to say why a step took long to launch. Called rarely (not every step). None by
+        default."""
+        return {}
+
     @abstractmethod
     def op(self, name: str) -> Callable[..., Any]:
         """The implementation of op `name`; raises an error naming the op, the plugin and the

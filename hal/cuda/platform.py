@@ -136,6 +136,13 @@ class CudaPlatform(OpTablePlatform):
         free, total = torch.cuda.mem_get_info(torch.cuda.current_device())
         return int(free), int(total)
 
+    def allocator_counters(self) -> dict[str, int]:
+        # torch's caching allocator: retries free every cached block and call cudaFree
+        # (synchronizing the device); device allocations are cudaMalloc calls
+        stats = torch.cuda.memory_stats(torch.cuda.current_device())
+        return {"alloc_retries": int(stats.get("num_alloc_retries", 0)),
+                "device_allocs": int(stats.get("num_device_alloc", 0))}
+
     def create_kv_arena(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
                         dtype: torch.dtype) -> KVArena:
         # On the current device (the worker sets it to its rank's GPU); zeroed so that padding

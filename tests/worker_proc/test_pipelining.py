@@ -116,7 +116,8 @@ def test_on_a_synchronous_device_each_step_is_answered_at_once() -> None:
 def test_forward_ms_is_each_steps_own_time_not_the_queue_behind_it(monkeypatch) -> None:
     """Step 2 is launched at t=1 while step 1 runs until t=10; step 2 then ends at t=13:
     its own time is 3 ms (from step 1's end), not the 12 ms since its launch."""
-    clock = iter([0.000, 0.001, 0.010, 0.013]).__next__  # launch 1, launch 2, end 1, end 2
+    # launch 1 (its start and end), launch 2 (start and end), end 1, end 2
+    clock = iter([0.000, 0.000, 0.001, 0.001, 0.010, 0.013]).__next__
     monkeypatch.setattr("tessera.worker_proc.process.time.perf_counter", clock)
     runner = FakeRunner()
     proc, out = worker(runner)
@@ -125,3 +126,37 @@ def test_forward_ms_is_each_steps_own_time_not_the_queue_behind_it(monkeypatch) 
     runner.launched[-1].done = True
     proc.tick()  # finishes 2 (t=13)
     assert [round(m.forward_ms, 6) for m in out.sent] == [10.0, 3.0]
+
+
+def test_a_slow_launch_is_counted_and_said_with_the_allocators_events(caplog) -> None:
+    """A launch that takes far longer than host work can (a kernel compiled, the allocator
+    reclaimed memory mid-serving) is counted in the stats and logged with what the device
+    allocator did since the last report; ordinary launches are not."""
+    import logging
+
+    from tessera.worker_proc import process
+
+    class Platform:
+        counters = {"alloc_retries": 2, "device_allocs": 10}
+
+        def allocator_counters(self) -> dict[str, int]:
+            return dict(self.counters)
+
+    runner = FakeRunner()
+    runner.platform = Platform()  # type: ignore[attr-defined]
+    proc, _ = worker(runner)
+    with caplog.at_level(logging.WARNING, logger=process.log.name):
+        proc._note_launch(batch(0), 12.0)
+        proc._note_launch(batch(1), 600.0)
+        runner.platform.counters = {"alloc_retries": 5, "device_allocs": 10}  # type: ignore
+        proc._note_launch(batch(2), 900.0)
+    assert proc.slow_launches == 2
+    assert proc.launch_ms_max == 900.0
+    slow = [r.getMessage() for r in caplog.records if "to launch" in r.getMessage()]
+    assert len(slow) == 2
+    assert "step 1 took 600 ms" in slow[0] and "'alloc_retries': 2" in slow[0]
+    assert "step 2 took 900 ms" in slow[1] and "'alloc_retries': 3" in slow[1]
+    assert "'device_allocs': 0" in slow[1]
+    # launching a real step goes through the same note (a 0 ms launch here)
+    proc._launch(batch(3))
+    assert proc.slow_launches == 2 and 3 in [p.step for p in runner.launched]
