@@ -160,7 +160,8 @@ class WorkerProcess(BusProcess):
                 error=f"worker {self.rank}: {type(exc).__name__}: {exc}"))
             return
         self.tokens += int(np.asarray(batch.extend_lens).sum())
-        self._note_launch(batch, (time.perf_counter() - start) * 1000.0)
+        if self.runner.asynchronous:  # a synchronous plugin computes the step in its launch
+            self._note_launch(batch, (time.perf_counter() - start) * 1000.0)
         self._finish_pending()
         self.pending = (pending, start)
         if not self.runner.asynchronous:
