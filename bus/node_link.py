@@ -159,6 +159,7 @@ class NodeLink(BusProcess):
         self.started = time.monotonic()
         self.relayed = 0
         self.rows_sent = 0
+        self.peer_left = False  # a peer said it stops on purpose: this node stops too
 
     @property
     def head(self) -> bool:
@@ -286,11 +287,16 @@ class NodeLink(BusProcess):
         try:
             self.peer.send_multipart(frames, copy=False)
             return True
-        except zmq.Again:
-            self._lost(f"{who} lost: a send on the link did not go within "
-                       f"{self.config.send_timeout_ms} ms")
-        except zmq.ZMQError as exc:  # ROUTER_MANDATORY: the node is not connected
-            self._lost(f"{who} lost: the link cannot reach it ({exc})")
+        except (zmq.Again, zmq.ZMQError) as exc:  # ZMQError: ROUTER_MANDATORY, not connected
+            if self.peer_left:
+                # What was in flight when a peer stopped on purpose finds it gone: expected,
+                # and this node is stopping the clean way already.
+                log.info("link: %s has left; a message for it was dropped", who)
+            elif isinstance(exc, zmq.Again):
+                self._lost(f"{who} lost: a send on the link did not go within "
+                           f"{self.config.send_timeout_ms} ms")
+            else:
+                self._lost(f"{who} lost: the link cannot reach it ({exc})")
         return False
 
     # node 0 -------------------------------------------------------------------------------
@@ -476,6 +482,7 @@ class NodeLink(BusProcess):
 
     def _stop_node(self) -> None:
         """A peer stops on purpose: stop this node the clean way, through its supervisor."""
+        self.peer_left = True
         self.stopping = True
         os.kill(os.getppid(), signal.SIGTERM)
 

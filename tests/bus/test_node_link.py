@@ -64,3 +64,39 @@ def test_addresses() -> None:
     assert link_endpoint("host:5000", bind=True) == "tcp://*:5001"
     with pytest.raises(ValueError, match="HOST:PORT"):
         split_addr("host")
+
+
+class _GoneSocket:
+    """A peer socket whose node is no longer connected (ROUTER_MANDATORY)."""
+
+    def send_multipart(self, frames, copy=True) -> None:
+        import zmq
+
+        raise zmq.ZMQError(zmq.EHOSTUNREACH)
+
+
+def _head_link(monkeypatch: pytest.MonkeyPatch):
+    from tessera.bus import node_link
+    from tessera.bus.run_paths import RunPaths
+
+    link = node_link.NodeLink(RunPaths(run_dir="/nonexistent"),
+                              EngineConfig(nnodes=2, node_rank=0))
+    link.peer = _GoneSocket()  # type: ignore[assignment]
+    monkeypatch.setattr(node_link.os, "kill", lambda pid, sig: None)  # no supervisor here
+    return link
+
+
+def test_a_send_to_a_node_that_left_on_purpose_is_not_a_loss(monkeypatch) -> None:
+    """Node 1 says it stops; a step node 0 had in flight for it then finds it gone. That is
+    the stop node 1 announced, not a lost node: node 0 must still exit 0 (a race the
+    two-node test hit: 'node 1 is stopping', then 'node 1 lost', exit 1)."""
+    link = _head_link(monkeypatch)
+    link._stop_node()  # what the leaving heartbeat does
+    assert link._send_peer([b"node1", b"c", b"x"]) is False
+    assert link.exit_code == 0 and link.stopping
+
+
+def test_a_node_that_vanishes_unannounced_is_lost(monkeypatch) -> None:
+    link = _head_link(monkeypatch)
+    assert link._send_peer([b"node1", b"c", b"x"]) is False
+    assert link.exit_code == 1 and link.stopping
