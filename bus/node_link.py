@@ -290,7 +290,7 @@ class NodeLink(BusProcess):
         except (zmq.Again, zmq.ZMQError) as exc:  # ZMQError: ROUTER_MANDATORY, not connected
             if self.peer_left:
                 # What was in flight when a peer stopped on purpose finds it gone: expected,
-                # and this node is stopping the clean way already.
+                # and this node's supervisor is stopping it the clean way already.
                 log.info("link: %s has left; a message for it was dropped", who)
             elif isinstance(exc, zmq.Again):
                 self._lost(f"{who} lost: a send on the link did not go within "
@@ -448,6 +448,8 @@ class NodeLink(BusProcess):
             self._from_head(frames[0].bytes, frames[1:])
 
     def _beats(self) -> None:
+        if self.peer_left:
+            return  # the peers are stopping (or gone): neither beats nor silences count now
         now = time.monotonic()
         cfg = self.config
         if self.head:
@@ -481,9 +483,13 @@ class NodeLink(BusProcess):
             self._send_peer([CONTROL, *beat])
 
     def _stop_node(self) -> None:
-        """A peer stops on purpose: stop this node the clean way, through its supervisor."""
+        """A peer stops on purpose: stop this node the clean way, through its supervisor,
+        whose SIGTERM then stops this process like every other. The link does not stop by
+        itself first: a child that ends before the supervisor has taken its signal is a
+        failure to the supervisor (node 0 then exited 1 after node 1's clean stop)."""
+        if self.peer_left:
+            return
         self.peer_left = True
-        self.stopping = True
         os.kill(os.getppid(), signal.SIGTERM)
 
     def stats(self) -> dict[str, float]:

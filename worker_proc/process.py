@@ -175,8 +175,7 @@ class WorkerProcess(BusProcess):
         if launch_ms <= SLOW_LAUNCH_MS:
             return
         self.slow_launches += 1
-        platform = getattr(self.runner, "platform", None)
-        counters = platform.allocator_counters() if platform is not None else {}
+        counters = self.runner.platform.allocator_counters()
         delta = {k: v - self._allocator_seen.get(k, 0) for k, v in counters.items()}
         self._allocator_seen = counters
         extend = np.asarray(batch.extend_lens)
