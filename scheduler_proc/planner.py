@@ -81,19 +81,18 @@ class Planner:
             return None  # nothing another request could match
         return seq.tokens[:ps].tobytes()
 
-    def token_budget(self, decoding: bool, decodes: int | None = None) -> int:
+    def token_budget(self, decodes: int) -> int:
         """Prefill tokens this step may compute (`step_cost.py`): --chunked-prefill-size;
-        while streams decode, what keeps the step within --max-mixed-step-ratio decode steps
+        while `decodes` streams decode, what keeps the step within --max-mixed-step-ratio decode steps
         (at least an eighth of the chunk size, so arrivals are not starved); about
         --step-target-ms of work at the measured speed (whoever arrives meanwhile waits for
         this step)."""
         c = self.config
         cap = c.chunked_prefill_size or (1 << 30)
         return self.step_cost.prefill_budget(
-            decoding=decoding, cap=cap, min_tokens=max(self.page_size, cap // 8),
+            decodes=decodes, cap=cap, min_tokens=max(self.page_size, cap // 8),
             floor=self.page_size,
-            max_mixed_step_ratio=c.max_mixed_step_ratio, step_target_ms=c.step_target_ms,
-            decodes=decodes)
+            max_mixed_step_ratio=c.max_mixed_step_ratio, step_target_ms=c.step_target_ms)
 
     def plan(self, step: int) -> StepPlan:
         """The work of step number `step`."""
@@ -102,7 +101,7 @@ class Planner:
         plan = StepPlan(rows, inputs, retracted=preempted + retracted, drafts=drafts)
         if drafts is not None:
             plan.draft_lens = self._lens_of(rows, drafts)
-        budget = self.token_budget(decoding=rows.shape[0] > 0, decodes=int(rows.shape[0]))
+        budget = self.token_budget(int(rows.shape[0]))
         # Half (a token at least, so they always move), not a page at least: a budget of one
         # page went wholly to the running prefill and the waiting requests never got in.
         share = max(1, budget // 2) if self.waiting else budget
@@ -136,7 +135,7 @@ class Planner:
         key = self._first_page(seq)
         if not cached and key is not None and key in running.prefixes:
             return True
-        budget = self.token_budget(decoding=bool(running), decodes=len(running))
+        budget = self.token_budget(len(running))
         chunk = min(int(seq.tokens.shape[0]) - cached, max(ps, budget // 2))
         need = -(-chunk // ps)
         return self.kv.available() - len(running) >= need

@@ -78,27 +78,29 @@ class StepCost:
         if prefill_tokens < MIN_PREFILL_MEASURED:
             return
         # The step's decodes cost what a decode step of their batch size costs; a step
-        # without decodes still reads every weight once, as a one-stream decode step does.
-        # With no decode step measured yet, the whole step is charged to its prefill tokens:
-        # an overestimate (smaller chunks) until the first decode step corrects it.
-        base = self.decode_ms_at(max(decodes, 1))
+        # without decodes still reads every weight once, as a one-stream decode step does
+        # (that one exactly: a step of 128 streams, the nearest measured maybe, reads KV
+        # besides and would leave the prefill tokens too little). With nothing to charge yet,
+        # the whole step goes to its prefill tokens: an overestimate (smaller chunks) until a
+        # decode step corrects it.
+        base = self.decode_ms_at(decodes) if decodes else \
+            self.decode_ms_by_class.get(batch_class(1), 0.0)
         marginal = (step_ms - base) / prefill_tokens
         if marginal > 0:
             self.prefill_ms_per_token = _ema(self.prefill_ms_per_token, marginal)
 
-    def prefill_budget(self, *, decoding: bool, cap: int, min_tokens: int, floor: int,
-                       max_mixed_step_ratio: float, step_target_ms: float,
-                       decodes: int | None = None) -> int:
-        """Prefill tokens the next step may carry: at most `cap`; while streams decode (their
-        number `decodes`, when known), what fits in (max_mixed_step_ratio - 1) of their
-        decode steps, and at most step_target_ms of prefill work, but at least `min_tokens`
-        (UNMEASURED_CHUNK before any measure). A step target of 0 turns the time cap off."""
+    def prefill_budget(self, *, decodes: int, cap: int, min_tokens: int, floor: int,
+                       max_mixed_step_ratio: float, step_target_ms: float) -> int:
+        """Prefill tokens the next step may carry: at most `cap`; while `decodes` streams
+        decode, what fits in (max_mixed_step_ratio - 1) of their decode steps, and at most
+        step_target_ms of prefill work, but at least `min_tokens` (UNMEASURED_CHUNK before
+        any measure). A step target of 0 turns the time cap off."""
         per_token = self.prefill_ms_per_token
         if per_token <= 0:
             return min(cap, UNMEASURED_CHUNK) if step_target_ms > 0 else cap
         budget = cap
-        decode_ms = self.decode_ms_at(decodes) if decodes else self.decode_ms
-        if decoding and max_mixed_step_ratio > 1 and decode_ms > 0:
+        decode_ms = self.decode_ms_at(decodes)
+        if decodes and max_mixed_step_ratio > 1 and decode_ms > 0:
             fits = _tokens((max_mixed_step_ratio - 1) * decode_ms, per_token)
             budget = min(budget, max(fits, min_tokens))
         if step_target_ms > 0:

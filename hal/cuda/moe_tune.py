@@ -15,6 +15,7 @@ pads the pairs least, as it is the gate/up's.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -73,15 +74,22 @@ def candidates(tokens: int, n: int, k: int, dtype: torch.dtype,
                block_m: int | None = None) -> list[Tile]:
     """The bucket's tiles fitted to an [*, K] x [K, N] GEMM, first the heuristic; with block_m,
     every tile at that BLOCK_M (the down GEMM's after the gate/up chose it)."""
+    return list(_candidates(token_bucket(tokens), n, k, dtype, block_m))
+
+
+@functools.lru_cache(maxsize=256)
+def _candidates(bucket: int, n: int, k: int, dtype: torch.dtype,
+                block_m: int | None) -> tuple[Tile, ...]:
+    # Cached: fused_moe asks on every call, the tuner's choice already kept or not.
     elem = torch.empty((), dtype=dtype).element_size()
     out: list[Tile] = []
-    for i, tile in enumerate(BUCKETS[token_bucket(tokens)]):
+    for i, tile in enumerate(BUCKETS[bucket]):
         if block_m is not None:
             tile = (block_m, *tile[1:])
         tile = _fit(tile, n, k)
         if tile not in out and (i == 0 or shared_bytes(tile, elem) <= SMEM_BYTES):
             out.append(tile)
-    return out
+    return tuple(out)
 
 
 def _key(gemm: str, tokens: int, experts: int, n: int, k: int, top_k: int,

@@ -8,6 +8,7 @@ during a capture, or under the Triton interpreter, the first candidate is taken 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -78,9 +79,15 @@ def _key(kernel: str, w: QuantizedWeight, x: torch.Tensor, bucket: int) -> tuple
 
 def gemv_candidates(w: QuantizedWeight) -> list[tuple[int, int, int, int]]:
     """The configs that fit the weight: a grouped weight's BLOCK_K holds whole groups."""
-    per_row = w.num_groups == 1
-    return [c for c in GEMV_CANDIDATES[w.scheme] if per_row or c[1] % w.group_size == 0] or \
-        [(4, max(w.group_size, 256), 8, 0)]
+    return list(_gemv_candidates(w.scheme, w.num_groups == 1, w.group_size))
+
+
+@functools.lru_cache(maxsize=64)
+def _gemv_candidates(scheme: str, per_row: bool, group_size: int
+                     ) -> tuple[tuple[int, int, int, int], ...]:
+    # Cached: every one-token quantized linear asks, its choice already kept or not.
+    return tuple(c for c in GEMV_CANDIDATES[scheme] if per_row or c[1] % group_size == 0) or \
+        ((4, max(group_size, 256), 8, 0),)
 
 
 def gemv_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None

@@ -34,31 +34,31 @@ def test_small_chunks_and_failed_steps_teach_nothing() -> None:
 
 def test_a_mixed_step_is_held_to_the_ratio_of_a_decode_step() -> None:
     cost = learned(6.0, 0.02)  # an H200-like step: 300 tokens fit in one more decode step
-    assert cost.prefill_budget(decoding=True, **KW) == 300
+    assert cost.prefill_budget(decodes=32, **KW) == 300
     slower = {**KW, "max_mixed_step_ratio": 1.5}
-    assert cost.prefill_budget(decoding=True, **slower) == 256  # floor
+    assert cost.prefill_budget(decodes=32, **slower) == 256  # floor
     # nothing decodes: nothing to protect, the whole chunk (2048 tokens: 41 ms here)
-    assert cost.prefill_budget(decoding=False, **KW) == 2048
+    assert cost.prefill_budget(decodes=0, **KW) == 2048
     unprotected = {**KW, "max_mixed_step_ratio": 0.0}
-    assert cost.prefill_budget(decoding=True, **unprotected) == 2048
+    assert cost.prefill_budget(decodes=32, **unprotected) == 2048
 
 
 def test_step_target_caps_prefill_work_on_a_slow_device() -> None:
     cost = learned(200.0, 2.5)  # a CPU: decodes 200 ms, prefill 2.5 ms a token
     # 1000 ms of prefill, though nothing decodes: whoever arrives waits for this step
-    assert cost.prefill_budget(decoding=False, **KW) == 400
-    assert cost.prefill_budget(decoding=False, **{**KW, "step_target_ms": 0.0}) == 2048
+    assert cost.prefill_budget(decodes=0, **KW) == 400
+    assert cost.prefill_budget(decodes=0, **{**KW, "step_target_ms": 0.0}) == 2048
     slowest = learned(200.0, 500.0)  # the step target stops at min_tokens
-    assert slowest.prefill_budget(decoding=True, **KW) == 256
-    assert slowest.prefill_budget(decoding=False, **KW) == 256
+    assert slowest.prefill_budget(decodes=32, **KW) == 256
+    assert slowest.prefill_budget(decodes=0, **KW) == 256
 
 
 def test_unmeasured_device_gets_a_first_chunk_that_measures_it() -> None:
     """A fresh or restarted engine knows nothing of its device: its first step must not be
     the whole chunk (tens of seconds on a slow CPU for anyone arriving meanwhile)."""
-    assert StepCost().prefill_budget(decoding=False, **KW) == UNMEASURED_CHUNK < 2048
-    assert StepCost().prefill_budget(decoding=False, **{**KW, "cap": 64}) == 64
-    assert StepCost().prefill_budget(decoding=False, **{**KW, "step_target_ms": 0.0}) == 2048
+    assert StepCost().prefill_budget(decodes=0, **KW) == UNMEASURED_CHUNK < 2048
+    assert StepCost().prefill_budget(decodes=0, **{**KW, "cap": 64}) == 64
+    assert StepCost().prefill_budget(decodes=0, **{**KW, "step_target_ms": 0.0}) == 2048
     assert UNMEASURED_CHUNK >= MIN_PREFILL_MEASURED  # the first step teaches the cost
     first = StepCost()
     first.observe(0, 1024, 40.0)  # a prefill-only step, before any decode: all of it per token
@@ -84,8 +84,8 @@ def test_a_mixed_step_is_charged_the_decode_step_of_its_own_batch_size() -> None
         cost.observe(128, 256, h200_like(128) + 256 * 0.02)
     assert cost.prefill_ms_per_token == pytest.approx(0.02)
     # and the budget is held to the ratio of the decode step of the streams that decode
-    assert cost.prefill_budget(decoding=True, decodes=128, **KW) == round(h200_like(128) / 0.02)
-    assert cost.prefill_budget(decoding=True, decodes=8, **KW) == 256  # its 4.6 ms: the floor
+    assert cost.prefill_budget(decodes=128, **KW) == round(h200_like(128) / 0.02)
+    assert cost.prefill_budget(decodes=8, **KW) == 256  # its 4.6 ms: the floor
 
 
 def test_a_batch_size_not_measured_takes_the_nearest_measured() -> None:
@@ -107,3 +107,9 @@ def test_a_prefill_only_step_still_reads_the_weights_once() -> None:
     cost.observe(1, 0, 4.3)
     cost.observe(0, 512, 4.3 + 512 * 0.02)
     assert cost.prefill_ms_per_token == pytest.approx(0.02)
+    # with only a 128-stream decode step measured (it reads KV besides the weights), the
+    # prefill-only step is charged wholly to its tokens, not that step's 9 ms
+    busy = StepCost()
+    busy.observe(128, 0, 9.0)
+    busy.observe(0, 512, 12.66)
+    assert busy.prefill_ms_per_token == pytest.approx(12.66 / 512)
