@@ -82,6 +82,9 @@ def _per_step(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
             "all_reduce_one_shot_bytes": after.get("all_reduce_one_shot_bytes", 0.0),
             # launches that compiled or waited for the allocator (the worker logs each)
             "slow_launches": after.get("slow_launches", 0.0) - before.get("slow_launches", 0.0),
+            # kernels compiled (or loaded from Triton's disk cache) during the measured run
+            "kernel_compiles": after.get("kernel_compiles", 0.0)
+            - before.get("kernel_compiles", 0.0),
             "launch_ms_max": after.get("launch_ms_max", 0.0)}
 
 

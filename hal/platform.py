@@ -288,6 +288,12 @@ class Platform(ABC):
         default."""
         return {}
 
+    def recent_compiles(self) -> list[str]:
+        """The kernels this process compiled (or loaded into memory) since the last call, by
+        name and specialization, oldest first: what the worker names when a launch was slow.
+        None by default (a plugin without a just-in-time compiler)."""
+        return []
+
     @abstractmethod
     def op(self, name: str) -> Callable[..., Any]:
         """The implementation of op `name`; raises an error naming the op, the plugin and the

@@ -179,10 +179,13 @@ class WorkerProcess(BusProcess):
         delta = {k: v - self._allocator_seen.get(k, 0) for k, v in counters.items()}
         self._allocator_seen = counters
         extend = np.asarray(batch.extend_lens)
+        compiled = self.runner.platform.recent_compiles()
         log.warning("%s: step %d took %.0f ms to launch (%d tokens, %d requests; allocator "
                     "since the last report: %s): a kernel compiled or memory was reclaimed "
-                    "while serving", self.name, batch.step, launch_ms, int(extend.sum()),
-                    int(extend.shape[0]), delta or "no counters")
+                    "while serving%s", self.name, batch.step, launch_ms, int(extend.sum()),
+                    int(extend.shape[0]), delta or "no counters",
+                    "; kernels compiled since the last report: " + " | ".join(compiled)
+                    if compiled else "")
 
     def _finish_pending(self) -> None:
         if self.pending is None:
@@ -251,7 +254,14 @@ class WorkerProcess(BusProcess):
                 "forward_ms_total": self.forward_ms_total,
                 "launch_ms_max": self.launch_ms_max, "slow_launches": float(self.slow_launches),
                 "weight_bytes": weights, "rss_bytes": float(resident_bytes()),
-                "all_reduce_one_shot_bytes": float(self._one_shot_bytes())}
+                "all_reduce_one_shot_bytes": float(self._one_shot_bytes()),
+                "kernel_compiles": float(self._kernel_compiles())}
+
+    def _kernel_compiles(self) -> int:
+        """Kernels the plugin compiled so far (its `kernel_compiles` counter; 0 if none)."""
+        if self.runner is None:
+            return 0
+        return int(self.runner.platform.allocator_counters().get("kernel_compiles", 0))
 
     def _one_shot_bytes(self) -> int:
         """The largest TP all-reduce on the plugin's one-shot path (0: none, or one rank)."""

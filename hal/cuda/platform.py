@@ -111,6 +111,9 @@ class CudaPlatform(OpTablePlatform):
             "rotary_store_kv": elementwise.rotary_store_kv,
         }
         off = unfused_ops(os.environ.get(UNFUSE_VARIABLE))
+        from tessera.hal.cuda import compile_watch
+
+        compile_watch.install()  # counts kernel compiles for the worker's slow-launch report
         ops.update({name: fn for name, fn in fused.items() if name not in off})
         return ops
 
@@ -139,9 +142,17 @@ class CudaPlatform(OpTablePlatform):
     def allocator_counters(self) -> dict[str, int]:
         # torch's caching allocator: retries free every cached block and call cudaFree
         # (synchronizing the device); device allocations are cudaMalloc calls
+        from tessera.hal.cuda import compile_watch
+
         stats = torch.cuda.memory_stats(torch.cuda.current_device())
         return {"alloc_retries": int(stats.get("num_alloc_retries", 0)),
-                "device_allocs": int(stats.get("num_device_alloc", 0))}
+                "device_allocs": int(stats.get("num_device_alloc", 0)),
+                "kernel_compiles": compile_watch.compiles()}
+
+    def recent_compiles(self) -> list[str]:
+        from tessera.hal.cuda import compile_watch
+
+        return compile_watch.take_recent()
 
     def create_kv_arena(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int,
                         dtype: torch.dtype) -> KVArena:

@@ -139,9 +139,14 @@ def test_a_slow_launch_is_counted_and_said_with_the_allocators_events(monkeypatc
 
     class Platform:
         counters = {"alloc_retries": 2, "device_allocs": 10}
+        compiled = ["decode_kernel[num_warps=4](n: i32)"]
 
         def allocator_counters(self) -> dict[str, int]:
             return dict(self.counters)
+
+        def recent_compiles(self) -> list[str]:
+            out, self.compiled = self.compiled, []
+            return out
 
     runner = FakeRunner()
     runner.platform = Platform()  # type: ignore[attr-defined]
@@ -156,6 +161,8 @@ def test_a_slow_launch_is_counted_and_said_with_the_allocators_events(monkeypatc
     slow = [r.getMessage() for r in caplog.records if "to launch" in r.getMessage()]
     assert len(slow) == 2
     assert "step 1 took 600 ms" in slow[0] and "'alloc_retries': 2" in slow[0]
+    assert "kernels compiled since the last report: decode_kernel[num_warps=4]" in slow[0]
+    assert "kernels compiled" not in slow[1]  # none since
     assert "step 2 took 900 ms" in slow[1] and "'alloc_retries': 3" in slow[1]
     assert "'device_allocs': 0" in slow[1]
     # a synchronous plugin (the cpu one) computes the step in its launch: not a slow launch
