@@ -6,6 +6,8 @@
 #   benchmarks/gpu_session.sh 3   # two H200s: tpar, b5check, multihost, b5, b7    (~460 s)
 #   benchmarks/gpu_session.sh 4   # one H200:  fusion (fused ops' GPU conformance, B1
 #                                 #   with the cuda fusions off, then on)            (~100 s)
+#   benchmarks/gpu_session.sh 5   # one H200:  kernels, b2, b3, b8, b12 b1, b11, quantbench
+#   benchmarks/gpu_session.sh 6   # one H200:  quantbench, b2 whole chunks, b2, b3, profile
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -39,7 +41,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^[12345]$ ]] || { echo "usage: $0 1|2|3|4|5  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^[1-6]$ ]] || { echo "usage: $0 1|2|3|4|5|6  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -159,6 +161,17 @@ case $CALL in
     part b12b1 120 70 b12 --parts b1 --name b12_b1_h200
     part b11 150 100 b11
     part quantbench 120 90 quantbench
+    ;;
+  6)
+    # Diagnosis: the quantized GEMV's per-candidate sweep; B2 with whole prefill chunks (its
+    # slow launches name the kernels that compiled) beside the default B2 and B3 (c=128's
+    # ratio in one run); the step profile's B2-shaped steps (decode at 256, a whole chunk
+    # beside 128 decodes) with their kernel tables.
+    part quantbench 130 90 quantbench
+    part b2ratio0 100 45 b2 --max-mixed-step-ratio 0 --name b2_ratio0_h200
+    part b2 90 35 b2
+    part b3 120 60 b3
+    PROFILE_ONLY="steps traces" part profile 150 100 profile
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

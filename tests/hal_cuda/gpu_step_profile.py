@@ -233,7 +233,7 @@ def decode_entries(n: int) -> list[tuple[int, int, int]]:
 # --- parts ---------------------------------------------------------------------------------------
 def part_steps(h: Harness) -> dict[str, Any]:
     comps: dict[str, Callable[[], ForwardBatch]] = {}
-    for n in (1, 32, 128):
+    for n in (1, 32, 128, 256):  # 256: B2's decode steps
         comps[f"decode_bs{n}"] = lambda n=n: h.batch(decode_entries(n))
     for p in (1, 16, 128, 256, 512, 2048):
         comps[f"mixed_32dec_plus_{p}"] = lambda p=p: h.batch(decode_entries(32) + [(200, p, p)])
@@ -529,6 +529,10 @@ def part_traces(h: Harness, out_dir: Path) -> dict[str, Any]:
     comps = {"mixed_32dec_plus_256": lambda: h.batch(decode_entries(32) + [(200, 256, 256)]),
              "prefill_only_512": lambda: h.batch([(200, 512, 512)]),
              "decode_bs32": lambda: h.batch(decode_entries(32)),
+             # B2's steps: a full decode batch, and a whole chunk beside running decodes
+             "decode_bs256": lambda: h.batch(decode_entries(256)),
+             "mixed_128dec_plus_2048": lambda: h.batch(decode_entries(128)
+                                                       + [(200, 2048, 2048)]),
              # B1's step: its kernels one by one (how many launches a layer costs)
              "decode_bs1": lambda: h.batch(decode_entries(1))}
     written = []
