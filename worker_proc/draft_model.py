@@ -33,7 +33,12 @@ from tessera.bus.messages import ForwardBatch
 from tessera.formats import open_model
 from tessera.formats.dummy import DummyFiles
 from tessera.hal.platform import KVArena, Platform
-from tessera.worker_proc.forward_inputs import ForwardInputs, build_forward_inputs, to_device
+from tessera.worker_proc.forward_inputs import (
+    ForwardInputs,
+    build_forward_inputs,
+    table_rows,
+    to_device,
+)
 from tessera.worker_proc.models import model_class
 from tessera.worker_proc.quant_plan import plan_quantization
 
@@ -165,8 +170,7 @@ def _decode_inputs(rows: np.ndarray, positions: np.ndarray, req_to_token: np.nda
     position up to it."""
     n = int(rows.shape[0])
     seq_lens = positions + 1
-    width = int(seq_lens.max())
-    table = np.ascontiguousarray(req_to_token[rows, :width])
+    table = table_rows(req_to_token, rows, int(seq_lens.max()))
     slots = req_to_token[rows, positions].astype(np.int64)
 
     def dev(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

@@ -43,6 +43,34 @@ class ForwardInputs:
         return int(self.input_ids.shape[0])
 
 
+# Every step's page table is padded to a width this divides (its extra columns are never
+# read: each request reads only its seq_len entries), and so are the graphs' static tables.
+# Compiled kernels specialize integer arguments on whether 16 divides them: with the width
+# left at the step's longest sequence, the attention kernels' row stride took either case,
+# and an H200 B2 run compiled kernels mid-run (1.5-2.3 s a step) for eager steps whose width
+# the graphs had never had.
+TABLE_WIDTH_MULTIPLE = 16
+
+
+def table_width(longest: int) -> int:
+    """The page-table width for a step whose longest sequence has this many tokens."""
+    m = TABLE_WIDTH_MULTIPLE
+    return max(m, -(-longest // m) * m)
+
+
+def table_rows(req_to_token: np.ndarray, rows: np.ndarray, longest: int) -> np.ndarray:
+    """The step's page table: these rows of the shared one, table_width(longest) wide (zero
+    columns beyond the shared table's own width); no columns for no rows."""
+    if len(rows) == 0:
+        return np.zeros((0, 0), dtype=req_to_token.dtype)
+    width = table_width(longest)
+    if width <= req_to_token.shape[1]:
+        return np.ascontiguousarray(req_to_token[rows, :width])
+    table = np.zeros((len(rows), width), dtype=req_to_token.dtype)
+    table[:, :req_to_token.shape[1]] = req_to_token[rows]
+    return table
+
+
 def to_device(platform: Platform, a: np.ndarray, dtype: torch.dtype,
               device: torch.device) -> torch.Tensor:
     """A host array on the device without waiting for the device: the plugin queues the copy
@@ -66,8 +94,7 @@ def build_forward_inputs(batch: ForwardBatch, req_to_token: np.ndarray, platform
     positions = starts[token_req] + np.arange(num_tokens) - indptr[token_req]
     token_rows = rows[token_req]
     out_slots = req_to_token[token_rows, positions].astype(np.int64)
-    width = int(seq_lens.max()) if len(rows) else 0
-    table = np.ascontiguousarray(req_to_token[rows, :width])
+    table = table_rows(req_to_token, rows, int(seq_lens.max()) if len(rows) else 0)
     sample = np.asarray(batch.sample, dtype=bool)
     logits_indices = (indptr[1:] - 1)[sample]
     if batch.draft_lens.shape[0]:

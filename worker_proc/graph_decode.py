@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 from tessera.hal.platform import GraphRunner
-from tessera.worker_proc.forward_inputs import ForwardInputs
+from tessera.worker_proc.forward_inputs import ForwardInputs, table_width
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
@@ -61,7 +61,7 @@ class DecodeGraphs:
         self.token_rows = zeros(n, dtype=torch.int64)
         self.positions = zeros(n, dtype=torch.int64)
         self.out_slots = zeros(n, dtype=torch.int64)
-        self.req_to_token = zeros(n, max_context_len, dtype=torch.int32)
+        self.req_to_token = zeros(n, table_width(max_context_len), dtype=torch.int32)
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.extend_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.qo_indptr = torch.arange(n + 1, dtype=torch.int32, device=device)
@@ -103,7 +103,7 @@ class DecodeGraphs:
         return (inputs.is_decode and batch > 0 and bs is not None and bs in self.outputs
                 and inputs.num_tokens == batch
                 and int(inputs.logits_indices.shape[0]) == batch
-                and int(inputs.req_to_token.shape[1]) <= self.max_context_len)
+                and int(inputs.req_to_token.shape[1]) <= int(self.req_to_token.shape[1]))
 
     def run(self, inputs: ForwardInputs) -> torch.Tensor:
         """Logits [B, V] of a decode batch of B <= max_bs rows (every row sampled): a view of

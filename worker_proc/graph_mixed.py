@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from tessera.hal.platform import GraphRunner
-from tessera.worker_proc.forward_inputs import ForwardInputs
+from tessera.worker_proc.forward_inputs import ForwardInputs, table_width
 
 
 def token_buckets(max_tokens: int) -> list[int]:
@@ -83,7 +83,7 @@ class MixedGraphs:
         self.token_rows = zeros(n, dtype=torch.int64)  # read by no captured op
         self.positions = zeros(n, dtype=torch.int64)
         self.out_slots = zeros(n, dtype=torch.int64)
-        self.req_to_token = zeros(r, max_context_len, dtype=torch.int32)
+        self.req_to_token = zeros(r, table_width(max_context_len), dtype=torch.int32)
         self.seq_lens = zeros(r, dtype=torch.int32)
         self.extend_lens = zeros(r, dtype=torch.int32)
         self.qo_indptr = zeros(r + 1, dtype=torch.int32)
@@ -152,7 +152,7 @@ class MixedGraphs:
         if tokens == 0 or bucket is None or bucket not in self.captured:
             return False
         return (0 < int(inputs.seq_lens.shape[0]) <= self.requests_for(bucket)
-                and int(inputs.req_to_token.shape[1]) <= self.max_context_len)
+                and int(inputs.req_to_token.shape[1]) <= int(self.req_to_token.shape[1]))
 
     def run(self, inputs: ForwardInputs) -> torch.Tensor:
         """float32 logits [S, V] of the step's sampled rows (inputs.logits_indices): the

@@ -53,6 +53,8 @@ def scores_log2(qk, sm_scale_log2, logit_cap, HAS_CAP: tl.constexpr):
 # c=32 tier: TTFT p90 520 ms against 51 ms once warm). Nor is it specialized on its value
 # (Triton compiles integer arguments apart when they equal 1 or divide by 16), and neither
 # are the merge buffers' strides that follow it; ONE_SPLIT is the only constant that does.
+# The page table's row stride is specialized: the worker pads every step's table to a width
+# 16 divides (forward_inputs.TABLE_WIDTH_MULTIPLE), as the graphs' static table is.
 _SPLIT_DEPENDENT = ["num_splits", "mo_s0", "mo_s1", "ml_s0", "ml_s1"]
 
 

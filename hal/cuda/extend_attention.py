@@ -142,8 +142,14 @@ def _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b, mblk, ext, seq, q_
 
 # The request and token counts change every step: not specialized on their values (Triton
 # compiles integer arguments apart when they equal 1 or divide by 16), so a new count never
-# compiles a kernel while serving. REQS, the only constant that follows the batch, takes
-# powers of two.
+# compiles a kernel while serving. The page table's row stride is specialized (16 divides it:
+# its rows load as vectors), and the worker pads every step's table to such a width
+# (forward_inputs.TABLE_WIDTH_MULTIPLE). REQS, the only constant that follows the batch, takes
+# powers of two from 32 (reqs_block): exactly the values the start-up's mixed-step graphs
+# compile (a bucket of T tokens holds min(T, max requests) requests, T from 32), so an eager
+# step beyond the graphs reuses their kernels. An H200 B2 run with whole 2048-token chunks
+# compiled this kernel five times mid-run, 1.5-2.3 s each, while the table's width followed
+# the longest sequence and REQS started at 16.
 @triton.jit(do_not_specialize=["num_reqs", "num_tokens"])
 def _extend_kernel(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, qo_ptr, out_ptr,
                    num_reqs, num_tokens, q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1,
@@ -184,6 +190,11 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
                      mask=(rows < num_tokens)[:, None] & (d < HEAD_DIM)[None, :])
 
 
+def reqs_block(batch: int) -> int:
+    """The REQS constant for a batch of this many requests (see _extend_kernel)."""
+    return max(32, triton.next_power_of_2(batch))
+
+
 def extend_programs(tokens: int, batch: int, block_m: int) -> int:
     """Programs per query head. One per block of T tokens covers a single prefill or chunk
     (and the padding rows); the spare ones take the extra partial blocks of further requests.
@@ -221,6 +232,6 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out.stride(0), out.stride(1), float(scale) * LOG2E, int(sliding_window),
         float(logit_cap), HAS_CAP=logit_cap > 0, GROUP=q_heads // kv_heads,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=triton.next_power_of_2(head_dim), REQS=max(16, triton.next_power_of_2(batch)),
+        BLOCK_D=triton.next_power_of_2(head_dim), REQS=reqs_block(batch),
         DOT_PREC=dot_precision(q.dtype), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return out if v_scale == 1.0 else out.mul_(v_scale)

@@ -69,11 +69,20 @@ def recorded(kernels: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch
     return rec
 
 
-def _inputs(batch: int, tokens: int) -> tuple[torch.Tensor, ...]:
+def _inputs(batch: int, tokens: int, width: int = 64) -> tuple[torch.Tensor, ...]:
     q = torch.zeros((tokens, HQ, D), dtype=torch.bfloat16)
     cache = torch.zeros((64, HK, D), dtype=torch.bfloat16)
-    rtt = torch.zeros((batch, 64), dtype=torch.int32)
+    rtt = torch.zeros((batch, width), dtype=torch.int32)
     return q, cache, cache, rtt, torch.full((batch,), 40, dtype=torch.int32)
+
+
+def _extend(ext: ModuleType, batch: int, tokens: int, width: int) -> None:
+    """A mixed step: request 0 extends by the rest of the tokens, the others decode."""
+    ext_lens = torch.ones(batch, dtype=torch.int32)
+    ext_lens[0] = tokens - batch + 1
+    qo = torch.zeros(batch + 1, dtype=torch.int32)
+    qo[1:] = torch.cumsum(ext_lens, 0)
+    ext.attention_extend(*_inputs(batch, tokens, width), ext_lens, qo, D ** -0.5)
 
 
 def test_attention_launches_over_every_batch_size_select_few_kernels(
@@ -87,19 +96,47 @@ def test_attention_launches_over_every_batch_size_select_few_kernels(
 
     per_extend: dict[int, int] = defaultdict(int)
     for batch in BATCHES:
-        # a mixed step: one request extends by a chunk of 7 tokens, the others decode
-        ext_lens = torch.ones(batch, dtype=torch.int32)
-        ext_lens[0] = 7
-        tokens = batch + 6
-        qo = torch.zeros(batch + 1, dtype=torch.int32)
-        qo[1:] = torch.cumsum(ext_lens, 0)
         before = len(recorded["extend"].keys)
-        ext.attention_extend(*_inputs(batch, tokens), ext_lens, qo, D ** -0.5)
+        _extend(ext, batch, batch + 6, 64)
         per_extend[len(recorded["extend"].keys) - before] += 1
     # decode rows of a mixed batch: the two stage-1 kernels again with MIXED, one more merge
     assert len(recorded["stage1"].keys) == 4 and len(recorded["stage2"].keys) == 2
-    # the extend kernel: one per power of two of the request count (REQS) from 16 to 256
-    assert len(recorded["extend"].keys) == 5, sorted(recorded["extend"].keys)
+    # the extend kernel: one per power of two of the request count (REQS) from 32 to 256
+    assert len(recorded["extend"].keys) == 4, sorted(recorded["extend"].keys)
+
+
+def test_eager_steps_beyond_the_graphs_reuse_the_kernels_the_graphs_compiled(
+        kernels: dict[str, ModuleType], recorded: dict[str, _Recorder]) -> None:
+    """What start-up captures (decode graphs per batch size, mixed-step graphs per token
+    bucket, every one with the static page table) compiles every attention kernel a served
+    step launches, including the eager steps the graphs cannot hold (more tokens than the
+    largest bucket: whole 2048-token chunks beside any number of decodes, with page tables as
+    wide as the padded longest sequence). An H200 B2 run compiled the extend kernel five times
+    mid-run (1.5-2.3 s a step) when the table's width followed the longest sequence and the
+    extend kernel's request block started below the graphs' smallest."""
+    from tessera.worker_proc.capture_plan import mixed_token_limit
+    from tessera.worker_proc.forward_inputs import table_width
+    from tessera.worker_proc.graph_decode import capture_batch_sizes
+    from tessera.worker_proc.graph_mixed import token_buckets
+    from tessera.config import EngineConfig
+
+    dec, ext = kernels["decode_attention"], kernels["extend_attention"]
+    cfg = EngineConfig(model="unused", max_running_requests=256, chunked_prefill_size=2048)
+    static = table_width(8192)  # the graphs' page table: the context length, padded
+    for bs in capture_batch_sizes(256):
+        dec.attention_decode(*_inputs(bs, bs, static), D ** -0.5)
+    limit = mixed_token_limit(cfg, num_slots=10**6)
+    assert limit == cfg.graph_max_tokens  # the buckets stop below the largest eager steps
+    for bucket in token_buckets(limit):
+        _extend(ext, min(bucket, cfg.max_running_requests), bucket, static)
+    captured = {name: set(r.keys) for name, r in recorded.items()}
+
+    for batch in (1, 2, 3, 5, 16, 17, 20, 31, 32, 33, 34, 63, 65, 100, 129, 130, 200, 256):
+        for longest in (17, 40, 64, 100, 1000, 2048 + 300, 4111):
+            _extend(ext, batch, 2048 + batch - 1, table_width(longest))
+    for name, r in recorded.items():
+        new = r.keys - captured[name]
+        assert not new, f"{name}: served steps compile {len(new)} kernels: {sorted(new)}"
 
 
 def test_a_split_count_the_merge_cannot_hold_is_refused(kernels: dict[str, ModuleType]) -> None:
