@@ -5,7 +5,8 @@ A step of D decodes and P prefill tokens takes about decode_ms(D) + P * prefill_
 decode-only steps measure `decode_ms` (the step every running stream waits for), per size of
 batch (powers of two: a decode step of 128 streams reads more KV than one of 8), and steps
 with at least MIN_PREFILL_MEASURED prefill tokens measure the marginal cost of a prefill token
-over the decode step of their own batch size (the nearest size measured). All are moving
+over the decode step of their own batch size (a step whose size has no decode-only step
+measured yet teaches nothing, once a first estimate exists). All are moving
 averages of the worker's own time per step (`forward_ms`). Charging a mixed step's decodes
 at the last decode step's cost instead (whatever its batch size, or nothing before the first
 one) made prefill tokens look 3x dearer than they are on an H200 (0.067 ms against 0.019)
@@ -83,8 +84,18 @@ class StepCost:
         # besides and would leave the prefill tokens too little). With nothing to charge yet,
         # the whole step goes to its prefill tokens: an overestimate (smaller chunks) until a
         # decode step corrects it.
-        base = self.decode_ms_at(decodes) if decodes else \
-            self.decode_ms_by_class.get(batch_class(1), 0.0)
+        if decodes:
+            own = self.decode_ms_by_class.get(batch_class(decodes))
+            if own is None and self.prefill_ms_per_token > 0:
+                # Its decodes' cost is unknown (no decode-only step of its batch size yet):
+                # charged a smaller batch's step, as the nearest measured often is, its
+                # prefill tokens take the rest of the KV reads. B2 on an H200 (prompts beside
+                # ever more decodes, few decode-only steps) learned 0.060 ms a token where a
+                # prefill step measures 0.019. Teach nothing rather than that.
+                return
+            base = own if own is not None else self.decode_ms_at(decodes)  # first guess
+        else:
+            base = self.decode_ms_by_class.get(batch_class(1), 0.0)
         marginal = (step_ms - base) / prefill_tokens
         if marginal > 0:
             self.prefill_ms_per_token = _ema(self.prefill_ms_per_token, marginal)

@@ -115,3 +115,34 @@ def test_with_nothing_decoding_a_prompt_runs_in_full_chunks() -> None:
     assert "warm" not in sched.requests
     sched.add_request(make_request("long", prompt(3000, 9), max_tokens=1, ignore_eos=True))
     assert run(sched, worker, got, 2) == [2048, 3000 - 2048]
+
+
+def test_a_burst_that_outnumbers_the_streams_gets_whole_chunks_until_they_are_even() -> None:
+    """Protecting few streams would hold many prompts back: while more requests await their
+    first token than decode, steps take whole chunks; once the streams are as many, their
+    steps are protected again. The outputs are the same."""
+    sched = make(max_mixed_step_ratio=1.5, max_running_requests=16)
+    worker = FakeWorker(sched)
+    got = Collected()
+    streams_decoding(sched, worker, got, 2)
+    for i in range(12):  # 12 prompts of 600 tokens arrive beside 2 streams
+        sched.add_request(make_request(f"p{i}", prompt(600, 11 + i), max_tokens=40,
+                                       ignore_eos=True))
+    sizes, decoding = [], []
+    for _ in range(4):
+        fb = sched.next_batch()
+        extend = fb.extend_lens
+        sizes.append(int(extend[extend > 1].sum()))
+        decoding.append(int((extend == 1).sum()))
+        got.add(sched.on_result(timed(worker, fb)))
+    # 2 streams, 12 awaiting: a whole chunk (3 prompts and a part); 5 streams, 9 awaiting:
+    # whole again (the rest of one, 2 more and a part); then 8 streams, 6 awaiting: protected,
+    # cut to the floor (the ratio leaves 150 tokens; the floor is 2048 / 8), which finishes
+    # the part-done prompt (a ninth stream)
+    assert sizes == [2048, 2048, 256, 256], (sizes, decoding)
+    assert decoding == [2, 5, 8, 9], (sizes, decoding)
+    drive(sched, worker, got)
+    for i in range(12):
+        want, _ = reference_output(prompt(600, 11 + i),
+                                   SamplingParams(max_tokens=40, ignore_eos=True), 0, 640)
+        assert got.tokens[(f"p{i}", 0)] == want

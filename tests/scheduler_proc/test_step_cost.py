@@ -113,3 +113,22 @@ def test_a_prefill_only_step_still_reads_the_weights_once() -> None:
     busy.observe(128, 0, 9.0)
     busy.observe(0, 512, 12.66)
     assert busy.prefill_ms_per_token == pytest.approx(12.66 / 512)
+
+
+def test_a_mixed_step_of_a_batch_size_never_decoded_alone_teaches_nothing() -> None:
+    """Prompts beside ever more streams, and decode-only steps of small batches only (B2's
+    pattern): a 128-stream mixed step charged the 8-stream step would leave its tokens the
+    KV reads of 120 more streams (0.038 ms a token here, not 0.02)."""
+    cost = StepCost()
+    cost.observe(8, 0, h200_like(8))
+    cost.observe(8, 512, h200_like(8) + 512 * 0.02)
+    assert cost.prefill_ms_per_token == pytest.approx(0.02)
+    for _ in range(30):
+        cost.observe(128, 256, h200_like(128) + 256 * 0.02)
+    assert cost.prefill_ms_per_token == pytest.approx(0.02)
+    # with nothing known yet, the first such step still gives an estimate (too high)
+    first = StepCost()
+    first.observe(8, 0, h200_like(8))
+    first.observe(128, 256, h200_like(128) + 256 * 0.02)
+    assert first.prefill_ms_per_token == pytest.approx(
+        (h200_like(128) + 256 * 0.02 - h200_like(8)) / 256)
