@@ -27,18 +27,20 @@ _COL, _EXP, _XV = GEMV_COLUMN, GEMV_EXP_CVT, GEMV_X_VEC
 GEMV_VARIANTS = tuple(range(8))  # every combination of the three flags
 _B12_8BIT = [(2, 2048, 8), (4, 2048, 8), (4, 1024, 4), (8, 1024, 8), (1, 4096, 8)]
 _WIDE_8BIT = [(2, 4096, 8), (4, 4096, 8), (8, 2048, 8)]
-_B12_INT4 = [(4, 2048, 8), (8, 2048, 8), (8, 1024, 8), (2, 4096, 8), (16, 1024, 8)]
-_WIDE_INT4 = [(2, 8192, 8), (4, 4096, 8), (8, 4096, 8), (4, 8192, 8)]
 _GROUPED = (0, _COL, _EXP, _COL | _EXP, _EXP | _XV)  # per wide tile
 GEMV_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
-    # fp8 keeps B12's list: with the wide and X_VEC tiles beside it the tuner's pick made
-    # B1 slower on the H200 at cffd704 (3.68 ms/step against 3.13 at 3f9e7a6), where int4
-    # gained from its new tiles (3.62 against 4.26): b12_b1_h200.json
-    "fp8": [(*c, 0) for c in _B12_8BIT],
+    # The H200 sweep of every candidate inside CUDA graphs (benchmarks/results/
+    # quant_kernels_h200.json, 37121f2) on the 8B shape's qkv, o, gate_up and down: for fp8
+    # the 4 x 1024 tile at 4 warps was the fastest on all four (2.3-3.7 TB/s), while the
+    # tuner's own measurement (launch-bound at these 7-32 us) had picked slower tiles for qkv
+    # and o (9.9 and 9.2 us against 9.1 and 7.3); one candidate, nothing to mis-measure.
+    "fp8": [(4, 1024, 4, 0)],
     "int8": [(*c, 0) for c in _B12_8BIT] + [(*c, v) for c in _WIDE_8BIT for v in _GROUPED]
     + [(*c, _EXP | _XV) for c in _B12_8BIT[:2]],
-    "int4": [(*c, 0) for c in _B12_INT4] + [(*c, v) for c in _WIDE_INT4 for v in _GROUPED]
-    + [(*c, _EXP | _XV) for c in _B12_INT4[:2] + _B12_INT4[4:]],
+    # int4: 8 x 4096 with exponent-bit conversion and x-wide loads won on all four (1.3-1.7
+    # TB/s), then these, within 10-25%
+    "int4": [(8, 4096, 8, _EXP | _XV), (4, 8192, 8, _EXP | _XV), (8, 4096, 8, 0),
+             (16, 1024, 8, 0)],
 }
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by batch bucket; BLOCK_K is cut to the
 # group size where the group is smaller

@@ -1,4 +1,4 @@
-"""Compile the cuda plugin's fused, quantized-GEMV and MoE grouped-GEMM kernels for an H100/H200 (sm_90) on a
+"""Compile the cuda plugin's fused, quantized-GEMV / GEMM and MoE grouped-GEMM kernels for an H100/H200 (sm_90) on a
 machine without a GPU: Triton's front end, its passes and the ptxas it ships, down to a cubin.
 The interpreter runs a kernel's Python, not its compilation: a kernel the compiler refuses (a
 value of two types out of an `if`, a constexpr misuse) passes there and fails on the GPU.
@@ -76,6 +76,35 @@ def _qgemv_cases() -> list[Case]:
             for variant in variants]
 
 
+def _qgemm_cases() -> list[Case]:
+    """The quantized GEMM (decode batches, prefill) at a skinny and a large tile of
+    quant_tune's lists: int4 grouped and per row (two half-width dots of x's even and odd
+    columns), int8 grouped, fp8 with bf16 activations and as W8A8."""
+    from tessera.hal.cuda import quant_kernels as qk
+
+    fn = qk.qgemm_kernel
+    qtypes = {"fp8": "*fp8e4nv", "int8": "*i8", "int4": "*u8"}
+    out = []
+    for scheme, group, a_fp8 in (("int4", 128, False), ("int4", None, False),
+                                 ("int8", 128, False), ("fp8", None, False),
+                                 ("fp8", None, True)):
+        for bm, bn, bk, warps, stages in ((16, 64, 128, 4, 4), (128, 128, 64, 8, 3)):
+            types = {"x_ptr": "*fp8e4nv" if a_fp8 else "*bf16", "q_ptr": qtypes[scheme],
+                     "s_ptr": "*fp32", "o_ptr": "*fp32", "b_ptr": "*bf16", "out_ptr": "*bf16",
+                     "xs_ptr": "*fp32"}
+            consts = {"KIND": {"fp8": qk.FP8, "int8": qk.INT8, "int4": qk.INT4}[scheme],
+                      "GROUP": group or 1, "PER_ROW": group is None, "HAS_BIAS": False,
+                      "A_FP8": a_fp8, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                      "DOT_PREC": "tf32"}
+            out.append(Case(f"qgemm {scheme} group={group or 'row'} w8a8={a_fp8} "
+                            f"{(bm, bn, bk)}", fn, _signature(fn, types, consts), consts,
+                            num_warps=warps, num_stages=stages,
+                            divisible_by_16=("x_ptr", "q_ptr", "s_ptr", "o_ptr", "out_ptr",
+                                             "xs_ptr", "N", "K", "x_s0", "q_s0", "s_s0",
+                                             "out_s0")))
+    return out
+
+
 def _moe_cases() -> list[Case]:
     """Every tile moe_tune lists, as the gate/up and the down GEMM, bf16 at Mixtral-8x7B's
     strides: each compiles, within moe_tune's estimate of its shared memory (the estimate
@@ -122,7 +151,7 @@ def cases() -> list[Case]:
         types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
         consts = {"HAS_BIAS": bias, "BLOCK_N": 2, "BLOCK_K": 2048}
         out.append(Case(f"gemv bias={bias}", fn, _signature(fn, types, consts), consts))
-    return out + _qgemv_cases() + _moe_cases()
+    return out + _qgemv_cases() + _qgemm_cases() + _moe_cases()
 
 
 def main() -> int:
