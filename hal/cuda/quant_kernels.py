@@ -20,9 +20,7 @@ bf16 (layouts: hal/quant/weight.py).
               the fp8 2 x 2048 tile: 4 KiB of shared memory and 8 barriers, none with this
               flag, where the bf16 GEMV's x and weight layouts already agree).
     qgemm   several tokens: tl.dot on tiles of x [BLOCK_M, BLOCK_K] and of the integer (or
-            e4m3) values [BLOCK_N, BLOCK_K] converted exactly to x's dtype (int4: two dots
-            of half the width, x's even columns with the low nibbles and its odd ones with
-            the high nibbles); every K tile lies
+            e4m3) values [BLOCK_N, BLOCK_K] converted exactly to x's dtype; every K tile lies
             within one group (BLOCK_K divides the group size), so its product is scaled by the
             group's scale (and the offset times the tile's row sums of x) in float32. With a
             small BLOCK_M it is the skinny GEMM of decode batches; with a large one, prefill.
@@ -166,44 +164,35 @@ def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, xs_ptr, M, N, K, x_
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     xsum = tl.zeros([BLOCK_M], tl.float32)
     for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        kmask = k < K
+        x = tl.load(x_rows + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
         if KIND == 2:
-            # The low / high nibbles of byte j are columns 2j and 2j + 1: two dots, of x's
-            # even and of its odd columns (loaded by stride), so the nibbles are never
-            # interleaved back into column order (a join and reshape of the tile: a layout
-            # conversion through shared memory every iteration; this kernel ran at 0.1 TB/s
-            # of weights at batch 256 on the H200 with it, quant_kernels_h200.json).
             j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-            jmask = j < K // 2
-            xmask = mmask[:, None] & jmask[None, :]
-            x_even = tl.load(x_rows + 2 * j[None, :], mask=xmask, other=0.0)
-            x_odd = tl.load(x_rows + 2 * j[None, :] + 1, mask=xmask, other=0.0)
-            packed = tl.load(q_rows + j[None, :], mask=nmask[:, None] & jmask[None, :],
-                             other=0)
-            part = tl.dot(x_even, tl.trans((packed & 0xF).to(x_even.dtype)),
-                          input_precision=DOT_PREC)
-            part = tl.dot(x_odd, tl.trans((packed >> 4).to(x_odd.dtype)), part,
-                          input_precision=DOT_PREC)
-            xs = tl.sum(x_even.to(tl.float32), 1) + tl.sum(x_odd.to(tl.float32), 1)
+            packed = tl.load(q_rows + j[None, :],
+                             mask=nmask[:, None] & (j < K // 2)[None, :], other=0)
+            # Interleaved back into column order. Two half-width dots instead (x's even
+            # columns with the low nibbles, its odd ones, loaded by stride, with the high)
+            # measured 2-4x slower on the H200 at 16-256 tokens (b61f5f1, 14.6 / 45.2 / 92.1
+            # ms of linears a step against 7.1 / 11.0 / 35.5 at batch 16 / 64 / 256).
+            q = tl.reshape(tl.join(packed & 0xF, packed >> 4), [BLOCK_N, BLOCK_K])
         else:
-            k = k0 + tl.arange(0, BLOCK_K)
-            kmask = k < K
-            x = tl.load(x_rows + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
             q = tl.load(q_rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-            if A_FP8:
-                part = tl.dot(x, tl.trans(q))
-            else:
-                part = tl.dot(x, tl.trans(q.to(x.dtype)), input_precision=DOT_PREC)
+        if A_FP8:
+            part = tl.dot(x, tl.trans(q))
+        else:
+            part = tl.dot(x, tl.trans(q.to(x.dtype)), input_precision=DOT_PREC)
         if PER_ROW:
             acc += part
             if KIND == 2:
-                xsum += xs
+                xsum += tl.sum(x.to(tl.float32), 1)
         else:
             g = k0 // GROUP
             s = tl.load(s_ptr + s_rows + g, mask=nmask, other=0.0)
             acc += part * s[None, :]
             if KIND == 2:
                 o = tl.load(o_ptr + s_rows + g, mask=nmask, other=0.0)
-                acc += xs[:, None] * o[None, :]
+                acc += tl.sum(x.to(tl.float32), 1)[:, None] * o[None, :]
     if A_FP8:
         acc = acc * tl.load(xs_ptr + rm, mask=mmask, other=0.0)[:, None]
     if PER_ROW:
