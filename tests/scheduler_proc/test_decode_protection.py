@@ -117,10 +117,10 @@ def test_with_nothing_decoding_a_prompt_runs_in_full_chunks() -> None:
     assert run(sched, worker, got, 2) == [2048, 3000 - 2048]
 
 
-def test_a_burst_that_outnumbers_the_streams_gets_whole_chunks_until_they_are_even() -> None:
+def test_a_burst_that_outnumbers_the_streams_gets_half_chunks_until_they_are_even() -> None:
     """Protecting few streams would hold many prompts back: while more requests await their
-    first token than decode, steps take whole chunks; once the streams are as many, their
-    steps are protected again. The outputs are the same."""
+    first token than decode, steps take half the chunk whatever the ratio; once the streams
+    are as many, their steps are protected again. The outputs are the same."""
     sched = make(max_mixed_step_ratio=1.5, max_running_requests=16)
     worker = FakeWorker(sched)
     got = Collected()
@@ -135,12 +135,12 @@ def test_a_burst_that_outnumbers_the_streams_gets_whole_chunks_until_they_are_ev
         sizes.append(int(extend[extend > 1].sum()))
         decoding.append(int((extend == 1).sum()))
         got.add(sched.on_result(timed(worker, fb)))
-    # 2 streams, 12 awaiting: a whole chunk (3 prompts and a part); 5 streams, 9 awaiting:
-    # whole again (the rest of one, 2 more and a part); then 8 streams, 6 awaiting: protected,
-    # cut to the floor (the ratio leaves 150 tokens; the floor is 2048 / 8), which finishes
-    # the part-done prompt (a ninth stream)
-    assert sizes == [2048, 2048, 256, 256], (sizes, decoding)
-    assert decoding == [2, 5, 8, 9], (sizes, decoding)
+    # 2 streams, 12 awaiting: half the chunk (a prompt and part of the next), whatever the
+    # ratio; 3 streams, 11 awaiting: half again; 5 streams, 9 awaiting: half again; then 7
+    # streams, 7 awaiting: protected, cut to the floor (the ratio leaves 150 tokens; the
+    # floor is 2048 / 8)
+    assert sizes == [1024, 1024, 1024, 256], (sizes, decoding)
+    assert decoding == [2, 3, 5, 7], (sizes, decoding)
     drive(sched, worker, got)
     for i in range(12):
         want, _ = reference_output(prompt(600, 11 + i),
