@@ -170,7 +170,9 @@ def main(argv: list[str]) -> int:
         device = torch.cuda.get_device_name()
     from tessera.hal.cuda import CudaPlatform, autotune
 
-    res: dict[str, Any] = {"device": device, "gemv_candidates": {}}
+    # the commit measured (the device copy's git metadata is stale: gpu_session.sh sets it)
+    res: dict[str, Any] = {"commit": os.environ.get("TESSERA_COMMIT"), "device": device,
+                           "gemv_candidates": {}}
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after every piece: a run cut off at its time limit keeps the rest

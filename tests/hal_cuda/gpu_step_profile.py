@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import statistics
 import sys
 import time
@@ -603,6 +604,8 @@ def main(argv: list[str]) -> int:
         report["reserved_beyond_weights_and_kv_mib"] = round(
             (torch.cuda.memory_reserved() - weights - r.kv_plan.total_bytes) / 2**20, 1)
         report["device"] = torch.cuda.get_device_name()
+        # the commit measured (the device copy's git metadata is stale: gpu_session.sh sets it)
+        report["commit"] = os.environ.get("TESSERA_COMMIT")
         report["versions"] = r.platform.versions()  # type: ignore[attr-defined]
     log(f"runner ready in {h.ready_s:.1f}s: {report}")
     table: dict[str, Callable[[], Any]] = {
