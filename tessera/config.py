@@ -89,7 +89,9 @@ class BatchingConfig:
                                        "prefills is sized to take at most this many decode "
                                        "steps at the measured costs, so a prompt never stalls "
                                        "running streams for long; its chunk stays at least an "
-                                       "eighth of --chunked-prefill-size (0: no limit)")
+                                       "eighth of --chunked-prefill-size, and half of it while "
+                                       "more requests await their first token than decode "
+                                       "(0: no limit)")
     max_queued_requests: int = _opt(4096, "waiting requests before new ones get 503")
     disable_radix_cache: bool = _opt(False, "turn off prefix reuse")
     schedule_policy: str = _opt("fcfs", "fcfs: first come first served; priority: higher "

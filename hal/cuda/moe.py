@@ -38,7 +38,103 @@ class Alignment:
     block_m: int
 
 
+# Up to this many (token, choice) pairs the alignment is one kernel (_align_kernel, one
+# program); beyond (prefill), the torch ops of align_by_expert_ops. The ops are about thirty
+# launches of a few microseconds each: in a decode step's graph, Mixtral-8x7B's B1 on an H200
+# spent about 2 of its 9.3 ms in them (32 layers), against 3.2 ms above the roofline.
+ALIGN_KERNEL_MAX_PAIRS = 2048
+
+
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
+    """The pairs grouped by expert (Alignment): one kernel for decode-sized batches, the
+    reference torch ops beyond ALIGN_KERNEL_MAX_PAIRS; the same result either way."""
+    if (topk_ids.is_cuda or _interpreting()) and 0 < topk_ids.numel() <= ALIGN_KERNEL_MAX_PAIRS:
+        return align_by_expert_kernel(topk_ids, num_experts, block_m)
+    return align_by_expert_ops(topk_ids, num_experts, block_m)
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def num_align_blocks(pairs: int, num_experts: int, block_m: int) -> int:
+    """At most min(E, pairs) experts hold pairs, each padded by under block_m: the grid's
+    bound on used blocks (launching programs only to return costs at decode, where 2 of 8
+    experts hold 1 pair each). Depends on the shapes only: capturable."""
+    return triton.cdiv(pairs + min(num_experts, pairs) * (block_m - 1), block_m)
+
+
+@triton.jit
+def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_pairs, num_experts, num_blocks,
+                  BLOCK_M: tl.constexpr, E_BLOCK: tl.constexpr, P_BLOCK: tl.constexpr,
+                  B_BLOCK: tl.constexpr):
+    # One program. Pairs of an expert keep their order (stable); pairs of experts this rank
+    # does not hold (ids < 0 or >= num_experts) are dropped; every other slot of the
+    # num_blocks * BLOCK_M holds num_pairs (padding). No slot is written twice.
+    e = tl.arange(0, E_BLOCK)
+    emask = e < num_experts
+    counts = tl.zeros([E_BLOCK], tl.int32)
+    for p0 in range(0, num_pairs, P_BLOCK):
+        p = p0 + tl.arange(0, P_BLOCK)
+        ids = tl.load(ids_ptr + p, mask=p < num_pairs, other=-1).to(tl.int32)
+        counts += tl.sum(((ids[:, None] == e[None, :]) & emask[None, :]).to(tl.int32), 0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    padded_end = tl.cumsum(padded, 0)
+    start = padded_end - padded
+    used_end = tl.sum(tl.where(emask, padded, 0), 0)
+    # each block's expert: how many experts end at or before its first slot (-1 past the end)
+    for b0 in range(0, num_blocks, B_BLOCK):
+        b = b0 + tl.arange(0, B_BLOCK)
+        first = b * BLOCK_M
+        expert = tl.sum(((padded_end[None, :] <= first[:, None]) & emask[None, :])
+                        .to(tl.int32), 1)
+        expert = tl.where(first < used_end, expert, -1)
+        tl.store(block_expert_ptr + b, expert, mask=b < num_blocks)
+    # padding: each expert's slots beyond its count, and every slot past the last expert's
+    length = num_blocks * BLOCK_M
+    for i0 in range(0, length, P_BLOCK):
+        i = i0 + tl.arange(0, P_BLOCK)
+        owner = tl.sum(((padded_end[None, :] <= i[:, None]) & emask[None, :]).to(tl.int32), 1)
+        mine = owner[:, None] == e[None, :]
+        own_start = tl.sum(tl.where(mine, start[None, :], 0), 1)
+        own_count = tl.sum(tl.where(mine, counts[None, :], 0), 1)
+        pad = (i >= used_end) | (i - own_start >= own_count)
+        tl.store(sorted_ptr + i, tl.zeros([P_BLOCK], tl.int32) + num_pairs,
+                 mask=(i < length) & pad)
+    # the pairs: slot start[expert] + the pair's rank among the earlier pairs of its expert
+    seen = tl.zeros([E_BLOCK], tl.int32)
+    for p0 in range(0, num_pairs, P_BLOCK):
+        p = p0 + tl.arange(0, P_BLOCK)
+        ids = tl.load(ids_ptr + p, mask=p < num_pairs, other=-1).to(tl.int32)
+        onehot = ((ids[:, None] == e[None, :]) & emask[None, :]).to(tl.int32)
+        running = tl.cumsum(onehot, 0)  # rank within the chunk, plus one, in its column
+        rank = tl.sum(onehot * (running - 1 + seen[None, :] + start[None, :]), 1)
+        held = (ids >= 0) & (ids < num_experts) & (p < num_pairs)
+        tl.store(sorted_ptr + rank, p.to(tl.int32), mask=held)
+        seen += tl.sum(onehot, 0)
+
+
+def align_by_expert_kernel(topk_ids: torch.Tensor, num_experts: int, block_m: int
+                           ) -> Alignment:
+    """align_by_expert in one launch (one program; for decode-sized batches)."""
+    flat = topk_ids.reshape(-1)
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    pairs = flat.numel()
+    num_blocks = num_align_blocks(pairs, num_experts, block_m)
+    sorted_pairs = torch.empty(num_blocks * block_m, dtype=torch.int32, device=flat.device)
+    block_expert = torch.empty(num_blocks, dtype=torch.int32, device=flat.device)
+    e_block = max(16, triton.next_power_of_2(num_experts))
+    _align_kernel[(1,)](flat, sorted_pairs, block_expert, pairs, num_experts, num_blocks,
+                        BLOCK_M=block_m, E_BLOCK=e_block, P_BLOCK=max(16, 4096 // e_block),
+                        B_BLOCK=max(16, 2048 // e_block), num_warps=4)
+    return Alignment(sorted_pairs, block_expert, block_m)
+
+
+def align_by_expert_ops(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
+    """align_by_expert in torch ops (every shape; the kernel's reference)."""
     dev = topk_ids.device
     flat = topk_ids.reshape(-1).long()
     pairs = flat.numel()
@@ -53,10 +149,7 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> A
         torch.zeros(num_experts, dtype=torch.int64, device=dev)
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = torch.cumsum(padded, 0)
-    # At most min(E, pairs) experts hold pairs, each padded by under block_m: the grid's
-    # bound on used blocks (launching programs only to return costs at decode, where 2 of 8
-    # experts hold 1 pair each).
-    num_blocks = triton.cdiv(pairs + min(num_experts, pairs) * (block_m - 1), block_m)
+    num_blocks = num_align_blocks(pairs, num_experts, block_m)
     length = num_blocks * block_m
     start = (padded_end - padded)[key.clamp(max=num_experts - 1)]
     dest = torch.where(held, start + rank, length)  # index `length`: dropped

@@ -151,6 +151,15 @@ def cases() -> list[Case]:
         types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
         consts = {"HAS_BIAS": bias, "BLOCK_N": 2, "BLOCK_K": 2048}
         out.append(Case(f"gemv bias={bias}", fn, _signature(fn, types, consts), consts))
+    from tessera.hal.cuda import moe
+
+    fn = moe._align_kernel
+    for experts in (8, 256):  # Mixtral's 8 experts, DeepSeek-V3's 256
+        e_block = max(16, experts)
+        consts = {"BLOCK_M": 16, "E_BLOCK": e_block, "P_BLOCK": max(16, 4096 // e_block),
+                  "B_BLOCK": max(16, 2048 // e_block)}
+        types = {"ids_ptr": "*i32", "sorted_ptr": "*i32", "block_expert_ptr": "*i32"}
+        out.append(Case(f"moe align E={experts}", fn, _signature(fn, types, consts), consts))
     return out + _qgemv_cases() + _qgemm_cases() + _moe_cases()
 
 

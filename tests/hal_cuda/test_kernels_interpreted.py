@@ -156,6 +156,29 @@ def test_moe_alignment_groups_pairs_by_expert(kernels: dict[str, ModuleType]) ->
     assert (blocks[3:] == pad).all()  # the pair of expert -1 is dropped
 
 
+@pytest.mark.parametrize("tokens,experts,top_k,block_m",
+                         [(1, 8, 2, 16), (3, 3, 2, 16), (7, 5, 2, 16), (80, 4, 3, 32),
+                          (1, 256, 8, 16), (300, 8, 2, 64), (17, 60, 6, 16), (1024, 8, 2, 128)])
+def test_moe_alignment_kernel_equals_the_ops(kernels: dict[str, ModuleType], tokens: int,
+                                             experts: int, top_k: int, block_m: int) -> None:
+    """The one-launch alignment (decode-sized batches) against the torch ops it replaces:
+    the same slots for every pair, in order, the same padding and block experts, with
+    pairs of other ranks' experts (-1, E) dropped; int32 and int64 ids."""
+    moe = kernels["moe"]
+    gen = torch.Generator().manual_seed(tokens * 1000 + experts)
+    for dtype in (torch.int32, torch.int64):
+        ids = torch.randint(-1, experts + 1, (tokens, top_k), generator=gen).to(dtype)
+        got = moe.align_by_expert_kernel(ids, experts, block_m)
+        want = moe.align_by_expert_ops(ids, experts, block_m)
+        assert torch.equal(got.sorted_pairs, want.sorted_pairs), (tokens, experts, dtype)
+        assert torch.equal(got.block_expert, want.block_expert), (tokens, experts, dtype)
+        assert got.block_m == want.block_m == block_m
+    # align_by_expert takes the kernel up to its bound, the ops beyond
+    small = torch.zeros((moe.ALIGN_KERNEL_MAX_PAIRS // 2, 2), dtype=torch.int32)
+    assert torch.equal(moe.align_by_expert(small, 4, 16).sorted_pairs,
+                       moe.align_by_expert_ops(small, 4, 16).sorted_pairs)
+
+
 def test_store_kv_writes_only_its_slots(kernels: dict[str, ModuleType]) -> None:
     k_cache, v_cache = _rand(16, 2, 24, seed=8), _rand(16, 2, 24, seed=9)
     k, v = _rand(3, 2, 24, seed=10), _rand(3, 2, 24, seed=11)
