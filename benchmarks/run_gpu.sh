@@ -60,7 +60,7 @@ mkdir -p "$OUT"
 parts=()
 while [[ $# -gt 0 && $1 != -* ]]; do parts+=("$1"); shift; done
 [[ ${#parts[@]} -gt 0 ]] || parts=(all)
-all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|fusion|kernels|quanttests|quantbench|all"
+all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|fusion|kernels|quanttests|moetests|quantbench|all"
 for part in "${parts[@]}"; do
   if [[ ! $part =~ ^($all_parts)$ ]]; then
     echo "usage: $0 [${all_parts//|/|} ...] [flags]" >&2
@@ -76,7 +76,7 @@ roof=(--bandwidth-gbps 4220 --peak-tflops 794)
 # line (which win). Empty on the GPU.
 T_b1=() T_b2=() T_b3=() T_b4=() T_b5=() T_b7=() T_b8=() T_b9=() T_b10=() T_b11=() T_b12=()
 T_peer=() T_cpu=() T_pytest=() T_gputests=() T_multihost=() T_fusion=() T_kernels=()
-T_quanttests=()
+T_quanttests=() T_moetests=()
 if [[ $DRY == 1 ]]; then
   T_b1=(--prompt-len 32 --output-len 8 --iters 1 --warmup 1)
   T_b2=(--num-requests 4 --prompt-len 16,32 --output-len 8,16)
@@ -110,6 +110,8 @@ if [[ $DRY == 1 ]]; then
   T_kernels=(tests/hal_cuda/test_kernels_interpreted.py tests/hal_cuda/test_kernel_variants.py)
   # The quantized kernels in Triton's interpreter.
   T_quanttests=(tests/hal_cuda/test_quant_interpreted.py -k "qgemm")
+  # The MoE kernels in Triton's interpreter (the -k above selects them).
+  T_moetests=(tests/hal_cuda/test_kernels_interpreted.py)
 fi
 
 run() { echo "+ $*" >&2; "$PY" -m tessera bench "$@"; }
@@ -171,6 +173,8 @@ for part in "${parts[@]}"; do
     kernels) gpu_pytest kernels tests/hal_cuda/test_conformance_gpu.py \
                tests/hal_cuda/test_kernels_gpu.py tests/hal_cuda/test_fused_gpu.py "${T_kernels[@]}" ;;
     quanttests) gpu_pytest quanttests tests/hal_cuda/test_quant_gpu.py "${T_quanttests[@]}" ;;
+    moetests) gpu_pytest moetests tests/hal_cuda/test_kernels_gpu.py tests/hal_cuda/test_models_gpu.py \
+                tests/hal_cuda/test_conformance_gpu.py -k "moe or mixtral or dots1" "${T_moetests[@]}" ;;
     # Every quantized GEMV candidate at the 8B shapes (which formulation the tuner picks).
     quantbench) echo "+ tests/hal_cuda/gpu_quant_bench.py" >&2
                 "$PY" tests/hal_cuda/gpu_quant_bench.py "$OUT/quant_kernels_$SUFFIX.json" \
