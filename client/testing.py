@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,8 +132,12 @@ class FakeEngine:
 
     # -- loop -------------------------------------------------------------------------------
     def _run(self) -> None:
+        # A step is due token_delay_s after the previous one was sent. Arrivals wake the
+        # drain early; they are taken in and the wait goes on to the same deadline, so a
+        # request's consecutive tokens are never closer than token_delay_s.
+        step_due = time.monotonic() + self.token_delay_s
         while not self._stop.is_set():
-            for msg in self._tokenizer.drain(self.token_delay_s):
+            for msg in self._tokenizer.drain(max(0.0, step_due - time.monotonic())):
                 if isinstance(msg, GenerateRequest):
                     self._start(msg)
                 elif isinstance(msg, AbortRequest):
@@ -142,8 +147,11 @@ class FakeEngine:
                     self._status(msg)
                 elif isinstance(msg, Ready | Heartbeat):
                     self.control.append(msg)
+            if time.monotonic() < step_due:
+                continue
             if not self.frozen:
                 self._step()
+            step_due = time.monotonic() + self.token_delay_s
 
     def _send(self, endpoint: str, msg: Message) -> None:
         try:
