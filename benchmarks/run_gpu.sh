@@ -174,7 +174,7 @@ for part in "${parts[@]}"; do
                tests/hal_cuda/test_kernels_gpu.py tests/hal_cuda/test_fused_gpu.py "${T_kernels[@]}" ;;
     quanttests) gpu_pytest quanttests tests/hal_cuda/test_quant_gpu.py "${T_quanttests[@]}" ;;
     moetests) gpu_pytest moetests tests/hal_cuda/test_kernels_gpu.py tests/hal_cuda/test_models_gpu.py \
-                tests/hal_cuda/test_conformance_gpu.py -k "moe or mixtral or dots1" "${T_moetests[@]}" ;;
+                tests/hal_cuda/test_conformance_gpu.py -k "${MOE_K:-moe or mixtral or dots1}" "${T_moetests[@]}" ;;
     # Every quantized GEMV candidate at the 8B shapes (which formulation the tuner picks).
     quantbench) echo "+ tests/hal_cuda/gpu_quant_bench.py" >&2
                 "$PY" tests/hal_cuda/gpu_quant_bench.py "$OUT/quant_kernels_$SUFFIX.json" \

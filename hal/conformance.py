@@ -47,6 +47,7 @@ from tessera.hal.conformance_data import (
 )
 from tessera.hal.conformance_fused import (  # noqa: F401  (the suite's fused-op cases)
     test_fused_op_names_resolve,
+    test_moe_softmax_topk,
     test_rotary_store_kv,
     test_silu_and_mul_linear,
 )

@@ -112,3 +112,23 @@ def test_silu_and_mul_linear(hal_platform: Platform, dtype: torch.dtype, tokens:
     tol = _TOLERANCES[dtype]
     assert got.shape == (tokens, out) and got.dtype == dtype
     torch.testing.assert_close(got.cpu().float(), want.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("experts,top_k", [(8, 2), (8, 1), (60, 4), (128, 8), (256, 8)])
+@pytest.mark.parametrize("tokens", [0, 1, 37])
+def test_moe_softmax_topk(hal_platform: Platform, dtype: torch.dtype, tokens: int,
+                          experts: int, top_k: int, renormalize: bool) -> None:
+    fused = _fused(hal_platform, "moe_softmax_topk")
+    gen = torch.Generator().manual_seed(70 + tokens + experts)
+    # distinct logits, exact in every dtype (multiples of 1/16 within +-8): no ties, so the
+    # chosen experts and their order are determined
+    logits = torch.stack([(torch.randperm(experts, generator=gen) - experts // 2) / 16.0
+                          for _ in range(tokens)]) if tokens else torch.zeros((0, experts))
+    logits = logits.to(dtype)
+    weights, ids = fused(logits.to(hal_platform.device()), top_k, renormalize)
+    want_w, want_ids = reference_op("moe_softmax_topk")(logits, top_k, renormalize)
+    assert weights.dtype == torch.float32 and ids.dtype == torch.int32
+    assert tuple(weights.shape) == tuple(ids.shape) == (tokens, top_k)
+    assert torch.equal(ids.cpu(), want_ids)
+    torch.testing.assert_close(weights.cpu(), want_w, rtol=1e-5, atol=1e-6)

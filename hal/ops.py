@@ -94,6 +94,13 @@ compositions that define them.
         linear(silu_and_mul(x), weight, bias): the gated MLP's activation as the down
         projection's prologue (the activation rounded to x.dtype, as the composition rounds
         it, before the product)
+    moe_softmax_topk(logits[T, E], top_k, renormalize) -> (weights[T, K] float32,
+                                                           ids[T, K] int32)
+        a Mixture-of-Experts router's choice (not a composition of the ops above: of
+        torch's): probs = softmax(logits.float()); weights, ids = topk(probs, top_k), the
+        largest first (among equal probabilities the lower expert first); with renormalize,
+        weights / weights.sum(-1). One launch where the torch ops are five or six, in every
+        MoE layer of a decode step.
 """
 
 from __future__ import annotations
@@ -120,6 +127,7 @@ OP_NAMES: tuple[str, ...] = (
 FUSED_OP_NAMES: tuple[str, ...] = (
     "rotary_store_kv",
     "silu_and_mul_linear",
+    "moe_softmax_topk",
 )
 
 

@@ -30,6 +30,7 @@ REFERENCE_TARGETS: dict[str, str] = {
     # fused ops: the compositions of the ops above that define them
     "rotary_store_kv": "tessera.hal.cpu.dense:rotary_store_kv",
     "silu_and_mul_linear": "tessera.hal.cpu.dense:silu_and_mul_linear",
+    "moe_softmax_topk": "tessera.hal.cpu.moe:moe_softmax_topk",
 }
 assert set(REFERENCE_TARGETS) == set(OP_NAMES) | set(FUSED_OP_NAMES), "every op needs a reference"
 

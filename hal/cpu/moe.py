@@ -27,3 +27,14 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         y = F.linear(hidden, w2[e]).float() * topk_weights[tokens, choice, None].float()
         out.index_add_(0, tokens, y.to(out.dtype))
     return out
+
+
+def moe_softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused op's definition (hal/ops.py): softmax in float32, the top_k largest,
+    optionally renormalized to sum to one."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids.to(torch.int32)

@@ -270,7 +270,8 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         gate_up_tile(x, num_experts, two_inter, top_k, run_gate_up)
     run_gate_up(tile1)
     hidden_act = _ACTIVATIONS[activation](gate_up)
-    out = torch.zeros((pairs, hidden), dtype=torch.float32, device=x.device)
+    # rows of dropped pairs (experts of other ranks) stay unwritten: the combine skips them
+    out = torch.empty((pairs, hidden), dtype=torch.float32, device=x.device)
     weights = topk_weights.reshape(-1).float().contiguous()
 
     def run_down(tile: Tile) -> None:
@@ -280,4 +281,84 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     tile2 = tiles.down if tiles is not None else \
         down_tile(x, num_experts, hidden, two_inter // 2, top_k, tile1[0], run_down)
     run_down(tile2)
-    return out.view(tokens, top_k, hidden).sum(dim=1).to(x.dtype)
+    return combine_choices(out, topk_ids, num_experts, x.dtype)
+
+
+@triton.jit
+def _combine_kernel(src_ptr, ids_ptr, out_ptr, hidden, num_experts, TOP_K: tl.constexpr,
+                    BLOCK_H: tl.constexpr):
+    # out[t] = sum over the held choices k of src[t * TOP_K + k], in float32, then rounded
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = h < hidden
+    acc = tl.zeros([BLOCK_H], tl.float32)
+    for k in tl.static_range(TOP_K):
+        e = tl.load(ids_ptr + t * TOP_K + k)
+        held = (e >= 0) & (e < num_experts)
+        row = tl.load(src_ptr + (t * TOP_K + k) * hidden + h, mask=hmask, other=0.0)
+        acc += tl.where(held, row, 0.0)  # an unwritten row may hold anything, NaN included
+    tl.store(out_ptr + t * hidden + h, acc.to(out_ptr.dtype.element_ty), mask=hmask)
+
+
+def combine_choices(src: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
+                    dtype: torch.dtype) -> torch.Tensor:
+    """[T * K, H] float32 rows of each token's K choices -> [T, H] of their sum (choices of
+    experts this rank does not hold, whose rows were never written, left out), in one
+    launch where zeroing the rows, summing and rounding were three."""
+    tokens, top_k = topk_ids.shape
+    hidden = src.shape[1]
+    ids = topk_ids.contiguous()
+    out = torch.empty((tokens, hidden), dtype=dtype, device=src.device)
+    block_h = min(1024, triton.next_power_of_2(hidden))
+    _combine_kernel[(tokens, triton.cdiv(hidden, block_h))](
+        src, ids, out, hidden, num_experts, TOP_K=top_k, BLOCK_H=block_h, num_warps=4)
+    return out
+
+
+@triton.jit
+def _softmax_topk_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, l_s0,
+                         TOP_K: tl.constexpr, K_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr,
+                         RENORMALIZE: tl.constexpr):
+    # One program per token: softmax of its logits in float32, then the top_k largest by
+    # repeated argmax (the lower expert first among equal ones), optionally renormalized.
+    row = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, E_BLOCK)
+    emask = e < num_experts
+    x = tl.load(logits_ptr + row * l_s0 + e, mask=emask, other=float("-inf")).to(tl.float32)
+    x = x - tl.max(x, 0)
+    num = tl.where(emask, tl.exp(x), 0.0)
+    probs = num / tl.sum(num, 0)
+    left = tl.where(emask, probs, -1.0)
+    k = tl.arange(0, K_BLOCK)
+    vals = tl.zeros([K_BLOCK], tl.float32)
+    idxs = tl.zeros([K_BLOCK], tl.int32)
+    for i in tl.static_range(TOP_K):
+        best = tl.max(left, 0)
+        idx = tl.min(tl.where(left == best, e, E_BLOCK), 0)
+        vals = tl.where(k == i, best, vals)
+        idxs = tl.where(k == i, idx, idxs)
+        left = tl.where(e == idx, -2.0, left)
+    if RENORMALIZE:
+        vals = vals / tl.sum(vals, 0)
+    kmask = k < TOP_K
+    tl.store(weights_ptr + row * TOP_K + k, vals, mask=kmask)
+    tl.store(ids_ptr + row * TOP_K + k, idxs, mask=kmask)
+
+
+def moe_softmax_topk(logits: torch.Tensor, top_k: int, renormalize: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused op (hal/ops.py): a router's softmax top-k in one launch."""
+    tokens, num_experts = logits.shape
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"moe_softmax_topk: top_k {top_k} with {num_experts} experts")
+    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((tokens, top_k), dtype=torch.int32, device=logits.device)
+    if tokens == 0:
+        return weights, ids
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    _softmax_topk_kernel[(tokens,)](logits, weights, ids, num_experts, logits.stride(0),
+                                    TOP_K=top_k, K_BLOCK=triton.next_power_of_2(top_k),
+                                    E_BLOCK=max(16, triton.next_power_of_2(num_experts)),
+                                    RENORMALIZE=renormalize, num_warps=1)
+    return weights, ids

@@ -109,6 +109,7 @@ class CudaPlatform(OpTablePlatform):
         }
         fused: dict[str, Callable[..., Any]] = {
             "rotary_store_kv": elementwise.rotary_store_kv,
+            "moe_softmax_topk": moe.moe_softmax_topk,
         }
         off = unfused_ops(os.environ.get(UNFUSE_VARIABLE))
         from tessera.hal.cuda import compile_watch

@@ -160,6 +160,17 @@ def cases() -> list[Case]:
                   "B_BLOCK": max(16, 2048 // e_block)}
         types = {"ids_ptr": "*i32", "sorted_ptr": "*i32", "block_expert_ptr": "*i32"}
         out.append(Case(f"moe align E={experts}", fn, _signature(fn, types, consts), consts))
+    fn = moe._combine_kernel
+    consts = {"TOP_K": 2, "BLOCK_H": 1024}
+    types = {"src_ptr": "*fp32", "ids_ptr": "*i32", "out_ptr": "*bf16"}
+    out.append(Case("moe combine", fn, _signature(fn, types, consts), consts))
+    fn = moe._softmax_topk_kernel
+    for experts, top_k in ((8, 2), (256, 8)):
+        consts = {"TOP_K": top_k, "K_BLOCK": top_k, "E_BLOCK": max(16, experts),
+                  "RENORMALIZE": True}
+        types = {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32"}
+        out.append(Case(f"moe softmax top-{top_k} of {experts}", fn,
+                        _signature(fn, types, consts), consts, num_warps=1))
     return out + _qgemv_cases() + _qgemm_cases() + _moe_cases()
 
 

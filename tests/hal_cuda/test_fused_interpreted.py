@@ -94,3 +94,21 @@ def test_rotary_store_kv_refuses_mismatched_heads(kernels: dict[str, ModuleType]
         kernels["elementwise"].rotary_store_kv(torch.tensor([0, 1]), q, k, v, table,
                                                torch.zeros((8, 4, 64)), torch.zeros((8, 4, 64)),
                                                torch.tensor([1, 2], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("experts,top_k", [(8, 2), (60, 4), (256, 8), (3, 3)])
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_moe_softmax_topk_matches_softmax_then_topk(kernels: dict[str, ModuleType],
+                                                    experts: int, top_k: int,
+                                                    renormalize: bool) -> None:
+    """The router kernel (one program per token) against softmax, topk and the
+    renormalization; a view with a row stride, and logits from -8 to +8."""
+    gen = torch.Generator().manual_seed(experts + top_k)
+    wide = torch.randn((5, experts + 3), generator=gen) * 4
+    logits = wide[:, :experts]  # rows not contiguous
+    weights, ids = kernels["moe"].moe_softmax_topk(logits, top_k, renormalize)
+    want_w, want_ids = reference_op("moe_softmax_topk")(logits, top_k, renormalize)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights, want_w, **TOL)
+    with pytest.raises(ValueError, match="top_k"):
+        kernels["moe"].moe_softmax_topk(logits, experts + 1, renormalize)

@@ -8,7 +8,7 @@ import torch
 
 from tessera.hal.ops import FUSED_OP_NAMES, OP_NAMES
 
-CUDA_FUSED = ("rotary_store_kv",)
+CUDA_FUSED = ("rotary_store_kv", "moe_softmax_topk")
 
 
 def test_import_needs_no_gpu_and_reports_availability() -> None:
