@@ -114,11 +114,11 @@ def test_eager_steps_beyond_the_graphs_reuse_the_kernels_the_graphs_compiled(
     wide as the padded longest sequence). An H200 B2 run compiled the extend kernel five times
     mid-run (1.5-2.3 s a step) when the table's width followed the longest sequence and the
     extend kernel's request block started below the graphs' smallest."""
+    from tessera.config import EngineConfig
     from tessera.worker_proc.capture_plan import mixed_token_limit
     from tessera.worker_proc.forward_inputs import table_width
     from tessera.worker_proc.graph_decode import capture_batch_sizes
     from tessera.worker_proc.graph_mixed import token_buckets
-    from tessera.config import EngineConfig
 
     dec, ext = kernels["decode_attention"], kernels["extend_attention"]
     cfg = EngineConfig(model="unused", max_running_requests=256, chunked_prefill_size=2048)
