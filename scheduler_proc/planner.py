@@ -100,14 +100,15 @@ class Planner:
         went from 28.3 to 36.3 ms."""
         c = self.config
         cap = c.chunked_prefill_size or (1 << 30)
-        kw = dict(cap=cap, min_tokens=max(self.page_size, cap // 8), floor=self.page_size,
-                  step_target_ms=c.step_target_ms)
-        budget = self.step_cost.prefill_budget(
-            decodes=decodes, max_mixed_step_ratio=c.max_mixed_step_ratio, **kw)
-        if 0 < decodes < awaiting:
-            free = self.step_cost.prefill_budget(decodes=decodes, max_mixed_step_ratio=0.0,
-                                                 **kw)
-            budget = max(budget, min(free, max(1, cap // 2)))
+        def budget_at(ratio: float) -> int:
+            return self.step_cost.prefill_budget(
+                decodes=decodes, cap=cap, min_tokens=max(self.page_size, cap // 8),
+                floor=self.page_size, max_mixed_step_ratio=ratio,
+                step_target_ms=c.step_target_ms)
+
+        budget = budget_at(c.max_mixed_step_ratio)
+        if 0 < decodes < awaiting:  # unprotected (ratio 0), up to half the chunk
+            budget = max(budget, min(budget_at(0.0), max(1, cap // 2)))
         return budget
 
     def plan(self, step: int) -> StepPlan:
