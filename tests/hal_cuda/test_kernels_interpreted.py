@@ -179,6 +179,24 @@ def test_moe_alignment_kernel_equals_the_ops(kernels: dict[str, ModuleType], tok
                        moe.align_by_expert_ops(small, 4, 16).sorted_pairs)
 
 
+def test_moe_combine_sums_held_choices_and_skips_unwritten_rows(
+        kernels: dict[str, ModuleType]) -> None:
+    """The rows of choices this rank does not hold are never written by the down GEMM: the
+    combine must leave them out whatever they hold (NaN here), and sum the rest in fp32."""
+    moe = kernels["moe"]
+    tokens, top_k, hidden, experts = 4, 3, 40, 5
+    gen = torch.Generator().manual_seed(80)
+    rows = torch.randn((tokens * top_k, hidden), generator=gen)
+    ids = torch.randint(0, experts, (tokens, top_k), generator=gen, dtype=torch.int32)
+    ids[0, 1], ids[2, 0], ids[3, 2] = -1, experts, experts + 3  # other ranks' experts
+    held = (ids >= 0) & (ids < experts)
+    rows.view(tokens, top_k, hidden)[~held] = float("nan")
+    got = moe.combine_choices(rows, ids, experts, torch.float32)
+    want = torch.where(held[:, :, None], rows.view(tokens, top_k, hidden), 0.0).sum(dim=1)
+    torch.testing.assert_close(got, want, **TOL)
+    assert torch.isfinite(got).all()
+
+
 def test_store_kv_writes_only_its_slots(kernels: dict[str, ModuleType]) -> None:
     k_cache, v_cache = _rand(16, 2, 24, seed=8), _rand(16, 2, 24, seed=9)
     k, v = _rand(3, 2, 24, seed=10), _rand(3, 2, 24, seed=11)
