@@ -170,7 +170,7 @@ def _decode_inputs(rows: np.ndarray, positions: np.ndarray, req_to_token: np.nda
     position up to it."""
     n = int(rows.shape[0])
     seq_lens = positions + 1
-    table = table_rows(req_to_token, rows, int(seq_lens.max()))
+    table = table_rows(req_to_token, rows, seq_lens)
     slots = req_to_token[rows, positions].astype(np.int64)
 
     def dev(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

@@ -58,12 +58,12 @@ def table_width(longest: int) -> int:
     return max(m, -(-longest // m) * m)
 
 
-def table_rows(req_to_token: np.ndarray, rows: np.ndarray, longest: int) -> np.ndarray:
-    """The step's page table: these rows of the shared one, table_width(longest) wide (zero
-    columns beyond the shared table's own width); no columns for no rows."""
+def table_rows(req_to_token: np.ndarray, rows: np.ndarray, seq_lens: np.ndarray) -> np.ndarray:
+    """The step's page table: these rows of the shared one, table_width(longest sequence)
+    wide (zero columns beyond the shared table's own width); no columns for no rows."""
     if len(rows) == 0:
         return np.zeros((0, 0), dtype=req_to_token.dtype)
-    width = table_width(longest)
+    width = table_width(int(seq_lens.max()))
     if width <= req_to_token.shape[1]:
         return np.ascontiguousarray(req_to_token[rows, :width])
     table = np.zeros((len(rows), width), dtype=req_to_token.dtype)
@@ -94,7 +94,7 @@ def build_forward_inputs(batch: ForwardBatch, req_to_token: np.ndarray, platform
     positions = starts[token_req] + np.arange(num_tokens) - indptr[token_req]
     token_rows = rows[token_req]
     out_slots = req_to_token[token_rows, positions].astype(np.int64)
-    table = table_rows(req_to_token, rows, int(seq_lens.max()) if len(rows) else 0)
+    table = table_rows(req_to_token, rows, seq_lens)
     sample = np.asarray(batch.sample, dtype=bool)
     logits_indices = (indptr[1:] - 1)[sample]
     if batch.draft_lens.shape[0]:

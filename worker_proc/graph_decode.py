@@ -51,7 +51,6 @@ class DecodeGraphs:
         self.runner = runner
         self.sizes = sorted(sizes) if sizes is not None else capture_batch_sizes(max_bs)
         self.max_bs = self.sizes[-1] if self.sizes else 0
-        self.max_context_len = max_context_len
         n = self.max_bs
 
         def zeros(*shape: int, dtype: torch.dtype) -> torch.Tensor:

@@ -72,7 +72,6 @@ class MixedGraphs:
         self.runner = runner
         self.buckets = sorted(buckets) if buckets is not None else token_buckets(max_tokens)
         self.max_requests = max_requests
-        self.max_context_len = max_context_len
         n = self.buckets[-1] if self.buckets else 0
         r = self.requests_for(n)
 

@@ -48,15 +48,9 @@ ALIGN_KERNEL_MAX_PAIRS = 2048
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
     """The pairs grouped by expert (Alignment): one kernel for decode-sized batches, the
     reference torch ops beyond ALIGN_KERNEL_MAX_PAIRS; the same result either way."""
-    if (topk_ids.is_cuda or _interpreting()) and 0 < topk_ids.numel() <= ALIGN_KERNEL_MAX_PAIRS:
+    if 0 < topk_ids.numel() <= ALIGN_KERNEL_MAX_PAIRS:
         return align_by_expert_kernel(topk_ids, num_experts, block_m)
     return align_by_expert_ops(topk_ids, num_experts, block_m)
-
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def num_align_blocks(pairs: int, num_experts: int, block_m: int) -> int:

@@ -17,6 +17,7 @@ from torch import nn
 
 from tessera.formats.config_moe import MoEConfig
 from tessera.formats.layout import moe_names
+from tessera.hal.reference import reference_op
 from tessera.worker_proc.models.layers.linear import Linear
 from tessera.worker_proc.models.layers.mlp import GatedMLP
 from tessera.worker_proc.models.layers.params import (
@@ -43,8 +44,10 @@ class TopKRouter(nn.Module):
         self.gate = Linear.replicated(ctx, hidden, moe.num_experts,
                                       params_dtype=torch.float32 if self.fp32 else None)
         self.correction = meta_param(moe.num_experts) if moe.score_correction_bias else None
-        # softmax routers: the plugin's one-launch router where it has one (hal/ops.py)
-        self.softmax_topk = ctx.fused_op("moe_softmax_topk") \
+        # softmax routers: the plugin's one-launch router where it has one, else the
+        # composition that defines it (hal/ops.py; device-generic torch)
+        self.softmax_topk = (ctx.fused_op("moe_softmax_topk")
+                             or reference_op("moe_softmax_topk")) \
             if moe.scoring == "softmax" else None
 
     def load(self, param: str, tensor: torch.Tensor, part: str | None = None) -> None:
@@ -57,16 +60,11 @@ class TopKRouter(nn.Module):
         moe = self.moe
         logits = self.gate(h.float() if self.fp32 else h)
         if moe.scoring == "softmax":
-            if self.softmax_topk is not None:
-                weights, ids = self.softmax_topk(logits, moe.top_k, moe.norm_topk_prob)
-            else:
-                probs = torch.softmax(logits.float(), dim=-1)
-                weights, ids = torch.topk(probs, moe.top_k, dim=-1)
-                if moe.norm_topk_prob:
-                    weights = weights / weights.sum(dim=-1, keepdim=True)
+            assert self.softmax_topk is not None
+            weights, ids = self.softmax_topk(logits, moe.top_k, moe.norm_topk_prob)
             if moe.style != "mixtral":
                 weights = weights.to(h.dtype).float()  # Qwen rounds them to the model dtype
-            return weights, ids.to(torch.int32)
+            return weights, ids
         scores = logits.sigmoid()
         choice = scores if self.correction is None else scores + self.correction
         if moe.num_groups > 1:
