@@ -8,7 +8,7 @@
 #                                 #   with the cuda fusions off, then on)            (~100 s)
 #   benchmarks/gpu_session.sh 5   # one H200:  kernels, b2, b3, b8, b12 b1, b11, quantbench
 #   benchmarks/gpu_session.sh 6   # one H200:  quantbench, b2 whole chunks, b2, b3, profile
-#   benchmarks/gpu_session.sh 7   # one H200:  quanttests, quantbench, b2, b3, b12 b1
+#   benchmarks/gpu_session.sh 7   # one H200:  quanttests, quantbench, b12
 #   benchmarks/gpu_session.sh 8   # one H200:  b2, b3, b12, b11
 #   benchmarks/gpu_session.sh 9   # one H200:  moetests, b11 (MOE_K=... narrows the tests)
 #
@@ -177,13 +177,13 @@ case $CALL in
     PROFILE_ONLY="steps traces" part profile 150 100 profile
     ;;
   7)
-    # After the compile, scheduling and int4-GEMM changes: the quantized kernels' GPU tests
-    # and their sweep (batch 1-256), B2 and B3 in one run, B12's batch-1 figures.
-    part quanttests 120 60 quanttests
-    part quantbench 90 40 quantbench
-    part b2 90 35 b2
-    part b3 120 65 b3
-    part b12b1 110 70 b12 --parts b1 --name b12_b1_h200
+    # After a quantized-kernel change: their GPU tests (every tuner candidate against the
+    # definition), the sweep (batch-1 GEMV candidates, several-token candidates of gate_up
+    # and down, the linears at batch 1-256), then the whole of B12 (bf16 beside fp8 and int4:
+    # KL, B1, B2, the fp8 KV cache). BUDGET_S=540 fits all three.
+    part quanttests 150 80 quanttests
+    part quantbench 200 120 quantbench
+    part b12 230 170 b12
     ;;
   8)
     # B2 and B3 after the half-chunk scheduling change, then the whole of B12 and B11.

@@ -43,6 +43,7 @@ FP8, INT8, INT4 = 0, 1, 2
 GEMV_COLUMN = 1  # no reshape: each column's group scale / offset gathered, x split by stride
 GEMV_EXP_CVT = 2  # int8 / int4 converted to float32 through the exponent bits (_int_to_f32)
 GEMV_X_VEC = 4  # weight loads as wide as x's, so x needs no layout conversion
+GEMV_DOT = 8  # not a qgemv formulation: the token through qgemm's tile (quant_tune)
 
 
 @triton.jit
@@ -65,7 +66,11 @@ def _int_to_f32(q, KIND: tl.constexpr, EXP_CVT: tl.constexpr):
 def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, s_s0,
                  KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 COLUMN: tl.constexpr, EXP_CVT: tl.constexpr, X_VEC: tl.constexpr):
+                 COLUMN: tl.constexpr, EXP_CVT: tl.constexpr, X_VEC: tl.constexpr,
+                 HALF: tl.constexpr):
+    # HALF (int4): byte j pairs columns lo(j) = (j // HALF) * 2 HALF + j % HALF (low nibble)
+    # and lo(j) + HALF (high): 1 for "nibbles" (2j, 2j + 1), T / 2 for "halves<T>". Either
+    # way a run of GROUP / 2 bytes holds the columns of one group (T <= GROUP).
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < n_out
     q_rows = q_ptr + rows[:, None].to(tl.int64) * q_s0
@@ -81,7 +86,11 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
                 jq = tl.max_contiguous(j, 64 // x_ptr.dtype.element_ty.primitive_bitwidth)
             packed = tl.load(q_rows + jq[None, :], mask=rmask[:, None] & jmask[None, :],
                              other=0).to(tl.int32)
-            if COLUMN:  # x's even / odd elements loaded straight into the tile's columns
+            if HALF > 1:  # each nibble's columns: runs of HALF
+                c_lo = tl.max_contiguous((j // HALF) * (2 * HALF) + j % HALF, HALF)
+                x_even = tl.load(x_ptr + c_lo, mask=jmask, other=0.0).to(tl.float32)
+                x_odd = tl.load(x_ptr + c_lo + HALF, mask=jmask, other=0.0).to(tl.float32)
+            elif COLUMN:  # x's even / odd elements loaded straight into the tile's columns
                 x_even = tl.load(x_ptr + 2 * j, mask=jmask, other=0.0).to(tl.float32)
                 x_odd = tl.load(x_ptr + 2 * j + 1, mask=jmask, other=0.0).to(tl.float32)
             else:
@@ -148,9 +157,16 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
 def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, xs_ptr, M, N, K, x_s0, q_s0, s_s0,
                  out_s0, KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
                  HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+                 HALF: tl.constexpr, NIB_BIAS: tl.constexpr):
     # A_FP8 (fp8 weights only, W8A8): x holds e4m3 activations scaled per row by xs; the dot
     # runs on the fp8 tensor cores and both scales are applied to the float32 sums.
+    # HALF (int4, "halves<T>" with BLOCK_K == T == 2 HALF): the low nibbles of the tile's
+    # bytes are its first HALF columns and the high ones the rest, so the tile is two dots of
+    # contiguous halves, nothing interleaved. NIB_BIAS (16-bit x): a nibble becomes the
+    # 16-bit float NIB_BIAS + q by setting the exponent bits (one OR, no conversion
+    # instruction: 0x4300 is bf16 128, 0x6400 fp16 1024); the bias comes back out with the
+    # tile's row sums of x, folded into the offset term (o - NIB_BIAS * s).
     # program ids: N fastest, so the programs running together share the same x rows
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -166,39 +182,68 @@ def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, xs_ptr, M, N, K, x_
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         kmask = k < K
-        x = tl.load(x_rows + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
-        if KIND == 2:
-            j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-            packed = tl.load(q_rows + j[None, :],
-                             mask=nmask[:, None] & (j < K // 2)[None, :], other=0)
-            # Interleaved back into column order. Two half-width dots instead (x's even
-            # columns with the low nibbles, its odd ones, loaded by stride, with the high)
-            # measured 2-4x slower on the H200 at 16-256 tokens (b61f5f1, 14.6 / 45.2 / 92.1
-            # ms of linears a step against 7.1 / 11.0 / 35.5 at batch 16 / 64 / 256).
-            q = tl.reshape(tl.join(packed & 0xF, packed >> 4), [BLOCK_N, BLOCK_K])
+        if KIND == 2 and HALF > 1:
+            kh = k0 + tl.arange(0, HALF)
+            x_lo = tl.load(x_rows + kh[None, :], mask=mmask[:, None], other=0.0)
+            x_hi = tl.load(x_rows + HALF + kh[None, :], mask=mmask[:, None], other=0.0)
+            packed = tl.load(q_rows + (k0 // 2 + tl.arange(0, HALF))[None, :],
+                             mask=nmask[:, None], other=0)
+            if NIB_BIAS != 0.0:
+                bits = 0x4300 if x_ptr.dtype.element_ty == tl.bfloat16 else 0x6400
+                lo = ((packed & 0xF).to(tl.int32) | bits).to(tl.int16).to(
+                    x_ptr.dtype.element_ty, bitcast=True)
+                hi = ((packed >> 4).to(tl.int32) | bits).to(tl.int16).to(
+                    x_ptr.dtype.element_ty, bitcast=True)
+            else:
+                lo = (packed & 0xF).to(x_ptr.dtype.element_ty)
+                hi = (packed >> 4).to(x_ptr.dtype.element_ty)
+            part = tl.dot(x_lo, tl.trans(lo), input_precision=DOT_PREC)
+            part = tl.dot(x_hi, tl.trans(hi), part, input_precision=DOT_PREC)
+            rsum = tl.sum(x_lo.to(tl.float32), 1) + tl.sum(x_hi.to(tl.float32), 1)
+            if PER_ROW:
+                acc += part
+                xsum += rsum
+            else:
+                g = k0 // GROUP
+                s = tl.load(s_ptr + s_rows + g, mask=nmask, other=0.0)
+                o = tl.load(o_ptr + s_rows + g, mask=nmask, other=0.0) - NIB_BIAS * s
+                acc += part * s[None, :] + rsum[:, None] * o[None, :]
         else:
-            q = tl.load(q_rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-        if A_FP8:
-            part = tl.dot(x, tl.trans(q))
-        else:
-            part = tl.dot(x, tl.trans(q.to(x.dtype)), input_precision=DOT_PREC)
-        if PER_ROW:
-            acc += part
+            x = tl.load(x_rows + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
             if KIND == 2:
-                xsum += tl.sum(x.to(tl.float32), 1)
-        else:
-            g = k0 // GROUP
-            s = tl.load(s_ptr + s_rows + g, mask=nmask, other=0.0)
-            acc += part * s[None, :]
-            if KIND == 2:
-                o = tl.load(o_ptr + s_rows + g, mask=nmask, other=0.0)
-                acc += tl.sum(x.to(tl.float32), 1)[:, None] * o[None, :]
+                j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+                packed = tl.load(q_rows + j[None, :],
+                                 mask=nmask[:, None] & (j < K // 2)[None, :], other=0)
+                # Interleaved back into column order. Two half-width dots instead (x's even
+                # columns with the low nibbles, its odd ones, loaded by stride, with the high)
+                # measured 2-4x slower on the H200 at 16-256 tokens (b61f5f1, 14.6 / 45.2 / 92.1
+                # ms of linears a step against 7.1 / 11.0 / 35.5 at batch 16 / 64 / 256).
+                q = tl.reshape(tl.join(packed & 0xF, packed >> 4), [BLOCK_N, BLOCK_K])
+            else:
+                q = tl.load(q_rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+            if A_FP8:
+                part = tl.dot(x, tl.trans(q))
+            else:
+                part = tl.dot(x, tl.trans(q.to(x.dtype)), input_precision=DOT_PREC)
+            if PER_ROW:
+                acc += part
+                if KIND == 2:
+                    xsum += tl.sum(x.to(tl.float32), 1)
+            else:
+                g = k0 // GROUP
+                s = tl.load(s_ptr + s_rows + g, mask=nmask, other=0.0)
+                acc += part * s[None, :]
+                if KIND == 2:
+                    o = tl.load(o_ptr + s_rows + g, mask=nmask, other=0.0)
+                    acc += tl.sum(x.to(tl.float32), 1)[:, None] * o[None, :]
     if A_FP8:
         acc = acc * tl.load(xs_ptr + rm, mask=mmask, other=0.0)[:, None]
     if PER_ROW:
-        acc = acc * tl.load(s_ptr + s_rows, mask=nmask, other=0.0)[None, :]
+        s_row = tl.load(s_ptr + s_rows, mask=nmask, other=0.0)
+        acc = acc * s_row[None, :]
         if KIND == 2:
-            acc += xsum[:, None] * tl.load(o_ptr + s_rows, mask=nmask, other=0.0)[None, :]
+            o_row = tl.load(o_ptr + s_rows, mask=nmask, other=0.0) - NIB_BIAS * s_row
+            acc += xsum[:, None] * o_row[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
     out = out_ptr + rm[:, None].to(tl.int64) * out_s0 + rn[None, :]

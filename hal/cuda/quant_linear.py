@@ -1,12 +1,14 @@
 """The cuda plugin's quantized linears (schemes and layouts: hal/quant/weight.py).
 
-    one token                       qgemv: streams the packed weight once (decode, batch 1)
-    2 .. SKINNY_MAX_M tokens        qgemm with a small BLOCK_M (decode batches)
-    more tokens, int8 / int4        qgemm with prefill tiles
-    more tokens, fp8                W8A8: activations quantized per token to e4m3 (Triton),
-                                    then qgemm's fp8 dot or cuBLASLt's fp8 GEMM with row-wise
-                                    scales (torch._scaled_mm), whichever measures faster for
-                                    the shape (cuBLASLt only wins from about 64 rows)
+    one token                       qgemv: streams the packed weight once (decode, batch 1),
+                                    or, for int4, qgemm's tensor-core tile at BLOCK_M 16
+                                    (GEMV_DOT), whichever measures faster
+    several tokens, int8 / int4     qgemm: a small BLOCK_M for decode batches, prefill tiles
+                                    beyond
+    several tokens, fp8             W8A16 qgemm, W8A8 (activations quantized per token to
+                                    e4m3, then qgemm's fp8 dot or cuBLASLt's fp8 GEMM with
+                                    row-wise scales, torch._scaled_mm), whichever measures
+                                    faster for the shape and batch bucket
 
 Launch configurations come from a short measurement per (kernel, shape, batch bucket) the
 first time a shape runs outside graph capture (`quant_tune.py`); under the Triton interpreter
@@ -33,10 +35,19 @@ from tessera.hal.cuda.quant_kernels import (
     quant_rows_fp8_kernel,
 )
 from tessera.hal.platform import QuantLinearKernel
-from tessera.hal.quant.weight import SCHEMES, QuantizationError, QuantizedWeight
+from tessera.hal.quant.weight import (
+    HALF_TILES,
+    SCHEMES,
+    QuantizationError,
+    QuantizedWeight,
+    half_tile,
+    pack_int4,
+    unpack_int4,
+)
 
 KINDS = {"fp8": FP8, "int8": INT8, "int4": INT4}
-SKINNY_MAX_M = 32  # fp8 up to here runs qgemm in W8A16 (memory-bound), beyond it W8A8
+# the 16-bit float a nibble q becomes with the exponent bits set (qgemm_kernel's NIB_BIAS)
+NIB_BIAS = {torch.bfloat16: 128.0, torch.float16: 1024.0}
 
 
 def _pow2_group(w: QuantizedWeight) -> QuantizedWeight:
@@ -55,8 +66,18 @@ def _pow2_group(w: QuantizedWeight) -> QuantizedWeight:
                    w.offsets.repeat_interleave(rep, dim=1).contiguous(), group_size=sub)
 
 
+def half_tile_for(w: QuantizedWeight) -> int:
+    """The widest "halves<T>" tile the int4 weight takes: T divides the input width and lies
+    within a group (T <= group size), so a tile's two halves share their group; 2 (the
+    "nibbles" layout as it is) where no T in HALF_TILES does."""
+    for t in sorted(HALF_TILES, reverse=True):
+        if w.in_features % t == 0 and (w.num_groups == 1 or t <= w.group_size):
+            return t
+    return 2
+
+
 def prepare(w: QuantizedWeight) -> QuantizedWeight:
-    if w.scheme == "int4" and w.packing != "nibbles":
+    if w.scheme == "int4" and half_tile(w.packing) is None:
         raise QuantizationError("the cuda plugin reads int4 packed two per byte")
     if w.scheme == "fp8" and w.qweight.is_cuda and \
             torch.cuda.get_device_capability(w.qweight.device) < (8, 9):
@@ -65,8 +86,19 @@ def prepare(w: QuantizedWeight) -> QuantizedWeight:
             f"one is {torch.cuda.get_device_capability(w.qweight.device)}: serve with "
             f"--quantization none or int8")
     w = _pow2_group(w)
+    if w.scheme == "int4":
+        tile, have = half_tile_for(w), half_tile(w.packing) or 2
+        if tile != have:  # repacked into half-split tiles (weight.py): two dots, no interleave
+            q = unpack_int4(w.qweight, have)
+            w = replace(w, qweight=pack_int4(q, tile), packing="nibbles" if tile == 2
+                        else f"halves{tile}")
     return replace(w, qweight=w.qweight.contiguous(), scales=w.scales.contiguous(),
                    offsets=None if w.offsets is None else w.offsets.contiguous())
+
+
+def _half(w: QuantizedWeight) -> int:
+    """The kernels' HALF: the column distance between a byte's two nibbles."""
+    return (half_tile(w.packing) or 2) // 2 if w.scheme == "int4" else 1
 
 
 def _per_row(w: QuantizedWeight) -> bool:
@@ -87,7 +119,7 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
         KIND=KINDS[w.scheme], GROUP=group if not per_row else 1, PER_ROW=per_row,
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
         COLUMN=bool(variant & GEMV_COLUMN), EXP_CVT=bool(variant & GEMV_EXP_CVT),
-        X_VEC=bool(variant & GEMV_X_VEC), num_warps=num_warps)
+        X_VEC=bool(variant & GEMV_X_VEC), HALF=_half(w), num_warps=num_warps)
     return out
 
 
@@ -101,7 +133,10 @@ def qgemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, block_
     n, k = w.shape
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     per_row = _per_row(w)
-    if not per_row:
+    half = _half(w)
+    if half > 1:
+        block_k = 2 * half  # one half-split tile per K step
+    elif not per_row:
         block_k = min(block_k, w.group_size)  # one group per K tile
     xs = w.scales  # unread unless w8a8
     if w8a8:
@@ -115,7 +150,8 @@ def qgemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, block_
         w.scales.stride(0), out.stride(0), KIND=KINDS[w.scheme],
         GROUP=1 if per_row else w.group_size, PER_ROW=per_row, HAS_BIAS=bias is not None,
         A_FP8=w8a8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        DOT_PREC="ieee" if out.dtype == torch.float32 else "tf32",
+        DOT_PREC="ieee" if out.dtype == torch.float32 else "tf32", HALF=half,
+        NIB_BIAS=NIB_BIAS.get(x.dtype, 0.0) if half > 1 else 0.0,
         num_warps=num_warps, num_stages=num_stages)
     return out
 
@@ -158,13 +194,9 @@ def apply(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None) -> tor
     if m == 0:
         return torch.empty((0, w.out_features), dtype=x.dtype, device=x.device)
     if m == 1:
-        cfg = quant_tune.gemv_config(w, x, bias)
-        return qgemv(x, w, bias, *cfg)
-    if w.scheme == "fp8" and m > SKINNY_MAX_M:
-        cfg3 = quant_tune.w8a8_config(w, x, bias)
-        if cfg3 == quant_tune.SCALED_MM:
-            return fp8_scaled_mm(x, w, bias)
-        return qgemm(x, w, bias, *quant_tune.tile(cfg3), w8a8=True)
+        return quant_tune.one_token(x, w, bias, quant_tune.gemv_config(w, x, bias))
+    if w.scheme == "fp8":
+        return quant_tune.run_fp8(x, w, bias, quant_tune.fp8_config(w, x, bias))
     cfg2 = quant_tune.gemm_config(w, x, bias)
     return qgemm(x, w, bias, *cfg2)
 

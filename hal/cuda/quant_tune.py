@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from tessera.hal.cuda.autotune import pick as _pick
-from tessera.hal.cuda.quant_kernels import GEMV_COLUMN, GEMV_EXP_CVT, GEMV_X_VEC
+from tessera.hal.cuda.quant_kernels import GEMV_COLUMN, GEMV_DOT, GEMV_EXP_CVT, GEMV_X_VEC
 from tessera.hal.quant.weight import QuantizedWeight
 
 # (BLOCK_N, BLOCK_K, num_warps, variant); each thread should have several 16-byte loads in
@@ -40,7 +40,11 @@ GEMV_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
     # int4: 8 x 4096 with exponent-bit conversion and x-wide loads won on all four (1.3-1.7
     # TB/s), then these, within 10-25%
     "int4": [(8, 4096, 8, _EXP | _XV), (4, 8192, 8, _EXP | _XV), (8, 4096, 8, 0),
-             (16, 1024, 8, 0)],
+             (16, 1024, 8, 0)]
+    # GEMV_DOT: the token through qgemm's tensor-core tile (BLOCK_M 16, the nibbles made
+    # 16-bit floats by their exponent bits, no FMA per weight), for a "halves" weight:
+    # (BLOCK_N, num_stages, num_warps, GEMV_DOT)
+    + [(16, 6, 4, GEMV_DOT), (32, 4, 4, GEMV_DOT), (64, 4, 4, GEMV_DOT)],
 }
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by batch bucket; BLOCK_K is cut to the
 # group size where the group is smaller
@@ -51,20 +55,56 @@ GEMM_CANDIDATES: dict[int, list[tuple[int, int, int, int, int]]] = {
     128: [(128, 128, 64, 8, 3), (64, 128, 64, 4, 4), (128, 64, 128, 8, 3)],
     256: [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4)],
 }
-# W8A8 candidates (fp8 weights, more than SKINNY_MAX_M tokens): qgemm tiles (fp8 dots need
-# BLOCK_K >= 32) and SCALED_MM, cuBLASLt through torch._scaled_mm
+# int4 weights in "halves<T>" tiles: BLOCK_K is the tile (T), so only M, N, warps and stages
+# vary; wider N tiles than GEMM_CANDIDATES' for the skinny batches, where the weight bytes in
+# flight bound the time
+INT4_GEMM_CANDIDATES: dict[int, list[tuple[int, int, int, int, int]]] = {
+    16: [(16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (16, 128, 128, 8, 3), (16, 32, 128, 4, 6),
+         (16, 256, 128, 8, 3)],
+    32: [(32, 64, 128, 4, 4), (32, 128, 128, 4, 4), (16, 128, 128, 4, 4), (32, 256, 128, 8, 3)],
+    64: [(64, 64, 128, 4, 4), (64, 128, 128, 8, 3), (32, 128, 128, 4, 4), (64, 128, 128, 4, 4)],
+    128: [(128, 128, 128, 8, 3), (64, 128, 128, 4, 4), (128, 64, 128, 8, 3),
+          (128, 256, 128, 8, 3)],
+    256: [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (64, 128, 128, 4, 4),
+          (128, 64, 128, 4, 4)],
+}
+# fp8 weights at several tokens: W8A16 qgemm tiles (5-tuples, the weight converted to x's
+# dtype), W8A8 qgemm tiles (6-tuples ending in 1: activations quantized per token, the fp8
+# dot; fp8 dots need BLOCK_K >= 32) and SCALED_MM, cuBLASLt through torch._scaled_mm. The H200
+# measured W8A16 at 16-64 tokens no faster than bf16 (quant_kernels_h200.json, 37121f2: 1.2-2.7
+# TB/s of weight) with only its first tiles: the wider ones and W8A8 are measured here too.
 SCALED_MM: tuple[int, ...] = (0,)
 W8A8_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
-    64: [(64, 64, 128, 4, 4), (64, 128, 128, 8, 3), (32, 64, 128, 4, 4), SCALED_MM],
-    128: [(128, 128, 128, 8, 3), (64, 128, 128, 4, 4), (128, 64, 128, 8, 3), SCALED_MM],
-    256: [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (64, 128, 128, 4, 4), SCALED_MM],
+    16: [(16, 32, 128, 4, 4), (16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (16, 64, 256, 4, 3),
+         (16, 64, 128, 4, 4, 1), (16, 128, 128, 4, 4, 1), SCALED_MM],
+    32: [(32, 32, 128, 4, 4), (32, 64, 128, 4, 4), (16, 128, 128, 4, 4), (32, 128, 128, 4, 4),
+         (32, 64, 128, 4, 4, 1), (32, 128, 128, 4, 4, 1), SCALED_MM],
+    64: [(64, 64, 128, 4, 4, 1), (64, 128, 128, 8, 3, 1), (32, 64, 128, 4, 4, 1), SCALED_MM],
+    128: [(128, 128, 128, 8, 3, 1), (64, 128, 128, 4, 4, 1), (128, 64, 128, 8, 3, 1),
+          SCALED_MM],
+    256: [(128, 128, 128, 8, 3, 1), (128, 256, 128, 8, 3, 1), (64, 128, 128, 4, 4, 1),
+          (64, 256, 128, 8, 3, 1), SCALED_MM],
 }
 
 
 def tile(config: tuple[int, ...]) -> tuple[int, int, int, int, int]:
-    """A qgemm tile (block_m, block_n, block_k, num_warps, num_stages) from a chosen config."""
-    block_m, block_n, block_k, num_warps, num_stages = config
+    """A qgemm tile (block_m, block_n, block_k, num_warps, num_stages) from a chosen config
+    (a W8A8 config's trailing flag dropped)."""
+    block_m, block_n, block_k, num_warps, num_stages = config[:5]
     return block_m, block_n, block_k, num_warps, num_stages
+
+
+def is_w8a8(config: tuple[int, ...]) -> bool:
+    """An fp8 config that quantizes the activations: a 6-tuple tile ending in 1, or
+    SCALED_MM."""
+    return config == SCALED_MM or (len(config) == 6 and config[5] == 1)
+
+
+def dot_tile(config: tuple[int, ...]) -> tuple[int, int, int, int, int]:
+    """The qgemm tile of a GEMV_DOT config (BLOCK_N, num_stages, num_warps, GEMV_DOT); its
+    BLOCK_K is the weight's tile (qgemm sets it)."""
+    block_n, num_stages, num_warps, _ = config
+    return 16, block_n, 0, num_warps, num_stages
 
 
 def batch_bucket(m: int) -> int:
@@ -80,25 +120,38 @@ def _key(kernel: str, w: QuantizedWeight, x: torch.Tensor, bucket: int) -> tuple
 
 
 def gemv_candidates(w: QuantizedWeight) -> list[tuple[int, int, int, int]]:
-    """The configs that fit the weight: a grouped weight's BLOCK_K holds whole groups."""
-    return list(_gemv_candidates(w.scheme, w.num_groups == 1, w.group_size))
+    """The configs that fit the weight: a grouped weight's BLOCK_K holds whole groups;
+    GEMV_DOT ones only for int4 in "halves" tiles (the tile is qgemm's BLOCK_K)."""
+    halves = w.packing.startswith("halves")
+    return [c for c in _gemv_candidates(w.scheme, w.num_groups == 1, w.group_size)
+            if halves or not c[3] & GEMV_DOT]
 
 
 @functools.lru_cache(maxsize=64)
 def _gemv_candidates(scheme: str, per_row: bool, group_size: int
                      ) -> tuple[tuple[int, int, int, int], ...]:
     # Cached: every one-token quantized linear asks, its choice already kept or not.
-    return tuple(c for c in GEMV_CANDIDATES[scheme] if per_row or c[1] % group_size == 0) or \
+    return tuple(c for c in GEMV_CANDIDATES[scheme]
+                 if c[3] & GEMV_DOT or per_row or c[1] % group_size == 0) or \
         ((4, max(group_size, 256), 8, 0),)
 
 
 def gemv_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
                 ) -> tuple[int, int, int, int]:
-    from tessera.hal.cuda.quant_linear import qgemv
 
     candidates = gemv_candidates(w)
-    cfg = _pick(_key("gemv", w, x, 1), candidates, x, lambda c: qgemv(x, w, bias, *c))
+    cfg = _pick(_key("gemv", w, x, 1), candidates, x, lambda c: one_token(x, w, bias, c))
     return cfg  # type: ignore[return-value]
+
+
+def one_token(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
+              config: tuple[int, ...]) -> torch.Tensor:
+    """The one-token linear with a GEMV config (qgemv, or qgemm for GEMV_DOT)."""
+    from tessera.hal.cuda.quant_linear import qgemm, qgemv
+
+    if config[3] & GEMV_DOT:
+        return qgemm(x, w, bias, *dot_tile(config))
+    return qgemv(x, w, bias, *config)
 
 
 def gemm_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
@@ -107,6 +160,8 @@ def gemm_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
 
     bucket = batch_bucket(x.shape[0])
     candidates = GEMM_CANDIDATES[bucket]
+    if w.packing.startswith("halves"):
+        candidates = INT4_GEMM_CANDIDATES[bucket]
     if x.dtype == torch.float32:  # fp32 tiles are twice the registers and shared memory
         candidates = [(min(bm, 32), min(bn, 32), min(bk, 64), nw, min(ns, 2))
                       for bm, bn, bk, nw, ns in candidates[:1]]
@@ -114,21 +169,28 @@ def gemm_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
     return cfg  # type: ignore[return-value]
 
 
-def w8a8_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
-                ) -> tuple[int, ...]:
-    """A qgemm tile for the fp8 dot, or SCALED_MM (where torch._scaled_mm can take the
-    shapes and measures faster; a device or torch without it fails its measurement and is
-    skipped)."""
-    from tessera.hal.cuda.quant_linear import fp8_scaled_mm, qgemm, scaled_mm_fits
+def fp8_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
+               ) -> tuple[int, ...]:
+    """fp8 weights at two or more tokens: a W8A16 qgemm tile, a W8A8 one (the fp8 dot) or
+    SCALED_MM (where torch._scaled_mm can take the shapes; a device or torch without it fails
+    its measurement and is skipped), whichever measures fastest. Under the interpreter: a
+    small W8A16 tile up to 32 tokens, a W8A8 one beyond (the dispatch the GPU had before it
+    measured both)."""
+    from tessera.hal.cuda.quant_linear import scaled_mm_fits
 
-    bucket = max(64, batch_bucket(x.shape[0]))
-    candidates = [c for c in W8A8_CANDIDATES[bucket]
-                  if c != SCALED_MM or scaled_mm_fits(x, w)]
+    bucket = batch_bucket(x.shape[0])
+    candidates = [c for c in W8A8_CANDIDATES[bucket] if c != SCALED_MM or scaled_mm_fits(x, w)]
     if x.dtype == torch.float32:  # the interpreter: small tiles
-        candidates = [(32, 32, 32, 4, 1)]
+        candidates = [(32, 32, 32, 4, 1, 1)] if bucket > 32 else [(16, 32, 64, 4, 2)]
+    return _pick(_key("fp8", w, x, bucket), candidates, x,
+                 lambda c: run_fp8(x, w, bias, c))
 
-    def run(c: tuple[int, ...]) -> torch.Tensor:
-        if c == SCALED_MM:
-            return fp8_scaled_mm(x, w, bias)
-        return qgemm(x, w, bias, *tile(c), w8a8=True)
-    return _pick(_key("w8a8", w, x, bucket), candidates, x, run)
+
+def run_fp8(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
+            config: tuple[int, ...]) -> torch.Tensor:
+    """The fp8 linear of several tokens under an fp8_config."""
+    from tessera.hal.cuda.quant_linear import fp8_scaled_mm, qgemm
+
+    if config == SCALED_MM:
+        return fp8_scaled_mm(x, w, bias)
+    return qgemm(x, w, bias, *tile(config), w8a8=is_w8a8(config))

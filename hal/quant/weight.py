@@ -17,7 +17,12 @@ float32's mantissa), so a converted checkpoint computes what its own format defi
 
 A plugin may keep a weight in its own layout after `prepare` (hal/base.py); the cpu plugin
 holds int4 one value per byte (`packing == "bytes"`), because unpacking nibbles in PyTorch
-costs more than the matmul. `dequantize` reads every layout.
+costs more than the matmul. The cuda plugin holds int4 in half-split tiles
+(`packing == "halves<T>"`, T = 32, 64 or 128): the columns fall in tiles of T, and byte j of a
+tile's T / 2 bytes holds its column j in the low nibble and column j + T / 2 in the high one,
+so either nibble of a row of bytes is a contiguous run of columns (a tensor-core dot each,
+without interleaving them back). "nibbles" is the same with T = 2. `dequantize` reads every
+layout.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ class QuantizedWeight:
     group_size: int
     in_features: int
     input_perm: torch.Tensor | None = None
-    packing: str = "nibbles"  # int4 only: "nibbles" (two per byte) or "bytes" (one per byte)
+    packing: str = "nibbles"  # int4 only: "nibbles", "halves<T>" (two per byte), "bytes" (one)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -97,12 +102,17 @@ class QuantizedWeight:
         if self.scheme == "fp8" and gs != k:
             raise QuantizationError("fp8 weights take one scale per output row (group size = "
                                     "in_features); block-wise fp8 is not supported")
-        cols = k // 2 if self.scheme == "int4" and self.packing == "nibbles" else k
-        if self.scheme == "int4" and self.packing not in ("nibbles", "bytes"):
-            raise QuantizationError(f"int4 packing must be 'nibbles' or 'bytes', got "
-                                    f"{self.packing!r}")
+        cols = k // 2 if self.scheme == "int4" and self.packing != "bytes" else k
+        if self.scheme == "int4" and self.packing != "bytes" and \
+                half_tile(self.packing) is None:
+            raise QuantizationError(f"int4 packing must be 'nibbles', 'halves<T>' (T one of "
+                                    f"{HALF_TILES}) or 'bytes', got {self.packing!r}")
         if self.scheme == "int4" and k % 2:
             raise QuantizationError(f"int4 needs an even number of input features, got {k}")
+        tile = half_tile(self.packing) if self.scheme == "int4" else None
+        if tile is not None and k % tile:
+            raise QuantizationError(f"int4 {self.packing}: {k} input features are not whole "
+                                    f"tiles of {tile}")
         if self.qweight.shape[1] != cols:
             raise QuantizationError(f"{self.scheme} qweight has {self.qweight.shape[1]} columns, "
                                     f"expected {cols} for {k} input features")
@@ -150,7 +160,11 @@ class QuantizedWeight:
                                     f"[{start}, {start + size}): the quantization groups are "
                                     f"{gs} columns wide; choose a --tp-size that keeps whole "
                                     f"groups per rank")
-        per_byte = 2 if self.scheme == "int4" and self.packing == "nibbles" else 1
+        per_byte = 2 if self.scheme == "int4" and self.packing != "bytes" else 1
+        tile = half_tile(self.packing) if self.scheme == "int4" else None
+        if tile is not None and (start % tile or size % tile):
+            raise QuantizationError(f"cannot split int4 {self.packing} input columns at "
+                                    f"[{start}, {start + size}): not whole tiles of {tile}")
         return replace(
             self, qweight=self.qweight.narrow(1, start // per_byte, size // per_byte),
             scales=self.scales.narrow(1, start // gs, size // gs),
@@ -175,8 +189,8 @@ class QuantizedWeight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The dense weight [out, in] this stands for (computed in float32, then cast)."""
         n, k, gs = self.out_features, self.in_features, self.group_size
-        q = unpack_int4(self.qweight) if self.scheme == "int4" and self.packing == "nibbles" \
-            else self.qweight
+        q = unpack_int4(self.qweight, half_tile(self.packing) or 2) \
+            if self.scheme == "int4" and self.packing != "bytes" else self.qweight
         w = q.float().view(n, k // gs, gs)
         w = w * self.scales[..., None]
         if self.offsets is not None:
@@ -212,16 +226,34 @@ def cat_rows(weights: list[QuantizedWeight]) -> QuantizedWeight:
                    scales=torch.cat([w.scales for w in weights]), offsets=offsets)
 
 
-def pack_int4(q: torch.Tensor) -> torch.Tensor:
-    """uint8 [N, K] of values 0..15 -> uint8 [N, K // 2]: column 2j low nibble, 2j+1 high."""
-    if q.shape[-1] % 2:
-        raise QuantizationError(f"int4 packing needs an even number of columns, got "
-                                f"{q.shape[-1]}")
-    q = q.to(torch.uint8)
-    return (q[..., 0::2] | (q[..., 1::2] << 4)).contiguous()
+HALF_TILES = (32, 64, 128)  # the tile widths of the "halves<T>" int4 packings
 
 
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+def half_tile(packing: str) -> int | None:
+    """T of an int4 packing whose bytes pair column j of a tile of T with column j + T / 2
+    ("nibbles": T = 2, "halves<T>": T), else None ("bytes", or not a packing)."""
+    if packing == "nibbles":
+        return 2
+    if packing.startswith("halves") and packing[6:].isdigit() and \
+            int(packing[6:]) in HALF_TILES:
+        return int(packing[6:])
+    return None
+
+
+def pack_int4(q: torch.Tensor, tile: int = 2) -> torch.Tensor:
+    """uint8 [N, K] of values 0..15 -> uint8 [N, K // 2]. tile 2 ("nibbles"): column 2j in
+    the low nibble, 2j + 1 in the high one; tile T ("halves<T>"): in each tile of T columns,
+    byte j holds column j low and column j + T / 2 high."""
+    k = q.shape[-1]
+    if k % tile or tile % 2:
+        raise QuantizationError(f"int4 packing in tiles of {tile} needs a multiple of {tile} "
+                                f"columns, got {k}")
+    q = q.to(torch.uint8).reshape(*q.shape[:-1], k // tile, 2, tile // 2)
+    return (q[..., 0, :] | (q[..., 1, :] << 4)).reshape(*q.shape[:-3], k // 2).contiguous()
+
+
+def unpack_int4(packed: torch.Tensor, tile: int = 2) -> torch.Tensor:
     """The inverse of pack_int4: uint8 [N, K // 2] -> uint8 [N, K] of values 0..15."""
-    lo, hi = packed & 0xF, packed >> 4
-    return torch.stack((lo, hi), dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+    half = packed.shape[-1]
+    p = packed.reshape(*packed.shape[:-1], half * 2 // tile, tile // 2)
+    return torch.stack((p & 0xF, p >> 4), dim=-2).reshape(*packed.shape[:-1], half * 2)

@@ -36,6 +36,36 @@ def test_int4_packing_round_trips_and_puts_even_columns_low() -> None:
     assert torch.equal(unpack_int4(packed), q)
 
 
+@pytest.mark.parametrize("tile", [32, 64, 128])
+def test_int4_half_split_tiles(tile: int) -> None:
+    """"halves<T>": byte j of each tile of T columns holds column j low and j + T / 2 high;
+    the weight is the same whatever the packing, it slices on whole tiles only, and a tile
+    that does not divide the width, or a width that is not a tile, is refused."""
+    from dataclasses import replace
+
+    gen = torch.Generator().manual_seed(tile)
+    q = torch.randint(0, 16, (3, 4 * tile), dtype=torch.uint8, generator=gen)
+    packed = pack_int4(q, tile)
+    assert torch.equal(packed[:, 1], q[:, 1] | (q[:, tile // 2 + 1] << 4))
+    assert torch.equal(packed[:, tile // 2], q[:, tile] | (q[:, tile + tile // 2] << 4))
+    assert torch.equal(unpack_int4(packed, tile), q)
+    w = quantize(_dense(3, 4 * tile, 5), "int4", 32)
+    halves = replace(w, qweight=pack_int4(unpack_int4(w.qweight), tile),
+                     packing=f"halves{tile}")
+    assert torch.equal(halves.dequantize(), w.dequantize())
+    assert torch.equal(halves.narrow_cols(tile, 2 * tile).dequantize(),
+                       w.narrow_cols(tile, 2 * tile).dequantize())
+    if tile > 32:
+        with pytest.raises(QuantizationError, match="whole tiles"):
+            halves.narrow_cols(32, tile)
+    with pytest.raises(QuantizationError, match="packing"):
+        replace(w, packing="halves48")
+    with pytest.raises(QuantizationError, match="whole tiles"):
+        replace(quantize(_dense(3, 3 * tile // 2, 5), "int4", 16),
+                qweight=torch.zeros(3, 3 * tile // 4, dtype=torch.uint8),
+                packing=f"halves{tile}")
+
+
 @pytest.mark.parametrize("scheme,group", [("int8", 32), ("int8", 16), ("int4", 32),
                                           ("int4", 128)])
 def test_integer_quantizers_round_to_within_half_a_step(scheme: str, group: int) -> None:

@@ -54,7 +54,8 @@ def qgemv_case(scheme: str, group: int | None, variant: int, block_n: int = 4,
               "BLOCK_N": block_n, "BLOCK_K": block_k,
               "COLUMN": bool(variant & qk.GEMV_COLUMN),
               "EXP_CVT": bool(variant & qk.GEMV_EXP_CVT),
-              "X_VEC": bool(variant & qk.GEMV_X_VEC)}
+              "X_VEC": bool(variant & qk.GEMV_X_VEC),
+              "HALF": 64 if scheme == "int4" else 1}  # int4 as prepare holds it: halves128
     return Case(f"qgemv {scheme} group={group or 'row'} variant={variant}", fn,
                 _signature(fn, types, consts), consts, num_warps=num_warps,
                 divisible_by_16=("x_ptr", "q_ptr", "s_ptr", "o_ptr", "out_ptr", "n_out",
@@ -67,7 +68,8 @@ def _qgemv_cases() -> list[Case]:
     from tessera.hal.cuda import quant_kernels as qk
     from tessera.hal.cuda import quant_tune
 
-    listed = {s: sorted({c[3] for c in cands}) for s, cands in quant_tune.GEMV_CANDIDATES.items()}
+    listed = {s: sorted({c[3] for c in cands if not c[3] & qk.GEMV_DOT})
+              for s, cands in quant_tune.GEMV_CANDIDATES.items()}
     return [qgemv_case(scheme, group, variant)
             for scheme, group, variants in (
                 ("fp8", None, listed["fp8"]), ("int8", 128, listed["int8"]),
@@ -77,31 +79,45 @@ def _qgemv_cases() -> list[Case]:
 
 
 def _qgemm_cases() -> list[Case]:
-    """The quantized GEMM (decode batches, prefill) at a skinny and a large tile of
-    quant_tune's lists: int4 grouped and per row (two half-width dots of x's even and odd
-    columns), int8 grouped, fp8 with bf16 activations and as W8A8."""
+    """The quantized GEMM (decode batches, prefill): int4 in "halves128" tiles (two dots of
+    contiguous halves, the exponent-bit nibbles), grouped and per row, at every tile of
+    quant_tune's int4 lists and GEMV_DOT one-token tiles; int4 "nibbles" (interleaved back)
+    and int8 grouped at a skinny and a large tile; fp8 at every W8A16 and W8A8 tile listed."""
     from tessera.hal.cuda import quant_kernels as qk
+    from tessera.hal.cuda import quant_tune
 
     fn = qk.qgemm_kernel
     qtypes = {"fp8": "*fp8e4nv", "int8": "*i8", "int4": "*u8"}
+    two = [(16, 64, 128, 4, 4), (128, 128, 64, 8, 3)]
+    int4_tiles = list(dict.fromkeys(
+        [t for ts in quant_tune.INT4_GEMM_CANDIDATES.values() for t in ts]
+        + [quant_tune.dot_tile(c)[:2] + (128,) + quant_tune.dot_tile(c)[3:]
+           for c in quant_tune.GEMV_CANDIDATES["int4"] if c[3] & qk.GEMV_DOT]))
+    fp8_tiles = list(dict.fromkeys(t for ts in quant_tune.W8A8_CANDIDATES.values()
+                                   for t in ts if t != quant_tune.SCALED_MM))
+    plan: list[tuple[str, int | None, bool, int, tuple[int, int, int, int, int]]] = \
+        [("int4", 128, False, 64, t) for t in int4_tiles] + \
+        [("int4", None, False, 64, t) for t in two] + \
+        [("int4", 128, False, 1, t) for t in two] + [("int8", 128, False, 1, t) for t in two] + \
+        [("fp8", None, quant_tune.is_w8a8(t), 1, quant_tune.tile(t)) for t in fp8_tiles]
     out = []
-    for scheme, group, a_fp8 in (("int4", 128, False), ("int4", None, False),
-                                 ("int8", 128, False), ("fp8", None, False),
-                                 ("fp8", None, True)):
-        for bm, bn, bk, warps, stages in ((16, 64, 128, 4, 4), (128, 128, 64, 8, 3)):
-            types = {"x_ptr": "*fp8e4nv" if a_fp8 else "*bf16", "q_ptr": qtypes[scheme],
-                     "s_ptr": "*fp32", "o_ptr": "*fp32", "b_ptr": "*bf16", "out_ptr": "*bf16",
-                     "xs_ptr": "*fp32"}
-            consts = {"KIND": {"fp8": qk.FP8, "int8": qk.INT8, "int4": qk.INT4}[scheme],
-                      "GROUP": group or 1, "PER_ROW": group is None, "HAS_BIAS": False,
-                      "A_FP8": a_fp8, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                      "DOT_PREC": "tf32"}
-            out.append(Case(f"qgemm {scheme} group={group or 'row'} w8a8={a_fp8} "
-                            f"{(bm, bn, bk)}", fn, _signature(fn, types, consts), consts,
-                            num_warps=warps, num_stages=stages,
-                            divisible_by_16=("x_ptr", "q_ptr", "s_ptr", "o_ptr", "out_ptr",
-                                             "xs_ptr", "N", "K", "x_s0", "q_s0", "s_s0",
-                                             "out_s0")))
+    for scheme, group, a_fp8, half, (bm, bn, bk, warps, stages) in plan:
+        if half > 1:
+            bk = 2 * half  # qgemm takes the weight's tile as BLOCK_K
+        types = {"x_ptr": "*fp8e4nv" if a_fp8 else "*bf16", "q_ptr": qtypes[scheme],
+                 "s_ptr": "*fp32", "o_ptr": "*fp32", "b_ptr": "*bf16", "out_ptr": "*bf16",
+                 "xs_ptr": "*fp32"}
+        consts = {"KIND": {"fp8": qk.FP8, "int8": qk.INT8, "int4": qk.INT4}[scheme],
+                  "GROUP": group or 1, "PER_ROW": group is None, "HAS_BIAS": False,
+                  "A_FP8": a_fp8, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                  "DOT_PREC": "tf32", "HALF": half, "NIB_BIAS": 128.0 if half > 1 else 0.0}
+        out.append(Case(f"qgemm {scheme} group={group or 'row'} w8a8={a_fp8} half={half} "
+                        f"{(bm, bn, bk, warps, stages)}", fn, _signature(fn, types, consts),
+                        consts,
+                        num_warps=warps, num_stages=stages,
+                        divisible_by_16=("x_ptr", "q_ptr", "s_ptr", "o_ptr", "out_ptr",
+                                         "xs_ptr", "N", "K", "x_s0", "q_s0", "s_s0",
+                                         "out_s0")))
     return out
 
 

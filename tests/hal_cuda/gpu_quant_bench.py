@@ -3,7 +3,9 @@ bf16 (cuBLAS / the tuned GEMV), fp8 and int4 (group 128) at batch 1, 16, 64 and 
 inside CUDA graphs over rotating weight copies (so L2 does not hold them); then every batch-1
 GEMV candidate of quant_tune (tile sizes and formulations) for fp8 and int4 at each shape, with
 the one the tuner picks (those first; OUT.json is rewritten after every shape, so a run cut
-off at its time limit keeps what it measured). Not a pytest module.
+off at its time limit keeps what it measured); then every several-token candidate of fp8 and
+int4 for gate_up and down at batch 16, 64 and 256 (OUT.json["gemm_candidates"]). Not a
+pytest module.
 
     python3 tests/hal_cuda/gpu_quant_bench.py OUT.json          # on the GPU, a few minutes
     python3 tests/hal_cuda/gpu_quant_bench.py OUT.json --cpu    # dry run: tiny shapes, Triton's
@@ -114,6 +116,49 @@ def gemv_candidates(setup: Setup, scheme: str, n_out: int, n_in: int) -> dict[st
             "tuner_pick": pick}
 
 
+def gemm_candidates(setup: Setup, scheme: str, n_out: int, n_in: int, batch: int
+                    ) -> dict[str, Any]:
+    """Every several-token candidate the tuner would measure for this weight and batch (int4:
+    the "halves" tiles; fp8: W8A16 and W8A8 tiles and cuBLASLt), timed like the linears, with
+    the tuner's own pick."""
+    from tessera.hal.cuda import quant_linear, quant_tune
+    from tessera.hal.quant import quantize
+
+    dense = [torch.randn((n_out, n_in), device=setup.dev, dtype=setup.dtype) * 0.02
+             for _ in range(3)]
+    packed = [quant_linear.prepare(quantize(w, scheme)) for w in dense]
+    del dense
+    x = torch.randn((batch, n_in), device=setup.dev, dtype=setup.dtype)
+    bucket = quant_tune.batch_bucket(batch)
+    if scheme == "fp8":
+        cands = quant_tune.W8A8_CANDIDATES[bucket]
+
+        def run(w: Any, c: tuple[int, ...]) -> torch.Tensor:
+            return quant_tune.run_fp8(x, w, None, c)
+    else:
+        cands = quant_tune.INT4_GEMM_CANDIDATES[bucket]
+
+        def run(w: Any, c: tuple[int, ...]) -> torch.Tensor:
+            return quant_linear.qgemm(x, w, None, *quant_tune.tile(c))
+    rows: list[dict[str, Any]] = []
+    for cand in cands:
+        row: dict[str, Any] = {"config": list(cand)}
+        try:
+            err = _rel_err(run(packed[0], cand), x, packed[0])
+            us = setup.timer(lambda w, c=cand: run(w, c), packed)
+            row.update(us=us, TBps=packed[0].nbytes / (us * 1e-6) / 1e12,
+                       TFLOPs=2 * batch * n_out * n_in / (us * 1e-6) / 1e12,
+                       rel_err_vs_definition=err)
+        except Exception as e:  # noqa: BLE001 - a candidate the compiler refuses is reported
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        rows.append(row)
+    timed = [r for r in rows if "us" in r]
+    fastest = min(timed, key=lambda r: r["us"])["config"] if timed else None
+    pick = list(quant_tune.fp8_config(packed[0], x, None) if scheme == "fp8"
+                else quant_tune.gemm_config(packed[0], x, None))
+    return {"candidates": rows, "fastest": fastest, "tuner_pick": pick}
+
+
 def linears(setup: Setup, platform: Any, res: dict[str, Any],
             save: Callable[[], None]) -> None:
     """Every scheme through the plugin's linear op at each batch, into res["b<batch>"]."""
@@ -192,6 +237,21 @@ def main(argv: list[str]) -> int:
                   f"{r['fastest']} {best['us'] if best else float('nan'):.1f} us "
                   f"({best['GBps'] if best else float('nan'):.0f} GB/s), tuner picks "
                   f"{r['tuner_pick']}", file=sys.stderr, flush=True)
+    # the several-token candidates of the two largest linears (QUANT_GEMM_SWEEP=0: none)
+    res["gemm_candidates"] = {}
+    sweep = [] if os.environ.get("QUANT_GEMM_SWEEP") == "0" else setup.batches[1:]
+    for batch in sweep:
+        for scheme in GEMV_SCHEMES:
+            for name in ("gate_up", "down"):
+                n_out, n_in = setup.shapes[name]
+                r = gemm_candidates(setup, scheme, n_out, n_in, batch)
+                res["gemm_candidates"][f"{scheme} {name} b{batch}"] = r
+                save()
+                best = min((c for c in r["candidates"] if "us" in c), key=lambda c: c["us"],
+                           default=None)
+                print(f"gemm {scheme} {name} b{batch}: fastest {r['fastest']} "
+                      f"{best['us'] if best else float('nan'):.1f} us, tuner picks "
+                      f"{r['tuner_pick']}", file=sys.stderr, flush=True)
     linears(setup, CudaPlatform(), res, save)
     save()
     return 0

@@ -39,13 +39,15 @@ def _setup(scheme: str, group: int | None, n: int, k: int, m: int
                                           ("int8", 16), ("fp8", None)])
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_quant_linear_bf16(n: int, k: int, scheme: str, group: int | None, m: int) -> None:
-    from tessera.hal.cuda.quant_linear import SKINNY_MAX_M, apply
+    from tessera.hal.cuda import quant_tune
+    from tessera.hal.cuda.quant_linear import apply
 
     w, _, x = _setup(scheme, group, n, k, m)
     bias = torch.randn(n, device="cuda").to(torch.bfloat16)
     out = apply(x, w, bias)
     assert out.dtype == torch.bfloat16 and out.shape == (m, n)
-    if scheme == "fp8" and m > SKINNY_MAX_M:  # W8A8 through torch._scaled_mm
+    if scheme == "fp8" and m > 1 and quant_tune.is_w8a8(quant_tune.fp8_config(w, x, bias)):
+        # W8A8 (the tuner's pick): activations in e4m3 too
         assert _rel(out, fp8_w8a8_reference(x, w, bias)) < 1e-2
         assert _rel(out, quant_linear_reference(x.float(), w, bias.float())) < 0.05
     else:  # exact weights, bf16 inputs, float32 sums: bf16 output rounding only
@@ -109,3 +111,34 @@ def test_both_w8a8_paths(m: int) -> None:
     ref = fp8_w8a8_reference(x, w)
     assert _rel(qgemm(x, w, None, 64, 128, 128, 4, 3, w8a8=True), ref) < 1e-2
     assert _rel(fp8_scaled_mm(x, w, None), ref) < 1e-2
+
+
+@pytest.mark.parametrize("m", [1, 16, 32, 64, 256])
+@pytest.mark.parametrize("scheme", ["fp8", "int4"])
+def test_every_tuner_candidate(scheme: str, m: int) -> None:
+    """The tuner may pick any candidate for a shape and batch: each must compute the
+    definition (the GEMV_DOT one-token tiles, the int4 "halves" tiles with the exponent-bit
+    nibbles, fp8 W8A16 and W8A8 tiles, cuBLASLt)."""
+    from tessera.hal.cuda import quant_tune
+    from tessera.hal.cuda.quant_linear import qgemm
+
+    w, _, x = _setup(scheme, 128 if scheme == "int4" else None, 6144, 4096, m)
+    bias = torch.randn(6144, device="cuda").to(torch.bfloat16)
+    exact = quant_linear_reference(x.float(), w, bias.float())
+    bucket = quant_tune.batch_bucket(m)
+    if m == 1:
+        runs = {c: (lambda c=c: quant_tune.one_token(x, w, bias, c))
+                for c in quant_tune.gemv_candidates(w)}
+    elif scheme == "fp8":
+        runs = {c: (lambda c=c: quant_tune.run_fp8(x, w, bias, c))
+                for c in quant_tune.W8A8_CANDIDATES[bucket]}
+    else:
+        runs = {c: (lambda c=c: qgemm(x, w, bias, *quant_tune.tile(c)))
+                for c in quant_tune.INT4_GEMM_CANDIDATES[bucket]}
+    assert scheme == "fp8" or w.packing == "halves128"
+    for cfg, run in runs.items():
+        out = run()
+        if scheme == "fp8" and m > 1 and quant_tune.is_w8a8(cfg):
+            assert _rel(out, fp8_w8a8_reference(x, w, bias)) < 1e-2, cfg
+        else:
+            assert _rel(out, exact) < 4e-3, cfg

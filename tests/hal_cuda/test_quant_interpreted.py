@@ -85,7 +85,7 @@ def test_qgemv_every_variant(kernels: dict[str, ModuleType], scheme: str, group:
              if w.num_groups == 1 or bk % w.group_size == 0]
     assert small, "no small tile holds whole groups"
     for cfg in small + quant_tune.gemv_candidates(w):
-        out = ql.qgemv(x, w, bias, *cfg)
+        out = quant_tune.one_token(x, w, bias, cfg)
         torch.testing.assert_close(out, want, **TOL, msg=lambda m, c=cfg: f"{c}: {m}")
 
 
@@ -102,12 +102,14 @@ def test_gemv_candidates_cover_every_variant() -> None:
               qk.GEMV_EXP_CVT | qk.GEMV_X_VEC}
     cands = quant_tune.GEMV_CANDIDATES
     for scheme, cs in cands.items():
-        assert all(len(c) == 4 and c[3] in quant_tune.GEMV_VARIANTS for c in cs), scheme
+        assert all(len(c) == 4 and (c[3] in quant_tune.GEMV_VARIANTS or
+                                    c[3] == qk.GEMV_DOT) for c in cs), scheme
     assert cands["fp8"] == [(4, 1024, 4, 0)]
     assert cands["int4"][0] == (8, 4096, 8, qk.GEMV_EXP_CVT | qk.GEMV_X_VEC)
     for scheme in ("int8", "int4"):
-        assert max(bn * bk * bytes_per_weight[scheme] for bn, bk, _, _ in cands[scheme]) \
-            >= 16384
+        assert max(bn * bk * bytes_per_weight[scheme] for bn, bk, _, v in cands[scheme]
+                   if v != qk.GEMV_DOT) >= 16384
+    assert any(c[3] == qk.GEMV_DOT for c in cands["int4"])
     assert wanted <= {c[3] for c in cands["int8"]}
 
 
@@ -132,7 +134,7 @@ def test_apply_dispatches_every_batch_size(kernels: dict[str, ModuleType]) -> No
             out = ql.apply(x, w, None)
             assert out.shape == (m, 48)
             want = quant_linear_reference(x, w)
-            if scheme == "fp8" and m > ql.SKINNY_MAX_M:
+            if scheme == "fp8" and m > 32:
                 # W8A8, activations in e4m3 too, here quantized by the interpreter's own cast
                 # (off near powers of two): only the dispatch is checked here, the W8A8 sums
                 # exactly in test_w8a8_fp8_dot, and the GPU within 0.05 of the definition
@@ -238,3 +240,49 @@ def test_attention_reads_fp8_kv_with_scales(kernels: dict[str, ModuleType], mode
             case.q, k8, v8, case.req_to_token, case.seq_lens, case.extend_lens,
             case.qo_indptr, case.scale, k_scale=ks, v_scale=vs)
     torch.testing.assert_close(out, expected, **TOL)
+
+
+@pytest.mark.parametrize("group,k,packing", [(32, 256, "halves32"), (64, 256, "halves64"),
+                                             (128, 384, "halves128"), (256, 512, "halves128"),
+                                             (None, 96, "halves32"), (None, 200, "nibbles"),
+                                             (16, 64, "nibbles")])
+def test_int4_is_held_in_half_split_tiles(kernels: dict[str, ModuleType], group: int | None,
+                                          k: int, packing: str) -> None:
+    """prepare repacks int4 into the widest "halves<T>" tile that divides the input width and
+    lies within a group (nibbles where none does); the weight it stands for is unchanged, and
+    both kernels read the layout: the GEMV, qgemm, and qgemm's one-token tiles (GEMV_DOT)."""
+    from tessera.hal.cuda import quant_tune
+
+    ql = kernels["quant_linear"]
+    w = _awq_offsets(_weight("int4", group or k, 24, k, seed=30), seed=31)
+    prepared = ql.prepare(w)
+    assert prepared.packing == packing
+    assert torch.equal(prepared.dequantize(), w.dequantize())
+    bias = torch.randn(24, generator=torch.Generator().manual_seed(32))
+    x1 = _x(1, k, seed=33)
+    want = quant_linear_reference(x1, w, bias)
+    cands = quant_tune.gemv_candidates(prepared)
+    dot = [c for c in cands if c[3] & quant_tune.GEMV_DOT]
+    assert bool(dot) == packing.startswith("halves")
+    for cfg in cands:
+        torch.testing.assert_close(quant_tune.one_token(x1, prepared, bias, cfg), want, **TOL,
+                                   msg=lambda m, c=cfg: f"{c}: {m}")
+    x = _x(5, k, seed=34)
+    torch.testing.assert_close(ql.qgemm(x, prepared, bias, 16, 16, 64, 4, 2),
+                               quant_linear_reference(x, w, bias), **TOL)
+
+
+@pytest.mark.parametrize("group", [32, 128, None])
+def test_int4_exponent_bit_nibbles_in_fp16(kernels: dict[str, ModuleType],
+                                           group: int | None) -> None:
+    """16-bit x: qgemm makes each nibble the float NIB_BIAS + q by its exponent bits and takes
+    the bias back out through the row sums of x (fp16 here: the interpreter's bf16 dot is
+    wrong whatever the operands, so bf16 is checked on the GPU)."""
+    ql = kernels["quant_linear"]
+    w = ql.prepare(_awq_offsets(_weight("int4", group or 256, 40, 256, seed=40), seed=41))
+    assert w.packing.startswith("halves")
+    x = _x(6, 256, seed=42)
+    want = quant_linear_reference(x.half().float(), w)
+    out = ql.qgemm(x.half(), w, None, 16, 32, 128, 4, 2)
+    assert out.dtype == torch.float16
+    assert float((out.float() - want).norm() / want.norm()) < 2e-3
