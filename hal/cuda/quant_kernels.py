@@ -268,3 +268,78 @@ def quant_rows_fp8_kernel(x_ptr, out_ptr, scale_ptr, K, x_s0, out_s0,
         q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0)
         tl.store(out_ptr + row * out_s0 + k, q.to(out_ptr.dtype.element_ty), mask=k < K)
     tl.store(scale_ptr + row, scale)
+
+
+@triton.jit
+def qgemm_wt_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, x_s0, q_s0, s_s0,
+                    out_s0, KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, HALF: tl.constexpr,
+                    NIB_BIAS: tl.constexpr):
+    """qgemm with the weight as the dot's first operand (weights-as-A, "swap AB"): the
+    accumulator is out^T's tile [BLOCK_N, BLOCK_M] += W[BLOCK_N, BLOCK_K] @ x[BLOCK_M,
+    BLOCK_K]^T, stored transposed. On Hopper the dequantized weight tile then feeds the
+    tensor cores from registers (wgmma's A side, 64 rows a warpgroup) instead of going back
+    through shared memory, and the tokens are the instruction's N side, which may be as
+    narrow as the batch (qgemm_kernel pads a skinny batch up to the A side's 64). Same
+    arguments and definition as qgemm_kernel, without W8A8; int4 only in "halves" tiles
+    (HALF > 1, BLOCK_K == 2 HALF)."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = rm < M
+    nmask = rn < N
+    x_rows = x_ptr + rm[:, None].to(tl.int64) * x_s0
+    q_rows = q_ptr + rn[:, None].to(tl.int64) * q_s0
+    s_rows = rn.to(tl.int64) * s_s0
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    xsum = tl.zeros([BLOCK_M], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if KIND == 2:
+            kh = k0 + tl.arange(0, HALF)
+            x_lo = tl.load(x_rows + kh[None, :], mask=mmask[:, None], other=0.0)
+            x_hi = tl.load(x_rows + HALF + kh[None, :], mask=mmask[:, None], other=0.0)
+            packed = tl.load(q_rows + (k0 // 2 + tl.arange(0, HALF))[None, :],
+                             mask=nmask[:, None], other=0)
+            if NIB_BIAS != 0.0:
+                bits = 0x4300 if x_ptr.dtype.element_ty == tl.bfloat16 else 0x6400
+                lo = ((packed & 0xF).to(tl.int32) | bits).to(tl.int16).to(
+                    x_ptr.dtype.element_ty, bitcast=True)
+                hi = ((packed >> 4).to(tl.int32) | bits).to(tl.int16).to(
+                    x_ptr.dtype.element_ty, bitcast=True)
+            else:
+                lo = (packed & 0xF).to(x_ptr.dtype.element_ty)
+                hi = (packed >> 4).to(x_ptr.dtype.element_ty)
+            part = tl.dot(lo, tl.trans(x_lo), input_precision=DOT_PREC)
+            part = tl.dot(hi, tl.trans(x_hi), part, input_precision=DOT_PREC)
+            rsum = tl.sum(x_lo.to(tl.float32), 1) + tl.sum(x_hi.to(tl.float32), 1)
+            if PER_ROW:
+                acc += part
+                xsum += rsum
+            else:
+                g = k0 // GROUP
+                s = tl.load(s_ptr + s_rows + g, mask=nmask, other=0.0)
+                o = tl.load(o_ptr + s_rows + g, mask=nmask, other=0.0) - NIB_BIAS * s
+                acc += part * s[:, None] + o[:, None] * rsum[None, :]
+        else:
+            k = k0 + tl.arange(0, BLOCK_K)
+            kmask = k < K
+            x = tl.load(x_rows + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+            q = tl.load(q_rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+            part = tl.dot(q.to(x_ptr.dtype.element_ty), tl.trans(x), input_precision=DOT_PREC)
+            if PER_ROW:
+                acc += part
+            else:
+                s = tl.load(s_ptr + s_rows + k0 // GROUP, mask=nmask, other=0.0)
+                acc += part * s[:, None]
+    if PER_ROW:
+        s_row = tl.load(s_ptr + s_rows, mask=nmask, other=0.0)
+        acc = acc * s_row[:, None]
+        if KIND == 2:
+            o_row = tl.load(o_ptr + s_rows, mask=nmask, other=0.0) - NIB_BIAS * s_row
+            acc += o_row[:, None] * xsum[None, :]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[:, None]
+    out = out_ptr + rm[None, :].to(tl.int64) * out_s0 + rn[:, None]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=nmask[:, None] & mmask[None, :])

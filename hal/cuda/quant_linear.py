@@ -31,6 +31,7 @@ from tessera.hal.cuda.quant_kernels import (
     INT4,
     INT8,
     qgemm_kernel,
+    qgemm_wt_kernel,
     qgemv_kernel,
     quant_rows_fp8_kernel,
 )
@@ -126,9 +127,11 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
 def qgemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, block_m: int,
           block_n: int, block_k: int, num_warps: int, num_stages: int,
           w8a8: bool = False, x_scales: torch.Tensor | None = None,
-          out_dtype: torch.dtype | None = None) -> torch.Tensor:
+          out_dtype: torch.dtype | None = None, weights_as_a: bool = False) -> torch.Tensor:
     """Several tokens. w8a8 (fp8 weights): the activations are quantized per token to e4m3
-    first (or come quantized: x e4m3 with x_scales [M, 1]) and the dot runs in fp8."""
+    first (or come quantized: x e4m3 with x_scales [M, 1]) and the dot runs in fp8.
+    weights_as_a: qgemm_wt_kernel (the weight tile as the dot's first operand; not with
+    w8a8, and int4 only in "halves" tiles)."""
     m = x.shape[0]
     n, k = w.shape
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
@@ -144,6 +147,20 @@ def qgemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, block_
             raise ValueError("W8A8 needs fp8 weights")
         x, xs = (x, x_scales) if x_scales is not None else quantize_rows_fp8(x)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
+    if weights_as_a:
+        if w8a8 or (w.scheme == "int4" and half == 1):
+            raise ValueError("weights as the first operand: not with W8A8, and int4 only in "
+                             "'halves' tiles")
+        qgemm_wt_kernel[grid](
+            x, w.qweight, w.scales, w.offsets if w.offsets is not None else w.scales,
+            bias if bias is not None else out, out, m, n, k, x.stride(0),
+            w.qweight.stride(0), w.scales.stride(0), out.stride(0), KIND=KINDS[w.scheme],
+            GROUP=1 if per_row else w.group_size, PER_ROW=per_row, HAS_BIAS=bias is not None,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+            DOT_PREC="ieee" if out.dtype == torch.float32 else "tf32", HALF=half,
+            NIB_BIAS=NIB_BIAS.get(x.dtype, 0.0) if half > 1 else 0.0,
+            num_warps=num_warps, num_stages=num_stages)
+        return out
     qgemm_kernel[grid](
         x, w.qweight, w.scales, w.offsets if w.offsets is not None else w.scales,
         bias if bias is not None else out, out, xs, m, n, k, x.stride(0), w.qweight.stride(0),
@@ -197,8 +214,7 @@ def apply(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None) -> tor
         return quant_tune.one_token(x, w, bias, quant_tune.gemv_config(w, x, bias))
     if w.scheme == "fp8":
         return quant_tune.run_fp8(x, w, bias, quant_tune.fp8_config(w, x, bias))
-    cfg2 = quant_tune.gemm_config(w, x, bias)
-    return qgemm(x, w, bias, *cfg2)
+    return quant_tune.run_gemm(x, w, bias, quant_tune.gemm_config(w, x, bias))
 
 
 def quant_linears() -> dict[str, QuantLinearKernel]:

@@ -41,10 +41,11 @@ GEMV_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
     # TB/s), then these, within 10-25%
     "int4": [(8, 4096, 8, _EXP | _XV), (4, 8192, 8, _EXP | _XV), (8, 4096, 8, 0),
              (16, 1024, 8, 0)]
-    # GEMV_DOT: the token through qgemm's tensor-core tile (BLOCK_M 16, the nibbles made
-    # 16-bit floats by their exponent bits, no FMA per weight), for a "halves" weight:
-    # (BLOCK_N, num_stages, num_warps, GEMV_DOT)
-    + [(16, 6, 4, GEMV_DOT), (32, 4, 4, GEMV_DOT), (64, 4, 4, GEMV_DOT)],
+    # GEMV_DOT: the token through qgemm_wt_kernel's tensor-core tile (BLOCK_M 16, the
+    # nibbles made 16-bit floats by their exponent bits, no FMA per weight), for a "halves"
+    # weight: (BLOCK_N, num_stages, num_warps, GEMV_DOT). At 4817dba, through qgemm_kernel's
+    # (the token padded to the A side), they took 1.8-5.6x the GEMV's time.
+    + [(64, 4, 4, GEMV_DOT), (128, 4, 4, GEMV_DOT), (128, 3, 8, GEMV_DOT)],
 }
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by batch bucket; BLOCK_K is cut to the
 # group size where the group is smaller
@@ -55,35 +56,43 @@ GEMM_CANDIDATES: dict[int, list[tuple[int, int, int, int, int]]] = {
     128: [(128, 128, 64, 8, 3), (64, 128, 64, 4, 4), (128, 64, 128, 8, 3)],
     256: [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4)],
 }
+# A qgemm config: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages[, flag]); flag A8: W8A8
+# (fp8 weights: the activations quantized per token, the fp8 dot), WT: qgemm_wt_kernel (the
+# weight tile as the dot's first operand, fed to the tensor cores from registers, the tokens
+# the instruction's narrow side).
+A8, WT = 1, 2
 # int4 weights in "halves<T>" tiles: BLOCK_K is the tile (T), so only M, N, warps and stages
-# vary; wider N tiles than GEMM_CANDIDATES' for the skinny batches, where the weight bytes in
-# flight bound the time
-INT4_GEMM_CANDIDATES: dict[int, list[tuple[int, int, int, int, int]]] = {
-    16: [(16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (16, 128, 128, 8, 3), (16, 32, 128, 4, 6),
-         (16, 256, 128, 8, 3)],
-    32: [(32, 64, 128, 4, 4), (32, 128, 128, 4, 4), (16, 128, 128, 4, 4), (32, 256, 128, 8, 3)],
-    64: [(64, 64, 128, 4, 4), (64, 128, 128, 8, 3), (32, 128, 128, 4, 4), (64, 128, 128, 4, 4)],
-    128: [(128, 128, 128, 8, 3), (64, 128, 128, 4, 4), (128, 64, 128, 8, 3),
-          (128, 256, 128, 8, 3)],
-    256: [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (64, 128, 128, 4, 4),
-          (128, 64, 128, 4, 4)],
+# vary. The H200 at 4817dba (quant_kernels_h200.json's gemm_candidates, gate_up and down):
+# with the weight as the second operand the 4-warp tiles won everywhere, at 2-3.5x bf16's
+# time; WT tiles are listed beside the winners.
+INT4_GEMM_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
+    16: [(16, 128, 128, 4, 4), (16, 32, 128, 4, 6), (16, 64, 128, 4, 4, WT),
+         (16, 128, 128, 4, 4, WT), (16, 128, 128, 8, 3, WT), (16, 256, 128, 8, 3, WT)],
+    32: [(32, 64, 128, 4, 4), (32, 128, 128, 4, 4), (32, 64, 128, 4, 4, WT),
+         (32, 128, 128, 4, 4, WT), (32, 128, 128, 8, 3, WT)],
+    64: [(64, 128, 128, 4, 4), (64, 64, 128, 4, 4), (64, 64, 128, 4, 4, WT),
+         (64, 128, 128, 4, 4, WT), (64, 128, 128, 8, 3, WT)],
+    128: [(64, 128, 128, 4, 4), (128, 128, 128, 8, 3), (128, 64, 128, 4, 4, WT),
+          (128, 128, 128, 4, 4, WT), (128, 128, 128, 8, 3, WT)],
+    256: [(64, 128, 128, 4, 4), (128, 64, 128, 4, 4), (128, 128, 128, 8, 3, WT),
+          (256, 128, 128, 8, 3, WT), (128, 64, 128, 4, 4, WT), (64, 128, 128, 4, 4, WT)],
 }
-# fp8 weights at several tokens: W8A16 qgemm tiles (5-tuples, the weight converted to x's
-# dtype), W8A8 qgemm tiles (6-tuples ending in 1: activations quantized per token, the fp8
-# dot; fp8 dots need BLOCK_K >= 32) and SCALED_MM, cuBLASLt through torch._scaled_mm. The H200
-# measured W8A16 at 16-64 tokens no faster than bf16 (quant_kernels_h200.json, 37121f2: 1.2-2.7
-# TB/s of weight) with only its first tiles: the wider ones and W8A8 are measured here too.
+# fp8 weights at several tokens: W8A16 qgemm tiles (the weight converted to x's dtype; WT or
+# not), W8A8 ones and SCALED_MM, cuBLASLt through torch._scaled_mm; fp8 dots need BLOCK_K >=
+# 32. At 4817dba the H200 measured W8A8 fastest for gate_up at 16-64 tokens, the plain W8A16
+# 16 x 32 tile for down at 16, cuBLASLt from 64 (down) and at 256.
 SCALED_MM: tuple[int, ...] = (0,)
 W8A8_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
-    16: [(16, 32, 128, 4, 4), (16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (16, 64, 256, 4, 3),
-         (16, 64, 128, 4, 4, 1), (16, 128, 128, 4, 4, 1), SCALED_MM],
-    32: [(32, 32, 128, 4, 4), (32, 64, 128, 4, 4), (16, 128, 128, 4, 4), (32, 128, 128, 4, 4),
-         (32, 64, 128, 4, 4, 1), (32, 128, 128, 4, 4, 1), SCALED_MM],
-    64: [(64, 64, 128, 4, 4, 1), (64, 128, 128, 8, 3, 1), (32, 64, 128, 4, 4, 1), SCALED_MM],
-    128: [(128, 128, 128, 8, 3, 1), (64, 128, 128, 4, 4, 1), (128, 64, 128, 8, 3, 1),
+    16: [(16, 32, 128, 4, 4), (16, 128, 128, 4, 4, A8), (16, 64, 128, 4, 4, WT),
+         (16, 128, 128, 4, 4, WT), (16, 128, 128, 8, 3, WT), SCALED_MM],
+    32: [(32, 32, 128, 4, 4), (32, 128, 128, 4, 4, A8), (32, 64, 128, 4, 4, WT),
+         (32, 128, 128, 4, 4, WT), (32, 128, 128, 8, 3, WT), SCALED_MM],
+    64: [(64, 128, 128, 8, 3, A8), (64, 64, 128, 4, 4, A8), (64, 128, 128, 4, 4, WT),
+         (64, 128, 128, 8, 3, WT), SCALED_MM],
+    128: [(128, 128, 128, 8, 3, A8), (64, 128, 128, 4, 4, A8), (128, 64, 128, 8, 3, A8),
           SCALED_MM],
-    256: [(128, 128, 128, 8, 3, 1), (128, 256, 128, 8, 3, 1), (64, 128, 128, 4, 4, 1),
-          (64, 256, 128, 8, 3, 1), SCALED_MM],
+    256: [(128, 128, 128, 8, 3, A8), (64, 128, 128, 4, 4, A8), (64, 256, 128, 8, 3, A8),
+          SCALED_MM],
 }
 
 
@@ -95,14 +104,26 @@ def tile(config: tuple[int, ...]) -> tuple[int, int, int, int, int]:
 
 
 def is_w8a8(config: tuple[int, ...]) -> bool:
-    """An fp8 config that quantizes the activations: a 6-tuple tile ending in 1, or
-    SCALED_MM."""
-    return config == SCALED_MM or (len(config) == 6 and config[5] == 1)
+    """An fp8 config that quantizes the activations: a tile flagged A8, or SCALED_MM."""
+    return config == SCALED_MM or (len(config) == 6 and config[5] == A8)
+
+
+def is_wt(config: tuple[int, ...]) -> bool:
+    """A qgemm tile flagged WT (qgemm_wt_kernel)."""
+    return len(config) == 6 and config[5] == WT
+
+
+def run_gemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
+             config: tuple[int, ...]) -> torch.Tensor:
+    """The several-token int8 / int4 linear under a gemm_config."""
+    from tessera.hal.cuda.quant_linear import qgemm
+
+    return qgemm(x, w, bias, *tile(config), weights_as_a=is_wt(config))
 
 
 def dot_tile(config: tuple[int, ...]) -> tuple[int, int, int, int, int]:
-    """The qgemm tile of a GEMV_DOT config (BLOCK_N, num_stages, num_warps, GEMV_DOT); its
-    BLOCK_K is the weight's tile (qgemm sets it)."""
+    """The qgemm_wt_kernel tile of a GEMV_DOT config (BLOCK_N, num_stages, num_warps,
+    GEMV_DOT): BLOCK_M 16; its BLOCK_K is the weight's tile (qgemm sets it)."""
     block_n, num_stages, num_warps, _ = config
     return 16, block_n, 0, num_warps, num_stages
 
@@ -150,23 +171,21 @@ def one_token(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
     from tessera.hal.cuda.quant_linear import qgemm, qgemv
 
     if config[3] & GEMV_DOT:
-        return qgemm(x, w, bias, *dot_tile(config))
+        return qgemm(x, w, bias, *dot_tile(config), weights_as_a=True)
     return qgemv(x, w, bias, *config)
 
 
 def gemm_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
-                ) -> tuple[int, int, int, int, int]:
-    from tessera.hal.cuda.quant_linear import qgemm
-
+                ) -> tuple[int, ...]:
     bucket = batch_bucket(x.shape[0])
-    candidates = GEMM_CANDIDATES[bucket]
+    candidates: list[tuple[int, ...]] = list(GEMM_CANDIDATES[bucket])
     if w.packing.startswith("halves"):
         candidates = INT4_GEMM_CANDIDATES[bucket]
     if x.dtype == torch.float32:  # fp32 tiles are twice the registers and shared memory
         candidates = [(min(bm, 32), min(bn, 32), min(bk, 64), nw, min(ns, 2))
-                      for bm, bn, bk, nw, ns in candidates[:1]]
-    cfg = _pick(_key("gemm", w, x, bucket), candidates, x, lambda c: qgemm(x, w, bias, *tile(c)))
-    return cfg  # type: ignore[return-value]
+                      for bm, bn, bk, nw, ns in (c[:5] for c in candidates[:1])]
+    cfg = _pick(_key("gemm", w, x, bucket), candidates, x, lambda c: run_gemm(x, w, bias, c))
+    return cfg
 
 
 def fp8_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
@@ -193,4 +212,4 @@ def run_fp8(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
 
     if config == SCALED_MM:
         return fp8_scaled_mm(x, w, bias)
-    return qgemm(x, w, bias, *tile(config), w8a8=is_w8a8(config))
+    return qgemm(x, w, bias, *tile(config), w8a8=is_w8a8(config), weights_as_a=is_wt(config))

@@ -81,27 +81,30 @@ def _qgemv_cases() -> list[Case]:
 def _qgemm_cases() -> list[Case]:
     """The quantized GEMM (decode batches, prefill): int4 in "halves128" tiles (two dots of
     contiguous halves, the exponent-bit nibbles), grouped and per row, at every tile of
-    quant_tune's int4 lists and GEMV_DOT one-token tiles; int4 "nibbles" (interleaved back)
-    and int8 grouped at a skinny and a large tile; fp8 at every W8A16 and W8A8 tile listed."""
+    quant_tune's int4 lists and the GEMV_DOT one-token tiles, through qgemm_kernel or, for
+    tiles flagged WT, qgemm_wt_kernel; int4 "nibbles" (interleaved back) and int8 grouped at a
+    skinny and a large tile; fp8 at every W8A16, WT and W8A8 tile listed."""
     from tessera.hal.cuda import quant_kernels as qk
     from tessera.hal.cuda import quant_tune
 
-    fn = qk.qgemm_kernel
     qtypes = {"fp8": "*fp8e4nv", "int8": "*i8", "int4": "*u8"}
-    two = [(16, 64, 128, 4, 4), (128, 128, 64, 8, 3)]
+    two: list[tuple[int, ...]] = [(16, 64, 128, 4, 4), (128, 128, 64, 8, 3)]
     int4_tiles = list(dict.fromkeys(
         [t for ts in quant_tune.INT4_GEMM_CANDIDATES.values() for t in ts]
-        + [quant_tune.dot_tile(c)[:2] + (128,) + quant_tune.dot_tile(c)[3:]
+        + [quant_tune.dot_tile(c)[:2] + (128,) + quant_tune.dot_tile(c)[3:] + (quant_tune.WT,)
            for c in quant_tune.GEMV_CANDIDATES["int4"] if c[3] & qk.GEMV_DOT]))
     fp8_tiles = list(dict.fromkeys(t for ts in quant_tune.W8A8_CANDIDATES.values()
                                    for t in ts if t != quant_tune.SCALED_MM))
-    plan: list[tuple[str, int | None, bool, int, tuple[int, int, int, int, int]]] = \
-        [("int4", 128, False, 64, t) for t in int4_tiles] + \
-        [("int4", None, False, 64, t) for t in two] + \
-        [("int4", 128, False, 1, t) for t in two] + [("int8", 128, False, 1, t) for t in two] + \
-        [("fp8", None, quant_tune.is_w8a8(t), 1, quant_tune.tile(t)) for t in fp8_tiles]
+    plan: list[tuple[str, int | None, int, tuple[int, ...]]] = \
+        [("int4", 128, 64, t) for t in int4_tiles] + \
+        [("int4", None, 64, t) for t in two + [t + (quant_tune.WT,) for t in two]] + \
+        [("int4", 128, 1, t) for t in two] + [("int8", 128, 1, t) for t in two] + \
+        [("fp8", None, 1, t) for t in fp8_tiles]
     out = []
-    for scheme, group, a_fp8, half, (bm, bn, bk, warps, stages) in plan:
+    for scheme, group, half, cfg in plan:
+        bm, bn, bk, warps, stages = quant_tune.tile(cfg)
+        wt, a_fp8 = quant_tune.is_wt(cfg), quant_tune.is_w8a8(cfg)
+        fn = qk.qgemm_wt_kernel if wt else qk.qgemm_kernel
         if half > 1:
             bk = 2 * half  # qgemm takes the weight's tile as BLOCK_K
         types = {"x_ptr": "*fp8e4nv" if a_fp8 else "*bf16", "q_ptr": qtypes[scheme],
@@ -109,15 +112,17 @@ def _qgemm_cases() -> list[Case]:
                  "xs_ptr": "*fp32"}
         consts = {"KIND": {"fp8": qk.FP8, "int8": qk.INT8, "int4": qk.INT4}[scheme],
                   "GROUP": group or 1, "PER_ROW": group is None, "HAS_BIAS": False,
-                  "A_FP8": a_fp8, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                  "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
                   "DOT_PREC": "tf32", "HALF": half, "NIB_BIAS": 128.0 if half > 1 else 0.0}
-        out.append(Case(f"qgemm {scheme} group={group or 'row'} w8a8={a_fp8} half={half} "
-                        f"{(bm, bn, bk, warps, stages)}", fn, _signature(fn, types, consts),
-                        consts,
+        if not wt:
+            consts["A_FP8"] = a_fp8
+        out.append(Case(f"qgemm{'_wt' if wt else ''} {scheme} group={group or 'row'} "
+                        f"w8a8={a_fp8} half={half} {(bm, bn, bk, warps, stages)}", fn,
+                        _signature(fn, types, consts), consts,
                         num_warps=warps, num_stages=stages,
-                        divisible_by_16=("x_ptr", "q_ptr", "s_ptr", "o_ptr", "out_ptr",
-                                         "xs_ptr", "N", "K", "x_s0", "q_s0", "s_s0",
-                                         "out_s0")))
+                        divisible_by_16=tuple(n for n in (
+                            "x_ptr", "q_ptr", "s_ptr", "o_ptr", "out_ptr", "xs_ptr", "N", "K",
+                            "x_s0", "q_s0", "s_s0", "out_s0") if n in fn.arg_names)))
     return out
 
 

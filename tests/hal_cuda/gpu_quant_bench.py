@@ -139,7 +139,7 @@ def gemm_candidates(setup: Setup, scheme: str, n_out: int, n_in: int, batch: int
         cands = quant_tune.INT4_GEMM_CANDIDATES[bucket]
 
         def run(w: Any, c: tuple[int, ...]) -> torch.Tensor:
-            return quant_linear.qgemm(x, w, None, *quant_tune.tile(c))
+            return quant_tune.run_gemm(x, w, None, c)
     rows: list[dict[str, Any]] = []
     for cand in cands:
         row: dict[str, Any] = {"config": list(cand)}

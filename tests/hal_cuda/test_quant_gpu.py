@@ -120,7 +120,6 @@ def test_every_tuner_candidate(scheme: str, m: int) -> None:
     definition (the GEMV_DOT one-token tiles, the int4 "halves" tiles with the exponent-bit
     nibbles, fp8 W8A16 and W8A8 tiles, cuBLASLt)."""
     from tessera.hal.cuda import quant_tune
-    from tessera.hal.cuda.quant_linear import qgemm
 
     w, _, x = _setup(scheme, 128 if scheme == "int4" else None, 6144, 4096, m)
     bias = torch.randn(6144, device="cuda").to(torch.bfloat16)
@@ -133,7 +132,7 @@ def test_every_tuner_candidate(scheme: str, m: int) -> None:
         runs = {c: (lambda c=c: quant_tune.run_fp8(x, w, bias, c))
                 for c in quant_tune.W8A8_CANDIDATES[bucket]}
     else:
-        runs = {c: (lambda c=c: qgemm(x, w, bias, *quant_tune.tile(c)))
+        runs = {c: (lambda c=c: quant_tune.run_gemm(x, w, bias, c))
                 for c in quant_tune.INT4_GEMM_CANDIDATES[bucket]}
     assert scheme == "fp8" or w.packing == "halves128"
     for cfg, run in runs.items():

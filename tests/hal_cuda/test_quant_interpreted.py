@@ -286,3 +286,52 @@ def test_int4_exponent_bit_nibbles_in_fp16(kernels: dict[str, ModuleType],
     out = ql.qgemm(x.half(), w, None, 16, 32, 128, 4, 2)
     assert out.dtype == torch.float16
     assert float((out.float() - want).norm() / want.norm()) < 2e-3
+
+
+@pytest.mark.parametrize("scheme,group", [("int4", 32), ("int4", None), ("fp8", None),
+                                          ("int8", 32)])
+def test_weights_as_first_operand(kernels: dict[str, ModuleType], scheme: str,
+                                  group: int | None) -> None:
+    """qgemm_wt_kernel (out^T's tile from the weight tile times x^T, stored transposed)
+    computes the definition: int4 "halves" (fp32 and the fp16 exponent-bit nibbles), fp8 and
+    int8 converted to x's dtype, grouped and per row, masked rows and tokens."""
+    ql = kernels["quant_linear"]
+    w = ql.prepare(_awq_offsets(_weight(scheme, group or 256, 40, 256, seed=50), seed=51))
+    bias = torch.randn(40, generator=torch.Generator().manual_seed(52))
+    for m in (1, 5, 19):
+        x = _x(m, 256, seed=53 + m)
+        for bm, bn, bk in ((16, 16, 64), (32, 64, 128)):
+            out = ql.qgemm(x, w, bias, bm, bn, bk, 4, 2, weights_as_a=True)
+            torch.testing.assert_close(out, quant_linear_reference(x, w, bias), **TOL)
+        if scheme == "int4":
+            out16 = ql.qgemm(x.half(), w, None, 16, 32, 0, 4, 2, weights_as_a=True)
+            want = quant_linear_reference(x.half().float(), w)
+            assert float((out16.float() - want).norm() / want.norm()) < 2e-3
+
+
+def test_every_listed_gemm_tile_runs(kernels: dict[str, ModuleType]) -> None:
+    """Every several-token candidate the tuner may pick (int4 "halves" tiles, WT or not; fp8
+    W8A16, WT, W8A8) computes the definition, at a batch of its bucket."""
+    from tessera.hal.cuda import quant_tune
+
+    w4 = kernels["quant_linear"].prepare(_weight("int4", 128, 24, 256, seed=60))
+    w8 = kernels["quant_linear"].prepare(_weight("fp8", None, 24, 256, seed=61))
+    for bucket in (16, 64, 256):
+        x = _x(bucket // 4 + 3, 256, seed=62)
+        for cfg in quant_tune.INT4_GEMM_CANDIDATES[bucket]:
+            torch.testing.assert_close(quant_tune.run_gemm(x, w4, None, cfg),
+                                       quant_linear_reference(x, w4), **TOL,
+                                       msg=lambda m, c=cfg: f"{c}: {m}")
+        for cfg in quant_tune.W8A8_CANDIDATES[bucket]:
+            if cfg == quant_tune.SCALED_MM:
+                continue  # cuBLASLt: the GPU test
+            if quant_tune.is_w8a8(cfg):
+                from tessera.hal.quant import fp8_w8a8_reference
+                xq, xs = quantize_activations_fp8(x)
+                out = kernels["quant_linear"].qgemm(xq, w8, None, *quant_tune.tile(cfg),
+                                                    w8a8=True, x_scales=xs,
+                                                    out_dtype=torch.float32)
+                want = fp8_w8a8_reference(x, w8)
+            else:
+                out, want = quant_tune.run_fp8(x, w8, None, cfg), quant_linear_reference(x, w8)
+            torch.testing.assert_close(out, want, **TOL, msg=lambda m, c=cfg: f"{c}: {m}")
