@@ -275,7 +275,7 @@ def qgemm_wt_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, x_s0, q
                     out_s0, KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, HALF: tl.constexpr,
-                    NIB_BIAS: tl.constexpr):
+                    NIB_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
     """qgemm with the weight as the dot's first operand (weights-as-A, "swap AB"): the
     accumulator is out^T's tile [BLOCK_N, BLOCK_M] += W[BLOCK_N, BLOCK_K] @ x[BLOCK_M,
     BLOCK_K]^T, stored transposed. On Hopper the dequantized weight tile then feeds the
@@ -283,9 +283,18 @@ def qgemm_wt_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, x_s0, q
     through shared memory, and the tokens are the instruction's N side, which may be as
     narrow as the batch (qgemm_kernel pads a skinny batch up to the A side's 64). Same
     arguments and definition as qgemm_kernel, without W8A8; int4 only in "halves" tiles
-    (HALF > 1, BLOCK_K == 2 HALF)."""
+    (HALF > 1, BLOCK_K == 2 HALF).
+
+    SPLIT_K > 1: program (n, m, s) sums the s-th of SPLIT_K runs of K tiles and writes its
+    float32 partial (scales and offsets applied: they are linear) to out_ptr, a workspace
+    [SPLIT_K, M, N]; splitk_sum_kernel adds the partials in order and the bias. A weight with
+    few output rows (down: 4096 of 14336 inputs) then still spreads over every SM."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    k_tiles = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
+    k_start = pid_k * k_tiles * BLOCK_K
+    k_end = tl.minimum(K, k_start + k_tiles * BLOCK_K)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
@@ -295,7 +304,7 @@ def qgemm_wt_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, x_s0, q
     s_rows = rn.to(tl.int64) * s_s0
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     xsum = tl.zeros([BLOCK_M], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_start, k_end, BLOCK_K):
         if KIND == 2:
             kh = k0 + tl.arange(0, HALF)
             x_lo = tl.load(x_rows + kh[None, :], mask=mmask[:, None], other=0.0)
@@ -339,7 +348,26 @@ def qgemm_wt_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, x_s0, q
         if KIND == 2:
             o_row = tl.load(o_ptr + s_rows, mask=nmask, other=0.0) - NIB_BIAS * s_row
             acc += o_row[:, None] * xsum[None, :]
+    if SPLIT_K > 1:  # the float32 partial, into the workspace [SPLIT_K, M, N]
+        part_out = out_ptr + (pid_k * M + rm[None, :]).to(tl.int64) * N + rn[:, None]
+        tl.store(part_out, acc, mask=nmask[:, None] & mmask[None, :])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[:, None]
+        out = out_ptr + rm[None, :].to(tl.int64) * out_s0 + rn[:, None]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=nmask[:, None] & mmask[None, :])
+
+
+@triton.jit
+def splitk_sum_kernel(ws_ptr, b_ptr, out_ptr, M, N, SPLIT_K: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """out[m, n] = sum_s ws[s, m, n] (+ bias[n]), the partials added in s order (the same
+    sum every run), out contiguous [M, N]."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < M * N
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(ws_ptr + s * M * N + i, mask=mask, other=0.0)
     if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[:, None]
-    out = out_ptr + rm[None, :].to(tl.int64) * out_s0 + rn[:, None]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=nmask[:, None] & mmask[None, :])
+        acc += tl.load(b_ptr + i % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=mask)

@@ -34,6 +34,7 @@ from tessera.hal.cuda.quant_kernels import (
     qgemm_wt_kernel,
     qgemv_kernel,
     quant_rows_fp8_kernel,
+    splitk_sum_kernel,
 )
 from tessera.hal.platform import QuantLinearKernel
 from tessera.hal.quant.weight import (
@@ -127,11 +128,13 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
 def qgemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, block_m: int,
           block_n: int, block_k: int, num_warps: int, num_stages: int,
           w8a8: bool = False, x_scales: torch.Tensor | None = None,
-          out_dtype: torch.dtype | None = None, weights_as_a: bool = False) -> torch.Tensor:
+          out_dtype: torch.dtype | None = None, weights_as_a: bool = False,
+          split_k: int = 1) -> torch.Tensor:
     """Several tokens. w8a8 (fp8 weights): the activations are quantized per token to e4m3
     first (or come quantized: x e4m3 with x_scales [M, 1]) and the dot runs in fp8.
     weights_as_a: qgemm_wt_kernel (the weight tile as the dot's first operand; not with
-    w8a8, and int4 only in "halves" tiles)."""
+    w8a8, and int4 only in "halves" tiles), its K split split_k ways (float32 partials in
+    a workspace, summed in order by a second kernel)."""
     m = x.shape[0]
     n, k = w.shape
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
@@ -151,15 +154,22 @@ def qgemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, block_
         if w8a8 or (w.scheme == "int4" and half == 1):
             raise ValueError("weights as the first operand: not with W8A8, and int4 only in "
                              "'halves' tiles")
-        qgemm_wt_kernel[grid](
+        split_k = max(1, min(split_k, triton.cdiv(k, block_k)))
+        target = out if split_k == 1 else \
+            torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+        qgemm_wt_kernel[grid + (split_k,)](
             x, w.qweight, w.scales, w.offsets if w.offsets is not None else w.scales,
-            bias if bias is not None else out, out, m, n, k, x.stride(0),
+            bias if bias is not None else out, target, m, n, k, x.stride(0),
             w.qweight.stride(0), w.scales.stride(0), out.stride(0), KIND=KINDS[w.scheme],
             GROUP=1 if per_row else w.group_size, PER_ROW=per_row, HAS_BIAS=bias is not None,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
             DOT_PREC="ieee" if out.dtype == torch.float32 else "tf32", HALF=half,
-            NIB_BIAS=NIB_BIAS.get(x.dtype, 0.0) if half > 1 else 0.0,
+            NIB_BIAS=NIB_BIAS.get(x.dtype, 0.0) if half > 1 else 0.0, SPLIT_K=split_k,
             num_warps=num_warps, num_stages=num_stages)
+        if split_k > 1:
+            splitk_sum_kernel[(triton.cdiv(m * n, 1024),)](
+                target, bias if bias is not None else out, out, m, n, SPLIT_K=split_k,
+                HAS_BIAS=bias is not None, BLOCK=1024, num_warps=4)
         return out
     qgemm_kernel[grid](
         x, w.qweight, w.scales, w.offsets if w.offsets is not None else w.scales,

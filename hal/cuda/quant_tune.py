@@ -61,38 +61,38 @@ GEMM_CANDIDATES: dict[int, list[tuple[int, int, int, int, int]]] = {
 # weight tile as the dot's first operand, fed to the tensor cores from registers, the tokens
 # the instruction's narrow side).
 A8, WT = 1, 2
-# int4 weights in "halves<T>" tiles: BLOCK_K is the tile (T), so only M, N, warps and stages
-# vary. The H200 at 4817dba (quant_kernels_h200.json's gemm_candidates, gate_up and down):
-# with the weight as the second operand the 4-warp tiles won everywhere, at 2-3.5x bf16's
-# time; WT tiles are listed beside the winners.
+# int4 weights in "halves<T>" tiles: BLOCK_K is the tile (T), so only M, N, warps, stages and
+# the K split vary. The H200 at 195304e (quant_kernels_h200.json's gemm_candidates): WT tiles
+# won everywhere (gate_up at 16 tokens 45.6 us against 68.5 for the best plain tile, bf16
+# 55.9), while down (4096 rows of 14336 inputs: 64 programs at BLOCK_N 64) stayed at 2x
+# bf16's time for want of programs; split-K tiles (a 7th entry) give it more.
 INT4_GEMM_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
-    16: [(16, 128, 128, 4, 4), (16, 32, 128, 4, 6), (16, 64, 128, 4, 4, WT),
-         (16, 128, 128, 4, 4, WT), (16, 128, 128, 8, 3, WT), (16, 256, 128, 8, 3, WT)],
-    32: [(32, 64, 128, 4, 4), (32, 128, 128, 4, 4), (32, 64, 128, 4, 4, WT),
-         (32, 128, 128, 4, 4, WT), (32, 128, 128, 8, 3, WT)],
-    64: [(64, 128, 128, 4, 4), (64, 64, 128, 4, 4), (64, 64, 128, 4, 4, WT),
-         (64, 128, 128, 4, 4, WT), (64, 128, 128, 8, 3, WT)],
-    128: [(64, 128, 128, 4, 4), (128, 128, 128, 8, 3), (128, 64, 128, 4, 4, WT),
-          (128, 128, 128, 4, 4, WT), (128, 128, 128, 8, 3, WT)],
-    256: [(64, 128, 128, 4, 4), (128, 64, 128, 4, 4), (128, 128, 128, 8, 3, WT),
-          (256, 128, 128, 8, 3, WT), (128, 64, 128, 4, 4, WT), (64, 128, 128, 4, 4, WT)],
+    16: [(16, 64, 128, 4, 4, WT), (16, 128, 128, 4, 4, WT), (16, 64, 128, 4, 4, WT, 4),
+         (16, 64, 128, 4, 4, WT, 2), (16, 128, 128, 4, 4)],
+    32: [(32, 64, 128, 4, 4, WT), (32, 128, 128, 8, 3, WT), (32, 64, 128, 4, 4, WT, 4),
+         (32, 64, 128, 4, 4, WT, 2)],
+    64: [(64, 128, 128, 8, 3, WT), (64, 64, 128, 4, 4, WT), (64, 64, 128, 4, 4, WT, 4),
+         (64, 64, 128, 4, 4, WT, 2)],
+    128: [(128, 128, 128, 8, 3, WT), (128, 64, 128, 4, 4, WT), (128, 64, 128, 4, 4, WT, 2),
+          (64, 128, 128, 4, 4)],
+    256: [(128, 128, 128, 8, 3, WT), (128, 64, 128, 4, 4, WT), (128, 64, 128, 4, 4, WT, 2),
+          (128, 128, 128, 8, 3, WT, 2), (64, 128, 128, 4, 4)],
 }
-# fp8 weights at several tokens: W8A16 qgemm tiles (the weight converted to x's dtype; WT or
-# not), W8A8 ones and SCALED_MM, cuBLASLt through torch._scaled_mm; fp8 dots need BLOCK_K >=
-# 32. At 4817dba the H200 measured W8A8 fastest for gate_up at 16-64 tokens, the plain W8A16
-# 16 x 32 tile for down at 16, cuBLASLt from 64 (down) and at 256.
+# fp8 weights at several tokens: W8A16 qgemm tiles (the weight converted to x's dtype; WT,
+# split or not), W8A8 ones and SCALED_MM, cuBLASLt through torch._scaled_mm; fp8 dots need
+# BLOCK_K >= 32. At 195304e the H200 measured W8A8 fastest for gate_up at 16-64 tokens, the
+# plain W8A16 16 x 32 tile for down at 16 (40.8 us, bf16 33.0), cuBLASLt for down from 64
+# and for both at 256; WT without a split lost everywhere.
 SCALED_MM: tuple[int, ...] = (0,)
 W8A8_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
-    16: [(16, 32, 128, 4, 4), (16, 128, 128, 4, 4, A8), (16, 64, 128, 4, 4, WT),
-         (16, 128, 128, 4, 4, WT), (16, 128, 128, 8, 3, WT), SCALED_MM],
-    32: [(32, 32, 128, 4, 4), (32, 128, 128, 4, 4, A8), (32, 64, 128, 4, 4, WT),
-         (32, 128, 128, 4, 4, WT), (32, 128, 128, 8, 3, WT), SCALED_MM],
-    64: [(64, 128, 128, 8, 3, A8), (64, 64, 128, 4, 4, A8), (64, 128, 128, 4, 4, WT),
-         (64, 128, 128, 8, 3, WT), SCALED_MM],
-    128: [(128, 128, 128, 8, 3, A8), (64, 128, 128, 4, 4, A8), (128, 64, 128, 8, 3, A8),
-          SCALED_MM],
-    256: [(128, 128, 128, 8, 3, A8), (64, 128, 128, 4, 4, A8), (64, 256, 128, 8, 3, A8),
-          SCALED_MM],
+    16: [(16, 32, 128, 4, 4), (16, 128, 128, 4, 4, A8), (16, 64, 128, 4, 4, WT, 4),
+         (16, 64, 128, 4, 4, WT, 2), SCALED_MM],
+    32: [(32, 32, 128, 4, 4), (32, 128, 128, 4, 4, A8), (32, 64, 128, 4, 4, WT, 4),
+         (32, 64, 128, 4, 4, WT, 2), SCALED_MM],
+    64: [(64, 128, 128, 8, 3, A8), (64, 64, 128, 4, 4, A8), (64, 64, 128, 4, 4, WT, 4),
+         SCALED_MM],
+    128: [(128, 128, 128, 8, 3, A8), (64, 128, 128, 4, 4, A8), SCALED_MM],
+    256: [(64, 128, 128, 4, 4, A8), (128, 128, 128, 8, 3, A8), SCALED_MM],
 }
 
 
@@ -109,8 +109,12 @@ def is_w8a8(config: tuple[int, ...]) -> bool:
 
 
 def is_wt(config: tuple[int, ...]) -> bool:
-    """A qgemm tile flagged WT (qgemm_wt_kernel)."""
-    return len(config) == 6 and config[5] == WT
+    """A qgemm tile flagged WT (qgemm_wt_kernel; a 7th entry is its K split)."""
+    return len(config) >= 6 and config[5] == WT
+
+
+def split_k(config: tuple[int, ...]) -> int:
+    return config[6] if is_wt(config) and len(config) == 7 else 1
 
 
 def run_gemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
@@ -118,7 +122,8 @@ def run_gemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
     """The several-token int8 / int4 linear under a gemm_config."""
     from tessera.hal.cuda.quant_linear import qgemm
 
-    return qgemm(x, w, bias, *tile(config), weights_as_a=is_wt(config))
+    return qgemm(x, w, bias, *tile(config), weights_as_a=is_wt(config),
+                 split_k=split_k(config))
 
 
 def dot_tile(config: tuple[int, ...]) -> tuple[int, int, int, int, int]:
@@ -212,4 +217,5 @@ def run_fp8(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
 
     if config == SCALED_MM:
         return fp8_scaled_mm(x, w, bias)
-    return qgemm(x, w, bias, *tile(config), w8a8=is_w8a8(config), weights_as_a=is_wt(config))
+    return qgemm(x, w, bias, *tile(config), w8a8=is_w8a8(config), weights_as_a=is_wt(config),
+                 split_k=split_k(config))

@@ -116,8 +116,11 @@ def _qgemm_cases() -> list[Case]:
                   "DOT_PREC": "tf32", "HALF": half, "NIB_BIAS": 128.0 if half > 1 else 0.0}
         if not wt:
             consts["A_FP8"] = a_fp8
+        else:
+            consts["SPLIT_K"] = quant_tune.split_k(cfg)
         out.append(Case(f"qgemm{'_wt' if wt else ''} {scheme} group={group or 'row'} "
-                        f"w8a8={a_fp8} half={half} {(bm, bn, bk, warps, stages)}", fn,
+                        f"w8a8={a_fp8} half={half} {(bm, bn, bk, warps, stages)} "
+                        f"split={quant_tune.split_k(cfg)}", fn,
                         _signature(fn, types, consts), consts,
                         num_warps=warps, num_stages=stages,
                         divisible_by_16=tuple(n for n in (

@@ -294,15 +294,18 @@ def test_weights_as_first_operand(kernels: dict[str, ModuleType], scheme: str,
                                   group: int | None) -> None:
     """qgemm_wt_kernel (out^T's tile from the weight tile times x^T, stored transposed)
     computes the definition: int4 "halves" (fp32 and the fp16 exponent-bit nibbles), fp8 and
-    int8 converted to x's dtype, grouped and per row, masked rows and tokens."""
+    int8 converted to x's dtype, grouped and per row, masked rows and tokens, its K whole or
+    split (2 and 3 ways: float32 partials summed by splitk_sum_kernel, the bias once)."""
     ql = kernels["quant_linear"]
     w = ql.prepare(_awq_offsets(_weight(scheme, group or 256, 40, 256, seed=50), seed=51))
     bias = torch.randn(40, generator=torch.Generator().manual_seed(52))
     for m in (1, 5, 19):
         x = _x(m, 256, seed=53 + m)
-        for bm, bn, bk in ((16, 16, 64), (32, 64, 128)):
-            out = ql.qgemm(x, w, bias, bm, bn, bk, 4, 2, weights_as_a=True)
-            torch.testing.assert_close(out, quant_linear_reference(x, w, bias), **TOL)
+        for bm, bn, bk, split in ((16, 16, 64, 1), (32, 64, 128, 1), (16, 16, 32, 3),
+                                  (16, 32, 64, 2)):
+            out = ql.qgemm(x, w, bias, bm, bn, bk, 4, 2, weights_as_a=True, split_k=split)
+            torch.testing.assert_close(out, quant_linear_reference(x, w, bias), **TOL,
+                                       msg=lambda msg, c=(bm, bn, bk, split): f"{c}: {msg}")
         if scheme == "int4":
             out16 = ql.qgemm(x.half(), w, None, 16, 32, 0, 4, 2, weights_as_a=True)
             want = quant_linear_reference(x.half().float(), w)
