@@ -26,11 +26,36 @@ def measurable(x: torch.Tensor) -> bool:
     return x.is_cuda and not torch.cuda.is_current_stream_capturing()
 
 
-def bench_ms(run: Callable[[Config], Any], config: Config) -> float:
-    """run(config)'s device time in ms (triton's do_bench: warm-up, then repeats)."""
-    from triton.testing import do_bench
+# The measurement: each repeat holds the device in a spin (torch.cuda._sleep) while the host
+# queues the L2 flush and the call, so the events around the call time the device alone. With
+# triton's do_bench the host's launch work (tens of microseconds for a quantized linear's
+# Python path) showed through for kernels of 7-40 us: the H200's quant sweep at 195304e found
+# the tuner's pick 10-25% slower than the fastest candidate on several shapes.
+REPEATS = 15
+SPIN_CYCLES = 200_000  # about 0.1 ms at the H200's clock: more than a call's host work
+FLUSH_BYTES = 128 << 20  # more than the L2 of any current GPU (H200: 50 MiB)
+_flush: dict[torch.device, torch.Tensor] = {}
 
-    return float(do_bench(lambda: run(config), warmup=2, rep=10))
+
+def bench_ms(run: Callable[[Config], Any], config: Config) -> float:
+    """run(config)'s device time in ms: the median of REPEATS calls, each from a cold L2
+    and with its launch hidden behind a device-side spin."""
+    run(config)  # compile and warm
+    dev = torch.device("cuda", torch.cuda.current_device())
+    flush = _flush.get(dev)
+    if flush is None:
+        flush = _flush[dev] = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=dev)
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+             for _ in range(REPEATS)]
+    for start, end in pairs:
+        torch.cuda._sleep(SPIN_CYCLES)
+        flush.zero_()
+        start.record()
+        run(config)
+        end.record()
+    torch.cuda.synchronize()
+    times = sorted(start.elapsed_time(end) for start, end in pairs)
+    return float(times[len(times) // 2])
 
 
 def pick(key: tuple[Any, ...], candidates: Sequence[Config], x: torch.Tensor,
