@@ -150,9 +150,13 @@ for part in "${parts[@]}"; do
               "${T_cpu[@]}" || { echo "tpar: failed" >&2; failed+=(tpar); } ;;
     b11)    run b11 --model "$MOE_MODEL" "${roof[@]}" "${T_b11[@]}" --out-dir "$OUT" --suffix "$SUFFIX" "$@" ;;
     profile) echo "+ tests/hal_cuda/gpu_step_profile.py" >&2
-             # PROFILE_ONLY="steps ttft ...": those parts of the profile alone
-             "$PY" tests/hal_cuda/gpu_step_profile.py "$OUT/step_profile_$SUFFIX" \
+             # PROFILE_ONLY="steps ttft ...": those parts of the profile alone;
+             # PROFILE_QUANT=fp8 (int8, int4): weights quantized at load, into
+             # step_profile_fp8_$SUFFIX
+             "$PY" tests/hal_cuda/gpu_step_profile.py \
+               "$OUT/step_profile${PROFILE_QUANT:+_$PROFILE_QUANT}_$SUFFIX" \
                $(for x in ${PROFILE_ONLY:-}; do echo "--only=$x"; done) \
+               --quantization "${PROFILE_QUANT:-none}" \
                "${T_cpu[@]}" || { echo "profile: failed" >&2; failed+=(profile); } ;;
     gputests) gpu_pytest gputests tests/hal_cuda/test_models_gpu.py \
                 tests/hal_cuda/test_mixed_graphs_gpu.py "${T_gputests[@]}" ;;

@@ -2,6 +2,7 @@
 (ModelRunner.launch / finish, its graphs), Llama-3-8B shape, bf16, random weights.
 
     python3 tests/hal_cuda/gpu_step_profile.py OUT_DIR [--config PATH] [--only=PART ...]
+                                   [--quantization fp8|int8|int4] [--kv-cache-dtype fp8_e4m3]
     python3 tests/hal_cuda/gpu_step_profile.py OUT_DIR --cpu   # dry run of the logic: cpu
                                                                # plugin, tiny model, stand-in
                                                                # graph runner
@@ -91,13 +92,15 @@ def cpu_capturing_platform() -> Any:
 class Harness:
     """One ModelRunner, a page table whose row r owns 1536 distinct slots, ForwardBatches."""
 
-    def __init__(self, config_path: str, gpu: bool, graph_max_tokens: int) -> None:
+    def __init__(self, config_path: str, gpu: bool, graph_max_tokens: int,
+                 quantization: str = "none", kv_cache_dtype: str = "auto") -> None:
         self.gpu = gpu
         self.cfg = EngineConfig(model=config_path, load_format="dummy",
                                 hal="cuda" if gpu else "cpu", max_running_requests=256,
                                 max_total_tokens=400_000 if gpu else 40_000,
                                 context_length=4096, graph_max_tokens=graph_max_tokens,
-                                dtype="bfloat16" if gpu else "float32")
+                                dtype="bfloat16" if gpu else "float32",
+                                quantization=quantization, kv_cache_dtype=kv_cache_dtype)
         if gpu:
             from tessera.hal.registry import load_platform
 
@@ -577,6 +580,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--only", action="append", choices=PARTS)
     p.add_argument("--graph-max-tokens", type=int, default=EngineConfig.graph_max_tokens)
     p.add_argument("--cpu", action="store_true", help="dry run: cpu plugin, tiny model")
+    p.add_argument("--quantization", default="none",
+                   help="weights quantized at load (fp8, int8, int4), as the engine's flag")
+    p.add_argument("--kv-cache-dtype", default="auto", help="as the engine's flag")
     args = p.parse_args(argv)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -591,10 +597,11 @@ def main(argv: list[str]) -> int:
         parts = [x for x in parts if x in ("steps", "equality", "ttft", "traces")]
     np.random.seed(0)
     torch.manual_seed(0)
-    h = Harness(config, gpu, args.graph_max_tokens)
+    h = Harness(config, gpu, args.graph_max_tokens, args.quantization, args.kv_cache_dtype)
     r = h.runner
     report: dict[str, Any] = {
         "torch": torch.__version__, "config": config, "ready_s": round(h.ready_s, 1),
+        "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype,
         "decode_graph_sizes": r.graphs.sizes if r.graphs is not None else None,
         "mixed_graph_buckets": r.mixed_graphs.buckets if r.mixed_graphs is not None else None,
     }
