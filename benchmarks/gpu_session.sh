@@ -180,10 +180,17 @@ case $CALL in
     # After a quantized-kernel change: their GPU tests (every tuner candidate against the
     # definition), the sweep (batch-1 GEMV candidates, several-token candidates of gate_up
     # and down, the linears at batch 1-256), then the whole of B12 (bf16 beside fp8 and int4:
-    # KL, B1, B2, the fp8 KV cache). BUDGET_S=540 fits all three.
+    # KL, B1, B2, the fp8 KV cache). BUDGET_S=540 fits all three. QUANT_K="int4" narrows the
+    # tests (pytest -k); B12_ARGS="--schemes int4 --parts b2" narrows B12 (then named
+    # b12_part_h200, beside the whole run's b12_h200).
     part quanttests 150 80 quanttests
     part quantbench 200 120 quantbench
-    part b12 230 170 b12
+    if [[ -n ${B12_ARGS:-} ]]; then
+      # shellcheck disable=SC2086
+      part b12 230 170 b12 $B12_ARGS --name b12_part_h200
+    else
+      part b12 230 170 b12
+    fi
     ;;
   8)
     # Where a quantized step's time goes: the step profile's decode steps (1, 32 and 256

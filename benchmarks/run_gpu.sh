@@ -176,7 +176,8 @@ for part in "${parts[@]}"; do
     # The plugin's conformance suite and kernel tests, compiled (after a kernel change).
     kernels) gpu_pytest kernels tests/hal_cuda/test_conformance_gpu.py \
                tests/hal_cuda/test_kernels_gpu.py tests/hal_cuda/test_fused_gpu.py "${T_kernels[@]}" ;;
-    quanttests) gpu_pytest quanttests tests/hal_cuda/test_quant_gpu.py "${T_quanttests[@]}" ;;
+    quanttests) gpu_pytest quanttests tests/hal_cuda/test_quant_gpu.py ${QUANT_K:+-k "$QUANT_K"} \
+                  "${T_quanttests[@]}" ;;
     moetests) gpu_pytest moetests tests/hal_cuda/test_kernels_gpu.py tests/hal_cuda/test_models_gpu.py \
                 tests/hal_cuda/test_conformance_gpu.py -k "${MOE_K:-moe or mixtral or dots1}" "${T_moetests[@]}" ;;
     # Every quantized GEMV candidate at the 8B shapes (which formulation the tuner picks).

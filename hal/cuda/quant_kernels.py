@@ -371,3 +371,61 @@ def splitk_sum_kernel(ws_ptr, b_ptr, out_ptr, M, N, SPLIT_K: tl.constexpr,
     if HAS_BIAS:
         acc += tl.load(b_ptr + i % N, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def dequant_kernel(q_ptr, s_ptr, o_ptr, out_ptr, N, K, q_s0, s_s0, out_s0,
+                   KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
+                   HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The dense weight out[N, K] = dequantize(w) in out's dtype (each value computed in
+    float32, then rounded once): for a batch large enough that the GEMM is compute-bound
+    (prefill), the weight is expanded once and the library GEMM does the rest. int4 in
+    "halves" tiles (BLOCK_K == 2 HALF) or, with HALF 1, interleaved nibbles."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    nmask = rn < N
+    q_rows = q_ptr + rn[:, None].to(tl.int64) * q_s0
+    o_rows = out_ptr + rn[:, None].to(tl.int64) * out_s0
+    s_rows = rn[:, None].to(tl.int64) * s_s0
+    if KIND == 2:
+        j = tl.arange(0, BLOCK_K // 2)
+        jmask = k0 + 2 * j < K
+        packed = tl.load(q_rows + k0 // 2 + j[None, :], mask=nmask[:, None] & jmask[None, :],
+                         other=0).to(tl.int32)
+        if HALF > 1:
+            c_lo = (j // HALF) * (2 * HALF) + j % HALF
+            c_hi = c_lo + HALF
+        else:
+            c_lo = 2 * j
+            c_hi = 2 * j + 1
+        c_lo = k0 + c_lo
+        c_hi = k0 + c_hi
+        cmask = nmask[:, None] & jmask[None, :]
+        if PER_ROW:  # [BLOCK_N, 1], broadcast over the columns
+            s_lo = tl.load(s_ptr + s_rows, mask=nmask[:, None], other=0.0)
+            o_lo = tl.load(o_ptr + s_rows, mask=nmask[:, None], other=0.0)
+            s_hi = s_lo
+            o_hi = o_lo
+        else:
+            g_lo = s_rows + (c_lo // GROUP)[None, :]
+            g_hi = s_rows + (c_hi // GROUP)[None, :]
+            s_lo = tl.load(s_ptr + g_lo, mask=cmask, other=0.0)
+            s_hi = tl.load(s_ptr + g_hi, mask=cmask, other=0.0)
+            o_lo = tl.load(o_ptr + g_lo, mask=cmask, other=0.0)
+            o_hi = tl.load(o_ptr + g_hi, mask=cmask, other=0.0)
+        lo = (packed & 0xF).to(tl.float32) * s_lo + o_lo
+        hi = (packed >> 4).to(tl.float32) * s_hi + o_hi
+        tl.store(o_rows + c_lo[None, :], lo.to(out_ptr.dtype.element_ty), mask=cmask)
+        tl.store(o_rows + c_hi[None, :], hi.to(out_ptr.dtype.element_ty), mask=cmask)
+    else:
+        k = k0 + tl.arange(0, BLOCK_K)
+        cmask = nmask[:, None] & (k < K)[None, :]
+        if KIND == 0:
+            q = tl.load(q_rows + k[None, :], mask=cmask, other=0.0).to(tl.float32)
+        else:
+            q = tl.load(q_rows + k[None, :], mask=cmask, other=0).to(tl.float32)
+        if PER_ROW:
+            s = tl.load(s_ptr + s_rows, mask=nmask[:, None], other=0.0)
+        else:
+            s = tl.load(s_ptr + s_rows + (k // GROUP)[None, :], mask=cmask, other=0.0)
+        tl.store(o_rows + k[None, :], (q * s).to(out_ptr.dtype.element_ty), mask=cmask)

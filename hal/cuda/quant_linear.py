@@ -30,6 +30,7 @@ from tessera.hal.cuda.quant_kernels import (
     GEMV_X_VEC,
     INT4,
     INT8,
+    dequant_kernel,
     qgemm_kernel,
     qgemm_wt_kernel,
     qgemv_kernel,
@@ -181,6 +182,29 @@ def qgemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, block_
         NIB_BIAS=NIB_BIAS.get(x.dtype, 0.0) if half > 1 else 0.0,
         num_warps=num_warps, num_stages=num_stages)
     return out
+
+
+def dequantize_weight(w: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
+    """The dense weight [N, K] in dtype, each value s * q (+ o) computed in float32 and
+    rounded once (dequant_kernel)."""
+    n, k = w.shape
+    out = torch.empty((n, k), dtype=dtype, device=w.qweight.device)
+    half = _half(w)
+    block_k = 2 * half if half > 1 else 128
+    per_row = _per_row(w)
+    dequant_kernel[(triton.cdiv(n, 32), triton.cdiv(k, block_k))](
+        w.qweight, w.scales, w.offsets if w.offsets is not None else w.scales, out, n, k,
+        w.qweight.stride(0), w.scales.stride(0), out.stride(0), KIND=KINDS[w.scheme],
+        GROUP=1 if per_row else w.group_size, PER_ROW=per_row, HALF=half, BLOCK_N=32,
+        BLOCK_K=block_k, num_warps=4)
+    return out
+
+
+def dequant_mm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None
+               ) -> torch.Tensor:
+    """A batch large enough to be compute-bound (prefill): the weight expanded to x's dtype
+    once (rounded there, unlike the kernels that read it packed), then the library GEMM."""
+    return torch.nn.functional.linear(x, dequantize_weight(w, x.dtype), bias)
 
 
 def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

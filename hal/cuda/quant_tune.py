@@ -49,18 +49,23 @@ GEMV_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
 }
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by batch bucket; BLOCK_K is cut to the
 # group size where the group is smaller
-GEMM_CANDIDATES: dict[int, list[tuple[int, int, int, int, int]]] = {
+GEMM_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
     16: [(16, 32, 128, 4, 4), (16, 64, 128, 4, 4), (16, 16, 256, 4, 4), (16, 64, 256, 4, 3)],
     32: [(32, 32, 128, 4, 4), (32, 64, 128, 4, 4), (16, 64, 128, 4, 4), (32, 64, 256, 4, 3)],
     64: [(64, 64, 128, 4, 4), (64, 128, 64, 8, 3), (32, 64, 128, 4, 4)],
     128: [(128, 128, 64, 8, 3), (64, 128, 64, 4, 4), (128, 64, 128, 8, 3)],
-    256: [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4)],
-}
+    256: [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4), (1,)],  # (1,):
+}                                                                 # DEQUANT_MM, below
 # A qgemm config: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages[, flag]); flag A8: W8A8
 # (fp8 weights: the activations quantized per token, the fp8 dot), WT: qgemm_wt_kernel (the
 # weight tile as the dot's first operand, fed to the tensor cores from registers, the tokens
 # the instruction's narrow side).
 A8, WT = 1, 2
+# The weight expanded to x's dtype once (dequant_kernel), then the library GEMM: a candidate
+# where the batch makes the GEMM compute-bound (prefill chunks, B2's largest decode batches).
+# At f64b807 the step profile's int4 prefill of 512 tokens took 29.8 ms against bf16's 11.3
+# through qgemm_wt_kernel's best tiles (2.5-3.5x bf16's GEMM time from 64 tokens up).
+DEQUANT_MM: tuple[int, ...] = (1,)
 # int4 weights in "halves<T>" tiles: BLOCK_K is the tile (T), so only M, N, warps, stages and
 # the K split vary. The H200 at 195304e (quant_kernels_h200.json's gemm_candidates): WT tiles
 # won everywhere (gate_up at 16 tokens 45.6 us against 68.5 for the best plain tile, bf16
@@ -74,9 +79,9 @@ INT4_GEMM_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
     64: [(64, 128, 128, 8, 3, WT), (64, 64, 128, 4, 4, WT), (64, 64, 128, 4, 4, WT, 4),
          (64, 64, 128, 4, 4, WT, 2)],
     128: [(128, 128, 128, 8, 3, WT), (128, 64, 128, 4, 4, WT), (128, 64, 128, 4, 4, WT, 2),
-          (64, 128, 128, 4, 4)],
+          (64, 128, 128, 4, 4), DEQUANT_MM],
     256: [(128, 128, 128, 8, 3, WT), (128, 64, 128, 4, 4, WT), (128, 64, 128, 4, 4, WT, 2),
-          (128, 128, 128, 8, 3, WT, 2), (64, 128, 128, 4, 4)],
+          (128, 128, 128, 8, 3, WT, 2), DEQUANT_MM],
 }
 # fp8 weights at several tokens: W8A16 qgemm tiles (the weight converted to x's dtype; WT,
 # split or not), W8A8 ones and SCALED_MM, cuBLASLt through torch._scaled_mm; fp8 dots need
@@ -120,8 +125,10 @@ def split_k(config: tuple[int, ...]) -> int:
 def run_gemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
              config: tuple[int, ...]) -> torch.Tensor:
     """The several-token int8 / int4 linear under a gemm_config."""
-    from tessera.hal.cuda.quant_linear import qgemm
+    from tessera.hal.cuda.quant_linear import dequant_mm, qgemm
 
+    if config == DEQUANT_MM:
+        return dequant_mm(x, w, bias)
     return qgemm(x, w, bias, *tile(config), weights_as_a=is_wt(config),
                  split_k=split_k(config))
 

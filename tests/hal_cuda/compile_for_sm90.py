@@ -90,7 +90,8 @@ def _qgemm_cases() -> list[Case]:
     qtypes = {"fp8": "*fp8e4nv", "int8": "*i8", "int4": "*u8"}
     two: list[tuple[int, ...]] = [(16, 64, 128, 4, 4), (128, 128, 64, 8, 3)]
     int4_tiles = list(dict.fromkeys(
-        [t for ts in quant_tune.INT4_GEMM_CANDIDATES.values() for t in ts]
+        [t for ts in quant_tune.INT4_GEMM_CANDIDATES.values() for t in ts
+         if t != quant_tune.DEQUANT_MM]
         + [quant_tune.dot_tile(c)[:2] + (128,) + quant_tune.dot_tile(c)[3:] + (quant_tune.WT,)
            for c in quant_tune.GEMV_CANDIDATES["int4"] if c[3] & qk.GEMV_DOT]))
     fp8_tiles = list(dict.fromkeys(t for ts in quant_tune.W8A8_CANDIDATES.values()
@@ -126,6 +127,27 @@ def _qgemm_cases() -> list[Case]:
                         divisible_by_16=tuple(n for n in (
                             "x_ptr", "q_ptr", "s_ptr", "o_ptr", "out_ptr", "xs_ptr", "N", "K",
                             "x_s0", "q_s0", "s_s0", "out_s0") if n in fn.arg_names)))
+    return out
+
+
+def _dequant_cases() -> list[Case]:
+    """DEQUANT_MM's expansion of a weight to bf16, for every layout the plugin holds."""
+    from tessera.hal.cuda import quant_kernels as qk
+
+    fn = qk.dequant_kernel
+    qtypes = {"fp8": "*fp8e4nv", "int8": "*i8", "int4": "*u8"}
+    out = []
+    for scheme, group, half in (("int4", 128, 64), ("int4", None, 64), ("int4", 16, 1),
+                                ("int8", 128, 1), ("fp8", None, 1)):
+        types = {"q_ptr": qtypes[scheme], "s_ptr": "*fp32", "o_ptr": "*fp32",
+                 "out_ptr": "*bf16"}
+        consts = {"KIND": {"fp8": qk.FP8, "int8": qk.INT8, "int4": qk.INT4}[scheme],
+                  "GROUP": group or 1, "PER_ROW": group is None, "HALF": half,
+                  "BLOCK_N": 32, "BLOCK_K": 2 * half if half > 1 else 128}
+        out.append(Case(f"dequant {scheme} group={group or 'row'} half={half}", fn,
+                        _signature(fn, types, consts), consts,
+                        divisible_by_16=("q_ptr", "s_ptr", "o_ptr", "out_ptr", "N", "K",
+                                         "q_s0", "s_s0", "out_s0")))
     return out
 
 
@@ -195,7 +217,7 @@ def cases() -> list[Case]:
         types = {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32"}
         out.append(Case(f"moe softmax top-{top_k} of {experts}", fn,
                         _signature(fn, types, consts), consts, num_warps=1))
-    return out + _qgemv_cases() + _qgemm_cases() + _moe_cases()
+    return out + _qgemv_cases() + _qgemm_cases() + _dequant_cases() + _moe_cases()
 
 
 def main() -> int:

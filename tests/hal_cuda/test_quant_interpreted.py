@@ -338,3 +338,23 @@ def test_every_listed_gemm_tile_runs(kernels: dict[str, ModuleType]) -> None:
             else:
                 out, want = quant_tune.run_fp8(x, w8, None, cfg), quant_linear_reference(x, w8)
             torch.testing.assert_close(out, want, **TOL, msg=lambda m, c=cfg: f"{c}: {m}")
+
+
+@pytest.mark.parametrize("scheme,group,k", [("int4", 32, 256), ("int4", None, 256),
+                                            ("int4", 16, 64), ("int4", None, 200),
+                                            ("int8", 32, 256), ("int8", None, 200),
+                                            ("fp8", None, 200)])
+def test_dequantize_weight_is_the_definition(kernels: dict[str, ModuleType], scheme: str,
+                                             group: int | None, k: int) -> None:
+    """dequant_kernel (DEQUANT_MM's expansion) gives the weight the scheme defines, for every
+    layout the plugin holds ("halves" tiles, interleaved nibbles, grouped, per row), and
+    DEQUANT_MM computes the linear through it."""
+    from tessera.hal.cuda import quant_tune
+
+    ql = kernels["quant_linear"]
+    w = ql.prepare(_awq_offsets(_weight(scheme, group or k, 37, k, seed=70), seed=71))
+    torch.testing.assert_close(ql.dequantize_weight(w, torch.float32), w.dequantize())
+    x = _x(9, k, seed=72)
+    bias = torch.randn(37, generator=torch.Generator().manual_seed(73))
+    torch.testing.assert_close(quant_tune.run_gemm(x, w, bias, quant_tune.DEQUANT_MM),
+                               quant_linear_reference(x, w, bias), **TOL)
