@@ -143,3 +143,29 @@ def test_a_split_count_the_merge_cannot_hold_is_refused(kernels: dict[str, Modul
     dec = kernels["decode_attention"]
     with pytest.raises(ValueError, match="splits"):
         dec.attention_decode(*_inputs(1, 1), D ** -0.5, splits=dec.MAX_SPLITS + 1)
+
+
+def test_quantized_gemm_launches_do_not_follow_the_token_count(
+        kernels: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quantized GEMMs (qgemm, its weights-as-A form with and without a K split, the
+    split's sum) take the token count M unspecialized: every batch of a bucket, 2 to 2048
+    tokens, selects the one kernel its tuned tile compiled (a 1025-token prefill chunk once
+    compiled one mid-serving on the H200, 1.9 s)."""
+    from tessera.hal.quant import quantize
+
+    ql = kernels["quant_linear"]
+    rec = {name: _Recorder(getattr(ql, name))
+           for name in ("qgemm_kernel", "qgemm_wt_kernel", "splitk_sum_kernel")}
+    for name, r in rec.items():
+        monkeypatch.setattr(ql, name, r)
+    w4 = ql.prepare(quantize(torch.randn(64, 256), "int4", 128))
+    w8 = ql.prepare(quantize(torch.randn(64, 256), "fp8"))
+    for m in (*range(2, 70), 255, 256, 1024, 1025, 2047, 2048):
+        x = torch.zeros((m, 256), dtype=torch.bfloat16)
+        ql.qgemm(x, w4, None, 64, 64, 128, 4, 4)
+        ql.qgemm(x, w4, None, 64, 64, 128, 4, 4, weights_as_a=True)
+        ql.qgemm(x, w4, None, 64, 64, 128, 4, 4, weights_as_a=True, split_k=2)
+        ql.qgemm(x, w8, None, 64, 64, 128, 4, 4, weights_as_a=True)
+    counts = {name: len(r.keys) for name, r in rec.items()}
+    # qgemm: the int4 tile; WT: int4 whole, int4 split, fp8; the split's sum: one
+    assert counts == {"qgemm_kernel": 1, "qgemm_wt_kernel": 3, "splitk_sum_kernel": 1}, counts
