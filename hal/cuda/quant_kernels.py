@@ -153,6 +153,40 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
     tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rmask)
 
 
+@triton.jit
+def _halves_tile(x_ptr, x_rows, q_rows, k0, mmask, nmask, HALF: tl.constexpr,
+                 NIB_BIAS: tl.constexpr):
+    """One "halves" K tile of int4: x's two halves [BLOCK_M, HALF], the weight's low and high
+    nibbles [BLOCK_N, HALF] in x's dtype, and x's row sums over the tile (for the offsets). NIB_BIAS (16-bit x): a nibble q becomes the
+    float NIB_BIAS + q by setting the exponent bits (one OR, no conversion instruction: 0x4300
+    is bf16 128, 0x6400 fp16 1024); the caller takes the bias back out (_group_scales)."""
+    kh = k0 + tl.arange(0, HALF)
+    x_lo = tl.load(x_rows + kh[None, :], mask=mmask[:, None], other=0.0)
+    x_hi = tl.load(x_rows + HALF + kh[None, :], mask=mmask[:, None], other=0.0)
+    packed = tl.load(q_rows + (k0 // 2 + tl.arange(0, HALF))[None, :], mask=nmask[:, None],
+                     other=0)
+    if NIB_BIAS != 0.0:
+        bits = 0x4300 if x_ptr.dtype.element_ty == tl.bfloat16 else 0x6400
+        lo = ((packed & 0xF).to(tl.int32) | bits).to(tl.int16).to(x_ptr.dtype.element_ty,
+                                                                   bitcast=True)
+        hi = ((packed >> 4).to(tl.int32) | bits).to(tl.int16).to(x_ptr.dtype.element_ty,
+                                                                  bitcast=True)
+    else:
+        lo = (packed & 0xF).to(x_ptr.dtype.element_ty)
+        hi = (packed >> 4).to(x_ptr.dtype.element_ty)
+    rsum = tl.sum(x_lo.to(tl.float32), 1) + tl.sum(x_hi.to(tl.float32), 1)
+    return x_lo, x_hi, lo, hi, rsum
+
+
+@triton.jit
+def _group_scales(s_ptr, o_ptr, s_rows, g, nmask, NIB_BIAS: tl.constexpr):
+    """Group g's scale and offset of each row, the offset less NIB_BIAS times the scale (the
+    nibbles' exponent-bit bias taken back out through x's row sums)."""
+    s = tl.load(s_ptr + s_rows + g, mask=nmask, other=0.0)
+    o = tl.load(o_ptr + s_rows + g, mask=nmask, other=0.0) - NIB_BIAS * s
+    return s, o
+
+
 # The token count M follows the batch: Triton would compile apart the M that are 1 or
 # multiples of 16 from the others (a 1025-token prefill chunk compiled qgemm_wt_kernel in the
 # middle of serving on the H200 at 4256177, 1.9 s): M is not specialized.
@@ -186,30 +220,15 @@ def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, xs_ptr, M, N, K, x_
         k = k0 + tl.arange(0, BLOCK_K)
         kmask = k < K
         if KIND == 2 and HALF > 1:
-            kh = k0 + tl.arange(0, HALF)
-            x_lo = tl.load(x_rows + kh[None, :], mask=mmask[:, None], other=0.0)
-            x_hi = tl.load(x_rows + HALF + kh[None, :], mask=mmask[:, None], other=0.0)
-            packed = tl.load(q_rows + (k0 // 2 + tl.arange(0, HALF))[None, :],
-                             mask=nmask[:, None], other=0)
-            if NIB_BIAS != 0.0:
-                bits = 0x4300 if x_ptr.dtype.element_ty == tl.bfloat16 else 0x6400
-                lo = ((packed & 0xF).to(tl.int32) | bits).to(tl.int16).to(
-                    x_ptr.dtype.element_ty, bitcast=True)
-                hi = ((packed >> 4).to(tl.int32) | bits).to(tl.int16).to(
-                    x_ptr.dtype.element_ty, bitcast=True)
-            else:
-                lo = (packed & 0xF).to(x_ptr.dtype.element_ty)
-                hi = (packed >> 4).to(x_ptr.dtype.element_ty)
+            x_lo, x_hi, lo, hi, rsum = _halves_tile(x_ptr, x_rows, q_rows, k0, mmask, nmask,
+                                                    HALF, NIB_BIAS)
             part = tl.dot(x_lo, tl.trans(lo), input_precision=DOT_PREC)
             part = tl.dot(x_hi, tl.trans(hi), part, input_precision=DOT_PREC)
-            rsum = tl.sum(x_lo.to(tl.float32), 1) + tl.sum(x_hi.to(tl.float32), 1)
             if PER_ROW:
                 acc += part
                 xsum += rsum
             else:
-                g = k0 // GROUP
-                s = tl.load(s_ptr + s_rows + g, mask=nmask, other=0.0)
-                o = tl.load(o_ptr + s_rows + g, mask=nmask, other=0.0) - NIB_BIAS * s
+                s, o = _group_scales(s_ptr, o_ptr, s_rows, k0 // GROUP, nmask, NIB_BIAS)
                 acc += part * s[None, :] + rsum[:, None] * o[None, :]
         else:
             x = tl.load(x_rows + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
@@ -309,30 +328,15 @@ def qgemm_wt_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, x_s0, q
     xsum = tl.zeros([BLOCK_M], tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         if KIND == 2:
-            kh = k0 + tl.arange(0, HALF)
-            x_lo = tl.load(x_rows + kh[None, :], mask=mmask[:, None], other=0.0)
-            x_hi = tl.load(x_rows + HALF + kh[None, :], mask=mmask[:, None], other=0.0)
-            packed = tl.load(q_rows + (k0 // 2 + tl.arange(0, HALF))[None, :],
-                             mask=nmask[:, None], other=0)
-            if NIB_BIAS != 0.0:
-                bits = 0x4300 if x_ptr.dtype.element_ty == tl.bfloat16 else 0x6400
-                lo = ((packed & 0xF).to(tl.int32) | bits).to(tl.int16).to(
-                    x_ptr.dtype.element_ty, bitcast=True)
-                hi = ((packed >> 4).to(tl.int32) | bits).to(tl.int16).to(
-                    x_ptr.dtype.element_ty, bitcast=True)
-            else:
-                lo = (packed & 0xF).to(x_ptr.dtype.element_ty)
-                hi = (packed >> 4).to(x_ptr.dtype.element_ty)
+            x_lo, x_hi, lo, hi, rsum = _halves_tile(x_ptr, x_rows, q_rows, k0, mmask, nmask,
+                                                    HALF, NIB_BIAS)
             part = tl.dot(lo, tl.trans(x_lo), input_precision=DOT_PREC)
             part = tl.dot(hi, tl.trans(x_hi), part, input_precision=DOT_PREC)
-            rsum = tl.sum(x_lo.to(tl.float32), 1) + tl.sum(x_hi.to(tl.float32), 1)
             if PER_ROW:
                 acc += part
                 xsum += rsum
             else:
-                g = k0 // GROUP
-                s = tl.load(s_ptr + s_rows + g, mask=nmask, other=0.0)
-                o = tl.load(o_ptr + s_rows + g, mask=nmask, other=0.0) - NIB_BIAS * s
+                s, o = _group_scales(s_ptr, o_ptr, s_rows, k0 // GROUP, nmask, NIB_BIAS)
                 acc += part * s[:, None] + o[:, None] * rsum[None, :]
         else:
             k = k0 + tl.arange(0, BLOCK_K)
