@@ -9,7 +9,7 @@
 #   benchmarks/gpu_session.sh 5   # one H200:  kernels, b2, b3, b8, b12 b1, b11, quantbench
 #   benchmarks/gpu_session.sh 6   # one H200:  quantbench, b2 whole chunks, b2, b3, profile
 #   benchmarks/gpu_session.sh 7   # one H200:  quanttests, quantbench, b12
-#   benchmarks/gpu_session.sh 8   # one H200:  profile with fp8, with int4; b12 b2 fp8 KV
+#   benchmarks/gpu_session.sh 8   # one H200:  profile fp8, int4, fp8 + fp8 KV; b12 b2 fp8 KV
 #   benchmarks/gpu_session.sh 9   # one H200:  moetests, b11 (MOE_K=... narrows the tests)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
@@ -194,10 +194,13 @@ case $CALL in
     ;;
   8)
     # Where a quantized step's time goes: the step profile's decode steps (1, 32 and 256
-    # requests) and their kernel tables with fp8 and with int4 weights; B2 with fp8 weights
-    # and the fp8 KV cache beside bf16 weights with it.
+    # requests) and their kernel tables with fp8 and with int4 weights, then with fp8 weights
+    # and the fp8 KV cache (with the decode attention's tunables swept on e4m3 caches); B2
+    # with fp8 weights and the fp8 KV cache beside bf16 weights with it.
     PROFILE_ONLY="steps traces" PROFILE_QUANT=fp8 part profile_fp8 150 100 profile
     PROFILE_ONLY="steps traces" PROFILE_QUANT=int4 part profile_int4 150 100 profile
+    PROFILE_ONLY="steps sweep_decode traces" PROFILE_QUANT=fp8 PROFILE_KV=fp8_e4m3 \
+      part profile_fp8kv 200 130 profile
     part b12kvfp8 150 90 b12 --schemes bf16,fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
       --name b12_fp8kv_h200
     ;;

@@ -152,11 +152,11 @@ for part in "${parts[@]}"; do
     profile) echo "+ tests/hal_cuda/gpu_step_profile.py" >&2
              # PROFILE_ONLY="steps ttft ...": those parts of the profile alone;
              # PROFILE_QUANT=fp8 (int8, int4): weights quantized at load, into
-             # step_profile_fp8_$SUFFIX
+             # step_profile_fp8_$SUFFIX; PROFILE_KV=fp8_e4m3: the fp8 KV cache (_kvfp8)
              "$PY" tests/hal_cuda/gpu_step_profile.py \
-               "$OUT/step_profile${PROFILE_QUANT:+_$PROFILE_QUANT}_$SUFFIX" \
+               "$OUT/step_profile${PROFILE_QUANT:+_$PROFILE_QUANT}${PROFILE_KV:+_kvfp8}_$SUFFIX" \
                $(for x in ${PROFILE_ONLY:-}; do echo "--only=$x"; done) \
-               --quantization "${PROFILE_QUANT:-none}" \
+               --quantization "${PROFILE_QUANT:-none}" --kv-cache-dtype "${PROFILE_KV:-auto}" \
                "${T_cpu[@]}" || { echo "profile: failed" >&2; failed+=(profile); } ;;
     gputests) gpu_pytest gputests tests/hal_cuda/test_models_gpu.py \
                 tests/hal_cuda/test_mixed_graphs_gpu.py "${T_gputests[@]}" ;;

@@ -461,11 +461,17 @@ def part_sweep_decode(h: Harness) -> dict[str, Any]:
               "b256_ctx1024": (256, 1024)}
     configs = [(bn, w, s) for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)]
     saved = (da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES)
-    out: dict[str, Any] = {"default": list(saved)}
+    # --kv-cache-dtype fp8_e4m3: the caches in e4m3 (the kernel reads them as q's dtype; the
+    # scales, folded in by the caller, are 1 here), the bandwidth on their bytes
+    fp8 = h.cfg.kv_cache_dtype.startswith("fp8")
+    out: dict[str, Any] = {"default": list(saved), "kv_cache_dtype": h.cfg.kv_cache_dtype}
     try:
         for name, (b, ctx) in shapes.items():
             c = _paged([ctx] * b, [1] * b, kv_heads, heads, dim)
-            kv_bytes = 2.0 * b * ctx * kv_heads * dim * 2
+            if fp8:
+                c["k_cache"] = c["k_cache"].to(torch.float8_e4m3fn)
+                c["v_cache"] = c["v_cache"].to(torch.float8_e4m3fn)
+            kv_bytes = 2.0 * b * ctx * kv_heads * dim * c["k_cache"].element_size()
             row: dict[str, float] = {}
             for cfg in configs:
                 da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES = cfg
