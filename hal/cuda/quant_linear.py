@@ -207,14 +207,21 @@ def dequant_mm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None
     return torch.nn.functional.linear(x, dequantize_weight(w, x.dtype), bias)
 
 
-def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x_q e4m3 [M, K], scales float32 [M, 1]) with scale = max|x[m]| / 448."""
+ROW_BLOCK_MAX = 16384  # quantize_rows_fp8 reads a row this wide or less once
+
+
+def quantize_rows_fp8(x: torch.Tensor, block_k: int | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_q e4m3 [M, K], scales float32 [M, 1]) with scale = max|x[m]| / 448. block_k (tests):
+    the kernel's block, else the row's width rounded up to a power of two, at most
+    ROW_BLOCK_MAX."""
     m, k = x.shape
     out = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    block = block_k or min(ROW_BLOCK_MAX, triton.next_power_of_2(k))
     if m:
         quant_rows_fp8_kernel[(m,)](x, out, scales, k, x.stride(0), out.stride(0),
-                                    BLOCK_K=min(4096, triton.next_power_of_2(k)), num_warps=4)
+                                    BLOCK_K=block, num_warps=4 if block <= 4096 else 8)
     return out, scales
 
 

@@ -151,6 +151,20 @@ def _dequant_cases() -> list[Case]:
     return out
 
 
+def _quant_rows_cases() -> list[Case]:
+    """W8A8's per-token fp8 quantization of bf16 activations: a row in one block (read once)
+    at 4096 and 16384 wide, and in several."""
+    from tessera.hal.cuda import quant_kernels as qk
+
+    fn = qk.quant_rows_fp8_kernel
+    types = {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}
+    return [Case(f"quant_rows_fp8 BLOCK_K={block}", fn,
+                 _signature(fn, types, {"BLOCK_K": block}), {"BLOCK_K": block},
+                 num_warps=4 if block <= 4096 else 8,
+                 divisible_by_16=("x_ptr", "out_ptr", "scale_ptr", "K", "x_s0", "out_s0"))
+            for block in (4096, 16384)]
+
+
 def _moe_cases() -> list[Case]:
     """Every tile moe_tune lists, as the gate/up and the down GEMM, bf16 at Mixtral-8x7B's
     strides: each compiles, within moe_tune's estimate of its shared memory (the estimate
@@ -217,7 +231,8 @@ def cases() -> list[Case]:
         types = {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32"}
         out.append(Case(f"moe softmax top-{top_k} of {experts}", fn,
                         _signature(fn, types, consts), consts, num_warps=1))
-    return out + _qgemv_cases() + _qgemm_cases() + _dequant_cases() + _moe_cases()
+    return out + _qgemv_cases() + _qgemm_cases() + _dequant_cases() + _quant_rows_cases() + \
+        _moe_cases()
 
 
 def main() -> int:

@@ -180,10 +180,13 @@ def test_groups_not_a_power_of_two_are_split(kernels: dict[str, ModuleType]) -> 
     torch.testing.assert_close(ql.apply(x, prepared, None), quant_linear_reference(x, w), **TOL)
 
 
-def test_fp8_activation_quantization(kernels: dict[str, ModuleType]) -> None:
+@pytest.mark.parametrize("block_k", [None, 64])
+def test_fp8_activation_quantization(kernels: dict[str, ModuleType], block_k: int | None
+                                     ) -> None:
+    """Per-token fp8 quantization, a row in one block (read once) or in several (64)."""
     ql = kernels["quant_linear"]
     x = _x(5, 300, seed=12) * torch.logspace(-2, 2, 5)[:, None]
-    q, scales = ql.quantize_rows_fp8(x)
+    q, scales = ql.quantize_rows_fp8(x, block_k)
     ref_q, ref_scales = quantize_activations_fp8(x)
     torch.testing.assert_close(scales, ref_scales)
     got, want = q.float(), ref_q.float()
