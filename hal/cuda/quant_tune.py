@@ -43,10 +43,17 @@ GEMV_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
              (16, 1024, 8, 0)]
     # GEMV_DOT: the token through qgemm_wt_kernel's tensor-core tile (BLOCK_M 16, the
     # nibbles made 16-bit floats by their exponent bits, no FMA per weight), for a "halves"
-    # weight: (BLOCK_N, num_stages, num_warps, GEMV_DOT). At 4817dba, through qgemm_kernel's
-    # (the token padded to the A side), they took 1.8-5.6x the GEMV's time.
+    # weight: (BLOCK_N, num_stages, num_warps, GEMV_DOT). They took 1.8-5.6x the GEMV's time
+    # through qgemm_kernel's tile at 4817dba, 1.4-5.6x through qgemm_wt_kernel's since.
     + [(64, 4, 4, GEMV_DOT), (128, 4, 4, GEMV_DOT), (128, 3, 8, GEMV_DOT)],
 }
+# The weight expanded to x's dtype once (dequant_kernel), then the library GEMM: a candidate
+# where the batch makes the GEMM compute-bound (prefill chunks, B2's largest decode batches).
+# At f64b807 the step profile's int4 prefill of 512 tokens took 29.8 ms against bf16's 11.3
+# through qgemm_wt_kernel's best tiles (2.5-3.5x bf16's GEMM time from 64 tokens up). Its
+# first measure (4256177, gate_up at 256 tokens: 1277 us) had the expansion load a scale per
+# element; it loads one per row and tile since ce0e86f, not yet measured.
+DEQUANT_MM: tuple[int, ...] = (1,)
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by batch bucket; BLOCK_K is cut to the
 # group size where the group is smaller
 GEMM_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
@@ -54,18 +61,13 @@ GEMM_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
     32: [(32, 32, 128, 4, 4), (32, 64, 128, 4, 4), (16, 64, 128, 4, 4), (32, 64, 256, 4, 3)],
     64: [(64, 64, 128, 4, 4), (64, 128, 64, 8, 3), (32, 64, 128, 4, 4)],
     128: [(128, 128, 64, 8, 3), (64, 128, 64, 4, 4), (128, 64, 128, 8, 3)],
-    256: [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4), (1,)],  # (1,):
-}                                                                 # DEQUANT_MM, below
+    256: [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4), DEQUANT_MM],
+}
 # A qgemm config: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages[, flag]); flag A8: W8A8
 # (fp8 weights: the activations quantized per token, the fp8 dot), WT: qgemm_wt_kernel (the
 # weight tile as the dot's first operand, fed to the tensor cores from registers, the tokens
 # the instruction's narrow side).
 A8, WT = 1, 2
-# The weight expanded to x's dtype once (dequant_kernel), then the library GEMM: a candidate
-# where the batch makes the GEMM compute-bound (prefill chunks, B2's largest decode batches).
-# At f64b807 the step profile's int4 prefill of 512 tokens took 29.8 ms against bf16's 11.3
-# through qgemm_wt_kernel's best tiles (2.5-3.5x bf16's GEMM time from 64 tokens up).
-DEQUANT_MM: tuple[int, ...] = (1,)
 # int4 weights in "halves<T>" tiles: BLOCK_K is the tile (T), so only M, N, warps, stages and
 # the K split vary. The H200 at 195304e (quant_kernels_h200.json's gemm_candidates): WT tiles
 # won everywhere (gate_up at 16 tokens 45.6 us against 68.5 for the best plain tile, bf16
@@ -103,7 +105,7 @@ W8A8_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
 
 def tile(config: tuple[int, ...]) -> tuple[int, int, int, int, int]:
     """A qgemm tile (block_m, block_n, block_k, num_warps, num_stages) from a chosen config
-    (a W8A8 config's trailing flag dropped)."""
+    (its flag and K split dropped)."""
     block_m, block_n, block_k, num_warps, num_stages = config[:5]
     return block_m, block_n, block_k, num_warps, num_stages
 
