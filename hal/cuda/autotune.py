@@ -34,6 +34,8 @@ def measurable(x: torch.Tensor) -> bool:
 REPEATS = 15
 SPIN_CYCLES = 200_000  # about 0.1 ms at the H200's clock: more than a call's host work
 FLUSH_BYTES = 128 << 20  # more than the L2 of any current GPU (H200: 50 MiB)
+# the L2 flush buffer while a pick measures its candidates (dropped after: not held for the
+# life of the process)
 _flush: dict[torch.device, torch.Tensor] = {}
 
 
@@ -68,11 +70,14 @@ def pick(key: tuple[Any, ...], candidates: Sequence[Config], x: torch.Tensor,
     if not measurable(x) or len(candidates) == 1:
         return candidates[0]
     timings = []
-    for cand in candidates:
-        try:
-            timings.append((bench_ms(run, cand), cand))
-        except Exception:  # a candidate the compiler rejects (resources) is skipped  # noqa: BLE001
-            continue
+    try:
+        for cand in candidates:
+            try:
+                timings.append((bench_ms(run, cand), cand))
+            except Exception:  # a candidate the compiler rejects (resources) is skipped  # noqa: BLE001
+                continue
+    finally:
+        _flush.clear()
     cfg = min(timings, key=lambda t: t[0])[1] if timings else candidates[0]
     chosen[key] = cfg
     return cfg

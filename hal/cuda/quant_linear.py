@@ -151,36 +151,31 @@ def qgemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, block_
             raise ValueError("W8A8 needs fp8 weights")
         x, xs = (x, x_scales) if x_scales is not None else quantize_rows_fp8(x)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
-    if weights_as_a:
-        if w8a8 or (w.scheme == "int4" and half == 1):
-            raise ValueError("weights as the first operand: not with W8A8, and int4 only in "
-                             "'halves' tiles")
-        split_k = max(1, min(split_k, triton.cdiv(k, block_k)))
-        target = out if split_k == 1 else \
-            torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
-        qgemm_wt_kernel[grid + (split_k,)](
-            x, w.qweight, w.scales, w.offsets if w.offsets is not None else w.scales,
-            bias if bias is not None else out, target, m, n, k, x.stride(0),
-            w.qweight.stride(0), w.scales.stride(0), out.stride(0), KIND=KINDS[w.scheme],
-            GROUP=1 if per_row else w.group_size, PER_ROW=per_row, HAS_BIAS=bias is not None,
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-            DOT_PREC="ieee" if out.dtype == torch.float32 else "tf32", HALF=half,
-            NIB_BIAS=NIB_BIAS.get(x.dtype, 0.0) if half > 1 else 0.0, SPLIT_K=split_k,
-            num_warps=num_warps, num_stages=num_stages)
-        if split_k > 1:
-            splitk_sum_kernel[(triton.cdiv(m * n, 1024),)](
-                target, bias if bias is not None else out, out, m, n, SPLIT_K=split_k,
-                HAS_BIAS=bias is not None, BLOCK=1024, num_warps=4)
+    # what both kernels take: the weight, its scales and offsets (unread without), the bias
+    # (unread without), then the sizes and the constants
+    weight = (w.qweight, w.scales, w.offsets if w.offsets is not None else w.scales,
+              bias if bias is not None else out)
+    consts = dict(KIND=KINDS[w.scheme], GROUP=1 if per_row else w.group_size, PER_ROW=per_row,
+                  HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+                  BLOCK_K=block_k, DOT_PREC="ieee" if out.dtype == torch.float32 else "tf32",
+                  HALF=half, NIB_BIAS=NIB_BIAS.get(x.dtype, 0.0) if half > 1 else 0.0,
+                  num_warps=num_warps, num_stages=num_stages)
+    strides = (x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0))
+    if not weights_as_a:
+        qgemm_kernel[grid](x, *weight, out, xs, m, n, k, *strides, A_FP8=w8a8, **consts)
         return out
-    qgemm_kernel[grid](
-        x, w.qweight, w.scales, w.offsets if w.offsets is not None else w.scales,
-        bias if bias is not None else out, out, xs, m, n, k, x.stride(0), w.qweight.stride(0),
-        w.scales.stride(0), out.stride(0), KIND=KINDS[w.scheme],
-        GROUP=1 if per_row else w.group_size, PER_ROW=per_row, HAS_BIAS=bias is not None,
-        A_FP8=w8a8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        DOT_PREC="ieee" if out.dtype == torch.float32 else "tf32", HALF=half,
-        NIB_BIAS=NIB_BIAS.get(x.dtype, 0.0) if half > 1 else 0.0,
-        num_warps=num_warps, num_stages=num_stages)
+    if w8a8 or (w.scheme == "int4" and half == 1):
+        raise ValueError("weights as the first operand: not with W8A8, and int4 only in "
+                         "'halves' tiles")
+    split_k = max(1, min(split_k, triton.cdiv(k, block_k)))
+    target = out if split_k == 1 else \
+        torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+    qgemm_wt_kernel[grid + (split_k,)](x, *weight, target, m, n, k, *strides, SPLIT_K=split_k,
+                                       **consts)
+    if split_k > 1:
+        splitk_sum_kernel[(triton.cdiv(m * n, 1024),)](
+            target, weight[3], out, m, n, SPLIT_K=split_k, HAS_BIAS=bias is not None,
+            BLOCK=1024, num_warps=4)
     return out
 
 

@@ -157,24 +157,23 @@ def _key(kernel: str, w: QuantizedWeight, x: torch.Tensor, bucket: int) -> tuple
 def gemv_candidates(w: QuantizedWeight) -> list[tuple[int, int, int, int]]:
     """The configs that fit the weight: a grouped weight's BLOCK_K holds whole groups;
     GEMV_DOT ones only for int4 in "halves" tiles (the tile is qgemm's BLOCK_K)."""
-    halves = w.packing.startswith("halves")
-    return [c for c in _gemv_candidates(w.scheme, w.num_groups == 1, w.group_size)
-            if halves or not c[3] & GEMV_DOT]
+    return list(_gemv_candidates(w.scheme, w.num_groups == 1, w.group_size, w.packing))
 
 
 @functools.lru_cache(maxsize=64)
-def _gemv_candidates(scheme: str, per_row: bool, group_size: int
+def _gemv_candidates(scheme: str, per_row: bool, group_size: int, packing: str
                      ) -> tuple[tuple[int, int, int, int], ...]:
     # Cached: every one-token quantized linear asks, its choice already kept or not.
+    halves = packing.startswith("halves")
     return tuple(c for c in GEMV_CANDIDATES[scheme]
-                 if c[3] & GEMV_DOT or per_row or c[1] % group_size == 0) or \
+                 if (halves if c[3] & GEMV_DOT else per_row or c[1] % group_size == 0)) or \
         ((4, max(group_size, 256), 8, 0),)
 
 
 def gemv_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
                 ) -> tuple[int, int, int, int]:
 
-    candidates = gemv_candidates(w)
+    candidates = _gemv_candidates(w.scheme, w.num_groups == 1, w.group_size, w.packing)
     cfg = _pick(_key("gemv", w, x, 1), candidates, x, lambda c: one_token(x, w, bias, c))
     return cfg  # type: ignore[return-value]
 

@@ -103,13 +103,12 @@ class QuantizedWeight:
             raise QuantizationError("fp8 weights take one scale per output row (group size = "
                                     "in_features); block-wise fp8 is not supported")
         cols = k // 2 if self.scheme == "int4" and self.packing != "bytes" else k
-        if self.scheme == "int4" and self.packing != "bytes" and \
-                half_tile(self.packing) is None:
+        tile = half_tile(self.packing) if self.scheme == "int4" else None
+        if self.scheme == "int4" and self.packing != "bytes" and tile is None:
             raise QuantizationError(f"int4 packing must be 'nibbles', 'halves<T>' (T one of "
                                     f"{HALF_TILES}) or 'bytes', got {self.packing!r}")
         if self.scheme == "int4" and k % 2:
             raise QuantizationError(f"int4 needs an even number of input features, got {k}")
-        tile = half_tile(self.packing) if self.scheme == "int4" else None
         if tile is not None and k % tile:
             raise QuantizationError(f"int4 {self.packing}: {k} input features are not whole "
                                     f"tiles of {tile}")
