@@ -97,6 +97,18 @@ def combine(parts: dict[str, dict[str, dict[str, Any] | None]]) -> dict[str, Any
     return figures
 
 
+def per_layout_profile(engine_flags: list[str], layout: str) -> list[str]:
+    """The engine flags with --profile-dir D made D/<layout> (each layout's workers write
+    their own profiles)."""
+    out = list(engine_flags)
+    for i, flag in enumerate(out):
+        if flag == "--profile-dir" and i + 1 < len(out):
+            out[i + 1] = os.path.join(out[i + 1], layout)
+        elif flag.startswith("--profile-dir="):
+            out[i] = "--profile-dir=" + os.path.join(flag.split("=", 1)[1], layout)
+    return out
+
+
 def _run_part(bench: Any, argv: list[str], llm: Any) -> str | None:
     """Run one part in this process on `llm`; None when it succeeded, else why not."""
     try:
@@ -199,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = {part: (bench, [*common, "--name", names[name][part], *extra])
                 for part, (bench, extra) in part_args.items()}
         engine_argv = ["--model", args.model, "--load-format", args.load_format, *layout.flags,
-                       *engine_flags]
+                       *per_layout_profile(engine_flags, name)]
         print(f"[bench] B5 {name}: {' '.join(layout.flags)}", file=sys.stderr, flush=True)
         failed = _run_layout(engine_argv, runs, args.layout_timeout_s)
         if failed and layout.tp_size > 1 and not one_shot_set:

@@ -11,6 +11,7 @@
 #   benchmarks/gpu_session.sh 7   # one H200:  quanttests, quantbench, b12
 #   benchmarks/gpu_session.sh 8   # one H200:  profile fp8, int4, fp8 + fp8 KV; b12 b2 fp8 KV
 #   benchmarks/gpu_session.sh 9   # one H200:  moetests, b11 (MOE_K=... narrows the tests)
+#   benchmarks/gpu_session.sh 10  # two H200s: b5check, b5 with worker profiles, b7  (~400 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -44,7 +45,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^[1-9]$ ]] || { echo "usage: $0 1|...|9  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|10)$ ]] || { echo "usage: $0 1|...|10  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -69,7 +70,7 @@ if [[ $DRY != 1 ]]; then
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . 2>&1 | tee -a "$LOG"
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>>"$LOG" || echo 0)
-  need=$([[ $CALL == 3 ]] && echo 2 || echo 1)
+  need=$([[ $CALL == 3 || $CALL == 10 ]] && echo 2 || echo 1)
   say "GPUs: $gpus (call $CALL needs $need); commit ${TESSERA_COMMIT:-unset}"
   if (( gpus < need )); then
     say "too few GPUs for call $CALL: nothing run (call 3 is for nvidia-h200-x2)"
@@ -210,6 +211,28 @@ case $CALL in
     # only, as 52a5e70's run did in its 139 s).
     part moetests 200 90 moetests
     part b11 200 125 b11
+    ;;
+  10)
+    # Two H200s, where TP=2 and PP=2 time goes: the two-GPU checks (NCCL, the one-shot
+    # all-reduce, the pipeline's queued transfers, TP=2 and PP=2 parity), then B5 with every
+    # worker profiled over decode steps of B1's second warm-up request and over B2's middle
+    # (PROFILE_STEPS), summarized into b5_profile_summary_h200.json (the raw traces go to
+    # call10_traces.tgz), then B7. The profiles stall B2 while they are written: this B5 is
+    # named b5_h200_profiled, a diagnosis beside the clean run (call 3's b5).
+    part b5check 150 70 b5check
+    part b5 300 170 b5 --layout-timeout-s 110 --suffix h200_profiled \
+      --profile-dir "$RES/profile" --profile-steps "${PROFILE_STEPS:-150:20,1500:10}"
+    if [[ -d $RES/profile ]]; then
+      "$PY" -m tessera.benchmarks.profile_summary "$RES/profile" \
+        --out "$RES/b5_profile_summary_h200.json" >/dev/null 2>>"$LOG" ||
+        say "profile summary failed"
+      for f in "$RES"/profile/*/*.trace.json; do
+        [[ -e $f ]] || continue
+        layout=$(basename "$(dirname "$f")")
+        mv "$f" "$RES/trace_${layout}_$(basename "$f")"
+      done
+    fi
+    part b7 200 115 b7
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

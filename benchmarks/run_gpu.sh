@@ -144,6 +144,7 @@ for part in "${parts[@]}"; do
               { echo "b5: some part failed (see errors in $OUT/b5_$SUFFIX.json)" >&2; failed+=(b5); } ;;
     b5check) gpu_pytest b5check tests/hal_cuda/test_nccl_gpu.py \
                tests/hal_cuda/test_parallel_parity_gpu.py \
+               "tests/hal_cuda/test_conformance_gpu.py::test_communicator_two_processes" \
                "tests/hal_cuda/test_kernels_gpu.py::test_untuned_one_token_shape_is_measured_once_and_stays_correct" ;;
     tpar)   echo "+ tests/hal_cuda/allreduce_latency.py" >&2
             "$PY" tests/hal_cuda/allreduce_latency.py "$OUT/tp2_allreduce_$SUFFIX.json" \

@@ -647,3 +647,5 @@ def test_communicator_two_processes(hal_platform: Platform, tmp_path: Path) -> N
         assert got["split_rank"] == [float(rank), 2.0]
         assert got["split_all_reduce"] == [3.0, 3.0]
         assert got["split_recv"] == [[7.0, 8.0], [0.0, 0.0]][rank]  # rank 1 sent to 0
+        # rank 0's two queued sends completed; rank 1 got them in order
+        assert got["irecv"] == [[1.0], [5.0, 6.0, 6.0, 7.0]][rank]

@@ -8,6 +8,7 @@ out_path]).
 from __future__ import annotations
 
 import json
+import time
 
 import torch
 
@@ -38,6 +39,18 @@ def main(argv: list[str]) -> int:
             got = comm.recv(buf, 0)
             comm.send(got + 1, 0)
             results["recv"] = got
+        # Queued transfers: both receives are posted before either send, and each send is
+        # kept until done.
+        if rank == 0:
+            sends = [comm.isend(torch.tensor([5.0, 6.0], device=dev) + i, 1) for i in range(2)]
+            deadline = time.monotonic() + 60.0
+            while not all(t.done() for t in sends) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            results["irecv"] = torch.tensor([float(all(t.done() for t in sends))])
+        else:
+            posted = [comm.irecv((2,), torch.float32, dev, 0) for _ in range(2)]
+            got_all = [t.wait() for t in posted]
+            results["irecv"] = torch.cat([g for g in got_all if g is not None])
         comm.barrier()
         # Groups split off the world: alone, and both together (listed in any order).
         alone = comm.split([[0], [1]])

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from tessera.codes import MULTI_DEVICE_TIMEOUT, coded
-from tessera.hal.platform import Communicator
+from tessera.hal.platform import Communicator, Transfer
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,14 @@ class TorchDistCommunicator(Communicator):
         dist.recv(tensor, self._global(src), group=self.group)
         return tensor
 
+    # isend stays the blocking send: gloo reports a send's work complete only once it is
+    # waited for. A device plugin whose work handles say so sends without blocking.
+
+    def irecv(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+              src: int) -> Transfer:
+        buf = torch.empty(shape, dtype=dtype, device=device)
+        return DistTransfer(dist.irecv(buf, self._global(src), group=self.group), buf)
+
     def destroy(self) -> None:
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
@@ -113,3 +121,19 @@ class TorchDistCommunicator(Communicator):
             abort()
         except Exception:  # noqa: BLE001 - leaving anyway; the process exits next
             log.debug("abort of the process group failed", exc_info=True)
+
+
+class DistTransfer(Transfer):
+    """A torch.distributed work handle and the tensor it sends or fills (kept alive until the
+    transfer is done)."""
+
+    def __init__(self, work: Any, tensor: torch.Tensor) -> None:
+        super().__init__(tensor)
+        self.work = work
+
+    def wait(self) -> torch.Tensor | None:
+        self.work.wait()
+        return self.tensor
+
+    def done(self) -> bool:
+        return bool(self.work.is_completed())

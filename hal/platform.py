@@ -178,6 +178,24 @@ class HostEvent(Event):
         pass
 
 
+class Transfer:
+    """A point-to-point transfer queued by Communicator.isend / irecv. This one is complete
+    when made (the blocking default); plugins return their own."""
+
+    def __init__(self, tensor: torch.Tensor | None = None) -> None:
+        self.tensor = tensor
+
+    def wait(self) -> torch.Tensor | None:
+        """Work this rank queues after this call sees the transfer complete (an asynchronous
+        device: in stream order, without blocking the host). Returns the received tensor (an
+        irecv) or None."""
+        return self.tensor
+
+    def done(self) -> bool:
+        """Whether the transfer has completed (a sent tensor may then be freed)."""
+        return True
+
+
 class Communicator(ABC):
     """Collectives among a group of ranks (the tensor-parallel ranks of a stage, or every
     worker for the pipeline's point-to-point sends). `world_size == 1` short-circuits every
@@ -231,6 +249,22 @@ class Communicator(ABC):
 
     @abstractmethod
     def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor: ...
+
+    def isend(self, tensor: torch.Tensor, dst: int) -> Transfer:
+        """Queue a send of `tensor` (produced by work already queued) to `dst` without making
+        this rank's later work wait for it: a pipeline stage goes on to its next step while
+        the next stage is still busy. Keep the Transfer until done(). By default: send()."""
+        self.send(tensor, dst)
+        return Transfer()
+
+    def irecv(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+              src: int) -> Transfer:
+        """Post a receive from `src` into a new tensor now, ahead of work this rank has already
+        queued; wait() returns the tensor, and the work queued after it sees the data. By
+        default: recv()."""
+        buf = torch.empty(shape, dtype=dtype, device=device)
+        self.recv(buf, src)
+        return Transfer(buf)
 
     @abstractmethod
     def barrier(self) -> None: ...
@@ -349,5 +383,56 @@ class Platform(ABC):
         chip has none."""
         return _NO_RANGE
 
+    def start_profile(self) -> StepProfile:
+        """Start profiling this process's work (--profile-dir): the host's ops here; a plugin
+        whose device has a profiler torch.profiler reads adds its activity."""
+        from torch.profiler import ProfilerActivity
+
+        return StepProfile([ProfilerActivity.CPU], self.synchronize)
+
 
 _NO_RANGE = contextlib.nullcontext()
+
+
+class StepProfile:
+    """A running profile of this process's work (Platform.start_profile): torch.profiler
+    with the given activities. `stop(prefix)` ends it and writes PREFIX.trace.json (Chrome
+    trace format: chrome://tracing, Perfetto) and PREFIX.kernels.json (the time of each op and
+    kernel, device time first), and returns the latter's content."""
+
+    def __init__(self, activities: list[Any], synchronize: Callable[[], None]) -> None:
+        from torch.profiler import profile
+
+        self._synchronize = synchronize
+        self._synchronize()  # earlier work stays out of the window
+        self._prof = profile(activities=activities)
+        self._prof.__enter__()
+        self._start = _monotonic()
+
+    def stop(self, prefix: str, **facts: Any) -> dict[str, Any]:
+        import json
+
+        self._synchronize()
+        wall_s = _monotonic() - self._start
+        self._prof.__exit__(None, None, None)
+        self._prof.export_chrome_trace(prefix + ".trace.json")
+        rows = []
+        for evt in self._prof.key_averages():
+            device_us = float(getattr(evt, "self_device_time_total",
+                                      getattr(evt, "self_cuda_time_total", 0.0)) or 0.0)
+            rows.append({"name": evt.key, "count": int(evt.count),
+                         "self_device_us": round(device_us, 2),
+                         "self_host_us": round(float(evt.self_cpu_time_total), 2)})
+        rows.sort(key=lambda r: (-r["self_device_us"], -r["self_host_us"]))
+        summary = {"wall_s": wall_s,
+                   "device_us": round(sum(r["self_device_us"] for r in rows), 2),
+                   **facts, "ops": rows}
+        with open(prefix + ".kernels.json", "w") as f:
+            json.dump(summary, f, indent=1)
+        return summary
+
+
+def _monotonic() -> float:
+    import time
+
+    return time.perf_counter()

@@ -252,6 +252,13 @@ class EngineConfig(BatchingConfig):
     profile_ranges: bool = _opt(False, "mark the phases of each worker step (inputs, draft, "
                                 "forward, sample, copy-out) as ranges of the plugin's profiler "
                                 "(a no-op where the chip has none)")
+    profile_dir: str | None = _opt(None, "write a device profile of every worker's steps "
+                                   "--profile-steps here (worker<rank>.steps<A>-<B>.trace.json "
+                                   "for a trace viewer, worker<rank>.steps<A>-<B>.kernels.json: "
+                                   "time per op and kernel), through the plugin's profiler")
+    profile_steps: str = _opt("20:10", "--profile-dir: START:COUNT[,START:COUNT...], the "
+                              "windows of worker steps (counted from each worker's first "
+                              "launch) the profiles cover")
     speculative_draft_model: str | None = _opt(
         None, "--speculative-algorithm draft: the draft model (a folder or .gguf of a smaller "
         "model with the target's vocabulary), loaded by every worker rank beside the target "
@@ -286,9 +293,28 @@ class EngineConfig(BatchingConfig):
         if self.all_reduce_one_shot_max_kb < 0:
             raise ValueError(f"all_reduce_one_shot_max_kb must be 0 (off) or positive, got "
                              f"{self.all_reduce_one_shot_max_kb}")
+        self.profile_windows()  # refuses a malformed --profile-steps
         if self.intra_op_threads < 0:
             raise ValueError(f"intra_op_threads must be 0 (automatic) or positive, got "
                              f"{self.intra_op_threads}")
+
+    def profile_windows(self) -> list[range]:
+        """The windows of worker steps --profile-dir profiles, in order (none without it)."""
+        windows: list[range] = []
+        for part in self.profile_steps.split(","):
+            try:
+                start, count = (int(x) for x in part.split(":"))
+            except ValueError:
+                raise ValueError(f"--profile-steps must be START:COUNT[,START:COUNT...] "
+                                 f"(integers), got {self.profile_steps!r}") from None
+            if start < 0 or count < 1:
+                raise ValueError(f"--profile-steps {part}: START must be at least 0 and COUNT "
+                                 f"at least 1")
+            if windows and start < windows[-1].stop:
+                raise ValueError(f"--profile-steps {self.profile_steps}: the windows must be "
+                                 f"in order and apart")
+            windows.append(range(start, start + count))
+        return windows if self.profile_dir else []
 
     @property
     def pipeline_batches(self) -> int:

@@ -71,6 +71,9 @@ class WorkerProcess(BusProcess):
         self._allocator_seen: dict[str, int] = {}
         self.pending: tuple[Any, float] | None = None
         self._last_done = 0.0  # when the last step's result was taken
+        self.launched = 0  # batches launched (the --profile-steps count)
+        self.profile: Any = None  # a StepProfile while a --profile-steps window runs
+        self._profile_windows = config.profile_windows()
 
     def setup(self) -> None:
         from tessera.hal import host_threads
@@ -148,6 +151,8 @@ class WorkerProcess(BusProcess):
     # at once.
 
     def _launch(self, batch: ForwardBatch) -> None:
+        self._profile_turn()
+        self.launched += 1
         start = time.perf_counter()
         try:
             pending = self.runner.launch(batch, self.table.array)
@@ -166,6 +171,38 @@ class WorkerProcess(BusProcess):
         self.pending = (pending, start)
         if not self.runner.asynchronous:
             self._finish_pending()
+
+    def _profile_turn(self) -> None:
+        """--profile-dir: the plugin's profiler starts before a window's first launch and
+        stops (every step of the window finished) before the launch after its last."""
+        if not self._profile_windows or self.runner is None:
+            return
+        window = self._profile_windows[0]
+        if self.launched == window.start and self.profile is None:
+            self._finish_pending()  # the window holds its own steps only
+            log.info("%s: profiling steps %d-%d", self.name, window.start, window.stop - 1)
+            self.profile = self.runner.platform.start_profile()
+        elif self.launched == window.stop and self.profile is not None:
+            self._finish_pending()
+            self._stop_profile()
+
+    def _stop_profile(self) -> None:
+        window = self._profile_windows.pop(0)
+        profile, self.profile = self.profile, None
+        assert self.config.profile_dir
+        os.makedirs(self.config.profile_dir, exist_ok=True)
+        prefix = os.path.join(self.config.profile_dir,
+                              f"{self.name}.steps{window.start}-{window.stop - 1}")
+        steps = min(self.launched, window.stop) - window.start
+        try:
+            summary = profile.stop(prefix, rank=self.rank, steps=steps,
+                                   first_step=window.start)
+        except Exception:  # noqa: BLE001 - a profile must not take the worker down
+            log.exception("%s: writing the profile failed", self.name)
+            return
+        log.info("%s: profile of %d steps written to %s.* (%.1f ms of device time in "
+                 "%.1f ms)", self.name, steps, prefix, summary["device_us"] / 1000.0,
+                 summary["wall_s"] * 1000.0)
 
     def _note_launch(self, batch: ForwardBatch, launch_ms: float) -> None:
         """A launch is host work: tens of milliseconds for the largest eager step. One that
@@ -284,6 +321,8 @@ class WorkerProcess(BusProcess):
         # The step in flight may still finish; one that does not waits on a peer.
         settled = self.pending is None or self._wait_until(self.pending[0].ready,
                                                             STEP_SETTLE_S)
+        if self.profile is not None and settled:
+            self._stop_profile()  # the window was not reached: what it holds so far
         if self.runner is not None and self.runner.grammar is not None:
             self.runner.grammar.compiler.close()  # idle compile threads must not hold exit
         if self.table is not None:

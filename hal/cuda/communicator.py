@@ -22,7 +22,8 @@ from tessera.hal.cuda.one_shot import (
     local_problem,
     probe_matches_nccl,
 )
-from tessera.hal.dist_comm import TorchDistCommunicator
+from tessera.hal.dist_comm import DistTransfer, TorchDistCommunicator
+from tessera.hal.platform import Transfer
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class NcclCommunicator(TorchDistCommunicator):
                                    % count)
         torch.cuda.set_device(self.device)
         self._one_shot: OneShotAllReduce | None = None
+        self._side: torch.cuda.Stream | None = None  # the point-to-point transfers' stream
         self._init_group("nccl", rank, world_size, init_method, timeout_s, device_id=self.device)
 
     def _on_split(self) -> None:
@@ -110,6 +112,34 @@ class NcclCommunicator(TorchDistCommunicator):
         dist.all_reduce(tensor, group=self.group)
         return tensor
 
+    # Point-to-point transfers of a pipeline run on a stream of their own. torch queues an
+    # NCCL op behind the current stream's work: a receive posted from the compute stream waits
+    # for every step queued before it, and a send there holds the compute stream until the
+    # peer has posted its receive, so the stages take turns. From a side stream, a receive is
+    # posted at once (its buffer allocated there, so no memory the compute stream may still
+    # use) and the compute stream waits only for its data; a send waits only for its input.
+
+    def _p2p_stream(self) -> torch.cuda.Stream:
+        stream = self._side
+        if stream is None:
+            stream = self._side = torch.cuda.Stream(self.device)
+        return stream
+
+    def isend(self, tensor: torch.Tensor, dst: int) -> Transfer:
+        side = self._p2p_stream()
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            tensor = tensor.contiguous()
+            work = dist.isend(tensor, self._global(dst), group=self.group)
+        return DistTransfer(work, tensor)
+
+    def irecv(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+              src: int) -> Transfer:
+        with torch.cuda.stream(self._p2p_stream()):
+            buf = torch.empty(shape, dtype=dtype, device=device)
+            work = dist.irecv(buf, self._global(src), group=self.group)
+        return _StreamRecv(work, buf)
+
     def nccl_all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """The NCCL path whatever the size (to check the one-shot path against it)."""
         dist.all_reduce(tensor, group=self.group)
@@ -156,3 +186,14 @@ class NcclCommunicator(TorchDistCommunicator):
     def destroy(self) -> None:
         self._one_shot = None  # the symmetric buffer goes before the group it was made for
         super().destroy()
+
+
+class _StreamRecv(DistTransfer):
+    """A receive posted on the side stream: wait() makes the current stream wait for its data
+    (no host wait), and the buffer is not reused before the current stream's work on it."""
+
+    def wait(self) -> torch.Tensor | None:
+        self.work.wait()
+        assert self.tensor is not None
+        self.tensor.record_stream(torch.cuda.current_stream(self.tensor.device))
+        return self.tensor

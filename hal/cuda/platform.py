@@ -30,6 +30,7 @@ from tessera.hal.platform import (
     GraphRunner,
     KVArena,
     QuantLinearKernel,
+    StepProfile,
 )
 
 UNFUSE_VARIABLE = "HAL_CUDA_UNFUSE"
@@ -182,6 +183,11 @@ class CudaPlatform(OpTablePlatform):
 
     def profile_range(self, name: str) -> contextlib.AbstractContextManager[None]:
         return runtime.nvtx_range(name)
+
+    def start_profile(self) -> StepProfile:
+        from torch.profiler import ProfilerActivity
+
+        return StepProfile([ProfilerActivity.CPU, ProfilerActivity.CUDA], self.synchronize)
 
     def create_communicator(self, rank: int, world_size: int, init_method: str,
                             loopback: bool = False,

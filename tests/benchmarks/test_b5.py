@@ -34,8 +34,13 @@ def test_b5_writes_every_part_and_the_ratios(run_root: Path, tmp_path: Path) -> 
                   "--b1-flags", "--prompt-len 24 --output-len 6",
                   "--b2-flags", "--prompt-len 8,32 --output-len 4,12",
                   "--hal", "cpu", "--dtype", "float32", "--max-total-tokens", "2048",
-                  "--max-running-requests", "8", "--intra-op-threads", "1"])
+                  "--max-running-requests", "8", "--intra-op-threads", "1",
+                  "--profile-dir", str(tmp_path / "prof"), "--profile-steps", "3:2"])
     assert rc == 0
+    # each layout's workers profiled their own steps 3-4, in a folder of the layout
+    for layout, ranks in (("tp1", 1), ("tp2", 2), ("pp2", 2)):
+        assert sorted(p.name for p in (tmp_path / "prof" / layout).glob("*.kernels.json")) \
+            == [f"worker{r}.steps3-4.kernels.json" for r in range(ranks)]
     result = json.loads((out / "b5_cpu.json").read_text())
     assert result["workload"] == "B5" and not missing_figures(result)
     assert result["errors"] == {} and result["fallbacks"] == []

@@ -106,3 +106,37 @@ def test_impossible_split_is_refused_naming_the_flag(run_root: Path) -> None:
     with pytest.raises(EngineStartError, match=r"--pp-size 4 does not divide "
                                                r"num_hidden_layers \(30\)"):
         LLM(model="default", hal="cpu", pp_size=4)
+
+
+def test_profile_writes_every_rank_window_and_changes_no_token(
+        run_root: Path, tiny_model: str, tiny_reference, tmp_path: Path) -> None:
+    """--profile-dir at TP=2 x PP=2: every worker writes a trace and an op table of each
+    --profile-steps window; the tokens are the unprofiled run's."""
+    prompts, want = tiny_reference
+    out = tmp_path / "profile"
+    got = serve_and_stop(tiny_model, prompts, load_format="dummy", tp_size=2, pp_size=2,
+                         profile_dir=str(out), profile_steps="2:3,8:1")
+    assert got == want
+    for rank in range(4):
+        for first, last in ((2, 4), (8, 8)):
+            prefix = out / f"worker{rank}.steps{first}-{last}"
+            summary = json.loads(Path(f"{prefix}.kernels.json").read_text())
+            assert (summary["rank"], summary["first_step"]) == (rank, first)
+            assert summary["steps"] == last - first + 1
+            names = {op["name"] for op in summary["ops"]}
+            assert any("mm" in n or "linear" in n for n in names), sorted(names)[:20]
+            # The pipeline's sends (first stage) and receives (last) are inside the window.
+            assert any(("send" if rank < 2 else "recv") in n for n in names), sorted(names)
+            trace = json.loads(Path(f"{prefix}.trace.json").read_text())
+            assert trace["traceEvents"]
+
+
+def test_malformed_profile_steps_is_refused() -> None:
+    from tessera.config import EngineConfig
+
+    for bad in ("5", "a:b", "3:0", "-1:2", "4:2,5:1", "4:2,"):
+        with pytest.raises(ValueError, match="--profile-steps"):
+            EngineConfig(profile_dir="x", profile_steps=bad)
+    assert EngineConfig(profile_steps="4:2").profile_windows() == []
+    assert EngineConfig(profile_dir="x", profile_steps="4:2,9:1").profile_windows() == [
+        range(4, 6), range(9, 10)]
