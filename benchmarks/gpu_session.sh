@@ -12,6 +12,7 @@
 #   benchmarks/gpu_session.sh 8   # one H200:  profile fp8, int4, fp8 + fp8 KV; b12 b2 fp8 KV
 #   benchmarks/gpu_session.sh 9   # one H200:  moetests, b11 (MOE_K=... narrows the tests)
 #   benchmarks/gpu_session.sh 10  # two H200s: b5check, b5 with worker profiles, b7  (~400 s)
+#   benchmarks/gpu_session.sh 11  # one H200:  b1, b2, b3 at --overlap-steps 2 and 3  (~350 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -45,7 +46,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|10)$ ]] || { echo "usage: $0 1|...|10  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[01])$ ]] || { echo "usage: $0 1|...|11  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -233,6 +234,16 @@ case $CALL in
       done
     fi
     part b7 200 115 b7
+    ;;
+  11)
+    # One H200, the scheduler's steps in flight (--overlap-steps): B1, B2 and B3 at 2 (the
+    # default) and at 3, each pair back to back.
+    part b1 90 35 b1
+    part b1d3 90 35 b1 --overlap-steps 3 --name b1_overlap3_h200
+    part b2 90 35 b2
+    part b2d3 90 35 b2 --overlap-steps 3 --name b2_overlap3_h200
+    part b3 120 60 b3
+    part b3d3 120 60 b3 --server-args "--overlap-steps 3" --name b3_overlap3_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

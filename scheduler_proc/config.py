@@ -22,9 +22,9 @@ class SchedulerConfig(BatchingConfig):
 
     @property
     def steps_in_flight(self) -> int:
-        """Steps sent and not answered, at most: two with overlap, or as many as the workers
-        hold (one per pipeline stage); one without overlap."""
-        return (self.batches_in_flight or 2) if self.overlap else 1
+        """Steps sent and not answered, at most: --overlap-steps with overlap, or as many as
+        the workers hold (pipeline stages); one without overlap."""
+        return (self.batches_in_flight or self.overlap_steps) if self.overlap else 1
 
     @property
     def chained(self) -> bool:

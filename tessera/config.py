@@ -101,6 +101,13 @@ class BatchingConfig:
                                 choices=list(SCHEDULE_POLICIES))
     overlap: bool = _opt(True, "build step n+1 while step n runs (--no-overlap: one step at a "
                          "time, for debugging)")
+    overlap_steps: int = _opt(2, "with --overlap, steps sent before the oldest one's result "
+                              "is back: 2 hides the host's work for a step (the result's "
+                              "trip through the scheduler, the next step's inputs and launch) "
+                              "behind one step of the device's, 3 behind two (for steps "
+                              "shorter than that round trip: tensor parallelism's); each "
+                              "request's end is then seen that many steps late, whose extra "
+                              "tokens are dropped")
     debug_invariants: bool = _opt(False, "check the KV page invariant after every step (slow)")
     speculative_algorithm: str = _opt(
         "none", "speculative decoding: ngram proposes the continuation of the latest earlier "
@@ -131,6 +138,12 @@ class BatchingConfig:
                              f"got {self.schedule_policy!r}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be at least 1")
+        if not 2 <= self.overlap_steps <= 4:
+            raise ValueError(f"overlap_steps must be 2, 3 or 4, got {self.overlap_steps}")
+        if self.overlap_steps != 2 and self.speculative_algorithm != "none":
+            raise ValueError(f"--overlap-steps {self.overlap_steps} with speculative decoding "
+                             f"is not supported (its chained verifies assume 2): leave "
+                             f"--overlap-steps at 2")
         if self.max_mixed_step_ratio != 0 and self.max_mixed_step_ratio <= 1:
             raise ValueError(f"max_mixed_step_ratio must be 0 (no limit) or above 1, got "
                              f"{self.max_mixed_step_ratio}")
@@ -287,6 +300,10 @@ class EngineConfig(BatchingConfig):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
                                  f"{getattr(self, name)!r}")
+        if self.overlap_steps != 2 and self.pp_size > 1:
+            raise ValueError(f"--overlap-steps {self.overlap_steps} with --pp-size "
+                             f"{self.pp_size}: a pipeline's batches in flight are "
+                             f"--pp-batches-in-flight; leave --overlap-steps at 2")
         if self.pp_batches_in_flight < 0:
             raise ValueError(f"pp_batches_in_flight must be 0 (automatic) or positive, got "
                              f"{self.pp_batches_in_flight}")

@@ -7,7 +7,7 @@ wide tiles put many 16-byte loads in flight per thread, which is what keeps the 
 busy when there are only a few programs per multiprocessor. The `linear` op takes this path
 for shapes in TUNED (measured faster than cuBLAS on the device ahead of time). Any other
 bf16 one-token shape on the same device kind (a tensor-parallel rank's share of a model:
-Llama-3-8B at --tp-size 2 has o [4096, 2048], down [4096, 7168], ...) is measured the first
+Llama-3-8B at --tp-size 4 has o [4096, 1024], down [4096, 3584], ...) is measured the first
 time it runs outside a graph capture (the graph runner's eager warm-up comes before every
 capture): cuBLAS against a few launch configurations, with the L2 cache flushed between runs
 (triton's do_bench), and the fastest kept for the process. Everything else stays on cuBLAS.
@@ -34,12 +34,23 @@ import triton.language as tl
 # qkv 16.3 -> 13.9 us, o 13.3 -> 10.1, gate_up 56.4 -> 54.3, down 32.0 -> 28.7,
 # lm_head 249 -> 232. Other shapes stay on cuBLAS until measured.
 _LLAMA3_8B = (2, 2048, 8)
+# A rank of Llama-3-8B at --tp-size 2 (qkv, o, gate_up, down, lm_head): each rank measured its
+# shapes for itself, and in the two-H200 B5 run at c62ab61 rank 0 chose this configuration
+# for all five while rank 1 chose cuBLAS for o and down, whose kernels then took 6.8 and
+# 19.1 us a layer in its decode graph against rank 0's 5.8 and 16.2; rank 0 waited for rank 1
+# at every all-reduce (benchmarks/results/b5_profile_summary_h200.json). Ranks of one group
+# must run the same kernels: the measured picks are fixed here.
 TUNED: dict[tuple[int, int], tuple[int, int, int]] = {
     (6144, 4096): _LLAMA3_8B,
     (4096, 4096): _LLAMA3_8B,
     (28672, 4096): _LLAMA3_8B,
     (4096, 14336): _LLAMA3_8B,
     (128256, 4096): _LLAMA3_8B,
+    (3072, 4096): _LLAMA3_8B,
+    (4096, 2048): _LLAMA3_8B,
+    (14336, 4096): _LLAMA3_8B,
+    (4096, 7168): _LLAMA3_8B,
+    (64128, 4096): _LLAMA3_8B,
 }
 TUNED_CAPABILITY = (9, 0)
 

@@ -177,7 +177,7 @@ def test_graph_replay_equals_eager_at_every_captured_size() -> None:
 
 
 def test_untuned_one_token_shape_is_measured_once_and_stays_correct() -> None:
-    """A TP rank's share of Llama-3-8B (o at --tp-size 2: [4096, 2048]) is not in TUNED: the
+    """A TP rank's share of Llama-3-8B (o at --tp-size 4: [4096, 1024]) is not in TUNED: the
     first eager call measures cuBLAS against the GEMV configurations and keeps the fastest;
     inside a graph capture an unmeasured shape goes to cuBLAS. The product is right either
     way."""
@@ -186,12 +186,12 @@ def test_untuned_one_token_shape_is_measured_once_and_stays_correct() -> None:
     if torch.cuda.get_device_capability() != gemv.TUNED_CAPABILITY:
         pytest.skip("the one-token GEMV is used on Hopper only")
     gen = torch.Generator(device="cuda").manual_seed(7)
-    x = torch.randn((1, 2048), device="cuda", generator=gen).bfloat16()
-    w = (torch.randn((4096, 2048), device="cuda", generator=gen) * 0.02).bfloat16()
-    assert (4096, 2048) not in gemv.TUNED
+    x = torch.randn((1, 1024), device="cuda", generator=gen).bfloat16()
+    w = (torch.randn((4096, 1024), device="cuda", generator=gen) * 0.02).bfloat16()
+    assert (4096, 1024) not in gemv.TUNED
     gemv._measured.clear()
     out = gemv.linear(x, w, None)
-    key = (4096, 2048, x.device.index, False)
+    key = (4096, 1024, x.device.index, False)
     assert gemv._measured[key] in (gemv.CUBLAS, *gemv.CANDIDATES)
     ref = x.double() @ w.double().T
     assert float((out.double() - ref).norm() / ref.norm()) < 1e-2

