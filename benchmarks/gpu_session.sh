@@ -13,6 +13,7 @@
 #   benchmarks/gpu_session.sh 9   # one H200:  moetests, b11 (MOE_K=... narrows the tests)
 #   benchmarks/gpu_session.sh 10  # two H200s: b5check, b5 with worker profiles, b7  (~400 s)
 #   benchmarks/gpu_session.sh 11  # one H200:  b1, b2, b3 at --overlap-steps 2 and 3  (~350 s)
+#   benchmarks/gpu_session.sh 12  # one H200:  b2 at --overlap-steps 2, 3, 2, 3       (~200 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -46,7 +47,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[01])$ ]] || { echo "usage: $0 1|...|11  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-2])$ ]] || { echo "usage: $0 1|...|12  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -244,6 +245,14 @@ case $CALL in
     part b2d3 90 35 b2 --overlap-steps 3 --name b2_overlap3_h200
     part b3 120 60 b3
     part b3d3 120 60 b3 --server-args "--overlap-steps 3" --name b3_overlap3_h200
+    ;;
+  12)
+    # One H200: B2 alternately at --overlap-steps 2 and 3, twice (run-to-run spread beside
+    # the difference).
+    for i in 1 2; do
+      part "b2d2_$i" 80 32 b2 --name "b2_overlap2_run${i}_h200"
+      part "b2d3_$i" 80 32 b2 --overlap-steps 3 --name "b2_overlap3_run${i}_h200"
+    done
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
