@@ -22,6 +22,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -94,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_args(p)
     p.add_argument("--dp-size", type=int, default=2)
+    p.add_argument("--dp-args", default="",
+                   help="more `tessera serve` flags for the replicas' server only (one "
+                        "string: the router's thresholds, --router-policy)")
     args = p.parse_args(argv)
     args.workload = "B4"  # the requests and the measuring are B4's
     if args.concurrency is None:
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         model = _get_json(single_server.url + "/v1/models")["data"][0]["id"]
         single = measure(single_server.url, model)
     metrics_port = free_port()
-    dp_args = server_argv(args, "--dp-size", str(args.dp_size),
+    dp_args = server_argv(args, *shlex.split(args.dp_args), "--dp-size", str(args.dp_size),
                           "--replica-metrics-port", str(metrics_port))
     with ServerProcess(dp_args, log_path=_log("replicas")) as dp_server:
         dp_server.wait_ready()

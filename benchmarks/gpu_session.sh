@@ -14,6 +14,7 @@
 #   benchmarks/gpu_session.sh 10  # two H200s: b5check, b5 with worker profiles, b7  (~400 s)
 #   benchmarks/gpu_session.sh 11  # one H200:  b1, b2, b3 at --overlap-steps 2 and 3  (~350 s)
 #   benchmarks/gpu_session.sh 12  # one H200:  b2 at --overlap-steps 2, 3, 2, 3       (~200 s)
+#   benchmarks/gpu_session.sh 13  # two H200s: b5, b5 tp1/tp2 at 3 steps, b7, b7 balanced (~360 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -47,7 +48,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-2])$ ]] || { echo "usage: $0 1|...|12  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-3])$ ]] || { echo "usage: $0 1|...|13  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -72,7 +73,7 @@ if [[ $DRY != 1 ]]; then
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . 2>&1 | tee -a "$LOG"
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>>"$LOG" || echo 0)
-  need=$([[ $CALL == 3 || $CALL == 10 ]] && echo 2 || echo 1)
+  need=$([[ $CALL == 3 || $CALL == 10 || $CALL == 13 ]] && echo 2 || echo 1)
   say "GPUs: $gpus (call $CALL needs $need); commit ${TESSERA_COMMIT:-unset}"
   if (( gpus < need )); then
     say "too few GPUs for call $CALL: nothing run (call 3 is for nvidia-h200-x2)"
@@ -253,6 +254,18 @@ case $CALL in
       part "b2d2_$i" 80 32 b2 --name "b2_overlap2_run${i}_h200"
       part "b2d3_$i" 80 32 b2 --overlap-steps 3 --name "b2_overlap3_run${i}_h200"
     done
+    ;;
+  13)
+    # Two H200s after c62ab61's profiles: B5 clean (an 8B rank's TP=2 shapes on the GEMV,
+    # the pipeline's queued transfers); TP=1 and TP=2 again with three steps in flight; B7 as
+    # it is, then with the router's balance thresholds low enough to even out the 9 and 7
+    # prefix groups the replicas got in both runs so far.
+    part b5 280 150 b5 --layout-timeout-s 100
+    part b5d3 200 100 b5 --layout-timeout-s 90 --layouts tp1,tp2 --overlap-steps 3 \
+      --suffix h200_overlap3
+    part b7 120 45 b7
+    part b7bal 120 45 b7 --name b7_balanced_h200 \
+      --dp-args "--router-balance-abs-threshold 8 --router-balance-rel-threshold 1.1"
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -91,7 +91,11 @@ def replica_argv(argv: list[str], config: ServerConfig, index: int, port: int) -
 def gateway_argv(config: ServerConfig, replicas: list[Replica], metrics_port: int) -> list[str]:
     return [sys.executable, "-m", "tessera.bus.gateway", "--host", config.host,
             "--port", str(config.port), "--worker-urls", *[r.url for r in replicas],
-            "--policy", config.router_policy, "--prometheus-host", "127.0.0.1",
+            "--policy", config.router_policy,
+            "--cache-threshold", str(config.router_cache_threshold),
+            "--balance-abs-threshold", str(config.router_balance_abs_threshold),
+            "--balance-rel-threshold", str(config.router_balance_rel_threshold),
+            "--prometheus-host", "127.0.0.1",
             "--prometheus-port", str(metrics_port),
             "--health-check-interval-secs", str(HEALTH_CHECK_INTERVAL_S),
             "--worker-startup-timeout-secs", str(int(GATEWAY_READY_TIMEOUT_S)),

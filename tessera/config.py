@@ -461,6 +461,16 @@ class ServerConfig(EngineConfig):
                               "(the replica most likely to hold the prompt's prefix, the "
                               "least loaded when load is uneven), round_robin, power_of_two, "
                               "random", choices=list(ROUTER_POLICIES))
+    router_cache_threshold: float = _opt(0.3, "cache_aware: the share of a prompt that must "
+                                         "match a replica's routed prefixes to go there; "
+                                         "below it, the replica whose routed text is "
+                                         "smallest (the gateway's --cache-threshold)")
+    router_balance_abs_threshold: int = _opt(64, "cache_aware: load is uneven (requests then "
+                                             "go to the least loaded replica) when the most "
+                                             "and least loaded replicas' requests in flight "
+                                             "differ by more than this and ...")
+    router_balance_rel_threshold: float = _opt(1.5, "... the most loaded has more than this "
+                                               "times the least loaded's")
     replica_metrics_port: int | None = _opt(None, "--dp-size: port of /metrics with every "
                                             "replica's load and the routed cache hit rate "
                                             "(default: --port + 1)")
@@ -471,6 +481,14 @@ class ServerConfig(EngineConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not 0.0 <= self.router_cache_threshold <= 1.0:
+            raise ValueError(f"router_cache_threshold must be within 0-1, got "
+                             f"{self.router_cache_threshold}")
+        if self.router_balance_abs_threshold < 0 or self.router_balance_rel_threshold < 1.0:
+            raise ValueError(f"router_balance_abs_threshold must be at least 0 and "
+                             f"router_balance_rel_threshold at least 1, got "
+                             f"{self.router_balance_abs_threshold} and "
+                             f"{self.router_balance_rel_threshold}")
         if self.embedding_pooling not in EMBEDDING_POOLINGS:
             raise ValueError(f"embedding_pooling must be last or mean, got "
                              f"{self.embedding_pooling!r}")

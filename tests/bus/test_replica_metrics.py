@@ -68,3 +68,31 @@ def test_read_settled_waits_for_the_late_counters() -> None:
 def test_read_settled_refuses_a_replica_that_stays_down() -> None:
     with pytest.raises(TimeoutError, match="did not settle"):
         read_settled(lambda: _load(0, 0, up=False), quiet_s=0.01, timeout_s=0.05)
+
+
+def test_the_gateway_gets_the_routing_thresholds_and_accepts_them() -> None:
+    """--router-cache-threshold and the two balance thresholds reach the gateway's command
+    line, which its own parser (sglang-router's RouterArgs, as bus/gateway.py uses it)
+    reads back; out-of-range values are refused before anything starts."""
+    import argparse
+
+    import pytest
+
+    from tessera.bus.replicas import Replica, gateway_argv
+    from tessera.config import ServerConfig
+
+    config = ServerConfig(dp_size=2, router_cache_threshold=0.25,
+                          router_balance_abs_threshold=8, router_balance_rel_threshold=1.1)
+    replicas = [Replica(index=i, port=9000 + i, argv=[]) for i in range(2)]
+    argv = gateway_argv(config, replicas, 9100)
+    router_args = pytest.importorskip("sglang_router.router_args")
+    parser = argparse.ArgumentParser()
+    router_args.RouterArgs.add_cli_args(parser, use_router_prefix=False)
+    parsed = router_args.RouterArgs.from_cli_args(parser.parse_args(argv[3:]),
+                                                  use_router_prefix=False)
+    assert (parsed.cache_threshold, parsed.balance_abs_threshold,
+            parsed.balance_rel_threshold) == (0.25, 8, 1.1)
+    for bad in (dict(router_cache_threshold=1.5), dict(router_balance_abs_threshold=-1),
+                dict(router_balance_rel_threshold=0.9)):
+        with pytest.raises(ValueError, match="router_"):
+            ServerConfig(**bad)
