@@ -14,7 +14,7 @@
 #   benchmarks/gpu_session.sh 10  # two H200s: b5check, b5 with worker profiles, b7  (~400 s)
 #   benchmarks/gpu_session.sh 11  # one H200:  b1, b2, b3 at --overlap-steps 2 and 3  (~350 s)
 #   benchmarks/gpu_session.sh 12  # one H200:  b2 at --overlap-steps 2, 3, 2, 3       (~200 s)
-#   benchmarks/gpu_session.sh 13  # two H200s: b5, b5 tp1/tp2 at 3 steps, b7, b7 balanced (~360 s)
+#   benchmarks/gpu_session.sh 13  # two H200s: b5, b5 at 3 steps, pp2 at 2 batches, b7 x2 (~450 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -257,12 +257,15 @@ case $CALL in
     ;;
   13)
     # Two H200s after c62ab61's profiles: B5 clean (an 8B rank's TP=2 shapes on the GEMV,
-    # the pipeline's queued transfers); TP=1 and TP=2 again with three steps in flight; B7 as
+    # the pipeline's queued transfers); TP=1 and TP=2 again with three steps in flight; PP=2
+    # with two batches in flight (a stage's weights read twice a round, not three times); B7 as
     # it is, then with the router's balance thresholds low enough to even out the 9 and 7
     # prefix groups the replicas got in both runs so far.
     part b5 280 150 b5 --layout-timeout-s 100
     part b5d3 200 100 b5 --layout-timeout-s 90 --layouts tp1,tp2 --overlap-steps 3 \
       --suffix h200_overlap3
+    part b5ppb2 150 90 b5 --layout-timeout-s 70 --layouts tp1,pp2 --pp-batches-in-flight 2 \
+      --suffix h200_ppb2
     part b7 120 45 b7
     part b7bal 120 45 b7 --name b7_balanced_h200 \
       --dp-args "--router-balance-abs-threshold 8 --router-balance-rel-threshold 1.1"
