@@ -15,6 +15,7 @@
 #   benchmarks/gpu_session.sh 11  # one H200:  b1, b2, b3 at --overlap-steps 2 and 3  (~350 s)
 #   benchmarks/gpu_session.sh 12  # one H200:  b2 at --overlap-steps 2, 3, 2, 3       (~200 s)
 #   benchmarks/gpu_session.sh 13  # two H200s: b5, b5 at 3 steps, pp2 at 2 batches, b7 x2 (~450 s)
+#   benchmarks/gpu_session.sh 14  # one H200:  inputs (copies' conformance, engine parity), b1, b2 (~170 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -48,7 +49,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-3])$ ]] || { echo "usage: $0 1|...|13  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-4])$ ]] || { echo "usage: $0 1|...|14  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -269,6 +270,13 @@ case $CALL in
     part b7 120 45 b7
     part b7bal 120 45 b7 --name b7_balanced_h200 \
       --dp-args "--router-balance-abs-threshold 8 --router-balance-rel-threshold 1.1"
+    ;;
+  14)
+    # One H200 after a change to how a step's inputs reach the device: the copies'
+    # conformance and the whole engine's greedy parity with transformers, then B1 and B2.
+    part inputs 150 80 inputs
+    part b1 90 35 b1
+    part b2 90 35 b2
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -60,7 +60,7 @@ mkdir -p "$OUT"
 parts=()
 while [[ $# -gt 0 && $1 != -* ]]; do parts+=("$1"); shift; done
 [[ ${#parts[@]} -gt 0 ]] || parts=(all)
-all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|fusion|kernels|quanttests|moetests|quantbench|all"
+all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|all"
 for part in "${parts[@]}"; do
   if [[ ! $part =~ ^($all_parts)$ ]]; then
     echo "usage: $0 [${all_parts//|/|} ...] [flags]" >&2
@@ -161,6 +161,9 @@ for part in "${parts[@]}"; do
                "${T_cpu[@]}" || { echo "profile: failed" >&2; failed+=(profile); } ;;
     gputests) gpu_pytest gputests tests/hal_cuda/test_models_gpu.py \
                 tests/hal_cuda/test_mixed_graphs_gpu.py "${T_gputests[@]}" ;;
+    inputs) gpu_pytest inputs tests/hal_cuda/test_conformance_gpu.py \
+              -k "copies or pinned or capture_warms or greedy_equals" \
+              tests/hal_cuda/test_engine_parity_gpu.py ;;
     multihost) gpu_pytest multihost tests/hal_cuda/test_multihost_gpu.py "${T_multihost[@]}" ;;
     fusion) gpu_pytest fusion tests/hal_cuda/test_fused_gpu.py tests/hal_cuda/test_conformance_gpu.py \
               -k "fused_op or rotary_store_kv or silu_and_mul_linear or test_fused_gpu" "${T_fusion[@]}"

@@ -66,6 +66,7 @@ from tessera.hal.conformance_runtime import (  # noqa: F401 - collected from her
     test_memory_policy_is_declared,
     test_pinned_buffers_are_host_memory_the_device_can_fill,
     test_profile_ranges_nest_and_repeat,
+    test_several_copies_to_the_device_arrive_whole,
 )
 from tessera.hal.ops import OP_NAMES
 from tessera.hal.platform import Capabilities, Platform

@@ -40,6 +40,25 @@ def test_copies_round_trip_through_the_device(hal_platform: Platform) -> None:
     assert torch.equal(back, host * 3)
 
 
+def test_several_copies_to_the_device_arrive_whole(hal_platform: Platform) -> None:
+    """A step's inputs in one call: mixed dtypes and shapes, odd sizes, an empty one."""
+    dev = hal_platform.device()
+    hosts = [torch.arange(7, dtype=torch.int64), torch.arange(12, dtype=torch.int32).reshape(3, 4),
+             torch.zeros((0, 0), dtype=torch.int32), torch.tensor([True, False, True]),
+             torch.linspace(0, 1, 5, dtype=torch.float32), torch.arange(3, dtype=torch.int64) - 5]
+    out = hal_platform.host_to_device_many([h.clone() for h in hosts], dev)
+    assert len(out) == len(hosts)
+    for h, d in zip(hosts, out, strict=True):
+        assert d.device.type == dev.type and d.dtype == h.dtype and d.shape == h.shape
+    backs = [hal_platform.device_to_host(d + 0 if d.dtype != torch.bool else d.clone())
+             for d in out]
+    event = hal_platform.create_event()
+    event.record()
+    event.synchronize()
+    for h, b in zip(hosts, backs, strict=True):
+        assert torch.equal(b, h)
+
+
 def test_pinned_buffers_are_host_memory_the_device_can_fill(hal_platform: Platform) -> None:
     buf = hal_platform.pinned_empty((3, 5), torch.float32)
     assert buf.shape == (3, 5) and buf.dtype == torch.float32 and buf.device.type == "cpu"

@@ -373,6 +373,12 @@ class Platform(ABC):
         the work already on the device without making the host wait for it."""
         return host.to(device)
 
+    def host_to_device_many(self, hosts: list[torch.Tensor],
+                            device: torch.device) -> list[torch.Tensor]:
+        """Several host tensors on `device`, as host_to_device each (a step's inputs): a plugin
+        whose copies cost a fixed price each may send them in one."""
+        return [self.host_to_device(h, device) for h in hosts]
+
     def device_to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """Start copying `tensor` into host memory, queued behind the work that produces it.
         Its values are there once an event recorded after this call has completed."""

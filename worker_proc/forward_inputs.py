@@ -78,6 +78,10 @@ def to_device(platform: Platform, a: np.ndarray, dtype: torch.dtype,
     return platform.host_to_device(torch.from_numpy(np.ascontiguousarray(a)).to(dtype), device)
 
 
+def _host(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
+
+
 def build_forward_inputs(batch: ForwardBatch, req_to_token: np.ndarray, platform: Platform,
                          device: torch.device) -> ForwardInputs:
     rows = np.asarray(batch.rows, dtype=np.int64)
@@ -104,20 +108,24 @@ def build_forward_inputs(batch: ForwardBatch, req_to_token: np.ndarray, platform
         logits_indices = np.repeat(logits_indices - drafts, per) + (
             np.arange(int(per.sum())) - np.repeat(np.cumsum(per) - per, per))
     input_ids = np.asarray(batch.input_ids, dtype=np.int64)
-
-    def dev(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return to_device(platform, a, dtype, device)
-
+    # One call for the nine arrays: the plugin may send them in one copy.
+    (ids_d, rows_d, pos_d, slots_d, table_d, lens_d, extend_d, indptr_d, logits_d) = \
+        platform.host_to_device_many([
+            _host(input_ids, torch.int64), _host(token_rows, torch.int64),
+            _host(positions, torch.int64), _host(out_slots, torch.int64),
+            _host(table, torch.int32), _host(seq_lens, torch.int32),
+            _host(extend, torch.int32), _host(indptr, torch.int32),
+            _host(logits_indices, torch.int64)], device)
     return ForwardInputs(
-        input_ids=dev(input_ids, torch.int64),
-        token_rows=dev(token_rows, torch.int64),
-        positions=dev(positions, torch.int64),
-        out_slots=dev(out_slots, torch.int64),
-        req_to_token=dev(table, torch.int32),
-        seq_lens=dev(seq_lens, torch.int32),
-        extend_lens=dev(extend, torch.int32),
-        qo_indptr=dev(indptr, torch.int32),
-        logits_indices=dev(logits_indices, torch.int64),
+        input_ids=ids_d,
+        token_rows=rows_d,
+        positions=pos_d,
+        out_slots=slots_d,
+        req_to_token=table_d,
+        seq_lens=lens_d,
+        extend_lens=extend_d,
+        qo_indptr=indptr_d,
+        logits_indices=logits_d,
         is_decode=bool(batch.is_decode or (len(rows) > 0 and bool((extend == 1).all()))),
         has_last_sampled=bool((input_ids < 0).any()),
         max_extend_len=int(extend.max()) if len(rows) else 0,

@@ -178,6 +178,10 @@ class CudaPlatform(OpTablePlatform):
     def host_to_device(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
         return runtime.host_to_device(host, device)
 
+    def host_to_device_many(self, hosts: list[torch.Tensor],
+                            device: torch.device) -> list[torch.Tensor]:
+        return runtime.host_to_device_many(hosts, device)
+
     def device_to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         return runtime.device_to_host(tensor)
 
