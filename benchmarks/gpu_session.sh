@@ -257,19 +257,20 @@ case $CALL in
     done
     ;;
   13)
-    # Two H200s after c62ab61's profiles: B5 clean (an 8B rank's TP=2 shapes on the GEMV,
-    # the pipeline's queued transfers); TP=1 and TP=2 again with three steps in flight; PP=2
-    # with two batches in flight (a stage's weights read twice a round, not three times); B7 as
-    # it is, then with the router's balance thresholds low enough to even out the 9 and 7
-    # prefix groups the replicas got in both runs so far.
+    # Two H200s after c62ab61's profiles, most wanted first: B5 clean (an 8B rank's TP=2
+    # shapes on the GEMV, the pipeline's queued transfers, a step's inputs in one copy); B7
+    # as it is, then with the router's balance thresholds low enough to even out the 9 and 7
+    # prefix groups the replicas got in both runs so far; TP=1 and TP=2 again with three
+    # steps in flight; PP=2 with two batches in flight (a stage's weights read twice a
+    # round, not three times).
     part b5 280 150 b5 --layout-timeout-s 100
+    part b7 120 45 b7
+    part b7bal 120 45 b7 --name b7_balanced_h200 \
+      --dp-args "--router-balance-abs-threshold 8 --router-balance-rel-threshold 1.1"
     part b5d3 200 100 b5 --layout-timeout-s 90 --layouts tp1,tp2 --overlap-steps 3 \
       --suffix h200_overlap3
     part b5ppb2 150 90 b5 --layout-timeout-s 70 --layouts tp1,pp2 --pp-batches-in-flight 2 \
       --suffix h200_ppb2
-    part b7 120 45 b7
-    part b7bal 120 45 b7 --name b7_balanced_h200 \
-      --dp-args "--router-balance-abs-threshold 8 --router-balance-rel-threshold 1.1"
     ;;
   14)
     # One H200 after a change to how a step's inputs reach the device: the copies'
