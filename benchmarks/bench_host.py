@@ -81,6 +81,10 @@ def snapshot(client: Any, settle_s: float) -> Snapshot:
     return Snapshot(client.status())
 
 
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
 def tier_figures(before: Snapshot, after: Snapshot, stats: dict[str, Any]) -> dict[str, Any]:
     tokens = max(1, int(stats["total_output_tokens"]))
     steps = max(1.0, after.stat("scheduler", "steps") - before.stat("scheduler", "steps"))
@@ -103,6 +107,12 @@ def tier_figures(before: Snapshot, after: Snapshot, stats: dict[str, Any]) -> di
         "cpu_ms_per_step": {k: v / steps * 1e3 for k, v in sorted(cpu.items())},
         "cpu_s": dict(sorted(cpu.items())),
         "load_generator_cpu_s": after.own_cpu - before.own_cpu,
+        # from a step's result leaving the worker to the next step in its hands, where it
+        # waited for it: what the device idles for once this exceeds its step (two in flight)
+        "worker_round_trip_ms": _ratio(after.stat("worker0", "round_trip_ms_total")
+                                       - before.stat("worker0", "round_trip_ms_total"),
+                                       after.stat("worker0", "round_trips")
+                                       - before.stat("worker0", "round_trips")),
         "messages_per_step": {
             hop: (after.stat(p, s) - before.stat(p, s)) / steps for hop, (p, s) in HOPS.items()},
         "error_samples": stats.get("error_samples", []),
@@ -155,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[bench] c={conc}: server {tier['server_cpu_us_per_token']:.0f} us CPU "
                       f"per token, host {tier['host_cpu_us_per_token']:.0f} us; "
                       f"{tier['output_tok_per_s']:.0f} tok/s, ITL p50 {tier['itl_p50_ms']:.1f} "
-                      f"p99 {tier['itl_p99_ms']:.1f} ms; messages per step "
+                      f"p99 {tier['itl_p99_ms']:.1f} ms, worker round trip "
+                      f"{tier['worker_round_trip_ms']:.2f} ms; messages per step "
                       f"{tier['messages_per_step']}", file=sys.stderr)
         finally:
             client.close()

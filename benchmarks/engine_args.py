@@ -92,3 +92,17 @@ def worker_stats(llm: Any) -> dict[str, dict[str, float]]:
         return {}
     return {name: dict(info.get("stats", {})) for name, info in processes.items()
             if name.startswith("worker")}
+
+
+def host_path(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """A worker's host path between two of its heartbeats: milliseconds of host work to
+    launch a step, and of the round trip from a result sent to the next batch in hand (the
+    scheduler's turn and two bus hops) where the worker waited for it: with two steps in
+    flight the device idles once the two together exceed its step."""
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    launches, trips = delta("launches_timed"), delta("round_trips")
+    return {"launch_ms_per_step": delta("launch_ms_total") / launches if launches else 0.0,
+            "round_trip_ms": delta("round_trip_ms_total") / trips if trips else 0.0,
+            "round_trips": trips}

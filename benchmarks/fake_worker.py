@@ -23,6 +23,7 @@ from tessera.bus.channel import Inbox, Outbox
 from tessera.bus.messages import ForwardBatch, Message, SampledTokens, WorkerReady
 from tessera.bus.process import BusProcess, process_main
 from tessera.bus.run_paths import RunPaths
+from tessera.bus.stats import RoundTrips
 from tessera.config import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class FakeWorker(BusProcess):
         self.queue: deque[tuple[float, int, int]] = deque()
         self.device_free_at = 0.0
         self.steps = 0
+        self.round_trips = RoundTrips(config.steps_in_flight)  # as the real worker counts
 
     def setup(self) -> None:
         from tessera.formats.tokenizer import load_tokenizer
@@ -68,6 +70,7 @@ class FakeWorker(BusProcess):
         for msg in msgs:
             if not isinstance(msg, ForwardBatch):
                 continue
+            self.round_trips.arrived(msg.step, time.perf_counter())
             extend = np.asarray(msg.extend_lens)
             cost = self.step_s + self.prefill_s_per_token * float(extend[extend > 1].sum())
             self.device_free_at = max(now, self.device_free_at) + cost
@@ -81,6 +84,7 @@ class FakeWorker(BusProcess):
                                        dtype=np.int32)
             assert self.results is not None
             self.results.send(SampledTokens(step=step, token_ids=tokens))
+            self.round_trips.answered(step, time.perf_counter())
             self.steps += 1
 
     def wait_timeout(self) -> float:
@@ -89,7 +93,7 @@ class FakeWorker(BusProcess):
         return max(0.0, self.queue[0][0] - time.monotonic())
 
     def stats(self) -> dict[str, float]:
-        return {"steps": float(self.steps)}
+        return {"steps": float(self.steps), **self.round_trips.stats()}
 
     def ready_info(self) -> dict[str, Any]:
         return {"rank": 0, "device": "fake", "model": self.config.model}

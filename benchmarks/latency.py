@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from contextlib import nullcontext
 from typing import Any
 
@@ -23,6 +24,7 @@ from tessera.benchmarks.datasets import random_requests
 from tessera.benchmarks.device_probe import probe
 from tessera.benchmarks.engine_args import (
     add_engine_args,
+    host_path,
     resolve_engine,
     worker_stats,
 )
@@ -74,8 +76,12 @@ def main(argv: list[str] | None = None, llm: Any = None) -> int:
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     decode_ms: list[float] = []
     ttft_ms: list[float] = []
+    workers_before: dict[str, dict[str, float]] = {}
     with nullcontext(llm) if llm is not None else LLM(**kwargs) as llm:
         for i, req in enumerate(reqs):
+            if i == args.warmup:  # the workers' counters from here on: the measured requests
+                time.sleep(2 * engine.heartbeat_interval_s)
+                workers_before = worker_stats(llm)
             (out,) = llm.generate([req.prompt_ids], params, stream=True, use_tqdm=False)
             if i < args.warmup:
                 continue
@@ -86,6 +92,7 @@ def main(argv: list[str] | None = None, llm: Any = None) -> int:
                 ttft_ms.append(out.ttft_s * 1000.0)
             print(f"[bench] B1 iter {i - args.warmup}: decode {decode_ms[-1]:.2f} ms/step, "
                   f"TTFT {ttft_ms[-1]:.1f} ms, {len(times)} tokens", file=sys.stderr)
+        time.sleep(2 * engine.heartbeat_interval_s)  # a fresh heartbeat carries the counters
         workers = worker_stats(llm)
     figures: dict[str, Any] = {
         "decode_ms_per_step": statistics.median(decode_ms) if decode_ms else float("nan"),
@@ -93,9 +100,11 @@ def main(argv: list[str] | None = None, llm: Any = None) -> int:
         "decode_ms_per_step_all": decode_ms,
         "ttft_ms_all": ttft_ms,
         # What each worker ran on: the TP all-reduce's one-shot limit (0: the collective
-        # library for every all-reduce), its steps and forward time.
-        "workers": {name: {k: stats.get(k, 0.0) for k in
-                           ("steps", "forward_ms_avg", "all_reduce_one_shot_bytes")}
+        # library for every all-reduce), its steps and forward time, and over the measured
+        # requests its host path (launch work and round trip per step).
+        "workers": {name: {**{k: stats.get(k, 0.0) for k in
+                              ("steps", "forward_ms_avg", "all_reduce_one_shot_bytes")},
+                           **host_path(workers_before.get(name, {}), stats)}
                     for name, stats in workers.items()},
     }
     if device is not None:

@@ -27,6 +27,7 @@ from tessera.benchmarks.datasets import BenchRequest, parse_range, random_reques
 from tessera.benchmarks.device_probe import probe
 from tessera.benchmarks.engine_args import (
     add_engine_args,
+    host_path,
     resolve_engine,
     scheduler_stats,
     worker_stats,
@@ -85,7 +86,9 @@ def _per_step(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
             # kernels compiled (or loaded from Triton's disk cache) during the measured run
             "kernel_compiles": after.get("kernel_compiles", 0.0)
             - before.get("kernel_compiles", 0.0),
-            "launch_ms_max": after.get("launch_ms_max", 0.0)}
+            "launch_ms_max": after.get("launch_ms_max", 0.0),
+            **host_path(before, after)}
+
 
 
 def main(argv: list[str] | None = None, llm: Any = None) -> int:

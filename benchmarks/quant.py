@@ -33,7 +33,13 @@ from typing import Any
 
 from tessera.benchmarks.common import default_results_dir, new_result, write_result
 from tessera.benchmarks.datasets import parse_range, random_requests
-from tessera.benchmarks.engine_args import add_engine_args, resolve_engine, scheduler_stats
+from tessera.benchmarks.engine_args import (
+    add_engine_args,
+    host_path,
+    resolve_engine,
+    scheduler_stats,
+    worker_stats,
+)
 
 TARGETS = {"fp8_decode_ms_per_step": ("<=", 2.3), "int4_decode_ms_per_step": ("<=", 1.5),
            "fp8_b2_speedup": (">=", 1.5)}
@@ -117,7 +123,11 @@ def run_b1(llm: Any, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
                            (args.output_len, args.output_len), vocab, args.dataset_seed)
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     decode, ttft = [], []
+    before: dict[str, float] = {}
     for i, req in enumerate(reqs):
+        if i == args.warmup:  # the answering worker's counters over the measured requests
+            time.sleep(2 * args.heartbeat_s)
+            before = worker_stats(llm).get("worker0", {})
         (out,) = llm.generate([req.prompt_ids], params, stream=True, use_tqdm=False)
         if i < args.warmup:
             continue
@@ -126,9 +136,11 @@ def run_b1(llm: Any, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
             decode.append((times[-1] - times[0]) / (len(times) - 1) * 1000.0)
         if out.ttft_s is not None:
             ttft.append(out.ttft_s * 1000.0)
+    time.sleep(2 * args.heartbeat_s)
+    host = host_path(before, worker_stats(llm).get("worker0", {}))
     return {"decode_ms_per_step": statistics.median(decode) if decode else float("nan"),
             "ttft_ms": statistics.median(ttft) if ttft else float("nan"),
-            "decode_ms_per_step_all": decode}
+            "decode_ms_per_step_all": decode, "host": host}
 
 
 def run_b2(llm: Any, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
@@ -180,6 +192,10 @@ def part_engine(base: dict[str, Any], variants: list[str], parts: set[str],
                 figures[f"{v}_decode_ms_per_step"] = b1["decode_ms_per_step"]
                 figures[f"{v}_ttft_ms"] = b1["ttft_ms"]
                 figures[f"{v}_decode_ms_per_step_all"] = b1["decode_ms_per_step_all"]
+                # the worker's host path per step: launch work, and the round trip from a
+                # result to the next batch where it waited for one
+                figures[f"{v}_worker_launch_ms_per_step"] = b1["host"]["launch_ms_per_step"]
+                figures[f"{v}_worker_round_trip_ms"] = b1["host"]["round_trip_ms"]
                 if bandwidth and stats.get("weight_bytes"):
                     context = args.prompt_len + args.output_len // 2
                     bound = decode_roofline_ms(stats["weight_bytes"], embed,
@@ -240,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_args(p)
     args = p.parse_args(argv)
     base, engine, dev_name, dtype, mconf = resolve_engine(args)
+    args.heartbeat_s = engine.heartbeat_interval_s
     variants = [v.strip() for v in args.schemes.split(",") if v.strip()]
     parts = {x.strip() for x in args.parts.split(",") if x.strip()}
     unknown = parts - set(PARTS)

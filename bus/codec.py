@@ -1,16 +1,25 @@
-"""msgpack header + zero-copy array frames.
+"""msgpack header + array frames: small arrays packed into one frame, large ones zero-copy.
 
 A message is sent as a multipart ZeroMQ message:
-    frame 0: msgpack map {"t": type, "v": version, "f": {plain fields}, "a": [[name, dtype, shape]]}
-    frame 1..k: the raw bytes of each array field, in the order of "a"
-Arrays are sent without copying (a memoryview of a C-contiguous array goes to zmq with
+    frame 0: msgpack map {"t": type, "v": version, "f": {plain fields},
+                          "a": [[name, dtype, shape(, offset)]], "p": pack bytes}
+    frame 1: the pack, when "p" > 0: the bytes of every array of at most PACK_MAX_BYTES,
+             each at its `offset` (16-byte aligned)
+    then: the raw bytes of each larger array (a description without an offset), in the
+          order of "a", one frame each
+Large arrays are sent without copying (a memoryview of a C-contiguous array goes to zmq with
 copy=False) and decoded with `numpy.frombuffer` on the received frame's buffer, so the decoded
-array's memory *is* the frame's. Nothing here ever unpickles.
+array's memory *is* the frame's. Small arrays are copied once into the pack: a frame costs
+more than that copy (a zmq message and a Python object on each side, a few microseconds),
+and a step's ForwardBatch carries 29 arrays, most of a few bytes or empty, on the path every
+decode step waits on. Packed arrays are read with `numpy.frombuffer` on the pack's buffer.
+Nothing here ever unpickles.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 from functools import cache
@@ -21,12 +30,19 @@ import numpy as np
 
 from tessera.bus.messages import MESSAGE_TYPES, NESTED_TYPES, Message
 
-# dtypes allowed on the wire: a peer must not make us build object arrays.
-_ALLOWED_DTYPES = {
-    np.dtype(t).str
+# dtypes allowed on the wire (their `.str` names): a peer must not make us build object
+# arrays.
+_DTYPES: dict[str, np.dtype] = {
+    np.dtype(t).str: np.dtype(t)
     for t in (np.int8, np.uint8, np.int16, np.int32, np.int64, np.uint32, np.float16,
               np.float32, np.float64, np.bool_)
 }
+_ALLOWED_DTYPES = frozenset(_DTYPES)
+# Arrays of at most this many bytes travel in the pack (one frame for all of them, copied);
+# larger ones in frames of their own, not copied. A ForwardBatch of 256 decodes holds arrays
+# of 1-2 KiB; a long prompt's token ids are hundreds of KiB.
+PACK_MAX_BYTES = 8192
+_PACK_ALIGN = 16  # every packed array starts at a multiple of this (aligned numpy views)
 # The largest header a receiver accepts. Senders check it too (`MessageTooLarge`), so that a
 # message the bus would refuse fails at once where it is made, never silently at the receiver;
 # the HTTP body limit is set well below it (server/formatting.py).
@@ -56,6 +72,13 @@ class _Fields:
     nested: dict[str, type]  # plain fields holding a nested dataclass
     nested_maps: dict[str, type]  # plain `dict[str, nested dataclass]` fields: value type
     nullable: frozenset[str]  # fields that may be None
+    # array fields whose default is an empty 1-D array of this dtype (`.str`): such an array
+    # when empty is not sent at all, and the receiver's dataclass default stands for it
+    empty_default: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @functools.cached_property
+    def array_set(self) -> frozenset[str]:
+        return frozenset(self.arrays)
 
 
 _FIELDS: dict[type, _Fields] = {}
@@ -75,6 +98,7 @@ def _describe(cls: type) -> _Fields:
     nested: dict[str, type] = {}
     nested_maps: dict[str, type] = {}
     nullable: set[str] = set()
+    empty_default: dict[str, str] = {}
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         args = typing.get_args(hint)
@@ -82,6 +106,10 @@ def _describe(cls: type) -> _Fields:
             nullable.add(f.name)
         if hint is np.ndarray or np.ndarray in args:
             arrays.append(f.name)
+            if f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+                if isinstance(default, np.ndarray) and default.shape == (0,):
+                    empty_default[f.name] = default.dtype.str
             continue
         plain.append(f.name)
         if typing.get_origin(hint) is dict:
@@ -91,7 +119,8 @@ def _describe(cls: type) -> _Fields:
         for candidate in (hint, *args):
             if dataclasses.is_dataclass(candidate):
                 nested[f.name] = candidate  # type: ignore[assignment]
-    return _Fields(tuple(arrays), tuple(plain), nested, nested_maps, frozenset(nullable))
+    return _Fields(tuple(arrays), tuple(plain), nested, nested_maps, frozenset(nullable),
+                   empty_default)
 
 
 def _nested(cls: type, owner: str, value: dict[str, Any]) -> Any:
@@ -129,26 +158,44 @@ def encode(msg: Message) -> list[Any]:
     if cls.TYPE not in MESSAGE_TYPES:
         raise TypeError(f"{cls.__name__} is not a registered bus message")
     info = _field_info(cls)
-    array_names, plain_names = info.arrays, info.plain
+    array_names, plain_names, empty_default = info.arrays, info.plain, info.empty_default
     fields = {name: _plain(getattr(msg, name)) for name in plain_names}
     for name in info.nested_maps:
         fields[name] = {k: _plain(v) for k, v in fields[name].items()}
     descs: list[list[Any]] = []
     buffers: list[Any] = []
+    packed: list[tuple[int, np.ndarray]] = []
+    pack_len = 0
     for name in array_names:
         arr = getattr(msg, name)
         if arr is None:
             fields[name] = None
             continue
         arr = np.ascontiguousarray(arr)
-        if arr.dtype.str not in _ALLOWED_DTYPES:
+        dtype_str = arr.dtype.str
+        if dtype_str not in _ALLOWED_DTYPES:
             raise TypeError(f"{cls.TYPE}.{name}: dtype {arr.dtype} cannot travel on the bus")
-        descs.append([name, arr.dtype.str, list(arr.shape)])
-        # A zero-size array still takes a frame so that frame i always matches desc i.
-        buffers.append(memoryview(arr).cast("B") if arr.size else b"")  # type: ignore[arg-type]
+        nbytes = arr.nbytes
+        if not nbytes and empty_default.get(name) == dtype_str and arr.shape == (0,):
+            continue  # the receiver's default is this very array
+        if nbytes <= PACK_MAX_BYTES:
+            descs.append([name, dtype_str, list(arr.shape), pack_len])
+            if nbytes:
+                packed.append((pack_len, arr))
+                pack_len += -(-nbytes // _PACK_ALIGN) * _PACK_ALIGN
+        else:
+            descs.append([name, dtype_str, list(arr.shape)])
+            buffers.append(memoryview(arr.reshape(-1)).cast("B"))
+    if pack_len:
+        pack = bytearray(pack_len)
+        view = memoryview(pack)
+        for offset, arr in packed:
+            view[offset:offset + arr.nbytes] = memoryview(arr.reshape(-1)).cast("B")
+        buffers.insert(0, pack)
     try:
         header = msgpack.packb(
-            {"t": cls.TYPE, "v": cls.VERSION, "f": fields, "a": descs}, use_bin_type=True
+            {"t": cls.TYPE, "v": cls.VERSION, "f": fields, "a": descs, "p": pack_len},
+            use_bin_type=True
         )
     except (TypeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
         raise EncodeError(f"{cls.TYPE} cannot be encoded: {_reason(exc)}") from None
@@ -193,8 +240,17 @@ def decode(frames: list[Any]) -> Message:
     fields, descs = header["f"], header["a"]
     if not isinstance(fields, dict) or not isinstance(descs, list):
         raise DecodeError(f"{cls.TYPE}: malformed header")
-    if len(frames) != 1 + len(descs):
-        raise DecodeError(f"{cls.TYPE}: {len(descs)} arrays described, {len(frames) - 1} sent")
+    pack_len = header.get("p", 0)
+    if type(pack_len) is not int or pack_len < 0:
+        raise DecodeError(f"{cls.TYPE}: malformed pack size {pack_len!r}")
+    own = sum(1 for d in descs if not (isinstance(d, list) and len(d) == 4))
+    if len(frames) != 1 + (1 if pack_len else 0) + own:
+        raise DecodeError(f"{cls.TYPE}: {len(descs)} arrays described ({own} in frames of "
+                          f"their own{', with a pack' if pack_len else ''}), "
+                          f"{len(frames) - 1} frames sent")
+    pack = _buffer(frames[1]) if pack_len else None
+    if pack is not None and len(pack) != pack_len:
+        raise DecodeError(f"{cls.TYPE}: a pack of {len(pack)} bytes, {pack_len} described")
     info = _field_info(cls)
     array_names, plain_names = info.arrays, info.plain
     nested, nested_maps = info.nested, info.nested_maps
@@ -213,23 +269,45 @@ def decode(frames: list[Any]) -> Message:
             value = {k: _nested(nested_maps[name], f"{cls.TYPE}.{name}[{k!r}]", v)
                      for k, v in value.items()}
         values[name] = value
-    for desc, frame in zip(descs, frames[1:], strict=True):
+    own_frames = iter(frames[2:] if pack_len else frames[1:])
+    array_set = info.array_set
+    for desc in descs:
         try:
-            name, dtype_str, shape = desc
-            dtype = np.dtype(dtype_str)
-            shape = tuple(int(s) for s in shape)
+            name, dtype_str, shape, *where = desc
+            dtype = _DTYPES.get(dtype_str) if isinstance(dtype_str, str) else None
+            shape = tuple(shape) if type(shape) is list and all(
+                type(s) is int for s in shape) else tuple(int(s) for s in shape)
+            packed = bool(where)
+            offset = where[0] if packed else 0
         except Exception:
             raise DecodeError(f"{cls.TYPE}: malformed array description {desc!r}") from None
-        if name not in array_names:
+        if type(name) is not str or name not in array_set:
             raise DecodeError(f"{cls.TYPE}: unexpected array {name!r}")
-        if dtype.str not in _ALLOWED_DTYPES or any(s < 0 for s in shape):
+        if dtype is None or len(where) > 1 or (shape and min(shape) < 0):
             raise DecodeError(f"{cls.TYPE}.{name}: bad dtype/shape {dtype_str} {shape}")
-        buf = _buffer(frame)
-        expected = math.prod(shape) * dtype.itemsize
-        if len(buf) != expected:
-            raise DecodeError(f"{cls.TYPE}.{name}: {len(buf)} bytes for {shape} {dtype}")
-        arr = np.frombuffer(buf, dtype=dtype).reshape(shape) if expected else \
-            np.zeros(shape, dtype=dtype)
+        count = math.prod(shape)
+        expected = count * dtype.itemsize
+        if not packed:
+            frame = next(own_frames, None)
+            if frame is None:  # (counted above: only a malformed description gets here)
+                raise DecodeError(f"{cls.TYPE}.{name}: no frame for it")
+            buf = _buffer(frame)
+            if len(buf) != expected:
+                raise DecodeError(f"{cls.TYPE}.{name}: {len(buf)} bytes for {shape} {dtype}")
+        elif type(offset) is not int or offset < 0 or (expected and (
+                pack is None or offset + expected > len(pack))):
+            raise DecodeError(f"{cls.TYPE}.{name}: {expected} bytes at offset {offset!r} "
+                              f"of a pack of {pack_len}")
+        try:
+            if not expected:
+                arr = np.zeros(shape, dtype=dtype)
+            elif not packed:
+                arr = np.frombuffer(buf, dtype=dtype).reshape(shape)
+            else:
+                arr = np.frombuffer(pack, dtype=dtype, count=count,
+                                    offset=offset).reshape(shape)
+        except (ValueError, TypeError) as exc:  # a shape numpy refuses
+            raise DecodeError(f"{cls.TYPE}.{name}: {exc}") from None
         arr.flags.writeable = False  # a view of the frame, shared by whoever holds the message
         values[name] = arr
     try:

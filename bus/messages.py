@@ -24,7 +24,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-PROTOCOL_VERSION = 1
+# 2: small arrays travel in one pack frame, empty default arrays not at all (bus/codec.py).
+# A peer of another version drops every message (a logged version error), never misreads one.
+PROTOCOL_VERSION = 2
 
 # --------------------------------------------------------------------------------------------
 # Sampling parameters (shared by the client library, the tokenizer's validation and the worker)

@@ -42,6 +42,44 @@ def parse_stat(key: str) -> tuple[str, dict[str, str]]:
     return match.group(1), labels
 
 
+class RoundTrips:
+    """The host round trip a worker sees: from the result of step m - depth leaving it to
+    step m in its hands (the scheduler sends step m once that result is in, so this is its
+    turn and two bus hops). With `depth` steps in flight the device idles once this, the
+    worker's launch and its fetch of a result exceed depth - 1 device steps. Counted while
+    steps stream (step m - 1 still unanswered when m arrives), or within IDLE_S of the
+    release (one step in flight answers every step before the next), so the pause of an idle
+    engine before a new request is not."""
+
+    IDLE_S = 0.05
+
+    def __init__(self, depth: int) -> None:
+        self.depth = max(1, depth)
+        self.total_ms = 0.0
+        self.count = 0
+        self._sent: dict[int, float] = {}
+        self._last_answered = -1
+
+    def answered(self, step: int, now: float) -> None:
+        """Step `step`'s result left at `now` (perf_counter seconds)."""
+        self._sent[step] = now
+        self._last_answered = max(self._last_answered, step)
+        if len(self._sent) > 4 * self.depth + 8:  # answers of steps long gone
+            for old in [s for s in self._sent if s < step - 2 * self.depth]:
+                del self._sent[old]
+
+    def arrived(self, step: int, now: float) -> None:
+        """Step `step` came into the worker's hands at `now`."""
+        released = self._sent.pop(step - self.depth, None)
+        if released is not None and (step - 1 > self._last_answered
+                                     or now - released < self.IDLE_S):
+            self.total_ms += (now - released) * 1000.0
+            self.count += 1
+
+    def stats(self) -> dict[str, float]:
+        return {"round_trip_ms_total": self.total_ms, "round_trips": float(self.count)}
+
+
 class StatHistogram:
     """Cumulative bucket counts of observed values, reported as heartbeat stats."""
 

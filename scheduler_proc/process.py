@@ -68,6 +68,8 @@ class SchedulerProcess(BusProcess):
         self._early: list[Message] = []
         self._rejected: deque[TokenizedRequest] = deque()  # inbox full (receiver thread)
         self._backlog: deque[Message] = deque()  # detokenizer did not take these in time
+        # Outputs of results handled this turn, sent once the next steps are (tick).
+        self._deferred: list[Message] = []
         self._last_expire = 0.0
         self.batches_sent = 0
         self.send_failures = 0
@@ -153,7 +155,9 @@ class SchedulerProcess(BusProcess):
             if isinstance(msg, SampledTokens):
                 if msg.error is None and msg.forward_ms:
                     self.step_seconds.observe(msg.forward_ms / 1000.0)
-                self._emit(sched.on_result(msg))
+                out = sched.on_result(msg)
+                if out is not None:
+                    self._deferred.append(out)
             elif isinstance(msg, TokenizedRequest):
                 error = sched.add_request(msg)
                 if error is not None:
@@ -182,6 +186,11 @@ class SchedulerProcess(BusProcess):
         self.throughput_log.maybe_log(sched.stats)
         while (batch := sched.next_batch()) is not None:
             self._send_batch(batch)
+        # A step's output leaves after the next step is on its way: the worker's next batch
+        # is what the device waits for, the detokenizer can take it a moment later.
+        for out in self._deferred:
+            self._emit(out)
+        self._deferred.clear()
         if sched.inflight and time.monotonic() - sched.inflight[0].sent_at > self.step_timeout_s:
             log.error("worker did not answer step %d within %.0f s: failing its requests",
                       sched.inflight[0].step, self.step_timeout_s)

@@ -342,6 +342,15 @@ class EngineConfig(BatchingConfig):
         return self.pp_batches_in_flight or self.pp_size + 1
 
     @property
+    def steps_in_flight(self) -> int:
+        """Steps the scheduler keeps sent and unanswered: the pipeline's batches, else
+        --overlap-steps (one without --overlap). It sends step n once step n - this is
+        answered (the scheduler's own SchedulerConfig.depth, from the workers' WorkerReady)."""
+        if not self.overlap:
+            return 1
+        return self.pipeline_batches or self.overlap_steps
+
+    @property
     def world_size(self) -> int:
         """Worker processes of the engine: one per (pipeline stage, tensor-parallel rank)."""
         return self.tp_size * self.pp_size

@@ -31,6 +31,7 @@ from tessera.bus.channel import Inbox, Outbox, SendTimeout
 from tessera.bus.messages import ForwardBatch, GrammarInit, GrammarReady, Message, SampledTokens
 from tessera.bus.process import BusProcess
 from tessera.bus.run_paths import RunPaths
+from tessera.bus.stats import RoundTrips
 from tessera.config import EngineConfig
 from tessera.hal.facts import platform_facts
 
@@ -67,6 +68,10 @@ class WorkerProcess(BusProcess):
         self.tokens = 0
         self.forward_ms_total = 0.0
         self.launch_ms_max = 0.0
+        self.launch_ms_total = 0.0  # host time inside ModelRunner.launch (asynchronous plugins)
+        self.launches_timed = 0
+        # The host round trip the device may wait on (the scheduler's turn and the bus).
+        self.round_trips = RoundTrips(config.steps_in_flight)
         self.slow_launches = 0
         self._allocator_seen: dict[str, int] = {}
         self.pending: tuple[Any, float] | None = None
@@ -154,6 +159,7 @@ class WorkerProcess(BusProcess):
         self._profile_turn()
         self.launched += 1
         start = time.perf_counter()
+        self.round_trips.arrived(batch.step, start)
         try:
             pending = self.runner.launch(batch, self.table.array)
         except Exception as exc:  # a failed step must not kill the worker
@@ -209,6 +215,8 @@ class WorkerProcess(BusProcess):
         takes longer compiled a kernel or waited for the device allocator while serving: said
         once per occurrence, with the allocator's events since the last such report."""
         self.launch_ms_max = max(self.launch_ms_max, launch_ms)
+        self.launch_ms_total += launch_ms
+        self.launches_timed += 1
         if launch_ms <= SLOW_LAUNCH_MS:
             return
         self.slow_launches += 1
@@ -259,6 +267,7 @@ class WorkerProcess(BusProcess):
         except SendTimeout:
             log.error("%s: the scheduler did not take step %d's result in time", self.name,
                       step)
+        self.round_trips.answered(step, now)
 
     def _send_grammar_replies(self, replies: list[GrammarReady]) -> None:
         assert self.results is not None
@@ -290,6 +299,9 @@ class WorkerProcess(BusProcess):
                 "forward_ms_avg": self.forward_ms_total / self.steps if self.steps else 0.0,
                 "forward_ms_total": self.forward_ms_total,
                 "launch_ms_max": self.launch_ms_max, "slow_launches": float(self.slow_launches),
+                "launch_ms_total": self.launch_ms_total,
+                "launches_timed": float(self.launches_timed),
+                **self.round_trips.stats(),
                 "weight_bytes": weights, "rss_bytes": float(resident_bytes()),
                 "all_reduce_one_shot_bytes": float(self._one_shot_bytes()),
                 "kernel_compiles": float(self._kernel_compiles())}

@@ -13,13 +13,21 @@ import zmq
 from tessera.bus import messages as m
 from tessera.bus.codec import (
     MAX_HEADER_BYTES,
+    PACK_MAX_BYTES,
     DecodeError,
     EncodeError,
     MessageTooLarge,
     decode,
     encode,
 )
-from tessera.bus.messages import MESSAGE_TYPES, AbortRequest, ErrorReply, Message, SamplingParams
+from tessera.bus.messages import (
+    MESSAGE_TYPES,
+    PROTOCOL_VERSION,
+    AbortRequest,
+    ErrorReply,
+    Message,
+    SamplingParams,
+)
 
 
 def i32(*values: int) -> np.ndarray:
@@ -171,15 +179,56 @@ def test_decoded_array_is_the_received_frame(zmq_pair: tuple[zmq.Socket, zmq.Soc
     np.testing.assert_array_equal(msg.input_ids, ids)
 
 
+def test_small_arrays_share_one_frame_and_empty_defaults_are_not_sent(
+        zmq_pair: tuple[zmq.Socket, zmq.Socket]) -> None:
+    """A decode step's ForwardBatch: its small arrays travel in one pack frame (16-byte
+    aligned), the empty ones its defaults stand for not at all, and all come back equal."""
+    msg = m.ForwardBatch(step=3, rows=i32(5), seq_lens=i32(600), extend_lens=i32(1),
+                         input_ids=i32(-1), sample=np.ones(1, np.uint8), output_lens=i32(7),
+                         temperature=f32(0.0), top_p=f32(1.0), top_k=i32(-1), min_p=f32(0.0),
+                         repetition_penalty=f32(1.0), frequency_penalty=f32(0.0),
+                         presence_penalty=f32(0.0), seeds=np.array([9], np.int64),
+                         logprobs=i32(-1), is_decode=True)
+    frames = encode(msg)
+    assert len(frames) == 2  # the header and one pack
+    head = msgpack.unpackb(frames[0], raw=False)
+    sent = {d[0]: d for d in head["a"]}
+    assert set(sent) == {"rows", "seq_lens", "extend_lens", "input_ids", "sample",
+                         "output_lens", "temperature", "top_p", "top_k", "min_p",
+                         "repetition_penalty", "frequency_penalty", "presence_penalty",
+                         "seeds", "logprobs"}
+    assert all(len(d) == 4 and d[3] % 16 == 0 for d in sent.values())
+    assert head["p"] == len(frames[1]) == 16 * len(sent)
+    push, pull = zmq_pair
+    push.send_multipart(frames, copy=False)
+    out = decode(pull.recv_multipart(copy=False))
+    assert_same(msg, out)
+    assert out.block_ids.dtype == np.int32 and out.block_ids.shape == (0,)
+    assert not out.rows.flags.writeable
+
+
+def test_large_and_small_arrays_mix() -> None:
+    """Arrays above the pack limit keep frames of their own, after the pack, in order."""
+    big = np.arange(PACK_MAX_BYTES // 4 + 1, dtype=np.int32)
+    msg = m.SampledTokens(step=1, token_ids=big, logprobs=f32(-0.5), counts=i32(2, 3))
+    frames = encode(msg)
+    assert len(frames) == 3 and len(frames[2]) == big.nbytes
+    assert np.shares_memory(np.frombuffer(frames[2], dtype=np.int32), big)
+    assert_same(msg, decode([bytes(f) for f in frames]))
+
+
 def test_non_contiguous_array_is_sent_correctly() -> None:
     base = np.arange(20, dtype=np.int32).reshape(4, 5)
     msg = m.SampledTokens(step=0, token_ids=base[:, 1])
     np.testing.assert_array_equal(decode(encode(msg)).token_ids, base[:, 1])
 
 
-def header(t: Any = "Shutdown", v: Any = 1, f: Any = None, a: Any = None) -> bytes:
-    return msgpack.packb({"t": t, "v": v, "f": {} if f is None else f,
-                          "a": [] if a is None else a})
+def header(t: Any = "Shutdown", v: Any = PROTOCOL_VERSION, f: Any = None,
+           a: Any = None, p: Any = None) -> bytes:
+    head = {"t": t, "v": v, "f": {} if f is None else f, "a": [] if a is None else a}
+    if p is not None:
+        head["p"] = p
+    return msgpack.packb(head)
 
 
 MALFORMED = {
@@ -199,6 +248,25 @@ MALFORMED = {
                             a=[["token_ids", "|O", [1]]]), b"\0" * 8],
     "negative shape": [header(t="SampledTokens", f={"step": 1},
                               a=[["token_ids", "<i4", [-1]]]), b""],
+    "pack size not an int": [header(t="SampledTokens", f={"step": 1}, p="16",
+                                    a=[["token_ids", "<i4", [1], 0]]), b"\0" * 16],
+    "negative pack size": [header(t="SampledTokens", f={"step": 1}, p=-16,
+                                  a=[["token_ids", "<i4", [1], 0]]), b"\0" * 16],
+    "pack shorter than said": [header(t="SampledTokens", f={"step": 1}, p=32,
+                                      a=[["token_ids", "<i4", [1], 0]]), b"\0" * 16],
+    "packed array beyond the pack": [header(t="SampledTokens", f={"step": 1}, p=16,
+                                            a=[["token_ids", "<i4", [5], 0]]), b"\0" * 16],
+    "packed array at a negative offset": [header(t="SampledTokens", f={"step": 1}, p=16,
+                                                 a=[["token_ids", "<i4", [1], -4]]),
+                                          b"\0" * 16],
+    "offset not an int": [header(t="SampledTokens", f={"step": 1}, p=16,
+                                 a=[["token_ids", "<i4", [1], 1.5]]), b"\0" * 16],
+    "packed array without a pack": [header(t="SampledTokens", f={"step": 1},
+                                           a=[["token_ids", "<i4", [1], 0]])],
+    "description of five items": [header(t="SampledTokens", f={"step": 1}, p=16,
+                                         a=[["token_ids", "<i4", [1], 0, 0]]), b"\0" * 16],
+    "pack frame missing": [header(t="SampledTokens", f={"step": 1}, p=16,
+                                  a=[["token_ids", "<i4", [1], 0]])],
     "array for a plain field": [header(t="SampledTokens", f={"step": 1},
                                        a=[["step", "<i4", [1]], ["token_ids", "<i4", [0]]]),
                                 b"\0" * 4, b""],

@@ -75,7 +75,7 @@ def test_header_field_mutations(name: str, data: st.DataObject) -> None:
         header["f"][data.draw(st.text(max_size=8))] = data.draw(values)
     elif where == "array desc" and header["a"]:
         j = data.draw(st.integers(0, len(header["a"]) - 1))
-        k = data.draw(st.integers(0, 2))
+        k = data.draw(st.integers(0, len(header["a"][j]) - 1))
         header["a"][j][k] = data.draw(values | st.lists(st.integers(-(2**63), 2**63), max_size=4))
     else:
         header[data.draw(st.sampled_from(["t", "v", "f", "a"]))] = data.draw(values)
