@@ -16,6 +16,7 @@
 #   benchmarks/gpu_session.sh 12  # one H200:  b2 at --overlap-steps 2, 3, 2, 3       (~200 s)
 #   benchmarks/gpu_session.sh 13  # two H200s: b5, b5 at 3 steps, pp2 at 2 batches, b7 x2 (~450 s)
 #   benchmarks/gpu_session.sh 14  # one H200:  inputs (copies' conformance, engine parity), b1, b2 (~170 s)
+#   benchmarks/gpu_session.sh 15  # one H200:  b12 b1 at 2 and 3 steps in flight, trace of a c=32 step, b2, b3 (~330 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -49,7 +50,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-4])$ ]] || { echo "usage: $0 1|...|14  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-5])$ ]] || { echo "usage: $0 1|...|15  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -278,6 +279,19 @@ case $CALL in
     part inputs 150 80 inputs
     part b1 90 35 b1
     part b2 90 35 b2
+    ;;
+  15)
+    # One H200 after the host path's change (small arrays in one frame, the next step sent
+    # before the last one's tokens, the workers' launch and round-trip counters): B12's batch-1
+    # part (bf16, fp8 and int4 weights; fp8's 3.5 ms step against its 3.0 ms of device time
+    # said the host round trip was in its path) at 2 steps in flight, then at 3; then the
+    # traces of one B3 c=32 step (32 decodes and a 256-token chunk) for its picture; then B2
+    # and B3 (c=128's ratio to B2 in one run) with the new host path, while budget lasts.
+    part b12b1 130 75 b12 --parts b1 --name b12_b1_h200
+    PROFILE_ONLY=traces PROFILE_TRACES=mixed_32dec_plus_256 part tracec32 120 60 profile
+    part b12b1d3 130 75 b12 --parts b1 --overlap-steps 3 --name b12_b1_overlap3_h200
+    part b2 90 35 b2
+    part b3 120 60 b3
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -153,10 +153,12 @@ for part in "${parts[@]}"; do
     profile) echo "+ tests/hal_cuda/gpu_step_profile.py" >&2
              # PROFILE_ONLY="steps ttft ...": those parts of the profile alone;
              # PROFILE_QUANT=fp8 (int8, int4): weights quantized at load, into
-             # step_profile_fp8_$SUFFIX; PROFILE_KV=fp8_e4m3: the fp8 KV cache (_kvfp8)
+             # step_profile_fp8_$SUFFIX; PROFILE_KV=fp8_e4m3: the fp8 KV cache (_kvfp8);
+             # PROFILE_TRACES="mixed_32dec_plus_256 ...": the traces of those compositions only
              "$PY" tests/hal_cuda/gpu_step_profile.py \
                "$OUT/step_profile${PROFILE_QUANT:+_$PROFILE_QUANT}${PROFILE_KV:+_kvfp8}_$SUFFIX" \
                $(for x in ${PROFILE_ONLY:-}; do echo "--only=$x"; done) \
+               $(for x in ${PROFILE_TRACES:-}; do echo "--trace=$x"; done) \
                --quantization "${PROFILE_QUANT:-none}" --kv-cache-dtype "${PROFILE_KV:-auto}" \
                "${T_cpu[@]}" || { echo "profile: failed" >&2; failed+=(profile); } ;;
     gputests) gpu_pytest gputests tests/hal_cuda/test_models_gpu.py \

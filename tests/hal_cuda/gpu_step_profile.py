@@ -533,7 +533,9 @@ def part_ttft(h: Harness) -> dict[str, Any]:
     return out
 
 
-def part_traces(h: Harness, out_dir: Path) -> dict[str, Any]:
+def part_traces(h: Harness, out_dir: Path, only: list[str] | None = None) -> dict[str, Any]:
+    """Chrome traces (and kernel tables) of three steps of each composition, or of those in
+    `only` (--trace NAME)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     comps = {"mixed_32dec_plus_256": lambda: h.batch(decode_entries(32) + [(200, 256, 256)]),
@@ -545,6 +547,11 @@ def part_traces(h: Harness, out_dir: Path) -> dict[str, Any]:
                                                        + [(200, 2048, 2048)]),
              # B1's step: its kernels one by one (how many launches a layer costs)
              "decode_bs1": lambda: h.batch(decode_entries(1))}
+    if only:
+        unknown = set(only) - set(comps)
+        if unknown:
+            raise ValueError(f"--trace {sorted(unknown)}: the compositions are {sorted(comps)}")
+        comps = {k: v for k, v in comps.items() if k in only}
     written = []
     # The worker's own phase ranges (--profile-ranges: NVTX through the plugin) as profiler
     # ranges here, so the chrome trace shows inputs / forward / sample / copy-out per step.
@@ -584,6 +591,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("out_dir")
     p.add_argument("--config", default=str(ROOT / "benchmarks/configs/llama3-8b.json"))
     p.add_argument("--only", action="append", choices=PARTS)
+    p.add_argument("--trace", action="append", metavar="COMPOSITION",
+                   help="the traces part: only these compositions (e.g. mixed_32dec_plus_256)")
     p.add_argument("--graph-max-tokens", type=int, default=EngineConfig.graph_max_tokens)
     p.add_argument("--cpu", action="store_true", help="dry run: cpu plugin, tiny model")
     p.add_argument("--quantization", default="none",
@@ -625,7 +634,7 @@ def main(argv: list[str]) -> int:
         "steps": lambda: part_steps(h), "equality": lambda: part_equality(h),
         "host_ops": lambda: part_host_ops(h), "sweep_extend": lambda: part_sweep_extend(h),
         "sweep_decode": lambda: part_sweep_decode(h), "ttft": lambda: part_ttft(h),
-        "traces": lambda: part_traces(h, out_dir)}
+        "traces": lambda: part_traces(h, out_dir, args.trace)}
     failed = 0
     for name in parts:
         log(f"--- {name}")
