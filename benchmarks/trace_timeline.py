@@ -1,5 +1,5 @@
-"""`python -m tessera.benchmarks.trace_timeline TRACE.json OUT.png [--step 1]`: the picture of one
-step of a torch.profiler chrome trace written by the step profile's traces part
+"""`python -m tessera.benchmarks.trace_timeline TRACE.json[.gz] OUT.png [--step 1]`: the picture
+of one step of a torch.profiler chrome trace written by the step profile's traces part
 (`tests/hal_cuda/gpu_step_profile.py --only=traces`), and its numbers as JSON beside it.
 
 The trace holds three steps, each marked on the host by `step i: launch` and `step i: finish`
@@ -20,6 +20,7 @@ device's busy time and its idle gaps, and the device time by kind.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import sys
@@ -144,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step", type=int, default=1, help="which of the trace's steps (0-2)")
     p.add_argument("--title", default="")
     args = p.parse_args(argv)
-    with open(args.trace, encoding="utf-8") as f:
+    opener = gzip.open if args.trace.endswith(".gz") else open
+    with opener(args.trace, "rt", encoding="utf-8") as f:
         trace = json.load(f)
     summary = summarize(trace, args.step)
     title = args.title or (f"{os.path.basename(args.trace)}, step {args.step}: "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -53,6 +54,10 @@ def test_main_writes_the_picture_and_its_numbers(tmp_path: Path) -> None:
     assert (tmp_path / "step.png").stat().st_size > 1000
     figures = json.loads((tmp_path / "step.json").read_text())
     assert figures["picture"] == "step.png" and figures["span_us"] == 3000
+    packed = tmp_path / "trace_x.json.gz"  # as committed beside its picture
+    packed.write_bytes(gzip.compress(trace.read_bytes()))
+    assert trace_timeline.main([str(packed), str(tmp_path / "again.png"), "--step", "0"]) == 0
+    assert json.loads((tmp_path / "again.json").read_text())["span_us"] == 900
 
 
 def test_a_trace_without_the_step_says_what_it_has() -> None:
