@@ -26,6 +26,7 @@ import os
 import sys
 from typing import Any
 
+from tessera.benchmarks import plots
 from tessera.benchmarks.profile_summary import _union, kind_of
 
 PHASES = ("inputs", "forward", "draft", "sample", "copy-out")
@@ -90,14 +91,10 @@ def summarize(trace: dict[str, Any], step: int) -> dict[str, Any]:
 
 
 def draw(summary: dict[str, Any], path: str, title: str) -> str | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
-    except ImportError:
+    plt = plots._pyplot()
+    if plt is None:
         return None
+    from matplotlib.patches import Patch
     start, launched, end = summary["_window"]
     ms = lambda t: (float(t) - start) / 1000.0  # noqa: E731
     fig, ax = plt.subplots(figsize=(13, 3.6))
@@ -129,11 +126,7 @@ def draw(summary: dict[str, Any], path: str, title: str) -> str | None:
                                        for e in summary["_device"])]
     ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in kinds], fontsize=7,
               loc="upper right", ncol=len(kinds) or 1)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return plots._save(fig, plt, path)
 
 
 def main(argv: list[str] | None = None) -> int:
