@@ -219,23 +219,22 @@ class Sampler:
 
     def _params(self, batch: ForwardBatch, sel: np.ndarray,
                 offset_add: np.ndarray | None = None) -> SamplingTensors:
-        def dev(a: np.ndarray, dtype: Any, add: np.ndarray | None = None) -> torch.Tensor:
-            host = np.ascontiguousarray(np.asarray(a)[sel], dtype=dtype)
-            if add is not None:
-                host = host + add.astype(dtype)
-            return to_device(self.platform, host, torch.from_numpy(host[:0]).dtype, self.device)
-
         temperature = np.asarray(batch.temperature, np.float32)[sel]
         top_k = np.asarray(batch.top_k, np.int32)[sel]
         top_p = np.asarray(batch.top_p, np.float32)[sel]
         min_p = np.asarray(batch.min_p, np.float32)[sel]
+        seeds = np.asarray(batch.seeds, np.int64)[sel]
+        offsets = np.asarray(batch.output_lens, np.int64)[sel]
+        if offset_add is not None:
+            offsets = offsets + offset_add.astype(np.int64)
+        # One call for the six: the plugin may send them in one copy (as a step's inputs).
+        temperature_d, top_p_d, top_k_d, min_p_d, seeds_d, offsets_d = \
+            self.platform.host_to_device_many(
+                [torch.from_numpy(np.ascontiguousarray(a))
+                 for a in (temperature, top_p, top_k, min_p, seeds, offsets)], self.device)
         return SamplingTensors(
-            temperature=dev(batch.temperature, np.float32),
-            top_p=dev(batch.top_p, np.float32),
-            top_k=dev(batch.top_k, np.int32),
-            min_p=dev(batch.min_p, np.float32),
-            seeds=dev(batch.seeds, np.int64),
-            offsets=dev(batch.output_lens, np.int64, offset_add),
+            temperature=temperature_d, top_p=top_p_d, top_k=top_k_d, min_p=min_p_d,
+            seeds=seeds_d, offsets=offsets_d,
             all_greedy=bool(((temperature == 0) | (top_k == 1)).all()),
             # which filters are in use, known here: the plugin need not read them back
             any_top_k=bool((top_k > 0).any()), any_top_p=bool((top_p < 1.0).any()),
