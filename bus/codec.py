@@ -185,12 +185,12 @@ def encode(msg: Message) -> list[Any]:
                 pack_len += -(-nbytes // _PACK_ALIGN) * _PACK_ALIGN
         else:
             descs.append([name, dtype_str, list(arr.shape)])
-            buffers.append(memoryview(arr.reshape(-1)).cast("B"))
+            buffers.append(arr.reshape(-1).data.cast("B"))
     if pack_len:
         pack = bytearray(pack_len)
         view = memoryview(pack)
         for offset, arr in packed:
-            view[offset:offset + arr.nbytes] = memoryview(arr.reshape(-1)).cast("B")
+            view[offset:offset + arr.nbytes] = arr.reshape(-1).data.cast("B")
         buffers.insert(0, pack)
     try:
         header = msgpack.packb(
@@ -304,6 +304,7 @@ def decode(frames: list[Any]) -> Message:
             elif not packed:
                 arr = np.frombuffer(buf, dtype=dtype).reshape(shape)
             else:
+                assert pack is not None  # (checked above: a packed array with bytes has one)
                 arr = np.frombuffer(pack, dtype=dtype, count=count,
                                     offset=offset).reshape(shape)
         except (ValueError, TypeError) as exc:  # a shape numpy refuses
