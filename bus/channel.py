@@ -143,13 +143,18 @@ class Outbox:
         self.send_frames(encode(msg), timeout_ms)
 
     def send_frames(self, frames: list[Any], timeout_ms: int | None = None) -> None:
-        wait = self.timeout_ms if timeout_ms is None else timeout_ms
-        if not self._sock.poll(wait, zmq.POLLOUT):
-            raise SendTimeout(f"no room to send to {self.endpoint} within {wait} ms")
+        # At once where there is room (the usual case: one call, no poll); else wait for room.
         try:
             self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            raise SendTimeout(f"send to {self.endpoint} would block") from None
+            wait = self.timeout_ms if timeout_ms is None else timeout_ms
+            if not self._sock.poll(wait, zmq.POLLOUT):
+                raise SendTimeout(f"no room to send to {self.endpoint} within {wait} ms") \
+                    from None
+            try:
+                self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                raise SendTimeout(f"send to {self.endpoint} would block") from None
         self.sent += 1
 
     def close(self) -> None:
