@@ -32,6 +32,7 @@ from typing import Any
 
 from tessera.benchmarks.common import default_results_dir, new_result, write_result
 from tessera.benchmarks.datasets import parse_range, random_requests
+from tessera.benchmarks.engine_args import host_path
 from tessera.benchmarks.server_launch import ServerProcess
 from tessera.benchmarks.serving_driver import run_tier, tier_stats
 from tessera.bus.run_paths import RUN_PREFIX
@@ -81,10 +82,6 @@ def snapshot(client: Any, settle_s: float) -> Snapshot:
     return Snapshot(client.status())
 
 
-def _ratio(a: float, b: float) -> float:
-    return a / b if b else 0.0
-
-
 def tier_figures(before: Snapshot, after: Snapshot, stats: dict[str, Any]) -> dict[str, Any]:
     tokens = max(1, int(stats["total_output_tokens"]))
     steps = max(1.0, after.stat("scheduler", "steps") - before.stat("scheduler", "steps"))
@@ -109,10 +106,8 @@ def tier_figures(before: Snapshot, after: Snapshot, stats: dict[str, Any]) -> di
         "load_generator_cpu_s": after.own_cpu - before.own_cpu,
         # from a step's result leaving the worker to the next step in its hands, where it
         # waited for it: what the device idles for once this exceeds its step (two in flight)
-        "worker_round_trip_ms": _ratio(after.stat("worker0", "round_trip_ms_total")
-                                       - before.stat("worker0", "round_trip_ms_total"),
-                                       after.stat("worker0", "round_trips")
-                                       - before.stat("worker0", "round_trips")),
+        "worker_round_trip_ms": host_path(before.stats.get("worker0", {}),
+                                          after.stats.get("worker0", {}))["round_trip_ms"],
         "messages_per_step": {
             hop: (after.stat(p, s) - before.stat(p, s)) / steps for hop, (p, s) in HOPS.items()},
         "error_samples": stats.get("error_samples", []),

@@ -126,7 +126,7 @@ def run_b1(llm: Any, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
     before: dict[str, float] = {}
     for i, req in enumerate(reqs):
         if i == args.warmup:  # the answering worker's counters over the measured requests
-            time.sleep(2 * args.heartbeat_s)
+            time.sleep(2 * llm.config.heartbeat_interval_s)
             before = worker_stats(llm).get("worker0", {})
         (out,) = llm.generate([req.prompt_ids], params, stream=True, use_tqdm=False)
         if i < args.warmup:
@@ -136,7 +136,7 @@ def run_b1(llm: Any, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
             decode.append((times[-1] - times[0]) / (len(times) - 1) * 1000.0)
         if out.ttft_s is not None:
             ttft.append(out.ttft_s * 1000.0)
-    time.sleep(2 * args.heartbeat_s)
+    time.sleep(2 * llm.config.heartbeat_interval_s)
     host = host_path(before, worker_stats(llm).get("worker0", {}))
     return {"decode_ms_per_step": statistics.median(decode) if decode else float("nan"),
             "ttft_ms": statistics.median(ttft) if ttft else float("nan"),
@@ -256,7 +256,6 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_args(p)
     args = p.parse_args(argv)
     base, engine, dev_name, dtype, mconf = resolve_engine(args)
-    args.heartbeat_s = engine.heartbeat_interval_s
     variants = [v.strip() for v in args.schemes.split(",") if v.strip()]
     parts = {x.strip() for x in args.parts.split(",") if x.strip()}
     unknown = parts - set(PARTS)

@@ -19,7 +19,6 @@ Nothing here ever unpickles.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import typing
 from functools import cache
@@ -75,10 +74,7 @@ class _Fields:
     # array fields whose default is an empty 1-D array of this dtype (`.str`): such an array
     # when empty is not sent at all, and the receiver's dataclass default stands for it
     empty_default: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    @functools.cached_property
-    def array_set(self) -> frozenset[str]:
-        return frozenset(self.arrays)
+    array_set: frozenset[str] = frozenset()  # `arrays` as a set (names checked on decode)
 
 
 _FIELDS: dict[type, _Fields] = {}
@@ -120,7 +116,7 @@ def _describe(cls: type) -> _Fields:
             if dataclasses.is_dataclass(candidate):
                 nested[f.name] = candidate  # type: ignore[assignment]
     return _Fields(tuple(arrays), tuple(plain), nested, nested_maps, frozenset(nullable),
-                   empty_default)
+                   empty_default, frozenset(arrays))
 
 
 def _nested(cls: type, owner: str, value: dict[str, Any]) -> Any:

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from tessera.bus.messages import WorkerReady
-from tessera.config import BatchingConfig, EngineConfig
+from tessera.config import BatchingConfig, EngineConfig, steps_in_flight
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,7 +24,7 @@ class SchedulerConfig(BatchingConfig):
     def steps_in_flight(self) -> int:
         """Steps sent and not answered, at most: --overlap-steps with overlap, or as many as
         the workers hold (pipeline stages); one without overlap."""
-        return (self.batches_in_flight or self.overlap_steps) if self.overlap else 1
+        return steps_in_flight(self.overlap, self.overlap_steps, self.batches_in_flight)
 
     @property
     def chained(self) -> bool:

@@ -73,6 +73,16 @@ class Env:
         )
 
 
+def steps_in_flight(overlap: bool, overlap_steps: int, batches_in_flight: int) -> int:
+    """Steps sent and not answered, at most: as many batches as the workers hold in flight
+    (pipeline stages; 0: one stage), else --overlap-steps with --overlap, else one. The one
+    rule behind SchedulerConfig.steps_in_flight (the workers' count from their WorkerReady)
+    and EngineConfig.steps_in_flight (the workers' own view)."""
+    if not overlap:
+        return 1
+    return batches_in_flight or overlap_steps
+
+
 @dataclass(frozen=True)
 class BatchingConfig:
     """What the scheduler's policy is told by the engine's flags."""
@@ -343,12 +353,9 @@ class EngineConfig(BatchingConfig):
 
     @property
     def steps_in_flight(self) -> int:
-        """Steps the scheduler keeps sent and unanswered: the pipeline's batches, else
-        --overlap-steps (one without --overlap). It sends step n once step n - this is
-        answered (the scheduler's own SchedulerConfig.depth, from the workers' WorkerReady)."""
-        if not self.overlap:
-            return 1
-        return self.pipeline_batches or self.overlap_steps
+        """What the scheduler will keep in flight (`steps_in_flight`), seen from the workers:
+        it sends step n once step n - this is answered."""
+        return steps_in_flight(self.overlap, self.overlap_steps, self.pipeline_batches)
 
     @property
     def world_size(self) -> int:
