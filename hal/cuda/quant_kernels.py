@@ -19,6 +19,14 @@ bf16 (layouts: hal/quant/weight.py).
               with barriers, every iteration to reach the tile's columns (the sm_90 code of
               the fp8 2 x 2048 tile: 4 KiB of shared memory and 8 barriers, none with this
               flag, where the bf16 GEMV's x and weight layouts already agree).
+            - GEMV_ACC (fp8 / int8 with one scale a row): the products summed into a
+              [BLOCK_N, BLOCK_K] float32 tile across the iterations, the row sums taken once
+              after the loop. Without it every iteration reduces its product tile across
+              threads (shuffles, and across warps through shared memory with barriers): in
+              the sm_90 code of the fp8 4 x 1024 tile at 4 warps that is 171 instructions and
+              6 barriers an iteration for 32 weight bytes a thread; with GEMV_ACC |
+              GEMV_X_VEC, 122 and none (8 x 1024: 218 for 64 bytes), the conversion (e4m3
+              pairs to f16, f16 to f32) and one FMA a weight being most of what is left.
     qgemm   several tokens: tl.dot on tiles of x [BLOCK_M, BLOCK_K] and of the integer (or
             e4m3) values [BLOCK_N, BLOCK_K] converted exactly to x's dtype; every K tile lies
             within one group (BLOCK_K divides the group size), so its product is scaled by the
@@ -44,6 +52,7 @@ GEMV_COLUMN = 1  # no reshape: each column's group scale / offset gathered, x sp
 GEMV_EXP_CVT = 2  # int8 / int4 converted to float32 through the exponent bits (_int_to_f32)
 GEMV_X_VEC = 4  # weight loads as wide as x's, so x needs no layout conversion
 GEMV_DOT = 8  # not a qgemv formulation: the token through qgemm's tile (quant_tune)
+GEMV_ACC = 16  # fp8 / int8 per row: a 2-D float32 accumulator, reduced once after the loop
 
 
 @triton.jit
@@ -67,7 +76,7 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
                  KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  COLUMN: tl.constexpr, EXP_CVT: tl.constexpr, X_VEC: tl.constexpr,
-                 HALF: tl.constexpr):
+                 HALF: tl.constexpr, ACC: tl.constexpr = False):
     # HALF (int4): byte j pairs columns lo(j) = (j // HALF) * 2 HALF + j % HALF (low nibble)
     # and lo(j) + HALF (high): 1 for "nibbles" (2j, 2j + 1), T / 2 for "halves<T>". Either
     # way a run of GROUP / 2 bytes holds the columns of one group (T <= GROUP).
@@ -77,6 +86,7 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
     s_rows = rows[:, None].to(tl.int64) * s_s0
     acc = tl.zeros([BLOCK_N], tl.float32)
     xsum = tl.zeros([BLOCK_K // 2], tl.float32)  # PER_ROW int4: sum of x, for the offset
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K if ACC else 1], tl.float32)  # ACC: products so far
     for k0 in range(0, n_in, BLOCK_K):
         if KIND == 2:
             j = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte index: columns 2j, 2j + 1
@@ -130,7 +140,9 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
                 prod = _int_to_f32(w.to(tl.int32), KIND, EXP_CVT) * x[None, :]
             else:
                 prod = w.to(tl.float32) * x[None, :]
-            if PER_ROW:
+            if ACC:  # PER_ROW (qgemv refuses ACC otherwise)
+                acc2 += prod
+            elif PER_ROW:
                 acc += tl.sum(prod, 1)
             elif COLUMN:
                 cmask = rmask[:, None] & kmask[None, :]
@@ -143,6 +155,8 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
                 gmask = rmask[:, None] & (g < n_in // GROUP)[None, :]
                 s = tl.load(s_ptr + s_rows + g[None, :], mask=gmask, other=0.0)
                 acc += tl.sum(part * s, 1)
+    if ACC:
+        acc = tl.sum(acc2, 1)
     if PER_ROW:
         acc = acc * tl.load(s_ptr + rows.to(tl.int64) * s_s0, mask=rmask, other=0.0)
         if KIND == 2:

@@ -25,6 +25,7 @@ import triton
 from tessera.hal.cuda import quant_tune
 from tessera.hal.cuda.quant_kernels import (
     FP8,
+    GEMV_ACC,
     GEMV_COLUMN,
     GEMV_EXP_CVT,
     GEMV_X_VEC,
@@ -110,10 +111,15 @@ def _per_row(w: QuantizedWeight) -> bool:
 
 def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
           block_n: int, block_k: int, num_warps: int, variant: int = 0) -> torch.Tensor:
-    """variant: GEMV_COLUMN | GEMV_EXP_CVT | GEMV_X_VEC flags (quant_kernels.py), 0 none."""
+    """variant: GEMV_COLUMN | GEMV_EXP_CVT | GEMV_X_VEC | GEMV_ACC flags (quant_kernels.py),
+    0 none; GEMV_ACC only for fp8 / int8 weights with one scale a row."""
     n, k = w.shape
-    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     per_row = _per_row(w)
+    acc = bool(variant & GEMV_ACC)
+    if acc and (w.scheme == "int4" or not per_row):
+        raise ValueError(f"GEMV_ACC is for fp8 / int8 weights with one scale a row, not "
+                         f"{w.scheme} with groups of {w.group_size}")
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     group = k if per_row else w.group_size
     block_k = max(block_k, 2 if per_row else group)
     qgemv_kernel[(triton.cdiv(n, block_n),)](
@@ -122,7 +128,7 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
         KIND=KINDS[w.scheme], GROUP=group if not per_row else 1, PER_ROW=per_row,
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
         COLUMN=bool(variant & GEMV_COLUMN), EXP_CVT=bool(variant & GEMV_EXP_CVT),
-        X_VEC=bool(variant & GEMV_X_VEC), HALF=_half(w), num_warps=num_warps)
+        X_VEC=bool(variant & GEMV_X_VEC), HALF=_half(w), ACC=acc, num_warps=num_warps)
     return out
 
 

@@ -14,17 +14,26 @@ from typing import Any
 import torch
 
 from tessera.hal.cuda.autotune import pick as _pick
-from tessera.hal.cuda.quant_kernels import GEMV_COLUMN, GEMV_DOT, GEMV_EXP_CVT, GEMV_X_VEC
+from tessera.hal.cuda.quant_kernels import (
+    GEMV_ACC,
+    GEMV_COLUMN,
+    GEMV_DOT,
+    GEMV_EXP_CVT,
+    GEMV_X_VEC,
+)
 from tessera.hal.quant.weight import QuantizedWeight
 
 # (BLOCK_N, BLOCK_K, num_warps, variant); each thread should have several 16-byte loads in
 # flight. The bf16 GEMV's best moves 8 KiB of weight per program per iteration; the wider
 # tiles give fp8 / int8 / int4 as many bytes in flight (int4: 16 KiB at 8 x 4096, that is
-# 64 products a thread at 8 warps). variant: flags GEMV_COLUMN | GEMV_EXP_CVT | GEMV_X_VEC
-# (quant_kernels.py); the formulations are listed side by side so the device measures which
-# wins, the first candidate (taken where nothing is measured) the one B12 measured.
-_COL, _EXP, _XV = GEMV_COLUMN, GEMV_EXP_CVT, GEMV_X_VEC
-GEMV_VARIANTS = tuple(range(8))  # every combination of the three flags
+# 64 products a thread at 8 warps). variant: flags GEMV_COLUMN | GEMV_EXP_CVT | GEMV_X_VEC |
+# GEMV_ACC (quant_kernels.py); the formulations are listed side by side so the device
+# measures which wins, the first candidate (taken where nothing is measured) the one B12
+# measured.
+_COL, _EXP, _XV, _ACC = GEMV_COLUMN, GEMV_EXP_CVT, GEMV_X_VEC, GEMV_ACC
+# every combination of the first three flags; GEMV_ACC (one scale a row, fp8 / int8) with
+# the conversion and load flags (GEMV_COLUMN changes nothing without groups)
+GEMV_VARIANTS = tuple(range(8)) + (_ACC, _ACC | _EXP, _ACC | _XV, _ACC | _EXP | _XV)
 _B12_8BIT = [(2, 2048, 8), (4, 2048, 8), (4, 1024, 4), (8, 1024, 8), (1, 4096, 8)]
 _WIDE_8BIT = [(2, 4096, 8), (4, 4096, 8), (8, 2048, 8)]
 _GROUPED = (0, _COL, _EXP, _COL | _EXP, _EXP | _XV)  # per wide tile
@@ -33,8 +42,11 @@ GEMV_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
     # quant_kernels_h200.json, 37121f2) on the 8B shape's qkv, o, gate_up and down: for fp8
     # the 4 x 1024 tile at 4 warps was the fastest on all four (2.3-3.7 TB/s), while the
     # tuner's own measurement (launch-bound at these 7-32 us) had picked slower tiles for qkv
-    # and o (9.9 and 9.2 us against 9.1 and 7.3); one candidate, nothing to mis-measure.
-    "fp8": [(4, 1024, 4, 0)],
+    # and o (9.9 and 9.2 us against 9.1 and 7.3). Since then: GEMV_ACC | GEMV_X_VEC tiles
+    # (no reduction, shared memory or barrier in the loop; quant_kernels.py), not yet
+    # measured on the device; that 4 x 1024 tile last for the comparison.
+    "fp8": [(8, 1024, 4, _ACC | _XV), (4, 1024, 4, _ACC | _XV), (4, 2048, 8, _ACC | _XV),
+            (8, 512, 2, _ACC | _XV), (2, 1024, 4, _ACC | _XV), (4, 1024, 4, 0)],
     "int8": [(*c, 0) for c in _B12_8BIT] + [(*c, v) for c in _WIDE_8BIT for v in _GROUPED]
     + [(*c, _EXP | _XV) for c in _B12_8BIT[:2]],
     # int4: 8 x 4096 with exponent-bit conversion and x-wide loads won on all four (1.3-1.7
@@ -166,7 +178,9 @@ def _gemv_candidates(scheme: str, per_row: bool, group_size: int, packing: str
     # Cached: every one-token quantized linear asks, its choice already kept or not.
     halves = packing.startswith("halves")
     return tuple(c for c in GEMV_CANDIDATES[scheme]
-                 if (halves if c[3] & GEMV_DOT else per_row or c[1] % group_size == 0)) or \
+                 if (halves if c[3] & GEMV_DOT else
+                     per_row and scheme != "int4" if c[3] & GEMV_ACC else
+                     per_row or c[1] % group_size == 0)) or \
         ((4, max(group_size, 256), 8, 0),)
 
 

@@ -55,6 +55,7 @@ def qgemv_case(scheme: str, group: int | None, variant: int, block_n: int = 4,
               "COLUMN": bool(variant & qk.GEMV_COLUMN),
               "EXP_CVT": bool(variant & qk.GEMV_EXP_CVT),
               "X_VEC": bool(variant & qk.GEMV_X_VEC),
+              "ACC": bool(variant & qk.GEMV_ACC),
               "HALF": 64 if scheme == "int4" else 1}  # int4 as prepare holds it: halves128
     return Case(f"qgemv {scheme} group={group or 'row'} variant={variant}", fn,
                 _signature(fn, types, consts), consts, num_warps=num_warps,
@@ -207,10 +208,11 @@ def cases() -> list[Case]:
             out.append(Case(f"rotary_store_kv {dt} fp8={fp8}", fn,
                             _signature(fn, types, consts), consts))
     fn = gemv._gemv_kernel
-    for bias in (False, True):
+    for bias, acc in ((False, False), (True, False), (False, True)):
         types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
-        consts = {"HAS_BIAS": bias, "BLOCK_N": 2, "BLOCK_K": 2048}
-        out.append(Case(f"gemv bias={bias}", fn, _signature(fn, types, consts), consts))
+        consts = {"HAS_BIAS": bias, "BLOCK_N": 2, "BLOCK_K": 2048, "ACC": acc}
+        out.append(Case(f"gemv bias={bias} acc={acc}", fn, _signature(fn, types, consts),
+                        consts))
     from tessera.hal.cuda import moe
 
     fn = moe._align_kernel

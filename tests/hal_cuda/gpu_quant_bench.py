@@ -98,7 +98,8 @@ def gemv_candidates(setup: Setup, scheme: str, n_out: int, n_in: int) -> dict[st
         variant = cand[3]
         name = "+".join(n for n, flag in (("column", quant_kernels.GEMV_COLUMN),
                                           ("exp_cvt", quant_kernels.GEMV_EXP_CVT),
-                                          ("x_vec", quant_kernels.GEMV_X_VEC))
+                                          ("x_vec", quant_kernels.GEMV_X_VEC),
+                                          ("acc", quant_kernels.GEMV_ACC))
                         if variant & flag) or "tile"
         row: dict[str, Any] = {"config": list(cand), "variant": name}
         try:

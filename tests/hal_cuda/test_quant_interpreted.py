@@ -80,13 +80,29 @@ def test_qgemv_every_variant(kernels: dict[str, ModuleType], scheme: str, group:
     x = _x(1, k, seed=22)
     bias = torch.randn(37, generator=torch.Generator().manual_seed(23))
     want = quant_linear_reference(x, w, bias)
+    acc_fits = w.num_groups == 1 and scheme != "int4"  # GEMV_ACC: one scale a row, 8 bits
     small = [(bn, bk, 4, v) for v in quant_tune.GEMV_VARIANTS
+             if acc_fits or not v & quant_tune.GEMV_ACC
              for bn, bk in ((4, 256), (2, 128))
              if w.num_groups == 1 or bk % w.group_size == 0]
     assert small, "no small tile holds whole groups"
     for cfg in small + quant_tune.gemv_candidates(w):
         out = quant_tune.one_token(x, w, bias, cfg)
         torch.testing.assert_close(out, want, **TOL, msg=lambda m, c=cfg: f"{c}: {m}")
+
+
+@pytest.mark.parametrize("scheme,group", [("int4", None), ("int4", 64), ("int8", 64)])
+def test_qgemv_accumulator_refuses_groups_and_nibbles(kernels: dict[str, ModuleType],
+                                                      scheme: str, group: int | None) -> None:
+    """GEMV_ACC sums the products of one scale a row: a grouped or int4 weight is refused by
+    name, not computed wrong, and the tuner never lists it for one."""
+    from tessera.hal.cuda import quant_tune
+
+    ql = kernels["quant_linear"]
+    w = ql.prepare(_weight(scheme, group or 256, 16, 256, seed=30))
+    with pytest.raises(ValueError, match="GEMV_ACC"):
+        ql.qgemv(_x(1, 256, seed=31), w, None, 4, 256, 4, quant_tune.GEMV_ACC)
+    assert not any(c[3] & quant_tune.GEMV_ACC for c in quant_tune.gemv_candidates(w))
 
 
 def test_gemv_candidates_cover_every_variant() -> None:
@@ -104,7 +120,8 @@ def test_gemv_candidates_cover_every_variant() -> None:
     for scheme, cs in cands.items():
         assert all(len(c) == 4 and (c[3] in quant_tune.GEMV_VARIANTS or
                                     c[3] == qk.GEMV_DOT) for c in cs), scheme
-    assert cands["fp8"] == [(4, 1024, 4, 0)]
+    assert cands["fp8"][0][3] == qk.GEMV_ACC | qk.GEMV_X_VEC
+    assert (4, 1024, 4, 0) in cands["fp8"]  # the tile the H200 measured best before
     assert cands["int4"][0] == (8, 4096, 8, qk.GEMV_EXP_CVT | qk.GEMV_X_VEC)
     for scheme in ("int8", "int4"):
         assert max(bn * bk * bytes_per_weight[scheme] for bn, bk, _, v in cands[scheme]
