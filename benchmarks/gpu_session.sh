@@ -17,6 +17,7 @@
 #   benchmarks/gpu_session.sh 13  # two H200s: b5, b5 at 3 steps, pp2 at 2 batches, b7 x2 (~450 s)
 #   benchmarks/gpu_session.sh 14  # one H200:  inputs (copies' conformance, engine parity), b1, b2 (~170 s)
 #   benchmarks/gpu_session.sh 15  # one H200:  b12 b1 at 2 and 3 steps in flight, trace of a c=32 step, b2, b3 (~330 s)
+#   benchmarks/gpu_session.sh 16  # one H200:  one-token GEMV tests and sweeps (fp8 / int4, bf16), b12 b1, b1 (~380 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -50,7 +51,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-5])$ ]] || { echo "usage: $0 1|...|15  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-6])$ ]] || { echo "usage: $0 1|...|16  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -292,6 +293,18 @@ case $CALL in
     part b12b1d3 130 75 b12 --parts b1 --overlap-steps 3 --name b12_b1_overlap3_h200
     part b2 90 35 b2
     part b3 120 60 b3
+    ;;
+  16)
+    # One H200 after the one-token GEMVs' 2-D accumulator (GEMV_ACC, the bf16 GEMV's ACC):
+    # the tuner candidates of fp8 and int4 against the definition at batch 1, the batch-1
+    # sweep of every fp8 / int4 GEMV candidate (no several-token sweep) and of the bf16
+    # GEMV's configurations, then B12's batch-1 part (the tuner picking among the listed
+    # candidates) and B1.
+    QUANT_K="every_tuner_candidate and (fp8-1] or int4-1])" part quanttests 120 50 quanttests
+    QUANT_GEMM_SWEEP=0 part quantbench 150 80 quantbench
+    part gemvsweep 90 40 gemvsweep
+    part b12b1 130 75 b12 --parts b1 --name b12_b1_h200
+    part b1 90 35 b1
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

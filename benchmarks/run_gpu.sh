@@ -60,7 +60,7 @@ mkdir -p "$OUT"
 parts=()
 while [[ $# -gt 0 && $1 != -* ]]; do parts+=("$1"); shift; done
 [[ ${#parts[@]} -gt 0 ]] || parts=(all)
-all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|all"
+all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|all"
 for part in "${parts[@]}"; do
   if [[ ! $part =~ ^($all_parts)$ ]]; then
     echo "usage: $0 [${all_parts//|/|} ...] [flags]" >&2
@@ -186,6 +186,11 @@ for part in "${parts[@]}"; do
                   "${T_quanttests[@]}" ;;
     moetests) gpu_pytest moetests tests/hal_cuda/test_kernels_gpu.py tests/hal_cuda/test_models_gpu.py \
                 tests/hal_cuda/test_conformance_gpu.py -k "${MOE_K:-moe or mixtral or dots1}" "${T_moetests[@]}" ;;
+    # The bf16 one-token GEMV's launch configurations against cuBLAS at the 8B shapes
+    # (gpu_bench.gemv_sweep: what gemv.TUNED should hold), into gemv_sweep_$SUFFIX/.
+    gemvsweep) echo "+ tests/hal_cuda/gpu_run.py --only=gemv_sweep" >&2
+               "$PY" tests/hal_cuda/gpu_run.py "$OUT/gemv_sweep_$SUFFIX" --only=gemv_sweep \
+                 "${T_cpu[@]}" || { echo "gemvsweep: failed" >&2; failed+=(gemvsweep); } ;;
     # Every quantized GEMV candidate at the 8B shapes (which formulation the tuner picks).
     quantbench) echo "+ tests/hal_cuda/gpu_quant_bench.py" >&2
                 "$PY" tests/hal_cuda/gpu_quant_bench.py "$OUT/quant_kernels_$SUFFIX.json" \
