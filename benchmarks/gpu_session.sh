@@ -17,7 +17,8 @@
 #   benchmarks/gpu_session.sh 13  # two H200s: b5, b5 at 3 steps, pp2 at 2 batches, b7 x2 (~450 s)
 #   benchmarks/gpu_session.sh 14  # one H200:  inputs (copies' conformance, engine parity), b1, b2 (~170 s)
 #   benchmarks/gpu_session.sh 15  # one H200:  b12 b1 at 2 and 3 steps in flight, trace of a c=32 step, b2, b3 (~330 s)
-#   benchmarks/gpu_session.sh 16  # one H200:  one-token GEMV tests and sweeps (fp8 / int4, bf16), b12 b1, b1 (~380 s)
+#   benchmarks/gpu_session.sh 16  # one H200:  one-token GEMV tests and sweeps (fp8 / int4, bf16), b12 b1, b1 (~150 s)
+#   benchmarks/gpu_session.sh 17  # one H200:  the fp8 / int4 one-token GEMV over a grid of tiles, b12 b1 (~330 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -51,7 +52,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-6])$ ]] || { echo "usage: $0 1|...|16  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-7])$ ]] || { echo "usage: $0 1|...|17  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -305,6 +306,13 @@ case $CALL in
     part gemvsweep 90 40 gemvsweep
     part b12b1 130 75 b12 --parts b1 --name b12_b1_h200
     part b1 90 35 b1
+    ;;
+  17)
+    # One H200: the batch-1 fp8 and int4 GEMV over a grid of tiles and formulations beyond
+    # the tuner's lists (QUANT_GEMV_WIDE=1; which tiles the lists should hold), then B12's
+    # batch-1 part again.
+    QUANT_GEMM_SWEEP=0 QUANT_GEMV_WIDE=1 part quantwide 260 200 quantbench
+    part b12b1 130 75 b12 --parts b1 --name b12_b1_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

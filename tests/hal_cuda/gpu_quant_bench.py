@@ -37,6 +37,16 @@ BATCHES = (1, 16, 64, 256)
 CPU_SHAPES = {"qkv": (48, 256), "o": (32, 256), "gate_up": (96, 256), "down": (32, 512)}
 CPU_BATCHES = (1, 3)
 GEMV_SCHEMES = ("fp8", "int4")
+# QUANT_GEMV_WIDE=1: batch-1 tiles beyond the tuner's lists, measured beside them (which
+# tiles the lists should hold); int4's BLOCK_K holds whole groups of 128
+WIDE_GEMV: dict[str, list[tuple[int, int, int, int]]] = {
+    "fp8": [(bn, bk, nw, v) for bn in (1, 2, 4, 8)
+            for bk, nw in ((1024, 4), (2048, 8), (4096, 8), (512, 2), (2048, 4))
+            for v in (0, 16, 20)],
+    "int4": [(bn, bk, nw, v) for bn in (4, 8, 16)
+             for bk, nw in ((1024, 4), (2048, 8), (4096, 8), (1024, 8), (2048, 4))
+             for v in (0, 1, 2, 3)],
+}
 
 Timer = Callable[[Callable[[Any], torch.Tensor], list[Any]], float]
 
@@ -94,7 +104,10 @@ def gemv_candidates(setup: Setup, scheme: str, n_out: int, n_in: int) -> dict[st
     x = torch.randn((1, n_in), device=setup.dev, dtype=setup.dtype)
     nbytes = packed[0].nbytes
     rows: list[dict[str, Any]] = []
-    for cand in quant_tune.gemv_candidates(packed[0]):
+    cands = quant_tune.gemv_candidates(packed[0])
+    if os.environ.get("QUANT_GEMV_WIDE") == "1":  # and a grid of tiles the tuner does not list
+        cands += [c for c in WIDE_GEMV[scheme] if c not in cands]
+    for cand in cands:
         variant = cand[3]
         name = "+".join(n for n, flag in (("column", quant_kernels.GEMV_COLUMN),
                                           ("exp_cvt", quant_kernels.GEMV_EXP_CVT),
