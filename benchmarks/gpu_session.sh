@@ -18,7 +18,8 @@
 #   benchmarks/gpu_session.sh 14  # one H200:  inputs (copies' conformance, engine parity), b1, b2 (~170 s)
 #   benchmarks/gpu_session.sh 15  # one H200:  b12 b1 at 2 and 3 steps in flight, trace of a c=32 step, b2, b3 (~330 s)
 #   benchmarks/gpu_session.sh 16  # one H200:  one-token GEMV tests and sweeps (fp8 / int4, bf16), b12 b1, b1 (~150 s)
-#   benchmarks/gpu_session.sh 17  # one H200:  the fp8 / int4 one-token GEMV over a grid of tiles, b12 b1 (~330 s)
+#   benchmarks/gpu_session.sh 17  # one H200:  the fp8 / int4 one-token GEMV over a grid of tiles, b12 b1 (~130 s)
+#   benchmarks/gpu_session.sh 18  # one H200:  b12 b1 and b2 with the tuner's new lists, b12 b1 at 3 steps (~300 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -52,7 +53,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-7])$ ]] || { echo "usage: $0 1|...|17  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-8])$ ]] || { echo "usage: $0 1|...|18  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -313,6 +314,15 @@ case $CALL in
     # batch-1 part again.
     QUANT_GEMM_SWEEP=0 QUANT_GEMV_WIDE=1 part quantwide 260 200 quantbench
     part b12b1 130 75 b12 --parts b1 --name b12_b1_h200
+    ;;
+  18)
+    # One H200 after the GEMV lists took the grid's fastest tiles (call 17): their GPU tests
+    # at batch 1, B12's batch-1 part at 2 steps in flight, its B2 part (fp8's ratio to bf16),
+    # and its batch-1 part at 3 steps in flight.
+    QUANT_K="every_tuner_candidate and (fp8-1] or int4-1])" part quanttests 120 30 quanttests
+    part b12b1 130 70 b12 --parts b1 --name b12_b1_h200
+    part b12b2 150 90 b12 --parts b2 --name b12_b2_h200
+    part b12b1d3 130 70 b12 --parts b1 --overlap-steps 3 --name b12_b1_overlap3_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

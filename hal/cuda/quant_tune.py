@@ -38,21 +38,20 @@ _B12_8BIT = [(2, 2048, 8), (4, 2048, 8), (4, 1024, 4), (8, 1024, 8), (1, 4096, 8
 _WIDE_8BIT = [(2, 4096, 8), (4, 4096, 8), (8, 2048, 8)]
 _GROUPED = (0, _COL, _EXP, _COL | _EXP, _EXP | _XV)  # per wide tile
 GEMV_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
-    # The H200 sweep of every candidate inside CUDA graphs (benchmarks/results/
-    # quant_kernels_h200.json, 37121f2) on the 8B shape's qkv, o, gate_up and down: for fp8
-    # the 4 x 1024 tile at 4 warps was the fastest on all four (2.3-3.7 TB/s), while the
-    # tuner's own measurement (launch-bound at these 7-32 us) had picked slower tiles for qkv
-    # and o (9.9 and 9.2 us against 9.1 and 7.3). Since then: GEMV_ACC | GEMV_X_VEC tiles
-    # (no reduction, shared memory or barrier in the loop; quant_kernels.py), not yet
-    # measured on the device; that 4 x 1024 tile last for the comparison.
-    "fp8": [(8, 1024, 4, _ACC | _XV), (4, 1024, 4, _ACC | _XV), (4, 2048, 8, _ACC | _XV),
-            (8, 512, 2, _ACC | _XV), (2, 1024, 4, _ACC | _XV), (4, 1024, 4, 0)],
+    # The H200's sweep of a grid of tiles and formulations inside CUDA graphs at fed5136
+    # (benchmarks/results/quant_gemv_wide_h200.json: 60 fp8 and 60 int4 tiles on the 8B
+    # shape's qkv, o, gate_up and down). fp8: 4 x 2048 at 4 warps fastest over the four
+    # (63.2 us a layer; 4 x 1024, the list's first before, 68.2), the 2-D accumulator tiles
+    # (GEMV_ACC | GEMV_X_VEC) fastest on down (16.9 us against 19.4). The tuner measures
+    # these per shape; the first is taken where nothing is measured.
+    "fp8": [(4, 2048, 4, 0), (8, 2048, 4, 0), (2, 1024, 4, _ACC | _XV),
+            (4, 1024, 4, _ACC | _XV), (4, 1024, 4, 0)],
     "int8": [(*c, 0) for c in _B12_8BIT] + [(*c, v) for c in _WIDE_8BIT for v in _GROUPED]
     + [(*c, _EXP | _XV) for c in _B12_8BIT[:2]],
-    # int4: 8 x 4096 with exponent-bit conversion and x-wide loads won on all four (1.3-1.7
-    # TB/s), then these, within 10-25%
-    "int4": [(8, 4096, 8, _EXP | _XV), (4, 8192, 8, _EXP | _XV), (8, 4096, 8, 0),
-             (16, 1024, 8, 0)]
+    # int4: 16 x 2048 and 8 x 2048 at 4 warps, the plain reshaped tile, fastest (74.5-74.6 us
+    # a layer, 1.5-1.9 TB/s; 8 x 4096 at 8 warps, the list's first before, 83.3), then these
+    "int4": [(16, 2048, 4, 0), (8, 2048, 4, 0), (16, 4096, 8, 0), (16, 2048, 4, _EXP),
+             (8, 4096, 8, _EXP | _XV)]
     # GEMV_DOT: the token through qgemm_wt_kernel's tensor-core tile (BLOCK_M 16, the
     # nibbles made 16-bit floats by their exponent bits, no FMA per weight), for a "halves"
     # weight: (BLOCK_N, num_stages, num_warps, GEMV_DOT). They took 1.8-5.6x the GEMV's time
