@@ -112,7 +112,7 @@ def _capability(device: torch.device) -> tuple[int, int]:
 # (BLOCK_N, BLOCK_K, num_warps[, ACC])
 CANDIDATES: tuple[tuple[int, ...], ...] = ((2, 2048, 8), (4, 2048, 8), (4, 1024, 4),
                                            (1, 4096, 8), (2, 2048, 8, 1), (4, 1024, 4, 1))
-CUBLAS = (0, 0, 0)
+CUBLAS: tuple[int, ...] = (0, 0, 0)
 _measured: dict[tuple[int, int, int | None, bool], tuple[int, ...]] = {}
 
 
@@ -122,7 +122,8 @@ def _measure(x: torch.Tensor, weight: torch.Tensor,
     of the candidates runs or beats it)."""
     from triton.testing import do_bench
 
-    timings = [(float(do_bench(lambda: F.linear(x, weight, bias), warmup=2, rep=10)), CUBLAS)]
+    timings: list[tuple[float, tuple[int, ...]]] = [
+        (float(do_bench(lambda: F.linear(x, weight, bias), warmup=2, rep=10)), CUBLAS)]
     for cand in CANDIDATES:
         try:
             ms = do_bench(lambda c=cand: gemv(x, weight, bias, *c), warmup=2, rep=10)
