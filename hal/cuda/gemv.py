@@ -40,7 +40,7 @@ _LLAMA3_8B = (2, 2048, 8)
 # 19.1 us a layer in its decode graph against rank 0's 5.8 and 16.2; rank 0 waited for rank 1
 # at every all-reduce (benchmarks/results/b5_profile_summary_h200.json). Ranks of one group
 # must run the same kernels: the measured picks are fixed here.
-TUNED: dict[tuple[int, int], tuple[int, ...]] = {
+TUNED: dict[tuple[int, int], tuple[int, int, int]] = {
     (6144, 4096): _LLAMA3_8B,
     (4096, 4096): _LLAMA3_8B,
     (28672, 4096): _LLAMA3_8B,
@@ -57,39 +57,26 @@ TUNED_CAPABILITY = (9, 0)
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_out, n_in, w_s0,
-                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 ACC: tl.constexpr = False):
-    # ACC: the products summed into a [BLOCK_N, BLOCK_K] float32 tile across the iterations
-    # and the rows reduced once after the loop, instead of a reduction across threads (and
-    # warps, through shared memory with barriers) every iteration: in the sm_90 code of the
-    # 2 x 2048 tile at 8 warps, 77 instructions an iteration and no barrier against 121 and 2
-    # for the same 32 bytes a thread.
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < n_out
     cols = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rows[:, None].to(tl.int64) * w_s0
     acc = tl.zeros([BLOCK_N], tl.float32)
-    acc2 = tl.zeros([BLOCK_N, BLOCK_K if ACC else 1], tl.float32)
     for k0 in range(0, n_in, BLOCK_K):
         k = k0 + cols
         kmask = k < n_in
         x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
         w = tl.load(w_rows + k[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
-        if ACC:
-            acc2 += w.to(tl.float32) * x[None, :]
-        else:
-            acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
-    if ACC:
-        acc = tl.sum(acc2, 1)
+        acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rmask)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block_n: int,
-         block_k: int, num_warps: int, acc: int = 0) -> torch.Tensor:
-    """x [1, In] @ weight[Out, In]^T (+ bias) -> [1, Out], fp32 accumulation; acc: the
-    kernel's ACC (a 2-D accumulator reduced once)."""
+         block_k: int, num_warps: int) -> torch.Tensor:
+    """x [1, In] @ weight[Out, In]^T (+ bias) -> [1, Out], fp32 accumulation."""
     n_out, n_in = weight.shape
     if x.shape != (1, n_in) or x.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError(f"gemv expects x [1, {n_in}] and a row-major weight, got x "
@@ -98,8 +85,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block
     out = torch.empty((1, n_out), dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n_out, block_n),)](
         x, weight, bias if bias is not None else out, out, n_out, n_in, weight.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, ACC=bool(acc),
-        num_warps=num_warps)
+        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
     return out
 
 
@@ -109,21 +95,19 @@ def _capability(device: torch.device) -> tuple[int, int]:
 
 
 # Launch configurations tried for a shape TUNED does not hold; CUBLAS stands for F.linear.
-# (BLOCK_N, BLOCK_K, num_warps[, ACC])
-CANDIDATES: tuple[tuple[int, ...], ...] = ((2, 2048, 8), (4, 2048, 8), (4, 1024, 4),
-                                           (1, 4096, 8), (2, 2048, 8, 1), (4, 1024, 4, 1))
-CUBLAS: tuple[int, ...] = (0, 0, 0)
-_measured: dict[tuple[int, int, int | None, bool], tuple[int, ...]] = {}
+CANDIDATES: tuple[tuple[int, int, int], ...] = ((2, 2048, 8), (4, 2048, 8), (4, 1024, 4),
+                                                (1, 4096, 8))
+CUBLAS = (0, 0, 0)
+_measured: dict[tuple[int, int, int | None, bool], tuple[int, int, int]] = {}
 
 
 def _measure(x: torch.Tensor, weight: torch.Tensor,
-             bias: torch.Tensor | None) -> tuple[int, ...]:
+             bias: torch.Tensor | None) -> tuple[int, int, int]:
     """The fastest of cuBLAS and CANDIDATES for this one-token product (CUBLAS when none
     of the candidates runs or beats it)."""
     from triton.testing import do_bench
 
-    timings: list[tuple[float, tuple[int, ...]]] = [
-        (float(do_bench(lambda: F.linear(x, weight, bias), warmup=2, rep=10)), CUBLAS)]
+    timings = [(float(do_bench(lambda: F.linear(x, weight, bias), warmup=2, rep=10)), CUBLAS)]
     for cand in CANDIDATES:
         try:
             ms = do_bench(lambda c=cand: gemv(x, weight, bias, *c), warmup=2, rep=10)
@@ -134,7 +118,7 @@ def _measure(x: torch.Tensor, weight: torch.Tensor,
 
 
 def _config(x: torch.Tensor, weight: torch.Tensor,
-            bias: torch.Tensor | None) -> tuple[int, ...] | None:
+            bias: torch.Tensor | None) -> tuple[int, int, int] | None:
     """The GEMV configuration for this bf16 one-token product on sm_90, or None (cuBLAS)."""
     shape = (int(weight.shape[0]), int(weight.shape[1]))
     tuned = TUNED.get(shape)

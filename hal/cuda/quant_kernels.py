@@ -55,6 +55,12 @@ GEMV_DOT = 8  # not a qgemv formulation: the token through qgemm's tile (quant_t
 GEMV_ACC = 16  # fp8 / int8 per row: a 2-D float32 accumulator, reduced once after the loop
 
 
+def gemv_acc_fits(scheme: str, per_row: bool) -> bool:
+    """GEMV_ACC sums raw products, scaled once a row after the loop: 8-bit weights with one
+    scale a row only (qgemv refuses it otherwise, the tuner does not list it)."""
+    return per_row and scheme != "int4"
+
+
 @triton.jit
 def _int_to_f32(q, KIND: tl.constexpr, EXP_CVT: tl.constexpr):
     """Small integers (int4 0..15 as int32, int8 sign-extended) to float32, exactly. EXP_CVT:

@@ -32,6 +32,7 @@ from tessera.hal.cuda.quant_kernels import (
     INT4,
     INT8,
     dequant_kernel,
+    gemv_acc_fits,
     qgemm_kernel,
     qgemm_wt_kernel,
     qgemv_kernel,
@@ -116,7 +117,7 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
     n, k = w.shape
     per_row = _per_row(w)
     acc = bool(variant & GEMV_ACC)
-    if acc and (w.scheme == "int4" or not per_row):
+    if acc and not gemv_acc_fits(w.scheme, per_row):
         raise ValueError(f"GEMV_ACC is for fp8 / int8 weights with one scale a row, not "
                          f"{w.scheme} with groups of {w.group_size}")
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)

@@ -20,6 +20,7 @@ from tessera.hal.cuda.quant_kernels import (
     GEMV_DOT,
     GEMV_EXP_CVT,
     GEMV_X_VEC,
+    gemv_acc_fits,
 )
 from tessera.hal.quant.weight import QuantizedWeight
 
@@ -176,10 +177,15 @@ def _gemv_candidates(scheme: str, per_row: bool, group_size: int, packing: str
                      ) -> tuple[tuple[int, int, int, int], ...]:
     # Cached: every one-token quantized linear asks, its choice already kept or not.
     halves = packing.startswith("halves")
-    return tuple(c for c in GEMV_CANDIDATES[scheme]
-                 if (halves if c[3] & GEMV_DOT else
-                     per_row and scheme != "int4" if c[3] & GEMV_ACC else
-                     per_row or c[1] % group_size == 0)) or \
+
+    def fits(c: tuple[int, int, int, int]) -> bool:
+        if c[3] & GEMV_DOT:
+            return halves
+        if c[3] & GEMV_ACC:
+            return gemv_acc_fits(scheme, per_row)
+        return per_row or c[1] % group_size == 0
+
+    return tuple(c for c in GEMV_CANDIDATES[scheme] if fits(c)) or \
         ((4, max(group_size, 256), 8, 0),)
 
 

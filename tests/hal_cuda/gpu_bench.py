@@ -115,10 +115,8 @@ def gemv_sweep() -> dict[str, Any]:
     shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
               "down": (4096, 14336), "lm_head": (128256, 4096)}
     gemv.TUNED.clear()  # measure every shape afresh
-    configs = [(bn, bk, nw, 0) for bn in (1, 2, 4, 8)
-               for bk, nw in ((1024, 4), (2048, 8), (4096, 8), (4096, 16))] + \
-        [(bn, bk, nw, 1) for bn, bk, nw in ((1, 2048, 8), (2, 2048, 8), (4, 2048, 8), (2, 1024, 4),
-                                            (4, 1024, 4), (8, 1024, 4), (4, 512, 2))]
+    configs = [(bn, bk, nw) for bn in (1, 2, 4, 8)
+               for bk, nw in ((1024, 4), (2048, 8), (4096, 8), (4096, 16))]
     res: dict[str, Any] = {}
     for name, (n_out, n_in) in shapes.items():
         copies = [torch.randn((n_out, n_in), device=dev, dtype=dt) * 0.02
@@ -138,16 +136,15 @@ def gemv_sweep() -> dict[str, Any]:
         row: dict[str, Any] = {"cublas_us": timed(lambda w: F.linear(x, w))}  # noqa: B023
         ref = F.linear(x.float(), copies[0].float())
         best = None
-        for bn, bk, nw, acc in configs:
-            key = f"bn{bn}_bk{bk}_w{nw}" + ("_acc" if acc else "")
+        for bn, bk, nw in configs:
+            key = f"bn{bn}_bk{bk}_w{nw}"
             try:
-                out = gemv.gemv(x, copies[0], None, bn, bk, nw, acc).float()
+                out = gemv.gemv(x, copies[0], None, bn, bk, nw).float()
                 err = float((out - ref).norm() / ref.norm())
-                us = timed(lambda w, bn=bn, bk=bk, nw=nw, acc=acc:  # noqa: B023
-                           gemv.gemv(x, w, None, bn, bk, nw, acc))  # noqa: B023
+                us = timed(lambda w, bn=bn, bk=bk, nw=nw: gemv.gemv(x, w, None, bn, bk, nw))  # noqa: B023
                 row[key] = {"us": us, "TBps": nbytes / (us * 1e-6) / 1e12, "rel_err": err}
                 if err < 1e-2 and (best is None or us < best[0]):
-                    best = (us, (bn, bk, nw, acc) if acc else (bn, bk, nw))
+                    best = (us, (bn, bk, nw))
             except Exception as exc:
                 row[key] = {"error": repr(exc)[:300]}
         row["cublas_TBps"] = nbytes / (row["cublas_us"] * 1e-6) / 1e12
