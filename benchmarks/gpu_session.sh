@@ -20,6 +20,7 @@
 #   benchmarks/gpu_session.sh 16  # one H200:  one-token GEMV tests and sweeps (fp8 / int4, bf16), b12 b1, b1 (~150 s)
 #   benchmarks/gpu_session.sh 17  # one H200:  the fp8 / int4 one-token GEMV over a grid of tiles, b12 b1 (~130 s)
 #   benchmarks/gpu_session.sh 18  # one H200:  b12 b1 and b2 with the tuner's new lists, b12 b1 at 3 steps (~300 s)
+#   benchmarks/gpu_session.sh 19  # one H200:  fp8-cache kernel tests, decode attention sweep, b12 b2 and kv with the fp8 KV cache (~450 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -53,7 +54,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-8])$ ]] || { echo "usage: $0 1|...|18  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9])$ ]] || { echo "usage: $0 1|...|19  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -323,6 +324,19 @@ case $CALL in
     part b12b1 130 70 b12 --parts b1 --name b12_b1_h200
     part b12b2 150 90 b12 --parts b2 --name b12_b2_h200
     part b12b1d3 130 70 b12 --parts b1 --overlap-steps 3 --name b12_b1_overlap3_h200
+    ;;
+  19)
+    # One H200 after decode attention read an fp8 cache as words of two elements (the
+    # hardware's e4m3x2 conversion, float16 dots): the fp8-cache and decode kernel tests and
+    # the conformance suite's fp8 KV cases, compiled; the decode-attention sweep (bf16, fp8 as
+    # words, fp8 element by element as before); B12's B2 with the fp8 KV cache (bf16 and fp8
+    # weights) and its kv part (the same KV bytes: a bf16 pool that retracts against twice the
+    # tokens in fp8).
+    KERNELS_K="fp8 or e4m3 or decode" part kernels 150 80 kernels
+    part attnbench 150 90 attnbench
+    part b12kvfp8 170 110 b12 --schemes bf16,fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
+      --name b12_fp8kv_h200
+    part b12kv 170 110 b12 --schemes bf16 --parts kv --name b12_kv_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

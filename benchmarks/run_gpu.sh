@@ -60,7 +60,7 @@ mkdir -p "$OUT"
 parts=()
 while [[ $# -gt 0 && $1 != -* ]]; do parts+=("$1"); shift; done
 [[ ${#parts[@]} -gt 0 ]] || parts=(all)
-all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|all"
+all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|attnbench|all"
 for part in "${parts[@]}"; do
   if [[ ! $part =~ ^($all_parts)$ ]]; then
     echo "usage: $0 [${all_parts//|/|} ...] [flags]" >&2
@@ -180,8 +180,15 @@ for part in "${parts[@]}"; do
             "$PY" benchmarks/fusion_ab.py "$OUT/b1_unfused_$SUFFIX.json" \
               "$OUT/b1_fused_$SUFFIX.json" "$OUT/b1_fusion_$SUFFIX.json" ;;
     # The plugin's conformance suite and kernel tests, compiled (after a kernel change).
+    # KERNELS_K="fp8 or decode": those tests alone.
     kernels) gpu_pytest kernels tests/hal_cuda/test_conformance_gpu.py \
-               tests/hal_cuda/test_kernels_gpu.py tests/hal_cuda/test_fused_gpu.py "${T_kernels[@]}" ;;
+               tests/hal_cuda/test_kernels_gpu.py tests/hal_cuda/test_fused_gpu.py \
+               ${KERNELS_K:+-k "$KERNELS_K"} "${T_kernels[@]}" ;;
+    # Decode attention over bf16 and fp8 caches, each over its tunables, at the 8B heads
+    # (gpu_bench.decode_attention_bench), into attention_sweep_$SUFFIX/.
+    attnbench) echo "+ tests/hal_cuda/gpu_run.py --only=attention_bench" >&2
+               "$PY" tests/hal_cuda/gpu_run.py "$OUT/attention_sweep_$SUFFIX" --only=attention_bench \
+                 "${T_cpu[@]}" || { echo "attnbench: failed" >&2; failed+=(attnbench); } ;;
     quanttests) gpu_pytest quanttests tests/hal_cuda/test_quant_gpu.py ${QUANT_K:+-k "$QUANT_K"} \
                   "${T_quanttests[@]}" ;;
     moetests) gpu_pytest moetests tests/hal_cuda/test_kernels_gpu.py tests/hal_cuda/test_models_gpu.py \

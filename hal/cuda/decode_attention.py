@@ -23,9 +23,17 @@ import triton.language as tl
 BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
+# The same over an fp8 cache read as words (FP8_WORDS): half the bytes a block, its own
+# conversion and crossing to the dot.
+FP8_BLOCK_N = 64
+FP8_NUM_WARPS = 4
+FP8_NUM_STAGES = 2
+FP8_AS_WORDS = True  # False: an fp8 cache read element by element (the benchmarks' before)
 MAX_SPLITS = 32
 LOG2E = 1.4426950408889634
 LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
+# e4m3 bits moved into float16 (e4m3_words_to_f16 without ASM_CVT) read 2^-8 of the value
+E4M3_F16_SHIFT: tl.constexpr = tl.constexpr(2.0 ** -8)
 
 
 @triton.jit
@@ -47,6 +55,27 @@ def scores_log2(qk, sm_scale_log2, logit_cap, HAS_CAP: tl.constexpr):
     return out
 
 
+@triton.jit
+def e4m3_words_to_f16(w, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ASM_CVT: tl.constexpr):
+    """A [BLOCK_N, BLOCK_D / 2] tile of uint16 words, each two e4m3 elements (the low byte the
+    even one) -> the [BLOCK_N, BLOCK_D] float16 tile they stand for. ASM_CVT: the hardware's
+    conversion (sm_89+), exact. Otherwise (Triton's interpreter) the bits are moved into place,
+    exact too but 2^-8 of the value (E4M3_F16_SHIFT), which the caller folds into its scales:
+    e4m3 s.eeee.mmm becomes float16 s.0eeee.mmm0000000, subnormals included.
+
+    Converted in registers as words and joined back in element order: the words stay in the
+    load's 16-byte vectors (an e4m3 tile cast to float16 is loaded in the dot's layout, one
+    or two bytes an instruction), and the tile crosses to the dot in float16, as bf16 does."""
+    if ASM_CVT:
+        even, odd = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; cvt.rn.f16x2.e4m3x2 t, $2; mov.b32 {$0, $1}, t; }",
+            "=h,=h,h", [w], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+    else:
+        even = (((w & 0x7F) << 7) | ((w & 0x80) << 8)).to(tl.float16, bitcast=True)
+        odd = (((w >> 1) & 0x3F80) | (w & 0x8000)).to(tl.float16, bitcast=True)
+    return tl.join(even, odd).reshape(BLOCK_N, BLOCK_D)
+
+
 # The split count is a run-time argument, not a constant of the compiled kernel: it follows
 # the batch size (num_splits), and a mixed step's batch is any number of requests, so as a
 # constexpr every new count compiled a kernel in the middle of serving (an H200 run's first
@@ -65,7 +94,8 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
                    sm_scale_log2, window, logit_cap, num_splits, HAS_CAP: tl.constexpr,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ONE_SPLIT: tl.constexpr,
                    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                   DOT_PREC: tl.constexpr, MIXED: tl.constexpr):
+                   DOT_PREC: tl.constexpr, MIXED: tl.constexpr, FP8_WORDS: tl.constexpr,
+                   ASM_CVT: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kh = tl.program_id(1)
     split = tl.program_id(2)
@@ -91,6 +121,15 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
     dmask = d < HEAD_DIM
     q = tl.load(q_ptr + q_row * q_s0 + heads[:, None] * q_s1 + d[None, :],
                 mask=hmask[:, None] & dmask[None, :], other=0.0)
+    scale_log2 = sm_scale_log2
+    if FP8_WORDS:
+        # The dots in float16: it holds every e4m3 value exactly, and q (bf16's 8 bits of
+        # mantissa fit in its 11) far under the cache's own rounding.
+        q = q.to(tl.float16)
+        if not ASM_CVT:
+            scale_log2 = sm_scale_log2 / E4M3_F16_SHIFT
+        j = tl.arange(0, BLOCK_D // 2)
+        jmask = j < HEAD_DIM // 2
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -100,14 +139,22 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
         pos = n0 + tl.arange(0, BLOCK_N)
         pmask = pos < end
         slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
-        kv_off = slot[:, None] * c_s0 + kh * c_s1 + d[None, :]
-        kvmask = pmask[:, None] & dmask[None, :]
-        # an fp8 cache is read as q's dtype (exact); its scales are folded in by the caller
-        k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0).to(q_ptr.dtype.element_ty)
         # V is issued with K: at small batch each program runs only a block or two, so the
-        # time is memory latency and the two loads should overlap.
-        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0).to(q_ptr.dtype.element_ty)
-        qk = scores_log2(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), sm_scale_log2,
+        # time is memory latency and the two loads should overlap. An fp8 cache's scales are
+        # folded in by the caller.
+        if FP8_WORDS:  # c_s0, c_s1 count words of two elements
+            w_off = slot[:, None] * c_s0 + kh * c_s1 + j[None, :]
+            wmask = pmask[:, None] & jmask[None, :]
+            k = e4m3_words_to_f16(tl.load(kc_ptr + w_off, mask=wmask, other=0), BLOCK_N,
+                                  BLOCK_D, ASM_CVT)
+            v = e4m3_words_to_f16(tl.load(vc_ptr + w_off, mask=wmask, other=0), BLOCK_N,
+                                  BLOCK_D, ASM_CVT)
+        else:  # a cache in q's dtype, or fp8 with odd rows, read as q's dtype (exact)
+            kv_off = slot[:, None] * c_s0 + kh * c_s1 + d[None, :]
+            kvmask = pmask[:, None] & dmask[None, :]
+            k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0).to(q.dtype)
+            v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0).to(q.dtype)
+        qk = scores_log2(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), scale_log2,
                          logit_cap, HAS_CAP)
         qk = tl.where(pmask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -120,6 +167,8 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
     has = end > start
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     out = acc / safe_l[:, None]
+    if FP8_WORDS and not ASM_CVT:
+        out = out / E4M3_F16_SHIFT  # v as read was 2^-8 of the cache's values
     omask = hmask[:, None] & dmask[None, :]
     if ONE_SPLIT:
         # Nothing to merge (large batches): the final output, exactly what stage 2 would give.
@@ -181,6 +230,20 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def tunables(words: bool) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) of stage 1: the fp8-words ones or the others."""
+    if words:
+        return FP8_BLOCK_N, FP8_NUM_WARPS, FP8_NUM_STAGES
+    return BLOCK_N, NUM_WARPS, NUM_STAGES
+
+
+def fp8_words(k_cache: torch.Tensor) -> bool:
+    """Whether stage 1 reads this cache as uint16 words of two e4m3 elements
+    (e4m3_words_to_f16): an fp8 cache with rows of even length (every model's head_dim; an odd
+    one keeps the element-wise path)."""
+    return FP8_AS_WORDS and k_cache.dtype == torch.float8_e4m3fn and k_cache.shape[-1] % 2 == 0
+
+
 def check_paged_inputs(op: str, q: torch.Tensor, k_cache: torch.Tensor,
                        req_to_token: torch.Tensor) -> None:
     """What both attention kernels assume of their inputs, said as an error naming the op."""
@@ -235,6 +298,10 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     mid_o = torch.empty(mid_shape, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(mid_shape[:3], dtype=torch.float32, device=q.device)
     block_d = triton.next_power_of_2(head_dim)
+    words = fp8_words(k_cache)
+    if words:
+        k_cache, v_cache = k_cache.view(torch.uint16), v_cache.view(torch.uint16)
+    block_n, num_warps, num_stages = tunables(words)
     _decode_stage1[(batch, kv_heads, n_split)](
         q, k_cache, v_cache, req_to_token, seq_lens, ext, qo, mid_o, mid_lse, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
@@ -242,9 +309,9 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         out.stride(0), out.stride(1), float(scale) * LOG2E, int(sliding_window),
         float(logit_cap), n_split, HAS_CAP=logit_cap > 0, GROUP=group, HEAD_DIM=head_dim,
         ONE_SPLIT=n_split == 1,
-        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=BLOCK_N,
-        DOT_PREC=dot_precision(q.dtype), MIXED=mixed, num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES)
+        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
+        DOT_PREC=dot_precision(q.dtype), MIXED=mixed, FP8_WORDS=words,
+        ASM_CVT=words and q.device.type == "cuda", num_warps=num_warps, num_stages=num_stages)
     if n_split == 1:
         return
     _decode_stage2[(batch, q_heads)](

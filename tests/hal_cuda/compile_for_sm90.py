@@ -192,6 +192,34 @@ def _moe_cases() -> list[Case]:
     return out
 
 
+def _decode_attention_cases() -> list[Case]:
+    """Decode attention's stage 1 at Llama-3-8B's heads (4 query heads a KV head, 128 wide)
+    over a bf16 cache and an e4m3 one read as uint16 words (the hardware's e4m3x2 conversion
+    in inline PTX, which the interpreter never runs), at the module's tunables and the fp8
+    ones, split and not."""
+    from tessera.hal.cuda import decode_attention as da
+
+    fn = da._decode_stage1
+    out = []
+    for cache, words in (("*bf16", False), ("*u16", True)):
+        types = {"q_ptr": "*bf16", "kc_ptr": cache, "vc_ptr": cache, "rtt_ptr": "*i32",
+                 "seq_lens_ptr": "*i32", "ext_lens_ptr": "*i32", "qo_ptr": "*i32",
+                 "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "out_ptr": "*bf16",
+                 "sm_scale_log2": "fp32", "logit_cap": "fp32"}
+        block_n, warps, stages = da.tunables(words)
+        for one_split in (True, False):
+            consts = {"HAS_CAP": False, "GROUP": 4, "HEAD_DIM": 128, "ONE_SPLIT": one_split,
+                      "BLOCK_H": 16, "BLOCK_D": 128, "BLOCK_N": block_n, "DOT_PREC": "tf32",
+                      "MIXED": False, "FP8_WORDS": words, "ASM_CVT": words}
+            out.append(Case(f"decode_attention stage1 cache={cache[1:]} one_split={one_split}",
+                            fn, _signature(fn, types, consts), consts, num_warps=warps,
+                            num_stages=stages,
+                            divisible_by_16=("q_ptr", "kc_ptr", "vc_ptr", "rtt_ptr", "out_ptr",
+                                             "q_s0", "q_s1", "c_s0", "c_s1", "rtt_s0", "o_s0",
+                                             "o_s1")))
+    return out
+
+
 def cases() -> list[Case]:
     from tessera.hal.cuda import elementwise, gemv
 
@@ -232,7 +260,7 @@ def cases() -> list[Case]:
         types = {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32"}
         out.append(Case(f"moe softmax top-{top_k} of {experts}", fn,
                         _signature(fn, types, consts), consts, num_warps=1))
-    return out + _qgemv_cases() + _qgemm_cases() + _dequant_cases() + _quant_rows_cases() + \
+    return out + _decode_attention_cases() + _qgemv_cases() + _qgemm_cases() + _dequant_cases() + _quant_rows_cases() + \
         _moe_cases()
 
 

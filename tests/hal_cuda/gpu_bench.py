@@ -158,46 +158,77 @@ def gemv_sweep() -> dict[str, Any]:
 
 
 def decode_attention_bench() -> dict[str, Any]:
+    """Decode attention at Llama-3-8B's heads over a bf16 cache and an e4m3 one (read as words,
+    and element by element as before they were: `fp8_elements`), each over its tunables,
+    timed inside graphs (20 calls a replay) on pages scattered as a pool leaves them. GB/s
+    counts the cache bytes read; the small cases fit in L2 and measure latency."""
     from tessera.hal.cuda import decode_attention as da
     from tessera.hal.reference import reference_op
 
-    hq, hk, d, dtype = 32, 8, 128, torch.bfloat16
-    # Timed inside graphs (20 calls per replay); the small cases fit in L2, so they measure
-    # latency more than bandwidth.
-    cases = [(1, 512), (1, 8192), (16, 2048), (64, 2048), (128, 4096)]
-    configs = [(64, 4, 2), (32, 4, 2), (64, 4, 3), (128, 8, 2), (64, 8, 2), (32, 2, 3)]
-    out: dict[str, Any] = {"shape": {"hq": hq, "hk": hk, "head_dim": d, "dtype": "bfloat16"},
-                           "cases": {}}
-    default = (da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES)
+    hq, hk, d = 32, 8, 128
+    cases = [(1, 4096), (32, 1024), (64, 2048), (128, 600), (128, 2048), (256, 600),
+             (256, 1024), (128, 4096)]
+    configs = {
+        "bf16": [(64, 4, 2), (64, 4, 3), (32, 2, 3), (128, 8, 2)],
+        "fp8": [(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (128, 8, 2), (64, 8, 2),
+                (32, 4, 3), (64, 2, 2), (32, 2, 3), (128, 8, 3)],
+        "fp8_elements": [(64, 4, 2), (32, 4, 3)],
+    }
+    out: dict[str, Any] = {"shape": {"hq": hq, "hk": hk, "head_dim": d, "q": "bfloat16"},
+                           "defaults": {"bf16": list(da.tunables(False)),
+                                        "fp8": list(da.tunables(True))}, "cases": {}}
+    saved = (da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES, da.FP8_BLOCK_N, da.FP8_NUM_WARPS,
+             da.FP8_NUM_STAGES, da.FP8_AS_WORDS)
     for batch, seq in cases:
         slots = batch * seq + PAGE
-        kc = torch.randn((slots, hk, d), device="cuda", dtype=dtype)
-        vc = torch.randn_like(kc)
+        kc16 = torch.randn((slots, hk, d), device="cuda", dtype=torch.bfloat16)
+        vc16 = torch.randn_like(kc16)
         pages = torch.randperm(slots // PAGE - 1, device="cuda")[:batch * seq // PAGE] + 1
         rtt = (pages.view(batch, -1)[:, :, None] * PAGE
                + torch.arange(PAGE, device="cuda")).reshape(batch, seq).int()
         lens = torch.full((batch,), seq, dtype=torch.int32, device="cuda")
-        q = torch.randn((batch, hq, d), device="cuda", dtype=dtype)
-        kv_bytes = batch * seq * hk * d * 2 * 2
-        case: dict[str, Any] = {"kv_bytes": kv_bytes,
-                                "splits": da.num_splits(batch, hk, q.device)}
-        for bn, nw, ns in configs:
-            da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES = bn, nw, ns
-            try:
-                us = graph_time_us(
-                    lambda: da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5))  # noqa: B023
-                case[f"bn{bn}_w{nw}_s{ns}"] = {"us": us, "GBps": kv_bytes / (us * 1e-6) / 1e9}
-            except Exception as exc:  # a config that does not compile is a result too
-                case[f"bn{bn}_w{nw}_s{ns}"] = {"error": repr(exc)[:300]}
-        da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES = default
-        if batch * seq <= 16 * 2048:
-            got = da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5).float()
-            ext = torch.ones(batch, dtype=torch.int32, device="cuda")
-            indptr = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
-            ref = reference_op("attention_extend")(q.float(), kc.float(), vc.float(), rtt, lens,
-                                                   ext, indptr, d ** -0.5)
-            case["rel_err_vs_fp32_reference"] = float((got - ref).norm() / ref.norm())
+        q = torch.randn((batch, hq, d), device="cuda", dtype=torch.bfloat16)
+        case: dict[str, Any] = {"splits": da.num_splits(batch, hk, q.device)}
+        for cache, cfgs in configs.items():
+            fp8 = cache != "bf16"
+            kc = kc16.to(torch.float8_e4m3fn) if fp8 else kc16
+            vc = vc16.to(torch.float8_e4m3fn) if fp8 else vc16
+            kv_bytes = 2 * batch * seq * hk * d * kc.element_size()
+            row: dict[str, Any] = {"kv_bytes": kv_bytes}
+            for bn, nw, ns in cfgs:
+                da.FP8_AS_WORDS = cache == "fp8"
+                if cache == "fp8":
+                    da.FP8_BLOCK_N, da.FP8_NUM_WARPS, da.FP8_NUM_STAGES = bn, nw, ns
+                else:
+                    da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES = bn, nw, ns
+                try:
+                    us = graph_time_us(lambda q=q, kc=kc, vc=vc, rtt=rtt, lens=lens:
+                                       da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5))
+                    row[f"bn{bn}_w{nw}_s{ns}"] = {"us": round(us, 2),
+                                                  "GBps": round(kv_bytes / us / 1e3)}
+                except Exception as exc:  # a config that does not compile is a result too
+                    row[f"bn{bn}_w{nw}_s{ns}"] = {"error": repr(exc)[:300]}
+                finally:
+                    (da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES, da.FP8_BLOCK_N, da.FP8_NUM_WARPS,
+                     da.FP8_NUM_STAGES, da.FP8_AS_WORDS) = saved
+            timed = {k: v["us"] for k, v in row.items() if isinstance(v, dict) and "us" in v}
+            if timed:
+                row["best"] = min(timed, key=timed.__getitem__)
+            if batch * seq <= 64 * 2048:
+                got = da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5).float()
+                ext = torch.ones(batch, dtype=torch.int32, device="cuda")
+                indptr = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+                ref = reference_op("attention_extend")(q.float(), kc.float(), vc.float(), rtt,
+                                                       lens, ext, indptr, d ** -0.5)
+                row["rel_err_vs_fp32_reference"] = float((got - ref).norm() / ref.norm())
+            case[cache] = row
+            del kc, vc
         out["cases"][f"b{batch}_s{seq}"] = case
+        log_line = {c: (case[c].get("best"), case[c][case[c]["best"]]["us"])
+                    for c in configs if "best" in case[c]}
+        print(f"decode attention b{batch}_s{seq}: {log_line}", flush=True)
+        del kc16, vc16
+        torch.cuda.empty_cache()
     return out
 
 

@@ -64,6 +64,47 @@ def test_decode_attention_bf16(seq_lens: list[int]) -> None:
     assert _rel(out, _ref_attention(c)) < 1e-2
 
 
+@pytest.mark.parametrize("seq_lens", [[1], [4096], [17, 600, 2049, 3, 1024, 77, 4000, 256],
+                                      [37 * (i % 9) + 1 for i in range(64)]])
+def test_decode_attention_fp8_cache(seq_lens: list[int]) -> None:
+    """An e4m3 cache read as words (the hardware's e4m3x2 -> f16x2 conversion, float16 dots)
+    against the fp32 reference over the values the cache holds."""
+    from tessera.hal.cuda.decode_attention import attention_decode, fp8_words
+
+    c = _paged(seq_lens, [1] * len(seq_lens), torch.bfloat16, seed=len(seq_lens))
+    for name in ("k_cache", "v_cache"):
+        c[name] = (c[name].float() * 8).to(torch.float8_e4m3fn)  # normals and subnormals
+    assert fp8_words(c["k_cache"])
+    out = attention_decode(c["q"], c["k_cache"], c["v_cache"], c["req_to_token"],
+                           c["seq_lens"], D ** -0.5, k_scale=0.125, v_scale=0.125)
+    ref = _ref_attention({**c, "k_cache": c["k_cache"].float() * 0.125,
+                          "v_cache": c["v_cache"].float() * 0.125})
+    assert _rel(out, ref) < 1e-2
+
+
+def test_e4m3_words_convert_exactly() -> None:
+    """Every uint16 word (two e4m3 values) through the kernel's hardware conversion equals
+    torch's e4m3 -> float16, NaN patterns aside."""
+    import triton
+    import triton.language as tl
+
+    from tessera.hal.cuda.decode_attention import e4m3_words_to_f16
+
+    @triton.jit
+    def convert(w_ptr, out_ptr, BLOCK: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        w = tl.load(w_ptr + rows[:, None] * 64 + tl.arange(0, 64)[None, :])
+        out = e4m3_words_to_f16(w, BLOCK, 128, True)
+        tl.store(out_ptr + rows[:, None] * 128 + tl.arange(0, 128)[None, :], out)
+
+    words = torch.arange(65536, dtype=torch.int32, device="cuda").to(torch.uint16).view(-1, 64)
+    out = torch.empty((1024, 128), dtype=torch.float16, device="cuda")
+    convert[(1024 // 16,)](words, out, BLOCK=16)
+    want = words.view(torch.float8_e4m3fn).to(torch.float16)
+    finite = ~want.isnan()
+    assert torch.equal(out[finite], want[finite])
+
+
 @pytest.mark.parametrize("seq_lens,extend_lens", [
     ([512], [512]),
     ([300, 1000, 130], [300, 128, 1]),  # a chunk after a cached prefix, a decode row

@@ -14,6 +14,7 @@ from tessera.hal.reference import reference_op
 from tessera.hal.rope import cos_sin_cache
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
+_E4M3_WORDS_TO_F16 = None  # set by test_e4m3_words_bits_convert_exactly
 
 
 def _rand(*shape: int, seed: int) -> torch.Tensor:
@@ -220,6 +221,51 @@ def test_attention_decode(kernels: dict[str, ModuleType], hq: int, hk: int) -> N
         out = decode(case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens,
                      case.scale, splits=splits)
         torch.testing.assert_close(out, expected, **TOL)
+
+
+@pytest.mark.parametrize("dim", [32, 24, 15])
+def test_attention_decode_fp8_cache(kernels: dict[str, ModuleType], dim: int) -> None:
+    """An e4m3 cache: even rows are read as uint16 words of two elements (their bits moved into
+    float16, the dots in float16), an odd row (15) element by element; against the fp32
+    reference over the values the cache holds. float16 rounds q and p to 2^-11."""
+    seq_lens = (1, 70, 5, 129)
+    case = make_paged_case(seq_lens, (1,) * 4, 8, 2, dim, torch.float32, seed=15)
+    k8 = (case.k_cache * 16).to(torch.float8_e4m3fn)  # normals, subnormals, both signs
+    v8 = (case.v_cache * 16).to(torch.float8_e4m3fn)
+    expected = reference_op("attention_extend")(
+        case.q, k8.float() / 16, v8.float() / 16, case.req_to_token, case.seq_lens,
+        case.extend_lens, case.qo_indptr, case.scale)
+    da = kernels["decode_attention"]
+    assert da.fp8_words(k8) == (dim % 2 == 0)
+    for splits in (1, 3):
+        out = da.attention_decode(case.q, k8, v8, case.req_to_token, case.seq_lens, case.scale,
+                                  splits=splits, k_scale=1 / 16, v_scale=1 / 16)
+        torch.testing.assert_close(out, expected, atol=2e-3, rtol=2e-3)
+
+
+def test_e4m3_words_bits_convert_exactly(kernels: dict[str, ModuleType]) -> None:
+    """The interpreter's conversion of a uint16 word (two e4m3 values) by moving bits gives
+    2^-8 of torch's e4m3 -> float16 for every word, NaN patterns aside."""
+    import triton
+    import triton.language as tl
+
+    global _E4M3_WORDS_TO_F16  # a jitted function resolves the names it calls as globals
+    _E4M3_WORDS_TO_F16 = kernels["decode_attention"].e4m3_words_to_f16
+
+    @triton.jit
+    def convert(w_ptr, out_ptr):
+        rows = tl.arange(0, 16)
+        w = tl.load(w_ptr + rows[:, None] * 64 + tl.arange(0, 64)[None, :])
+        out = _E4M3_WORDS_TO_F16(w, 16, 128, False)
+        tl.store(out_ptr + rows[:, None] * 128 + tl.arange(0, 128)[None, :], out)
+
+    words = torch.arange(65536, dtype=torch.int32).to(torch.uint16).view(-1, 16, 64)
+    want = words.view(torch.float8_e4m3fn).to(torch.float16).float() * 2 ** -8
+    finite = ~want.isnan()
+    for i in range(words.shape[0]):
+        out = torch.empty((16, 128), dtype=torch.float16)
+        convert[(1,)](words[i].contiguous(), out)
+        assert torch.equal(out.float()[finite[i]], want[i][finite[i]]), i
 
 
 def test_attention_decode_empty_batch(kernels: dict[str, ModuleType]) -> None:
