@@ -21,6 +21,7 @@
 #   benchmarks/gpu_session.sh 17  # one H200:  the fp8 / int4 one-token GEMV over a grid of tiles, b12 b1 (~130 s)
 #   benchmarks/gpu_session.sh 18  # one H200:  b12 b1 and b2 with the tuner's new lists, b12 b1 at 3 steps (~300 s)
 #   benchmarks/gpu_session.sh 19  # one H200:  fp8-cache kernel tests, decode attention sweep, b12 b2 and kv with the fp8 KV cache (~450 s)
+#   benchmarks/gpu_session.sh 20  # one H200:  the same after the extend kernel read fp8 words; b12 b2 both caches, fp8 step profile (~480 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -54,7 +55,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9])$ ]] || { echo "usage: $0 1|...|19  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|20)$ ]] || { echo "usage: $0 1|...|20  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -337,6 +338,18 @@ case $CALL in
     part b12kvfp8 170 110 b12 --schemes bf16,fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
       --name b12_fp8kv_h200
     part b12kv 170 110 b12 --schemes bf16 --parts kv --name b12_kv_h200
+    ;;
+  20)
+    # One H200 after the extend kernel read an fp8 cache as words too (and an fp32 q kept
+    # fp32 dots over them): the kernel tests again, the decode-attention sweep with split
+    # counts, B12's B2 over a bf16 cache and over the fp8 one (bf16 and fp8 weights each, one
+    # run), then the step profile with fp8 weights and the fp8 cache.
+    KERNELS_K="fp8 or e4m3 or decode or extend" part kernels 150 80 kernels
+    part attnbench 150 90 attnbench
+    part b12b2 150 75 b12 --schemes bf16,fp8 --parts b2 --name b12_b2_h200
+    part b12kvfp8 150 75 b12 --schemes bf16,fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
+      --name b12_fp8kv_h200
+    PROFILE_ONLY=steps PROFILE_QUANT=fp8 PROFILE_KV=fp8_e4m3 part profile 150 90 profile
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -123,9 +123,10 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
                 mask=hmask[:, None] & dmask[None, :], other=0.0)
     scale_log2 = sm_scale_log2
     if FP8_WORDS:
-        # The dots in float16: it holds every e4m3 value exactly, and q (bf16's 8 bits of
-        # mantissa fit in its 11) far under the cache's own rounding.
-        q = q.to(tl.float16)
+        # A 16-bit q's dots in float16: it holds every e4m3 value exactly, and bf16's 8 bits
+        # of mantissa fit in its 11 (an fp32 q keeps fp32 dots, over the exact values).
+        if q.dtype != tl.float32:
+            q = q.to(tl.float16)
         if not ASM_CVT:
             scale_log2 = sm_scale_log2 / E4M3_F16_SHIFT
         j = tl.arange(0, BLOCK_D // 2)
@@ -146,9 +147,9 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
             w_off = slot[:, None] * c_s0 + kh * c_s1 + j[None, :]
             wmask = pmask[:, None] & jmask[None, :]
             k = e4m3_words_to_f16(tl.load(kc_ptr + w_off, mask=wmask, other=0), BLOCK_N,
-                                  BLOCK_D, ASM_CVT)
+                                  BLOCK_D, ASM_CVT).to(q.dtype)
             v = e4m3_words_to_f16(tl.load(vc_ptr + w_off, mask=wmask, other=0), BLOCK_N,
-                                  BLOCK_D, ASM_CVT)
+                                  BLOCK_D, ASM_CVT).to(q.dtype)
         else:  # a cache in q's dtype, or fp8 with odd rows, read as q's dtype (exact)
             kv_off = slot[:, None] * c_s0 + kh * c_s1 + d[None, :]
             kvmask = pmask[:, None] & dmask[None, :]

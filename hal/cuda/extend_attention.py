@@ -26,9 +26,12 @@ import triton
 import triton.language as tl
 
 from tessera.hal.cuda.decode_attention import (
+    E4M3_F16_SHIFT,
     LOG2E,
     check_paged_inputs,
     dot_precision,
+    e4m3_words_to_f16,
+    fp8_words,
     launch_decode,
     scores_log2,
 )
@@ -45,27 +48,40 @@ SPARE_PROGRAMS = 16  # per head, beyond one per BLOCK_M tokens (see extend_progr
 def _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i, l_i, acc, c_s0, c_s1,
                  sm_scale_log2, window, logit_cap, HAS_CAP: tl.constexpr,
                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                 DOT_PREC: tl.constexpr, MASKED: tl.constexpr):
+                 DOT_PREC: tl.constexpr, MASKED: tl.constexpr, FP8_WORDS: tl.constexpr,
+                 ASM_CVT: tl.constexpr):
     """One BLOCK_N tile of keys for a block of queries. Unmasked tiles (every key visible to
     every query of the block: before its first query position and, with a sliding window,
-    inside the window of its last) skip the position masks entirely."""
+    inside the window of its last) skip the position masks entirely. FP8_WORDS: an fp8 cache
+    read as uint16 words of two elements (decode_attention.e4m3_words_to_f16)."""
     pos = n0 + tl.arange(0, BLOCK_N)
     pmask = pos < end
     if MASKED:
         slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
     else:
         slot = tl.load(row_base + pos).to(tl.int64)
-    kv_off = slot[:, None] * c_s0 + kh * c_s1 + d[None, :]
+    if FP8_WORDS:
+        col = tl.arange(0, BLOCK_D // 2)
+        width = HEAD_DIM // 2
+        other = 0
+    else:
+        col = d
+        width = HEAD_DIM
+        other = 0.0
+    kv_off = slot[:, None] * c_s0 + kh * c_s1 + col[None, :]
     if MASKED:
-        kvmask = pmask[:, None] & (d < HEAD_DIM)[None, :]
-        k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
-        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
+        kvmask = pmask[:, None] & (col < width)[None, :]
+        k = tl.load(kc_ptr + kv_off, mask=kvmask, other=other)
+        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=other)
     elif HEAD_DIM == BLOCK_D:
         k = tl.load(kc_ptr + kv_off)
         v = tl.load(vc_ptr + kv_off)
     else:
-        k = tl.load(kc_ptr + kv_off, mask=(d < HEAD_DIM)[None, :], other=0.0)
-        v = tl.load(vc_ptr + kv_off, mask=(d < HEAD_DIM)[None, :], other=0.0)
+        k = tl.load(kc_ptr + kv_off, mask=(col < width)[None, :], other=other)
+        v = tl.load(vc_ptr + kv_off, mask=(col < width)[None, :], other=other)
+    if FP8_WORDS:
+        k = e4m3_words_to_f16(k, BLOCK_N, BLOCK_D, ASM_CVT)
+        v = e4m3_words_to_f16(v, BLOCK_N, BLOCK_D, ASM_CVT)
     # an fp8 cache is read as q's dtype (exact); its scales are folded in by the caller
     k = k.to(q.dtype)
     v = v.to(q.dtype)
@@ -91,7 +107,7 @@ def _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b, mblk, ext, seq, q_
                   q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1, sm_scale_log2, window, logit_cap,
                   HAS_CAP: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                  DOT_PREC: tl.constexpr):
+                  DOT_PREC: tl.constexpr, FP8_WORDS: tl.constexpr, ASM_CVT: tl.constexpr):
     """Block `mblk` of request b's new tokens, query head h. With a sliding window the loop
     starts at the tile of the first position the block's first query sees."""
     prefix = seq - ext
@@ -104,6 +120,11 @@ def _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b, mblk, ext, seq, q_
     q = tl.load(q_ptr + rows[:, None] * q_s0 + h * q_s1 + d[None, :],
                 mask=imask[:, None] & dmask[None, :], other=0.0)
     qpos = prefix + i
+    if FP8_WORDS:  # as decode_attention's stage 1: float16 dots for a 16-bit q
+        if q.dtype != tl.float32:
+            q = q.to(tl.float16)
+        if not ASM_CVT:
+            sm_scale_log2 = sm_scale_log2 / E4M3_F16_SHIFT
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -123,19 +144,24 @@ def _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b, mblk, ext, seq, q_
         m_i, l_i, acc = _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i,
                                      l_i, acc, c_s0, c_s1, sm_scale_log2, window, logit_cap,
                                      HAS_CAP=HAS_CAP, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
-                                     BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC, MASKED=True)
+                                     BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC, MASKED=True,
+                                     FP8_WORDS=FP8_WORDS, ASM_CVT=ASM_CVT)
     for n0 in range(full, diag, BLOCK_N):
         m_i, l_i, acc = _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i,
                                      l_i, acc, c_s0, c_s1, sm_scale_log2, window, logit_cap,
                                      HAS_CAP=HAS_CAP, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
-                                     BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC, MASKED=False)
+                                     BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC, MASKED=False,
+                                     FP8_WORDS=FP8_WORDS, ASM_CVT=ASM_CVT)
     for n0 in range(diag, end, BLOCK_N):
         m_i, l_i, acc = _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i,
                                      l_i, acc, c_s0, c_s1, sm_scale_log2, window, logit_cap,
                                      HAS_CAP=HAS_CAP, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
-                                     BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC, MASKED=True)
+                                     BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC, MASKED=True,
+                                     FP8_WORDS=FP8_WORDS, ASM_CVT=ASM_CVT)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # l_i = 0 only on rows past the request
+    if FP8_WORDS and not ASM_CVT:
+        out = out / E4M3_F16_SHIFT  # v as read was 2^-8 of the cache's values
     tl.store(out_ptr + rows[:, None] * o_s0 + h * o_s1 + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=imask[:, None] & dmask[None, :])
 
@@ -156,7 +182,8 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
                    sm_scale_log2, window, logit_cap, HAS_CAP: tl.constexpr,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   REQS: tl.constexpr, DOT_PREC: tl.constexpr):
+                   REQS: tl.constexpr, DOT_PREC: tl.constexpr, FP8_WORDS: tl.constexpr,
+                   ASM_CVT: tl.constexpr):
     h = tl.program_id(1)
     # The work, numbered: the blocks of the requests that extend by more than one token,
     # request by request, then the blocks of padding rows after the last request.
@@ -178,8 +205,9 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
             q_start = tl.load(qo_ptr + b64).to(tl.int64)
             _attend_block(q_ptr, kc_ptr, vc_ptr, rtt_ptr, out_ptr, b64, mblk, ext, seq, q_start,
                           h, q_s0, q_s1, c_s0, c_s1, rtt_s0, o_s0, o_s1, sm_scale_log2,
-                          window, logit_cap, HAS_CAP=HAS_CAP, GROUP=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                          BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC)
+                          window, logit_cap, HAS_CAP=HAS_CAP, GROUP=GROUP, HEAD_DIM=HEAD_DIM,
+                          BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, DOT_PREC=DOT_PREC,
+                          FP8_WORDS=FP8_WORDS, ASM_CVT=ASM_CVT)
         else:
             # Padding rows belong to no request: zeros.
             rows = (tail + (work - total) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -226,6 +254,9 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block_m = BLOCK_M if q.dtype != torch.float32 else min(BLOCK_M, 32)
     block_n = BLOCK_N if q.dtype != torch.float32 else min(BLOCK_N, 32)
     grid = (extend_programs(tokens, batch, block_m), q_heads)
+    words = fp8_words(k_cache)
+    if words:  # an fp8 cache as uint16 words of two elements (strides in words)
+        k_cache, v_cache = k_cache.view(torch.uint16), v_cache.view(torch.uint16)
     _extend_kernel[grid](
         q, k_cache, v_cache, req_to_token, seq_lens, extend_lens, qo_indptr, out, batch, tokens,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
@@ -233,5 +264,6 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         float(logit_cap), HAS_CAP=logit_cap > 0, GROUP=q_heads // kv_heads,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), REQS=reqs_block(batch),
-        DOT_PREC=dot_precision(q.dtype), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        DOT_PREC=dot_precision(q.dtype), FP8_WORDS=words,
+        ASM_CVT=words and q.device.type == "cuda", num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return out if v_scale == 1.0 else out.mul_(v_scale)

@@ -193,11 +193,12 @@ def _moe_cases() -> list[Case]:
 
 
 def _decode_attention_cases() -> list[Case]:
-    """Decode attention's stage 1 at Llama-3-8B's heads (4 query heads a KV head, 128 wide)
-    over a bf16 cache and an e4m3 one read as uint16 words (the hardware's e4m3x2 conversion
-    in inline PTX, which the interpreter never runs), at the module's tunables and the fp8
-    ones, split and not."""
+    """Decode attention's stage 1 and the extend kernel at Llama-3-8B's heads (4 query heads a
+    KV head, 128 wide) over a bf16 cache and an e4m3 one read as uint16 words (the hardware's
+    e4m3x2 conversion in inline PTX, which the interpreter never runs); stage 1 at the
+    module's tunables and the fp8 ones, split and not."""
     from tessera.hal.cuda import decode_attention as da
+    from tessera.hal.cuda import extend_attention as ea
 
     fn = da._decode_stage1
     out = []
@@ -217,6 +218,19 @@ def _decode_attention_cases() -> list[Case]:
                             divisible_by_16=("q_ptr", "kc_ptr", "vc_ptr", "rtt_ptr", "out_ptr",
                                              "q_s0", "q_s1", "c_s0", "c_s1", "rtt_s0", "o_s0",
                                              "o_s1")))
+    fn = ea._extend_kernel
+    for cache, words in (("*bf16", False), ("*u16", True)):
+        types = {"q_ptr": "*bf16", "kc_ptr": cache, "vc_ptr": cache, "rtt_ptr": "*i32",
+                 "seq_lens_ptr": "*i32", "ext_lens_ptr": "*i32", "qo_ptr": "*i32",
+                 "out_ptr": "*bf16", "sm_scale_log2": "fp32", "logit_cap": "fp32"}
+        consts = {"HAS_CAP": False, "GROUP": 4, "HEAD_DIM": 128, "BLOCK_M": ea.BLOCK_M,
+                  "BLOCK_N": ea.BLOCK_N, "BLOCK_D": 128, "REQS": 32, "DOT_PREC": "tf32",
+                  "FP8_WORDS": words, "ASM_CVT": words}
+        out.append(Case(f"extend_attention cache={cache[1:]}", fn, _signature(fn, types, consts),
+                        consts, num_warps=ea.NUM_WARPS, num_stages=ea.NUM_STAGES,
+                        divisible_by_16=("q_ptr", "kc_ptr", "vc_ptr", "rtt_ptr", "out_ptr",
+                                         "q_s0", "q_s1", "c_s0", "c_s1", "rtt_s0", "o_s0",
+                                         "o_s1")))
     return out
 
 

@@ -4,6 +4,7 @@ CUDA graphs, the GEMV sweep, the decode-attention micro-benchmark, the B1 smoke 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -180,12 +181,13 @@ def decode_attention_bench() -> dict[str, Any]:
     saved = (da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES, da.FP8_BLOCK_N, da.FP8_NUM_WARPS,
              da.FP8_NUM_STAGES, da.FP8_AS_WORDS)
     for batch, seq in cases:
-        slots = batch * seq + PAGE
+        per_req = -(-seq // PAGE)  # pages a request holds (its last one partly)
+        slots = (batch * per_req + 1) * PAGE
         kc16 = torch.randn((slots, hk, d), device="cuda", dtype=torch.bfloat16)
         vc16 = torch.randn_like(kc16)
-        pages = torch.randperm(slots // PAGE - 1, device="cuda")[:batch * seq // PAGE] + 1
+        pages = torch.randperm(slots // PAGE - 1, device="cuda")[:batch * per_req] + 1
         rtt = (pages.view(batch, -1)[:, :, None] * PAGE
-               + torch.arange(PAGE, device="cuda")).reshape(batch, seq).int()
+               + torch.arange(PAGE, device="cuda")).reshape(batch, per_req * PAGE).int()
         lens = torch.full((batch,), seq, dtype=torch.int32, device="cuda")
         q = torch.randn((batch, hq, d), device="cuda", dtype=torch.bfloat16)
         case: dict[str, Any] = {"splits": da.num_splits(batch, hk, q.device)}
@@ -214,6 +216,23 @@ def decode_attention_bench() -> dict[str, Any]:
             timed = {k: v["us"] for k, v in row.items() if isinstance(v, dict) and "us" in v}
             if timed:
                 row["best"] = min(timed, key=timed.__getitem__)
+                # The split count at the best tunables, beside the heuristic's (case["splits"])
+                bn, nw, ns = (int(x) for x in re.findall(r"\d+", row["best"]))
+                by_splits: dict[int, float] = {}
+                for n_split in (1, 2, 4, 8, 16):
+                    da.FP8_AS_WORDS = cache == "fp8"
+                    if cache == "fp8":
+                        da.FP8_BLOCK_N, da.FP8_NUM_WARPS, da.FP8_NUM_STAGES = bn, nw, ns
+                    else:
+                        da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES = bn, nw, ns
+                    try:
+                        by_splits[n_split] = round(graph_time_us(
+                            lambda q=q, kc=kc, vc=vc, rtt=rtt, lens=lens, n=n_split:
+                            da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5, splits=n)), 2)
+                    finally:
+                        (da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES, da.FP8_BLOCK_N,
+                         da.FP8_NUM_WARPS, da.FP8_NUM_STAGES, da.FP8_AS_WORDS) = saved
+                row["best_us_by_splits"] = by_splits
             if batch * seq <= 64 * 2048:
                 got = da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5).float()
                 ext = torch.ones(batch, dtype=torch.int32, device="cuda")
@@ -224,8 +243,8 @@ def decode_attention_bench() -> dict[str, Any]:
             case[cache] = row
             del kc, vc
         out["cases"][f"b{batch}_s{seq}"] = case
-        log_line = {c: (case[c].get("best"), case[c][case[c]["best"]]["us"])
-                    for c in configs if "best" in case[c]}
+        log_line = {c: (case[c].get("best"), case[c][case[c]["best"]]["us"],
+                        case[c]["best_us_by_splits"]) for c in configs if "best" in case[c]}
         print(f"decode attention b{batch}_s{seq}: {log_line}", flush=True)
         del kc16, vc16
         torch.cuda.empty_cache()

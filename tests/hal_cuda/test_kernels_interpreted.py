@@ -226,8 +226,8 @@ def test_attention_decode(kernels: dict[str, ModuleType], hq: int, hk: int) -> N
 @pytest.mark.parametrize("dim", [32, 24, 15])
 def test_attention_decode_fp8_cache(kernels: dict[str, ModuleType], dim: int) -> None:
     """An e4m3 cache: even rows are read as uint16 words of two elements (their bits moved into
-    float16, the dots in float16), an odd row (15) element by element; against the fp32
-    reference over the values the cache holds. float16 rounds q and p to 2^-11."""
+    float16, exactly, then fp32 as q), an odd row (15) element by element; against the fp32
+    reference over the values the cache holds."""
     seq_lens = (1, 70, 5, 129)
     case = make_paged_case(seq_lens, (1,) * 4, 8, 2, dim, torch.float32, seed=15)
     k8 = (case.k_cache * 16).to(torch.float8_e4m3fn)  # normals, subnormals, both signs
@@ -240,7 +240,7 @@ def test_attention_decode_fp8_cache(kernels: dict[str, ModuleType], dim: int) ->
     for splits in (1, 3):
         out = da.attention_decode(case.q, k8, v8, case.req_to_token, case.seq_lens, case.scale,
                                   splits=splits, k_scale=1 / 16, v_scale=1 / 16)
-        torch.testing.assert_close(out, expected, atol=2e-3, rtol=2e-3)
+        torch.testing.assert_close(out, expected, **TOL)
 
 
 def test_e4m3_words_bits_convert_exactly(kernels: dict[str, ModuleType]) -> None:
@@ -287,6 +287,27 @@ def test_attention_extend(kernels: dict[str, ModuleType], seq_lens: tuple[int, .
             case.extend_lens, case.qo_indptr, case.scale)
     out = kernels["extend_attention"].attention_extend(*args)
     torch.testing.assert_close(out, reference_op("attention_extend")(*args), **TOL)
+
+
+@pytest.mark.parametrize("dim,window,cap", [(32, 0, 0.0), (24, 40, 0.0), (32, 0, 0.7),
+                                            (15, 0, 0.0)])
+def test_attention_extend_fp8_cache(kernels: dict[str, ModuleType], dim: int, window: int,
+                                    cap: float) -> None:
+    """A mixed batch over an e4m3 cache (words for even rows, elements for the odd 15), with a
+    cached prefix, a chunk crossing blocks and decode rows, a window and a cap; against the
+    fp32 reference over the values the cache holds."""
+    seq_lens, extend_lens = (80, 13, 12, 70), (75, 1, 4, 1)
+    case = make_paged_case(seq_lens, extend_lens, 8, 2, dim, torch.float32, seed=22)
+    k8 = (case.k_cache * 16).to(torch.float8_e4m3fn)
+    v8 = (case.v_cache * 16).to(torch.float8_e4m3fn)
+    kw = {"sliding_window": window, "logit_cap": cap}
+    expected = reference_op("attention_extend")(
+        case.q, k8.float() / 16, v8.float() / 16, case.req_to_token, case.seq_lens,
+        case.extend_lens, case.qo_indptr, case.scale, **kw)
+    out = kernels["extend_attention"].attention_extend(
+        case.q, k8, v8, case.req_to_token, case.seq_lens, case.extend_lens, case.qo_indptr,
+        case.scale, k_scale=1 / 16, v_scale=1 / 16, **kw)
+    torch.testing.assert_close(out, expected, **TOL)
 
 
 # 70: tiles wholly inside every row's window run unmasked between masked ones
