@@ -22,6 +22,7 @@
 #   benchmarks/gpu_session.sh 18  # one H200:  b12 b1 and b2 with the tuner's new lists, b12 b1 at 3 steps (~300 s)
 #   benchmarks/gpu_session.sh 19  # one H200:  fp8-cache kernel tests, decode attention sweep, b12 b2 and kv with the fp8 KV cache (~450 s)
 #   benchmarks/gpu_session.sh 20  # one H200:  the same after the extend kernel read fp8 words; b12 b2 both caches, fp8 step profile (~480 s)
+#   benchmarks/gpu_session.sh 21  # one H200:  attention kernel tests, b2, b12 b2 with the fp8 KV cache, b3 at the swept tunables (~400 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -55,7 +56,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|20)$ ]] || { echo "usage: $0 1|...|20  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[01])$ ]] || { echo "usage: $0 1|...|21  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -350,6 +351,17 @@ case $CALL in
     part b12kvfp8 150 75 b12 --schemes bf16,fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
       --name b12_fp8kv_h200
     PROFILE_ONLY=steps PROFILE_QUANT=fp8 PROFILE_KV=fp8_e4m3 part profile 150 90 profile
+    ;;
+  21)
+    # One H200 after decode attention took the sweep's tunables (bf16 three stages, fp8
+    # words two warps and three stages): the attention and fp8 tests (call 20's timed out
+    # with the graph tests that "decode" selected), B2, B12's B2 over the fp8 cache (bf16
+    # and fp8 weights), B3.
+    KERNELS_K="fp8 or e4m3 or attention" part kernels 150 80 kernels
+    part b2 90 40 b2
+    part b12kvfp8 150 70 b12 --schemes bf16,fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
+      --name b12_fp8kv_h200
+    part b3 130 70 b3
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
