@@ -357,7 +357,7 @@ case $CALL in
     # words two warps and three stages): the attention and fp8 tests (call 20's timed out
     # with the graph tests that "decode" selected), B2, B12's B2 over the fp8 cache (bf16
     # and fp8 weights), B3.
-    KERNELS_K="fp8 or e4m3 or attention" part kernels 150 80 kernels
+    KERNELS_K="fp8 or e4m3 or attention" part kernels 200 120 kernels
     part b2 90 40 b2
     part b12kvfp8 150 70 b12 --schemes bf16,fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
       --name b12_fp8kv_h200
