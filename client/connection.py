@@ -9,7 +9,8 @@ Every client object owns a `BusConnection`:
   - the circuit breaker that turns timeouts and a dead engine into fast 503s;
   - the liveness watch: every `status_interval_s` it asks the supervisor for the status of
     every process. A process of the request path (scheduler, worker, detokenizer) seen up
-    before and now reported dead or not ready (or a supervisor that stops answering) trips
+    before and now reported dead or not ready (or a supervisor that stops answering, or
+    never answers while requests wait: an engine of another protocol version) trips
     the breaker and fails every request in flight at once, so a streaming caller learns of a
     `kill -9` within about a second instead of at its timeout; once every process is up again
     (the supervisor restarted it) new requests go through. A dead tokenizer only loses the
@@ -44,6 +45,7 @@ from tessera.bus.breaker import CircuitBreaker, CircuitOpenError
 from tessera.bus.channel import DEFAULT_HWM, Outbox, SendTimeout, context
 from tessera.bus.codec import DecodeError, EncodeError, MessageTooLarge, decode, encode
 from tessera.bus.messages import (
+    PROTOCOL_VERSION,
     AbortRequest,
     ErrorReply,
     GenerateRequest,
@@ -140,6 +142,7 @@ class BusConnection:
         self.dead_reason: str | None = None
         self.last_status: StatusReply | None = None
         self.last_status_at = 0.0
+        self._unanswered_since: float | None = None  # requests in flight, no status ever
         self.dropped = 0
         self.received = 0  # messages taken from the reply socket
         self.loop_wakeups = 0  # event-loop wake-ups that handed items to LoopSinks
@@ -360,7 +363,29 @@ class BusConnection:
         silent = now - self.last_status_at
         if self.last_status is not None and silent > self.silence_timeout_s:
             self._engine_dead(f"the supervisor has not answered for {silent:.1f} s")
+        elif self.last_status is None:
+            self._watch_unanswered(now)
         return now + self.status_interval_s
+
+    def _watch_unanswered(self, now: float) -> None:
+        """No status has ever come back. A tokenizer that took requests (its socket is
+        connected) while the supervisor stays silent is an engine that drops what this
+        client sends: one speaking another protocol version (each side discards messages of
+        a version it does not know) or one whose supervisor hangs. Its requests would wait
+        forever, so after silence_timeout_s with requests in flight they fail and new ones
+        are refused, until a status arrives (then _check_liveness lets them through)."""
+        if self.in_flight() == 0 or self.dead_reason is not None:
+            self._unanswered_since = None
+            return
+        if self._unanswered_since is None:
+            self._unanswered_since = now
+        elif now - self._unanswered_since > self.silence_timeout_s:
+            self._unanswered_since = None
+            self._engine_dead(
+                f"the supervisor at {self.paths.supervisor} has not answered a status request "
+                f"in {self.silence_timeout_s:.1f} s while requests wait: an engine of another "
+                f"tessera version (this client speaks bus protocol {PROTOCOL_VERSION}) or a "
+                f"hung supervisor")
 
     # -- receiver thread --------------------------------------------------------------------
     def _run(self) -> None:

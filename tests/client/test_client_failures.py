@@ -119,6 +119,28 @@ def test_silent_supervisor_counts_as_dead(client: Client, engine: FakeEngine) ->
     assert time.monotonic() - started < 2.5
 
 
+def test_a_supervisor_that_never_answers_fails_waiting_requests(
+        paths: RunPaths, config: EngineConfig, engine: FakeEngine) -> None:
+    """An engine that takes requests but never answers a status (one of another protocol
+    version drops every message it cannot decode): requests in flight fail after the
+    silence timeout instead of waiting forever, new ones are refused at once, and the first
+    status that comes back lets requests through again."""
+    engine.silence_supervisor()
+    with Client(paths, config) as client:
+        stream = client.generate("HANG", stream=True)
+        started = time.monotonic()
+        with pytest.raises(EngineDeadError, match="protocol") as info:
+            next(stream)
+        # heartbeat_timeout_s is 1 s in the test config, the status polls 0.1 s apart
+        assert 0.9 < time.monotonic() - started < 2.5
+        assert info.value.status == 503
+        with pytest.raises(EngineDeadError):
+            client.generate("hi", max_tokens=1)
+        engine.supervisor_silent = False
+        assert wait_for(lambda: client.conn.dead_reason is None, timeout=3.0)
+        assert client.generate("hi", max_tokens=2).text == "w0 w1"
+
+
 def test_duplicate_rid_is_refused(client: Client) -> None:
     stream = client.generate("HANG", stream=True, rid="same")
     with pytest.raises(BadRequestError, match="already in flight") as info:
