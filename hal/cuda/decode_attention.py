@@ -64,9 +64,10 @@ def scores_log2(qk, sm_scale_log2, logit_cap, HAS_CAP: tl.constexpr):
 def e4m3_words_to_f16(w, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ASM_CVT: tl.constexpr):
     """A [BLOCK_N, BLOCK_D / 2] tile of uint16 words, each two e4m3 elements (the low byte the
     even one) -> the [BLOCK_N, BLOCK_D] float16 tile they stand for. ASM_CVT: the hardware's
-    conversion (sm_89+), exact. Otherwise (Triton's interpreter) the bits are moved into place,
-    exact too but 2^-8 of the value (E4M3_F16_SHIFT), which the caller folds into its scales:
-    e4m3 s.eeee.mmm becomes float16 s.0eeee.mmm0000000, subnormals included.
+    conversion (sm_89+), exact. Otherwise (Triton's interpreter, older GPUs) the bits are
+    moved into place, exact too but 2^-8 of the value (E4M3_F16_SHIFT), which the caller
+    folds into its scales: e4m3 s.eeee.mmm becomes float16 s.0eeee.mmm0000000, subnormals
+    included.
 
     Converted in registers as words and joined back in element order: the words stay in the
     load's 16-byte vectors (an e4m3 tile cast to float16 is loaded in the dot's layout, one
@@ -243,11 +244,28 @@ def tunables(words: bool) -> tuple[int, int, int]:
     return BLOCK_N, NUM_WARPS, NUM_STAGES
 
 
-def fp8_words(k_cache: torch.Tensor) -> bool:
-    """Whether stage 1 reads this cache as uint16 words of two e4m3 elements
-    (e4m3_words_to_f16): an fp8 cache with rows of even length (every model's head_dim; an odd
-    one keeps the element-wise path)."""
-    return FP8_AS_WORDS and k_cache.dtype == torch.float8_e4m3fn and k_cache.shape[-1] % 2 == 0
+def fp8_words(*caches: torch.Tensor) -> bool:
+    """Whether the attention kernels read these caches as uint16 words of two e4m3 elements
+    (e4m3_words_to_f16): fp8 caches whose rows have an even length (every model's head_dim)
+    and whose views as words exist (even strides and offset). Others keep the element-wise
+    path."""
+    return FP8_AS_WORDS and all(
+        c.dtype == torch.float8_e4m3fn and c.shape[-1] % 2 == 0 and c.storage_offset() % 2 == 0
+        and all(st % 2 == 0 for st in c.stride()[:-1]) for c in caches)
+
+
+@functools.lru_cache(maxsize=8)
+def _native_e4m3_cvt(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (8, 9)
+
+
+def asm_cvt(device: torch.device) -> bool:
+    """Whether e4m3_words_to_f16 may use the hardware's conversion (sm_89 and later); the
+    interpreter and older GPUs move the bits instead."""
+    if device.type != "cuda":
+        return False
+    return _native_e4m3_cvt(device.index if device.index is not None
+                            else torch.cuda.current_device())
 
 
 def check_paged_inputs(op: str, q: torch.Tensor, k_cache: torch.Tensor,
@@ -304,7 +322,7 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     mid_o = torch.empty(mid_shape, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(mid_shape[:3], dtype=torch.float32, device=q.device)
     block_d = triton.next_power_of_2(head_dim)
-    words = fp8_words(k_cache)
+    words = fp8_words(k_cache, v_cache)
     if words:
         k_cache, v_cache = k_cache.view(torch.uint16), v_cache.view(torch.uint16)
     block_n, num_warps, num_stages = tunables(words)
@@ -317,7 +335,7 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         ONE_SPLIT=n_split == 1,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         DOT_PREC=dot_precision(q.dtype), MIXED=mixed, FP8_WORDS=words,
-        ASM_CVT=words and q.device.type == "cuda", num_warps=num_warps, num_stages=num_stages)
+        ASM_CVT=words and asm_cvt(q.device), num_warps=num_warps, num_stages=num_stages)
     if n_split == 1:
         return
     _decode_stage2[(batch, q_heads)](

@@ -28,6 +28,7 @@ import triton.language as tl
 from tessera.hal.cuda.decode_attention import (
     E4M3_F16_SHIFT,
     LOG2E,
+    asm_cvt,
     check_paged_inputs,
     dot_precision,
     e4m3_words_to_f16,
@@ -254,7 +255,7 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block_m = BLOCK_M if q.dtype != torch.float32 else min(BLOCK_M, 32)
     block_n = BLOCK_N if q.dtype != torch.float32 else min(BLOCK_N, 32)
     grid = (extend_programs(tokens, batch, block_m), q_heads)
-    words = fp8_words(k_cache)
+    words = fp8_words(k_cache, v_cache)
     if words:  # an fp8 cache as uint16 words of two elements (strides in words)
         k_cache, v_cache = k_cache.view(torch.uint16), v_cache.view(torch.uint16)
     _extend_kernel[grid](
@@ -265,5 +266,5 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), REQS=reqs_block(batch),
         DOT_PREC=dot_precision(q.dtype), FP8_WORDS=words,
-        ASM_CVT=words and q.device.type == "cuda", num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        ASM_CVT=words and asm_cvt(q.device), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return out if v_scale == 1.0 else out.mul_(v_scale)

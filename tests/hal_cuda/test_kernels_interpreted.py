@@ -243,6 +243,27 @@ def test_attention_decode_fp8_cache(kernels: dict[str, ModuleType], dim: int) ->
         torch.testing.assert_close(out, expected, **TOL)
 
 
+def test_attention_over_fp8_caches_without_a_word_view(kernels: dict[str, ModuleType]) -> None:
+    """An fp8 cache whose view as words does not exist (a slice at an odd byte offset) is
+    read element by element, decode and extend alike, and gives the same result."""
+    seq_lens, extend_lens = (80, 13, 5), (75, 1, 1)
+    case = make_paged_case(seq_lens, extend_lens, 8, 2, 32, torch.float32, seed=23)
+    wide_k = torch.zeros(case.k_cache.shape[:-1] + (33,), dtype=torch.float8_e4m3fn)
+    wide_v = torch.zeros_like(wide_k)
+    k8, v8 = wide_k[..., 1:], wide_v[..., 1:]
+    k8.copy_((case.k_cache * 16).to(torch.float8_e4m3fn))
+    v8.copy_((case.v_cache * 16).to(torch.float8_e4m3fn))
+    da = kernels["decode_attention"]
+    assert not da.fp8_words(k8, v8) and da.fp8_words(k8.contiguous(), v8.contiguous())
+    args = (case.req_to_token, case.seq_lens, case.extend_lens, case.qo_indptr, case.scale)
+    expected = reference_op("attention_extend")(case.q, k8.float() / 16, v8.float() / 16,
+                                                *args)
+    for k, v in ((k8, v8), (k8.contiguous(), v8.contiguous())):
+        out = kernels["extend_attention"].attention_extend(case.q, k, v, *args,
+                                                           k_scale=1 / 16, v_scale=1 / 16)
+        torch.testing.assert_close(out, expected, **TOL)
+
+
 def test_e4m3_words_bits_convert_exactly(kernels: dict[str, ModuleType]) -> None:
     """The interpreter's conversion of a uint16 word (two e4m3 values) by moving bits gives
     2^-8 of torch's e4m3 -> float16 for every word, NaN patterns aside."""
