@@ -3,10 +3,11 @@ CUDA graphs, the GEMV sweep, the decode-attention micro-benchmark, the B1 smoke 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -158,6 +159,24 @@ def gemv_sweep() -> dict[str, Any]:
     return res
 
 
+@contextlib.contextmanager
+def _attention_tunables(da: Any, cache: str, tile: tuple[int, ...]) -> Iterator[None]:
+    """decode_attention's (BLOCK_N, warps, stages) for this cache ("bf16", "fp8" words,
+    "fp8_elements") set to `tile` for the block, restored after."""
+    names = ("BLOCK_N", "NUM_WARPS", "NUM_STAGES", "FP8_BLOCK_N", "FP8_NUM_WARPS",
+             "FP8_NUM_STAGES", "FP8_AS_WORDS")
+    saved = {n: getattr(da, n) for n in names}
+    da.FP8_AS_WORDS = cache == "fp8"
+    prefix = "FP8_" if cache == "fp8" else ""
+    for name, value in zip(("BLOCK_N", "NUM_WARPS", "NUM_STAGES"), tile, strict=True):
+        setattr(da, prefix + name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(da, name, value)
+
+
 def decode_attention_bench() -> dict[str, Any]:
     """Decode attention at Llama-3-8B's heads over a bf16 cache and an e4m3 one (read as words,
     and element by element as before they were: `fp8_elements`), each over its tunables,
@@ -179,8 +198,6 @@ def decode_attention_bench() -> dict[str, Any]:
     out: dict[str, Any] = {"shape": {"hq": hq, "hk": hk, "head_dim": d, "q": "bfloat16"},
                            "defaults": {"bf16": list(da.tunables(False)),
                                         "fp8": list(da.tunables(True))}, "cases": {}}
-    saved = (da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES, da.FP8_BLOCK_N, da.FP8_NUM_WARPS,
-             da.FP8_NUM_STAGES, da.FP8_AS_WORDS)
     for batch, seq in cases:
         per_req = -(-seq // PAGE)  # pages a request holds (its last one partly)
         slots = (batch * per_req + 1) * PAGE
@@ -199,40 +216,25 @@ def decode_attention_bench() -> dict[str, Any]:
             kv_bytes = 2 * batch * seq * hk * d * kc.element_size()
             row: dict[str, Any] = {"kv_bytes": kv_bytes}
             for bn, nw, ns in cfgs:
-                da.FP8_AS_WORDS = cache == "fp8"
-                if cache == "fp8":
-                    da.FP8_BLOCK_N, da.FP8_NUM_WARPS, da.FP8_NUM_STAGES = bn, nw, ns
-                else:
-                    da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES = bn, nw, ns
                 try:
-                    us = graph_time_us(lambda q=q, kc=kc, vc=vc, rtt=rtt, lens=lens:
-                                       da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5))
+                    with _attention_tunables(da, cache, (bn, nw, ns)):
+                        us = graph_time_us(lambda q=q, kc=kc, vc=vc, rtt=rtt, lens=lens:
+                                           da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5))
                     row[f"bn{bn}_w{nw}_s{ns}"] = {"us": round(us, 2),
                                                   "GBps": round(kv_bytes / us / 1e3)}
                 except Exception as exc:  # a config that does not compile is a result too
                     row[f"bn{bn}_w{nw}_s{ns}"] = {"error": repr(exc)[:300]}
-                finally:
-                    (da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES, da.FP8_BLOCK_N, da.FP8_NUM_WARPS,
-                     da.FP8_NUM_STAGES, da.FP8_AS_WORDS) = saved
             timed = {k: v["us"] for k, v in row.items() if isinstance(v, dict) and "us" in v}
             if timed:
                 row["best"] = min(timed, key=timed.__getitem__)
                 # The split count at the best tunables, beside the heuristic's (case["splits"])
-                bn, nw, ns = (int(x) for x in re.findall(r"\d+", row["best"]))
+                best = tuple(int(x) for x in re.findall(r"\d+", row["best"]))
                 by_splits: dict[int, float] = {}
                 for n_split in (1, 2, 4, 8, 16):
-                    da.FP8_AS_WORDS = cache == "fp8"
-                    if cache == "fp8":
-                        da.FP8_BLOCK_N, da.FP8_NUM_WARPS, da.FP8_NUM_STAGES = bn, nw, ns
-                    else:
-                        da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES = bn, nw, ns
-                    try:
+                    with _attention_tunables(da, cache, best):
                         by_splits[n_split] = round(graph_time_us(
                             lambda q=q, kc=kc, vc=vc, rtt=rtt, lens=lens, n=n_split:
                             da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5, splits=n)), 2)
-                    finally:
-                        (da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES, da.FP8_BLOCK_N,
-                         da.FP8_NUM_WARPS, da.FP8_NUM_STAGES, da.FP8_AS_WORDS) = saved
                 row["best_us_by_splits"] = by_splits
             if batch * seq <= 64 * 2048:
                 got = da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5).float()
