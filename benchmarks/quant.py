@@ -7,7 +7,8 @@ run.
                               weights kept, --quantization auto)
     --parts kl,b1,b2,kv       what to measure:
       kl   mean KL(reference || scheme) of next-token distributions on a fixed prompt set,
-           same weights (benchmarks/quant_kl.py), for every variant but the reference
+           same weights (benchmarks/quant_kl.py), for every variant but the reference, and
+           of the reference over an fp8 KV cache (kv_fp8_kl; with --kv-cache-dtype auto)
       b1   B1 per variant: batch 1, --prompt-len / --output-len, decode ms/step and TTFT
            (median of --iters), with the weight-streaming roofline of the step
       b2   B2 per variant: --num-requests offline requests, output tokens/s
@@ -97,6 +98,19 @@ def part_kl(base: dict[str, Any], variants: list[str], vocab: int, count: int,
              f"{result.top1_agreement:.3f} over {result.prompts} prompts")
         figures[f"{v}_kl"] = result.mean_kl
         figures[f"{v}_kl_detail"] = asdict(result)
+    if base.get("kv_cache_dtype", "auto") == "auto":
+        # The fp8 KV cache's own accuracy: the reference's weights, its cache in e4m3 (the
+        # prompts' attention reads the stored cache), against the reference.
+        kv_kwargs = {**variant_kwargs(base, variants[0]), "kv_cache_dtype": "fp8_e4m3"}
+        try:
+            result = kl_divergence(reference, next_token_logits(kv_kwargs, prompts))
+        except ValueError as exc:  # a plugin that declares no fp8 KV cache
+            figures["kv_fp8_kl_error"] = str(exc)
+        else:
+            _log(f"kv fp8_e4m3: mean KL {result.mean_kl:.3g} nats, top-1 agreement "
+                 f"{result.top1_agreement:.3f} over {result.prompts} prompts")
+            figures["kv_fp8_kl"] = result.mean_kl
+            figures["kv_fp8_kl_detail"] = asdict(result)
     return figures
 
 
@@ -271,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge and os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
             figures.update(json.load(f).get("figures", {}))
-    if "kl" in parts and len(variants) > 1:
+    if "kl" in parts:
         figures.update(part_kl(base, variants, mconf.vocab_size, args.kl_prompts,
                                args.dataset_seed, parse_range(args.kl_prompt_len)))
     if parts & {"b1", "b2"}:

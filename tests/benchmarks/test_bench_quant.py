@@ -73,6 +73,7 @@ def test_run_gpu_b12_writes_every_part_in_one_command(run_root: Path, tmp_path: 
     # (on the cpu plugin int4 is held one value per byte: not smaller than fp8 there)
     assert max(f["int4_weight_bytes"], f["fp8_weight_bytes"]) < f["fp32_weight_bytes"]
     assert 0 < f["fp8_kl"] < f["int4_kl"] < 0.1
+    assert 0 < f["kv_fp8_kl"] < 0.1  # the reference's weights over an fp8 KV cache
     assert f["fp8_b2_speedup"] > 0 and "targets" not in f  # the H200 targets
     # the same KV bytes: twice the tokens in fp8, and never more retractions
     assert f["kv_fp8_pool_tokens"] == 2 * f["kv_auto_pool_tokens"]
