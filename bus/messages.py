@@ -463,6 +463,10 @@ class WorkerReady(Message):
     # refer to them (input id -1). N > 0: the workers hold N batches in flight at once
     # (pipeline stages), and a batch may not refer to a token of a batch still in flight.
     batches_in_flight: int = 0
+    # --overlap-steps as the workers resolved it against their plugin (auto: its
+    # Capabilities.overlap_steps); 0 from a sender that did not say (the scheduler then
+    # takes 2 for auto).
+    overlap_steps: int = 0
 
 
 @register

@@ -169,6 +169,8 @@ def test_platform_declares_contract(hal_platform: Platform) -> None:
     with pytest.raises(AttributeError):
         caps.graph_capture = not caps.graph_capture  # type: ignore[misc]
     assert caps.default_dtype in caps.dtypes
+    # what --overlap-steps 0 (auto) takes: a value the engine accepts
+    assert type(caps.overlap_steps) is int and 2 <= caps.overlap_steps <= 4
     assert type(hal_platform).is_available()
     free, total = hal_platform.mem_get_info()
     assert 0 < free <= total

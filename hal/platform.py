@@ -40,6 +40,10 @@ class Capabilities:
     # KV cache dtypes besides the serving dtype ("fp8_e4m3": half the bytes per token, stored
     # with per-layer scales; the attention ops read it directly).
     kv_cache_dtypes: tuple[str, ...] = ()
+    # Steps the scheduler keeps in flight under --overlap-steps 0 (auto), 2 to 4: 3 where a
+    # device step can be shorter than the host's round trip for the next one (fast decode
+    # steps), 2 where it never is (each step more in flight sees a request's end a step later).
+    overlap_steps: int = 2
     extra: dict[str, Any] = field(default_factory=dict)
 
 

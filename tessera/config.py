@@ -77,10 +77,23 @@ def steps_in_flight(overlap: bool, overlap_steps: int, batches_in_flight: int) -
     """Steps sent and not answered, at most: as many batches as the workers hold in flight
     (pipeline stages; 0: one stage), else --overlap-steps with --overlap, else one. The one
     rule behind SchedulerConfig.steps_in_flight (the workers' count from their WorkerReady)
-    and EngineConfig.steps_in_flight (the workers' own view)."""
+    and EngineConfig.steps_in_flight (the workers' own view). An --overlap-steps still at 0
+    (auto, not yet resolved against a plugin: resolve_overlap_steps) counts as 2."""
     if not overlap:
         return 1
-    return batches_in_flight or overlap_steps
+    return batches_in_flight or overlap_steps or 2
+
+
+def resolve_overlap_steps(overlap_steps: int, speculative_algorithm: str, pp_size: int,
+                          plugin_steps: int) -> int:
+    """--overlap-steps as the engine runs it: a value given stays; 0 (auto) becomes the
+    plugin's Capabilities.overlap_steps, or 2 with speculative decoding or pipeline stages
+    (which assume 2)."""
+    if overlap_steps:
+        return overlap_steps
+    if speculative_algorithm != "none" or pp_size > 1:
+        return 2
+    return plugin_steps
 
 
 @dataclass(frozen=True)
@@ -111,13 +124,15 @@ class BatchingConfig:
                                 choices=list(SCHEDULE_POLICIES))
     overlap: bool = _opt(True, "build step n+1 while step n runs (--no-overlap: one step at a "
                          "time, for debugging)")
-    overlap_steps: int = _opt(2, "with --overlap, steps sent before the oldest one's result "
+    overlap_steps: int = _opt(0, "with --overlap, steps sent before the oldest one's result "
                               "is back: 2 hides the host's work for a step (the result's "
                               "trip through the scheduler, the next step's inputs and launch) "
                               "behind one step of the device's, 3 behind two (for steps "
-                              "shorter than that round trip: tensor parallelism's); each "
-                              "request's end is then seen that many steps late, whose extra "
-                              "tokens are dropped")
+                              "shorter than that round trip: tensor parallelism's, fp8 "
+                              "decode's); each request's end is then seen that many steps "
+                              "late, whose extra tokens are dropped. 0 (auto): the hardware "
+                              "plugin's choice (3 on cuda, 2 on cpu), 2 with speculative "
+                              "decoding or --pp-size > 1")
     debug_invariants: bool = _opt(False, "check the KV page invariant after every step (slow)")
     speculative_algorithm: str = _opt(
         "none", "speculative decoding: ngram proposes the continuation of the latest earlier "
@@ -148,9 +163,10 @@ class BatchingConfig:
                              f"got {self.schedule_policy!r}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be at least 1")
-        if not 2 <= self.overlap_steps <= 4:
-            raise ValueError(f"overlap_steps must be 2, 3 or 4, got {self.overlap_steps}")
-        if self.overlap_steps != 2 and self.speculative_algorithm != "none":
+        if self.overlap_steps != 0 and not 2 <= self.overlap_steps <= 4:
+            raise ValueError(f"overlap_steps must be 2, 3 or 4 (or 0: the plugin's choice), "
+                             f"got {self.overlap_steps}")
+        if self.overlap_steps not in (0, 2) and self.speculative_algorithm != "none":
             raise ValueError(f"--overlap-steps {self.overlap_steps} with speculative decoding "
                              f"is not supported (its chained verifies assume 2): leave "
                              f"--overlap-steps at 2")
@@ -310,7 +326,7 @@ class EngineConfig(BatchingConfig):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
                                  f"{getattr(self, name)!r}")
-        if self.overlap_steps != 2 and self.pp_size > 1:
+        if self.overlap_steps not in (0, 2) and self.pp_size > 1:
             raise ValueError(f"--overlap-steps {self.overlap_steps} with --pp-size "
                              f"{self.pp_size}: a pipeline's batches in flight are "
                              f"--pp-batches-in-flight; leave --overlap-steps at 2")
@@ -354,8 +370,19 @@ class EngineConfig(BatchingConfig):
     @property
     def steps_in_flight(self) -> int:
         """What the scheduler will keep in flight (`steps_in_flight`), seen from the workers:
-        it sends step n once step n - this is answered."""
+        it sends step n once step n - this is answered (auto --overlap-steps unresolved:
+        steps_in_flight_with gives the plugin's)."""
         return steps_in_flight(self.overlap, self.overlap_steps, self.pipeline_batches)
+
+    def overlap_steps_with(self, plugin_steps: int) -> int:
+        """--overlap-steps resolved against a plugin's Capabilities.overlap_steps."""
+        return resolve_overlap_steps(self.overlap_steps, self.speculative_algorithm,
+                                     self.pp_size, plugin_steps)
+
+    def steps_in_flight_with(self, plugin_steps: int) -> int:
+        """steps_in_flight once auto --overlap-steps takes the plugin's choice."""
+        return steps_in_flight(self.overlap, self.overlap_steps_with(plugin_steps),
+                               self.pipeline_batches)
 
     @property
     def world_size(self) -> int:

@@ -82,7 +82,8 @@ def test_scheduler_config_takes_every_batching_field_from_the_engine() -> None:
                         vocab_size=100, eos_token_ids=[2, 7])
     sc = SchedulerConfig.from_engine(engine, ready)
     for f in dataclasses.fields(BatchingConfig):
-        assert getattr(sc, f.name) == getattr(engine, f.name), f.name
+        if f.name != "overlap_steps":  # auto (0) is the workers' to resolve: below
+            assert getattr(sc, f.name) == getattr(engine, f.name), f.name
     assert (sc.num_slots, sc.max_context_len, sc.eos_token_ids, sc.vocab_size) == \
         (800, 256, (2, 7), 100)
     with pytest.raises(ValueError, match="page_size"):
@@ -91,6 +92,37 @@ def test_scheduler_config_takes_every_batching_field_from_the_engine() -> None:
     default = SchedulerConfig(num_slots=64, max_context_len=32)
     for f in dataclasses.fields(BatchingConfig):
         assert getattr(default, f.name) == getattr(EngineConfig(), f.name), f.name
+
+
+def test_auto_overlap_steps_is_the_plugins_unless_something_assumes_two() -> None:
+    """--overlap-steps 0 (the default) takes the plugin's Capabilities.overlap_steps, which the
+    workers report in WorkerReady; a value given stays; speculative decoding and pipeline
+    stages (which assume 2) get 2; a WorkerReady that says nothing counts as 2."""
+    from tessera.config import resolve_overlap_steps
+    from tessera.hal.cpu import CpuPlatform
+
+    assert EngineConfig().overlap_steps == 0
+    assert resolve_overlap_steps(0, "none", 1, 3) == 3
+    assert resolve_overlap_steps(4, "none", 1, 3) == 4
+    assert resolve_overlap_steps(2, "none", 1, 3) == 2
+    assert resolve_overlap_steps(0, "ngram", 1, 3) == 2  # speculative decoding
+    assert resolve_overlap_steps(0, "none", 2, 3) == 2  # pipeline stages
+    assert CpuPlatform.capabilities.overlap_steps == 2
+    engine = EngineConfig(page_size=8)
+    assert engine.steps_in_flight_with(3) == 3 and engine.steps_in_flight_with(2) == 2
+    assert engine.replace(overlap=False).steps_in_flight_with(3) == 1
+    assert engine.replace(overlap_steps=2).steps_in_flight_with(3) == 2
+
+    def ready(steps: int) -> WorkerReady:
+        return WorkerReady(rank=0, world_size=1, num_slots=800, page_size=8,
+                           max_context_len=256, vocab_size=100, overlap_steps=steps)
+
+    assert SchedulerConfig.from_engine(engine, ready(3)).steps_in_flight == 3
+    assert SchedulerConfig.from_engine(engine, ready(0)).steps_in_flight == 2
+    explicit = engine.replace(overlap_steps=4)
+    assert SchedulerConfig.from_engine(explicit, ready(3)).steps_in_flight == 4
+    with pytest.raises(ValueError, match="or 0"):
+        EngineConfig(overlap_steps=1)
 
 
 def test_importing_the_config_loads_nothing_else_of_tessera() -> None:

@@ -318,7 +318,9 @@ class ModelRunner:
             page_size=self.kv_plan.page_size, max_context_len=self.max_context_len,
             vocab_size=self.model_config.vocab_size,
             eos_token_ids=list(self.model_config.eos_token_ids), device=str(self.device),
-            answers=self.answers, batches_in_flight=self.config.pipeline_batches)
+            answers=self.answers, batches_in_flight=self.config.pipeline_batches,
+            overlap_steps=self.config.overlap_steps_with(
+                self.platform.capabilities.overlap_steps))
 
     # -- grammars (rank 0) --------------------------------------------------------------------
 

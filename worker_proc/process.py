@@ -71,6 +71,7 @@ class WorkerProcess(BusProcess):
         self.launch_ms_total = 0.0  # host time inside ModelRunner.launch (asynchronous plugins)
         self.launches_timed = 0
         # The host round trip the device may wait on (the scheduler's turn and the bus).
+        # (its depth set again once the plugin resolves an auto --overlap-steps: setup)
         self.round_trips = RoundTrips(config.steps_in_flight)
         self.slow_launches = 0
         self._allocator_seen: dict[str, int] = {}
@@ -101,6 +102,8 @@ class WorkerProcess(BusProcess):
                  wait_policy)
         start = time.perf_counter()
         platform = load_platform(cfg.hal)
+        self.round_trips = RoundTrips(cfg.steps_in_flight_with(
+            platform.capabilities.overlap_steps))
         platform.use_device(cfg.device_index(self.rank))
         if not platform.capabilities.devices_shared:
             problem = devices_problem(cfg.ranks_per_node, cfg.tp_size, cfg.pp_size,

@@ -126,6 +126,10 @@ def test_ready_message_reports_the_arena(llama_folder):
     ready = runner.ready_message()
     assert ready.num_slots == runner.kv.num_slots == 1008  # 1000 rounded to pages + page 0
     assert ready.page_size == 8 and ready.vocab_size == 256 and ready.eos_token_ids == [2]
+    # --overlap-steps auto, resolved against the cpu plugin's choice
+    assert runner.config.overlap_steps == 0 and ready.overlap_steps == 2
+    assert make_runner(folder, max_total_tokens=64, overlap_steps=3).ready_message() \
+        .overlap_steps == 3
     assert runner.kv.k[0].shape == (1008, 2, 16)
     assert np.asarray(runner.kv.storage.shape).prod() * 4 == runner.kv_plan.total_bytes
 
