@@ -64,11 +64,11 @@ def _attend_tile(q, kc_ptr, vc_ptr, row_base, n0, end, qpos, kh, d, m_i, l_i, ac
     if FP8_WORDS:
         col = tl.arange(0, BLOCK_D // 2)
         width = HEAD_DIM // 2
-        other = 0
+        other = 0  # uint16 words
     else:
         col = d
         width = HEAD_DIM
-        other = 0.0
+        other = 0.0  # type: ignore[assignment]  # (Triton casts no int to fp8)
     kv_off = slot[:, None] * c_s0 + kh * c_s1 + col[None, :]
     if MASKED:
         kvmask = pmask[:, None] & (col < width)[None, :]
