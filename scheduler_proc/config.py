@@ -38,8 +38,8 @@ class SchedulerConfig(BatchingConfig):
             raise ValueError(f"worker uses page_size {ready.page_size}, the engine was "
                              f"configured with {config.page_size}")
         batching = {f.name: getattr(config, f.name) for f in dataclasses.fields(BatchingConfig)}
-        if not config.overlap_steps:  # auto: as the workers resolved it against their plugin
-            batching["overlap_steps"] = ready.overlap_steps or 2
+        if not config.overlap_steps:  # auto: as the workers resolved it (0 if unsaid: 2)
+            batching["overlap_steps"] = ready.overlap_steps
         return cls(
             **batching,
             num_slots=ready.num_slots,

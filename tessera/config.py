@@ -78,22 +78,11 @@ def steps_in_flight(overlap: bool, overlap_steps: int, batches_in_flight: int) -
     (pipeline stages; 0: one stage), else --overlap-steps with --overlap, else one. The one
     rule behind SchedulerConfig.steps_in_flight (the workers' count from their WorkerReady)
     and EngineConfig.steps_in_flight (the workers' own view). An --overlap-steps still at 0
-    (auto, not yet resolved against a plugin: resolve_overlap_steps) counts as 2."""
+    (auto, not yet resolved against a plugin: EngineConfig.overlap_steps_with) counts as 2."""
     if not overlap:
         return 1
     return batches_in_flight or overlap_steps or 2
 
-
-def resolve_overlap_steps(overlap_steps: int, speculative_algorithm: str, pp_size: int,
-                          plugin_steps: int) -> int:
-    """--overlap-steps as the engine runs it: a value given stays; 0 (auto) becomes the
-    plugin's Capabilities.overlap_steps, or 2 with speculative decoding or pipeline stages
-    (which assume 2)."""
-    if overlap_steps:
-        return overlap_steps
-    if speculative_algorithm != "none" or pp_size > 1:
-        return 2
-    return plugin_steps
 
 
 @dataclass(frozen=True)
@@ -169,7 +158,7 @@ class BatchingConfig:
         if self.overlap_steps not in (0, 2) and self.speculative_algorithm != "none":
             raise ValueError(f"--overlap-steps {self.overlap_steps} with speculative decoding "
                              f"is not supported (its chained verifies assume 2): leave "
-                             f"--overlap-steps at 2")
+                             f"--overlap-steps at 0 (auto) or 2")
         if self.max_mixed_step_ratio != 0 and self.max_mixed_step_ratio <= 1:
             raise ValueError(f"max_mixed_step_ratio must be 0 (no limit) or above 1, got "
                              f"{self.max_mixed_step_ratio}")
@@ -329,7 +318,7 @@ class EngineConfig(BatchingConfig):
         if self.overlap_steps not in (0, 2) and self.pp_size > 1:
             raise ValueError(f"--overlap-steps {self.overlap_steps} with --pp-size "
                              f"{self.pp_size}: a pipeline's batches in flight are "
-                             f"--pp-batches-in-flight; leave --overlap-steps at 2")
+                             f"--pp-batches-in-flight; leave --overlap-steps at 0 (auto) or 2")
         if self.pp_batches_in_flight < 0:
             raise ValueError(f"pp_batches_in_flight must be 0 (automatic) or positive, got "
                              f"{self.pp_batches_in_flight}")
@@ -375,9 +364,14 @@ class EngineConfig(BatchingConfig):
         return steps_in_flight(self.overlap, self.overlap_steps, self.pipeline_batches)
 
     def overlap_steps_with(self, plugin_steps: int) -> int:
-        """--overlap-steps resolved against a plugin's Capabilities.overlap_steps."""
-        return resolve_overlap_steps(self.overlap_steps, self.speculative_algorithm,
-                                     self.pp_size, plugin_steps)
+        """--overlap-steps as the engine runs it on a plugin: a value given stays; 0 (auto)
+        becomes the plugin's Capabilities.overlap_steps, or 2 with speculative decoding or
+        pipeline stages (which assume 2)."""
+        if self.overlap_steps:
+            return self.overlap_steps
+        if self.speculative_algorithm != "none" or self.pp_size > 1:
+            return 2
+        return plugin_steps
 
     def steps_in_flight_with(self, plugin_steps: int) -> int:
         """steps_in_flight once auto --overlap-steps takes the plugin's choice."""

@@ -98,15 +98,14 @@ def test_auto_overlap_steps_is_the_plugins_unless_something_assumes_two() -> Non
     """--overlap-steps 0 (the default) takes the plugin's Capabilities.overlap_steps, which the
     workers report in WorkerReady; a value given stays; speculative decoding and pipeline
     stages (which assume 2) get 2; a WorkerReady that says nothing counts as 2."""
-    from tessera.config import resolve_overlap_steps
     from tessera.hal.cpu import CpuPlatform
 
     assert EngineConfig().overlap_steps == 0
-    assert resolve_overlap_steps(0, "none", 1, 3) == 3
-    assert resolve_overlap_steps(4, "none", 1, 3) == 4
-    assert resolve_overlap_steps(2, "none", 1, 3) == 2
-    assert resolve_overlap_steps(0, "ngram", 1, 3) == 2  # speculative decoding
-    assert resolve_overlap_steps(0, "none", 2, 3) == 2  # pipeline stages
+    assert EngineConfig().overlap_steps_with(3) == 3
+    assert EngineConfig(overlap_steps=4).overlap_steps_with(3) == 4
+    assert EngineConfig(overlap_steps=2).overlap_steps_with(3) == 2
+    assert EngineConfig(speculative_algorithm="ngram").overlap_steps_with(3) == 2
+    assert EngineConfig(pp_size=2).overlap_steps_with(3) == 2  # pipeline stages
     assert CpuPlatform.capabilities.overlap_steps == 2
     engine = EngineConfig(page_size=8)
     assert engine.steps_in_flight_with(3) == 3 and engine.steps_in_flight_with(2) == 2
