@@ -19,6 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
+from tessera.hal.cuda import pdl
+from tessera.hal.cuda.pdl import enter as pdl_enter
+
 # Tunables, overridable by benchmarks (kept here so the graph runner and the bench agree).
 # The H200 sweep at e748886 (`run_gpu.sh attnbench`, attention_sweep_h200/): over a bf16
 # cache three stages beat two by 1-8% from 32 requests up (4.3 TB/s at 128 x 4096) and
@@ -101,7 +104,8 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ONE_SPLIT: tl.constexpr,
                    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_PREC: tl.constexpr, MIXED: tl.constexpr, FP8_WORDS: tl.constexpr,
-                   ASM_CVT: tl.constexpr):
+                   ASM_CVT: tl.constexpr, USE_PDL: tl.constexpr = False):
+    pdl_enter(USE_PDL)
     b = tl.program_id(0).to(tl.int64)
     kh = tl.program_id(1)
     split = tl.program_id(2)
@@ -191,7 +195,9 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
 @triton.jit(do_not_specialize=_SPLIT_DEPENDENT)
 def _decode_stage2(mid_o_ptr, mid_lse_ptr, out_ptr, ext_lens_ptr, qo_ptr, mo_s0, mo_s1, mo_s2,
                    ml_s0, ml_s1, o_s0, o_s1, num_splits, HEAD_DIM: tl.constexpr,
-                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, MIXED: tl.constexpr):
+                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, MIXED: tl.constexpr,
+                   USE_PDL: tl.constexpr = False):
+    pdl_enter(USE_PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     o_row = b
@@ -326,6 +332,7 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if words:
         k_cache, v_cache = k_cache.view(torch.uint16), v_cache.view(torch.uint16)
     block_n, num_warps, num_stages = tunables(words)
+    pdl_options = pdl.launch_options()
     _decode_stage1[(batch, kv_heads, n_split)](
         q, k_cache, v_cache, req_to_token, seq_lens, ext, qo, mid_o, mid_lse, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
@@ -335,10 +342,12 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         ONE_SPLIT=n_split == 1,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         DOT_PREC=dot_precision(q.dtype), MIXED=mixed, FP8_WORDS=words,
-        ASM_CVT=words and asm_cvt(q.device), num_warps=num_warps, num_stages=num_stages)
+        ASM_CVT=words and asm_cvt(q.device), num_warps=num_warps, num_stages=num_stages,
+        **pdl_options)
     if n_split == 1:
         return
     _decode_stage2[(batch, q_heads)](
         mid_o, mid_lse, out, ext, qo, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1), n_split,
-        HEAD_DIM=head_dim, BLOCK_S=MAX_SPLITS, BLOCK_D=block_d, MIXED=mixed, num_warps=4)
+        HEAD_DIM=head_dim, BLOCK_S=MAX_SPLITS, BLOCK_D=block_d, MIXED=mixed, num_warps=4,
+        **pdl_options)

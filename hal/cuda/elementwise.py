@@ -12,6 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
+from tessera.hal.cuda import pdl
+from tessera.hal.cuda.pdl import enter as pdl_enter
+
 
 def _check_inner_contiguous(name: str, t: torch.Tensor) -> None:
     if t.stride(-1) != 1:
@@ -23,8 +26,9 @@ def _check_inner_contiguous(name: str, t: torch.Tensor) -> None:
 def _rotary_kernel(pos_ptr, q_ptr, k_ptr, qo_ptr, ko_ptr, cs_ptr, q_s0, q_s1, k_s0, k_s1,
                    qo_s0, qo_s1, ko_s0, ko_s1, cs_s0, n_q_heads, n_k_heads,
                    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                   Q_BLOCKS: tl.constexpr):
+                   Q_BLOCKS: tl.constexpr, USE_PDL: tl.constexpr = False):
     # One launch rotates q and k: head blocks 0 .. Q_BLOCKS-1 are q's, the rest k's.
+    pdl_enter(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
     pos = tl.load(pos_ptr + t).to(tl.int64)
@@ -73,13 +77,14 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                          k.stride(0), k.stride(1), q_out.stride(0), q_out.stride(1),
                          k_out.stride(0), k_out.stride(1), cos_sin.stride(0), q_heads, k_heads,
                          HALF=half, BLOCK_H=block_h, BLOCK_HALF=block_half, Q_BLOCKS=q_blocks,
-                         num_warps=4)
+                         num_warps=4, **pdl.launch_options())
     return q_out, k_out
 
 
 @triton.jit
 def _act_and_mul_kernel(x_ptr, out_ptr, x_s0, o_s0, inter, BLOCK: tl.constexpr,
-                        GELU: tl.constexpr):
+                        GELU: tl.constexpr, USE_PDL: tl.constexpr = False):
+    pdl_enter(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -107,7 +112,8 @@ def _act_and_mul(x: torch.Tensor, name: str, gelu: bool) -> torch.Tensor:
         return out
     block = min(1024, triton.next_power_of_2(inter))
     _act_and_mul_kernel[(tokens, triton.cdiv(inter, block))](
-        x, out, x.stride(0), out.stride(0), inter, BLOCK=block, GELU=gelu, num_warps=4)
+        x, out, x.stride(0), out.stride(0), inter, BLOCK=block, GELU=gelu, num_warps=4,
+        **pdl.launch_options())
     return out
 
 
@@ -122,7 +128,9 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def _store_kv_kernel(kc_ptr, vc_ptr, k_ptr, v_ptr, slot_ptr, k_s0, k_s1, v_s0, v_s1, c_s0, c_s1,
                      n_heads, k_scale, v_scale, HEAD_DIM: tl.constexpr,
-                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, FP8: tl.constexpr):
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, FP8: tl.constexpr,
+                     USE_PDL: tl.constexpr = False):
+    pdl_enter(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     h = tl.arange(0, BLOCK_H)
@@ -151,7 +159,7 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
         k_cache, v_cache, k, v, slots, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), heads, float(k_scale), float(v_scale), HEAD_DIM=dim,
         BLOCK_H=triton.next_power_of_2(heads), BLOCK_D=triton.next_power_of_2(dim),
-        FP8=k_cache.dtype == torch.float8_e4m3fn, num_warps=4)
+        FP8=k_cache.dtype == torch.float8_e4m3fn, num_warps=4, **pdl.launch_options())
 
 
 @triton.jit
@@ -160,9 +168,10 @@ def _rotary_store_kv_kernel(pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, qo_ptr, kc_p
                             cs_s0, n_q_heads, n_k_heads, k_scale, v_scale,
                             HALF: tl.constexpr, BLOCK_H: tl.constexpr,
                             BLOCK_HALF: tl.constexpr, Q_BLOCKS: tl.constexpr,
-                            FP8: tl.constexpr):
+                            FP8: tl.constexpr, USE_PDL: tl.constexpr = False):
     # Head blocks 0 .. Q_BLOCKS-1 rotate q into q_out; the others rotate k and store it, and
     # v, into the cache slot of their token.
+    pdl_enter(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
     pos = tl.load(pos_ptr + t).to(tl.int64)
@@ -241,5 +250,6 @@ def rotary_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), q_out.stride(0), q_out.stride(1),
         k_cache.stride(0), k_cache.stride(1), cos_sin.stride(0), q_heads, k_heads,
         float(k_scale), float(v_scale), HALF=half, BLOCK_H=block_h, BLOCK_HALF=block_half,
-        Q_BLOCKS=q_blocks, FP8=k_cache.dtype == torch.float8_e4m3fn, num_warps=4)
+        Q_BLOCKS=q_blocks, FP8=k_cache.dtype == torch.float8_e4m3fn, num_warps=4,
+        **pdl.launch_options())
     return q_out

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tessera.hal.cuda import pdl
 from tessera.hal.cuda.decode_attention import (
     E4M3_F16_SHIFT,
     LOG2E,
@@ -36,6 +37,7 @@ from tessera.hal.cuda.decode_attention import (
     launch_decode,
     scores_log2,
 )
+from tessera.hal.cuda.pdl import enter as pdl_enter
 
 # Tunables, overridable by benchmarks (tests/hal_cuda/gpu_step_profile.py sweeps them).
 BLOCK_M = 64
@@ -184,7 +186,8 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    REQS: tl.constexpr, DOT_PREC: tl.constexpr, FP8_WORDS: tl.constexpr,
-                   ASM_CVT: tl.constexpr):
+                   ASM_CVT: tl.constexpr, USE_PDL: tl.constexpr = False):
+    pdl_enter(USE_PDL)
     h = tl.program_id(1)
     # The work, numbered: the blocks of the requests that extend by more than one token,
     # request by request, then the blocks of padding rows after the last request.
@@ -266,5 +269,6 @@ def attention_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), REQS=reqs_block(batch),
         DOT_PREC=dot_precision(q.dtype), FP8_WORDS=words,
-        ASM_CVT=words and asm_cvt(q.device), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        ASM_CVT=words and asm_cvt(q.device), num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        **pdl.launch_options())
     return out if v_scale == 1.0 else out.mul_(v_scale)

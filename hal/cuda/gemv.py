@@ -28,6 +28,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from tessera.hal.cuda import pdl
+from tessera.hal.cuda.pdl import enter as pdl_enter
+from tessera.hal.cuda.pdl import prefetch_rows_l2
+
 # (out_features, in_features) -> (BLOCK_N, BLOCK_K, num_warps), bf16, used on Hopper (sm_90)
 # only. Measured on an H200 inside CUDA graphs, weights not in L2 (tests/hal_cuda/gpu_run.py
 # gemv_sweep; benchmarks/results/h200_cuda_gemv.json), Llama-3-8B shapes, cuBLAS -> GEMV:
@@ -57,7 +61,12 @@ TUNED_CAPABILITY = (9, 0)
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_out, n_in, w_s0,
-                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PF_LINES: tl.constexpr = 1, USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # the weight rows stream into L2 while the kernel before finishes (pdl.py)
+        prefetch_rows_l2(w_ptr, tl.program_id(0) * BLOCK_N, n_out, w_s0, n_in, BLOCK_N,
+                         PF_LINES)
+    pdl_enter(USE_PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < n_out
     cols = tl.arange(0, BLOCK_K)
@@ -83,9 +92,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block
                          f"{tuple(x.shape)} strides {x.stride()}, weight strides "
                          f"{weight.stride()}")
     out = torch.empty((1, n_out), dtype=x.dtype, device=x.device)
+    pdl_options = pdl.launch_options()
+    if pdl_options:
+        pdl_options["PF_LINES"] = pdl.prefetch_lines(n_in * weight.element_size(), block_n)
     _gemv_kernel[(triton.cdiv(n_out, block_n),)](
         x, weight, bias if bias is not None else out, out, n_out, n_in, weight.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
+        **pdl_options)
     return out
 
 

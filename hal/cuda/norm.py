@@ -10,11 +10,16 @@ import torch
 import triton
 import triton.language as tl
 
+from tessera.hal.cuda import pdl
+from tessera.hal.cuda.pdl import enter as pdl_enter
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, x_stride, res_stride,
                      out_stride, res_out_stride, n_cols, eps,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+                     USE_PDL: tl.constexpr = False):
+    pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -51,7 +56,8 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
         x, res, weight, out, res_out if res_out is not None else out,
         x.stride(0), res.stride(0), out.stride(0),
         (res_out if res_out is not None else out).stride(0), cols, float(eps),
-        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=num_warps)
+        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=num_warps,
+        **pdl.launch_options())
     return out, res_out
 
 

@@ -7,6 +7,9 @@ platform is constructed, which the registry does only after `is_available()` sai
 names (hal/ops.py FUSED_OP_NAMES), or `all`. A fused op turned off is not registered, so the
 worker composes the unfused ops instead, in eager steps and captured graphs alike. Read when
 the platform is constructed (once per worker process); unset, every fused op is on.
+
+`HAL_CUDA_PDL=0` launches the decode path's Triton kernels without programmatic dependent
+launch (hal/cuda/pdl.py; unset or 1: with it, on sm_90 and later), for A/B runs.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ class CudaPlatform(OpTablePlatform):
     priority: ClassVar[int] = 100
     environment_variables: ClassVar[tuple[str, ...]] = (
         "CUDA_VISIBLE_DEVICES", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "PYTORCH_CUDA_ALLOC_CONF",
-        "TRITON_INTERPRET", UNFUSE_VARIABLE)
+        "TRITON_INTERPRET", UNFUSE_VARIABLE, "HAL_CUDA_PDL")
     capabilities: ClassVar[Capabilities] = Capabilities(
         graph_capture=True,
         asynchronous=True,
@@ -117,7 +120,9 @@ class CudaPlatform(OpTablePlatform):
             "moe_softmax_topk": moe.moe_softmax_topk,
         }
         off = unfused_ops(os.environ.get(UNFUSE_VARIABLE))
-        from tessera.hal.cuda import compile_watch
+        from tessera.hal.cuda import compile_watch, pdl
+
+        pdl.setting(os.environ.get(pdl.VARIABLE))  # a value it cannot read fails here, not mid-step
 
         compile_watch.install()  # counts kernel compiles for the worker's slow-launch report
         ops.update({name: fn for name, fn in fused.items() if name not in off})

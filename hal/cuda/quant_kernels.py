@@ -45,6 +45,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tessera.hal.cuda.pdl import enter as pdl_enter
+from tessera.hal.cuda.pdl import prefetch_rows_l2
+
 FP8, INT8, INT4 = 0, 1, 2
 # qgemv formulations, flags of a GEMV config's `variant` (0: group sums through a reshape of
 # the product tile, the integer -> float conversion instruction, 16-byte weight loads)
@@ -82,10 +85,15 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
                  KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  COLUMN: tl.constexpr, EXP_CVT: tl.constexpr, X_VEC: tl.constexpr,
-                 HALF: tl.constexpr, ACC: tl.constexpr = False):
+                 HALF: tl.constexpr, ACC: tl.constexpr = False, PF_LINES: tl.constexpr = 1,
+                 USE_PDL: tl.constexpr = False):
     # HALF (int4): byte j pairs columns lo(j) = (j // HALF) * 2 HALF + j % HALF (low nibble)
     # and lo(j) + HALF (high): 1 for "nibbles" (2j, 2j + 1), T / 2 for "halves<T>". Either
     # way a run of GROUP / 2 bytes holds the columns of one group (T <= GROUP).
+    if USE_PDL:  # the weight rows stream into L2 while the kernel before finishes (pdl.py)
+        prefetch_rows_l2(q_ptr, tl.program_id(0) * BLOCK_N, n_out, q_s0,
+                         n_in // 2 if KIND == 2 else n_in, BLOCK_N, PF_LINES)
+    pdl_enter(USE_PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < n_out
     q_rows = q_ptr + rows[:, None].to(tl.int64) * q_s0
@@ -294,10 +302,11 @@ def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, xs_ptr, M, N, K, x_
 
 @triton.jit
 def quant_rows_fp8_kernel(x_ptr, out_ptr, scale_ptr, K, x_s0, out_s0,
-                          BLOCK_K: tl.constexpr):
+                          BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False):
     """Dynamic per-token fp8 quantization (W8A8): scale = max|x| / 448, out = x / scale.
     A row that fits one block (BLOCK_K >= K: every Llama-3-8B input up to 16384 wide) is
     read once and kept in registers; a wider one is read twice."""
+    pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     if BLOCK_K >= K:
         k = tl.arange(0, BLOCK_K)

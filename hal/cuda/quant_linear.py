@@ -22,7 +22,7 @@ from dataclasses import replace
 import torch
 import triton
 
-from tessera.hal.cuda import quant_tune
+from tessera.hal.cuda import pdl, quant_tune
 from tessera.hal.cuda.quant_kernels import (
     FP8,
     GEMV_ACC,
@@ -123,13 +123,18 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     group = k if per_row else w.group_size
     block_k = max(block_k, 2 if per_row else group)
+    pdl_options = pdl.launch_options()
+    if pdl_options:
+        row_bytes = w.qweight.shape[1] * w.qweight.element_size()
+        pdl_options["PF_LINES"] = pdl.prefetch_lines(row_bytes, block_n)
     qgemv_kernel[(triton.cdiv(n, block_n),)](
         x, w.qweight, w.scales, w.offsets if w.offsets is not None else w.scales,
         bias if bias is not None else out, out, n, k, w.qweight.stride(0), w.scales.stride(0),
         KIND=KINDS[w.scheme], GROUP=group if not per_row else 1, PER_ROW=per_row,
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
         COLUMN=bool(variant & GEMV_COLUMN), EXP_CVT=bool(variant & GEMV_EXP_CVT),
-        X_VEC=bool(variant & GEMV_X_VEC), HALF=_half(w), ACC=acc, num_warps=num_warps)
+        X_VEC=bool(variant & GEMV_X_VEC), HALF=_half(w), ACC=acc, num_warps=num_warps,
+        **pdl_options)
     return out
 
 
@@ -223,7 +228,8 @@ def quantize_rows_fp8(x: torch.Tensor, block_k: int | None = None
     block = block_k or min(ROW_BLOCK_MAX, triton.next_power_of_2(k))
     if m:
         quant_rows_fp8_kernel[(m,)](x, out, scales, k, x.stride(0), out.stride(0),
-                                    BLOCK_K=block, num_warps=4 if block <= 4096 else 8)
+                                    BLOCK_K=block, num_warps=4 if block <= 4096 else 8,
+                                    **pdl.launch_options())
     return out, scales
 
 

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tessera.hal.cuda import pdl
+from tessera.hal.cuda.pdl import enter as pdl_enter
 from tessera.hal.ops import SamplingTensors
 
 CANDIDATES = 1024
@@ -30,7 +32,8 @@ ARGMAX_BLOCK = 2048  # vocabulary entries per program of the split argmax
 
 @triton.jit
 def _argmax_partial_kernel(x_ptr, val_ptr, idx_ptr, x_s0, vocab, n_parts,
-                           BLOCK: tl.constexpr):
+                           BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
+    pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     idx = part * BLOCK + tl.arange(0, BLOCK)
@@ -42,7 +45,9 @@ def _argmax_partial_kernel(x_ptr, val_ptr, idx_ptr, x_s0, vocab, n_parts,
 
 
 @triton.jit
-def _argmax_merge_kernel(val_ptr, idx_ptr, out_ptr, n_parts, PARTS: tl.constexpr):
+def _argmax_merge_kernel(val_ptr, idx_ptr, out_ptr, n_parts, PARTS: tl.constexpr,
+                         USE_PDL: tl.constexpr = False):
+    pdl_enter(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     p = tl.arange(0, PARTS)
     vals = tl.load(val_ptr + row * n_parts + p, mask=p < n_parts, other=float("-inf"))
@@ -64,9 +69,11 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     vals = torch.empty((batch, n_parts), dtype=torch.float32, device=logits.device)
     idxs = torch.empty((batch, n_parts), dtype=torch.int64, device=logits.device)
     _argmax_partial_kernel[(batch, n_parts)](logits, vals, idxs, logits.stride(0), vocab,
-                                             n_parts, BLOCK=block, num_warps=8)
+                                             n_parts, BLOCK=block, num_warps=8,
+                                             **pdl.launch_options())
     _argmax_merge_kernel[(batch,)](vals, idxs, out, n_parts,
-                                   PARTS=max(16, triton.next_power_of_2(n_parts)), num_warps=1)
+                                   PARTS=max(16, triton.next_power_of_2(n_parts)), num_warps=1,
+                                   **pdl.launch_options())
     return out
 
 

@@ -4,6 +4,7 @@ The interpreter runs a kernel's Python, not its compilation: a kernel the compil
 value of two types out of an `if`, a constexpr misuse) passes there and fails on the GPU.
 
     python tests/hal_cuda/compile_for_sm90.py    # one JSON line: kernel -> "ok" or the error
+    python tests/hal_cuda/compile_for_sm90.py --pdl   # the PDL launches: no memory before the wait
 
 Run with TRITON_INTERPRET unset (decorated kernels are otherwise interpreter functions).
 Arguments are specialized as the launcher does for Llama-3-8B's shapes (pointers and sizes
@@ -278,14 +279,92 @@ def cases() -> list[Case]:
         _moe_cases()
 
 
+def pdl_cases() -> list[Case]:
+    """Every kernel a decode or mixed step launches with programmatic dependent launch
+    (hal/cuda/pdl.py), compiled with USE_PDL: the GEMVs with their L2 prefetch, the others
+    as their decode launch specializes them."""
+    from tessera.hal.cuda import decode_attention as da
+    from tessera.hal.cuda import elementwise, norm, sampling
+    from tessera.hal.cuda import quant_kernels as qk
+
+    picked = [c for c in cases() if c.name in (
+        "rotary_store_kv bf16 fp8=False", "rotary_store_kv bf16 fp8=True", "gemv bias=False",
+        "gemv bias=True", "decode_attention stage1 cache=bf16 one_split=False",
+        "decode_attention stage1 cache=u16 one_split=True", "extend_attention cache=bf16")]
+    picked += [qgemv_case("fp8", None, 0, 4, 2048, 4), qgemv_case("int4", 128, 0, 16, 2048, 4),
+               qgemv_case("fp8", None, qk.GEMV_ACC | qk.GEMV_X_VEC, 2, 1024, 4)]
+    bf16 = "*bf16"
+    small = [
+        (norm._rms_norm_kernel, {"x_ptr": bf16, "res_ptr": bf16, "w_ptr": bf16, "out_ptr": bf16,
+                                 "res_out_ptr": bf16, "eps": "fp32"},
+         {"HAS_RESIDUAL": True, "BLOCK": 4096}, 8),
+        (elementwise._act_and_mul_kernel, {"x_ptr": bf16, "out_ptr": bf16},
+         {"BLOCK": 1024, "GELU": False}, 4),
+        (elementwise._store_kv_kernel, {"kc_ptr": bf16, "vc_ptr": bf16, "k_ptr": bf16,
+                                        "v_ptr": bf16, "slot_ptr": "*i32", "k_scale": "fp32",
+                                        "v_scale": "fp32"},
+         {"HEAD_DIM": 128, "BLOCK_H": 8, "BLOCK_D": 128, "FP8": False}, 4),
+        (elementwise._rotary_kernel, {"pos_ptr": "*i64", "q_ptr": bf16, "k_ptr": bf16,
+                                      "qo_ptr": bf16, "ko_ptr": bf16, "cs_ptr": bf16},
+         {"HALF": 64, "BLOCK_H": 32, "BLOCK_HALF": 64, "Q_BLOCKS": 1}, 4),
+        (da._decode_stage2, {"mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "out_ptr": bf16,
+                             "ext_lens_ptr": "*i32", "qo_ptr": "*i32"},
+         {"HEAD_DIM": 128, "BLOCK_S": da.MAX_SPLITS, "BLOCK_D": 128, "MIXED": False}, 4),
+        (sampling._argmax_partial_kernel, {"x_ptr": bf16, "val_ptr": "*fp32", "idx_ptr": "*i64"},
+         {"BLOCK": 2048}, 8),
+        (sampling._argmax_merge_kernel, {"val_ptr": "*fp32", "idx_ptr": "*i64",
+                                         "out_ptr": "*i64"}, {"PARTS": 64}, 1),
+        (qk.quant_rows_fp8_kernel, {"x_ptr": bf16, "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"},
+         {"BLOCK_K": 4096}, 4),
+    ]
+    picked += [Case(fn.__name__, fn, _signature(fn, types, consts), consts, num_warps=warps)
+               for fn, types, consts, warps in small]
+    out = []
+    for case in picked:
+        consts = {**case.consts, "USE_PDL": True}
+        if "PF_LINES" in case.fn.arg_names:
+            consts["PF_LINES"] = 32
+        out.append(Case(f"{case.name} USE_PDL", case.fn,
+                        _signature(case.fn, {n: t for n, t in case.signature.items()
+                                             if t != "constexpr"}, consts), consts,
+                        num_warps=case.num_warps, divisible_by_16=case.divisible_by_16,
+                        num_stages=case.num_stages, max_shared=case.max_shared))
+    return out
+
+
+_MEMORY = ("ld.global", "st.global", "cp.async", "atom.", "red.", "ld.volatile", "ld.relaxed",
+           "ld.acquire")
+
+
+def pdl_order(ptx: str, prefetch: bool = False) -> str:
+    """'ok' when the kernel waits for the kernel before (griddepcontrol.wait) before any
+    access to global memory but an L2 prefetch (which `prefetch` requires there), and then
+    lets the next one launch; else what is wrong."""
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    waits = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")]
+    releases = [i for i, ln in enumerate(lines)
+                if ln.startswith("griddepcontrol.launch_dependents")]
+    if not waits or not releases:
+        return "no griddepcontrol.wait / launch_dependents"
+    early = [ln for ln in lines[:waits[0]] if any(m in ln for m in _MEMORY)]
+    if early:
+        return f"global memory touched before the wait: {early[:3]}"
+    if releases[0] < waits[0]:
+        return "launch_dependents before the wait"
+    if prefetch and not any(ln.startswith("prefetch.global.L2") for ln in lines[:waits[0]]):
+        return "no L2 prefetch of the weights before the wait"
+    return "ok"
+
+
 def main() -> int:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     target = GPUTarget("cuda", 90, 32)
+    pdl = "--pdl" in sys.argv[1:]
     results: dict[str, str] = {}
-    for case in cases():
+    for case in pdl_cases() if pdl else cases():
         try:
             kernel = triton.compile(ASTSource(fn=case.fn, signature=case.signature,
                                               constexprs=case.consts, attrs=case.attrs()),
@@ -294,6 +373,9 @@ def main() -> int:
             shared = kernel.metadata.shared
             results[case.name] = "ok" if shared <= case.max_shared else \
                 f"{shared} bytes of shared memory, more than {case.max_shared}"
+            if pdl and results[case.name] == "ok":
+                results[case.name] = pdl_order(kernel.asm["ptx"],
+                                               prefetch="PF_LINES" in case.fn.arg_names)
         except Exception as e:  # noqa: BLE001 - every kernel's outcome is reported
             results[case.name] = f"{type(e).__name__}: {e}"
     print(json.dumps(results))

@@ -35,12 +35,14 @@ class _Recorder:
         params = list(inspect.signature(fn).parameters.values())
         self.names = [p.name for p in params]
         self.constexprs = {p.name for p in params if "constexpr" in str(p.annotation)}
+        self.defaults = {p.name: p.default for p in params
+                         if p.default is not inspect.Parameter.empty}
         self.unspecialized = set(jitted.kwargs.get("do_not_specialize") or ())
         self.keys: set[tuple[Any, ...]] = set()
 
     def __getitem__(self, grid: Any) -> Any:
         def launch(*args: Any, **kwargs: Any) -> None:
-            bound = dict(zip(self.names, args, strict=False)) | kwargs
+            bound = self.defaults | dict(zip(self.names, args, strict=False)) | kwargs
             key = []
             for name in self.names:
                 value = bound[name]

@@ -304,3 +304,84 @@ def test_fused_moe_tiles_are_measured_once_and_stay_correct() -> None:
     case = _moe_inputs(4, seed=6)  # the same bucket (2-4 tokens)
     assert _moe_rel_err(moe.fused_moe(*case), case) < 1e-2
     assert moe_keys() == chosen
+
+
+@pytest.mark.parametrize("weights", ["bf16", "fp8", "int4"])
+def test_pdl_decode_chain_in_a_graph_equals_plain_launches(weights: str) -> None:
+    """Two Llama-3-8B decode layers of one request (fused add + norm, the qkv GEMV, rotary +
+    KV store, split attention and its merge, o, norm, gate_up, SiLU, down), then the argmax,
+    captured with programmatic dependent launch (hal/cuda/pdl.py) and without: every replay
+    on new inputs gives the same tokens, hidden state and KV cache bit for bit. A kernel that
+    touched its input before its griddepcontrol.wait would race the one writing it."""
+    from tessera.hal.cuda import CudaPlatform, pdl
+    from tessera.hal.cuda.quant_linear import apply, prepare
+    from tessera.hal.quant import quantize
+    from tessera.hal.rope import cos_sin_cache
+
+    if not pdl.triton_supports() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90 and a Triton with launch_pdl")
+    platform = CudaPlatform()
+    op = platform.op
+    dev, width, layers = torch.device("cuda"), 1024, 2
+    gen = torch.Generator(device=dev).manual_seed(3)
+
+    def weight(n: int, k: int) -> object:
+        dense = (torch.randn((n, k), device=dev, generator=gen) * k ** -0.5)
+        if weights == "bf16":
+            return dense.to(torch.bfloat16)
+        return prepare(quantize(dense, weights, 128 if weights == "int4" else None))
+
+    def linear(x: torch.Tensor, w: object) -> torch.Tensor:
+        return op("linear")(x, w, None) if isinstance(w, torch.Tensor) else apply(x, w, None)
+
+    mats = [{"qkv": weight((HQ + 2 * HK) * D, 4096), "o": weight(4096, HQ * D),
+             "gate_up": weight(2 * 14336, 4096), "down": weight(4096, 14336)}
+            for _ in range(layers)]
+    norm_w = torch.rand(4096, device=dev, generator=gen).to(torch.bfloat16) + 0.5
+    lm_head = (torch.randn((32768, 4096), device=dev, generator=gen) * 0.02).to(torch.bfloat16)
+    table = cos_sin_cache(D, 4096, 500000.0, None, dev, torch.bfloat16)
+    x = torch.zeros((1, 4096), device=dev, dtype=torch.bfloat16)
+    position = torch.zeros(1, dtype=torch.int64, device=dev)
+    slot = torch.zeros(1, dtype=torch.int64, device=dev)
+    rtt = torch.arange(width, device=dev, dtype=torch.int32)[None, :]
+    seq_len = torch.ones(1, dtype=torch.int32, device=dev)
+
+    def step(kv: object) -> tuple[torch.Tensor, torch.Tensor]:
+        h, res = x, torch.zeros_like(x)
+        for i, m in enumerate(mats):
+            normed, res = op("fused_add_rms_norm")(h, res, norm_w, 1e-5)
+            qkv = linear(normed, m["qkv"]).view(1, HQ + 2 * HK, D)
+            q = op("rotary_store_kv")(position, qkv[:, :HQ], qkv[:, HQ:HQ + HK],
+                                      qkv[:, HQ + HK:], table, kv.k[i], kv.v[i], slot)
+            attn = op("attention_decode")(q, kv.k[i], kv.v[i], rtt, seq_len, D ** -0.5)
+            h = linear(attn.reshape(1, HQ * D), m["o"])
+            normed, res = op("fused_add_rms_norm")(h, res, norm_w, 1e-5)
+            h = linear(op("silu_and_mul")(linear(normed, m["gate_up"])), m["down"])
+        final, _ = op("fused_add_rms_norm")(h, res, norm_w, 1e-5)
+        return op("linear")(final, lm_head, None).float().argmax(-1), final
+
+    results = {}
+    for use in (False, True):
+        kv = platform.create_kv_arena(layers, width, HK, D, torch.bfloat16)
+        kv.storage.normal_(generator=torch.Generator(device=dev).manual_seed(5))
+        with pdl.forced(use):
+            step(kv)  # the eager warm-up compiles and measures before the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = step(kv)
+        runs = []
+        feed = torch.Generator(device=dev).manual_seed(11)
+        for n in range(24):
+            x.normal_(generator=feed)
+            position.fill_(n + 3)
+            seq_len.fill_(n + 4)
+            slot.fill_(n + 3)
+            graph.replay()
+            runs.append((out[0].clone(), out[1].clone()))
+        torch.cuda.synchronize()
+        results[use] = (runs, kv.storage.clone())
+        del graph
+    (plain, plain_kv), (pdl_runs, pdl_kv) = results[False], results[True]
+    for n, ((t0, h0), (t1, h1)) in enumerate(zip(plain, pdl_runs, strict=True)):
+        assert torch.equal(h0, h1) and torch.equal(t0, t1), f"replay {n}: PDL differs"
+    assert torch.equal(plain_kv, pdl_kv)

@@ -1,0 +1,124 @@
+"""Programmatic dependent launch (PDL) of the cuda plugin's Triton kernels, sm_90 and later.
+
+In a CUDA graph (and a stream) a kernel's programs start only once the kernel before it has
+finished and its writes are flushed: between two kernels the chip idles through the launch
+and the ramp of the next one's first loads. A decode step of one request runs about 330 small
+kernels, so that gap is paid 330 times a step. With PDL a kernel is launched with the
+programmatic-stream-serialization attribute (Triton's `launch_pdl`): its programs may start
+while the kernel before it is still running, and
+
+- every program calls `gdc_wait` (`griddepcontrol.wait`) before it reads or writes anything
+  another kernel writes: the wait returns once the kernel before has completed and its
+  memory is visible, which transitively covers every kernel before that one;
+- right after the wait it calls `gdc_launch_dependents`, so the kernel after it may be
+  launched as soon as all of this kernel's programs have passed their wait: one kernel of
+  lookahead, never more;
+- before the wait a program may only touch what no kernel writes: the one-token GEMVs issue
+  L2 prefetches of their weight rows there (`prefetch_rows_l2`), so the weights stream while
+  the kernel before them (a norm, the attention merge, the activation: often a few programs
+  on an idle chip) finishes.
+
+A kernel launched this way after one that is not (a cuBLAS GEMM, a copy) simply waits for it
+to complete, as without PDL. `HAL_CUDA_PDL=0` turns it off for A/B runs; unset or 1, it is on
+where the device (compute capability 9.0 or later) and Triton (`launch_pdl`) allow. Read once
+per process, on the first launch; `forced()` overrides it in tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+VARIABLE = "HAL_CUDA_PDL"
+LINE_BYTES = 128  # an L2 line: one prefetch a line
+
+
+def setting(value: str | None) -> bool:
+    """Whether `HAL_CUDA_PDL`'s value asks for PDL (unset: yes)."""
+    text = (value or "").strip().lower()
+    if text in ("", "1", "on", "true", "yes"):
+        return True
+    if text in ("0", "off", "false", "no"):
+        return False
+    raise ValueError(f"{VARIABLE}={value!r}: expected 1 (on, the default) or 0 (off)")
+
+
+def triton_supports() -> bool:
+    """Whether this Triton launches with the PDL attribute (its CUDA options' launch_pdl)."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+@functools.lru_cache(maxsize=1)
+def _available() -> bool:
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        return False
+    if not setting(os.environ.get(VARIABLE)) or not triton_supports():
+        return False
+    return torch.cuda.get_device_capability() >= (9, 0)
+
+
+_forced: list[bool] = []
+
+
+def on() -> bool:
+    """Whether this process launches its decode-path kernels with PDL."""
+    return _forced[-1] if _forced else _available()
+
+
+@contextlib.contextmanager
+def forced(value: bool) -> Iterator[None]:
+    """PDL on or off inside the block, whatever the environment says (tests, A/B timing)."""
+    _forced.append(value)
+    try:
+        yield
+    finally:
+        _forced.pop()
+
+
+def launch_options() -> dict[str, Any]:
+    """The keyword arguments a PDL-aware kernel's launch takes: its USE_PDL constexpr and
+    Triton's launch_pdl, or nothing (the constexpr's default, False)."""
+    return {"USE_PDL": True, "launch_pdl": True} if on() else {}
+
+
+def prefetch_lines(row_bytes: int, rows: int) -> int:
+    """The PF_LINES constexpr of a GEMV program: L2 lines of each of its weight rows, a
+    power of two (rows x lines addresses in one tensor)."""
+    return triton.next_power_of_2(max(1, -(-row_bytes // LINE_BYTES))) if rows > 0 else 1
+
+
+@triton.jit
+def enter(USE_PDL: tl.constexpr):
+    """A program's first step under PDL: wait for the kernel before, then let the next one
+    launch. Nothing another kernel writes may be touched before it."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def prefetch_rows_l2(w_ptr, row0, n_rows, row_stride, row_len,
+                     ROWS: tl.constexpr, PF_LINES: tl.constexpr):
+    """An L2 prefetch of every 128-byte line of weight rows row0 .. row0 + ROWS - 1
+    (row_stride and row_len in elements; rows past n_rows and lines past a row's end fold
+    onto the last valid ones). Weights are never written by a kernel, so this may run
+    before `enter`."""
+    ELEM: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+    i = tl.arange(0, ROWS * PF_LINES)
+    row = tl.minimum(row0 + i // PF_LINES, n_rows - 1).to(tl.int64)
+    byte = tl.minimum((i % PF_LINES) * 128, row_len * ELEM - 1).to(tl.int64)
+    addr = w_ptr.to(tl.pointer_type(tl.uint8)) + row * (row_stride * ELEM) + byte
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                              [addr.to(tl.int64, bitcast=True)], dtype=tl.int32,
+                              is_pure=False, pack=1)
