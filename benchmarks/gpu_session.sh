@@ -23,6 +23,7 @@
 #   benchmarks/gpu_session.sh 19  # one H200:  fp8-cache kernel tests, decode attention sweep, b12 b2 and kv with the fp8 KV cache (~450 s)
 #   benchmarks/gpu_session.sh 20  # one H200:  the same after the extend kernel read fp8 words; b12 b2 both caches, fp8 step profile (~480 s)
 #   benchmarks/gpu_session.sh 21  # one H200:  attention kernel tests, b2, b12 b2 with the fp8 KV cache, b3 at the swept tunables (~400 s)
+#   benchmarks/gpu_session.sh 22  # one H200:  kernel tests and engine parity under programmatic dependent launch, b1, b12 b1 with it and without (~400 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -56,7 +57,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[01])$ ]] || { echo "usage: $0 1|...|21  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-2])$ ]] || { echo "usage: $0 1|...|22  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -362,6 +363,15 @@ case $CALL in
     part b12kvfp8 150 70 b12 --schemes bf16,fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
       --name b12_fp8kv_h200
     part b3 130 70 b3
+    ;;
+  22)
+    KERNELS_K="pdl or rms or rotary or silu or linear or gemv or attention_decode or sample or argmax or greedy or replay" \
+      part kernels 200 130 kernels
+    QUANT_K="every_tuner_candidate and (fp8-1] or int4-1])" part quanttests 90 30 quanttests
+    part inputs 150 80 inputs
+    part b1 90 35 b1
+    part b12b1 130 70 b12 --parts b1 --name b12_b1_h200
+    HAL_CUDA_PDL=0 part b12b1nopdl 130 70 b12 --parts b1 --name b12_b1_nopdl_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

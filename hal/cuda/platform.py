@@ -218,6 +218,9 @@ class CudaPlatform(OpTablePlatform):
             import triton
 
             info["triton"] = triton.__version__
+            from tessera.hal.cuda import pdl
+
+            info["programmatic dependent launch"] = "on" if pdl.on() else "off"
         except ImportError:
             info["triton"] = "missing"
         info["runtime"] = f"CUDA {torch.version.cuda}"
