@@ -60,7 +60,7 @@ mkdir -p "$OUT"
 parts=()
 while [[ $# -gt 0 && $1 != -* ]]; do parts+=("$1"); shift; done
 [[ ${#parts[@]} -gt 0 ]] || parts=(all)
-all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|attnbench|all"
+all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|attnbench|pdlbench|all"
 for part in "${parts[@]}"; do
   if [[ ! $part =~ ^($all_parts)$ ]]; then
     echo "usage: $0 [${all_parts//|/|} ...] [flags]" >&2
@@ -195,6 +195,11 @@ for part in "${parts[@]}"; do
                 tests/hal_cuda/test_conformance_gpu.py -k "${MOE_K:-moe or mixtral or dots1}" "${T_moetests[@]}" ;;
     # The bf16 one-token GEMV's launch configurations against cuBLAS at the 8B shapes
     # (gpu_bench.gemv_sweep: what gemv.TUNED should hold), into gemv_sweep_$SUFFIX/.
+    # Programmatic dependent launch against plain launches: GEMVs alone and chains of decode
+    # layers in each HAL_CUDA_PDL mode (tests/hal_cuda/pdl_bench.py), pdl_bench_$SUFFIX.json.
+    pdlbench) echo "+ tests/hal_cuda/pdl_bench.py" >&2
+              "$PY" tests/hal_cuda/pdl_bench.py "$OUT/pdl_bench_$SUFFIX.json" "${T_cpu[@]}" ||
+                { echo "pdlbench: failed" >&2; failed+=(pdlbench); } ;;
     gemvsweep) echo "+ tests/hal_cuda/gpu_run.py --only=gemv_sweep" >&2
                "$PY" tests/hal_cuda/gpu_run.py "$OUT/gemv_sweep_$SUFFIX" --only=gemv_sweep \
                  "${T_cpu[@]}" || { echo "gemvsweep: failed" >&2; failed+=(gemvsweep); } ;;

@@ -60,14 +60,10 @@ TUNED_CAPABILITY = (9, 0)
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_out, n_in, w_s0,
-                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PF_LINES: tl.constexpr = 1, USE_PDL: tl.constexpr = False):
-    if USE_PDL:  # the weight rows stream into L2 while the kernel before finishes (pdl.py)
-        prefetch_rows_l2(w_ptr, tl.program_id(0) * BLOCK_N, n_out, w_s0, n_in, BLOCK_N,
-                         PF_LINES)
-    pdl_enter(USE_PDL)
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+def _gemv_rows(x_ptr, w_ptr, b_ptr, out_ptr, blk, n_out, n_in, w_s0, HAS_BIAS: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Output rows blk * BLOCK_N .. + BLOCK_N - 1."""
+    rows = blk * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < n_out
     cols = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rows[:, None].to(tl.int64) * w_s0
@@ -83,6 +79,40 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_out, n_in, w_s0,
     tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rmask)
 
 
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_out, n_in, w_s0,
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PF_LINES: tl.constexpr = 1, USE_PDL: tl.constexpr = False,
+                 PREFETCH: tl.constexpr = False, PERSIST: tl.constexpr = False):
+    # PERSIST: fewer programs than row blocks, each taking every num_programs-th block (one
+    # griddepcontrol.wait a program, and with PREFETCH its next block's rows prefetched
+    # while it reduces this one's).
+    pid = tl.program_id(0)
+    if PREFETCH:  # the weight rows stream into L2 while the kernel before finishes (pdl.py)
+        prefetch_rows_l2(w_ptr, pid * BLOCK_N, n_out, w_s0, n_in, BLOCK_N, PF_LINES)
+    pdl_enter(USE_PDL)
+    if PERSIST:
+        step = tl.num_programs(0)
+        for blk in range(pid, tl.cdiv(n_out, BLOCK_N), step):
+            if PREFETCH:
+                prefetch_rows_l2(w_ptr, (blk + step) * BLOCK_N, n_out, w_s0, n_in, BLOCK_N,
+                                 PF_LINES)
+            _gemv_rows(x_ptr, w_ptr, b_ptr, out_ptr, blk, n_out, n_in, w_s0, HAS_BIAS,
+                       BLOCK_N, BLOCK_K)
+    else:
+        _gemv_rows(x_ptr, w_ptr, b_ptr, out_ptr, pid, n_out, n_in, w_s0, HAS_BIAS, BLOCK_N,
+                   BLOCK_K)
+
+
+PERSISTENT = False  # one-token GEMVs as persistent grids (pdl_bench measures both)
+
+
+@functools.lru_cache(maxsize=8)
+def _resident_programs(device_index: int, num_warps: int) -> int:
+    sms = torch.cuda.get_device_properties(device_index).multi_processor_count
+    return sms * max(1, 2048 // (32 * num_warps))
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block_n: int,
          block_k: int, num_warps: int) -> torch.Tensor:
     """x [1, In] @ weight[Out, In]^T (+ bias) -> [1, Out], fp32 accumulation."""
@@ -92,10 +122,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block
                          f"{tuple(x.shape)} strides {x.stride()}, weight strides "
                          f"{weight.stride()}")
     out = torch.empty((1, n_out), dtype=x.dtype, device=x.device)
-    pdl_options = pdl.launch_options()
-    if pdl_options:
+    pdl_options = pdl.launch_options(gemv=True)
+    if "PREFETCH" in pdl_options:
         pdl_options["PF_LINES"] = pdl.prefetch_lines(n_in * weight.element_size(), block_n)
-    _gemv_kernel[(triton.cdiv(n_out, block_n),)](
+    programs = triton.cdiv(n_out, block_n)
+    if PERSISTENT and x.is_cuda:
+        programs = min(programs, _resident_programs(x.device.index or 0, num_warps))
+        pdl_options["PERSIST"] = True
+    _gemv_kernel[(programs,)](
         x, weight, bias if bias is not None else out, out, n_out, n_in, weight.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
         **pdl_options)

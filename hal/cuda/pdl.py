@@ -19,9 +19,10 @@ while the kernel before it is still running, and
   on an idle chip) finishes.
 
 A kernel launched this way after one that is not (a cuBLAS GEMM, a copy) simply waits for it
-to complete, as without PDL. `HAL_CUDA_PDL=0` turns it off for A/B runs; unset or 1, it is on
-where the device (compute capability 9.0 or later) and Triton (`launch_pdl`) allow. Read once
-per process, on the first launch; `forced()` overrides it in tests.
+to complete, as without PDL. `HAL_CUDA_PDL=0` turns it off for A/B runs (`noprefetch`: the
+GEMVs without their prefetch; `small`: the GEMVs launched plainly); unset or 1, it is on where
+the device (compute capability 9.0 or later) and Triton (`launch_pdl`) allow. Read once per
+process, on the first launch; `forced()` overrides it in tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -40,14 +41,22 @@ VARIABLE = "HAL_CUDA_PDL"
 LINE_BYTES = 128  # an L2 line: one prefetch a line
 
 
-def setting(value: str | None) -> bool:
-    """Whether `HAL_CUDA_PDL`'s value asks for PDL (unset: yes)."""
+MODES = ("on", "off", "noprefetch", "small")
+
+
+def setting(value: str | None) -> str:
+    """The mode `HAL_CUDA_PDL`'s value asks for: on (unset, 1: every kernel of the decode
+    path, the GEMVs with their L2 prefetch), off (0), noprefetch (the GEMVs without their
+    prefetch) or small (the GEMVs launched plainly, the other kernels with PDL)."""
     text = (value or "").strip().lower()
     if text in ("", "1", "on", "true", "yes"):
-        return True
+        return "on"
     if text in ("0", "off", "false", "no"):
-        return False
-    raise ValueError(f"{VARIABLE}={value!r}: expected 1 (on, the default) or 0 (off)")
+        return "off"
+    if text in MODES:
+        return text
+    raise ValueError(f"{VARIABLE}={value!r}: expected 1 (on, the default), 0 (off), "
+                     "noprefetch or small")
 
 
 def triton_supports() -> bool:
@@ -60,36 +69,52 @@ def triton_supports() -> bool:
 
 
 @functools.lru_cache(maxsize=1)
-def _available() -> bool:
+def _configured() -> str:
     if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
-        return False
-    if not setting(os.environ.get(VARIABLE)) or not triton_supports():
-        return False
-    return torch.cuda.get_device_capability() >= (9, 0)
+        return "off"
+    chosen = setting(os.environ.get(VARIABLE))
+    if chosen == "off" or not triton_supports() or torch.cuda.get_device_capability() < (9, 0):
+        return "off"
+    return chosen
 
 
-_forced: list[bool] = []
+_forced: list[str] = []
+
+
+def mode() -> str:
+    """This process's PDL mode (MODES): the environment's where the device and Triton allow
+    it, else off; `forced` overrides it."""
+    return _forced[-1] if _forced else _configured()
 
 
 def on() -> bool:
-    """Whether this process launches its decode-path kernels with PDL."""
-    return _forced[-1] if _forced else _available()
+    """Whether this process launches any of its kernels with PDL."""
+    return mode() != "off"
 
 
 @contextlib.contextmanager
-def forced(value: bool) -> Iterator[None]:
-    """PDL on or off inside the block, whatever the environment says (tests, A/B timing)."""
-    _forced.append(value)
+def forced(value: bool | str) -> Iterator[None]:
+    """PDL on, off or in one of MODES inside the block, whatever the environment says
+    (tests, A/B timing)."""
+    chosen = ("on" if value else "off") if isinstance(value, bool) else setting(value)
+    _forced.append(chosen)
     try:
         yield
     finally:
         _forced.pop()
 
 
-def launch_options() -> dict[str, Any]:
+def launch_options(gemv: bool = False) -> dict[str, Any]:
     """The keyword arguments a PDL-aware kernel's launch takes: its USE_PDL constexpr and
-    Triton's launch_pdl, or nothing (the constexpr's default, False)."""
-    return {"USE_PDL": True, "launch_pdl": True} if on() else {}
+    Triton's launch_pdl (a one-token GEMV's also PREFETCH, to which its caller adds
+    PF_LINES), or nothing (the constexprs' defaults, False)."""
+    current = mode()
+    if current == "off" or (gemv and current == "small"):
+        return {}
+    options: dict[str, Any] = {"USE_PDL": True, "launch_pdl": True}
+    if gemv and current == "on":
+        options["PREFETCH"] = True
+    return options
 
 
 def prefetch_lines(row_bytes: int, rows: int) -> int:

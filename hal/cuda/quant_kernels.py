@@ -86,11 +86,11 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  COLUMN: tl.constexpr, EXP_CVT: tl.constexpr, X_VEC: tl.constexpr,
                  HALF: tl.constexpr, ACC: tl.constexpr = False, PF_LINES: tl.constexpr = 1,
-                 USE_PDL: tl.constexpr = False):
+                 USE_PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
     # HALF (int4): byte j pairs columns lo(j) = (j // HALF) * 2 HALF + j % HALF (low nibble)
     # and lo(j) + HALF (high): 1 for "nibbles" (2j, 2j + 1), T / 2 for "halves<T>". Either
     # way a run of GROUP / 2 bytes holds the columns of one group (T <= GROUP).
-    if USE_PDL:  # the weight rows stream into L2 while the kernel before finishes (pdl.py)
+    if PREFETCH:  # the weight rows stream into L2 while the kernel before finishes (pdl.py)
         prefetch_rows_l2(q_ptr, tl.program_id(0) * BLOCK_N, n_out, q_s0,
                          n_in // 2 if KIND == 2 else n_in, BLOCK_N, PF_LINES)
     pdl_enter(USE_PDL)

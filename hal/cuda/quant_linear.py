@@ -123,8 +123,8 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     group = k if per_row else w.group_size
     block_k = max(block_k, 2 if per_row else group)
-    pdl_options = pdl.launch_options()
-    if pdl_options:
+    pdl_options = pdl.launch_options(gemv=True)
+    if "PREFETCH" in pdl_options:
         row_bytes = w.qweight.shape[1] * w.qweight.element_size()
         pdl_options["PF_LINES"] = pdl.prefetch_lines(row_bytes, block_n)
     qgemv_kernel[(triton.cdiv(n, block_n),)](

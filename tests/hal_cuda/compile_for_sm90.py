@@ -32,6 +32,17 @@ class Case:
     num_stages: int = 3
     max_shared: int = SHARED_LIMIT  # bytes of shared memory the compiled kernel may use
 
+    def __post_init__(self) -> None:
+        # constexprs the case leaves at their defaults (USE_PDL, PREFETCH, ...) are given
+        # them, as the launcher does, instead of becoming run-time arguments
+        import inspect
+
+        for p in inspect.signature(self.fn.fn).parameters.values():
+            if p.default is not inspect.Parameter.empty and p.name not in self.consts \
+                    and "constexpr" in str(p.annotation):
+                self.consts = {**self.consts, p.name: p.default}
+                self.signature = {**self.signature, p.name: "constexpr"}
+
     def attrs(self) -> dict[tuple[int, ...], list[list[Any]]]:
         return {(i,): [["tt.divisibility", 16]] for i, n in enumerate(self.fn.arg_names)
                 if n in self.divisible_by_16}
@@ -322,8 +333,8 @@ def pdl_cases() -> list[Case]:
     out = []
     for case in picked:
         consts = {**case.consts, "USE_PDL": True}
-        if "PF_LINES" in case.fn.arg_names:
-            consts["PF_LINES"] = 32
+        if "PREFETCH" in case.fn.arg_names:
+            consts.update(PREFETCH=True, PF_LINES=32)
         out.append(Case(f"{case.name} USE_PDL", case.fn,
                         _signature(case.fn, {n: t for n, t in case.signature.items()
                                              if t != "constexpr"}, consts), consts,
@@ -375,7 +386,7 @@ def main() -> int:
                 f"{shared} bytes of shared memory, more than {case.max_shared}"
             if pdl and results[case.name] == "ok":
                 results[case.name] = pdl_order(kernel.asm["ptx"],
-                                               prefetch="PF_LINES" in case.fn.arg_names)
+                                               prefetch="PREFETCH" in case.fn.arg_names)
         except Exception as e:  # noqa: BLE001 - every kernel's outcome is reported
             results[case.name] = f"{type(e).__name__}: {e}"
     print(json.dumps(results))

@@ -13,8 +13,9 @@ pytest.importorskip("triton")
 def test_setting_accepts_on_and_off_and_refuses_the_rest() -> None:
     from tessera.hal.cuda import pdl
 
-    assert pdl.setting(None) and pdl.setting("") and pdl.setting("1") and pdl.setting(" On ")
-    assert not pdl.setting("0") and not pdl.setting("off") and not pdl.setting("false")
+    assert pdl.setting(None) == pdl.setting("") == pdl.setting("1") == pdl.setting(" On ") == "on"
+    assert pdl.setting("0") == pdl.setting("off") == pdl.setting("false") == "off"
+    assert pdl.setting("noprefetch") == "noprefetch" and pdl.setting("SMALL") == "small"
     with pytest.raises(ValueError, match="HAL_CUDA_PDL='maybe'"):
         pdl.setting("maybe")
 
@@ -22,11 +23,18 @@ def test_setting_accepts_on_and_off_and_refuses_the_rest() -> None:
 def test_launch_options_follow_the_switch() -> None:
     from tessera.hal.cuda import pdl
 
+    both = {"USE_PDL": True, "launch_pdl": True}
     with pdl.forced(True):
         assert pdl.on()
-        assert pdl.launch_options() == {"USE_PDL": True, "launch_pdl": True}
+        assert pdl.launch_options() == both
+        assert pdl.launch_options(gemv=True) == {**both, "PREFETCH": True}
         with pdl.forced(False):
-            assert pdl.launch_options() == {}
+            assert pdl.launch_options() == pdl.launch_options(gemv=True) == {}
+            assert not pdl.on()
+        with pdl.forced("noprefetch"):
+            assert pdl.launch_options(gemv=True) == pdl.launch_options() == both
+        with pdl.forced("small"):
+            assert pdl.launch_options(gemv=True) == {} and pdl.launch_options() == both
         assert pdl.on()
 
 
