@@ -24,7 +24,8 @@
 #   benchmarks/gpu_session.sh 20  # one H200:  the same after the extend kernel read fp8 words; b12 b2 both caches, fp8 step profile (~480 s)
 #   benchmarks/gpu_session.sh 21  # one H200:  attention kernel tests, b2, b12 b2 with the fp8 KV cache, b3 at the swept tunables (~400 s)
 #   benchmarks/gpu_session.sh 22  # one H200:  kernel tests and engine parity under programmatic dependent launch, b1, b12 b1 with it and without (~400 s)
-#   benchmarks/gpu_session.sh 23  # one H200:  pdlbench (GEMVs and decode-layer chains in each PDL mode), b12 b1 with PDL small and noprefetch (~300 s)
+#   benchmarks/gpu_session.sh 23  # one H200:  pdlbench (GEMVs and decode-layer chains in each PDL mode), b12 b1 with PDL small and on (~300 s)
+#   benchmarks/gpu_session.sh 24  # one H200:  the PDL graph test, engine parity, b1, b2, b3, b12 b1 and b2 at PDL's default (~400 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -58,7 +59,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-3])$ ]] || { echo "usage: $0 1|...|23  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-4])$ ]] || { echo "usage: $0 1|...|24  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -377,7 +378,16 @@ case $CALL in
   23)
     part pdlbench 200 90 pdlbench
     HAL_CUDA_PDL=small part b12b1small 130 70 b12 --parts b1 --name b12_b1_pdlsmall_h200
-    HAL_CUDA_PDL=noprefetch part b12b1nopf 130 70 b12 --parts b1 --name b12_b1_pdlnoprefetch_h200
+    HAL_CUDA_PDL=1 part b12b1pdl 130 70 b12 --parts b1 --name b12_b1_pdl_h200
+    ;;
+  24)
+    KERNELS_K="pdl" part kernels 120 40 kernels
+    part inputs 150 60 inputs
+    part b1 90 35 b1
+    part b2 90 40 b2
+    part b3 130 70 b3
+    part b12b1 130 70 b12 --parts b1 --name b12_b1_h200
+    part b12b2 150 90 b12 --parts b2 --name b12_b2_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -83,34 +83,13 @@ def _gemv_rows(x_ptr, w_ptr, b_ptr, out_ptr, blk, n_out, n_in, w_s0, HAS_BIAS: t
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_out, n_in, w_s0,
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  PF_LINES: tl.constexpr = 1, USE_PDL: tl.constexpr = False,
-                 PREFETCH: tl.constexpr = False, PERSIST: tl.constexpr = False):
-    # PERSIST: fewer programs than row blocks, each taking every num_programs-th block (one
-    # griddepcontrol.wait a program, and with PREFETCH its next block's rows prefetched
-    # while it reduces this one's).
+                 PREFETCH: tl.constexpr = False):
     pid = tl.program_id(0)
-    if PREFETCH:  # the weight rows stream into L2 while the kernel before finishes (pdl.py)
+    if PREFETCH:  # HAL_CUDA_PDL=prefetch: the weight rows into L2 before the wait (pdl.py)
         prefetch_rows_l2(w_ptr, pid * BLOCK_N, n_out, w_s0, n_in, BLOCK_N, PF_LINES)
     pdl_enter(USE_PDL)
-    if PERSIST:
-        step = tl.num_programs(0)
-        for blk in range(pid, tl.cdiv(n_out, BLOCK_N), step):
-            if PREFETCH:
-                prefetch_rows_l2(w_ptr, (blk + step) * BLOCK_N, n_out, w_s0, n_in, BLOCK_N,
-                                 PF_LINES)
-            _gemv_rows(x_ptr, w_ptr, b_ptr, out_ptr, blk, n_out, n_in, w_s0, HAS_BIAS,
-                       BLOCK_N, BLOCK_K)
-    else:
-        _gemv_rows(x_ptr, w_ptr, b_ptr, out_ptr, pid, n_out, n_in, w_s0, HAS_BIAS, BLOCK_N,
-                   BLOCK_K)
-
-
-PERSISTENT = False  # one-token GEMVs as persistent grids (pdl_bench measures both)
-
-
-@functools.lru_cache(maxsize=8)
-def _resident_programs(device_index: int, num_warps: int) -> int:
-    sms = torch.cuda.get_device_properties(device_index).multi_processor_count
-    return sms * max(1, 2048 // (32 * num_warps))
+    _gemv_rows(x_ptr, w_ptr, b_ptr, out_ptr, pid, n_out, n_in, w_s0, HAS_BIAS, BLOCK_N,
+               BLOCK_K)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block_n: int,
@@ -125,11 +104,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block
     pdl_options = pdl.launch_options(gemv=True)
     if "PREFETCH" in pdl_options:
         pdl_options["PF_LINES"] = pdl.prefetch_lines(n_in * weight.element_size(), block_n)
-    programs = triton.cdiv(n_out, block_n)
-    if PERSISTENT and x.is_cuda:
-        programs = min(programs, _resident_programs(x.device.index or 0, num_warps))
-        pdl_options["PERSIST"] = True
-    _gemv_kernel[(programs,)](
+    _gemv_kernel[(triton.cdiv(n_out, block_n),)](
         x, weight, bias if bias is not None else out, out, n_out, n_in, weight.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
         **pdl_options)

@@ -13,14 +13,21 @@ while the kernel before it is still running, and
 - right after the wait it calls `gdc_launch_dependents`, so the kernel after it may be
   launched as soon as all of this kernel's programs have passed their wait: one kernel of
   lookahead, never more;
-- before the wait a program may only touch what no kernel writes: the one-token GEMVs issue
-  L2 prefetches of their weight rows there (`prefetch_rows_l2`), so the weights stream while
-  the kernel before them (a norm, the attention merge, the activation: often a few programs
-  on an idle chip) finishes.
+- before the wait a program may touch only what no kernel writes. `HAL_CUDA_PDL=prefetch`
+  has the one-token GEMVs issue L2 prefetches of their weight rows there
+  (`prefetch_rows_l2`), to stream the weights while the kernel before them finishes. On an
+  H200 that was slower, not faster (`tests/hal_cuda/pdl_bench.py`, pdl_bench_h200.json):
+  every program prefetches its rows, most of them after the kernel before has already
+  finished, so the L2 sees each line requested twice; gate_up's GEMV took 70.9 us against
+  54.4 us plain and 53.8 us with PDL alone. So it is not the default.
+
+Measured on an H200 (docs/performance.md, "Programmatic dependent launch"): a bf16 decode
+layer of one request 119.6 us against 124.3 us plain, fp8 74.6 against 80.3, int4 87.2
+against 93.1; B12's batch-1 steps 4.08 / 2.67 / 3.02 ms against 4.20 / 2.84 / 3.23.
 
 A kernel launched this way after one that is not (a cuBLAS GEMM, a copy) simply waits for it
-to complete, as without PDL. `HAL_CUDA_PDL=0` turns it off for A/B runs (`noprefetch`: the
-GEMVs without their prefetch; `small`: the GEMVs launched plainly); unset or 1, it is on where
+to complete, as without PDL. `HAL_CUDA_PDL=0` turns it off for A/B runs (`small`: the GEMVs
+launched plainly, the other kernels with PDL; `prefetch`: above); unset or 1, it is on where
 the device (compute capability 9.0 or later) and Triton (`launch_pdl`) allow. Read once per
 process, on the first launch; `forced()` overrides it in tests and benchmarks.
 """
@@ -41,13 +48,14 @@ VARIABLE = "HAL_CUDA_PDL"
 LINE_BYTES = 128  # an L2 line: one prefetch a line
 
 
-MODES = ("on", "off", "noprefetch", "small")
+MODES = ("on", "off", "prefetch", "small")
 
 
 def setting(value: str | None) -> str:
     """The mode `HAL_CUDA_PDL`'s value asks for: on (unset, 1: every kernel of the decode
-    path, the GEMVs with their L2 prefetch), off (0), noprefetch (the GEMVs without their
-    prefetch) or small (the GEMVs launched plainly, the other kernels with PDL)."""
+    path), off (0), prefetch (on, the one-token GEMVs also prefetching their weight rows into
+    L2 before their wait) or small (the GEMVs launched plainly, the other kernels with
+    PDL)."""
     text = (value or "").strip().lower()
     if text in ("", "1", "on", "true", "yes"):
         return "on"
@@ -56,7 +64,7 @@ def setting(value: str | None) -> str:
     if text in MODES:
         return text
     raise ValueError(f"{VARIABLE}={value!r}: expected 1 (on, the default), 0 (off), "
-                     "noprefetch or small")
+                     "prefetch or small")
 
 
 def triton_supports() -> bool:
@@ -112,7 +120,7 @@ def launch_options(gemv: bool = False) -> dict[str, Any]:
     if current == "off" or (gemv and current == "small"):
         return {}
     options: dict[str, Any] = {"USE_PDL": True, "launch_pdl": True}
-    if gemv and current == "on":
+    if gemv and current == "prefetch":
         options["PREFETCH"] = True
     return options
 

@@ -90,7 +90,7 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
     # HALF (int4): byte j pairs columns lo(j) = (j // HALF) * 2 HALF + j % HALF (low nibble)
     # and lo(j) + HALF (high): 1 for "nibbles" (2j, 2j + 1), T / 2 for "halves<T>". Either
     # way a run of GROUP / 2 bytes holds the columns of one group (T <= GROUP).
-    if PREFETCH:  # the weight rows stream into L2 while the kernel before finishes (pdl.py)
+    if PREFETCH:  # HAL_CUDA_PDL=prefetch: the weight rows into L2 before the wait (pdl.py)
         prefetch_rows_l2(q_ptr, tl.program_id(0) * BLOCK_N, n_out, q_s0,
                          n_in // 2 if KIND == 2 else n_in, BLOCK_N, PF_LINES)
     pdl_enter(USE_PDL)

@@ -292,7 +292,8 @@ def cases() -> list[Case]:
 
 def pdl_cases() -> list[Case]:
     """Every kernel a decode or mixed step launches with programmatic dependent launch
-    (hal/cuda/pdl.py), compiled with USE_PDL: the GEMVs with their L2 prefetch, the others
+    (hal/cuda/pdl.py), compiled with USE_PDL: the GEMVs with their L2 prefetch (the mode
+    HAL_CUDA_PDL=prefetch, the strictest case: memory touched before the wait), the others
     as their decode launch specializes them."""
     from tessera.hal.cuda import decode_attention as da
     from tessera.hal.cuda import elementwise, norm, sampling

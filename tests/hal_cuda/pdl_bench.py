@@ -2,8 +2,7 @@
 plain launches, inside CUDA graphs as a decode step replays them:
 
 - one-token bf16 GEMVs alone (qkv, gate_up, down of Llama-3-8B; 20 launches a graph over four
-  copies of the weight, so nothing is served from L2), in each PDL mode and as persistent
-  grids (gemv.PERSISTENT);
+  copies of the weight, so nothing is served from L2), in each PDL mode;
 - a chain of decode layers of one request (fused add + norm, qkv, rotary + KV store, split
   attention and merge, o, norm, gate_up, SiLU, down) at the 8B shapes, bf16, fp8 and int4
   weights, in each mode.
@@ -62,23 +61,19 @@ def gemv_alone(modes: list[str]) -> dict[str, Any]:
         x = torch.randn((1, k), device="cuda", generator=gen).bfloat16()
         cfg = gemv.TUNED[(n, k)]
         row: dict[str, float] = {}
-        for persist in (False, True):
-            for mode in modes:
-                gemv.PERSISTENT = persist
-                with pdl.forced(mode):
-                    ms = _time_graph(lambda x=x, ws=ws, cfg=cfg: [
-                        gemv.gemv(x, ws[i % 4], None, *cfg) for i in range(20)])
-                row[f"{mode}{' persistent' if persist else ''}"] = round(ms * 1000 / 20, 2)
-        gemv.PERSISTENT = False
+        for mode in modes:
+            with pdl.forced(mode):
+                ms = _time_graph(lambda x=x, ws=ws, cfg=cfg: [
+                    gemv.gemv(x, ws[i % 4], None, *cfg) for i in range(20)])
+            row[mode] = round(ms * 1000 / 20, 2)
         out[name] = row
         print(f"[pdl] gemv {name}: {row}", file=sys.stderr)
         del ws
     return out
 
 
-def chain(weights: str, layers: int, context: int, modes: list[str],
-          persist_too: bool) -> dict[str, float]:
-    from tessera.hal.cuda import CudaPlatform, gemv, pdl
+def chain(weights: str, layers: int, context: int, modes: list[str]) -> dict[str, float]:
+    from tessera.hal.cuda import CudaPlatform, pdl
     from tessera.hal.cuda.quant_linear import apply, prepare
     from tessera.hal.quant import quantize
     from tessera.hal.rope import cos_sin_cache
@@ -124,13 +119,10 @@ def chain(weights: str, layers: int, context: int, modes: list[str],
         return h
 
     out: dict[str, float] = {}
-    for persist in ((False, True) if persist_too else (False,)):
-        for mode in modes:
-            gemv.PERSISTENT = persist
-            with pdl.forced(mode):
-                ms = _time_graph(step)
-            out[f"{mode}{' persistent' if persist else ''}"] = round(ms * 1000 / layers, 2)
-    gemv.PERSISTENT = False
+    for mode in modes:
+        with pdl.forced(mode):
+            ms = _time_graph(step)
+        out[mode] = round(ms * 1000 / layers, 2)
     print(f"[pdl] chain {weights}: us a layer {out}", file=sys.stderr)
     return out
 
@@ -152,7 +144,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("pdl_bench: needs a GPU", file=sys.stderr)
         return 1
-    modes = ["off", "on", "noprefetch", "small"]
+    modes = ["off", "on", "prefetch", "small"]
     result: dict[str, Any] = {"triton_supports_pdl": pdl.triton_supports(),
                               "device": torch.cuda.get_device_name(),
                               "layers": args.layers, "context": args.context,
@@ -160,8 +152,7 @@ def main() -> int:
     result["gemv_alone"] = gemv_alone(modes)
     result["chain"] = {}
     for weights in ("bf16", "fp8", "int4"):
-        result["chain"][weights] = chain(weights, args.layers, args.context, modes,
-                                         persist_too=weights == "bf16")
+        result["chain"][weights] = chain(weights, args.layers, args.context, modes)
         torch.cuda.empty_cache()
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

@@ -15,7 +15,7 @@ def test_setting_accepts_on_and_off_and_refuses_the_rest() -> None:
 
     assert pdl.setting(None) == pdl.setting("") == pdl.setting("1") == pdl.setting(" On ") == "on"
     assert pdl.setting("0") == pdl.setting("off") == pdl.setting("false") == "off"
-    assert pdl.setting("noprefetch") == "noprefetch" and pdl.setting("SMALL") == "small"
+    assert pdl.setting("prefetch") == "prefetch" and pdl.setting("SMALL") == "small"
     with pytest.raises(ValueError, match="HAL_CUDA_PDL='maybe'"):
         pdl.setting("maybe")
 
@@ -27,12 +27,13 @@ def test_launch_options_follow_the_switch() -> None:
     with pdl.forced(True):
         assert pdl.on()
         assert pdl.launch_options() == both
-        assert pdl.launch_options(gemv=True) == {**both, "PREFETCH": True}
+        assert pdl.launch_options(gemv=True) == both
         with pdl.forced(False):
             assert pdl.launch_options() == pdl.launch_options(gemv=True) == {}
             assert not pdl.on()
-        with pdl.forced("noprefetch"):
-            assert pdl.launch_options(gemv=True) == pdl.launch_options() == both
+        with pdl.forced("prefetch"):
+            assert pdl.launch_options(gemv=True) == {**both, "PREFETCH": True}
+            assert pdl.launch_options() == both
         with pdl.forced("small"):
             assert pdl.launch_options(gemv=True) == {} and pdl.launch_options() == both
         assert pdl.on()
