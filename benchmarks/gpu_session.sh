@@ -26,6 +26,7 @@
 #   benchmarks/gpu_session.sh 22  # one H200:  kernel tests and engine parity under programmatic dependent launch, b1, b12 b1 with it and without (~400 s)
 #   benchmarks/gpu_session.sh 23  # one H200:  pdlbench (GEMVs and decode-layer chains in each PDL mode), b12 b1 with PDL small and on (~300 s)
 #   benchmarks/gpu_session.sh 24  # one H200:  the PDL graph test, engine parity, b1, b2, b3, b12 b1 and b2 at PDL's default (~400 s)
+#   benchmarks/gpu_session.sh 25  # one H200:  the PDL graph test again, after its fix (~30 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -59,7 +60,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-4])$ ]] || { echo "usage: $0 1|...|24  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-5])$ ]] || { echo "usage: $0 1|...|25  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -388,6 +389,9 @@ case $CALL in
     part b3 130 70 b3
     part b12b1 130 70 b12 --parts b1 --name b12_b1_h200
     part b12b2 150 90 b12 --parts b2 --name b12_b2_h200
+    ;;
+  25)
+    KERNELS_K="pdl or graph_replay" part kernels 120 40 kernels
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -364,6 +364,11 @@ def test_pdl_decode_chain_in_a_graph_equals_plain_launches(weights: str) -> None
     for use in (False, True):
         kv = platform.create_kv_arena(layers, width, HK, D, torch.bfloat16)
         kv.storage.normal_(generator=torch.Generator(device=dev).manual_seed(5))
+        # the same inputs for both warm-ups (each writes its token's KV at slot 0)
+        x.zero_()
+        position.zero_()
+        slot.zero_()
+        seq_len.fill_(1)
         with pdl.forced(use):
             step(kv)  # the eager warm-up compiles and measures before the capture
             graph = torch.cuda.CUDAGraph()
