@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -145,7 +146,8 @@ def main() -> int:
         print("pdl_bench: needs a GPU", file=sys.stderr)
         return 1
     modes = ["off", "on", "prefetch", "small"]
-    result: dict[str, Any] = {"triton_supports_pdl": pdl.triton_supports(),
+    result: dict[str, Any] = {"commit": os.environ.get("TESSERA_COMMIT"),
+                              "triton_supports_pdl": pdl.triton_supports(),
                               "device": torch.cuda.get_device_name(),
                               "layers": args.layers, "context": args.context,
                               "unit": "us a GEMV launch / us a decode layer"}
