@@ -24,8 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from decode_chain import HK, HQ, D, decode_layers
 
-HQ, HK, D, HIDDEN, INTER = 32, 8, 128, 4096, 14336
+HIDDEN, INTER = 4096, 14336
 
 
 def _time_graph(fn: Callable[[], Any], replays: int = 30) -> float:
@@ -107,17 +108,8 @@ def chain(weights: str, layers: int, context: int, modes: list[str]) -> dict[str
     seq_len = torch.full((1,), context + 1, dtype=torch.int32, device=dev)
 
     def step() -> torch.Tensor:
-        h, res = x, torch.zeros_like(x)
-        for i, m in enumerate(mats):
-            normed, res = op("fused_add_rms_norm")(h, res, norm_w, 1e-5)
-            qkv = linear(normed, m["qkv"]).view(1, HQ + 2 * HK, D)
-            q = op("rotary_store_kv")(position, qkv[:, :HQ], qkv[:, HQ:HQ + HK],
-                                      qkv[:, HQ + HK:], table, kv.k[i], kv.v[i], position)
-            attn = op("attention_decode")(q, kv.k[i], kv.v[i], rtt, seq_len, D ** -0.5)
-            h = linear(attn.reshape(1, HQ * D), m["o"])
-            normed, res = op("fused_add_rms_norm")(h, res, norm_w, 1e-5)
-            h = linear(op("silu_and_mul")(linear(normed, m["gate_up"])), m["down"])
-        return h
+        return decode_layers(op, linear, mats, norm_w, table, kv, x, position, position, rtt,
+                             seq_len)[0]
 
     out: dict[str, float] = {}
     for mode in modes:

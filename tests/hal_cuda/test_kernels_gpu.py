@@ -4,6 +4,8 @@ ops in fp32; graph capture and replay of a decode-shaped step at every captured 
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -318,6 +320,9 @@ def test_pdl_decode_chain_in_a_graph_equals_plain_launches(weights: str) -> None
     from tessera.hal.quant import quantize
     from tessera.hal.rope import cos_sin_cache
 
+    sys.path.insert(0, str(Path(__file__).parent))
+    from decode_chain import decode_layers
+
     if not pdl.triton_supports() or torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90 and a Triton with launch_pdl")
     platform = CudaPlatform()
@@ -347,16 +352,8 @@ def test_pdl_decode_chain_in_a_graph_equals_plain_launches(weights: str) -> None
     seq_len = torch.ones(1, dtype=torch.int32, device=dev)
 
     def step(kv: object) -> tuple[torch.Tensor, torch.Tensor]:
-        h, res = x, torch.zeros_like(x)
-        for i, m in enumerate(mats):
-            normed, res = op("fused_add_rms_norm")(h, res, norm_w, 1e-5)
-            qkv = linear(normed, m["qkv"]).view(1, HQ + 2 * HK, D)
-            q = op("rotary_store_kv")(position, qkv[:, :HQ], qkv[:, HQ:HQ + HK],
-                                      qkv[:, HQ + HK:], table, kv.k[i], kv.v[i], slot)
-            attn = op("attention_decode")(q, kv.k[i], kv.v[i], rtt, seq_len, D ** -0.5)
-            h = linear(attn.reshape(1, HQ * D), m["o"])
-            normed, res = op("fused_add_rms_norm")(h, res, norm_w, 1e-5)
-            h = linear(op("silu_and_mul")(linear(normed, m["gate_up"])), m["down"])
+        h, res = decode_layers(op, linear, mats, norm_w, table, kv, x, position, slot, rtt,
+                               seq_len)
         final, _ = op("fused_add_rms_norm")(h, res, norm_w, 1e-5)
         return op("linear")(final, lm_head, None).float().argmax(-1), final
 
