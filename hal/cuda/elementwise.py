@@ -163,6 +163,15 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 
 
 @triton.jit
+def _cos_sin(pos_ptr, cs_ptr, t, cs_s0, d, dmask, HALF: tl.constexpr):
+    """Token t's rows of the cos | sin table, float32."""
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    cos = tl.load(cs_ptr + pos * cs_s0 + d, mask=dmask, other=0.0).to(tl.float32)
+    sin = tl.load(cs_ptr + pos * cs_s0 + HALF + d, mask=dmask, other=0.0).to(tl.float32)
+    return cos, sin
+
+
+@triton.jit
 def _rotary_store_kv_kernel(pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr,
                             cs_ptr, q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, qo_s0, qo_s1, c_s0, c_s1,
                             cs_s0, n_q_heads, n_k_heads, k_scale, v_scale,
@@ -174,19 +183,19 @@ def _rotary_store_kv_kernel(pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, qo_ptr, kc_p
     pdl_enter(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
     d = tl.arange(0, BLOCK_HALF)
     dmask = d < HALF
-    cos = tl.load(cs_ptr + pos * cs_s0 + d, mask=dmask, other=0.0).to(tl.float32)
-    sin = tl.load(cs_ptr + pos * cs_s0 + HALF + d, mask=dmask, other=0.0).to(tl.float32)
     # The two branches name their values apart: Triton merges a name bound in both branches
-    # into one value, which must then have one type.
+    # into one value, which must then have one type. Each loads its heads before the table
+    # row, whose address waits on the position: a GPU issues in order, so loads after that
+    # one would wait a round trip for it.
     if blk < Q_BLOCKS:
         qh = blk * BLOCK_H + tl.arange(0, BLOCK_H)
         qmask = (qh[:, None] < n_q_heads) & dmask[None, :]
         q_src = q_ptr + t * q_s0 + qh[:, None] * q_s1 + d[None, :]
         q1 = tl.load(q_src, mask=qmask, other=0.0).to(tl.float32)
         q2 = tl.load(q_src + HALF, mask=qmask, other=0.0).to(tl.float32)
+        cos, sin = _cos_sin(pos_ptr, cs_ptr, t, cs_s0, d, dmask, HALF)
         q_dst = qo_ptr + t * qo_s0 + qh[:, None] * qo_s1 + d[None, :]
         tl.store(q_dst, (q1 * cos[None, :] - q2 * sin[None, :]).to(qo_ptr.dtype.element_ty),
                  mask=qmask)
@@ -200,12 +209,13 @@ def _rotary_store_kv_kernel(pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, qo_ptr, kc_p
         k_src = k_ptr + t * k_s0 + kh[:, None] * k_s1 + d[None, :]
         x1 = tl.load(k_src, mask=kmask, other=0.0).to(tl.float32)
         x2 = tl.load(k_src + HALF, mask=kmask, other=0.0).to(tl.float32)
-        # Rounded to k's dtype first, as the unfused rotary returns it to store_kv.
-        k1 = (x1 * cos[None, :] - x2 * sin[None, :]).to(k_ptr.dtype.element_ty).to(tl.float32)
-        k2 = (x2 * cos[None, :] + x1 * sin[None, :]).to(k_ptr.dtype.element_ty).to(tl.float32)
         v_src = v_ptr + t * v_s0 + kh[:, None] * v_s1 + d[None, :]
         v1 = tl.load(v_src, mask=kmask, other=0.0).to(tl.float32)
         v2 = tl.load(v_src + HALF, mask=kmask, other=0.0).to(tl.float32)
+        kcos, ksin = _cos_sin(pos_ptr, cs_ptr, t, cs_s0, d, dmask, HALF)
+        # Rounded to k's dtype first, as the unfused rotary returns it to store_kv.
+        k1 = (x1 * kcos[None, :] - x2 * ksin[None, :]).to(k_ptr.dtype.element_ty).to(tl.float32)
+        k2 = (x2 * kcos[None, :] + x1 * ksin[None, :]).to(k_ptr.dtype.element_ty).to(tl.float32)
         if FP8:  # x / scale saturated to e4m3's finite range, as store_kv does
             k1 = tl.minimum(tl.maximum(tl.div_rn(k1, k_scale), -448.0), 448.0)
             k2 = tl.minimum(tl.maximum(tl.div_rn(k2, k_scale), -448.0), 448.0)

@@ -23,6 +23,9 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, x_stride, res_
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
+    # The weight is loaded first: a GPU issues in order, so a load after the reduction waits
+    # for it, one more round trip to memory on a one-row step.
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0).to(tl.float32)
@@ -34,7 +37,6 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, x_stride, res_
         x = x_stored.to(tl.float32)
     mean_sq = tl.sum(x * x, axis=0) / n_cols
     inv = 1.0 / tl.sqrt(mean_sq + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = x * inv * w
     tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
