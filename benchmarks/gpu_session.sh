@@ -28,6 +28,7 @@
 #   benchmarks/gpu_session.sh 24  # one H200:  the PDL graph test, engine parity, b1, b2, b3, b12 b1 and b2 at PDL's default (~400 s)
 #   benchmarks/gpu_session.sh 25  # one H200:  the PDL graph test again, after its fix (~30 s)
 #   benchmarks/gpu_session.sh 26  # one H200:  norm / rotary / PDL tests after the loads' reordering, b1, b12 b1 (~170 s)
+#   benchmarks/gpu_session.sh 27  # one H200:  b2, b3, b1 at one commit (~140 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -61,7 +62,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-6])$ ]] || { echo "usage: $0 1|...|26  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-7])$ ]] || { echo "usage: $0 1|...|27  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -398,6 +399,11 @@ case $CALL in
     KERNELS_K="pdl or rms or rotary or norm or replay" part kernels 150 60 kernels
     part b1 90 35 b1
     part b12b1 130 70 b12 --parts b1 --name b12_b1_h200
+    ;;
+  27)
+    part b2 60 35 b2
+    part b3 90 65 b3
+    part b1 50 30 b1
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
