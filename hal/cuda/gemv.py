@@ -60,10 +60,15 @@ TUNED_CAPABILITY = (9, 0)
 
 
 @triton.jit
-def _gemv_rows(x_ptr, w_ptr, b_ptr, out_ptr, blk, n_out, n_in, w_s0, HAS_BIAS: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Output rows blk * BLOCK_N .. + BLOCK_N - 1."""
-    rows = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_out, n_in, w_s0,
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PF_LINES: tl.constexpr = 1, USE_PDL: tl.constexpr = False,
+                 PREFETCH: tl.constexpr = False):
+    if PREFETCH:  # HAL_CUDA_PDL=prefetch: the weight rows into L2 before the wait (pdl.py)
+        prefetch_rows_l2(w_ptr, tl.program_id(0) * BLOCK_N, n_out, w_s0, n_in, BLOCK_N,
+                         PF_LINES)
+    pdl_enter(USE_PDL)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < n_out
     cols = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rows[:, None].to(tl.int64) * w_s0
@@ -79,19 +84,6 @@ def _gemv_rows(x_ptr, w_ptr, b_ptr, out_ptr, blk, n_out, n_in, w_s0, HAS_BIAS: t
     tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rmask)
 
 
-@triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_out, n_in, w_s0,
-                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PF_LINES: tl.constexpr = 1, USE_PDL: tl.constexpr = False,
-                 PREFETCH: tl.constexpr = False):
-    pid = tl.program_id(0)
-    if PREFETCH:  # HAL_CUDA_PDL=prefetch: the weight rows into L2 before the wait (pdl.py)
-        prefetch_rows_l2(w_ptr, pid * BLOCK_N, n_out, w_s0, n_in, BLOCK_N, PF_LINES)
-    pdl_enter(USE_PDL)
-    _gemv_rows(x_ptr, w_ptr, b_ptr, out_ptr, pid, n_out, n_in, w_s0, HAS_BIAS, BLOCK_N,
-               BLOCK_K)
-
-
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block_n: int,
          block_k: int, num_warps: int) -> torch.Tensor:
     """x [1, In] @ weight[Out, In]^T (+ bias) -> [1, Out], fp32 accumulation."""
@@ -101,13 +93,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block
                          f"{tuple(x.shape)} strides {x.stride()}, weight strides "
                          f"{weight.stride()}")
     out = torch.empty((1, n_out), dtype=x.dtype, device=x.device)
-    pdl_options = pdl.launch_options(gemv=True)
-    if "PREFETCH" in pdl_options:
-        pdl_options["PF_LINES"] = pdl.prefetch_lines(n_in * weight.element_size(), block_n)
     _gemv_kernel[(triton.cdiv(n_out, block_n),)](
         x, weight, bias if bias is not None else out, out, n_out, n_in, weight.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
-        **pdl_options)
+        **pdl.gemv_launch_options(n_in * weight.element_size()))
     return out
 
 

@@ -112,23 +112,28 @@ def forced(value: bool | str) -> Iterator[None]:
         _forced.pop()
 
 
-def launch_options(gemv: bool = False) -> dict[str, Any]:
+def launch_options() -> dict[str, Any]:
     """The keyword arguments a PDL-aware kernel's launch takes: its USE_PDL constexpr and
-    Triton's launch_pdl (a one-token GEMV's also PREFETCH, to which its caller adds
-    PF_LINES), or nothing (the constexprs' defaults, False)."""
+    Triton's launch_pdl, or nothing (the constexpr's default, False)."""
+    return {} if mode() == "off" else {"USE_PDL": True, "launch_pdl": True}
+
+
+def gemv_launch_options(row_bytes: int) -> dict[str, Any]:
+    """launch_options() of a one-token GEMV whose weight rows are row_bytes long: none in
+    mode small; in mode prefetch also PREFETCH and PF_LINES."""
     current = mode()
-    if current == "off" or (gemv and current == "small"):
+    if current in ("off", "small"):
         return {}
-    options: dict[str, Any] = {"USE_PDL": True, "launch_pdl": True}
-    if gemv and current == "prefetch":
-        options["PREFETCH"] = True
+    options = launch_options()
+    if current == "prefetch":
+        options.update(PREFETCH=True, PF_LINES=prefetch_lines(row_bytes))
     return options
 
 
-def prefetch_lines(row_bytes: int, rows: int) -> int:
+def prefetch_lines(row_bytes: int) -> int:
     """The PF_LINES constexpr of a GEMV program: L2 lines of each of its weight rows, a
     power of two (rows x lines addresses in one tensor)."""
-    return triton.next_power_of_2(max(1, -(-row_bytes // LINE_BYTES))) if rows > 0 else 1
+    return triton.next_power_of_2(max(1, -(-row_bytes // LINE_BYTES)))
 
 
 @triton.jit

@@ -123,10 +123,6 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     group = k if per_row else w.group_size
     block_k = max(block_k, 2 if per_row else group)
-    pdl_options = pdl.launch_options(gemv=True)
-    if "PREFETCH" in pdl_options:
-        row_bytes = w.qweight.shape[1] * w.qweight.element_size()
-        pdl_options["PF_LINES"] = pdl.prefetch_lines(row_bytes, block_n)
     qgemv_kernel[(triton.cdiv(n, block_n),)](
         x, w.qweight, w.scales, w.offsets if w.offsets is not None else w.scales,
         bias if bias is not None else out, out, n, k, w.qweight.stride(0), w.scales.stride(0),
@@ -134,7 +130,7 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
         COLUMN=bool(variant & GEMV_COLUMN), EXP_CVT=bool(variant & GEMV_EXP_CVT),
         X_VEC=bool(variant & GEMV_X_VEC), HALF=_half(w), ACC=acc, num_warps=num_warps,
-        **pdl_options)
+        **pdl.gemv_launch_options(w.qweight.shape[1] * w.qweight.element_size()))
     return out
 
 

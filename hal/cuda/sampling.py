@@ -68,12 +68,12 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     n_parts = triton.cdiv(vocab, block)
     vals = torch.empty((batch, n_parts), dtype=torch.float32, device=logits.device)
     idxs = torch.empty((batch, n_parts), dtype=torch.int64, device=logits.device)
+    pdl_options = pdl.launch_options()
     _argmax_partial_kernel[(batch, n_parts)](logits, vals, idxs, logits.stride(0), vocab,
-                                             n_parts, BLOCK=block, num_warps=8,
-                                             **pdl.launch_options())
+                                             n_parts, BLOCK=block, num_warps=8, **pdl_options)
     _argmax_merge_kernel[(batch,)](vals, idxs, out, n_parts,
                                    PARTS=max(16, triton.next_power_of_2(n_parts)), num_warps=1,
-                                   **pdl.launch_options())
+                                   **pdl_options)
     return out
 
 

@@ -27,15 +27,15 @@ def test_launch_options_follow_the_switch() -> None:
     with pdl.forced(True):
         assert pdl.on()
         assert pdl.launch_options() == both
-        assert pdl.launch_options(gemv=True) == both
+        assert pdl.gemv_launch_options(8192) == both
         with pdl.forced(False):
-            assert pdl.launch_options() == pdl.launch_options(gemv=True) == {}
+            assert pdl.launch_options() == pdl.gemv_launch_options(8192) == {}
             assert not pdl.on()
         with pdl.forced("prefetch"):
-            assert pdl.launch_options(gemv=True) == {**both, "PREFETCH": True}
+            assert pdl.gemv_launch_options(8192) == {**both, "PREFETCH": True, "PF_LINES": 64}
             assert pdl.launch_options() == both
         with pdl.forced("small"):
-            assert pdl.launch_options(gemv=True) == {} and pdl.launch_options() == both
+            assert pdl.gemv_launch_options(8192) == {} and pdl.launch_options() == both
         assert pdl.on()
 
 
@@ -52,9 +52,9 @@ def test_off_without_a_gpu() -> None:
 def test_prefetch_lines_cover_a_row() -> None:
     from tessera.hal.cuda import pdl
 
-    assert pdl.prefetch_lines(8192, 2) == 64  # a bf16 row of 4096: 64 lines of 128 bytes
-    assert pdl.prefetch_lines(28672, 2) == 256  # down's 14336: 224 lines, a power of two
-    assert pdl.prefetch_lines(100, 4) == 1
+    assert pdl.prefetch_lines(8192) == 64  # a bf16 row of 4096: 64 lines of 128 bytes
+    assert pdl.prefetch_lines(28672) == 256  # down's 14336: 224 lines, a power of two
+    assert pdl.prefetch_lines(100) == 1
 
 
 def test_the_plugin_records_the_variable() -> None:
