@@ -29,6 +29,7 @@
 #   benchmarks/gpu_session.sh 25  # one H200:  the PDL graph test again, after its fix (~30 s)
 #   benchmarks/gpu_session.sh 26  # one H200:  norm / rotary / PDL tests after the loads' reordering, b1, b12 b1 (~170 s)
 #   benchmarks/gpu_session.sh 27  # one H200:  b2, b3, b1 at one commit (~140 s)
+#   benchmarks/gpu_session.sh 28  # one H200:  b1, then b1 with every message traced (~90 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -62,7 +63,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-7])$ ]] || { echo "usage: $0 1|...|27  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-8])$ ]] || { echo "usage: $0 1|...|28  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -404,6 +405,13 @@ case $CALL in
     part b2 60 35 b2
     part b3 90 65 b3
     part b1 50 30 b1
+    ;;
+  28)
+    # B1, then B1 again with --trace-messages-dir: where its time to first token goes, hop
+    # by hop (the medians in b1_traced_h200.json, every line under b1_trace_h200/).
+    part b1 50 30 b1
+    part b1traced 60 35 b1 --iters 10 --trace-messages-dir "$RES/b1_trace_h200" \
+      --name b1_traced_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

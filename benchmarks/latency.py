@@ -107,6 +107,15 @@ def main(argv: list[str] | None = None, llm: Any = None) -> int:
                            **host_path(workers_before.get(name, {}), stats)}
                     for name, stats in workers.items()},
     }
+    if engine.trace_messages_dir:
+        from tessera.benchmarks.message_trace import summarize
+
+        # Where each measured request's time to its first token went, hop by hop (the
+        # median over the measured requests, the warm-up ones left out).
+        traced = summarize(engine.trace_messages_dir, skip=args.warmup)
+        figures["first_token_path_ms"] = {stage: stat["median"]
+                                          for stage, stat in traced["stages_ms"].items()}
+        figures["first_token_path_requests"] = len(traced["per_request"])
     if device is not None:
         devices = parallel_devices(engine.tp_size, engine.pp_size, stages_overlap=False)
         used = device.times(devices)

@@ -16,6 +16,7 @@ from typing import Any
 
 import zmq
 
+from tessera.bus import trace
 from tessera.bus.codec import DecodeError, decode, encode
 from tessera.bus.double_buffer import DoubleBuffer
 from tessera.bus.messages import Message
@@ -102,6 +103,8 @@ class Inbox:
                 log.warning("%s: dropped a malformed message (%s)", self.name, exc)
                 continue
             self.received += 1
+            if trace.active():
+                trace.note_message("recv", self.name, msg)
             if not self.buffer.put(msg) and self._on_reject is not None:
                 try:
                     self._on_reject(msg)
@@ -111,7 +114,11 @@ class Inbox:
 
     def drain(self, timeout: float | None = 0.0) -> list[Message]:
         """Everything received since the last call (waits up to `timeout` for something)."""
-        return self.buffer.swap(timeout)
+        msgs = self.buffer.swap(timeout)
+        if msgs and trace.active():
+            for msg in msgs:
+                trace.note_message("take", self.name, msg)
+        return msgs
 
     def close(self) -> None:
         self._stop.set()
@@ -144,6 +151,7 @@ class Outbox:
 
     def send_frames(self, frames: list[Any], timeout_ms: int | None = None) -> None:
         # At once where there is room (the usual case: one call, no poll); else wait for room.
+        began = trace.now() if trace.active() else 0
         try:
             self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -156,6 +164,8 @@ class Outbox:
             except zmq.Again:
                 raise SendTimeout(f"send to {self.endpoint} would block") from None
         self.sent += 1
+        if trace.active():
+            trace.note_frames("send", trace.channel_name(self.endpoint), frames, began)
 
     def close(self) -> None:
         self._sock.close(linger=CLOSE_LINGER_MS)

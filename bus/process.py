@@ -34,6 +34,7 @@ import threading
 import time
 from typing import Any
 
+from tessera.bus import trace
 from tessera.bus.breaker import CircuitBreaker
 from tessera.bus.channel import DEFAULT_HWM, Inbox, Outbox, SendTimeout
 from tessera.bus.liveness import Liveness
@@ -324,4 +325,5 @@ def process_main(cls: type[BusProcess], argv: list[str] | None = None,
     kwargs = {k: v for k, v in vars(args).items() if k != "run_dir"}
     proc = cls(paths, config, **kwargs)  # type: ignore[call-arg]
     setup_logging(config.log_level, proc.name, config.log_format)  # worker1, tokenizer0, ...
+    trace.start(config.trace_messages_dir, proc.name)
     return proc.run()

@@ -41,6 +41,7 @@ from typing import Any, TypeAlias
 
 import zmq
 
+from tessera.bus import trace
 from tessera.bus.breaker import CircuitBreaker, CircuitOpenError
 from tessera.bus.channel import DEFAULT_HWM, Outbox, SendTimeout, context
 from tessera.bus.codec import DecodeError, EncodeError, MessageTooLarge, decode, encode
@@ -426,6 +427,8 @@ class BusConnection:
             self.dropped += 1
             log.warning("client dropped a malformed message (%s)", exc)
             return
+        if trace.active():
+            trace.note_message("recv", "client", msg)
         if isinstance(msg, StatusReply):
             # What arrived before it goes first: a death it reports comes after those outputs.
             self._deliver(deliveries)

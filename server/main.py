@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tessera.bus import trace
 from tessera.bus.process import AsyncBusProcess, StartupError, load_config, setup_logging
 from tessera.bus.run_paths import RunPaths
 from tessera.client import AsyncClient, EngineDeadError, TesseraError, UnavailableError
@@ -193,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = RunPaths(run_dir=os.path.abspath(args.run_dir))
     config = load_config(paths)
     setup_logging(config.log_level, NAME, config.log_format)
+    trace.start(config.trace_messages_dir, NAME)
     logging.getLogger("aiohttp.server").addFilter(_QuietProbes())
     try:
         import uvloop

@@ -287,6 +287,13 @@ class EngineConfig(BatchingConfig):
     profile_steps: str = _opt("20:10", "--profile-dir: START:COUNT[,START:COUNT...], the "
                               "windows of worker steps (counted from each worker's first "
                               "launch) the profiles cover")
+    trace_messages_dir: str | None = _opt(None, "every engine process (and the offline "
+                                          "LLM's client) writes a line per message it sends, "
+                                          "receives and takes, and the worker one per phase "
+                                          "of a step, to <process>-<pid>.jsonl here; `python "
+                                          "-m tessera.benchmarks.message_trace DIR` lays out "
+                                          "each request's path to its first token hop by hop "
+                                          "(a diagnostic: a few us a message)")
     speculative_draft_model: str | None = _opt(
         None, "--speculative-algorithm draft: the draft model (a folder or .gguf of a smaller "
         "model with the target's vocabulary), loaded by every worker rank beside the target "

@@ -113,6 +113,7 @@ def per_request(sampling: SamplingInput | Sequence[SamplingInput], n: int) -> li
 async def run_request(client: Any, prompt: PromptInput, sampling: SamplingInput,
                       stream: bool) -> RequestResult:
     """Send one request through an AsyncClient and collect its result and timings."""
+    from tessera.bus import trace
     from tessera.client.outputs import ResultBuilder
 
     t0 = time.perf_counter()
@@ -122,6 +123,8 @@ async def run_request(client: Any, prompt: PromptInput, sampling: SamplingInput,
     async with out:
         async for delta in out:
             now = time.perf_counter() - t0
+            if not token_times and trace.active():
+                trace.note("first", "caller", "delta", rid=out.rid)
             if delta.index == 0:
                 token_times += [now] * len(delta.token_ids)
             builder.add(delta)
@@ -189,8 +192,11 @@ class _EngineBase:
             pass
 
     def _new_client(self) -> Any:
+        from tessera.bus import trace
         from tessera.client.async_client import AsyncClient
 
+        if not trace.active():
+            trace.start(self.config.trace_messages_dir, "offline")
         return AsyncClient(self.run_dir, self.config, process_name="offline")
 
     def status(self) -> dict[str, dict[str, Any]]:

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from tessera.bus import trace
 from tessera.bus.channel import Inbox, Outbox, SendTimeout
 from tessera.bus.messages import ForwardBatch, GrammarInit, GrammarReady, Message, SampledTokens
 from tessera.bus.process import BusProcess
@@ -163,6 +164,9 @@ class WorkerProcess(BusProcess):
         self.launched += 1
         start = time.perf_counter()
         self.round_trips.arrived(batch.step, start)
+        if trace.active():
+            trace.note("launch", self.name, "ForwardBatch", step=batch.step,
+                       tokens=int(np.asarray(batch.extend_lens).sum()))
         try:
             pending = self.runner.launch(batch, self.table.array)
         except Exception as exc:  # a failed step must not kill the worker
@@ -174,6 +178,8 @@ class WorkerProcess(BusProcess):
                 error=f"worker {self.rank}: {type(exc).__name__}: {exc}"))
             return
         self.tokens += int(np.asarray(batch.extend_lens).sum())
+        if trace.active():
+            trace.note("launched", self.name, "ForwardBatch", step=batch.step)
         if self.runner.asynchronous:  # a synchronous plugin computes the step in its launch
             self._note_launch(batch, (time.perf_counter() - start) * 1000.0)
         self._finish_pending()
@@ -242,6 +248,8 @@ class WorkerProcess(BusProcess):
         if not self._wait_until(pending.ready):
             return  # stopping, and the device never finished: teardown aborts
         self.pending = None
+        if trace.active():
+            trace.note("ready", self.name, "ForwardBatch", step=pending.step)
         try:
             result = self.runner.finish(pending)
         except Exception as exc:
