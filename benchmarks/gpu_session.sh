@@ -30,6 +30,7 @@
 #   benchmarks/gpu_session.sh 26  # one H200:  norm / rotary / PDL tests after the loads' reordering, b1, b12 b1 (~170 s)
 #   benchmarks/gpu_session.sh 27  # one H200:  b2, b3, b1 at one commit (~140 s)
 #   benchmarks/gpu_session.sh 28  # one H200:  b1, then b1 with every message traced (~90 s)
+#   benchmarks/gpu_session.sh 29  # one H200:  extend-attention sweep and worker TTFT, b1, b1 traced, b3 (~250 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -63,7 +64,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-8])$ ]] || { echo "usage: $0 1|...|28  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9])$ ]] || { echo "usage: $0 1|...|29  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -412,6 +413,15 @@ case $CALL in
     part b1 50 30 b1
     part b1traced 60 35 b1 --iters 10 --trace-messages-dir "$RES/b1_trace_h200" \
       --name b1_traced_h200
+    ;;
+  29)
+    # After a first token leaves the scheduler ahead of the next batch: the extend-attention
+    # tile sweep (prefill and mixed shapes) and the worker's own TTFT, B1, B1 traced, B3.
+    PROFILE_ONLY="sweep_extend ttft" part profile 120 60 profile
+    part b1 50 30 b1
+    part b1traced 60 35 b1 --iters 10 --trace-messages-dir "$RES/b1_trace_h200" \
+      --name b1_traced_h200
+    part b3 100 65 b3
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

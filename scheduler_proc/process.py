@@ -158,6 +158,12 @@ class SchedulerProcess(BusProcess):
                 out = sched.on_result(msg)
                 if out is not None:
                     self._deferred.append(out)
+                    if out.new_requests and sched.inflight:
+                        # A request's first token goes out at once (its time to first token
+                        # waits on it) while the worker still has a step to run: the next
+                        # batch is sent a moment later, once per request, and the device is
+                        # not left waiting for it.
+                        self._emit_deferred()
             elif isinstance(msg, TokenizedRequest):
                 error = sched.add_request(msg)
                 if error is not None:
@@ -188,9 +194,7 @@ class SchedulerProcess(BusProcess):
             self._send_batch(batch)
         # A step's output leaves after the next step is on its way: the worker's next batch
         # is what the device waits for, the detokenizer can take it a moment later.
-        for out in self._deferred:
-            self._emit(out)
-        self._deferred.clear()
+        self._emit_deferred()
         if sched.inflight and time.monotonic() - sched.inflight[0].sent_at > self.step_timeout_s:
             log.error("worker did not answer step %d within %.0f s: failing its requests",
                       sched.inflight[0].step, self.step_timeout_s)
@@ -204,6 +208,11 @@ class SchedulerProcess(BusProcess):
         for error in sched.take_errors():
             self._emit(error)
         self._flush_backlog()
+
+    def _emit_deferred(self) -> None:
+        for out in self._deferred:
+            self._emit(out)
+        self._deferred.clear()
 
     def _send_grammar_inits(self) -> None:
         """The answering rank holds the grammar matchers (it samples the tokens every rank

@@ -419,7 +419,8 @@ def part_sweep_extend(h: Harness) -> dict[str, Any]:
               "prefill_4096": ([4096], [4096]), "chunk_512_after_3584": ([4096], [512]),
               "32dec_ctx600_plus_256": ([CTX] * 32 + [256], [1] * 32 + [256])}
     configs = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3),
-               (128, 128, 8, 3), (64, 128, 4, 3), (128, 32, 4, 3)]
+               (128, 128, 8, 3), (64, 128, 4, 3), (128, 32, 4, 3), (128, 64, 8, 2),
+               (64, 32, 4, 3), (32, 64, 4, 2)]
     saved = (ea.BLOCK_M, ea.BLOCK_N, ea.NUM_WARPS, ea.NUM_STAGES)
     out: dict[str, Any] = {"configs": [list(c) for c in configs], "default": list(saved)}
     try:
