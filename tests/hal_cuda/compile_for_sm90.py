@@ -239,7 +239,8 @@ def _decode_attention_cases() -> list[Case]:
                   "BLOCK_N": ea.BLOCK_N, "BLOCK_D": 128, "REQS": 32, "DOT_PREC": "tf32",
                   "FP8_WORDS": words, "ASM_CVT": words}
         out.append(Case(f"extend_attention cache={cache[1:]}", fn, _signature(fn, types, consts),
-                        consts, num_warps=ea.NUM_WARPS, num_stages=ea.NUM_STAGES,
+                        consts, num_warps=ea.NUM_WARPS,
+                        num_stages=ea.FP8_NUM_STAGES if words else ea.NUM_STAGES,
                         divisible_by_16=("q_ptr", "kc_ptr", "vc_ptr", "rtt_ptr", "out_ptr",
                                          "q_s0", "q_s1", "c_s0", "c_s1", "rtt_s0", "o_s0",
                                          "o_s1")))
