@@ -31,6 +31,7 @@
 #   benchmarks/gpu_session.sh 27  # one H200:  b2, b3, b1 at one commit (~140 s)
 #   benchmarks/gpu_session.sh 28  # one H200:  b1, then b1 with every message traced (~90 s)
 #   benchmarks/gpu_session.sh 29  # one H200:  extend-attention sweep and worker TTFT, b1, b1 traced, b3 (~250 s)
+#   benchmarks/gpu_session.sh 30  # one H200:  extend-attention tests, b1, b2, b3, b1 traced; b2 with whole chunks against b2, twice (~420 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -64,7 +65,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9])$ ]] || { echo "usage: $0 1|...|29  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|30)$ ]] || { echo "usage: $0 1|...|30  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -422,6 +423,20 @@ case $CALL in
     part b1traced 60 35 b1 --iters 10 --trace-messages-dir "$RES/b1_trace_h200" \
       --name b1_traced_h200
     part b3 100 65 b3
+    ;;
+  30)
+    # Extend attention in three stages: its GPU tests, then B1, B2, B3 at one commit and B1
+    # traced; then B2 with whole prefill chunks (no decode protection: --max-mixed-step-ratio
+    # 0) against B2 as it is, alternating, twice each.
+    KERNELS_K="extend" part kernels 120 50 kernels
+    part b1 50 30 b1
+    part b2 70 45 b2
+    part b3 100 65 b3
+    part b1traced 60 35 b1 --iters 10 --trace-messages-dir "$RES/b1_trace_h200" \
+      --name b1_traced_h200
+    part b2ratio0 70 45 b2 --max-mixed-step-ratio 0 --name b2_ratio0_run1_h200
+    part b2again 70 45 b2 --name b2_run2_h200
+    part b2ratio0again 70 45 b2 --max-mixed-step-ratio 0 --name b2_ratio0_run2_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

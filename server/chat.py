@@ -112,27 +112,24 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                                       "usage": tally.body()})
         outputs: dict[int, ChoiceOutput] = {}
 
-        async def emit(index: int, delta: Delta, send_choice: SendChoice) -> None:
-            async def send(d: dict[str, Any], logprobs: Any = None,
-                           finish: str | None = None) -> None:
-                await send_choice({"index": index, "delta": d, "logprobs": logprobs,
-                                   "finish_reason": finish})
+        def emit(index: int, delta: Delta, send_choice: SendChoice) -> None:
+            send = send_choice.delta  # (index, delta, logprobs, finish_reason)
             output = outputs.get(index)
             if output is None:
                 output = outputs[index] = ChoiceOutput(plan)
-                await send({"role": "assistant", "content": "", "refusal": None})
+                send(index, {"role": "assistant", "content": "", "refusal": None})
             pieces = output.feed(delta.text) if delta.text else []
             lps = chat_logprobs(delta.logprobs or (), top_n) \
                 if top_n is not None and delta.logprobs else None
             if lps is not None and not pieces:
                 pieces = [{"content": ""}]  # the logprobs of text held back (a tag, a call)
             for k, piece in enumerate(pieces):
-                await send(piece, lps if k == 0 else None)
+                send(index, piece, lps if k == 0 else None)
             if delta.finish_reason is not None:
                 last, finish = output.finish(delta.finish_reason)
                 for piece in last:
-                    await send(piece)
-                await send({}, None, finish)
+                    send(index, piece)
+                send(index, {}, None, finish)
 
         return await stream_choices(request, gen, {**head, "object": "chat.completion.chunk"},
                                     opts.include_usage, emit)

@@ -119,7 +119,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 for i, c in choices.items()], "usage": tally.body()})
         offsets: dict[int, int] = {}
 
-        async def emit(index: int, delta: Delta, send: SendChoice) -> None:
+        def emit(index: int, delta: Delta, send: SendChoice) -> None:
+            if top_n is None and index in offsets:  # most tokens: text only
+                if delta.text or delta.finish_reason is not None:
+                    send.text(index, delta.text, delta.finish_reason)
+                return
             first = index not in offsets
             prompt = list(delta.prompt_logprobs or ()) if first else []
             text = delta.text if not first else echo_of(index, prompt) + delta.text
@@ -128,8 +132,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 lps, offsets[index] = completion_logprobs([*prompt, *(delta.logprobs or ())],
                                                           top_n, offsets.get(index, 0))
             offsets.setdefault(index, 0)
-            if text or lps or delta.finish_reason is not None:
-                await send({"index": index, "text": text, "logprobs": lps,
-                            "finish_reason": delta.finish_reason})
+            if lps is None:
+                if text or delta.finish_reason is not None:
+                    send.text(index, text, delta.finish_reason)
+            elif text or lps or delta.finish_reason is not None:
+                send({"index": index, "text": text, "logprobs": lps,
+                      "finish_reason": delta.finish_reason})
 
         return await stream_choices(request, gen, head, opts.include_usage, emit)

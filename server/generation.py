@@ -22,14 +22,12 @@ from tessera.bus.logs import CURRENT_RID
 from tessera.client import AsyncStream, Delta, TesseraError
 from tessera.server.errors import ApiError
 from tessera.server.formatting import UsageTally
-from tessera.server.sse import SseWriter
+from tessera.server.sse import ChunkEvents, SseWriter
 from tessera.server.state import CURRENT_KEY, ServerState
 
 log = logging.getLogger("tessera.server.requests")
 _END = object()
 Emit = Callable[[int, Delta], Awaitable[None]]
-SendChoice = Callable[[dict[str, Any]], Awaitable[None]]
-EmitChoices = Callable[[int, Delta, SendChoice], Awaitable[None]]
 
 
 class Generation:
@@ -82,23 +80,28 @@ class Generation:
             self.first_at = now
             metrics.ttft.observe(self.first_at - self.started_at)
         n = len(delta.token_ids)
-        if n and self.last_token_at is not None:
-            # k tokens that came together after a gap g: each waited g / k
-            for _ in range(n):
-                metrics.itl.observe((now - self.last_token_at) / n)
         if n:
+            last = self.last_token_at
+            if last is not None:
+                # k tokens that came together after a gap g: each waited g / k
+                gap = (now - last) / n
+                observe = metrics.itl.observe
+                for _ in range(n):
+                    observe(gap)
             self.last_token_at = now
         metrics.generation_tokens.inc(n)
         self.tokens += n
         self.output_tokens += n
         if delta.finish_reason is not None:
             self.finish_reasons.append(delta.finish_reason)
-        if delta.usage is not None and delta.usage.decode_steps:
-            metrics.tokens_per_step.observe(delta.usage.tokens_per_step)
-        if delta.usage is not None and delta.index == 0:
-            metrics.prompt_tokens.inc(delta.usage.prompt_tokens)
-            self.tokens += delta.usage.prompt_tokens
-            self.prompt_tokens += delta.usage.prompt_tokens
+        usage = delta.usage
+        if usage is not None:
+            if usage.decode_steps:
+                metrics.tokens_per_step.observe(usage.tokens_per_step)
+            if delta.index == 0:
+                metrics.prompt_tokens.inc(usage.prompt_tokens)
+                self.tokens += usage.prompt_tokens
+                self.prompt_tokens += usage.prompt_tokens
 
     def _record_end(self) -> None:
         """The request's E2E, TPOT and finish reasons, and its line in the log."""
@@ -219,9 +222,35 @@ class Generation:
             pass  # nobody left to tell
 
 
+class SendChoice:
+    """Queues choice objects as chunks of one stream: `send(choice)` any choice, `text` and
+    `delta` the shapes of completions and chat (from a template where they allow)."""
+
+    __slots__ = ("_events", "_queue")
+
+    def __init__(self, sse: SseWriter, events: ChunkEvents) -> None:
+        self._events = events
+        self._queue = sse.queue
+
+    def __call__(self, choice: dict[str, Any]) -> None:
+        self._queue(self._events.choice(choice))
+
+    def text(self, index: int, text: str, finish_reason: str | None) -> None:
+        """{"index", "text", "logprobs": null, "finish_reason"}"""
+        self._queue(self._events.text(index, text, finish_reason))
+
+    def delta(self, index: int, delta: dict[str, Any], logprobs: Any = None,
+              finish_reason: str | None = None) -> None:
+        """{"index", "delta", "logprobs", "finish_reason"}"""
+        self._queue(self._events.delta(index, delta, logprobs, finish_reason))
+
+
+EmitChoices = Callable[[int, Delta, SendChoice], None]
+
+
 async def stream_choices(request: web.Request, gen: Generation, chunk: dict[str, Any],
                          include_usage: bool, emit: EmitChoices) -> web.StreamResponse:
-    """The OpenAI streaming answer (chat and completions): `emit(index, delta, send)` writes
+    """The OpenAI streaming answer (chat and completions): `emit(index, delta, send)` queues
     each of a delta's choice objects with `send`, as one chunk `{**chunk, "choices": [choice]}`
     each; with `include_usage` every chunk carries `"usage": null` and a last chunk the usage;
     then [DONE]. Errors before the first delta raise here (an HTTP status)."""
@@ -231,13 +260,11 @@ async def stream_choices(request: web.Request, gen: Generation, chunk: dict[str,
     if include_usage:
         chunk = {**chunk, "usage": None}
     tally = UsageTally()
-
-    async def send(choice: dict[str, Any]) -> None:
-        await sse.send({**chunk, "choices": [choice]})
+    send = SendChoice(sse, ChunkEvents(chunk))
 
     async def counted(index: int, delta: Delta) -> None:
         tally.add(delta)
-        await emit(index, delta, send)
+        emit(index, delta, send)
 
     if not await gen.relay(sse, first, counted):
         return sse.response
