@@ -79,3 +79,21 @@ def test_engine_async_generate_and_stream(fake: FakeEngine) -> None:
     count, texts = asyncio.run(main())
     assert count == 3
     assert "".join(texts) == "w0 w1"
+
+
+def test_llm_prefills_whole_chunks_unless_told_otherwise(fake: FakeEngine) -> None:
+    """The blocking LLM's steps carry whole prefill chunks beside decodes (no stream waits on
+    its next token); an argument given wins, and the async Engine keeps serving's default."""
+    from tessera.config import EngineConfig
+
+    served = EngineConfig(model="default").max_mixed_step_ratio
+    assert served > 1
+    with LLM(connect_to=fake.paths.run_dir) as llm:
+        assert llm.config.max_mixed_step_ratio == 0.0
+    with LLM(connect_to=fake.paths.run_dir, max_mixed_step_ratio=2.5) as llm:
+        assert llm.config.max_mixed_step_ratio == 2.5
+    engine = Engine(connect_to=fake.paths.run_dir)
+    try:
+        assert engine.config.max_mixed_step_ratio == served
+    finally:
+        engine.shutdown()
