@@ -32,6 +32,7 @@
 #   benchmarks/gpu_session.sh 28  # one H200:  b1, then b1 with every message traced (~90 s)
 #   benchmarks/gpu_session.sh 29  # one H200:  extend-attention sweep and worker TTFT, b1, b1 traced, b3 (~250 s)
 #   benchmarks/gpu_session.sh 30  # one H200:  extend-attention tests, b1, b2, b3, b1 traced; b2 with whole chunks against b2, twice (~420 s)
+#   benchmarks/gpu_session.sh 31  # one H200:  profiler traces of a 512-token prefill and a one-stream decode step (~90 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -65,7 +66,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|30)$ ]] || { echo "usage: $0 1|...|30  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[01])$ ]] || { echo "usage: $0 1|...|31  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -437,6 +438,11 @@ case $CALL in
     part b2ratio0 70 45 b2 --max-mixed-step-ratio 0 --name b2_ratio0_run1_h200
     part b2again 70 45 b2 --name b2_run2_h200
     part b2ratio0again 70 45 b2 --max-mixed-step-ratio 0 --name b2_ratio0_run2_h200
+    ;;
+  31)
+    # Where a prefill step's launch goes on the host (B1's TTFT): the profiler's traces of a
+    # 512-token prefill and of a one-stream decode step, graphs and eager.
+    PROFILE_ONLY=traces PROFILE_TRACES="prefill_only_512 decode_bs1" part profile 150 70 profile
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
