@@ -63,7 +63,13 @@ def note(event: str, channel: str, kind: str = "", at: int = 0, **fields: Any) -
         return
     line = {"t": at or time.time_ns(), "p": _process, "e": event, "c": channel, "m": kind}
     line.update(fields)
-    out.write(json.dumps(line, separators=(",", ":")) + "\n")
+    # A field of a malformed message may be anything a peer sent (bytes, maps): written as
+    # its repr; a trace line must never fail the receive or send it describes.
+    try:
+        text = json.dumps(line, separators=(",", ":"), default=repr)
+    except (TypeError, ValueError):  # a map with keys JSON cannot hold, a cycle
+        text = json.dumps({k: line[k] for k in ("t", "p", "e", "c", "m")})
+    out.write(text + "\n")
 
 
 def note_message(event: str, channel: str, msg: Any) -> None:

@@ -174,6 +174,11 @@ class _EngineBase:
 
     def _stop_processes(self) -> None:
         _LIVE.discard(self)
+        if getattr(self, "_tracing", False):
+            from tessera.bus import trace
+
+            trace.stop()
+            self._tracing = False
         processes = getattr(self, "processes", None)
         if processes is not None and processes.alive:
             processes.stop()
@@ -195,8 +200,9 @@ class _EngineBase:
         from tessera.bus import trace
         from tessera.client.async_client import AsyncClient
 
-        if not trace.active():
+        if not trace.active() and self.config.trace_messages_dir:
             trace.start(self.config.trace_messages_dir, "offline")
+            self._tracing = True  # this engine started the trace: it stops it
         return AsyncClient(self.run_dir, self.config, process_name="offline")
 
     def status(self) -> dict[str, dict[str, Any]]:

@@ -49,6 +49,22 @@ def test_encoded_messages_are_named_from_their_header(traced: Path) -> None:
     assert second["m"] == "SampledTokens" and second["step"] == 7 and second["t"] > 123
 
 
+def test_a_malformed_messages_fields_cannot_fail_its_line(traced: Path) -> None:
+    """A peer may send anything in a field (the bus fuzz does): the line is still written,
+    the receive it describes never raises."""
+    class Odd:
+        rid = b"\xff"
+        rids = {1: {2}}
+        step = {(1, 2): 3}
+
+    trace.note_message("recv", "scheduler", Odd())
+    trace.note("send", "x", "Odd", rid={"a": b"\x00"})
+    first, second = lines(traced)
+    assert first["m"] == "Odd" and first["e"] == "recv"
+    assert "rid" not in first  # a field JSON cannot hold at all (a tuple key): left out
+    assert second["rid"] == {"a": repr(b"\x00")}
+
+
 def synthetic(rid: str, t0: int, step: int) -> list[dict[str, Any]]:
     """One request's events as the processes write them, 1 ms apart (2 ms for the device)."""
     def ev(dt_ms: int, p: str, e: str, m: str, **kw: Any) -> dict[str, Any]:
@@ -112,6 +128,7 @@ def test_b1_reports_the_path_of_its_first_tokens(run_root: Path, tmp_path: Path)
                        "--hal", "cpu", "--max-total-tokens", "2048",
                        "--trace-messages-dir", str(trace_dir)])
     assert rc == 0
+    assert not trace.active()  # the engine that started the trace stopped it with itself
     figures = json.loads((tmp_path / "b1.json").read_text())["figures"]
     assert figures["first_token_path_requests"] == 2
     names = {p.name.rsplit("-", 1)[0] for p in trace_dir.glob("*.jsonl")}
