@@ -114,21 +114,23 @@ def request_path(events: list[Event], rid: str) -> dict[str, int] | None:
         return None
     t["worker_send"] = answer["t"]
     worker = answer["p"]
+
     def of_step(event: str) -> Callable[[Event], bool]:
         return lambda e: (e["p"] == worker and e["e"] == event and e["m"] == "ForwardBatch"
                           and e.get("step") == step)
 
-    for name in ("worker_take", "launch", "launched", "ready"):
-        at(name, of_step(name.removeprefix("worker_")))
+    at("worker_take", of_step("take"))
+    launch = at("launch", of_step("launch"))
+    if launch is not None and "tokens" in launch:
+        t["tokens"] = launch["tokens"]  # the step's prefill and decode tokens
+    at("launched", of_step("launched"))
+    at("ready", of_step("ready"))
     at("detok_take", lambda e: e["e"] == "take" and e["m"] == "TokenBatch" and _names(e, rid)
        and e["t"] >= out["t"])
     at("detok_send", lambda e: e["e"] == "send" and e["m"] == "RequestOutputBatch"
        and _names(e, rid))
     at("caller_recv", lambda e: e["p"] == caller and e["e"] == "recv" and _names(e, rid))
     at("first", lambda e: e["p"] == caller and e["e"] == "first" and e.get("rid") == rid)
-    launch = next((e for e in after if e["e"] == "launch" and e.get("step") == step), None)
-    if launch is not None and "tokens" in launch:
-        t["tokens"] = launch["tokens"]
     return t
 
 
