@@ -33,6 +33,7 @@
 #   benchmarks/gpu_session.sh 29  # one H200:  extend-attention sweep and worker TTFT, b1, b1 traced, b3 (~250 s)
 #   benchmarks/gpu_session.sh 30  # one H200:  extend-attention tests, b1, b2, b3, b1 traced; b2 with whole chunks against b2, twice (~420 s)
 #   benchmarks/gpu_session.sh 31  # one H200:  profiler traces of a 512-token prefill and a one-stream decode step (~90 s)
+#   benchmarks/gpu_session.sh 32  # one H200:  int4 in word tiles: quant GPU tests, the GEMV / GEMM sweep (words beside halves), b12 b1, b12 int4 b2 (~480 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -66,7 +67,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[01])$ ]] || { echo "usage: $0 1|...|31  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-2])$ ]] || { echo "usage: $0 1|...|32  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -443,6 +444,16 @@ case $CALL in
     # Where a prefill step's launch goes on the host (B1's TTFT): the profiler's traces of a
     # 512-token prefill and of a one-stream decode step, graphs and eager.
     PROFILE_ONLY=traces PROFILE_TRACES="prefill_only_512 decode_bs1" part profile 150 70 profile
+    ;;
+  32)
+    # One H200 after int4 moved to word tiles (qgemv_words_kernel: a LOP3 and an FMA a
+    # weight): the quant GPU tests (every tuner candidate, words and halves), the batch-1
+    # sweep of every fp8 / int4 GEMV candidate and the several-token one, int4 in word tiles
+    # beside the half-split tiles of before, then B12's batch-1 part and int4's B2.
+    QUANT_K="every_tuner_candidate or int4" part quanttests 150 70 quanttests
+    part quantbench 260 200 quantbench
+    part b12b1 130 75 b12 --parts b1 --name b12_b1_h200
+    part b12int4b2 160 100 b12 --parts b2 --schemes bf16,int4 --name b12_int4_b2_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
