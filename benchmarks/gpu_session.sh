@@ -34,6 +34,7 @@
 #   benchmarks/gpu_session.sh 30  # one H200:  extend-attention tests, b1, b2, b3, b1 traced; b2 with whole chunks against b2, twice (~420 s)
 #   benchmarks/gpu_session.sh 31  # one H200:  profiler traces of a 512-token prefill and a one-stream decode step (~90 s)
 #   benchmarks/gpu_session.sh 32  # one H200:  int4 in word tiles: quant GPU tests, the GEMV / GEMM sweep (words beside halves), b12 b1, b12 int4 b2 (~480 s)
+#   benchmarks/gpu_session.sh 33  # one H200:  one-token GEMVs with the next tile's loads ahead (GEMV_PIPE): their GPU tests, the GEMV sweep, b12 b1 (~200 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -67,7 +68,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-2])$ ]] || { echo "usage: $0 1|...|32  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-3])$ ]] || { echo "usage: $0 1|...|33  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -454,6 +455,15 @@ case $CALL in
     part quantbench 260 200 quantbench
     part b12b1 130 75 b12 --parts b1 --name b12_b1_h200
     part b12int4b2 160 100 b12 --parts b2 --schemes bf16,int4 --name b12_int4_b2_h200
+    ;;
+  33)
+    # One H200 after GEMV_PIPE (the next tile's weight loads issued before this tile's
+    # arithmetic): the batch-1 GPU tests of every tuner candidate (fp8, int4 in word tiles
+    # and in half-split ones), the batch-1 GEMV sweep and the linears, B12's batch-1 part.
+    QUANT_K="every_tuner_candidate and (fp8-1] or int4-1] or halves128-1])" \
+      part quanttests 120 40 quanttests
+    QUANT_GEMM_SWEEP=0 part quantbench 150 60 quantbench
+    part b12b1 130 75 b12 --parts b1 --name b12_b1_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

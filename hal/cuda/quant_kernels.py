@@ -63,6 +63,7 @@ GEMV_X_VEC = 4  # weight loads as wide as x's, so x needs no layout conversion
 GEMV_DOT = 8  # not a qgemv formulation: the token through qgemm's tile (quant_tune)
 GEMV_ACC = 16  # fp8 / int8 per row: a 2-D float32 accumulator, reduced once after the loop
 GEMV_WORDS = 32  # int4 in "words<W>" tiles: qgemv_words_kernel (BLOCK_K whole tiles)
+GEMV_PIPE = 64  # the next tile's weight loads issued before this tile's arithmetic
 
 
 def gemv_acc_fits(scheme: str, per_row: bool) -> bool:
@@ -98,13 +99,35 @@ def _int_to_f32(q, KIND: tl.constexpr, EXP_CVT: tl.constexpr):
 
 
 @triton.jit
+def _gemv_tile(x_ptr, q_rows, k0, rmask, n_in, KIND: tl.constexpr, X_VEC: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """qgemv_kernel's weight tile from column k0, as stored (int4: the bytes), masked past
+    the row's end (a tile from k0 = n_in reads nothing)."""
+    if KIND == 2:
+        j = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte index: columns 2j, 2j + 1
+        jq = j
+        if X_VEC:  # a byte holds two columns: half of x's elements per 16 bytes
+            jq = tl.max_contiguous(j, 64 // x_ptr.dtype.element_ty.primitive_bitwidth)
+        tile = tl.load(q_rows + jq[None, :], mask=rmask[:, None] & (j < n_in // 2)[None, :],
+                       other=0)
+    else:
+        k = k0 + tl.arange(0, BLOCK_K)
+        kq = k
+        if X_VEC:  # as many weight bytes per load as x elements in 16 bytes
+            kq = tl.max_contiguous(k, 128 // x_ptr.dtype.element_ty.primitive_bitwidth)
+        tile = tl.load(q_rows + kq[None, :], mask=rmask[:, None] & (k < n_in)[None, :],
+                       other=0.0)
+    return tile
+
+
+@triton.jit
 def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, s_s0,
                  KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  COLUMN: tl.constexpr, EXP_CVT: tl.constexpr, X_VEC: tl.constexpr,
                  HALF: tl.constexpr, ACC: tl.constexpr = False, PF_LINES: tl.constexpr = 1,
                  USE_PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-                 WORDS: tl.constexpr = 0):
+                 WORDS: tl.constexpr = 0, PIPE: tl.constexpr = False):
     # HALF (int4): byte j pairs columns lo(j) = (j // HALF) * 2 HALF + j % HALF (low nibble)
     # and lo(j) + HALF (high): 1 for "nibbles" (2j, 2j + 1), T / 2 for "halves<T>". WORDS
     # ("words<W>", HALF 1): byte r of a tile of 4 W bytes holds lo = (r % 4) 2 W + r // 4 and
@@ -121,15 +144,18 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
     acc = tl.zeros([BLOCK_N], tl.float32)
     xsum = tl.zeros([BLOCK_K // 2], tl.float32)  # PER_ROW int4: sum of x, for the offset
     acc2 = tl.zeros([BLOCK_N, BLOCK_K if ACC else 1], tl.float32)  # ACC: products so far
+    if PIPE:  # the next tile's loads issued before this one's arithmetic (GEMV_PIPE)
+        nxt = _gemv_tile(x_ptr, q_rows, 0, rmask, n_in, KIND, X_VEC, BLOCK_K)
     for k0 in range(0, n_in, BLOCK_K):
+        if PIPE:
+            tile = nxt
+            nxt = _gemv_tile(x_ptr, q_rows, k0 + BLOCK_K, rmask, n_in, KIND, X_VEC, BLOCK_K)
+        else:
+            tile = _gemv_tile(x_ptr, q_rows, k0, rmask, n_in, KIND, X_VEC, BLOCK_K)
         if KIND == 2:
             j = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte index: columns 2j, 2j + 1
             jmask = j < n_in // 2
-            jq = j
-            if X_VEC:  # a byte holds two columns: half of x's elements per 16 bytes
-                jq = tl.max_contiguous(j, 64 // x_ptr.dtype.element_ty.primitive_bitwidth)
-            packed = tl.load(q_rows + jq[None, :], mask=rmask[:, None] & jmask[None, :],
-                             other=0).to(tl.int32)
+            packed = tile.to(tl.int32)
             if WORDS > 0:  # words<W>: the byte's two columns within its tile of 8 W
                 r = j % (4 * WORDS)
                 c_lo = (j // (4 * WORDS)) * (8 * WORDS) + (r % 4) * (2 * WORDS) + r // 4
@@ -170,10 +196,7 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
         else:
             k = k0 + tl.arange(0, BLOCK_K)
             kmask = k < n_in
-            kq = k
-            if X_VEC:  # as many weight bytes per load as x elements in 16 bytes
-                kq = tl.max_contiguous(k, 128 // x_ptr.dtype.element_ty.primitive_bitwidth)
-            w = tl.load(q_rows + kq[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+            w = tile
             x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
             if KIND == 1:
                 prod = _int_to_f32(w.to(tl.int32), KIND, EXP_CVT) * x[None, :]
@@ -218,7 +241,7 @@ def qgemv_words_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, 
                        GROUP: tl.constexpr, PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WORDS: tl.constexpr,
                        PF_LINES: tl.constexpr = 1, USE_PDL: tl.constexpr = False,
-                       PREFETCH: tl.constexpr = False):
+                       PREFETCH: tl.constexpr = False, PIPE: tl.constexpr = False):
     """One token against an int4 weight in "words<W>" tiles (q_ptr: its int32 words, q_s0 in
     words): each program BLOCK_N rows, BLOCK_K columns (whole tiles, dividing n_in: nothing
     is masked but the rows, which are clamped for loading) an iteration. A thread holds four
@@ -242,8 +265,16 @@ def qgemv_words_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, 
     acc = tl.zeros([BLOCK_N, TILES, WORDS], tl.float32)
     oacc = tl.zeros([BLOCK_N, TILES], tl.float32)
     xacc = tl.zeros([TILES, WORDS], tl.float32)  # PER_ROW: x's sums, for the offset
+    w_off = (ti[:, None] * WORDS + wi[None, :])[None, :, :]
+    if PIPE:  # the next tile's words loaded before this one's arithmetic (GEMV_PIPE); the
+        # last iteration's "next" wraps to the first tile (in bounds, unused)
+        nxt = tl.load(q_rows + w_off)
     for k0 in range(0, n_in, BLOCK_K):
-        words = tl.load(q_rows + (k0 // 8 + ti[:, None] * WORDS + wi[None, :])[None, :, :])
+        if PIPE:
+            words = nxt
+            nxt = tl.load(q_rows + ((k0 + BLOCK_K) % n_in) // 8 + w_off)
+        else:
+            words = tl.load(q_rows + k0 // 8 + w_off)
         col = k0 + ti[:, None] * (8 * WORDS) + wi[None, :]  # nibble 0's columns [TILES, W]
         xr0 = tl.load(x_ptr + col).to(tl.float32)
         xr1 = tl.load(x_ptr + col + WORDS).to(tl.float32)

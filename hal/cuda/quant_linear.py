@@ -28,6 +28,7 @@ from tessera.hal.cuda.quant_kernels import (
     GEMV_ACC,
     GEMV_COLUMN,
     GEMV_EXP_CVT,
+    GEMV_PIPE,
     GEMV_WORDS,
     GEMV_X_VEC,
     INT4,
@@ -142,14 +143,15 @@ def _per_row(w: QuantizedWeight) -> bool:
 
 def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
           block_n: int, block_k: int, num_warps: int, variant: int = 0) -> torch.Tensor:
-    """variant: GEMV_COLUMN | GEMV_EXP_CVT | GEMV_X_VEC | GEMV_ACC flags (quant_kernels.py),
-    0 none; GEMV_ACC only for fp8 / int8 weights with one scale a row. GEMV_WORDS:
+    """variant: GEMV_COLUMN | GEMV_EXP_CVT | GEMV_X_VEC | GEMV_ACC | GEMV_PIPE flags
+    (quant_kernels.py), 0 none; GEMV_ACC only for fp8 / int8 weights with one scale a row. GEMV_WORDS:
     qgemv_words_kernel, for int4 in "words<W>" tiles with block_k a multiple of the tile
     that divides the input width."""
     n, k = w.shape
     per_row = _per_row(w)
     if variant & GEMV_WORDS:
-        return _qgemv_words(x, w, bias, block_n, block_k, num_warps)
+        return _qgemv_words(x, w, bias, block_n, block_k, num_warps,
+                            bool(variant & GEMV_PIPE))
     acc = bool(variant & GEMV_ACC)
     if acc and not gemv_acc_fits(w.scheme, per_row):
         raise ValueError(f"GEMV_ACC is for fp8 / int8 weights with one scale a row, not "
@@ -164,13 +166,14 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
         COLUMN=bool(variant & GEMV_COLUMN), EXP_CVT=bool(variant & GEMV_EXP_CVT),
         X_VEC=bool(variant & GEMV_X_VEC), HALF=_half(w), ACC=acc, WORDS=_words(w),
+        PIPE=bool(variant & GEMV_PIPE),
         num_warps=num_warps,
         **pdl.gemv_launch_options(w.qweight.shape[1] * w.qweight.element_size()))
     return out
 
 
 def _qgemv_words(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
-                 block_n: int, block_k: int, num_warps: int) -> torch.Tensor:
+                 block_n: int, block_k: int, num_warps: int, pipe: bool) -> torch.Tensor:
     if not words_block_fits(_words(w), w.in_features, block_k):
         raise ValueError(f"GEMV_WORDS reads int4 in 'words<W>' tiles with a BLOCK_K of whole "
                          f"tiles dividing the input: not {w.scheme} {w.packing} with "
@@ -183,7 +186,7 @@ def _qgemv_words(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
         x, q, w.scales, w.offsets, bias if bias is not None else out, out, n, k, q.stride(0),
         w.scales.stride(0), GROUP=1 if per_row else w.group_size, PER_ROW=per_row,
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, WORDS=_words(w),
-        num_warps=num_warps, **pdl.gemv_launch_options(q.shape[1] * q.element_size()))
+        PIPE=pipe, num_warps=num_warps, **pdl.gemv_launch_options(q.shape[1] * q.element_size()))
     return out
 
 

@@ -19,6 +19,7 @@ from tessera.hal.cuda.quant_kernels import (
     GEMV_COLUMN,
     GEMV_DOT,
     GEMV_EXP_CVT,
+    GEMV_PIPE,
     GEMV_WORDS,
     GEMV_X_VEC,
     gemv_acc_fits,
@@ -34,9 +35,12 @@ from tessera.hal.quant.weight import QuantizedWeight
 # measures which wins, the first candidate (taken where nothing is measured) the one B12
 # measured.
 _COL, _EXP, _XV, _ACC, _WORDS = GEMV_COLUMN, GEMV_EXP_CVT, GEMV_X_VEC, GEMV_ACC, GEMV_WORDS
+_PIPE = GEMV_PIPE
 # every combination of the first three flags; GEMV_ACC (one scale a row, fp8 / int8) with
-# the conversion and load flags (GEMV_COLUMN changes nothing without groups)
-GEMV_VARIANTS = tuple(range(8)) + (_ACC, _ACC | _EXP, _ACC | _XV, _ACC | _EXP | _XV)
+# the conversion and load flags (GEMV_COLUMN changes nothing without groups); the plain tile
+# and the accumulator one with the next tile's loads issued first (GEMV_PIPE)
+GEMV_VARIANTS = tuple(range(8)) + (_ACC, _ACC | _EXP, _ACC | _XV, _ACC | _EXP | _XV) + \
+    (_PIPE, _ACC | _XV | _PIPE)
 _B12_8BIT = [(2, 2048, 8), (4, 2048, 8), (4, 1024, 4), (8, 1024, 8), (1, 4096, 8)]
 _WIDE_8BIT = [(2, 4096, 8), (4, 4096, 8), (8, 2048, 8)]
 _GROUPED = (0, _COL, _EXP, _COL | _EXP, _EXP | _XV)  # per wide tile
@@ -48,7 +52,10 @@ GEMV_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
     # (GEMV_ACC | GEMV_X_VEC) fastest on down (16.9 us against 19.4). The tuner measures
     # these per shape; the first is taken where nothing is measured.
     "fp8": [(4, 2048, 4, 0), (8, 2048, 4, 0), (2, 1024, 4, _ACC | _XV),
-            (4, 1024, 4, _ACC | _XV), (4, 1024, 4, 0)],
+            (4, 1024, 4, _ACC | _XV), (4, 1024, 4, 0),
+            # GEMV_PIPE: the same tiles with the next tile's loads ahead of this one's
+            # arithmetic (a load in flight through the whole iteration), to be measured
+            (4, 2048, 4, _PIPE), (8, 2048, 4, _PIPE), (2, 1024, 4, _ACC | _XV | _PIPE)],
     "int8": [(*c, 0) for c in _B12_8BIT] + [(*c, v) for c in _WIDE_8BIT for v in _GROUPED]
     + [(*c, _EXP | _XV) for c in _B12_8BIT[:2]],
     # int4: 16 x 2048 and 8 x 2048 at 4 warps, the plain reshaped tile, fastest (74.5-74.6 us
@@ -61,6 +68,9 @@ GEMV_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
     # width are left out, the others measured.
     "int4": [(8, 2048, 2, _WORDS), (16, 2048, 2, _WORDS), (8, 1024, 1, _WORDS),
              (16, 1024, 1, _WORDS), (4, 4096, 4, _WORDS), (8, 4096, 4, _WORDS),
+             (8, 2048, 2, _WORDS | _PIPE), (8, 1024, 1, _WORDS | _PIPE),
+             (16, 1024, 1, _WORDS | _PIPE), (4, 1024, 1, _WORDS | _PIPE),
+             (16, 2048, 4, _PIPE), (16, 4096, 8, _PIPE), (8, 2048, 4, _PIPE),
              (16, 2048, 4, 0), (8, 2048, 4, 0), (16, 4096, 8, 0), (16, 2048, 4, _EXP),
              (8, 4096, 8, _EXP | _XV)]
     # GEMV_DOT: the token through qgemm_wt_kernel's tensor-core tile (BLOCK_M 16, the

@@ -63,8 +63,10 @@ def qgemv_case(scheme: str, group: int | None, variant: int, block_n: int = 4,
         types = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*fp32", "o_ptr": "*fp32",
                  "b_ptr": "*bf16", "out_ptr": "*bf16"}
         consts = {"GROUP": group or 1, "PER_ROW": group is None, "HAS_BIAS": False,
-                  "BLOCK_N": block_n, "BLOCK_K": block_k, "WORDS": 16}
-        return Case(f"qgemv_words int4 group={group or 'row'} {(block_n, block_k)}", fn,
+                  "BLOCK_N": block_n, "BLOCK_K": block_k, "WORDS": 16,
+                  "PIPE": bool(variant & qk.GEMV_PIPE)}
+        return Case(f"qgemv_words int4 group={group or 'row'} {(block_n, block_k)} "
+                    f"pipe={bool(variant & qk.GEMV_PIPE)}", fn,
                     _signature(fn, types, consts), consts, num_warps=num_warps,
                     divisible_by_16=("x_ptr", "q_ptr", "s_ptr", "o_ptr", "out_ptr", "n_out",
                                      "n_in", "q_s0", "s_s0"))
@@ -80,6 +82,7 @@ def qgemv_case(scheme: str, group: int | None, variant: int, block_n: int = 4,
               "EXP_CVT": bool(variant & qk.GEMV_EXP_CVT),
               "X_VEC": bool(variant & qk.GEMV_X_VEC),
               "ACC": bool(variant & qk.GEMV_ACC),
+              "PIPE": bool(variant & qk.GEMV_PIPE),
               "HALF": 64 if scheme == "int4" else 1}  # int4 as prepare holds it: halves128
     return Case(f"qgemv {scheme} group={group or 'row'} variant={variant}", fn,
                 _signature(fn, types, consts), consts, num_warps=num_warps,
@@ -102,8 +105,8 @@ def _qgemv_cases() -> list[Case]:
                 ("int4", 128, [v for v in listed["int4"] if not v & qk.GEMV_WORDS]),
                 ("int4", None, (0, qk.GEMV_EXP_CVT | qk.GEMV_X_VEC)))
             for variant in variants] + \
-        [qgemv_case("int4", group, qk.GEMV_WORDS, block_n=bn, block_k=bk, num_warps=nw)
-         for group in (128, None) for bn, bk, nw, _ in words]
+        [qgemv_case("int4", group, v, block_n=bn, block_k=bk, num_warps=nw)
+         for group in (128, None) for bn, bk, nw, v in words]
 
 
 def _qgemm_cases() -> list[Case]:

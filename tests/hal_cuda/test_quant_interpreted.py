@@ -127,8 +127,8 @@ def test_gemv_candidates_cover_every_variant() -> None:
               qk.GEMV_EXP_CVT | qk.GEMV_X_VEC}
     cands = quant_tune.GEMV_CANDIDATES
     for scheme, cs in cands.items():
-        assert all(len(c) == 4 and (c[3] in quant_tune.GEMV_VARIANTS or
-                                    c[3] in (qk.GEMV_DOT, qk.GEMV_WORDS)) for c in cs), scheme
+        assert all(len(c) == 4 and (c[3] in quant_tune.GEMV_VARIANTS or c[3] in (
+            qk.GEMV_DOT, qk.GEMV_WORDS, qk.GEMV_WORDS | qk.GEMV_PIPE)) for c in cs), scheme
     assert cands["fp8"][0] == (4, 2048, 4, 0)  # the H200 grid's fastest over the 8B shape
     assert any(c[3] == qk.GEMV_ACC | qk.GEMV_X_VEC for c in cands["fp8"])  # fastest on down
     # int4: the word-tile GEMV first, 1024 columns a warp (a thread's four words on every
@@ -313,7 +313,8 @@ def test_int4_is_held_in_word_tiles(kernels: dict[str, ModuleType], group: int |
 @pytest.mark.parametrize("words,k", [(16, 256), (16, 2048), (8, 1024), (4, 96)])
 def test_word_tile_gemv_blocks(kernels: dict[str, ModuleType], words: int, k: int) -> None:
     """qgemv_words_kernel at every BLOCK_K of whole tiles that divides the input (one to 16
-    tiles an iteration, 1 to 4 warps, rows clamped at the edge), grouped with AWQ-style
+    tiles an iteration, 1 to 4 warps, rows clamped at the edge, the next tile's words loaded
+    ahead or not), grouped with AWQ-style
     offsets and per row, with x's elements spread over a wide range of magnitudes (the
     denormal nibbles times x scaled by 2^(85 - e) must stay exact products); a BLOCK_K that
     is not whole tiles dividing the input is refused by name."""
@@ -332,11 +333,14 @@ def test_word_tile_gemv_blocks(kernels: dict[str, ModuleType], words: int, k: in
         block_k = 8 * words
         while block_k <= min(k, 2048):
             if k % block_k == 0:
-                for block_n, warps in ((4, 1), (8, max(1, block_k // 1024)), (16, 4)):
-                    out = ql.qgemv(x, w, None, block_n, block_k, warps, quant_tune.GEMV_WORDS)
+                for block_n, warps, pipe in ((4, 1, 0), (8, max(1, block_k // 1024), 0),
+                                             (16, 4, quant_tune.GEMV_PIPE),
+                                             (8, 1, quant_tune.GEMV_PIPE)):
+                    out = ql.qgemv(x, w, None, block_n, block_k, warps,
+                                   quant_tune.GEMV_WORDS | pipe)
                     torch.testing.assert_close(out, want, atol=1e-4 * float(want.abs().max()),
-                                               rtol=1e-4,
-                                               msg=lambda m, c=(block_n, block_k): f"{c}: {m}")
+                                               rtol=1e-4, msg=lambda m, c=(block_n, block_k,
+                                                                           pipe): f"{c}: {m}")
             block_k *= 2
         with pytest.raises(ValueError, match="GEMV_WORDS"):
             ql.qgemv(x, w, None, 8, 8 * words * 3 if k % (24 * words) else 4 * words, 1,
