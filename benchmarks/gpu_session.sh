@@ -35,6 +35,8 @@
 #   benchmarks/gpu_session.sh 31  # one H200:  profiler traces of a 512-token prefill and a one-stream decode step (~90 s)
 #   benchmarks/gpu_session.sh 32  # one H200:  int4 in word tiles: quant GPU tests, the GEMV / GEMM sweep (words beside halves), b12 b1, b12 int4 b2 (~480 s)
 #   benchmarks/gpu_session.sh 33  # one H200:  one-token GEMVs with the next tile's loads ahead (GEMV_PIPE): their GPU tests, the GEMV sweep, b12 b1 (~200 s)
+#                                 #   (calls 32 and 33 measured 7b747f3 / 99beac2, both reverted after them)
+#   benchmarks/gpu_session.sh 34  # one H200:  the GEMV sweep with int4 at one scale a row (what the groups cost), b12 b1 (~150 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -68,7 +70,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-3])$ ]] || { echo "usage: $0 1|...|33  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-4])$ ]] || { echo "usage: $0 1|...|34  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -463,6 +465,14 @@ case $CALL in
     QUANT_K="every_tuner_candidate and (fp8-1] or int4-1] or halves128-1])" \
       part quanttests 120 40 quanttests
     QUANT_GEMM_SWEEP=0 part quantbench 150 60 quantbench
+    part b12b1 130 75 b12 --parts b1 --name b12_b1_h200
+    ;;
+  34)
+    # One H200 after the word tiles and GEMV_PIPE were reverted (neither moved int4's
+    # one-token GEMV off 1.3-2.1 TB/s): the batch-1 GEMV sweep and linears with int4 at one
+    # scale a row instead of groups of 128 (QUANT_INT4_GROUP=row; its quant_kernels JSON is
+    # kept as quant_kernels_int4_row_h200.json), then B12's batch-1 part as it ships.
+    QUANT_GEMM_SWEEP=0 QUANT_INT4_GROUP=row part quantbench 150 60 quantbench
     part b12b1 130 75 b12 --parts b1 --name b12_b1_h200
     ;;
 esac

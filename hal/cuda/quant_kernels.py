@@ -27,12 +27,6 @@ bf16 (layouts: hal/quant/weight.py).
               6 barriers an iteration for 32 weight bytes a thread; with GEMV_ACC |
               GEMV_X_VEC, 122 and none (8 x 1024: 218 for 64 bytes), the conversion (e4m3
               pairs to f16, f16 to f32) and one FMA a weight being most of what is left.
-    qgemv_words_kernel
-            one token, int4 in "words<W>" tiles (hal/quant/weight.py): the weight read as
-            32-bit words and each nibble masked in place, a float32 denormal that one FMA
-            with x's element (scaled by a power of two) turns into an exact product: one
-            LOP3 and one FMA a weight (the qgemv formulations above spend an int -> float
-            conversion, or two integer operations and a subtract, on each).
     qgemm   several tokens: tl.dot on tiles of x [BLOCK_M, BLOCK_K] and of the integer (or
             e4m3) values [BLOCK_N, BLOCK_K] converted exactly to x's dtype; every K tile lies
             within one group (BLOCK_K divides the group size), so its product is scaled by the
@@ -62,24 +56,12 @@ GEMV_EXP_CVT = 2  # int8 / int4 converted to float32 through the exponent bits (
 GEMV_X_VEC = 4  # weight loads as wide as x's, so x needs no layout conversion
 GEMV_DOT = 8  # not a qgemv formulation: the token through qgemm's tile (quant_tune)
 GEMV_ACC = 16  # fp8 / int8 per row: a 2-D float32 accumulator, reduced once after the loop
-GEMV_WORDS = 32  # int4 in "words<W>" tiles: qgemv_words_kernel (BLOCK_K whole tiles)
-GEMV_PIPE = 64  # the next tile's weight loads issued before this tile's arithmetic
 
 
 def gemv_acc_fits(scheme: str, per_row: bool) -> bool:
     """GEMV_ACC sums raw products, scaled once a row after the loop: 8-bit weights with one
     scale a row only (qgemv refuses it otherwise, the tuner does not list it)."""
     return per_row and scheme != "int4"
-
-
-def words_block_fits(words: int, in_features: int, block_k: int) -> bool:
-    """Whether qgemv_words_kernel takes this BLOCK_K for an int4 weight in "words<W>" tiles
-    (words = W, 0 for another layout): a power-of-two count of whole tiles that divides the
-    input width (nothing is masked along K)."""
-    if not words or block_k % (8 * words) or in_features % block_k:
-        return False
-    tiles = block_k // (8 * words)
-    return tiles > 0 and tiles & (tiles - 1) == 0
 
 
 @triton.jit
@@ -99,40 +81,15 @@ def _int_to_f32(q, KIND: tl.constexpr, EXP_CVT: tl.constexpr):
 
 
 @triton.jit
-def _gemv_tile(x_ptr, q_rows, k0, rmask, n_in, KIND: tl.constexpr, X_VEC: tl.constexpr,
-               BLOCK_K: tl.constexpr):
-    """qgemv_kernel's weight tile from column k0, as stored (int4: the bytes), masked past
-    the row's end (a tile from k0 = n_in reads nothing)."""
-    if KIND == 2:
-        j = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte index: columns 2j, 2j + 1
-        jq = j
-        if X_VEC:  # a byte holds two columns: half of x's elements per 16 bytes
-            jq = tl.max_contiguous(j, 64 // x_ptr.dtype.element_ty.primitive_bitwidth)
-        tile = tl.load(q_rows + jq[None, :], mask=rmask[:, None] & (j < n_in // 2)[None, :],
-                       other=0)
-    else:
-        k = k0 + tl.arange(0, BLOCK_K)
-        kq = k
-        if X_VEC:  # as many weight bytes per load as x elements in 16 bytes
-            kq = tl.max_contiguous(k, 128 // x_ptr.dtype.element_ty.primitive_bitwidth)
-        tile = tl.load(q_rows + kq[None, :], mask=rmask[:, None] & (k < n_in)[None, :],
-                       other=0.0)
-    return tile
-
-
-@triton.jit
 def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, s_s0,
                  KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  COLUMN: tl.constexpr, EXP_CVT: tl.constexpr, X_VEC: tl.constexpr,
                  HALF: tl.constexpr, ACC: tl.constexpr = False, PF_LINES: tl.constexpr = 1,
-                 USE_PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-                 WORDS: tl.constexpr = 0, PIPE: tl.constexpr = False):
+                 USE_PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
     # HALF (int4): byte j pairs columns lo(j) = (j // HALF) * 2 HALF + j % HALF (low nibble)
-    # and lo(j) + HALF (high): 1 for "nibbles" (2j, 2j + 1), T / 2 for "halves<T>". WORDS
-    # ("words<W>", HALF 1): byte r of a tile of 4 W bytes holds lo = (r % 4) 2 W + r // 4 and
-    # lo + W. Either way a run of GROUP / 2 bytes holds the columns of one group
-    # (tile <= GROUP).
+    # and lo(j) + HALF (high): 1 for "nibbles" (2j, 2j + 1), T / 2 for "halves<T>". Either
+    # way a run of GROUP / 2 bytes holds the columns of one group (T <= GROUP).
     if PREFETCH:  # HAL_CUDA_PDL=prefetch: the weight rows into L2 before the wait (pdl.py)
         prefetch_rows_l2(q_ptr, tl.program_id(0) * BLOCK_N, n_out, q_s0,
                          n_in // 2 if KIND == 2 else n_in, BLOCK_N, PF_LINES)
@@ -144,24 +101,16 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
     acc = tl.zeros([BLOCK_N], tl.float32)
     xsum = tl.zeros([BLOCK_K // 2], tl.float32)  # PER_ROW int4: sum of x, for the offset
     acc2 = tl.zeros([BLOCK_N, BLOCK_K if ACC else 1], tl.float32)  # ACC: products so far
-    if PIPE:  # the next tile's loads issued before this one's arithmetic (GEMV_PIPE)
-        nxt = _gemv_tile(x_ptr, q_rows, 0, rmask, n_in, KIND, X_VEC, BLOCK_K)
     for k0 in range(0, n_in, BLOCK_K):
-        if PIPE:
-            tile = nxt
-            nxt = _gemv_tile(x_ptr, q_rows, k0 + BLOCK_K, rmask, n_in, KIND, X_VEC, BLOCK_K)
-        else:
-            tile = _gemv_tile(x_ptr, q_rows, k0, rmask, n_in, KIND, X_VEC, BLOCK_K)
         if KIND == 2:
             j = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte index: columns 2j, 2j + 1
             jmask = j < n_in // 2
-            packed = tile.to(tl.int32)
-            if WORDS > 0:  # words<W>: the byte's two columns within its tile of 8 W
-                r = j % (4 * WORDS)
-                c_lo = (j // (4 * WORDS)) * (8 * WORDS) + (r % 4) * (2 * WORDS) + r // 4
-                x_even = tl.load(x_ptr + c_lo, mask=jmask, other=0.0).to(tl.float32)
-                x_odd = tl.load(x_ptr + c_lo + WORDS, mask=jmask, other=0.0).to(tl.float32)
-            elif HALF > 1:  # each nibble's columns: runs of HALF
+            jq = j
+            if X_VEC:  # a byte holds two columns: half of x's elements per 16 bytes
+                jq = tl.max_contiguous(j, 64 // x_ptr.dtype.element_ty.primitive_bitwidth)
+            packed = tl.load(q_rows + jq[None, :], mask=rmask[:, None] & jmask[None, :],
+                             other=0).to(tl.int32)
+            if HALF > 1:  # each nibble's columns: runs of HALF
                 c_lo = tl.max_contiguous((j // HALF) * (2 * HALF) + j % HALF, HALF)
                 x_even = tl.load(x_ptr + c_lo, mask=jmask, other=0.0).to(tl.float32)
                 x_odd = tl.load(x_ptr + c_lo + HALF, mask=jmask, other=0.0).to(tl.float32)
@@ -196,7 +145,10 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
         else:
             k = k0 + tl.arange(0, BLOCK_K)
             kmask = k < n_in
-            w = tile
+            kq = k
+            if X_VEC:  # as many weight bytes per load as x elements in 16 bytes
+                kq = tl.max_contiguous(k, 128 // x_ptr.dtype.element_ty.primitive_bitwidth)
+            w = tl.load(q_rows + kq[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
             x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
             if KIND == 1:
                 prod = _int_to_f32(w.to(tl.int32), KIND, EXP_CVT) * x[None, :]
@@ -229,93 +181,6 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
     tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rmask)
 
 
-# qgemv_words_kernel: nibble p of a word masked in place (w & 0xF << 4p, no shift) is the
-# float32 denormal q * 2^(e_p - 149), e_p the nibble's lowest bit; x's element times
-# 2^(85 - e_p) turns the product into q * x * 2^-64, a normal float, exactly. The sums are kept
-# at 2^-64 and scaled back once. Nibbles 5..7 (bits 20..31 reach the exponent) come from the
-# word shifted right by 12, at bits 8, 12, 16.
-
-
-@triton.jit
-def qgemv_words_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, s_s0,
-                       GROUP: tl.constexpr, PER_ROW: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WORDS: tl.constexpr,
-                       PF_LINES: tl.constexpr = 1, USE_PDL: tl.constexpr = False,
-                       PREFETCH: tl.constexpr = False, PIPE: tl.constexpr = False):
-    """One token against an int4 weight in "words<W>" tiles (q_ptr: its int32 words, q_s0 in
-    words): each program BLOCK_N rows, BLOCK_K columns (whole tiles, dividing n_in: nothing
-    is masked but the rows, which are clamped for loading) an iteration. A thread holds four
-    consecutive words of one tile for each of its rows, and x's elements of each nibble
-    position over them are four consecutive columns, in the words' own layout: one LOP3 and
-    one FMA a weight, no int -> float conversion, no layout conversion of x. The group scales
-    apply to each word's sum, the offsets through x's group sums (sum_k x_k (s q_k + o) =
-    s sum_k x_k q_k + o sum_k x_k)."""
-    TILES: tl.constexpr = BLOCK_K // (8 * WORDS)
-    if PREFETCH:  # HAL_CUDA_PDL=prefetch: the weight rows into L2 before the wait (pdl.py)
-        prefetch_rows_l2(q_ptr, tl.program_id(0) * BLOCK_N, n_out, q_s0, n_in // 8, BLOCK_N,
-                         PF_LINES)
-    pdl_enter(USE_PDL)
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rmask = rows < n_out
-    rows_ld = tl.minimum(rows, n_out - 1).to(tl.int64)
-    ti = tl.arange(0, TILES)
-    wi = tl.arange(0, WORDS)
-    q_rows = q_ptr + rows_ld[:, None, None] * q_s0
-    s_rows = rows_ld[:, None] * s_s0
-    acc = tl.zeros([BLOCK_N, TILES, WORDS], tl.float32)
-    oacc = tl.zeros([BLOCK_N, TILES], tl.float32)
-    xacc = tl.zeros([TILES, WORDS], tl.float32)  # PER_ROW: x's sums, for the offset
-    w_off = (ti[:, None] * WORDS + wi[None, :])[None, :, :]
-    if PIPE:  # the next tile's words loaded before this one's arithmetic (GEMV_PIPE); the
-        # last iteration's "next" wraps to the first tile (in bounds, unused)
-        nxt = tl.load(q_rows + w_off)
-    for k0 in range(0, n_in, BLOCK_K):
-        if PIPE:
-            words = nxt
-            nxt = tl.load(q_rows + ((k0 + BLOCK_K) % n_in) // 8 + w_off)
-        else:
-            words = tl.load(q_rows + k0 // 8 + w_off)
-        col = k0 + ti[:, None] * (8 * WORDS) + wi[None, :]  # nibble 0's columns [TILES, W]
-        xr0 = tl.load(x_ptr + col).to(tl.float32)
-        xr1 = tl.load(x_ptr + col + WORDS).to(tl.float32)
-        xr2 = tl.load(x_ptr + col + 2 * WORDS).to(tl.float32)
-        xr3 = tl.load(x_ptr + col + 3 * WORDS).to(tl.float32)
-        xr4 = tl.load(x_ptr + col + 4 * WORDS).to(tl.float32)
-        xr5 = tl.load(x_ptr + col + 5 * WORDS).to(tl.float32)
-        xr6 = tl.load(x_ptr + col + 6 * WORDS).to(tl.float32)
-        xr7 = tl.load(x_ptr + col + 7 * WORDS).to(tl.float32)
-        hi = words >> 12
-        part = (words & 0xF).to(tl.float32, bitcast=True) * (xr0 * 2.0 ** 85)[None]
-        part += (words & 0xF0).to(tl.float32, bitcast=True) * (xr1 * 2.0 ** 81)[None]
-        part += (words & 0xF00).to(tl.float32, bitcast=True) * (xr2 * 2.0 ** 77)[None]
-        part += (words & 0xF000).to(tl.float32, bitcast=True) * (xr3 * 2.0 ** 73)[None]
-        part += (words & 0xF0000).to(tl.float32, bitcast=True) * (xr4 * 2.0 ** 69)[None]
-        part += (hi & 0xF00).to(tl.float32, bitcast=True) * (xr5 * 2.0 ** 77)[None]
-        part += (hi & 0xF000).to(tl.float32, bitcast=True) * (xr6 * 2.0 ** 73)[None]
-        part += (hi & 0xF0000).to(tl.float32, bitcast=True) * (xr7 * 2.0 ** 69)[None]
-        # x's sum over each word's columns, at 2^-64 as the products are
-        xsum = (((xr0 + xr1) + (xr2 + xr3)) + ((xr4 + xr5) + (xr6 + xr7))) * 2.0 ** -64
-        if PER_ROW:
-            acc += part
-            xacc += xsum
-        else:
-            g = (k0 + ti * (8 * WORDS)) // GROUP
-            s = tl.load(s_ptr + s_rows + g[None, :])
-            o = tl.load(o_ptr + s_rows + g[None, :])
-            acc = tl.fma(part, s[:, :, None], acc)
-            oacc = tl.fma(o, tl.sum(xsum, 1)[None, :], oacc)
-    res = tl.sum(tl.sum(acc, 2), 1)
-    if PER_ROW:
-        res = res * tl.load(s_ptr + rows_ld * s_s0) + \
-            tl.load(o_ptr + rows_ld * s_s0) * tl.sum(tl.sum(xacc, 1), 0)
-    else:
-        res += tl.sum(oacc, 1)
-    res = res * 2.0 ** 64
-    if HAS_BIAS:
-        res += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + rows, res.to(out_ptr.dtype.element_ty), mask=rmask)
-
-
 @triton.jit
 def _halves_tile(x_ptr, x_rows, q_rows, k0, mmask, nmask, HALF: tl.constexpr,
                  NIB_BIAS: tl.constexpr):
@@ -342,27 +207,6 @@ def _halves_tile(x_ptr, x_rows, q_rows, k0, mmask, nmask, HALF: tl.constexpr,
 
 
 @triton.jit
-def _words_tile(x_ptr, x_rows, q_rows, k0, mmask, nmask, WORDS: tl.constexpr,
-                NIB_BIAS: tl.constexpr):
-    """One "words<W>" K tile of int4 (8 W columns from k0; q_rows point at int32 words): x's
-    tile [BLOCK_M, 8 W], the weight's nibbles [BLOCK_N, 8 W] in column order (nibble p of
-    word w is column p W + w) in x's dtype, and x's row sums over the tile. NIB_BIAS as in
-    _halves_tile."""
-    x = tl.load(x_rows + (k0 + tl.arange(0, 8 * WORDS))[None, :], mask=mmask[:, None],
-                other=0.0)
-    words = tl.load(q_rows + (k0 // 8 + tl.arange(0, WORDS))[None, :], mask=nmask[:, None],
-                    other=0)
-    nib = (words[:, None, :] >> (4 * tl.arange(0, 8))[None, :, None]) & 0xF  # [N, 8, W]
-    nib = tl.reshape(nib, [words.shape[0], 8 * WORDS])
-    if NIB_BIAS != 0.0:
-        bits = 0x4300 if x_ptr.dtype.element_ty == tl.bfloat16 else 0x6400
-        w = (nib | bits).to(tl.int16).to(x_ptr.dtype.element_ty, bitcast=True)
-    else:
-        w = nib.to(x_ptr.dtype.element_ty)
-    return x, w, tl.sum(x.to(tl.float32), 1)
-
-
-@triton.jit
 def _group_scales(s_ptr, o_ptr, s_rows, g, nmask, NIB_BIAS: tl.constexpr):
     """Group g's scale and offset of each row, the offset less NIB_BIAS times the scale (the
     nibbles' exponent-bit bias taken back out through x's row sums)."""
@@ -379,7 +223,7 @@ def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, xs_ptr, M, N, K, x_
                  out_s0, KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
                  HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-                 HALF: tl.constexpr, NIB_BIAS: tl.constexpr, WORDS: tl.constexpr = 0):
+                 HALF: tl.constexpr, NIB_BIAS: tl.constexpr):
     # A_FP8 (fp8 weights only, W8A8): x holds e4m3 activations scaled per row by xs; the dot
     # runs on the fp8 tensor cores and both scales are applied to the float32 sums.
     # HALF (int4, "halves<T>" with BLOCK_K == T == 2 HALF): the low nibbles of the tile's
@@ -403,17 +247,7 @@ def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, xs_ptr, M, N, K, x_
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         kmask = k < K
-        if KIND == 2 and WORDS > 0:  # "words<W>" (BLOCK_K == 8 W): one dot in column order
-            xw, nib, rsum = _words_tile(x_ptr, x_rows, q_rows, k0, mmask, nmask, WORDS,
-                                        NIB_BIAS)
-            part = tl.dot(xw, tl.trans(nib), input_precision=DOT_PREC)
-            if PER_ROW:
-                acc += part
-                xsum += rsum
-            else:
-                s, o = _group_scales(s_ptr, o_ptr, s_rows, k0 // GROUP, nmask, NIB_BIAS)
-                acc += part * s[None, :] + rsum[:, None] * o[None, :]
-        elif KIND == 2 and HALF > 1:
+        if KIND == 2 and HALF > 1:
             x_lo, x_hi, lo, hi, rsum = _halves_tile(x_ptr, x_rows, q_rows, k0, mmask, nmask,
                                                     HALF, NIB_BIAS)
             part = tl.dot(x_lo, tl.trans(lo), input_precision=DOT_PREC)
@@ -502,7 +336,7 @@ def qgemm_wt_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, x_s0, q
                     out_s0, KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, HALF: tl.constexpr,
-                    NIB_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, WORDS: tl.constexpr = 0):
+                    NIB_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
     """qgemm with the weight as the dot's first operand (weights-as-A, "swap AB"): the
     accumulator is out^T's tile [BLOCK_N, BLOCK_M] += W[BLOCK_N, BLOCK_K] @ x[BLOCK_M,
     BLOCK_K]^T, stored transposed. On Hopper the dequantized weight tile then feeds the
@@ -532,17 +366,7 @@ def qgemm_wt_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, x_s0, q
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     xsum = tl.zeros([BLOCK_M], tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
-        if KIND == 2 and WORDS > 0:
-            xw, nib, rsum = _words_tile(x_ptr, x_rows, q_rows, k0, mmask, nmask, WORDS,
-                                        NIB_BIAS)
-            part = tl.dot(nib, tl.trans(xw), input_precision=DOT_PREC)
-            if PER_ROW:
-                acc += part
-                xsum += rsum
-            else:
-                s, o = _group_scales(s_ptr, o_ptr, s_rows, k0 // GROUP, nmask, NIB_BIAS)
-                acc += part * s[:, None] + o[:, None] * rsum[None, :]
-        elif KIND == 2:
+        if KIND == 2:
             x_lo, x_hi, lo, hi, rsum = _halves_tile(x_ptr, x_rows, q_rows, k0, mmask, nmask,
                                                     HALF, NIB_BIAS)
             part = tl.dot(lo, tl.trans(x_lo), input_precision=DOT_PREC)
@@ -598,13 +422,11 @@ def splitk_sum_kernel(ws_ptr, b_ptr, out_ptr, M, N, SPLIT_K: tl.constexpr,
 @triton.jit
 def dequant_kernel(q_ptr, s_ptr, o_ptr, out_ptr, N, K, q_s0, s_s0, out_s0,
                    KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
-                   HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   WORDS: tl.constexpr = 0):
+                   HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """The dense weight out[N, K] = dequantize(w) in out's dtype (each value computed in
     float32, then rounded once): for a batch large enough that the GEMM is compute-bound
     (prefill), the weight is expanded once and the library GEMM does the rest. int4 in
-    "halves" tiles (BLOCK_K == 2 HALF), "words" tiles (BLOCK_K == 8 WORDS) or, with HALF 1,
-    interleaved nibbles."""
+    "halves" tiles (BLOCK_K == 2 HALF) or, with HALF 1, interleaved nibbles."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     nmask = rn < N
@@ -616,10 +438,7 @@ def dequant_kernel(q_ptr, s_ptr, o_ptr, out_ptr, N, K, q_s0, s_s0, out_s0,
         jmask = k0 + 2 * j < K
         packed = tl.load(q_rows + k0 // 2 + j[None, :], mask=nmask[:, None] & jmask[None, :],
                          other=0).to(tl.int32)
-        if WORDS > 0:  # one "words<W>" tile (BLOCK_K == 8 W): byte 4 w + b
-            c_lo = (j % 4) * (2 * WORDS) + j // 4
-            c_hi = c_lo + WORDS
-        elif HALF > 1:
+        if HALF > 1:
             c_lo = (j // HALF) * (2 * HALF) + j % HALF
             c_hi = c_lo + HALF
         else:
@@ -628,8 +447,8 @@ def dequant_kernel(q_ptr, s_ptr, o_ptr, out_ptr, N, K, q_s0, s_s0, out_s0,
         c_lo = k0 + c_lo
         c_hi = k0 + c_hi
         cmask = nmask[:, None] & jmask[None, :]
-        if PER_ROW or HALF > 1 or WORDS > 0:  # one scale a row for the tile: broadcast
-            g = 0 if PER_ROW else k0 // GROUP  # a "halves" / "words" tile: within a group
+        if PER_ROW or HALF > 1:  # one scale a row for the tile: [BLOCK_N, 1], broadcast
+            g = 0 if PER_ROW else k0 // GROUP  # a "halves" tile lies within one group
             s_lo = tl.load(s_ptr + s_rows + g, mask=nmask[:, None], other=0.0)
             o_lo = tl.load(o_ptr + s_rows + g, mask=nmask[:, None], other=0.0)
             s_hi = s_lo

@@ -28,8 +28,6 @@ from tessera.hal.cuda.quant_kernels import (
     GEMV_ACC,
     GEMV_COLUMN,
     GEMV_EXP_CVT,
-    GEMV_PIPE,
-    GEMV_WORDS,
     GEMV_X_VEC,
     INT4,
     INT8,
@@ -38,23 +36,18 @@ from tessera.hal.cuda.quant_kernels import (
     qgemm_kernel,
     qgemm_wt_kernel,
     qgemv_kernel,
-    qgemv_words_kernel,
     quant_rows_fp8_kernel,
     splitk_sum_kernel,
-    words_block_fits,
 )
 from tessera.hal.platform import QuantLinearKernel
 from tessera.hal.quant.weight import (
     HALF_TILES,
     SCHEMES,
-    WORD_TILES,
     QuantizationError,
     QuantizedWeight,
     half_tile,
-    int4_tile,
-    pack_as,
-    unpack_as,
-    word_tile,
+    pack_int4,
+    unpack_int4,
 )
 
 KINDS = {"fp8": FP8, "int8": INT8, "int4": INT4}
@@ -88,21 +81,8 @@ def half_tile_for(w: QuantizedWeight) -> int:
     return 2
 
 
-def int4_packing_for(w: QuantizedWeight) -> str:
-    """The packing the cuda plugin holds an int4 weight in: "words<W>" tiles, W the widest of
-    WORD_TILES whose tile of 8 W columns divides the input width and lies within a group
-    (the one-token GEMV's layout, qgemv_words_kernel), else the widest "halves<T>" tile,
-    else "nibbles"."""
-    for words in sorted(WORD_TILES, reverse=True):
-        tile = 8 * words
-        if w.in_features % tile == 0 and (w.num_groups == 1 or tile <= w.group_size):
-            return f"words{words}"
-    tile = half_tile_for(w)
-    return "nibbles" if tile == 2 else f"halves{tile}"
-
-
 def prepare(w: QuantizedWeight) -> QuantizedWeight:
-    if w.scheme == "int4" and int4_tile(w.packing) is None:
+    if w.scheme == "int4" and half_tile(w.packing) is None:
         raise QuantizationError("the cuda plugin reads int4 packed two per byte")
     if w.scheme == "fp8" and w.qweight.is_cuda and \
             torch.cuda.get_device_capability(w.qweight.device) < (8, 9):
@@ -112,29 +92,18 @@ def prepare(w: QuantizedWeight) -> QuantizedWeight:
             f"--quantization none or int8")
     w = _pow2_group(w)
     if w.scheme == "int4":
-        packing = int4_packing_for(w)
-        if packing != w.packing:  # repacked (weight.py): word tiles, or half-split ones
-            w = replace(w, qweight=pack_as(unpack_as(w.qweight, w.packing), packing),
-                        packing=packing)
+        tile, have = half_tile_for(w), half_tile(w.packing) or 2
+        if tile != have:  # repacked into half-split tiles (weight.py): two dots, no interleave
+            q = unpack_int4(w.qweight, have)
+            w = replace(w, qweight=pack_int4(q, tile), packing="nibbles" if tile == 2
+                        else f"halves{tile}")
     return replace(w, qweight=w.qweight.contiguous(), scales=w.scales.contiguous(),
                    offsets=None if w.offsets is None else w.offsets.contiguous())
 
 
 def _half(w: QuantizedWeight) -> int:
-    """The kernels' HALF: the column distance between a byte's two nibbles in "nibbles" /
-    "halves<T>" (1 for every other layout)."""
+    """The kernels' HALF: the column distance between a byte's two nibbles."""
     return (half_tile(w.packing) or 2) // 2 if w.scheme == "int4" else 1
-
-
-def _words(w: QuantizedWeight) -> int:
-    """The kernels' WORDS: W of an int4 weight in "words<W>" tiles, else 0."""
-    return (word_tile(w.packing) or 0) if w.scheme == "int4" else 0
-
-
-def _int32_words(w: QuantizedWeight) -> torch.Tensor:
-    """A "words<W>" weight's bytes as its int32 words [N, K // 8] (little-endian: nibble p of
-    word w at bits 4p .. 4p + 3)."""
-    return w.qweight.view(torch.int32)
 
 
 def _per_row(w: QuantizedWeight) -> bool:
@@ -143,15 +112,10 @@ def _per_row(w: QuantizedWeight) -> bool:
 
 def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
           block_n: int, block_k: int, num_warps: int, variant: int = 0) -> torch.Tensor:
-    """variant: GEMV_COLUMN | GEMV_EXP_CVT | GEMV_X_VEC | GEMV_ACC | GEMV_PIPE flags
-    (quant_kernels.py), 0 none; GEMV_ACC only for fp8 / int8 weights with one scale a row. GEMV_WORDS:
-    qgemv_words_kernel, for int4 in "words<W>" tiles with block_k a multiple of the tile
-    that divides the input width."""
+    """variant: GEMV_COLUMN | GEMV_EXP_CVT | GEMV_X_VEC | GEMV_ACC flags (quant_kernels.py),
+    0 none; GEMV_ACC only for fp8 / int8 weights with one scale a row."""
     n, k = w.shape
     per_row = _per_row(w)
-    if variant & GEMV_WORDS:
-        return _qgemv_words(x, w, bias, block_n, block_k, num_warps,
-                            bool(variant & GEMV_PIPE))
     acc = bool(variant & GEMV_ACC)
     if acc and not gemv_acc_fits(w.scheme, per_row):
         raise ValueError(f"GEMV_ACC is for fp8 / int8 weights with one scale a row, not "
@@ -165,28 +129,8 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
         KIND=KINDS[w.scheme], GROUP=group if not per_row else 1, PER_ROW=per_row,
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
         COLUMN=bool(variant & GEMV_COLUMN), EXP_CVT=bool(variant & GEMV_EXP_CVT),
-        X_VEC=bool(variant & GEMV_X_VEC), HALF=_half(w), ACC=acc, WORDS=_words(w),
-        PIPE=bool(variant & GEMV_PIPE),
-        num_warps=num_warps,
+        X_VEC=bool(variant & GEMV_X_VEC), HALF=_half(w), ACC=acc, num_warps=num_warps,
         **pdl.gemv_launch_options(w.qweight.shape[1] * w.qweight.element_size()))
-    return out
-
-
-def _qgemv_words(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
-                 block_n: int, block_k: int, num_warps: int, pipe: bool) -> torch.Tensor:
-    if not words_block_fits(_words(w), w.in_features, block_k):
-        raise ValueError(f"GEMV_WORDS reads int4 in 'words<W>' tiles with a BLOCK_K of whole "
-                         f"tiles dividing the input: not {w.scheme} {w.packing} with "
-                         f"{w.in_features} inputs at BLOCK_K {block_k}")
-    n, k = w.shape
-    per_row = _per_row(w)
-    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    q = _int32_words(w)
-    qgemv_words_kernel[(triton.cdiv(n, block_n),)](
-        x, q, w.scales, w.offsets, bias if bias is not None else out, out, n, k, q.stride(0),
-        w.scales.stride(0), GROUP=1 if per_row else w.group_size, PER_ROW=per_row,
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, WORDS=_words(w),
-        PIPE=pipe, num_warps=num_warps, **pdl.gemv_launch_options(q.shape[1] * q.element_size()))
     return out
 
 
@@ -204,10 +148,8 @@ def qgemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, block_
     n, k = w.shape
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     per_row = _per_row(w)
-    half, words = _half(w), _words(w)
-    if words:
-        block_k = 8 * words  # one word tile per K step
-    elif half > 1:
+    half = _half(w)
+    if half > 1:
         block_k = 2 * half  # one half-split tile per K step
     elif not per_row:
         block_k = min(block_k, w.group_size)  # one group per K tile
@@ -219,22 +161,20 @@ def qgemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, block_
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
     # what both kernels take: the weight, its scales and offsets (unread without), the bias
     # (unread without), then the sizes and the constants
-    q = _int32_words(w) if words else w.qweight
-    weight = (q, w.scales, w.offsets if w.offsets is not None else w.scales,
+    weight = (w.qweight, w.scales, w.offsets if w.offsets is not None else w.scales,
               bias if bias is not None else out)
     consts = dict(KIND=KINDS[w.scheme], GROUP=1 if per_row else w.group_size, PER_ROW=per_row,
                   HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
                   BLOCK_K=block_k, DOT_PREC="ieee" if out.dtype == torch.float32 else "tf32",
-                  HALF=half, WORDS=words,
-                  NIB_BIAS=NIB_BIAS.get(x.dtype, 0.0) if half > 1 or words else 0.0,
+                  HALF=half, NIB_BIAS=NIB_BIAS.get(x.dtype, 0.0) if half > 1 else 0.0,
                   num_warps=num_warps, num_stages=num_stages)
-    strides = (x.stride(0), q.stride(0), w.scales.stride(0), out.stride(0))
+    strides = (x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0))
     if not weights_as_a:
         qgemm_kernel[grid](x, *weight, out, xs, m, n, k, *strides, A_FP8=w8a8, **consts)
         return out
-    if w8a8 or (w.scheme == "int4" and half == 1 and not words):
+    if w8a8 or (w.scheme == "int4" and half == 1):
         raise ValueError("weights as the first operand: not with W8A8, and int4 only in "
-                         "'halves' or 'words' tiles")
+                         "'halves' tiles")
     split_k = max(1, min(split_k, triton.cdiv(k, block_k)))
     target = out if split_k == 1 else \
         torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
@@ -252,14 +192,14 @@ def dequantize_weight(w: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
     rounded once (dequant_kernel)."""
     n, k = w.shape
     out = torch.empty((n, k), dtype=dtype, device=w.qweight.device)
-    half, words = _half(w), _words(w)
-    block_k = 8 * words if words else 2 * half if half > 1 else 128
+    half = _half(w)
+    block_k = 2 * half if half > 1 else 128
     per_row = _per_row(w)
     dequant_kernel[(triton.cdiv(n, 32), triton.cdiv(k, block_k))](
         w.qweight, w.scales, w.offsets if w.offsets is not None else w.scales, out, n, k,
         w.qweight.stride(0), w.scales.stride(0), out.stride(0), KIND=KINDS[w.scheme],
         GROUP=1 if per_row else w.group_size, PER_ROW=per_row, HALF=half, BLOCK_N=32,
-        BLOCK_K=block_k, WORDS=words, num_warps=4)
+        BLOCK_K=block_k, num_warps=4)
     return out
 
 

@@ -19,11 +19,8 @@ from tessera.hal.cuda.quant_kernels import (
     GEMV_COLUMN,
     GEMV_DOT,
     GEMV_EXP_CVT,
-    GEMV_PIPE,
-    GEMV_WORDS,
     GEMV_X_VEC,
     gemv_acc_fits,
-    words_block_fits,
 )
 from tessera.hal.quant.weight import QuantizedWeight
 
@@ -34,13 +31,10 @@ from tessera.hal.quant.weight import QuantizedWeight
 # GEMV_ACC (quant_kernels.py); the formulations are listed side by side so the device
 # measures which wins, the first candidate (taken where nothing is measured) the one B12
 # measured.
-_COL, _EXP, _XV, _ACC, _WORDS = GEMV_COLUMN, GEMV_EXP_CVT, GEMV_X_VEC, GEMV_ACC, GEMV_WORDS
-_PIPE = GEMV_PIPE
+_COL, _EXP, _XV, _ACC = GEMV_COLUMN, GEMV_EXP_CVT, GEMV_X_VEC, GEMV_ACC
 # every combination of the first three flags; GEMV_ACC (one scale a row, fp8 / int8) with
-# the conversion and load flags (GEMV_COLUMN changes nothing without groups); the plain tile
-# and the accumulator one with the next tile's loads issued first (GEMV_PIPE)
-GEMV_VARIANTS = tuple(range(8)) + (_ACC, _ACC | _EXP, _ACC | _XV, _ACC | _EXP | _XV) + \
-    (_PIPE, _ACC | _XV | _PIPE)
+# the conversion and load flags (GEMV_COLUMN changes nothing without groups)
+GEMV_VARIANTS = tuple(range(8)) + (_ACC, _ACC | _EXP, _ACC | _XV, _ACC | _EXP | _XV)
 _B12_8BIT = [(2, 2048, 8), (4, 2048, 8), (4, 1024, 4), (8, 1024, 8), (1, 4096, 8)]
 _WIDE_8BIT = [(2, 4096, 8), (4, 4096, 8), (8, 2048, 8)]
 _GROUPED = (0, _COL, _EXP, _COL | _EXP, _EXP | _XV)  # per wide tile
@@ -52,26 +46,12 @@ GEMV_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
     # (GEMV_ACC | GEMV_X_VEC) fastest on down (16.9 us against 19.4). The tuner measures
     # these per shape; the first is taken where nothing is measured.
     "fp8": [(4, 2048, 4, 0), (8, 2048, 4, 0), (2, 1024, 4, _ACC | _XV),
-            (4, 1024, 4, _ACC | _XV), (4, 1024, 4, 0),
-            # GEMV_PIPE: the same tiles with the next tile's loads ahead of this one's
-            # arithmetic (a load in flight through the whole iteration), to be measured
-            (4, 2048, 4, _PIPE), (8, 2048, 4, _PIPE), (2, 1024, 4, _ACC | _XV | _PIPE)],
+            (4, 1024, 4, _ACC | _XV), (4, 1024, 4, 0)],
     "int8": [(*c, 0) for c in _B12_8BIT] + [(*c, v) for c in _WIDE_8BIT for v in _GROUPED]
     + [(*c, _EXP | _XV) for c in _B12_8BIT[:2]],
     # int4: 16 x 2048 and 8 x 2048 at 4 warps, the plain reshaped tile, fastest (74.5-74.6 us
     # a layer, 1.5-1.9 TB/s; 8 x 4096 at 8 warps, the list's first before, 83.3), then these
-    # GEMV_WORDS first (int4 in "words<W>" tiles: qgemv_words_kernel, one LOP3 and one FMA a
-    # weight): a BLOCK_K of 1024 columns a warp puts every thread on four words of each of
-    # the tile's BLOCK_N rows (sm_90 code of 8 x 2048 at 2 warps, groups of 128: 3.0
-    # instructions a weight in the loop, 5.9 for the plain tile below, whose 256 I2F a
-    # thread run at a quarter of the FMA rate); the tiles that do not divide the input
-    # width are left out, the others measured.
-    "int4": [(8, 2048, 2, _WORDS), (16, 2048, 2, _WORDS), (8, 1024, 1, _WORDS),
-             (16, 1024, 1, _WORDS), (4, 4096, 4, _WORDS), (8, 4096, 4, _WORDS),
-             (8, 2048, 2, _WORDS | _PIPE), (8, 1024, 1, _WORDS | _PIPE),
-             (16, 1024, 1, _WORDS | _PIPE), (4, 1024, 1, _WORDS | _PIPE),
-             (16, 2048, 4, _PIPE), (16, 4096, 8, _PIPE), (8, 2048, 4, _PIPE),
-             (16, 2048, 4, 0), (8, 2048, 4, 0), (16, 4096, 8, 0), (16, 2048, 4, _EXP),
+    "int4": [(16, 2048, 4, 0), (8, 2048, 4, 0), (16, 4096, 8, 0), (16, 2048, 4, _EXP),
              (8, 4096, 8, _EXP | _XV)]
     # GEMV_DOT: the token through qgemm_wt_kernel's tensor-core tile (BLOCK_M 16, the
     # nibbles made 16-bit floats by their exponent bits, no FMA per weight), for a "halves"
@@ -182,55 +162,38 @@ def batch_bucket(m: int) -> int:
 
 
 def _key(kernel: str, w: QuantizedWeight, x: torch.Tensor, bucket: int) -> tuple[Any, ...]:
+    # the packing too: one shape held in two layouts (a benchmark's A/B) takes two choices
     return (kernel, w.scheme, w.packing, w.out_features, w.in_features, w.group_size, bucket,
             x.dtype, x.device.index)
 
 
 def gemv_candidates(w: QuantizedWeight) -> list[tuple[int, int, int, int]]:
     """The configs that fit the weight: a grouped weight's BLOCK_K holds whole groups;
-    GEMV_DOT ones only for int4 in "halves" or "words" tiles (the tile is qgemm's BLOCK_K);
-    GEMV_WORDS ones for "words" tiles, with a BLOCK_K that divides the input width (one that
-    does heads the list where none listed does)."""
-    return list(_gemv_candidates(w.scheme, w.num_groups == 1, w.group_size, w.packing,
-                                 w.in_features))
+    GEMV_DOT ones only for int4 in "halves" tiles (the tile is qgemm's BLOCK_K)."""
+    return list(_gemv_candidates(w.scheme, w.num_groups == 1, w.group_size, w.packing))
 
 
 @functools.lru_cache(maxsize=64)
-def _gemv_candidates(scheme: str, per_row: bool, group_size: int, packing: str,
-                     in_features: int) -> tuple[tuple[int, int, int, int], ...]:
+def _gemv_candidates(scheme: str, per_row: bool, group_size: int, packing: str
+                     ) -> tuple[tuple[int, int, int, int], ...]:
     # Cached: every one-token quantized linear asks, its choice already kept or not.
-    from tessera.hal.quant.weight import word_tile
-
-    dot_tiles = packing.startswith("halves") or packing.startswith("words")
-    words = word_tile(packing) if scheme == "int4" else None
-
-    def words_fit(block_k: int) -> bool:
-        return words_block_fits(words or 0, in_features, block_k)
+    halves = packing.startswith("halves")
 
     def fits(c: tuple[int, int, int, int]) -> bool:
         if c[3] & GEMV_DOT:
-            return dot_tiles
-        if c[3] & GEMV_WORDS:
-            return words_fit(c[1])
+            return halves
         if c[3] & GEMV_ACC:
             return gemv_acc_fits(scheme, per_row)
         return per_row or c[1] % group_size == 0
 
-    listed = tuple(c for c in GEMV_CANDIDATES[scheme] if fits(c))
-    if words is not None and not any(c[3] & GEMV_WORDS for c in listed):
-        # the widest power-of-two count of tiles that divides the input, up to 2048 columns
-        block_k = 8 * words
-        while block_k * 2 <= 2048 and words_fit(block_k * 2):
-            block_k *= 2
-        listed = ((8, block_k, max(1, block_k // 1024), GEMV_WORDS),) + listed
-    return listed or ((4, max(group_size, 256), 8, 0),)
+    return tuple(c for c in GEMV_CANDIDATES[scheme] if fits(c)) or \
+        ((4, max(group_size, 256), 8, 0),)
 
 
 def gemv_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
                 ) -> tuple[int, int, int, int]:
 
-    candidates = _gemv_candidates(w.scheme, w.num_groups == 1, w.group_size, w.packing,
-                                  w.in_features)
+    candidates = _gemv_candidates(w.scheme, w.num_groups == 1, w.group_size, w.packing)
     cfg = _pick(_key("gemv", w, x, 1), candidates, x, lambda c: one_token(x, w, bias, c))
     return cfg  # type: ignore[return-value]
 
@@ -249,7 +212,7 @@ def gemm_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
                 ) -> tuple[int, ...]:
     bucket = batch_bucket(x.shape[0])
     candidates: list[tuple[int, ...]] = list(GEMM_CANDIDATES[bucket])
-    if w.packing.startswith("halves") or w.packing.startswith("words"):
+    if w.packing.startswith("halves"):
         candidates = INT4_GEMM_CANDIDATES[bucket]
     if x.dtype == torch.float32:  # fp32 tiles are twice the registers and shared memory
         candidates = [(min(bm, 32), min(bn, 32), min(bk, 64), nw, min(ns, 2))

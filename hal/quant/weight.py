@@ -21,13 +21,8 @@ costs more than the matmul. The cuda plugin holds int4 in half-split tiles
 (`packing == "halves<T>"`, T = 32, 64 or 128): the columns fall in tiles of T, and byte j of a
 tile's T / 2 bytes holds its column j in the low nibble and column j + T / 2 in the high one,
 so either nibble of a row of bytes is a contiguous run of columns (a tensor-core dot each,
-without interleaving them back). "nibbles" is the same with T = 2. Where the groups allow it,
-it holds them in word tiles (`packing == "words<W>"`, W = 4, 8 or 16): the columns fall in
-tiles of 8 W, read as W little-endian 32-bit words, and nibble p of word w (bits 4p .. 4p + 3)
-holds column p W + w of its tile; byte 4 w + b thus holds column 2 b W + w low and
-(2 b + 1) W + w high. A one-token GEMV then masks each nibble out of its word in place, and
-the x elements of one nibble position over consecutive words are consecutive.
-`dequantize` reads every layout.
+without interleaving them back). "nibbles" is the same with T = 2. `dequantize` reads every
+layout.
 """
 
 from __future__ import annotations
@@ -63,8 +58,7 @@ class QuantizedWeight:
     group_size: int
     in_features: int
     input_perm: torch.Tensor | None = None
-    packing: str = "nibbles"  # int4 only: "nibbles", "halves<T>", "words<W>" (two per byte),
-    # or "bytes" (one)
+    packing: str = "nibbles"  # int4 only: "nibbles", "halves<T>" (two per byte), "bytes" (one)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -109,11 +103,10 @@ class QuantizedWeight:
             raise QuantizationError("fp8 weights take one scale per output row (group size = "
                                     "in_features); block-wise fp8 is not supported")
         cols = k // 2 if self.scheme == "int4" and self.packing != "bytes" else k
-        tile = int4_tile(self.packing) if self.scheme == "int4" else None
+        tile = half_tile(self.packing) if self.scheme == "int4" else None
         if self.scheme == "int4" and self.packing != "bytes" and tile is None:
             raise QuantizationError(f"int4 packing must be 'nibbles', 'halves<T>' (T one of "
-                                    f"{HALF_TILES}), 'words<W>' (W one of {WORD_TILES}) or "
-                                    f"'bytes', got {self.packing!r}")
+                                    f"{HALF_TILES}) or 'bytes', got {self.packing!r}")
         if self.scheme == "int4" and k % 2:
             raise QuantizationError(f"int4 needs an even number of input features, got {k}")
         if tile is not None and k % tile:
@@ -167,7 +160,7 @@ class QuantizedWeight:
                                     f"{gs} columns wide; choose a --tp-size that keeps whole "
                                     f"groups per rank")
         per_byte = 2 if self.scheme == "int4" and self.packing != "bytes" else 1
-        tile = int4_tile(self.packing) if self.scheme == "int4" else None
+        tile = half_tile(self.packing) if self.scheme == "int4" else None
         if tile is not None and (start % tile or size % tile):
             raise QuantizationError(f"cannot split int4 {self.packing} input columns at "
                                     f"[{start}, {start + size}): not whole tiles of {tile}")
@@ -195,7 +188,7 @@ class QuantizedWeight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The dense weight [out, in] this stands for (computed in float32, then cast)."""
         n, k, gs = self.out_features, self.in_features, self.group_size
-        q = unpack_as(self.qweight, self.packing) \
+        q = unpack_int4(self.qweight, half_tile(self.packing) or 2) \
             if self.scheme == "int4" and self.packing != "bytes" else self.qweight
         w = q.float().view(n, k // gs, gs)
         w = w * self.scales[..., None]
@@ -233,7 +226,6 @@ def cat_rows(weights: list[QuantizedWeight]) -> QuantizedWeight:
 
 
 HALF_TILES = (32, 64, 128)  # the tile widths of the "halves<T>" int4 packings
-WORD_TILES = (4, 8, 16)  # the words a tile of the "words<W>" int4 packings (8 W columns)
 
 
 def half_tile(packing: str) -> int | None:
@@ -264,66 +256,3 @@ def unpack_int4(packed: torch.Tensor, tile: int = 2) -> torch.Tensor:
     half = packed.shape[-1]
     p = packed.reshape(*packed.shape[:-1], half * 2 // tile, tile // 2)
     return torch.stack((p & 0xF, p >> 4), dim=-2).reshape(*packed.shape[:-1], half * 2)
-
-
-def word_tile(packing: str) -> int | None:
-    """W of a "words<W>" int4 packing (tiles of 8 W columns, nibble p of word w holding
-    column p W + w), else None."""
-    if packing.startswith("words") and packing[5:].isdigit() and \
-            int(packing[5:]) in WORD_TILES:
-        return int(packing[5:])
-    return None
-
-
-def int4_tile(packing: str) -> int | None:
-    """The columns of one tile of a two-per-byte int4 packing (2 for "nibbles", T for
-    "halves<T>", 8 W for "words<W>"): splits and repacks keep whole tiles. None for "bytes"
-    or a name that is not a packing."""
-    words = word_tile(packing)
-    return 8 * words if words is not None else half_tile(packing)
-
-
-def pack_int4_words(q: torch.Tensor, words: int) -> torch.Tensor:
-    """uint8 [N, K] of values 0..15 -> uint8 [N, K // 2] in "words<W>" tiles: in each tile of
-    8 W columns, byte 4 w + b holds column 2 b W + w in its low nibble and (2 b + 1) W + w in
-    its high one, so little-endian word w holds column p W + w in nibble p."""
-    k, tile = q.shape[-1], 8 * words
-    if k % tile:
-        raise QuantizationError(f"int4 words{words} packing needs a multiple of {tile} "
-                                f"columns, got {k}")
-    t = q.to(torch.uint8).reshape(*q.shape[:-1], k // tile, 4, 2, words)  # [.., b, h, w]
-    packed = t[..., 0, :] | (t[..., 1, :] << 4)  # [.., tile, b, w]
-    return packed.transpose(-1, -2).reshape(*q.shape[:-1], k // 2).contiguous()
-
-
-def unpack_int4_words(packed: torch.Tensor, words: int) -> torch.Tensor:
-    """The inverse of pack_int4_words: uint8 [N, K // 2] -> uint8 [N, K] of values 0..15."""
-    half = packed.shape[-1]
-    p = packed.reshape(*packed.shape[:-1], half // (4 * words), words, 4)  # [.., w, b]
-    nib = torch.stack((p & 0xF, p >> 4), dim=-1)  # [.., w, b, h]
-    return nib.permute(*range(nib.dim() - 3), -2, -1, -3).reshape(*packed.shape[:-1],
-                                                                  half * 2)
-
-
-def pack_as(q: torch.Tensor, packing: str) -> torch.Tensor:
-    """uint8 [N, K] of values 0..15 in a two-per-byte packing ("nibbles", "halves<T>",
-    "words<W>")."""
-    words = word_tile(packing)
-    if words is not None:
-        return pack_int4_words(q, words)
-    tile = half_tile(packing)
-    if tile is None:
-        raise QuantizationError(f"not a two-per-byte int4 packing: {packing!r}")
-    return pack_int4(q, tile)
-
-
-def unpack_as(packed: torch.Tensor, packing: str) -> torch.Tensor:
-    """The values 0..15 of a weight held in a two-per-byte packing (the inverse of
-    pack_as)."""
-    words = word_tile(packing)
-    if words is not None:
-        return unpack_int4_words(packed, words)
-    tile = half_tile(packing)
-    if tile is None:
-        raise QuantizationError(f"not a two-per-byte int4 packing: {packing!r}")
-    return unpack_int4(packed, tile)

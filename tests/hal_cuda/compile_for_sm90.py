@@ -54,22 +54,8 @@ def _signature(fn: Any, types: dict[str, str], consts: dict[str, Any]) -> dict[s
 
 def qgemv_case(scheme: str, group: int | None, variant: int, block_n: int = 4,
                block_k: int = 4096, num_warps: int = 8) -> Case:
-    """The quantized GEMV for bf16 x: `group` None is one scale per output row. GEMV_WORDS
-    (int4): qgemv_words_kernel on "words16" tiles (int32 words)."""
+    """The quantized GEMV for bf16 x: `group` None is one scale per output row."""
     from tessera.hal.cuda import quant_kernels as qk
-
-    if variant & qk.GEMV_WORDS:
-        fn = qk.qgemv_words_kernel
-        types = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*fp32", "o_ptr": "*fp32",
-                 "b_ptr": "*bf16", "out_ptr": "*bf16"}
-        consts = {"GROUP": group or 1, "PER_ROW": group is None, "HAS_BIAS": False,
-                  "BLOCK_N": block_n, "BLOCK_K": block_k, "WORDS": 16,
-                  "PIPE": bool(variant & qk.GEMV_PIPE)}
-        return Case(f"qgemv_words int4 group={group or 'row'} {(block_n, block_k)} "
-                    f"pipe={bool(variant & qk.GEMV_PIPE)}", fn,
-                    _signature(fn, types, consts), consts, num_warps=num_warps,
-                    divisible_by_16=("x_ptr", "q_ptr", "s_ptr", "o_ptr", "out_ptr", "n_out",
-                                     "n_in", "q_s0", "s_s0"))
 
     fn = qk.qgemv_kernel
     qtypes = {"fp8": "*fp8e4nv", "int8": "*i8", "int4": "*u8"}
@@ -82,7 +68,6 @@ def qgemv_case(scheme: str, group: int | None, variant: int, block_n: int = 4,
               "EXP_CVT": bool(variant & qk.GEMV_EXP_CVT),
               "X_VEC": bool(variant & qk.GEMV_X_VEC),
               "ACC": bool(variant & qk.GEMV_ACC),
-              "PIPE": bool(variant & qk.GEMV_PIPE),
               "HALF": 64 if scheme == "int4" else 1}  # int4 as prepare holds it: halves128
     return Case(f"qgemv {scheme} group={group or 'row'} variant={variant}", fn,
                 _signature(fn, types, consts), consts, num_warps=num_warps,
@@ -98,21 +83,17 @@ def _qgemv_cases() -> list[Case]:
 
     listed = {s: sorted({c[3] for c in cands if not c[3] & qk.GEMV_DOT})
               for s, cands in quant_tune.GEMV_CANDIDATES.items()}
-    words = [c for c in quant_tune.GEMV_CANDIDATES["int4"] if c[3] & qk.GEMV_WORDS]
     return [qgemv_case(scheme, group, variant)
             for scheme, group, variants in (
                 ("fp8", None, listed["fp8"]), ("int8", 128, listed["int8"]),
-                ("int4", 128, [v for v in listed["int4"] if not v & qk.GEMV_WORDS]),
+                ("int4", 128, listed["int4"]),
                 ("int4", None, (0, qk.GEMV_EXP_CVT | qk.GEMV_X_VEC)))
-            for variant in variants] + \
-        [qgemv_case("int4", group, v, block_n=bn, block_k=bk, num_warps=nw)
-         for group in (128, None) for bn, bk, nw, v in words]
+            for variant in variants]
 
 
 def _qgemm_cases() -> list[Case]:
-    """The quantized GEMM (decode batches, prefill): int4 in "words16" tiles (one dot, the
-    nibbles in column order) and "halves128" ones (two dots of contiguous halves), the
-    exponent-bit nibbles, grouped and per row, at every tile of
+    """The quantized GEMM (decode batches, prefill): int4 in "halves128" tiles (two dots of
+    contiguous halves, the exponent-bit nibbles), grouped and per row, at every tile of
     quant_tune's int4 lists and the GEMV_DOT one-token tiles, through qgemm_kernel or, for
     tiles flagged WT, qgemm_wt_kernel; int4 "nibbles" (interleaved back) and int8 grouped at a
     skinny and a large tile; fp8 at every W8A16, WT and W8A8 tile listed."""
@@ -128,39 +109,31 @@ def _qgemm_cases() -> list[Case]:
            for c in quant_tune.GEMV_CANDIDATES["int4"] if c[3] & qk.GEMV_DOT]))
     fp8_tiles = list(dict.fromkeys(t for ts in quant_tune.W8A8_CANDIDATES.values()
                                    for t in ts if t != quant_tune.SCALED_MM))
-    # (scheme, group, HALF, WORDS, tile): int4 as prepare holds it ("words16") at every
-    # tile, and in "halves128" tiles (still read) at every tile too
-    plan: list[tuple[str, int | None, int, int, tuple[int, ...]]] = \
-        [("int4", 128, 1, 16, t) for t in int4_tiles] + \
-        [("int4", 128, 64, 0, t) for t in int4_tiles] + \
-        [("int4", None, 1, 16, t) for t in two + [t + (quant_tune.WT,) for t in two]] + \
-        [("int4", None, 64, 0, t) for t in two + [t + (quant_tune.WT,) for t in two]] + \
-        [("int4", 128, 1, 0, t) for t in two] + [("int8", 128, 1, 0, t) for t in two] + \
-        [("fp8", None, 1, 0, t) for t in fp8_tiles]
+    plan: list[tuple[str, int | None, int, tuple[int, ...]]] = \
+        [("int4", 128, 64, t) for t in int4_tiles] + \
+        [("int4", None, 64, t) for t in two + [t + (quant_tune.WT,) for t in two]] + \
+        [("int4", 128, 1, t) for t in two] + [("int8", 128, 1, t) for t in two] + \
+        [("fp8", None, 1, t) for t in fp8_tiles]
     out = []
-    for scheme, group, half, words, cfg in plan:
+    for scheme, group, half, cfg in plan:
         bm, bn, bk, warps, stages = quant_tune.tile(cfg)
         wt, a_fp8 = quant_tune.is_wt(cfg), quant_tune.is_w8a8(cfg)
         fn = qk.qgemm_wt_kernel if wt else qk.qgemm_kernel
         if half > 1:
             bk = 2 * half  # qgemm takes the weight's tile as BLOCK_K
-        if words:
-            bk = 8 * words
-        types = {"x_ptr": "*fp8e4nv" if a_fp8 else "*bf16",
-                 "q_ptr": "*i32" if words else qtypes[scheme],
+        types = {"x_ptr": "*fp8e4nv" if a_fp8 else "*bf16", "q_ptr": qtypes[scheme],
                  "s_ptr": "*fp32", "o_ptr": "*fp32", "b_ptr": "*bf16", "out_ptr": "*bf16",
                  "xs_ptr": "*fp32"}
         consts = {"KIND": {"fp8": qk.FP8, "int8": qk.INT8, "int4": qk.INT4}[scheme],
                   "GROUP": group or 1, "PER_ROW": group is None, "HAS_BIAS": False,
                   "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                  "DOT_PREC": "tf32", "HALF": half, "WORDS": words,
-                  "NIB_BIAS": 128.0 if half > 1 or words else 0.0}
+                  "DOT_PREC": "tf32", "HALF": half, "NIB_BIAS": 128.0 if half > 1 else 0.0}
         if not wt:
             consts["A_FP8"] = a_fp8
         else:
             consts["SPLIT_K"] = quant_tune.split_k(cfg)
         out.append(Case(f"qgemm{'_wt' if wt else ''} {scheme} group={group or 'row'} "
-                        f"w8a8={a_fp8} half={half} words={words} {(bm, bn, bk, warps, stages)} "
+                        f"w8a8={a_fp8} half={half} {(bm, bn, bk, warps, stages)} "
                         f"split={quant_tune.split_k(cfg)}", fn,
                         _signature(fn, types, consts), consts,
                         num_warps=warps, num_stages=stages,
@@ -171,24 +144,20 @@ def _qgemm_cases() -> list[Case]:
 
 
 def _dequant_cases() -> list[Case]:
-    """DEQUANT_MM's expansion of a weight to bf16, for every layout the plugin reads."""
+    """DEQUANT_MM's expansion of a weight to bf16, for every layout the plugin holds."""
     from tessera.hal.cuda import quant_kernels as qk
 
     fn = qk.dequant_kernel
     qtypes = {"fp8": "*fp8e4nv", "int8": "*i8", "int4": "*u8"}
     out = []
-    for scheme, group, half, words in (("int4", 128, 1, 16), ("int4", None, 1, 16),
-                                       ("int4", 128, 64, 0), ("int4", None, 64, 0),
-                                       ("int4", 16, 1, 0), ("int8", 128, 1, 0),
-                                       ("fp8", None, 1, 0)):
+    for scheme, group, half in (("int4", 128, 64), ("int4", None, 64), ("int4", 16, 1),
+                                ("int8", 128, 1), ("fp8", None, 1)):
         types = {"q_ptr": qtypes[scheme], "s_ptr": "*fp32", "o_ptr": "*fp32",
                  "out_ptr": "*bf16"}
         consts = {"KIND": {"fp8": qk.FP8, "int8": qk.INT8, "int4": qk.INT4}[scheme],
                   "GROUP": group or 1, "PER_ROW": group is None, "HALF": half,
-                  "WORDS": words, "BLOCK_N": 32,
-                  "BLOCK_K": 8 * words if words else 2 * half if half > 1 else 128}
-        out.append(Case(f"dequant {scheme} group={group or 'row'} half={half} words={words}",
-                        fn,
+                  "BLOCK_N": 32, "BLOCK_K": 2 * half if half > 1 else 128}
+        out.append(Case(f"dequant {scheme} group={group or 'row'} half={half}", fn,
                         _signature(fn, types, consts), consts,
                         divisible_by_16=("q_ptr", "s_ptr", "o_ptr", "out_ptr", "N", "K",
                                          "q_s0", "s_s0", "out_s0")))

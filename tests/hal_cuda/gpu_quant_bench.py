@@ -1,14 +1,14 @@
 """Quantized linears on the GPU at the Llama-3-8B shapes: time, weight bandwidth and error of
 bf16 (cuBLAS / the tuned GEMV), fp8 and int4 (group 128) at batch 1, 16, 64 and 256, each timed
 inside CUDA graphs over rotating weight copies (so L2 does not hold them); then every batch-1
-GEMV candidate of quant_tune (tile sizes and formulations) for fp8 and int4 (in the word tiles
-prepare holds, and in the half-split tiles it held before) at each shape, with
+GEMV candidate of quant_tune (tile sizes and formulations) for fp8 and int4 at each shape, with
 the one the tuner picks (those first; OUT.json is rewritten after every shape, so a run cut
 off at its time limit keeps what it measured); then every several-token candidate of fp8 and
 int4 for gate_up and down at batch 16, 64 and 256 (OUT.json["gemm_candidates"]). Not a
 pytest module.
 
     python3 tests/hal_cuda/gpu_quant_bench.py OUT.json          # on the GPU, a few minutes
+    QUANT_INT4_GROUP=row ... (int4 with one scale a row instead of groups of 128)
     python3 tests/hal_cuda/gpu_quant_bench.py OUT.json --cpu    # dry run: tiny shapes, Triton's
                                                                 # interpreter (TRITON_INTERPRET=1)
 
@@ -37,9 +37,7 @@ BATCHES = (1, 16, 64, 256)
 # the dry run: the same four linears, tiny (int4 groups of 128 still divide every width)
 CPU_SHAPES = {"qkv": (48, 256), "o": (32, 256), "gate_up": (96, 256), "down": (32, 512)}
 CPU_BATCHES = (1, 3)
-# "int4_halves128": int4 repacked into the "halves128" tiles prepare held it in before the
-# word tiles (the kernels still read them), measured beside the word tiles in the same run
-GEMV_SCHEMES = ("fp8", "int4", "int4_halves128")
+GEMV_SCHEMES = ("fp8", "int4")
 # QUANT_GEMV_WIDE=1: batch-1 tiles beyond the tuner's lists, measured beside them (which
 # tiles the lists should hold); int4's BLOCK_K holds whole groups of 128
 WIDE_GEMV: dict[str, list[tuple[int, int, int, int]]] = {
@@ -52,6 +50,15 @@ WIDE_GEMV: dict[str, list[tuple[int, int, int, int]]] = {
 }
 
 Timer = Callable[[Callable[[Any], torch.Tensor], list[Any]], float]
+
+
+def _group(scheme: str, n_in: int) -> int | None:
+    """The group size the sweeps quantize a scheme with: int4 128 (AWQ / GPTQ's), or one
+    scale a row with QUANT_INT4_GROUP=row (how much the groups' scales and offsets cost);
+    None (the scheme's default) for the others."""
+    if scheme != "int4":
+        return None
+    return n_in if os.environ.get("QUANT_INT4_GROUP") == "row" else 128
 
 
 @dataclass
@@ -86,21 +93,6 @@ def _cpu_timer(call: Callable[[Any], torch.Tensor], weights: list[Any]) -> float
     return (time.perf_counter() - t0) * 1e6 / len(weights)
 
 
-def _prepared(scheme: str, dense: torch.Tensor) -> Any:
-    """The cuda plugin's prepared weight of a scheme ("int4_halves128": int4 in "halves128"
-    tiles instead of the word tiles prepare picks)."""
-    from dataclasses import replace
-
-    from tessera.hal.cuda import quant_linear
-    from tessera.hal.quant import pack_int4, quantize, unpack_as
-
-    w = quant_linear.prepare(quantize(dense, scheme.split("_")[0]))
-    if scheme == "int4_halves128":
-        w = replace(w, qweight=pack_int4(unpack_as(w.qweight, w.packing), 128),
-                    packing="halves128")
-    return w
-
-
 def _rel_err(out: torch.Tensor, x: torch.Tensor, w: Any) -> float:
     from tessera.hal.quant import quant_linear_reference
 
@@ -112,29 +104,29 @@ def gemv_candidates(setup: Setup, scheme: str, n_out: int, n_in: int) -> dict[st
     """Every batch-1 GEMV candidate the tuner would measure for this weight, timed the same
     way as the linears (graphs, rotating copies), and what quant_tune.gemv_config picks (its
     own do_bench measurement: on the GPU it should agree with the fastest here)."""
-    from tessera.hal.cuda import quant_kernels, quant_tune
+    from tessera.hal.cuda import quant_kernels, quant_linear, quant_tune
+    from tessera.hal.quant import quantize
 
     dense = [torch.randn((n_out, n_in), device=setup.dev, dtype=setup.dtype) * 0.02
              for _ in range(3)]
-    packed = [_prepared(scheme, w) for w in dense]
+    packed = [quant_linear.prepare(quantize(w, scheme, _group(scheme, n_in))) for w in dense]
     del dense
     x = torch.randn((1, n_in), device=setup.dev, dtype=setup.dtype)
     nbytes = packed[0].nbytes
     rows: list[dict[str, Any]] = []
     cands = quant_tune.gemv_candidates(packed[0])
     if os.environ.get("QUANT_GEMV_WIDE") == "1":  # and a grid of tiles the tuner does not list
-        cands += [c for c in WIDE_GEMV.get(scheme, []) if c not in cands]
+        cands += [c for c in WIDE_GEMV[scheme] if c not in cands]
     for cand in cands:
         variant = cand[3]
         name = "+".join(n for n, flag in (("column", quant_kernels.GEMV_COLUMN),
                                           ("exp_cvt", quant_kernels.GEMV_EXP_CVT),
                                           ("x_vec", quant_kernels.GEMV_X_VEC),
                                           ("acc", quant_kernels.GEMV_ACC),
-                                          ("dot", quant_kernels.GEMV_DOT),
-                                          ("words", quant_kernels.GEMV_WORDS))
+                                          ("dot", quant_kernels.GEMV_DOT))
                         if variant & flag) or "tile"
         row: dict[str, Any] = {"config": list(cand), "variant": name}
-        try:
+        try:  # through one_token, as the tuner runs them (GEMV_DOT: qgemm's tile)
             err = _rel_err(quant_tune.one_token(x, packed[0], None, cand), x, packed[0])
             us = setup.timer(lambda w, c=cand: quant_tune.one_token(x, w, None, c), packed)
             row.update(us=us, GBps=nbytes / (us * 1e-6) / 1e9, rel_err_vs_definition=err)
@@ -152,13 +144,14 @@ def gemv_candidates(setup: Setup, scheme: str, n_out: int, n_in: int) -> dict[st
 def gemm_candidates(setup: Setup, scheme: str, n_out: int, n_in: int, batch: int
                     ) -> dict[str, Any]:
     """Every several-token candidate the tuner would measure for this weight and batch (int4:
-    the "words" tiles, or the "halves" ones for int4_halves128; fp8: W8A16 and W8A8 tiles and
-    cuBLASLt), timed like the linears, with the tuner's own pick."""
-    from tessera.hal.cuda import quant_tune
+    the "halves" tiles; fp8: W8A16 and W8A8 tiles and cuBLASLt), timed like the linears, with
+    the tuner's own pick."""
+    from tessera.hal.cuda import quant_linear, quant_tune
+    from tessera.hal.quant import quantize
 
     dense = [torch.randn((n_out, n_in), device=setup.dev, dtype=setup.dtype) * 0.02
              for _ in range(3)]
-    packed = [_prepared(scheme, w) for w in dense]
+    packed = [quant_linear.prepare(quantize(w, scheme, _group(scheme, n_in))) for w in dense]
     del dense
     x = torch.randn((batch, n_in), device=setup.dev, dtype=setup.dtype)
     bucket = quant_tune.batch_bucket(batch)

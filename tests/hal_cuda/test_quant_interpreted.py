@@ -32,15 +32,6 @@ def _x(m: int, k: int, seed: int) -> torch.Tensor:
     return torch.randn((m, k), generator=torch.Generator().manual_seed(seed))
 
 
-def _as_halves(w: QuantizedWeight, tile: int) -> QuantizedWeight:
-    """A prepared int4 weight repacked into "halves<tile>" (the layout prepare held before the
-    word tiles; the kernels still read it): the same weight, the other code path."""
-    from tessera.hal.quant import pack_int4, unpack_as
-
-    return replace(w, qweight=pack_int4(unpack_as(w.qweight, w.packing), tile),
-                   packing=f"halves{tile}")
-
-
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("scheme,group", CASES, ids=[f"{s}-g{g}" for s, g in CASES])
 def test_qgemv(kernels: dict[str, ModuleType], scheme: str, group: int | None,
@@ -127,15 +118,11 @@ def test_gemv_candidates_cover_every_variant() -> None:
               qk.GEMV_EXP_CVT | qk.GEMV_X_VEC}
     cands = quant_tune.GEMV_CANDIDATES
     for scheme, cs in cands.items():
-        assert all(len(c) == 4 and (c[3] in quant_tune.GEMV_VARIANTS or c[3] in (
-            qk.GEMV_DOT, qk.GEMV_WORDS, qk.GEMV_WORDS | qk.GEMV_PIPE)) for c in cs), scheme
+        assert all(len(c) == 4 and (c[3] in quant_tune.GEMV_VARIANTS or
+                                    c[3] == qk.GEMV_DOT) for c in cs), scheme
     assert cands["fp8"][0] == (4, 2048, 4, 0)  # the H200 grid's fastest over the 8B shape
     assert any(c[3] == qk.GEMV_ACC | qk.GEMV_X_VEC for c in cands["fp8"])  # fastest on down
-    # int4: the word-tile GEMV first, 1024 columns a warp (a thread's four words on every
-    # row of the tile), then the byte tiles the H200 grid found fastest
-    assert cands["int4"][0][3] == qk.GEMV_WORDS
-    assert all(bk == 1024 * nw for _, bk, nw, v in cands["int4"] if v == qk.GEMV_WORDS)
-    assert (16, 2048, 4, 0) in cands["int4"]
+    assert cands["int4"][0] == (16, 2048, 4, 0)
     for scheme in ("int8", "int4"):
         assert max(bn * bk * bytes_per_weight[scheme] for bn, bk, _, v in cands[scheme]
                    if v != qk.GEMV_DOT) >= 16384
@@ -275,17 +262,15 @@ def test_attention_reads_fp8_kv_with_scales(kernels: dict[str, ModuleType], mode
     torch.testing.assert_close(out, expected, **TOL)
 
 
-@pytest.mark.parametrize("group,k,packing", [(32, 256, "words4"), (64, 256, "words8"),
-                                             (128, 384, "words16"), (256, 512, "words16"),
-                                             (None, 96, "words4"), (None, 200, "nibbles"),
+@pytest.mark.parametrize("group,k,packing", [(32, 256, "halves32"), (64, 256, "halves64"),
+                                             (128, 384, "halves128"), (256, 512, "halves128"),
+                                             (None, 96, "halves32"), (None, 200, "nibbles"),
                                              (16, 64, "nibbles")])
-def test_int4_is_held_in_word_tiles(kernels: dict[str, ModuleType], group: int | None,
-                                    k: int, packing: str) -> None:
-    """prepare repacks int4 into the widest "words<W>" tile (8 W columns) that divides the
-    input width and lies within a group (nibbles where none does); the weight it stands for
-    is unchanged, and the kernels read the layout: the word-tile GEMV (GEMV_WORDS, listed
-    only for word tiles), every other GEMV formulation, qgemm, and qgemm's one-token tiles
-    (GEMV_DOT)."""
+def test_int4_is_held_in_half_split_tiles(kernels: dict[str, ModuleType], group: int | None,
+                                          k: int, packing: str) -> None:
+    """prepare repacks int4 into the widest "halves<T>" tile that divides the input width and
+    lies within a group (nibbles where none does); the weight it stands for is unchanged, and
+    both kernels read the layout: the GEMV, qgemm, and qgemm's one-token tiles (GEMV_DOT)."""
     from tessera.hal.cuda import quant_tune
 
     ql = kernels["quant_linear"]
@@ -298,11 +283,8 @@ def test_int4_is_held_in_word_tiles(kernels: dict[str, ModuleType], group: int |
     want = quant_linear_reference(x1, w, bias)
     cands = quant_tune.gemv_candidates(prepared)
     dot = [c for c in cands if c[3] & quant_tune.GEMV_DOT]
-    words = [c for c in cands if c[3] & quant_tune.GEMV_WORDS]
-    assert bool(dot) == bool(words) == packing.startswith("words")
-    assert not words or cands[0] == words[0]  # measured first, taken where none is measured
-    for cfg in cands + [(4, max(group or 0, 256), 4, v) for v in (0, quant_tune.GEMV_COLUMN)
-                        if (group or k) <= 256 and k % 2 == 0]:
+    assert bool(dot) == packing.startswith("halves")
+    for cfg in cands:
         torch.testing.assert_close(quant_tune.one_token(x1, prepared, bias, cfg), want, **TOL,
                                    msg=lambda m, c=cfg: f"{c}: {m}")
     x = _x(5, k, seed=34)
@@ -310,56 +292,15 @@ def test_int4_is_held_in_word_tiles(kernels: dict[str, ModuleType], group: int |
                                quant_linear_reference(x, w, bias), **TOL)
 
 
-@pytest.mark.parametrize("words,k", [(16, 256), (16, 2048), (8, 1024), (4, 96)])
-def test_word_tile_gemv_blocks(kernels: dict[str, ModuleType], words: int, k: int) -> None:
-    """qgemv_words_kernel at every BLOCK_K of whole tiles that divides the input (one to 16
-    tiles an iteration, 1 to 4 warps, rows clamped at the edge, the next tile's words loaded
-    ahead or not), grouped with AWQ-style
-    offsets and per row, with x's elements spread over a wide range of magnitudes (the
-    denormal nibbles times x scaled by 2^(85 - e) must stay exact products); a BLOCK_K that
-    is not whole tiles dividing the input is refused by name."""
-    from tessera.hal.cuda import quant_tune
-    from tessera.hal.quant import word_tile
-
-    ql = kernels["quant_linear"]
-    for group in (8 * words, None):
-        w = ql.prepare(_awq_offsets(_weight("int4", group or k, 21, k, seed=80 + k), seed=81))
-        assert w.packing == f"words{words}" or group is None
-        words = word_tile(w.packing) or 0  # per row: the widest tile dividing k
-        x = _x(1, k, seed=82) * torch.exp2(torch.randint(-30, 30, (1, k),
-                                                         generator=torch.Generator()
-                                                         .manual_seed(83)).float())
-        want = quant_linear_reference(x, w)
-        block_k = 8 * words
-        while block_k <= min(k, 2048):
-            if k % block_k == 0:
-                for block_n, warps, pipe in ((4, 1, 0), (8, max(1, block_k // 1024), 0),
-                                             (16, 4, quant_tune.GEMV_PIPE),
-                                             (8, 1, quant_tune.GEMV_PIPE)):
-                    out = ql.qgemv(x, w, None, block_n, block_k, warps,
-                                   quant_tune.GEMV_WORDS | pipe)
-                    torch.testing.assert_close(out, want, atol=1e-4 * float(want.abs().max()),
-                                               rtol=1e-4, msg=lambda m, c=(block_n, block_k,
-                                                                           pipe): f"{c}: {m}")
-            block_k *= 2
-        with pytest.raises(ValueError, match="GEMV_WORDS"):
-            ql.qgemv(x, w, None, 8, 8 * words * 3 if k % (24 * words) else 4 * words, 1,
-                     quant_tune.GEMV_WORDS)
-
-
-@pytest.mark.parametrize("layout", ["words", "halves"])
 @pytest.mark.parametrize("group", [32, 128, None])
 def test_int4_exponent_bit_nibbles_in_fp16(kernels: dict[str, ModuleType],
-                                           group: int | None, layout: str) -> None:
+                                           group: int | None) -> None:
     """16-bit x: qgemm makes each nibble the float NIB_BIAS + q by its exponent bits and takes
     the bias back out through the row sums of x (fp16 here: the interpreter's bf16 dot is
-    wrong whatever the operands, so bf16 is checked on the GPU), in word tiles and in
-    half-split ones."""
+    wrong whatever the operands, so bf16 is checked on the GPU)."""
     ql = kernels["quant_linear"]
     w = ql.prepare(_awq_offsets(_weight("int4", group or 256, 40, 256, seed=40), seed=41))
-    assert w.packing.startswith("words")
-    if layout == "halves":
-        w = _as_halves(w, min(group or 128, 128))
+    assert w.packing.startswith("halves")
     x = _x(6, 256, seed=42)
     want = quant_linear_reference(x.half().float(), w)
     out = ql.qgemm(x.half(), w, None, 16, 32, 128, 4, 2)
@@ -368,8 +309,7 @@ def test_int4_exponent_bit_nibbles_in_fp16(kernels: dict[str, ModuleType],
 
 
 @pytest.mark.parametrize("scheme,group", [("int4", 32), ("int4", None), ("fp8", None),
-                                          ("int8", 32), ("int4-halves", 32),
-                                          ("int4-halves", None)])
+                                          ("int8", 32)])
 def test_weights_as_first_operand(kernels: dict[str, ModuleType], scheme: str,
                                   group: int | None) -> None:
     """qgemm_wt_kernel (out^T's tile from the weight tile times x^T, stored transposed)
@@ -377,11 +317,7 @@ def test_weights_as_first_operand(kernels: dict[str, ModuleType], scheme: str,
     int8 converted to x's dtype, grouped and per row, masked rows and tokens, its K whole or
     split (2 and 3 ways: float32 partials summed by splitk_sum_kernel, the bias once)."""
     ql = kernels["quant_linear"]
-    halves = scheme == "int4-halves"
-    scheme = "int4" if halves else scheme
     w = ql.prepare(_awq_offsets(_weight(scheme, group or 256, 40, 256, seed=50), seed=51))
-    if halves:
-        w = _as_halves(w, 32)
     bias = torch.randn(40, generator=torch.Generator().manual_seed(52))
     for m in (1, 5, 19):
         x = _x(m, 256, seed=53 + m)
@@ -397,21 +333,18 @@ def test_weights_as_first_operand(kernels: dict[str, ModuleType], scheme: str,
 
 
 def test_every_listed_gemm_tile_runs(kernels: dict[str, ModuleType]) -> None:
-    """Every several-token candidate the tuner may pick (int4 "words" and "halves" tiles, WT
-    or not; fp8
+    """Every several-token candidate the tuner may pick (int4 "halves" tiles, WT or not; fp8
     W8A16, WT, W8A8) computes the definition, at a batch of its bucket."""
     from tessera.hal.cuda import quant_tune
 
     w4 = kernels["quant_linear"].prepare(_weight("int4", 128, 24, 256, seed=60))
-    assert w4.packing == "words16"
     w8 = kernels["quant_linear"].prepare(_weight("fp8", None, 24, 256, seed=61))
     for bucket in (16, 64, 256):
         x = _x(bucket // 4 + 3, 256, seed=62)
         for cfg in quant_tune.INT4_GEMM_CANDIDATES[bucket]:
-            for w in (w4, _as_halves(w4, 128)):
-                torch.testing.assert_close(quant_tune.run_gemm(x, w, None, cfg),
-                                           quant_linear_reference(x, w4), **TOL,
-                                           msg=lambda m, c=cfg, p=w.packing: f"{p} {c}: {m}")
+            torch.testing.assert_close(quant_tune.run_gemm(x, w4, None, cfg),
+                                       quant_linear_reference(x, w4), **TOL,
+                                       msg=lambda m, c=cfg: f"{c}: {m}")
         for cfg in quant_tune.W8A8_CANDIDATES[bucket]:
             if cfg == quant_tune.SCALED_MM:
                 continue  # cuBLASLt: the GPU test
@@ -429,23 +362,17 @@ def test_every_listed_gemm_tile_runs(kernels: dict[str, ModuleType]) -> None:
 
 @pytest.mark.parametrize("scheme,group,k", [("int4", 32, 256), ("int4", None, 256),
                                             ("int4", 16, 64), ("int4", None, 200),
-                                            ("int4-halves", 64, 256),
                                             ("int8", 32, 256), ("int8", None, 200),
                                             ("fp8", None, 200)])
 def test_dequantize_weight_is_the_definition(kernels: dict[str, ModuleType], scheme: str,
                                              group: int | None, k: int) -> None:
     """dequant_kernel (DEQUANT_MM's expansion) gives the weight the scheme defines, for every
-    layout the plugin reads ("words" and "halves" tiles, interleaved nibbles, grouped, per
-    row), and
+    layout the plugin holds ("halves" tiles, interleaved nibbles, grouped, per row), and
     DEQUANT_MM computes the linear through it."""
     from tessera.hal.cuda import quant_tune
 
     ql = kernels["quant_linear"]
-    halves = scheme == "int4-halves"
-    scheme = "int4" if halves else scheme
     w = ql.prepare(_awq_offsets(_weight(scheme, group or k, 37, k, seed=70), seed=71))
-    if halves:
-        w = _as_halves(w, 64)
     torch.testing.assert_close(ql.dequantize_weight(w, torch.float32), w.dequantize())
     x = _x(9, k, seed=72)
     bias = torch.randn(37, generator=torch.Generator().manual_seed(73))
