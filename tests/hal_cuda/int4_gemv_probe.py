@@ -12,6 +12,8 @@ something other than the instruction count bounds both. The variants:
               an FMA back to q, a second FMA with x (no denormal operand anywhere)
     loads     the words loaded and XOR-ed together, no arithmetic: the memory ceiling of
               the same tiles and access pattern
+    _s<N>     denormal with the loop software-pipelined N stages deep (tl.range's
+              num_stages: the words copied ahead into shared memory)
 
 Layout ("words16"): nibble p of 32-bit word w of a tile of 128 columns holds column 16 p + w.
 
@@ -36,7 +38,8 @@ SHAPES = {"gate_up": (28672, 4096), "down": (4096, 14336), "qkv": (6144, 4096)}
 TILES = [(16, 1024, 1), (8, 2048, 2), (8, 1024, 1)]  # (BLOCK_N, BLOCK_K, warps)
 CPU_SHAPES = {"gate_up": (48, 512), "down": (32, 1024)}
 CPU_TILES = [(8, 256, 1), (4, 512, 1)]
-VARIANTS = {"denormal": 0, "magic": 1, "loads": 2}
+VARIANTS = {"denormal": (0, 1), "magic": (1, 1), "loads": (2, 1), "denormal_s2": (0, 2),
+            "denormal_s3": (0, 3), "denormal_s4": (0, 4)}
 
 
 if __name__ == "__main__" and "--cpu" in sys.argv:
@@ -65,7 +68,8 @@ def _xs(x, E: tl.constexpr, MODE: tl.constexpr):
 
 @triton.jit
 def probe(x_ptr, q_ptr, s_ptr, o_ptr, out_ptr, n_out, n_in, q_s0, s_s0,
-          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MODE: tl.constexpr):
+          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MODE: tl.constexpr,
+          STAGES: tl.constexpr = 1):
     # groups of 128 = one tile of 16 words; sums kept at 2^-64, scaled back at the end
     TILES: tl.constexpr = BLOCK_K // 128
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -78,7 +82,9 @@ def probe(x_ptr, q_ptr, s_ptr, o_ptr, out_ptr, n_out, n_in, q_s0, s_s0,
     acc = tl.zeros([BLOCK_N, TILES, 16], tl.float32)
     oacc = tl.zeros([BLOCK_N, TILES], tl.float32)
     bits = tl.zeros([BLOCK_N, TILES, 16], tl.int32)
-    for k0 in range(0, n_in, BLOCK_K):
+    # STAGES > 1: the loop software-pipelined by Triton (the words copied ahead into shared
+    # memory while this iteration computes)
+    for k0 in tl.range(0, n_in, BLOCK_K, num_stages=STAGES):
         words = tl.load(q_rows + (k0 // 8 + ti[:, None] * 16 + wi[None, :])[None, :, :])
         if MODE == 2:
             bits = bits ^ words
@@ -137,13 +143,13 @@ def _weights(n: int, k: int, dev: torch.device, seed: int) -> dict[str, torch.Te
 
 
 def run(x: torch.Tensor, w: dict[str, torch.Tensor], tile: tuple[int, int, int],
-        mode: int) -> torch.Tensor:
+        mode: tuple[int, int]) -> torch.Tensor:
     n, k = w["dense"].shape
     block_n, block_k, warps = tile
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     probe[((n + block_n - 1) // block_n,)](
         x, w["q"], w["s"], w["o"], out, n, k, w["q"].stride(0), w["s"].stride(0),
-        BLOCK_N=block_n, BLOCK_K=block_k, MODE=mode, num_warps=warps)
+        BLOCK_N=block_n, BLOCK_K=block_k, MODE=mode[0], STAGES=mode[1], num_warps=warps)
     return out
 
 
@@ -166,7 +172,7 @@ def main(argv: list[str]) -> int:
             for vname, mode in VARIANTS.items():
                 row: dict[str, Any] = {"tile": list(tile), "variant": vname}
                 got = run(x, ws[0], tile, mode)
-                if mode != 2:
+                if mode[0] != 2:
                     row["rel_err"] = float((got.float() - want).norm() / want.norm())
                 if cpu:
                     t0 = time.perf_counter()
@@ -179,7 +185,7 @@ def main(argv: list[str]) -> int:
 
                     i = [0]
 
-                    def call(t: tuple[int, int, int] = tile, m: int = mode, x: torch.Tensor = x,
+                    def call(t: tuple[int, int, int] = tile, m: tuple[int, int] = mode, x: torch.Tensor = x,
                              ws: list[dict[str, torch.Tensor]] = ws, i: list[int] = i
                              ) -> torch.Tensor:
                         i[0] += 1
