@@ -37,6 +37,7 @@
 #   benchmarks/gpu_session.sh 33  # one H200:  one-token GEMVs with the next tile's loads ahead (GEMV_PIPE): their GPU tests, the GEMV sweep, b12 b1 (~200 s)
 #                                 #   (calls 32 and 33 measured 7b747f3 / 99beac2, both reverted after them)
 #   benchmarks/gpu_session.sh 34  # one H200:  the GEMV sweep with int4 at one scale a row (what the groups cost), b12 b1 (~150 s)
+#   benchmarks/gpu_session.sh 35  # one H200:  one-token GEMVs software-pipelined (GEMV_STAGES2 / 3): their GPU tests, the GEMV sweep, b12 b1 (~200 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -70,7 +71,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-4])$ ]] || { echo "usage: $0 1|...|34  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5])$ ]] || { echo "usage: $0 1|...|35  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -473,6 +474,15 @@ case $CALL in
     # scale a row instead of groups of 128 (QUANT_INT4_GROUP=row; its quant_kernels JSON is
     # kept as quant_kernels_int4_row_h200.json), then B12's batch-1 part as it ships.
     QUANT_GEMM_SWEEP=0 QUANT_INT4_GROUP=row part quantbench 150 60 quantbench
+    part b12b1 130 75 b12 --parts b1 --name b12_b1_h200
+    ;;
+  35)
+    # One H200 after the GEMV loop could be software-pipelined (GEMV_STAGES2 / 3, Triton's
+    # tl.range num_stages: int4_gemv_probe_stages_h200.json took a word-tile down from 32 to
+    # 19 us): the batch-1 GPU tests of every tuner candidate, the batch-1 GEMV sweep and
+    # the linears, B12's batch-1 part.
+    QUANT_K="every_tuner_candidate and (fp8-1] or int4-1])" part quanttests 120 40 quanttests
+    QUANT_GEMM_SWEEP=0 part quantbench 150 60 quantbench
     part b12b1 130 75 b12 --parts b1 --name b12_b1_h200
     ;;
 esac

@@ -56,6 +56,17 @@ GEMV_EXP_CVT = 2  # int8 / int4 converted to float32 through the exponent bits (
 GEMV_X_VEC = 4  # weight loads as wide as x's, so x needs no layout conversion
 GEMV_DOT = 8  # not a qgemv formulation: the token through qgemm's tile (quant_tune)
 GEMV_ACC = 16  # fp8 / int8 per row: a 2-D float32 accumulator, reduced once after the loop
+# the loop software-pipelined 2 or 3 stages deep (the weight tiles ahead in shared memory):
+# in int4_gemv_probe_stages_h200.json it took a word-tile down projection (14336 inputs, 7-14
+# iterations a program) from 32.1 to 19.0 us and left the 4096-input shapes (2-4
+# iterations) as they were
+GEMV_STAGES2 = 64
+GEMV_STAGES3 = 128
+
+
+def gemv_stages(variant: int) -> int:
+    """The software-pipelining depth a GEMV variant asks for (1: none)."""
+    return 3 if variant & GEMV_STAGES3 else 2 if variant & GEMV_STAGES2 else 1
 
 
 def gemv_acc_fits(scheme: str, per_row: bool) -> bool:
@@ -86,7 +97,8 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  COLUMN: tl.constexpr, EXP_CVT: tl.constexpr, X_VEC: tl.constexpr,
                  HALF: tl.constexpr, ACC: tl.constexpr = False, PF_LINES: tl.constexpr = 1,
-                 USE_PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
+                 USE_PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+                 STAGES: tl.constexpr = 1):
     # HALF (int4): byte j pairs columns lo(j) = (j // HALF) * 2 HALF + j % HALF (low nibble)
     # and lo(j) + HALF (high): 1 for "nibbles" (2j, 2j + 1), T / 2 for "halves<T>". Either
     # way a run of GROUP / 2 bytes holds the columns of one group (T <= GROUP).
@@ -101,7 +113,9 @@ def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, 
     acc = tl.zeros([BLOCK_N], tl.float32)
     xsum = tl.zeros([BLOCK_K // 2], tl.float32)  # PER_ROW int4: sum of x, for the offset
     acc2 = tl.zeros([BLOCK_N, BLOCK_K if ACC else 1], tl.float32)  # ACC: products so far
-    for k0 in range(0, n_in, BLOCK_K):
+    # STAGES > 1 (GEMV_STAGES2 / 3): Triton software-pipelines the loop, the next tiles'
+    # weights copied ahead into shared memory (cp.async) while this one's arithmetic runs
+    for k0 in tl.range(0, n_in, BLOCK_K, num_stages=STAGES):
         if KIND == 2:
             j = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte index: columns 2j, 2j + 1
             jmask = j < n_in // 2

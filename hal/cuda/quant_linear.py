@@ -33,6 +33,7 @@ from tessera.hal.cuda.quant_kernels import (
     INT8,
     dequant_kernel,
     gemv_acc_fits,
+    gemv_stages,
     qgemm_kernel,
     qgemm_wt_kernel,
     qgemv_kernel,
@@ -113,7 +114,8 @@ def _per_row(w: QuantizedWeight) -> bool:
 def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
           block_n: int, block_k: int, num_warps: int, variant: int = 0) -> torch.Tensor:
     """variant: GEMV_COLUMN | GEMV_EXP_CVT | GEMV_X_VEC | GEMV_ACC flags (quant_kernels.py),
-    0 none; GEMV_ACC only for fp8 / int8 weights with one scale a row."""
+    0 none, and GEMV_STAGES2 or GEMV_STAGES3 (the loop software-pipelined); GEMV_ACC only for
+    fp8 / int8 weights with one scale a row."""
     n, k = w.shape
     per_row = _per_row(w)
     acc = bool(variant & GEMV_ACC)
@@ -129,7 +131,8 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
         KIND=KINDS[w.scheme], GROUP=group if not per_row else 1, PER_ROW=per_row,
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
         COLUMN=bool(variant & GEMV_COLUMN), EXP_CVT=bool(variant & GEMV_EXP_CVT),
-        X_VEC=bool(variant & GEMV_X_VEC), HALF=_half(w), ACC=acc, num_warps=num_warps,
+        X_VEC=bool(variant & GEMV_X_VEC), HALF=_half(w), ACC=acc,
+        STAGES=gemv_stages(variant), num_warps=num_warps,
         **pdl.gemv_launch_options(w.qweight.shape[1] * w.qweight.element_size()))
     return out
 

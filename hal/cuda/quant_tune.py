@@ -19,6 +19,8 @@ from tessera.hal.cuda.quant_kernels import (
     GEMV_COLUMN,
     GEMV_DOT,
     GEMV_EXP_CVT,
+    GEMV_STAGES2,
+    GEMV_STAGES3,
     GEMV_X_VEC,
     gemv_acc_fits,
 )
@@ -32,9 +34,12 @@ from tessera.hal.quant.weight import QuantizedWeight
 # measures which wins, the first candidate (taken where nothing is measured) the one B12
 # measured.
 _COL, _EXP, _XV, _ACC = GEMV_COLUMN, GEMV_EXP_CVT, GEMV_X_VEC, GEMV_ACC
+_S2, _S3 = GEMV_STAGES2, GEMV_STAGES3
 # every combination of the first three flags; GEMV_ACC (one scale a row, fp8 / int8) with
-# the conversion and load flags (GEMV_COLUMN changes nothing without groups)
-GEMV_VARIANTS = tuple(range(8)) + (_ACC, _ACC | _EXP, _ACC | _XV, _ACC | _EXP | _XV)
+# the conversion and load flags (GEMV_COLUMN changes nothing without groups); the plain tile
+# and the accumulator one software-pipelined 2 and 3 stages deep
+GEMV_VARIANTS = tuple(range(8)) + (_ACC, _ACC | _EXP, _ACC | _XV, _ACC | _EXP | _XV) + \
+    (_S2, _S3, _ACC | _XV | _S2, _ACC | _XV | _S3)
 _B12_8BIT = [(2, 2048, 8), (4, 2048, 8), (4, 1024, 4), (8, 1024, 8), (1, 4096, 8)]
 _WIDE_8BIT = [(2, 4096, 8), (4, 4096, 8), (8, 2048, 8)]
 _GROUPED = (0, _COL, _EXP, _COL | _EXP, _EXP | _XV)  # per wide tile
@@ -46,13 +51,17 @@ GEMV_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
     # (GEMV_ACC | GEMV_X_VEC) fastest on down (16.9 us against 19.4). The tuner measures
     # these per shape; the first is taken where nothing is measured.
     "fp8": [(4, 2048, 4, 0), (8, 2048, 4, 0), (2, 1024, 4, _ACC | _XV),
-            (4, 1024, 4, _ACC | _XV), (4, 1024, 4, 0)],
+            (4, 1024, 4, _ACC | _XV), (4, 1024, 4, 0),
+            # software-pipelined (GEMV_STAGES2 / 3): for the long rows (down's 14336 inputs)
+            (4, 2048, 4, _S2), (4, 1024, 4, _S3), (2, 1024, 4, _ACC | _XV | _S3)],
     "int8": [(*c, 0) for c in _B12_8BIT] + [(*c, v) for c in _WIDE_8BIT for v in _GROUPED]
     + [(*c, _EXP | _XV) for c in _B12_8BIT[:2]],
     # int4: 16 x 2048 and 8 x 2048 at 4 warps, the plain reshaped tile, fastest (74.5-74.6 us
     # a layer, 1.5-1.9 TB/s; 8 x 4096 at 8 warps, the list's first before, 83.3), then these
     "int4": [(16, 2048, 4, 0), (8, 2048, 4, 0), (16, 4096, 8, 0), (16, 2048, 4, _EXP),
-             (8, 4096, 8, _EXP | _XV)]
+             (8, 4096, 8, _EXP | _XV),
+             # software-pipelined (GEMV_STAGES2 / 3): for the long rows
+             (8, 1024, 4, _S3), (16, 1024, 4, _S3), (8, 2048, 4, _S2), (16, 2048, 4, _S2)]
     # GEMV_DOT: the token through qgemm_wt_kernel's tensor-core tile (BLOCK_M 16, the
     # nibbles made 16-bit floats by their exponent bits, no FMA per weight), for a "halves"
     # weight: (BLOCK_N, num_stages, num_warps, GEMV_DOT). They took 1.8-5.6x the GEMV's time

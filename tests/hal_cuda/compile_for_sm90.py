@@ -68,6 +68,7 @@ def qgemv_case(scheme: str, group: int | None, variant: int, block_n: int = 4,
               "EXP_CVT": bool(variant & qk.GEMV_EXP_CVT),
               "X_VEC": bool(variant & qk.GEMV_X_VEC),
               "ACC": bool(variant & qk.GEMV_ACC),
+              "STAGES": qk.gemv_stages(variant),
               "HALF": 64 if scheme == "int4" else 1}  # int4 as prepare holds it: halves128
     return Case(f"qgemv {scheme} group={group or 'row'} variant={variant}", fn,
                 _signature(fn, types, consts), consts, num_warps=num_warps,

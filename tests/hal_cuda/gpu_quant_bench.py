@@ -123,7 +123,9 @@ def gemv_candidates(setup: Setup, scheme: str, n_out: int, n_in: int) -> dict[st
                                           ("exp_cvt", quant_kernels.GEMV_EXP_CVT),
                                           ("x_vec", quant_kernels.GEMV_X_VEC),
                                           ("acc", quant_kernels.GEMV_ACC),
-                                          ("dot", quant_kernels.GEMV_DOT))
+                                          ("dot", quant_kernels.GEMV_DOT),
+                                          ("stages2", quant_kernels.GEMV_STAGES2),
+                                          ("stages3", quant_kernels.GEMV_STAGES3))
                         if variant & flag) or "tile"
         row: dict[str, Any] = {"config": list(cand), "variant": name}
         try:  # through one_token, as the tuner runs them (GEMV_DOT: qgemm's tile)
