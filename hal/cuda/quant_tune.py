@@ -50,17 +50,19 @@ GEMV_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
     # (63.2 us a layer; 4 x 1024, the list's first before, 68.2), the 2-D accumulator tiles
     # (GEMV_ACC | GEMV_X_VEC) fastest on down (16.9 us against 19.4). The tuner measures
     # these per shape; the first is taken where nothing is measured.
+    # (fp8's tiles software-pipelined, GEMV_STAGES2 / 3, lost on every shape in call 35,
+    # quant_gemv_stages_h200.json: down 19.2-20.7 us against 16.1; not listed)
     "fp8": [(4, 2048, 4, 0), (8, 2048, 4, 0), (2, 1024, 4, _ACC | _XV),
-            (4, 1024, 4, _ACC | _XV), (4, 1024, 4, 0),
-            # software-pipelined (GEMV_STAGES2 / 3): for the long rows (down's 14336 inputs)
-            (4, 2048, 4, _S2), (4, 1024, 4, _S3), (2, 1024, 4, _ACC | _XV | _S3)],
+            (4, 1024, 4, _ACC | _XV), (4, 1024, 4, 0)],
     "int8": [(*c, 0) for c in _B12_8BIT] + [(*c, v) for c in _WIDE_8BIT for v in _GROUPED]
     + [(*c, _EXP | _XV) for c in _B12_8BIT[:2]],
     # int4: 16 x 2048 and 8 x 2048 at 4 warps, the plain reshaped tile, fastest (74.5-74.6 us
     # a layer, 1.5-1.9 TB/s; 8 x 4096 at 8 warps, the list's first before, 83.3), then these
     "int4": [(16, 2048, 4, 0), (8, 2048, 4, 0), (16, 4096, 8, 0), (16, 2048, 4, _EXP),
              (8, 4096, 8, _EXP | _XV),
-             # software-pipelined (GEMV_STAGES2 / 3): for the long rows
+             # software-pipelined (GEMV_STAGES2 / 3), for the long rows: in call 35
+             # (quant_gemv_stages_h200.json) 16 x 1024 at 3 stages took down from 23.4 to
+             # 20.5 us, within 1-3% of the plain tiles' best elsewhere
              (8, 1024, 4, _S3), (16, 1024, 4, _S3), (8, 2048, 4, _S2), (16, 2048, 4, _S2)]
     # GEMV_DOT: the token through qgemm_wt_kernel's tensor-core tile (BLOCK_M 16, the
     # nibbles made 16-bit floats by their exponent bits, no FMA per weight), for a "halves"
