@@ -37,9 +37,8 @@ _COL, _EXP, _XV, _ACC = GEMV_COLUMN, GEMV_EXP_CVT, GEMV_X_VEC, GEMV_ACC
 _S2, _S3 = GEMV_STAGES2, GEMV_STAGES3
 # every combination of the first three flags; GEMV_ACC (one scale a row, fp8 / int8) with
 # the conversion and load flags (GEMV_COLUMN changes nothing without groups); the plain tile
-# and the accumulator one software-pipelined 2 and 3 stages deep
-GEMV_VARIANTS = tuple(range(8)) + (_ACC, _ACC | _EXP, _ACC | _XV, _ACC | _EXP | _XV) + \
-    (_S2, _S3, _ACC | _XV | _S2, _ACC | _XV | _S3)
+# software-pipelined 2 and 3 stages deep
+GEMV_VARIANTS = tuple(range(8)) + (_ACC, _ACC | _EXP, _ACC | _XV, _ACC | _EXP | _XV, _S2, _S3)
 _B12_8BIT = [(2, 2048, 8), (4, 2048, 8), (4, 1024, 4), (8, 1024, 8), (1, 4096, 8)]
 _WIDE_8BIT = [(2, 4096, 8), (4, 4096, 8), (8, 2048, 8)]
 _GROUPED = (0, _COL, _EXP, _COL | _EXP, _EXP | _XV)  # per wide tile
@@ -173,9 +172,8 @@ def batch_bucket(m: int) -> int:
 
 
 def _key(kernel: str, w: QuantizedWeight, x: torch.Tensor, bucket: int) -> tuple[Any, ...]:
-    # the packing too: one shape held in two layouts (a benchmark's A/B) takes two choices
-    return (kernel, w.scheme, w.packing, w.out_features, w.in_features, w.group_size, bucket,
-            x.dtype, x.device.index)
+    return (kernel, w.scheme, w.out_features, w.in_features, w.group_size, bucket, x.dtype,
+            x.device.index)
 
 
 def gemv_candidates(w: QuantizedWeight) -> list[tuple[int, int, int, int]]:

@@ -53,12 +53,11 @@ Timer = Callable[[Callable[[Any], torch.Tensor], list[Any]], float]
 
 
 def _group(scheme: str, n_in: int) -> int | None:
-    """The group size the sweeps quantize a scheme with: int4 128 (AWQ / GPTQ's), or one
-    scale a row with QUANT_INT4_GROUP=row (how much the groups' scales and offsets cost);
-    None (the scheme's default) for the others."""
-    if scheme != "int4":
-        return None
-    return n_in if os.environ.get("QUANT_INT4_GROUP") == "row" else 128
+    """The group size the sweeps quantize a scheme with: the scheme's default (None; int4's
+    is 128, AWQ / GPTQ's), or for int4 one scale a row with QUANT_INT4_GROUP=row (how much
+    the groups' scales and offsets cost)."""
+    row = scheme == "int4" and os.environ.get("QUANT_INT4_GROUP") == "row"
+    return n_in if row else None
 
 
 @dataclass

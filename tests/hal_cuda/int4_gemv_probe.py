@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,17 @@ def main(argv: list[str]) -> int:
     dev = torch.device("cpu" if cpu else "cuda")
     dtype = torch.float32 if cpu else torch.bfloat16
     shapes, tiles = (CPU_SHAPES, CPU_TILES) if cpu else (SHAPES, TILES)
+    if cpu:
+        def timer(call: Callable[[], torch.Tensor]) -> float:
+            t0 = time.perf_counter()
+            call()
+            return (time.perf_counter() - t0) * 1e6
+    else:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from gpu_bench import graph_time_us
+
+        def timer(call: Callable[[], torch.Tensor]) -> float:
+            return graph_time_us(call, reps=12)
     res: dict[str, Any] = {"commit": os.environ.get("TESSERA_COMMIT"),
                            "device": "cpu (interpreter)" if cpu else
                            torch.cuda.get_device_name(), "shapes": {}}
@@ -174,23 +186,15 @@ def main(argv: list[str]) -> int:
                 got = run(x, ws[0], tile, mode)
                 if mode[0] != 2:
                     row["rel_err"] = float((got.float() - want).norm() / want.norm())
-                if cpu:
-                    t0 = time.perf_counter()
-                    run(x, ws[0], tile, mode)
-                    row["us"] = (time.perf_counter() - t0) * 1e6
-                else:
-                    here = str(Path(__file__).resolve().parent)
-                    sys.path.insert(0, here)
-                    from gpu_bench import graph_time_us
+                turn = [0]  # rotates the weight copies: L2 never holds the one read
 
-                    i = [0]
-
-                    def call(t: tuple[int, int, int] = tile, m: tuple[int, int] = mode, x: torch.Tensor = x,
-                             ws: list[dict[str, torch.Tensor]] = ws, i: list[int] = i
-                             ) -> torch.Tensor:
-                        i[0] += 1
-                        return run(x, ws[i[0] % len(ws)], t, m)
-                    row["us"] = graph_time_us(call, reps=12)
+                def call(t: tuple[int, int, int] = tile, m: tuple[int, int] = mode,
+                         x: torch.Tensor = x, ws: list[dict[str, torch.Tensor]] = ws,
+                         turn: list[int] = turn) -> torch.Tensor:
+                    turn[0] += 1
+                    return run(x, ws[turn[0] % len(ws)], t, m)
+                row["us"] = timer(call)
+                if not cpu:
                     row["TBps"] = nbytes / (row["us"] * 1e-6) / 1e12
                 rows.append(row)
                 print(f"{name} {tile} {vname}: {row['us']:.1f} us "
