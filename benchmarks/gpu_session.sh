@@ -38,7 +38,8 @@
 #                                 #   (calls 32 and 33 measured 7b747f3 / 99beac2, both reverted after them)
 #   benchmarks/gpu_session.sh 34  # one H200:  the GEMV sweep with int4 at one scale a row (what the groups cost), b12 b1 (~150 s)
 #   benchmarks/gpu_session.sh 35  # one H200:  one-token GEMVs software-pipelined (GEMV_STAGES2 / 3): their GPU tests, the GEMV sweep, b12 b1 (~200 s)
-#   benchmarks/gpu_session.sh 36  # one H200:  GEMVs' first weight tile before the PDL wait (HAL_CUDA_PDL=preload): PDL tests, pdlbench, b12 b1 and b1 each way (~420 s)
+#                                 #   (call 36, at 6bdeb60: the GEMVs' first weight tile loaded before their PDL
+#                                 #   wait, HAL_CUDA_PDL=preload; no faster, reverted: its case is in that commit)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -72,7 +73,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-6])$ ]] || { echo "usage: $0 1|...|36  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5])$ ]] || { echo "usage: $0 1|...|35  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -485,18 +486,6 @@ case $CALL in
     QUANT_K="every_tuner_candidate and (fp8-1] or int4-1])" part quanttests 120 40 quanttests
     QUANT_GEMM_SWEEP=0 part quantbench 150 60 quantbench
     part b12b1 130 75 b12 --parts b1 --name b12_b1_h200
-    ;;
-  36)
-    # One H200 after the one-token GEMVs could load their first weight tile before their PDL
-    # wait (HAL_CUDA_PDL=preload: the programs resident while the kernel before runs have
-    # their first loads in flight): the PDL chain's GPU test in both modes, pdlbench (off,
-    # on, preload), then B12's batch-1 part and B1 as they ship and with preload, alternating.
-    KERNELS_K="pdl" part kernels 120 50 kernels
-    part pdlbench 120 60 pdlbench
-    part b12b1 130 75 b12 --parts b1 --name b12_b1_h200
-    HAL_CUDA_PDL=preload part b12b1preload 130 75 b12 --parts b1 --name b12_b1_preload_h200
-    part b1 50 30 b1
-    HAL_CUDA_PDL=preload part b1preload 50 30 b1 --name b1_preload_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -63,25 +63,17 @@ TUNED_CAPABILITY = (9, 0)
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n_out, n_in, w_s0,
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  PF_LINES: tl.constexpr = 1, USE_PDL: tl.constexpr = False,
-                 PREFETCH: tl.constexpr = False, PRELOAD: tl.constexpr = False):
+                 PREFETCH: tl.constexpr = False):
     if PREFETCH:  # HAL_CUDA_PDL=prefetch: the weight rows into L2 before the wait (pdl.py)
         prefetch_rows_l2(w_ptr, tl.program_id(0) * BLOCK_N, n_out, w_s0, n_in, BLOCK_N,
                          PF_LINES)
+    pdl_enter(USE_PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < n_out
     cols = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rows[:, None].to(tl.int64) * w_s0
-    if PRELOAD:  # HAL_CUDA_PDL=preload: the first weight tile's loads before the wait
-        w0 = tl.load(w_rows + cols[None, :], mask=rmask[:, None] & (cols < n_in)[None, :],
-                     other=0.0)
-    pdl_enter(USE_PDL)
     acc = tl.zeros([BLOCK_N], tl.float32)
-    k_start = 0
-    if PRELOAD:
-        x0 = tl.load(x_ptr + cols, mask=cols < n_in, other=0.0).to(tl.float32)
-        acc += tl.sum(w0.to(tl.float32) * x0[None, :], 1)
-        k_start = BLOCK_K
-    for k0 in range(k_start, n_in, BLOCK_K):
+    for k0 in range(0, n_in, BLOCK_K):
         k = k0 + cols
         kmask = k < n_in
         x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)

@@ -20,9 +20,6 @@ while the kernel before it is still running, and
   every program prefetches its rows, most of them after the kernel before has already
   finished, so the L2 sees each line requested twice; gate_up's GEMV took 70.9 us against
   54.4 us plain and 53.8 us with PDL alone. So it is not the default.
-  `HAL_CUDA_PDL=preload` has them load their first weight tile into registers there
-  instead: the loads the program makes anyway, issued while the kernel before still runs
-  by the programs already resident then, each line read once.
 
 Measured on an H200 (docs/performance.md, "Programmatic dependent launch"): a bf16 decode
 layer of one request 119.6 us against 124.3 us plain, fp8 74.6 against 80.3, int4 87.2
@@ -51,15 +48,14 @@ VARIABLE = "HAL_CUDA_PDL"
 LINE_BYTES = 128  # an L2 line: one prefetch a line
 
 
-MODES = ("on", "off", "prefetch", "small", "preload")
+MODES = ("on", "off", "prefetch", "small")
 
 
 def setting(value: str | None) -> str:
     """The mode `HAL_CUDA_PDL`'s value asks for: on (unset, 1: every kernel of the decode
     path), off (0), prefetch (on, the one-token GEMVs also prefetching their weight rows into
-    L2 before their wait), preload (on, the one-token GEMVs loading their first weight tile
-    into registers before their wait) or small (the GEMVs launched plainly, the other kernels
-    with PDL)."""
+    L2 before their wait) or small (the GEMVs launched plainly, the other kernels with
+    PDL)."""
     text = (value or "").strip().lower()
     if text in ("", "1", "on", "true", "yes"):
         return "on"
@@ -68,7 +64,7 @@ def setting(value: str | None) -> str:
     if text in MODES:
         return text
     raise ValueError(f"{VARIABLE}={value!r}: expected 1 (on, the default), 0 (off), "
-                     "prefetch, preload or small")
+                     "prefetch or small")
 
 
 def triton_supports() -> bool:
@@ -124,15 +120,13 @@ def launch_options() -> dict[str, Any]:
 
 def gemv_launch_options(row_bytes: int) -> dict[str, Any]:
     """launch_options() of a one-token GEMV whose weight rows are row_bytes long: none in
-    mode small; in mode prefetch also PREFETCH and PF_LINES; in mode preload also PRELOAD."""
+    mode small; in mode prefetch also PREFETCH and PF_LINES."""
     current = mode()
     if current in ("off", "small"):
         return {}
     options = launch_options()
     if current == "prefetch":
         options.update(PREFETCH=True, PF_LINES=prefetch_lines(row_bytes))
-    elif current == "preload":
-        options.update(PRELOAD=True)
     return options
 
 

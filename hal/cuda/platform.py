@@ -220,7 +220,7 @@ class CudaPlatform(OpTablePlatform):
             info["triton"] = triton.__version__
             from tessera.hal.cuda import pdl
 
-            info["programmatic dependent launch"] = pdl.mode()
+            info["programmatic dependent launch"] = "on" if pdl.on() else "off"
         except ImportError:
             info["triton"] = "missing"
         info["runtime"] = f"CUDA {torch.version.cuda}"

@@ -92,134 +92,97 @@ def _int_to_f32(q, KIND: tl.constexpr, EXP_CVT: tl.constexpr):
 
 
 @triton.jit
-def _qgemv_weights(q_rows, rmask, k0, n_in, KIND: tl.constexpr, BLOCK_K: tl.constexpr,
-                   X_VEC: tl.constexpr, X_BITS: tl.constexpr):
-    """The packed weight tile of columns k0 .. k0 + BLOCK_K - 1 as loaded (int4: the bytes of
-    columns 2j, 2j + 1)."""
-    if KIND == 2:
-        j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        jq = j
-        if X_VEC:  # a byte holds two columns: half of x's elements per 16 bytes
-            jq = tl.max_contiguous(j, 64 // X_BITS)
-        t = tl.load(q_rows + jq[None, :], mask=rmask[:, None] & (j < n_in // 2)[None, :],
-                    other=0)
-    else:
-        k = k0 + tl.arange(0, BLOCK_K)
-        kq = k
-        if X_VEC:  # as many weight bytes per load as x elements in 16 bytes
-            kq = tl.max_contiguous(k, 128 // X_BITS)
-        t = tl.load(q_rows + kq[None, :], mask=rmask[:, None] & (k < n_in)[None, :],
-                    other=0.0)
-    return t
-
-
-@triton.jit
-def _qgemv_tile(acc, xsum, acc2, wt, k0, x_ptr, s_ptr, o_ptr, s_rows, rmask, n_in,
-                KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COLUMN: tl.constexpr,
-                EXP_CVT: tl.constexpr, HALF: tl.constexpr, ACC: tl.constexpr):
-    """One K tile of qgemv_kernel: its weight tile wt (_qgemv_weights) against x, added into
-    the accumulators (acc [BLOCK_N], PER_ROW int4's xsum, ACC's acc2)."""
-    if KIND == 2:
-        j = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte index: columns 2j, 2j + 1
-        jmask = j < n_in // 2
-        packed = wt.to(tl.int32)
-        if HALF > 1:  # each nibble's columns: runs of HALF
-            c_lo = tl.max_contiguous((j // HALF) * (2 * HALF) + j % HALF, HALF)
-            x_even = tl.load(x_ptr + c_lo, mask=jmask, other=0.0).to(tl.float32)
-            x_odd = tl.load(x_ptr + c_lo + HALF, mask=jmask, other=0.0).to(tl.float32)
-        elif COLUMN:  # x's even / odd elements loaded straight into the tile's columns
-            x_even = tl.load(x_ptr + 2 * j, mask=jmask, other=0.0).to(tl.float32)
-            x_odd = tl.load(x_ptr + 2 * j + 1, mask=jmask, other=0.0).to(tl.float32)
-        else:
-            k = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + k, mask=k < n_in, other=0.0).to(tl.float32)
-            x_even, x_odd = tl.split(tl.reshape(x, [BLOCK_K // 2, 2]))
-        prod = _int_to_f32(packed & 0xF, KIND, EXP_CVT) * x_even[None, :] + \
-            _int_to_f32(packed >> 4, KIND, EXP_CVT) * x_odd[None, :]  # [BLOCK_N, BLOCK_K/2]
-        pair = x_even + x_odd
-        if PER_ROW:
-            acc += tl.sum(prod, 1)
-            xsum += pair
-        elif COLUMN:  # each column's group scale / offset, repeated addresses hit L1
-            cmask = rmask[:, None] & jmask[None, :]
-            g = j[None, :] // (GROUP // 2)
-            s = tl.load(s_ptr + s_rows + g, mask=cmask, other=0.0)
-            o = tl.load(o_ptr + s_rows + g, mask=cmask, other=0.0)
-            acc += tl.sum(prod * s + o * pair[None, :], 1)
-        else:
-            NG: tl.constexpr = BLOCK_K // GROUP
-            part = tl.sum(tl.reshape(prod, [BLOCK_N, NG, GROUP // 2]), 2)
-            xs = tl.sum(tl.reshape(pair, [NG, GROUP // 2]), 1)
-            g = k0 // GROUP + tl.arange(0, NG)
-            gmask = rmask[:, None] & (g < n_in // GROUP)[None, :]
-            s = tl.load(s_ptr + s_rows + g[None, :], mask=gmask, other=0.0)
-            o = tl.load(o_ptr + s_rows + g[None, :], mask=gmask, other=0.0)
-            acc += tl.sum(part * s + o * xs[None, :], 1)
-    else:
-        k = k0 + tl.arange(0, BLOCK_K)
-        kmask = k < n_in
-        x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
-        if KIND == 1:
-            prod = _int_to_f32(wt.to(tl.int32), KIND, EXP_CVT) * x[None, :]
-        else:
-            prod = wt.to(tl.float32) * x[None, :]
-        if ACC:  # PER_ROW (qgemv refuses ACC otherwise)
-            acc2 += prod
-        elif PER_ROW:
-            acc += tl.sum(prod, 1)
-        elif COLUMN:
-            cmask = rmask[:, None] & kmask[None, :]
-            s = tl.load(s_ptr + s_rows + k[None, :] // GROUP, mask=cmask, other=0.0)
-            acc += tl.sum(prod * s, 1)
-        else:
-            NG2: tl.constexpr = BLOCK_K // GROUP
-            part = tl.sum(tl.reshape(prod, [BLOCK_N, NG2, GROUP]), 2)
-            g = k0 // GROUP + tl.arange(0, NG2)
-            gmask = rmask[:, None] & (g < n_in // GROUP)[None, :]
-            s = tl.load(s_ptr + s_rows + g[None, :], mask=gmask, other=0.0)
-            acc += tl.sum(part * s, 1)
-    return acc, xsum, acc2
-
-
-@triton.jit
 def qgemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, n_out, n_in, q_s0, s_s0,
                  KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  COLUMN: tl.constexpr, EXP_CVT: tl.constexpr, X_VEC: tl.constexpr,
                  HALF: tl.constexpr, ACC: tl.constexpr = False, PF_LINES: tl.constexpr = 1,
                  USE_PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-                 STAGES: tl.constexpr = 1, PRELOAD: tl.constexpr = False):
+                 STAGES: tl.constexpr = 1):
     # HALF (int4): byte j pairs columns lo(j) = (j // HALF) * 2 HALF + j % HALF (low nibble)
     # and lo(j) + HALF (high): 1 for "nibbles" (2j, 2j + 1), T / 2 for "halves<T>". Either
     # way a run of GROUP / 2 bytes holds the columns of one group (T <= GROUP).
     if PREFETCH:  # HAL_CUDA_PDL=prefetch: the weight rows into L2 before the wait (pdl.py)
         prefetch_rows_l2(q_ptr, tl.program_id(0) * BLOCK_N, n_out, q_s0,
                          n_in // 2 if KIND == 2 else n_in, BLOCK_N, PF_LINES)
-    X_BITS: tl.constexpr = x_ptr.dtype.element_ty.primitive_bitwidth
+    pdl_enter(USE_PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < n_out
     q_rows = q_ptr + rows[:, None].to(tl.int64) * q_s0
     s_rows = rows[:, None].to(tl.int64) * s_s0
-    if PRELOAD:  # HAL_CUDA_PDL=preload: the first weight tile's loads before the wait
-        w0 = _qgemv_weights(q_rows, rmask, 0, n_in, KIND, BLOCK_K, X_VEC, X_BITS)
-    pdl_enter(USE_PDL)
     acc = tl.zeros([BLOCK_N], tl.float32)
     xsum = tl.zeros([BLOCK_K // 2], tl.float32)  # PER_ROW int4: sum of x, for the offset
     acc2 = tl.zeros([BLOCK_N, BLOCK_K if ACC else 1], tl.float32)  # ACC: products so far
-    k_start = 0
-    if PRELOAD:
-        acc, xsum, acc2 = _qgemv_tile(acc, xsum, acc2, w0, 0, x_ptr, s_ptr, o_ptr, s_rows,
-                                      rmask, n_in, KIND, GROUP, PER_ROW, BLOCK_N, BLOCK_K,
-                                      COLUMN, EXP_CVT, HALF, ACC)
-        k_start = BLOCK_K
     # STAGES > 1 (GEMV_STAGES2 / 3): Triton software-pipelines the loop, the next tiles'
     # weights copied ahead into shared memory (cp.async) while this one's arithmetic runs
-    for k0 in tl.range(k_start, n_in, BLOCK_K, num_stages=STAGES):
-        wt = _qgemv_weights(q_rows, rmask, k0, n_in, KIND, BLOCK_K, X_VEC, X_BITS)
-        acc, xsum, acc2 = _qgemv_tile(acc, xsum, acc2, wt, k0, x_ptr, s_ptr, o_ptr, s_rows,
-                                      rmask, n_in, KIND, GROUP, PER_ROW, BLOCK_N, BLOCK_K,
-                                      COLUMN, EXP_CVT, HALF, ACC)
+    for k0 in tl.range(0, n_in, BLOCK_K, num_stages=STAGES):
+        if KIND == 2:
+            j = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte index: columns 2j, 2j + 1
+            jmask = j < n_in // 2
+            jq = j
+            if X_VEC:  # a byte holds two columns: half of x's elements per 16 bytes
+                jq = tl.max_contiguous(j, 64 // x_ptr.dtype.element_ty.primitive_bitwidth)
+            packed = tl.load(q_rows + jq[None, :], mask=rmask[:, None] & jmask[None, :],
+                             other=0).to(tl.int32)
+            if HALF > 1:  # each nibble's columns: runs of HALF
+                c_lo = tl.max_contiguous((j // HALF) * (2 * HALF) + j % HALF, HALF)
+                x_even = tl.load(x_ptr + c_lo, mask=jmask, other=0.0).to(tl.float32)
+                x_odd = tl.load(x_ptr + c_lo + HALF, mask=jmask, other=0.0).to(tl.float32)
+            elif COLUMN:  # x's even / odd elements loaded straight into the tile's columns
+                x_even = tl.load(x_ptr + 2 * j, mask=jmask, other=0.0).to(tl.float32)
+                x_odd = tl.load(x_ptr + 2 * j + 1, mask=jmask, other=0.0).to(tl.float32)
+            else:
+                k = k0 + tl.arange(0, BLOCK_K)
+                x = tl.load(x_ptr + k, mask=k < n_in, other=0.0).to(tl.float32)
+                x_even, x_odd = tl.split(tl.reshape(x, [BLOCK_K // 2, 2]))
+            prod = _int_to_f32(packed & 0xF, KIND, EXP_CVT) * x_even[None, :] + \
+                _int_to_f32(packed >> 4, KIND, EXP_CVT) * x_odd[None, :]  # [BLOCK_N, BLOCK_K/2]
+            pair = x_even + x_odd
+            if PER_ROW:
+                acc += tl.sum(prod, 1)
+                xsum += pair
+            elif COLUMN:  # each column's group scale / offset, repeated addresses hit L1
+                cmask = rmask[:, None] & jmask[None, :]
+                g = j[None, :] // (GROUP // 2)
+                s = tl.load(s_ptr + s_rows + g, mask=cmask, other=0.0)
+                o = tl.load(o_ptr + s_rows + g, mask=cmask, other=0.0)
+                acc += tl.sum(prod * s + o * pair[None, :], 1)
+            else:
+                NG: tl.constexpr = BLOCK_K // GROUP
+                part = tl.sum(tl.reshape(prod, [BLOCK_N, NG, GROUP // 2]), 2)
+                xs = tl.sum(tl.reshape(pair, [NG, GROUP // 2]), 1)
+                g = k0 // GROUP + tl.arange(0, NG)
+                gmask = rmask[:, None] & (g < n_in // GROUP)[None, :]
+                s = tl.load(s_ptr + s_rows + g[None, :], mask=gmask, other=0.0)
+                o = tl.load(o_ptr + s_rows + g[None, :], mask=gmask, other=0.0)
+                acc += tl.sum(part * s + o * xs[None, :], 1)
+        else:
+            k = k0 + tl.arange(0, BLOCK_K)
+            kmask = k < n_in
+            kq = k
+            if X_VEC:  # as many weight bytes per load as x elements in 16 bytes
+                kq = tl.max_contiguous(k, 128 // x_ptr.dtype.element_ty.primitive_bitwidth)
+            w = tl.load(q_rows + kq[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+            x = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+            if KIND == 1:
+                prod = _int_to_f32(w.to(tl.int32), KIND, EXP_CVT) * x[None, :]
+            else:
+                prod = w.to(tl.float32) * x[None, :]
+            if ACC:  # PER_ROW (qgemv refuses ACC otherwise)
+                acc2 += prod
+            elif PER_ROW:
+                acc += tl.sum(prod, 1)
+            elif COLUMN:
+                cmask = rmask[:, None] & kmask[None, :]
+                s = tl.load(s_ptr + s_rows + k[None, :] // GROUP, mask=cmask, other=0.0)
+                acc += tl.sum(prod * s, 1)
+            else:
+                NG2: tl.constexpr = BLOCK_K // GROUP
+                part = tl.sum(tl.reshape(prod, [BLOCK_N, NG2, GROUP]), 2)
+                g = k0 // GROUP + tl.arange(0, NG2)
+                gmask = rmask[:, None] & (g < n_in // GROUP)[None, :]
+                s = tl.load(s_ptr + s_rows + g[None, :], mask=gmask, other=0.0)
+                acc += tl.sum(part * s, 1)
     if ACC:
         acc = tl.sum(acc2, 1)
     if PER_ROW:

@@ -137,7 +137,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("pdl_bench: needs a GPU", file=sys.stderr)
         return 1
-    modes = ["off", "on", "preload"]  # (prefetch and small: pdl_bench_h200.json, aebfdb6)
+    modes = ["off", "on", "prefetch", "small"]
     result: dict[str, Any] = {"commit": os.environ.get("TESSERA_COMMIT"),
                               "triton_supports_pdl": pdl.triton_supports(),
                               "device": torch.cuda.get_device_name(),

@@ -58,26 +58,3 @@ def test_pdl_order_check_catches_a_load_before_the_wait() -> None:
     assert pdl_order(good.replace("prefetch.global.L2 [%rd5];", ""), prefetch=True) == \
         "no L2 prefetch of the weights before the wait"
     assert pdl_order("ld.global.b32 %r2, [%rd2];") == "no griddepcontrol.wait / launch_dependents"
-
-
-def test_pdl_order_check_allows_only_weight_loads_before_a_preload_wait() -> None:
-    """With `preload` (HAL_CUDA_PDL=preload's GEMVs) the loads before the wait must read
-    through the weight pointer's parameter, followed register by register: a load of x (the
-    kernel before writes it), a store, or no load at all is reported."""
-    sys.path.insert(0, str(SCRIPT.parent))
-    from compile_for_sm90 import pdl_order
-
-    head = ("ld.param.u64 %rd1, [k_param_0];\n ld.param.u64 %rd2, [k_param_1];\n"
-            " mov.u32 %r1, %ctaid.x;\n mul.wide.s32 %rd3, %r1, 4096;\n")
-    tail = " griddepcontrol.wait ;\n griddepcontrol.launch_dependents ;\n"
-    weight = " add.s64 %rd4, %rd2, %rd3;\n @%p1 ld.global.v4.b32 {%r2, %r3, %r4, %r5}, [%rd4 + 0];\n"
-    assert pdl_order(head + weight + tail, preload=1) == "ok"
-    x_load = " add.s64 %rd5, %rd1, %rd3;\n ld.global.b16 {%rs1}, [%rd5 + 0];\n"
-    assert "not of the weights" in pdl_order(head + weight + x_load + tail, preload=1)
-    # an address mixing both pointers is not a weight load either
-    mixed = " add.s64 %rd6, %rd4, %rd1;\n ld.global.b32 %r6, [%rd6];\n"
-    assert "not of the weights" in pdl_order(head + weight + mixed + tail, preload=1)
-    assert "not a load" in pdl_order(head + weight + " st.global.b32 [%rd4], %r2;\n" + tail,
-                                     preload=1)
-    assert pdl_order(head + tail, preload=1) == "no load of the weights before the wait"
-    assert pdl_order(head + weight + tail).startswith("global memory touched before the wait")

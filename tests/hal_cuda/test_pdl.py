@@ -16,7 +16,6 @@ def test_setting_accepts_on_and_off_and_refuses_the_rest() -> None:
     assert pdl.setting(None) == pdl.setting("") == pdl.setting("1") == pdl.setting(" On ") == "on"
     assert pdl.setting("0") == pdl.setting("off") == pdl.setting("false") == "off"
     assert pdl.setting("prefetch") == "prefetch" and pdl.setting("SMALL") == "small"
-    assert pdl.setting("preload") == "preload"
     with pytest.raises(ValueError, match="HAL_CUDA_PDL='maybe'"):
         pdl.setting("maybe")
 
@@ -34,9 +33,6 @@ def test_launch_options_follow_the_switch() -> None:
             assert not pdl.on()
         with pdl.forced("prefetch"):
             assert pdl.gemv_launch_options(8192) == {**both, "PREFETCH": True, "PF_LINES": 64}
-            assert pdl.launch_options() == both
-        with pdl.forced("preload"):
-            assert pdl.gemv_launch_options(8192) == {**both, "PRELOAD": True}
             assert pdl.launch_options() == both
         with pdl.forced("small"):
             assert pdl.gemv_launch_options(8192) == {} and pdl.launch_options() == both

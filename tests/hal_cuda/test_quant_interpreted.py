@@ -91,44 +91,6 @@ def test_qgemv_every_variant(kernels: dict[str, ModuleType], scheme: str, group:
         torch.testing.assert_close(out, want, **TOL, msg=lambda m, c=cfg: f"{c}: {m}")
 
 
-@pytest.mark.parametrize("scheme,group,k", VARIANT_CASES + [("bf16", None, 200)],
-                         ids=[f"{s}-g{g or 'row'}-k{k}" for s, g, k in VARIANT_CASES] +
-                         ["bf16-k200"])
-def test_gemv_preload_equals_the_plain_loop(kernels: dict[str, ModuleType],
-                                            monkeypatch: pytest.MonkeyPatch, scheme: str,
-                                            group: int | None, k: int) -> None:
-    """HAL_CUDA_PDL=preload (PRELOAD: the first weight tile loaded before the wait, its
-    products taken before the loop over the rest) gives the plain loop's output bit for bit,
-    every formulation and the bf16 GEMV, with one tile and with several."""
-    from tessera.hal.cuda import gemv, pdl, quant_tune
-
-    ql = kernels["quant_linear"]
-    x = _x(1, k, seed=40)
-    bias = torch.randn(37, generator=torch.Generator().manual_seed(41))
-    if scheme == "bf16":
-        dense = torch.randn((37, k), generator=torch.Generator().manual_seed(42))
-
-        def run(cfg: tuple[int, ...]) -> torch.Tensor:
-            return gemv.gemv(x, dense, bias, cfg[0], cfg[1], 4)
-        configs: list[tuple[int, ...]] = [(4, 64), (2, 128), (8, 256), (4, 1024)]
-    else:
-        w = ql.prepare(_awq_offsets(_weight(scheme, group or k, 37, k, seed=43), seed=44))
-        acc_fits = w.num_groups == 1 and scheme != "int4"
-
-        def run(cfg: tuple[int, ...]) -> torch.Tensor:
-            return quant_tune.one_token(x, w, bias, cfg)
-        configs = [(bn, bk, 4, v) for v in quant_tune.GEMV_VARIANTS
-                   if acc_fits or not v & quant_tune.GEMV_ACC
-                   for bn, bk in ((4, 256), (2, 128))
-                   if w.num_groups == 1 or bk % w.group_size == 0]
-    for cfg in configs:
-        plain = run(cfg)
-        with monkeypatch.context() as m:
-            m.setattr(pdl, "gemv_launch_options", lambda row_bytes: {"PRELOAD": True})
-            preloaded = run(cfg)
-        assert torch.equal(preloaded, plain), cfg
-
-
 @pytest.mark.parametrize("scheme,group", [("int4", None), ("int4", 64), ("int8", 64)])
 def test_qgemv_accumulator_refuses_groups_and_nibbles(kernels: dict[str, ModuleType],
                                                       scheme: str, group: int | None) -> None:
