@@ -53,6 +53,13 @@ class DoubleBuffer(Generic[T]):
             front, self._back = self._back, []
             return front
 
+    def take_wake(self) -> bool:
+        """Whether wake() was called since the last swap or take_wake (and forget it): for a
+        loop that waits elsewhere than in swap()."""
+        with self._cond:
+            woken, self._woken = self._woken, False
+            return woken
+
     def wake(self) -> None:
         """Make a swap() that is waiting return now, empty-handed if need be (for shutdown).
         Safe in a signal handler of a thread that is inside put() or swap()."""

@@ -92,6 +92,101 @@ def test_full_inbox_calls_on_reject(paths: RunPaths) -> None:
         inbox.close()
 
 
+def test_a_waiting_loop_takes_a_message_itself_and_hands_the_socket_back(
+        paths: RunPaths) -> None:
+    """A loop waiting in drain() waits on the socket itself (direct): the message is taken
+    there, counted as received; once drain() returns, the receiver thread has the socket
+    again and fills the back buffer while the loop is busy."""
+    import threading
+
+    inbox = Inbox(paths.scheduler, name="scheduler", direct=True)
+    out = Outbox(paths.scheduler)
+    try:
+        timer = threading.Timer(0.2, lambda: out.send(AbortRequest(rid="late")))
+        timer.start()
+        t0 = time.monotonic()
+        got = inbox.drain(5.0)
+        timer.join()
+        assert [m.rid for m in got] == ["late"]  # type: ignore[attr-defined]
+        assert 0.15 < time.monotonic() - t0 < 2.0 and inbox.received == 1
+        out.send(AbortRequest(rid="while busy"))
+        deadline = time.monotonic() + 5
+        while len(inbox.buffer) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # not draining: only the receiver thread can take it
+        assert len(inbox.buffer) == 1
+        assert [m.rid for m in inbox.drain()] == ["while busy"]  # type: ignore[attr-defined]
+    finally:
+        out.close()
+        inbox.close()
+
+
+def test_a_direct_wait_covers_every_inbox_sharing_the_buffer(paths: RunPaths) -> None:
+    import threading
+
+    first = Inbox(paths.scheduler, name="scheduler", direct=True)
+    second = Inbox(paths.scheduler_results, name="results", buffer=first.buffer, direct=True)
+    out = Outbox(paths.scheduler_results)
+    try:
+        timer = threading.Timer(0.2, lambda: out.send(AbortRequest(rid="to the second")))
+        timer.start()
+        got = first.drain(5.0)
+        timer.join()
+        assert [m.rid for m in got] == ["to the second"]  # type: ignore[attr-defined]
+        assert second.received == 1 and first.received == 0
+    finally:
+        out.close()
+        second.close()
+        first.close()
+
+
+def test_wake_ends_a_direct_wait(paths: RunPaths) -> None:
+    """buffer.wake() (what a SIGTERM handler calls) makes a loop waiting on its sockets
+    return, empty-handed, without waiting for its timeout."""
+    import threading
+
+    inbox = Inbox(paths.worker(0), name="worker", direct=True)
+    try:
+        threading.Timer(0.2, inbox.buffer.wake).start()
+        t0 = time.monotonic()
+        assert inbox.drain(None) == []
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        inbox.close()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_order_survives_the_socket_changing_hands(paths: RunPaths, direct: bool) -> None:
+    """Messages sent in bursts while the loop alternates between waiting (the socket its)
+    and working (the receiver thread's) arrive once each, in order."""
+    import threading
+
+    inbox = Inbox(paths.detokenizer, name="detokenizer", direct=direct)
+    out = Outbox(paths.detokenizer)
+    count = 1500
+
+    def send() -> None:
+        for i in range(count):
+            out.send(AbortRequest(rid=str(i)))
+            if i % 50 == 0:
+                time.sleep(0.002)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    got: list[Message] = []
+    deadline = time.monotonic() + 20
+    try:
+        while len(got) < count and time.monotonic() < deadline:
+            got += inbox.drain(0.001)
+            time.sleep(0.0005)  # "working": the receiver thread holds the socket
+            got += inbox.drain(0.0)
+        sender.join()
+        assert [int(m.rid) for m in got] == list(range(count))  # type: ignore[attr-defined]
+        assert inbox.received == count
+    finally:
+        out.close()
+        inbox.close()
+
+
 def test_send_without_a_peer_times_out(paths: RunPaths) -> None:
     out = Outbox(paths.worker(0), timeout_ms=50, immediate=True)
     t0 = time.monotonic()
