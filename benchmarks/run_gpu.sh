@@ -60,7 +60,7 @@ mkdir -p "$OUT"
 parts=()
 while [[ $# -gt 0 && $1 != -* ]]; do parts+=("$1"); shift; done
 [[ ${#parts[@]} -gt 0 ]] || parts=(all)
-all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|attnbench|pdlbench|all"
+all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|attnbench|pdlbench|hop|all"
 for part in "${parts[@]}"; do
   if [[ ! $part =~ ^($all_parts)$ ]]; then
     echo "usage: $0 [${all_parts//|/|} ...] [flags]" >&2
@@ -197,6 +197,11 @@ for part in "${parts[@]}"; do
     # (gpu_bench.gemv_sweep: what gemv.TUNED should hold), into gemv_sweep_$SUFFIX/.
     # Programmatic dependent launch against plain launches: GEMVs alone and chains of decode
     # layers in each HAL_CUDA_PDL mode (tests/hal_cuda/pdl_bench.py), pdl_bench_$SUFFIX.json.
+    # One message to a process waiting for it, each way a process can receive it
+    # (benchmarks/bench_hop.py: the host's hop, apart from the GPU), hop_$SUFFIX.json.
+    hop) echo "+ bench_hop" >&2
+         "$PY" -m tessera.benchmarks.bench_hop --out "$OUT/hop_$SUFFIX.json" \
+           $([[ $DRY == 1 ]] && echo --messages 50) || { echo "hop: failed" >&2; failed+=(hop); } ;;
     pdlbench) echo "+ tests/hal_cuda/pdl_bench.py" >&2
               "$PY" tests/hal_cuda/pdl_bench.py "$OUT/pdl_bench_$SUFFIX.json" "${T_cpu[@]}" ||
                 { echo "pdlbench: failed" >&2; failed+=(pdlbench); } ;;

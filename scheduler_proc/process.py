@@ -33,6 +33,7 @@ from tessera.bus.messages import (
     Message,
     ResetRequests,
     SampledTokens,
+    TokenBatch,
     TokenizedRequest,
     WorkerReady,
 )
@@ -155,15 +156,13 @@ class SchedulerProcess(BusProcess):
             if isinstance(msg, SampledTokens):
                 if msg.error is None and msg.forward_ms:
                     self.step_seconds.observe(msg.forward_ms / 1000.0)
-                out = sched.on_result(msg)
+                # A request's first token goes out at once (its time to first token waits
+                # on it), before the scheduler files its prompt in the prefix cache, while
+                # the worker still has a step to run: the next batch is sent a moment later,
+                # once per request, and the device is not left waiting for it.
+                out = sched.on_result(msg, early=self._emit_first_tokens)
                 if out is not None:
                     self._deferred.append(out)
-                    if out.new_requests and sched.inflight:
-                        # A request's first token goes out at once (its time to first token
-                        # waits on it) while the worker still has a step to run: the next
-                        # batch is sent a moment later, once per request, and the device is
-                        # not left waiting for it.
-                        self._emit_deferred()
             elif isinstance(msg, TokenizedRequest):
                 error = sched.add_request(msg)
                 if error is not None:
@@ -208,6 +207,10 @@ class SchedulerProcess(BusProcess):
         for error in sched.take_errors():
             self._emit(error)
         self._flush_backlog()
+
+    def _emit_first_tokens(self, out: TokenBatch) -> None:
+        self._deferred.append(out)  # behind what is already waiting: the detokenizer's order
+        self._emit_deferred()
 
     def _emit_deferred(self) -> None:
         for out in self._deferred:

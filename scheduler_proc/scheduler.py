@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -282,8 +283,14 @@ class Scheduler:
                                        reply_to=req.detok.reply_to))
 
     # ---------------------------------------------------------------------------- results
-    def on_result(self, res: SampledTokens) -> TokenBatch | None:
-        """Apply one step's sampled tokens; return what the detokenizer must hear."""
+    def on_result(self, res: SampledTokens,
+                  early: Callable[[TokenBatch], None] | None = None) -> TokenBatch | None:
+        """Apply one step's sampled tokens; return what the detokenizer must hear.
+
+        `early`: where the output goes at once when it carries a request's first token and
+        another step is still in flight, before the prompt's pages enter the prefix cache
+        (then None is returned): a time to first token does not wait for that bookkeeping.
+        """
         lost = []
         while self.inflight and self.inflight[0].step < res.step:
             lost.append(self.inflight.popleft())  # the worker ran them; their answers are lost
@@ -300,6 +307,7 @@ class Scheduler:
                 self.running.step_completed(res.step)
             return None
         t0 = time.thread_time()
+        early_sent, held = False, None
         rec = self.inflight.popleft()
         self.running.completed_step = rec.step
         st = self.st
@@ -315,6 +323,13 @@ class Scheduler:
                 self._apply_embeddings(rec, res)
             self._apply_tokens(rec, res)
             self._finish_prefill_only(rec)
+            if early is not None and self.inflight and rec.prefill_rows.shape[0]:
+                out = self._out.take()
+                if out is not None and out.new_requests:
+                    early(out)
+                    early_sent = True
+                elif out is not None:
+                    held = out
             if self.kv.use_cache and rec.prefill_rows.shape[0]:
                 ok = st.uid[rec.prefill_rows] == rec.prefill_uids
                 for row in rec.prefill_rows[ok].tolist():
@@ -330,7 +345,9 @@ class Scheduler:
         self.cpu_ms_ema = cpu_ms if self.steps_done == 1 else 0.9 * self.cpu_ms_ema + 0.1 * cpu_ms
         if self.config.debug_invariants:
             self.check_invariant()
-        return self._out.take()
+        if early_sent:
+            return None
+        return held if held is not None else self._out.take()
 
     @property
     def ms_per_token(self) -> float:

@@ -51,18 +51,50 @@ def host_to_device_many(hosts: list[torch.Tensor],
     one pinning and one copy a step instead of one per input."""
     if device.type != "cuda" or len(hosts) < 2:
         return [host_to_device(h, device) for h in hosts]
+    offsets, total = pack_offsets(hosts)
+    staging = torch.empty(max(total, _PACK_ALIGN), dtype=torch.uint8, pin_memory=True)
+    pack(hosts, offsets, staging)
+    return packed_views(staging.to(device, non_blocking=True), hosts, offsets)
+
+
+def pack_offsets(hosts: list[torch.Tensor]) -> tuple[list[int], int]:
+    """Each tensor's byte offset in the packed buffer (16-byte aligned) and its size."""
     offsets, total = [], 0
     for h in hosts:
         offsets.append(total)
         total += -(-h.numel() * h.element_size() // _PACK_ALIGN) * _PACK_ALIGN
-    staging = torch.empty(max(total, _PACK_ALIGN), dtype=torch.uint8, pin_memory=True)
+    return offsets, total
+
+
+def pack(hosts: list[torch.Tensor], offsets: list[int], staging: torch.Tensor) -> None:
+    """The host tensors' bytes into the uint8 staging buffer at their offsets: numpy slice
+    assignments where numpy holds the dtype (a few microseconds each, against four torch
+    calls a tensor), torch's copy for the rest (bfloat16)."""
+    raw = staging.numpy()
     for h, off in zip(hosts, offsets, strict=True):
         nbytes = h.numel() * h.element_size()
-        if nbytes:
+        if not nbytes:
+            continue
+        if h.dtype == torch.bfloat16:
             staging[off:off + nbytes].view(h.dtype).copy_(h.reshape(-1))
-    on_device = staging.to(device, non_blocking=True)
-    return [on_device[off:off + h.numel() * h.element_size()].view(h.dtype).view(h.shape)
-            for h, off in zip(hosts, offsets, strict=True)]
+        else:
+            raw[off:off + nbytes] = h.contiguous().numpy().reshape(-1).view("u1")
+
+
+def packed_views(on_device: torch.Tensor, hosts: list[torch.Tensor],
+                 offsets: list[int]) -> list[torch.Tensor]:
+    """The packed buffer's tensors, views of it with the hosts' dtypes and shapes (one dtype
+    view of the whole buffer per dtype, then a slice each)."""
+    by_dtype: dict[torch.dtype, torch.Tensor] = {}
+    out = []
+    for h, off in zip(hosts, offsets, strict=True):
+        base = by_dtype.get(h.dtype)
+        if base is None:
+            base = by_dtype[h.dtype] = on_device.view(h.dtype)
+        start = off // h.element_size()
+        view = base[start:start + h.numel()]
+        out.append(view if h.dim() == 1 else view.view(h.shape))
+    return out
 
 
 def device_to_host(tensor: torch.Tensor) -> torch.Tensor:

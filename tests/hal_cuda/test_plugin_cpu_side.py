@@ -74,6 +74,30 @@ def test_copies_leave_host_tensors_alone_and_ranges_nest() -> None:
             pass
 
 
+def test_packed_copy_holds_every_tensor_as_it_was() -> None:
+    """host_to_device_many's packing (the one pinned buffer a step's inputs travel in, here
+    an ordinary one): every tensor comes back from the buffer with its dtype, shape and
+    values, empty ones and 2-D ones included, none overlapping another."""
+    from tessera.hal.cuda import runtime
+
+    gen = torch.Generator().manual_seed(0)
+    hosts = [torch.randint(-5, 10**6, (513,), generator=gen),  # int64, not a 16-byte size
+             torch.randint(0, 9, (3, 17), generator=gen, dtype=torch.int32),
+             torch.zeros(0, dtype=torch.int64),
+             torch.randn(7, generator=gen).to(torch.bfloat16),
+             torch.tensor([True, False, True]),
+             torch.randn(5, generator=gen),
+             torch.randint(0, 9, (8, 4), generator=gen, dtype=torch.int32).t(),  # strided
+             torch.arange(3, dtype=torch.int32)]
+    offsets, total = runtime.pack_offsets(hosts)
+    assert all(off % 16 == 0 for off in offsets) and total % 16 == 0
+    staging = torch.full((total,), 0xAB, dtype=torch.uint8)
+    runtime.pack(hosts, offsets, staging)
+    views = runtime.packed_views(staging.clone(), hosts, offsets)
+    for h, v in zip(hosts, views, strict=True):
+        assert v.dtype == h.dtype and v.shape == h.shape and torch.equal(v, h)
+
+
 def test_untuned_gemv_shape_is_measured_once_outside_captures(monkeypatch) -> None:
     """The choice between cuBLAS and the one-token GEMV for a shape TUNED does not hold is
     measured once per (shape, device, bias), never inside a graph capture (cuBLAS there), and

@@ -88,3 +88,27 @@ def test_the_next_step_leaves_before_the_last_steps_tokens(tmp_path: Path) -> No
     assert {rid: len(ids) for rid, ids in outs.items()} == {"r0": 6, "r1": 6}
     steps = [m.step for who, m in log if who == "worker" and isinstance(m, ForwardBatch)]
     assert steps == sorted(steps) and len(steps) == answered
+
+
+def test_a_first_token_leaves_before_its_prompt_enters_the_prefix_cache() -> None:
+    """on_result(early=...) hands a step's output on at once when it carries a first token
+    and another step is in flight, before the prompt's pages are filed in the radix cache
+    (its matched length is still 0 then), and returns None; a decode step's output is
+    returned as before."""
+    sched = Scheduler(SchedulerConfig(num_slots=16 * 64, page_size=16, max_context_len=256,
+                                      max_running_requests=4, chunked_prefill_size=256,
+                                      eos_token_ids=(EOS,)))
+    worker = FakeWorker(sched)
+    prompt = np.arange(3, 3 + 40, dtype=np.int32)
+    assert sched.add_request(make_request("r0", prompt, max_tokens=4, ignore_eos=True)) is None
+    first, second = sched.next_batch(), sched.next_batch()  # the prefill, then its decode
+    assert first is not None and second is not None
+    seen: list[tuple[TokenBatch, int]] = []
+    out = sched.on_result(worker.step(first),
+                          early=lambda tb: seen.append((tb, sched.kv.matched_tokens(prompt))))
+    assert out is None and len(seen) == 1
+    tokens, cached_then = seen[0]
+    assert tokens.new_requests and list(tokens.rids) == ["r0"] and cached_then == 0
+    assert sched.kv.matched_tokens(prompt) == 32  # its two whole pages, filed afterwards
+    out = sched.on_result(worker.step(second), early=lambda tb: seen.append((tb, -1)))
+    assert out is not None and list(out.rids) == ["r0"] and len(seen) == 1  # not a first token
