@@ -5,11 +5,11 @@ was waiting for it, received one of four ways.
              ZeroMQ's I/O thread on each side)
     spin     the same socket read without blocking, in a loop (no thread is woken to take
              the message: the floor a busy-polling receiver would reach)
-    thread   the Inbox (bus/channel.py) with TESSERA_INBOX_DIRECT=0: its receiver thread
-             decodes the message into the double buffer and the loop, blocked in drain(),
-             is woken to take it
-    inbox    the Inbox as the engine runs it: the loop, waiting in drain(), waits on the
-             socket itself and takes the message there
+    thread   the Inbox (bus/channel.py) without busy polling (--busy-poll-ms 0): its
+             receiver thread decodes the message into the double buffer and the loop,
+             blocked in drain(), is woken to take it
+    poll     the Inbox with busy polling (--busy-poll-ms 20): the loop, waiting in drain(),
+             polls the socket itself and takes the message there
 
 The message is a TokenizedRequest of `--tokens` prompt tokens (B1's is 512) encoded with the
 bus codec, carrying its send time; the sender waits `--gap-ms` between messages, so each
@@ -38,10 +38,10 @@ import zmq
 
 from tessera.benchmarks.common import git_commit, machine, versions
 from tessera.bus.channel import Inbox, Outbox
-from tessera.bus.codec import decode, encode
+from tessera.bus.codec import decode
 from tessera.bus.messages import DetokInfo, SamplingParams, TokenizedRequest
 
-MODES = ("socket", "spin", "thread", "inbox")
+MODES = ("socket", "spin", "thread", "poll")
 WARMUP = 100
 
 
@@ -51,84 +51,84 @@ def _message(tokens: int, rid: str = "hop") -> TokenizedRequest:
 
 
 class _End:
-    """One process's receiving end and its sending socket, in one of MODES."""
+    """One process's receiving end (own) or sending socket (peer), in one of MODES."""
 
-    def __init__(self, mode: str, own: str, peer: str) -> None:
+    def __init__(self, mode: str, own: str | None, peer: str | None) -> None:
         self.mode = mode
-        if mode in ("thread", "inbox"):
-            self.inbox: Inbox | None = Inbox(own, name="hop", direct=mode == "inbox")
-            self.out: Outbox | None = Outbox(peer)
-            return
-        self.inbox = self.out = None
+        self.inbox: Inbox | None = None
+        self.out: Outbox | None = None
         ctx = zmq.Context.instance()
-        self.pull = ctx.socket(zmq.PULL)
-        self.pull.setsockopt(zmq.LINGER, 0)
-        self.pull.bind(own)
-        self.push = ctx.socket(zmq.PUSH)
-        self.push.setsockopt(zmq.LINGER, 0)
-        self.push.connect(peer)
+        if own is not None and mode in ("thread", "poll"):
+            self.inbox = Inbox(own, name="hop", busy_poll_s=0.02 if mode == "poll" else 0.0)
+        elif own is not None:
+            self.pull = ctx.socket(zmq.PULL)
+            self.pull.setsockopt(zmq.LINGER, 0)
+            self.pull.bind(own)
+        if peer is not None:
+            self.out = Outbox(peer)
 
     def send(self, msg: TokenizedRequest) -> None:
-        if self.out is not None:
-            self.out.send(msg)
-        else:
-            self.push.send_multipart(encode(msg), copy=False)
+        assert self.out is not None
+        self.out.send(msg)
 
-    def recv(self) -> Any:
+    def recv(self, timeout_s: float = 30.0) -> Any:
+        deadline = time.monotonic() + timeout_s
         if self.inbox is not None:
-            while True:
-                got = self.inbox.drain(None)
+            while time.monotonic() < deadline:
+                got = self.inbox.drain(1.0)
                 if got:
                     return got[0]
+            raise TimeoutError(f"{self.mode}: nothing came within {timeout_s:.0f} s")
         if self.mode == "spin":
-            while True:
+            while time.monotonic() < deadline:
                 try:
                     return decode(self.pull.recv_multipart(zmq.NOBLOCK, copy=False))
                 except zmq.Again:
                     continue
-        return decode(self.pull.recv_multipart(copy=False))
+        elif self.pull.poll(timeout_s * 1000):
+            return decode(self.pull.recv_multipart(copy=False))
+        raise TimeoutError(f"{self.mode}: nothing came within {timeout_s:.0f} s")
 
     def close(self) -> None:
-        if self.inbox is not None and self.out is not None:
+        if self.inbox is not None:
             self.inbox.close()
+        if self.out is not None:
             self.out.close()
 
 
-def _receive(mode: str, own: str, peer: str, count: int, out_path: str) -> None:
+def _receive(mode: str, own: str, count: int, out_path: str) -> None:
     """The receiving process: `count` messages, each one's hop (send time to decoded here)
-    written to out_path, one number a line, then a message back (the end)."""
-    end = _End(mode, own, peer)
+    written to out_path, one number a line."""
+    end = _End(mode, own, None)
     hops = []
     for _ in range(count):
         msg = end.recv()
         hops.append((time.perf_counter() - float(msg.rid)) * 1e6)
     with open(out_path, "w") as f:
         f.write("\n".join(f"{h:.2f}" for h in hops))
-    end.send(_message(1, "done"))
-    time.sleep(0.2)  # let it leave before the sockets close
     end.close()
 
 
 def hops(mode: str, run_dir: str, count: int, tokens: int, gap_s: float) -> list[float]:
     """Microseconds of `count` hops (after WARMUP) in this mode."""
-    a, b = f"ipc://{run_dir}/{mode}-a", f"ipc://{run_dir}/{mode}-b"
+    b = f"ipc://{run_dir}/{mode}-b"
     out_path = os.path.join(run_dir, f"{mode}.txt")
     peer = get_context("spawn").Process(target=_receive,
-                                        args=(mode, b, a, count + WARMUP, out_path))
+                                        args=(mode, b, count + WARMUP, out_path))
     peer.start()
-    end = _End(mode, a, b)
-    time.sleep(1.0)  # both ends bound and connected
+    end = _End("socket", None, b)
+    time.sleep(1.0)  # the receiver bound and connected to
     try:
         for _ in range(count + WARMUP):
             time.sleep(gap_s)
-            msg = _message(tokens, f"{time.perf_counter():.9f}")
-            end.send(msg)
-        end.recv()  # the receiver's end
-        peer.join(timeout=10)
+            end.send(_message(tokens, f"{time.perf_counter():.9f}"))
+        peer.join(timeout=60)
     finally:
         if peer.is_alive():
             peer.kill()
         end.close()
+    if peer.exitcode != 0:
+        raise RuntimeError(f"{mode}: the receiving process exited with {peer.exitcode}")
     with open(out_path) as f:
         return [float(v) for v in f.read().split()][WARMUP:]
 
@@ -148,11 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.modes.split(","):
             if mode not in MODES:
                 parser.error(f"unknown mode {mode!r} (modes: {', '.join(MODES)})")
+            t0 = time.monotonic()
             times = sorted(hops(mode, run_dir, args.messages, args.tokens, args.gap_ms / 1000))
             figures[mode] = {"hop_us": {"p50": round(statistics.median(times), 1),
                                         "p90": round(times[int(0.9 * (len(times) - 1))], 1),
                                         "mean": round(statistics.fmean(times), 1)}}
-            print(f"[hop] {mode}: {figures[mode]['hop_us']} us", file=sys.stderr)
+            print(f"[hop] {mode}: {figures[mode]['hop_us']} us ({time.monotonic() - t0:.1f} s)",
+                  file=sys.stderr)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     result = {"benchmark": "hop", "workload": "C2 (bus part): one message to a process "

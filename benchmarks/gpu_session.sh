@@ -41,6 +41,7 @@
 #                                 #   (call 36, at 6bdeb60: the GEMVs' first weight tile loaded before their PDL
 #                                 #   wait, HAL_CUDA_PDL=preload; no faster, reverted: its case is in that commit)
 #   benchmarks/gpu_session.sh 37  # one H200:  inputs tests, the host's hop each way, b1 with the loop waiting on its sockets and without, b1 traced, b3 (~330 s)
+#   benchmarks/gpu_session.sh 38  # one H200:  the host's hop each way, b1 with busy polling and without (twice), b1 traced, b3, b2 (~400 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -74,7 +75,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-57])$ ]] || { echo "usage: $0 1|...|35, 37  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-578])$ ]] || { echo "usage: $0 1|...|35, 37, 38  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -489,20 +490,31 @@ case $CALL in
     part b12b1 130 75 b12 --parts b1 --name b12_b1_h200
     ;;
   37)
-    # One H200 after a loop waiting for messages waits on its sockets itself (bus/channel.py,
-    # TESSERA_INBOX_DIRECT), a first token leaves the scheduler before its prompt is filed in
-    # the prefix cache, and a step's inputs are packed with numpy: the host's hop each way
-    # (bench_hop), B1 with the direct wait and without (TESSERA_INBOX_DIRECT=0), alternating,
-    # B1 traced, then B3; first the copies' conformance and the engine's greedy parity.
+    # At 60366c5, where a waiting loop always waited on its sockets itself (no faster there:
+    # call 38 has it only with busy polling): inputs tests, the host's hop each way, B1
+    # twice, B1 traced, then B3. (Its b1thread parts, B1 with the receiver thread's wait,
+    # set TESSERA_INBOX_DIRECT=0, which only 60366c5 read.)
     part inputs 150 80 inputs
     part hop 60 20 hop
     part b1 50 30 b1
-    TESSERA_INBOX_DIRECT=0 part b1thread 50 30 b1 --name b1_thread_h200
     part b1again 50 30 b1 --name b1_run2_h200
-    TESSERA_INBOX_DIRECT=0 part b1threadagain 50 30 b1 --name b1_thread_run2_h200
     part b1traced 60 35 b1 --iters 10 --trace-messages-dir "$RES/b1_trace_h200" \
       --name b1_traced_h200
     part b3 100 65 b3
+    ;;
+  38)
+    # One H200 after --busy-poll-ms (auto: 20 ms on this 16-CPU host): the host's hop each
+    # way (bench_hop), B1 as it ships and with --busy-poll-ms 0, alternating twice, B1
+    # traced, then B3 (c=128 with four processes polling) and B2.
+    part hop 60 25 hop
+    part b1 50 30 b1
+    part b1nopoll 50 30 b1 --busy-poll-ms 0 --name b1_nopoll_h200
+    part b1again 50 30 b1 --name b1_run2_h200
+    part b1nopollagain 50 30 b1 --busy-poll-ms 0 --name b1_nopoll_run2_h200
+    part b1traced 60 35 b1 --iters 10 --trace-messages-dir "$RES/b1_trace_h200" \
+      --name b1_traced_h200
+    part b3 100 65 b3
+    part b2 70 40 b2
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HWM = 10_000
 _POLL_MS = 100
-DIRECT_VARIABLE = "TESSERA_INBOX_DIRECT"
 _WAKE_CHECK_S = 0.1  # a loop waiting on its sockets looks at the buffer's wake() this often
 _LEND_WAIT_S = 0.5  # between checks that a receiver thread asked for its socket is alive
 _CTL_IDS = itertools.count()
@@ -67,26 +66,28 @@ class Inbox:
     buffer is full, so the owner can answer it with an explicit overload error.
 
     While the owner's loop works, the receiver thread drains the socket into the back buffer.
-    When the loop has nothing to do and waits (`drain` with a timeout, the buffer empty), it
-    waits on the sockets itself (`direct`, the default; TESSERA_INBOX_DIRECT=0 turns it
-    off): the receiver threads of every inbox sharing the buffer let go of their sockets
-    (each acknowledges before it does), the loop polls them, takes what arrives and hands
-    them back before it returns. A message that finds its loop waiting is then taken by the
-    thread that handles it, with no thread woken in between: on a 2-core host a hop with a
-    512-token request cost 360 us through the receiver thread against 196 us read by the
-    process's own thread (benchmarks/bench_hop.py).
+    With `busy_poll_s` > 0 (the engine's --busy-poll-ms), a loop that has nothing to do and
+    waits (`drain` with a timeout, the buffer empty) waits on the sockets itself: the
+    receiver threads of every inbox sharing the buffer let go of their sockets (each
+    acknowledges before it does), the loop polls them without sleeping for up to
+    busy_poll_s, then blocking, takes what arrives and hands them back before it returns. A
+    message that finds its loop waiting is taken by the thread that handles it, with no
+    thread woken on the way: on the H200 host one hop with a 512-token request took 338 us
+    so against 509 us through the receiver thread (benchmarks/bench_hop.py, call 37).
     """
 
     def __init__(self, endpoint: str, capacity: int = 65_536, name: str = "",
                  on_reject: Callable[[Message], None] | None = None,
                  hwm: int = DEFAULT_HWM, buffer: DoubleBuffer[Message] | None = None,
-                 direct: bool | None = None) -> None:
+                 busy_poll_s: float = 0.0) -> None:
         self.endpoint = endpoint
         self.name = name or endpoint
         # Several inboxes may share one buffer, so that one wait covers all their sockets.
         self.buffer: DoubleBuffer[Message] = buffer if buffer is not None else \
             DoubleBuffer(capacity)
-        self.direct = direct_default() if direct is None else direct
+        if busy_poll_s < 0:
+            raise ValueError(f"busy_poll_s must be 0 or more, got {busy_poll_s}")
+        self.busy_poll_s = busy_poll_s
         self.dropped = 0  # malformed / unknown messages
         self.received = 0
         self._on_reject = on_reject
@@ -163,7 +164,8 @@ class Inbox:
         """Everything received since the last call (waits up to `timeout` for something)."""
         msgs = self.buffer.swap(0.0)
         if not msgs and timeout != 0.0:
-            msgs = self._wait_direct(timeout) if self.direct else self.buffer.swap(timeout)
+            msgs = self._wait_direct(timeout) if self.busy_poll_s > 0 else \
+                self.buffer.swap(timeout)
         if msgs and trace.active():
             for msg in msgs:
                 trace.note_message("take", self.name, msg)
@@ -175,20 +177,32 @@ class Inbox:
         lent = [box for box in boxes if box._lend()]
         try:
             msgs = self.buffer.swap(0.0)  # what the receivers took before they let go
-            if msgs or self.buffer.take_wake() or len(lent) < len(boxes):
-                return msgs if msgs or len(lent) == len(boxes) else self.buffer.swap(timeout)
+            if len(lent) < len(boxes):  # a receiver is stopping or gone: the plain wait
+                for box in lent:
+                    box._home.set()
+                lent = []
+                return msgs or self.buffer.swap(timeout)
+            if msgs or self.buffer.take_wake():
+                return msgs
             poller = zmq.Poller()
             for box in boxes:
                 poller.register(box._sock, zmq.POLLIN)
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while True:
+            now = time.monotonic()
+            deadline = None if timeout is None else now + timeout
+            spin_end = now + self.busy_poll_s if deadline is None else \
+                min(deadline, now + self.busy_poll_s)
+            ready = bool(poller.poll(0))
+            while not ready and time.monotonic() < spin_end:  # no sleep: no wake-up either
+                if self.buffer.take_wake():
+                    return []
+                ready = bool(poller.poll(0))
+            while not ready:
                 left = _WAKE_CHECK_S if deadline is None else \
                     min(_WAKE_CHECK_S, deadline - time.monotonic())
                 if left <= 0:
                     return []
-                if poller.poll(left * 1000.0):
-                    break
-                if self.buffer.take_wake():  # wake(): a signal handler wants the loop
+                ready = bool(poller.poll(left * 1000.0))
+                if not ready and self.buffer.take_wake():  # a signal handler wants the loop
                     return []
             out: list[Message] = []
             room = self.buffer.capacity
@@ -230,13 +244,6 @@ class Inbox:
         path = _ipc_path(self.endpoint)
         if path and os.path.exists(path):
             os.unlink(path)
-
-
-def direct_default() -> bool:
-    """Whether an Inbox's owner waits on its sockets itself when idle (TESSERA_INBOX_DIRECT,
-    default 1)."""
-    return os.environ.get(DIRECT_VARIABLE, "1").strip().lower() not in ("0", "off", "false",
-                                                                        "no")
 
 
 class Outbox:

@@ -39,7 +39,8 @@ class Detokenizer(BusProcess):
         self.router = Router(tokenizer, self.replies.send, self._send_scheduler,
                              gone_after_s=self.config.send_timeout_ms / 1000.0,
                              forget=self.replies.forget)
-        self.inbox = Inbox(self.paths.detokenizer, name=self.name)
+        self.inbox = Inbox(self.paths.detokenizer, name=self.name,
+                           busy_poll_s=self.config.inbox_busy_poll_s())
 
     def _send_scheduler(self, msg: Message) -> None:
         assert self.scheduler is not None

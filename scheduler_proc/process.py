@@ -80,9 +80,11 @@ class SchedulerProcess(BusProcess):
     # -- start-up -----------------------------------------------------------------------------
     def setup(self) -> None:
         cfg, paths = self.config, self.paths
-        self.inbox = Inbox(paths.scheduler, name="scheduler", on_reject=self._on_reject)
+        poll = cfg.inbox_busy_poll_s()
+        self.inbox = Inbox(paths.scheduler, name="scheduler", on_reject=self._on_reject,
+                           busy_poll_s=poll)
         self.results = Inbox(paths.scheduler_results, name="scheduler-results",
-                             buffer=self.inbox.buffer)
+                             buffer=self.inbox.buffer, busy_poll_s=poll)
         ready = self._wait_for_workers()
         self.ready_msg = ready
         self.table = SharedPageTable(paths.shm_req_to_token, cfg.max_running_requests,

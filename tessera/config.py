@@ -85,6 +85,21 @@ def steps_in_flight(overlap: bool, overlap_steps: int, batches_in_flight: int) -
 
 
 
+# --busy-poll-ms auto: polling costs a core per engine process while it waits (the
+# tokenizer, scheduler, workers and detokenizer), which a GPU host has to spare and a small
+# one does not.
+BUSY_POLL_AUTO_MS = 20.0
+BUSY_POLL_MIN_CPUS = 16
+
+
+def busy_poll_s(busy_poll_ms: float, cpus: int | None) -> float:
+    """Seconds an Inbox's waiting loop polls before it blocks, for --busy-poll-ms on a host
+    of `cpus` CPUs (-1: auto)."""
+    if busy_poll_ms >= 0:
+        return busy_poll_ms / 1000.0
+    return BUSY_POLL_AUTO_MS / 1000.0 if (cpus or 1) >= BUSY_POLL_MIN_CPUS else 0.0
+
+
 @dataclass(frozen=True)
 class BatchingConfig:
     """What the scheduler's policy is told by the engine's flags."""
@@ -255,6 +270,12 @@ class EngineConfig(BatchingConfig):
     tokenizer_workers: int = _opt(1, "tokenizer processes")
     run_dir: str | None = _opt(None, "private run directory for sockets (default: a new one "
                                "under TESSERA_RUN_ROOT or the temp dir)")
+    busy_poll_ms: float = _opt(-1.0, "how long a process's loop, waiting for a message, "
+                               "polls its sockets without sleeping before it blocks (ms): "
+                               "no thread is woken for a message that finds it polling, "
+                               "at the cost of a core each while it waits; 0: off; -1: "
+                               f"auto, {BUSY_POLL_AUTO_MS:g} on a host of "
+                               f"{BUSY_POLL_MIN_CPUS} or more CPUs, else off")
     heartbeat_interval_s: float = _opt(0.5, "seconds between heartbeats")
     heartbeat_timeout_s: float = _opt(5.0, "a process silent this long counts as dead")
     loop_stall_timeout_s: float = _opt(120.0, "a process whose main loop has not come round "
@@ -316,6 +337,9 @@ class EngineConfig(BatchingConfig):
         if self.speculative_draft_model and self.speculative_algorithm != "draft":
             raise ValueError("--speculative-draft-model is used only with "
                              "--speculative-algorithm draft")
+        if self.busy_poll_ms < 0 and self.busy_poll_ms != -1:
+            raise ValueError(f"--busy-poll-ms must be 0 or more (or -1: auto), got "
+                             f"{self.busy_poll_ms:g}")
         for name in ("quantization", "kv_cache_dtype"):
             choices = next(f.metadata["choices"] for f in dataclasses.fields(self)
                            if f.name == name)
@@ -362,6 +386,15 @@ class EngineConfig(BatchingConfig):
         if self.pp_size == 1:
             return 0
         return self.pp_batches_in_flight or self.pp_size + 1
+
+    def inbox_busy_poll_s(self) -> float:
+        """Seconds a process's waiting loop polls its sockets before it blocks (the CPUs it
+        may run on decide --busy-poll-ms auto)."""
+        try:
+            cpus: int | None = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            cpus = os.cpu_count()
+        return busy_poll_s(self.busy_poll_ms, cpus)
 
     @property
     def steps_in_flight(self) -> int:

@@ -56,7 +56,8 @@ class TokenizerProcess(BusProcess):
         self.context_length = self.config.context_length or self.tokenizer.context_length
         self.scheduler = Outbox(self.paths.scheduler, timeout_ms=self.config.send_timeout_ms)
         self.inbox = Inbox(self.paths.tokenizer_endpoint(self.index), name=self.name,
-                           on_reject=self._on_full)
+                           on_reject=self._on_full,
+                           busy_poll_s=self.config.inbox_busy_poll_s())
         log.info("%s: model %s, vocabulary %d, context %s", self.name, self.tokenizer.name,
                  self.tokenizer.vocab_size, self.context_length)
 

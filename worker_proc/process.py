@@ -97,7 +97,8 @@ class WorkerProcess(BusProcess):
         layout = RankLayout(self.rank, cfg.tp_size, cfg.pp_size)
         if cfg.verify_weights or cfg.verify_key:
             self._verify_weights()
-        self.inbox = Inbox(self.paths.worker(self.rank), name=self.name)
+        self.inbox = Inbox(self.paths.worker(self.rank), name=self.name,
+                           busy_poll_s=cfg.inbox_busy_poll_s())
         threads = host_threads.apply_thread_count(cfg.intra_op_threads, cfg.world_size)
         log.info("%s: %d intra-op threads, OpenMP wait policy %s", self.name, threads,
                  wait_policy)

@@ -94,12 +94,12 @@ def test_full_inbox_calls_on_reject(paths: RunPaths) -> None:
 
 def test_a_waiting_loop_takes_a_message_itself_and_hands_the_socket_back(
         paths: RunPaths) -> None:
-    """A loop waiting in drain() waits on the socket itself (direct): the message is taken
-    there, counted as received; once drain() returns, the receiver thread has the socket
-    again and fills the back buffer while the loop is busy."""
+    """With busy polling a loop waiting in drain() waits on the socket itself: the message
+    is taken there, counted as received; once drain() returns, the receiver thread has the
+    socket again and fills the back buffer while the loop is busy."""
     import threading
 
-    inbox = Inbox(paths.scheduler, name="scheduler", direct=True)
+    inbox = Inbox(paths.scheduler, name="scheduler", busy_poll_s=0.05)
     out = Outbox(paths.scheduler)
     try:
         timer = threading.Timer(0.2, lambda: out.send(AbortRequest(rid="late")))
@@ -123,8 +123,9 @@ def test_a_waiting_loop_takes_a_message_itself_and_hands_the_socket_back(
 def test_a_direct_wait_covers_every_inbox_sharing_the_buffer(paths: RunPaths) -> None:
     import threading
 
-    first = Inbox(paths.scheduler, name="scheduler", direct=True)
-    second = Inbox(paths.scheduler_results, name="results", buffer=first.buffer, direct=True)
+    first = Inbox(paths.scheduler, name="scheduler", busy_poll_s=0.05)
+    second = Inbox(paths.scheduler_results, name="results", buffer=first.buffer,
+                   busy_poll_s=0.05)
     out = Outbox(paths.scheduler_results)
     try:
         timer = threading.Timer(0.2, lambda: out.send(AbortRequest(rid="to the second")))
@@ -141,10 +142,10 @@ def test_a_direct_wait_covers_every_inbox_sharing_the_buffer(paths: RunPaths) ->
 
 def test_wake_ends_a_direct_wait(paths: RunPaths) -> None:
     """buffer.wake() (what a SIGTERM handler calls) makes a loop waiting on its sockets
-    return, empty-handed, without waiting for its timeout."""
+    return, empty-handed, without waiting for its timeout, polling or blocked."""
     import threading
 
-    inbox = Inbox(paths.worker(0), name="worker", direct=True)
+    inbox = Inbox(paths.worker(0), name="worker", busy_poll_s=0.05)
     try:
         threading.Timer(0.2, inbox.buffer.wake).start()
         t0 = time.monotonic()
@@ -154,13 +155,13 @@ def test_wake_ends_a_direct_wait(paths: RunPaths) -> None:
         inbox.close()
 
 
-@pytest.mark.parametrize("direct", [True, False])
-def test_order_survives_the_socket_changing_hands(paths: RunPaths, direct: bool) -> None:
+@pytest.mark.parametrize("busy_poll_s", [0.0, 0.0005])
+def test_order_survives_the_socket_changing_hands(paths: RunPaths, busy_poll_s: float) -> None:
     """Messages sent in bursts while the loop alternates between waiting (the socket its)
     and working (the receiver thread's) arrive once each, in order."""
     import threading
 
-    inbox = Inbox(paths.detokenizer, name="detokenizer", direct=direct)
+    inbox = Inbox(paths.detokenizer, name="detokenizer", busy_poll_s=busy_poll_s)
     out = Outbox(paths.detokenizer)
     count = 1500
 
@@ -247,3 +248,19 @@ def test_closing_a_stalled_outbox_as_its_peer_closes_does_not_abort() -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "survived 60"
+
+
+def test_busy_poll_is_on_only_where_cores_are_to_spare() -> None:
+    """--busy-poll-ms: an explicit value wins; auto (-1) polls on a host of 16 or more CPUs
+    only; a negative value other than -1 is refused by name, and so is a negative Inbox
+    setting."""
+    from tessera.config import BUSY_POLL_AUTO_MS, EngineConfig, busy_poll_s
+
+    assert busy_poll_s(-1, 16) == BUSY_POLL_AUTO_MS / 1000 and busy_poll_s(-1, 2) == 0.0
+    assert busy_poll_s(0, 64) == 0.0 and busy_poll_s(5, 2) == 0.005
+    assert busy_poll_s(-1, None) == 0.0
+    assert EngineConfig(busy_poll_ms=3).inbox_busy_poll_s() == 0.003
+    with pytest.raises(ValueError, match="--busy-poll-ms"):
+        EngineConfig(busy_poll_ms=-2)
+    with pytest.raises(ValueError, match="busy_poll_s"):
+        Inbox("ipc:///nonexistent/never-bound", busy_poll_s=-1.0)
