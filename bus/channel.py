@@ -109,11 +109,7 @@ class Inbox:
         self._ctl_thread = context().socket(zmq.PAIR)
         self._ctl_thread.setsockopt(zmq.LINGER, 0)
         self._ctl_thread.connect(ctl)
-        inboxes = getattr(self.buffer, "inboxes", None)
-        if inboxes is None:
-            inboxes = []
-            self.buffer.inboxes = inboxes  # type: ignore[attr-defined]
-        inboxes.append(self)
+        self.buffer.inboxes.append(self)
         self._thread = threading.Thread(target=self._run, name=f"inbox-{self.name}", daemon=True)
         self._thread.start()
 
@@ -173,7 +169,7 @@ class Inbox:
 
     def _wait_direct(self, timeout: float | None) -> list[Message]:
         """Wait on the sockets of every inbox sharing the buffer, from the owner's thread."""
-        boxes: list[Inbox] = self.buffer.inboxes  # type: ignore[attr-defined]
+        boxes: list[Inbox] = list(self.buffer.inboxes)
         lent = [box for box in boxes if box._lend()]
         try:
             msgs = self.buffer.swap(0.0)  # what the receivers took before they let go
@@ -238,9 +234,8 @@ class Inbox:
         self.buffer.wake()
         self._thread.join(timeout=2 * _POLL_MS / 1000 + 1)
         self._ctl_owner.close(linger=0)
-        inboxes = getattr(self.buffer, "inboxes", [])
-        if self in inboxes:
-            inboxes.remove(self)
+        if self in self.buffer.inboxes:
+            self.buffer.inboxes.remove(self)
         path = _ipc_path(self.endpoint)
         if path and os.path.exists(path):
             os.unlink(path)

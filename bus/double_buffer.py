@@ -10,7 +10,7 @@ caller turns that into an explicit "overloaded" answer instead of growing withou
 from __future__ import annotations
 
 import threading
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -29,6 +29,9 @@ class DoubleBuffer(Generic[T]):
         self.accepted = 0
         self.rejected = 0
         self._woken = False
+        # The inboxes whose receiver threads fill it (bus/channel.py): a loop that waits on
+        # their sockets itself borrows every one of them.
+        self.inboxes: list[Any] = []
 
     def put(self, item: T) -> bool:
         """Append to the back buffer; False (and counted) when it is full."""
