@@ -57,11 +57,11 @@ class _End:
         self.mode = mode
         self.inbox: Inbox | None = None
         self.out: Outbox | None = None
-        ctx = zmq.Context.instance()
+        self.pending: list[Any] = []  # what a drain took beyond the message asked for
         if own is not None and mode in ("thread", "poll"):
             self.inbox = Inbox(own, name="hop", busy_poll_s=0.02 if mode == "poll" else 0.0)
         elif own is not None:
-            self.pull = ctx.socket(zmq.PULL)
+            self.pull: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PULL)
             self.pull.setsockopt(zmq.LINGER, 0)
             self.pull.bind(own)
         if peer is not None:
@@ -74,10 +74,10 @@ class _End:
     def recv(self, timeout_s: float = 30.0) -> Any:
         deadline = time.monotonic() + timeout_s
         if self.inbox is not None:
-            while time.monotonic() < deadline:
-                got = self.inbox.drain(1.0)
-                if got:
-                    return got[0]
+            while not self.pending and time.monotonic() < deadline:
+                self.pending += self.inbox.drain(1.0)  # all that came, in order
+            if self.pending:
+                return self.pending.pop(0)
             raise TimeoutError(f"{self.mode}: nothing came within {timeout_s:.0f} s")
         if self.mode == "spin":
             while time.monotonic() < deadline:
@@ -85,7 +85,7 @@ class _End:
                     return decode(self.pull.recv_multipart(zmq.NOBLOCK, copy=False))
                 except zmq.Again:
                     continue
-        elif self.pull.poll(timeout_s * 1000):
+        elif self.pull.poll(int(timeout_s * 1000)):
             return decode(self.pull.recv_multipart(copy=False))
         raise TimeoutError(f"{self.mode}: nothing came within {timeout_s:.0f} s")
 
@@ -101,8 +101,11 @@ def _receive(mode: str, own: str, count: int, out_path: str) -> None:
     written to out_path, one number a line."""
     end = _End(mode, own, None)
     hops = []
-    for _ in range(count):
-        msg = end.recv()
+    for i in range(count):
+        try:
+            msg = end.recv()
+        except TimeoutError:
+            raise TimeoutError(f"{mode}: {i} of {count} messages came") from None
         hops.append((time.perf_counter() - float(msg.rid)) * 1e6)
     with open(out_path, "w") as f:
         f.write("\n".join(f"{h:.2f}" for h in hops))

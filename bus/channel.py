@@ -197,7 +197,7 @@ class Inbox:
                     min(_WAKE_CHECK_S, deadline - time.monotonic())
                 if left <= 0:
                     return []
-                ready = bool(poller.poll(left * 1000.0))
+                ready = bool(poller.poll(max(1, int(left * 1000.0))))
                 if not ready and self.buffer.take_wake():  # a signal handler wants the loop
                     return []
             out: list[Message] = []
