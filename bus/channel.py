@@ -72,8 +72,8 @@ class Inbox:
     acknowledges before it does), the loop polls them without sleeping for up to
     busy_poll_s, then blocking, takes what arrives and hands them back before it returns. A
     message that finds its loop waiting is taken by the thread that handles it, with no
-    thread woken on the way: on the H200 host one hop with a 512-token request took 338 us
-    so against 509 us through the receiver thread (benchmarks/bench_hop.py, call 37).
+    thread woken on the way: on an H200 host one hop with a 512-token request took 274 us
+    so against 530 us through the receiver thread (benchmarks/bench_hop.py, call 38).
     """
 
     def __init__(self, endpoint: str, capacity: int = 65_536, name: str = "",
@@ -158,10 +158,12 @@ class Inbox:
 
     def drain(self, timeout: float | None = 0.0) -> list[Message]:
         """Everything received since the last call (waits up to `timeout` for something)."""
-        msgs = self.buffer.swap(0.0)
-        if not msgs and timeout != 0.0:
-            msgs = self._wait_direct(timeout) if self.busy_poll_s > 0 else \
-                self.buffer.swap(timeout)
+        if self.busy_poll_s > 0 and timeout != 0.0:
+            msgs = self.buffer.take()
+            if not msgs and not self.buffer.take_wake():
+                msgs = self._wait_direct(timeout)
+        else:
+            msgs = self.buffer.swap(timeout)
         if msgs and trace.active():
             for msg in msgs:
                 trace.note_message("take", self.name, msg)
@@ -172,7 +174,7 @@ class Inbox:
         boxes: list[Inbox] = list(self.buffer.inboxes)
         lent = [box for box in boxes if box._lend()]
         try:
-            msgs = self.buffer.swap(0.0)  # what the receivers took before they let go
+            msgs = self.buffer.take()  # what the receivers took before they let go
             if len(lent) < len(boxes):  # a receiver is stopping or gone: the plain wait
                 for box in lent:
                     box._home.set()

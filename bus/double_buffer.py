@@ -56,6 +56,12 @@ class DoubleBuffer(Generic[T]):
             front, self._back = self._back, []
             return front
 
+    def take(self) -> list[T]:
+        """Everything received so far, without waiting and without consuming a wake()."""
+        with self._cond:
+            front, self._back = self._back, []
+            return front
+
     def take_wake(self) -> bool:
         """Whether wake() was called since the last swap or take_wake (and forget it): for a
         loop that waits elsewhere than in swap()."""

@@ -264,3 +264,17 @@ def test_busy_poll_is_on_only_where_cores_are_to_spare() -> None:
         EngineConfig(busy_poll_ms=-2)
     with pytest.raises(ValueError, match="busy_poll_s"):
         Inbox("ipc:///nonexistent/never-bound", busy_poll_s=-1.0)
+
+
+@pytest.mark.parametrize("busy_poll_s", [0.0, 0.05])
+def test_a_wake_before_the_wait_is_not_lost(paths: RunPaths, busy_poll_s: float) -> None:
+    """wake() called while the loop works (a SIGTERM between two drains) makes the next
+    drain return at once, not after its timeout, polling or not."""
+    inbox = Inbox(paths.worker(0), name="worker", busy_poll_s=busy_poll_s)
+    try:
+        inbox.buffer.wake()
+        t0 = time.monotonic()
+        assert inbox.drain(5.0) == []
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        inbox.close()
