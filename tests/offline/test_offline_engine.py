@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import time
 from pathlib import Path
 
 import pytest
@@ -119,14 +120,20 @@ def test_scored_prompts_and_embeddings_match_their_oracles(run_root: Path) -> No
 
 def test_busy_polling_processes_give_the_same_tokens(run_root: Path) -> None:
     """--busy-poll-ms on (every process's waiting loop polls its own sockets, the receiver
-    threads lending them): the same greedy tokens as without, and a clean shutdown."""
+    threads lending them): the same greedy tokens as without, and every process stops on
+    the supervisor's SIGTERM, none killed."""
     from tessera import LLM
 
     greedy = SamplingParams(temperature=0.0, max_tokens=6)
     prompts = ["The capital of France is", [1, 504, 3458, 314]]
     outs = {}
+    stop_s = {}
     for poll in (0.0, 2.0):
         with LLM(model="default", **{**ENGINE_ARGS, "busy_poll_ms": poll}) as llm:
             outs[poll] = [o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+            t0 = time.monotonic()
+        stop_s[poll] = time.monotonic() - t0
         assert llm.processes is not None and not llm.processes.alive
     assert outs[2.0] == outs[0.0] and all(len(t) == 6 for t in outs[0.0])
+    # on SIGTERM (0.5 s here), not killed after the supervisor's 3 s grace
+    assert stop_s[2.0] < 3.0, stop_s
