@@ -43,6 +43,7 @@
 #   benchmarks/gpu_session.sh 37  # one H200:  inputs tests, the host's hop each way, b1 with the loop waiting on its sockets and without, b1 traced, b3 (~330 s)
 #   benchmarks/gpu_session.sh 38  # one H200:  the host's hop each way, b1 with busy polling and without (twice), b1 traced, b3, b2 (~400 s)
 #   benchmarks/gpu_session.sh 39  # one H200:  the hop benchmark again, b1 three times polling and once not, b12 b1 (~250 s)
+#   benchmarks/gpu_session.sh 40  # one H200:  b3 with larger mixed steps (--max-mixed-step-ratio 2.4, 3.0) (~130 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -76,7 +77,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789])$ ]] || { echo "usage: $0 1|...|35, 37-39  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|40)$ ]] || { echo "usage: $0 1|...|35, 37-40  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -527,6 +528,13 @@ case $CALL in
     part b1again 50 30 b1 --name b1_run4_h200
     part b1more 50 30 b1 --name b1_run5_h200
     part b12b1 130 75 b12 --parts b1 --name b12_b1_h200
+    ;;
+  40)
+    # B3 at c=128 decodes 89 streams a step on average (b3_h200.json, call 38): new requests
+    # wait for their prefill behind the decode protection's budget (1.8 decode steps a
+    # step). B3 with larger mixed steps: what c=128 gains and what c=32's ITL tail pays.
+    part b3ratio24 80 65 b3 --max-mixed-step-ratio 2.4 --name b3_ratio24_h200
+    part b3ratio30 80 65 b3 --max-mixed-step-ratio 3.0 --name b3_ratio30_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
