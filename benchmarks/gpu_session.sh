@@ -533,8 +533,8 @@ case $CALL in
     # B3 at c=128 decodes 89 streams a step on average (b3_h200.json, call 38): new requests
     # wait for their prefill behind the decode protection's budget (1.8 decode steps a
     # step). B3 with larger mixed steps: what c=128 gains and what c=32's ITL tail pays.
-    part b3ratio24 80 65 b3 --max-mixed-step-ratio 2.4 --name b3_ratio24_h200
-    part b3ratio30 80 65 b3 --max-mixed-step-ratio 3.0 --name b3_ratio30_h200
+    part b3ratio24 80 65 b3 "--server-args=--max-mixed-step-ratio 2.4" --name b3_ratio24_h200
+    part b3ratio30 80 65 b3 "--server-args=--max-mixed-step-ratio 3.0" --name b3_ratio30_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
