@@ -86,18 +86,21 @@ def steps_in_flight(overlap: bool, overlap_steps: int, batches_in_flight: int) -
 
 
 # --busy-poll-ms auto: polling costs a core per engine process while it waits (the
-# tokenizer, scheduler, workers and detokenizer), which a GPU host has to spare and a small
-# one does not.
+# tokenizers, scheduler, workers and detokenizer of every replica), which a GPU host has to
+# spare and a small one does not: auto polls where the host has at least 16 CPUs and four
+# for each polling process.
 BUSY_POLL_AUTO_MS = 20.0
 BUSY_POLL_MIN_CPUS = 16
+BUSY_POLL_CPUS_PER_PROCESS = 4
 
 
-def busy_poll_s(busy_poll_ms: float, cpus: int | None) -> float:
+def busy_poll_s(busy_poll_ms: float, cpus: int | None, processes: int = 4) -> float:
     """Seconds an Inbox's waiting loop polls before it blocks, for --busy-poll-ms on a host
-    of `cpus` CPUs (-1: auto)."""
+    of `cpus` CPUs running `processes` polling processes (-1: auto)."""
     if busy_poll_ms >= 0:
         return busy_poll_ms / 1000.0
-    return BUSY_POLL_AUTO_MS / 1000.0 if (cpus or 1) >= BUSY_POLL_MIN_CPUS else 0.0
+    need = max(BUSY_POLL_MIN_CPUS, BUSY_POLL_CPUS_PER_PROCESS * processes)
+    return BUSY_POLL_AUTO_MS / 1000.0 if (cpus or 1) >= need else 0.0
 
 
 @dataclass(frozen=True)
@@ -274,8 +277,10 @@ class EngineConfig(BatchingConfig):
                                "polls its sockets without sleeping before it blocks (ms): "
                                "no thread is woken for a message that finds it polling, "
                                "at the cost of a core each while it waits; 0: off; -1: "
-                               f"auto, {BUSY_POLL_AUTO_MS:g} on a host of "
-                               f"{BUSY_POLL_MIN_CPUS} or more CPUs, else off")
+                               f"auto, {BUSY_POLL_AUTO_MS:g} on a host of at least "
+                               f"{BUSY_POLL_MIN_CPUS} CPUs and {BUSY_POLL_CPUS_PER_PROCESS} "
+                               "for each polling process (tokenizers, scheduler, workers, "
+                               "detokenizer, of every replica), else off")
     heartbeat_interval_s: float = _opt(0.5, "seconds between heartbeats")
     heartbeat_timeout_s: float = _opt(5.0, "a process silent this long counts as dead")
     loop_stall_timeout_s: float = _opt(120.0, "a process whose main loop has not come round "
@@ -389,12 +394,14 @@ class EngineConfig(BatchingConfig):
 
     def inbox_busy_poll_s(self) -> float:
         """Seconds a process's waiting loop polls its sockets before it blocks (the CPUs it
-        may run on decide --busy-poll-ms auto)."""
+        may run on and the engine's polling processes decide --busy-poll-ms auto)."""
         try:
             cpus: int | None = len(os.sched_getaffinity(0))
         except AttributeError:  # not Linux
             cpus = os.cpu_count()
-        return busy_poll_s(self.busy_poll_ms, cpus)
+        replicas = max(1, int(getattr(self, "dp_size", 1)))
+        processes = (self.tokenizer_workers + self.world_size + 2) * replicas
+        return busy_poll_s(self.busy_poll_ms, cpus, processes)
 
     @property
     def steps_in_flight(self) -> int:

@@ -251,15 +251,24 @@ def test_closing_a_stalled_outbox_as_its_peer_closes_does_not_abort() -> None:
 
 
 def test_busy_poll_is_on_only_where_cores_are_to_spare() -> None:
-    """--busy-poll-ms: an explicit value wins; auto (-1) polls on a host of 16 or more CPUs
-    only; a negative value other than -1 is refused by name, and so is a negative Inbox
-    setting."""
-    from tessera.config import BUSY_POLL_AUTO_MS, EngineConfig, busy_poll_s
+    """--busy-poll-ms: an explicit value wins; auto (-1) polls on a host of at least 16 CPUs
+    and four for each polling process only; a negative value other than -1 is refused by
+    name, and so is a negative Inbox setting."""
+    from tessera.config import BUSY_POLL_AUTO_MS, EngineConfig, ServerConfig, busy_poll_s
 
-    assert busy_poll_s(-1, 16) == BUSY_POLL_AUTO_MS / 1000 and busy_poll_s(-1, 2) == 0.0
+    auto = BUSY_POLL_AUTO_MS / 1000
+    assert busy_poll_s(-1, 16) == auto and busy_poll_s(-1, 2) == 0.0
+    assert busy_poll_s(-1, 16, processes=5) == 0.0 and busy_poll_s(-1, 32, processes=5) == auto
     assert busy_poll_s(0, 64) == 0.0 and busy_poll_s(5, 2) == 0.005
     assert busy_poll_s(-1, None) == 0.0
     assert EngineConfig(busy_poll_ms=3).inbox_busy_poll_s() == 0.003
+    # the engine counts its polling processes: 8 tokenizers + scheduler + worker + detokenizer
+    # need 44 CPUs, two replicas of the default twice 16
+    import os
+
+    cpus = len(os.sched_getaffinity(0))
+    assert EngineConfig(tokenizer_workers=8).inbox_busy_poll_s() == (auto if cpus >= 44 else 0.0)
+    assert ServerConfig(dp_size=2).inbox_busy_poll_s() == (auto if cpus >= 32 else 0.0)
     with pytest.raises(ValueError, match="--busy-poll-ms"):
         EngineConfig(busy_poll_ms=-2)
     with pytest.raises(ValueError, match="busy_poll_s"):
