@@ -102,7 +102,7 @@ class Inbox:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(endpoint)
         # The owner asks the receiver thread to let go of the socket through this pair.
-        ctl = f"inproc://inbox-ctl-{id(self)}-{next(_CTL_IDS)}"
+        ctl = f"inproc://inbox-ctl-{next(_CTL_IDS)}"
         self._ctl_owner = context().socket(zmq.PAIR)
         self._ctl_owner.setsockopt(zmq.LINGER, 0)
         self._ctl_owner.bind(ctl)

@@ -24,6 +24,8 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 
+from tessera.config import usable_cores
+
 WAIT_POLICY_VAR = "OMP_WAIT_POLICY"
 WAIT_POLICY = "PASSIVE"
 
@@ -33,13 +35,6 @@ def set_wait_policy(environ: MutableMapping[str, str] | None = None) -> str:
     otherwise; returns the policy in force. Call before torch is imported."""
     env = os.environ if environ is None else environ
     return env.setdefault(WAIT_POLICY_VAR, WAIT_POLICY)
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def thread_count(requested: int, ranks_on_host: int, cores: int) -> int:

@@ -324,12 +324,10 @@ class Scheduler:
             self._apply_tokens(rec, res)
             self._finish_prefill_only(rec)
             if early is not None and self.inflight and rec.prefill_rows.shape[0]:
-                out = self._out.take()
-                if out is not None and out.new_requests:
-                    early(out)
-                    early_sent = True
-                elif out is not None:
-                    held = out
+                held = self._out.take()
+                if held is not None and held.new_requests:
+                    early(held)
+                    early_sent, held = True, None
             if self.kv.use_cache and rec.prefill_rows.shape[0]:
                 ok = st.uid[rec.prefill_rows] == rec.prefill_uids
                 for row in rec.prefill_rows[ok].tolist():

@@ -94,6 +94,14 @@ BUSY_POLL_MIN_CPUS = 16
 BUSY_POLL_CPUS_PER_PROCESS = 4
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def busy_poll_s(busy_poll_ms: float, cpus: int | None, processes: int = 4) -> float:
     """Seconds an Inbox's waiting loop polls before it blocks, for --busy-poll-ms on a host
     of `cpus` CPUs running `processes` polling processes (-1: auto)."""
@@ -395,13 +403,9 @@ class EngineConfig(BatchingConfig):
     def inbox_busy_poll_s(self) -> float:
         """Seconds a process's waiting loop polls its sockets before it blocks (the CPUs it
         may run on and the engine's polling processes decide --busy-poll-ms auto)."""
-        try:
-            cpus: int | None = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            cpus = os.cpu_count()
         replicas = max(1, int(getattr(self, "dp_size", 1)))
         processes = (self.tokenizer_workers + self.world_size + 2) * replicas
-        return busy_poll_s(self.busy_poll_ms, cpus, processes)
+        return busy_poll_s(self.busy_poll_ms, usable_cores(), processes)
 
     @property
     def steps_in_flight(self) -> int:

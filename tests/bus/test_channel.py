@@ -264,9 +264,9 @@ def test_busy_poll_is_on_only_where_cores_are_to_spare() -> None:
     assert EngineConfig(busy_poll_ms=3).inbox_busy_poll_s() == 0.003
     # the engine counts its polling processes: 8 tokenizers + scheduler + worker + detokenizer
     # need 44 CPUs, two replicas of the default twice 16
-    import os
+    from tessera.config import usable_cores
 
-    cpus = len(os.sched_getaffinity(0))
+    cpus = usable_cores()
     assert EngineConfig(tokenizer_workers=8).inbox_busy_poll_s() == (auto if cpus >= 44 else 0.0)
     assert ServerConfig(dp_size=2).inbox_busy_poll_s() == (auto if cpus >= 32 else 0.0)
     with pytest.raises(ValueError, match="--busy-poll-ms"):
