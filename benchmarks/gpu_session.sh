@@ -44,6 +44,7 @@
 #   benchmarks/gpu_session.sh 38  # one H200:  the host's hop each way, b1 with busy polling and without (twice), b1 traced, b3, b2 (~400 s)
 #   benchmarks/gpu_session.sh 39  # one H200:  the hop benchmark again, b1 three times polling and once not, b12 b1 (~250 s)
 #   benchmarks/gpu_session.sh 40  # one H200:  b3 with larger mixed steps (--max-mixed-step-ratio 2.4, 3.0) (~130 s)
+#   benchmarks/gpu_session.sh 41  # one H200:  the CUDA C one-token GEMV (native_gemv): its GPU tests, the GEMV sweep, b12 b1 (~300 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -77,7 +78,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|40)$ ]] || { echo "usage: $0 1|...|35, 37-40  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[01])$ ]] || { echo "usage: $0 1|...|35, 37-41  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -535,6 +536,15 @@ case $CALL in
     # step). B3 with larger mixed steps: what c=128 gains and what c=32's ITL tail pays.
     part b3ratio24 80 65 b3 "--server-args=--max-mixed-step-ratio 2.4" --name b3_ratio24_h200
     part b3ratio30 80 65 b3 "--server-args=--max-mixed-step-ratio 3.0" --name b3_ratio30_h200
+    ;;
+  41)
+    # The one-token GEMV in CUDA C (hal/cuda/native_gemv.py, NVRTC at run time): its GPU
+    # tests and the tuner's candidates at batch 1, the batch-1 GEMV sweep with its configs
+    # beside the Triton tiles (the tuner's pick per shape), B12's batch-1 part.
+    QUANT_K="native or (every_tuner_candidate and (fp8-1] or int4-1]))" \
+      part quanttests 150 60 quanttests
+    QUANT_GEMM_SWEEP=0 part quantbench 200 90 quantbench
+    part b12b1 150 75 b12 --parts b1 --name b12_b1_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

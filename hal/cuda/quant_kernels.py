@@ -62,6 +62,9 @@ GEMV_ACC = 16  # fp8 / int8 per row: a 2-D float32 accumulator, reduced once aft
 # iterations) as they were; qgemv_kernel's int4 down 23.4 -> 20.5 us (call 35)
 GEMV_STAGES2 = 64
 GEMV_STAGES3 = 128
+# not a qgemv formulation: the CUDA C GEMV of native_gemv.py, config (rows a block, runs a
+# thread an iteration, warps a block, GEMV_NATIVE)
+GEMV_NATIVE = 256
 
 
 def gemv_stages(variant: int) -> int:

@@ -19,6 +19,7 @@ from tessera.hal.cuda.quant_kernels import (
     GEMV_COLUMN,
     GEMV_DOT,
     GEMV_EXP_CVT,
+    GEMV_NATIVE,
     GEMV_STAGES2,
     GEMV_STAGES3,
     GEMV_X_VEC,
@@ -69,6 +70,22 @@ GEMV_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
     # through qgemm_kernel's tile at 4817dba, 1.4-5.6x through qgemm_wt_kernel's since.
     + [(64, 4, 4, GEMV_DOT), (128, 4, 4, GEMV_DOT), (128, 3, 8, GEMV_DOT)],
 }
+_NAT = GEMV_NATIVE
+# GEMV_NATIVE: the CUDA C GEMV (native_gemv.py), (rows a block, 16-byte runs a thread an
+# iteration, warps a block, GEMV_NATIVE). An 8B row is 256 runs of fp8 (4096 inputs) or 896
+# (14336): 8 warps take a 4096-input row in one pass, 7 / 14 / 28 a 14336-input one; int4's
+# are 128 runs of 32 nibbles (4 warps) and 448 (7 or 14). Where NVRTC or cuda-python is
+# missing they fail their measurement and are skipped.
+NATIVE_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
+    "fp8": [(4, 1, 8, _NAT), (8, 1, 8, _NAT), (2, 1, 8, _NAT), (4, 2, 4, _NAT),
+            (8, 2, 4, _NAT), (4, 1, 28, _NAT), (4, 2, 14, _NAT), (8, 2, 14, _NAT),
+            (4, 4, 7, _NAT)],
+    "int4": [(8, 1, 4, _NAT), (16, 1, 4, _NAT), (4, 1, 4, _NAT), (8, 2, 2, _NAT),
+             (8, 1, 2, _NAT), (4, 2, 7, _NAT), (8, 2, 7, _NAT), (4, 1, 14, _NAT),
+             (8, 1, 14, _NAT)],
+}
+for _scheme, _natives in NATIVE_CANDIDATES.items():  # after the Triton tiles: never first
+    GEMV_CANDIDATES[_scheme] = GEMV_CANDIDATES[_scheme] + _natives
 # The weight expanded to x's dtype once (dequant_kernel), then the library GEMM: a candidate
 # where the batch makes the GEMM compute-bound (prefill chunks, B2's largest decode batches).
 # At f64b807 the step profile's int4 prefill of 512 tokens took 29.8 ms against bf16's 11.3
@@ -189,6 +206,8 @@ def _gemv_candidates(scheme: str, per_row: bool, group_size: int, packing: str
     halves = packing.startswith("halves")
 
     def fits(c: tuple[int, int, int, int]) -> bool:
+        if c[3] & GEMV_NATIVE:
+            return native_layout_fits(scheme, per_row, group_size, packing)
         if c[3] & GEMV_DOT:
             return halves
         if c[3] & GEMV_ACC:
@@ -197,6 +216,22 @@ def _gemv_candidates(scheme: str, per_row: bool, group_size: int, packing: str
 
     return tuple(c for c in GEMV_CANDIDATES[scheme] if fits(c)) or \
         ((4, max(group_size, 256), 8, 0),)
+
+
+def native_layout_fits(scheme: str, per_row: bool, group_size: int, packing: str) -> bool:
+    """The schemes and layouts native_gemv takes (its weight_fits, less the tensors'
+    alignment): fp8 with a scale a row; int4 in "halves<T>" tiles (T >= 32, whole tiles a
+    group) or "nibbles" (groups of a multiple of 32)."""
+    from tessera.hal.quant.weight import half_tile
+
+    if scheme == "fp8":
+        return per_row
+    if scheme != "int4":
+        return False
+    tile = half_tile(packing)
+    if tile == 2:
+        return per_row or group_size % 32 == 0
+    return tile is not None and tile >= 32 and (per_row or group_size % tile == 0)
 
 
 def gemv_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
@@ -212,6 +247,17 @@ def one_token(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
     """The one-token linear with a GEMV config (qgemv, or qgemm for GEMV_DOT)."""
     from tessera.hal.cuda.quant_linear import qgemm, qgemv
 
+    if config[3] & GEMV_NATIVE:
+        from tessera.hal.cuda import native_gemv
+
+        if not native_gemv.available():
+            raise native_gemv.NativeError("the native GEMV needs cuda-python and a GPU")
+        if native_gemv.weight_fits(w) and native_gemv.input_fits(x):
+            rows, unroll, warps, _ = config
+            return native_gemv.qgemv(x, w, bias, rows, unroll, warps)
+        # an x or weight the kernel cannot read 16 bytes at a time (an unaligned view): the
+        # list's first Triton tile
+        config = _gemv_candidates(w.scheme, w.num_groups == 1, w.group_size, w.packing)[0]
     if config[3] & GEMV_DOT:
         return qgemm(x, w, bias, *dot_tile(config), weights_as_a=True)
     return qgemv(x, w, bias, *config)

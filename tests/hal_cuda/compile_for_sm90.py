@@ -82,7 +82,7 @@ def _qgemv_cases() -> list[Case]:
     from tessera.hal.cuda import quant_kernels as qk
     from tessera.hal.cuda import quant_tune
 
-    listed = {s: sorted({c[3] for c in cands if not c[3] & qk.GEMV_DOT})
+    listed = {s: sorted({c[3] for c in cands if not c[3] & (qk.GEMV_DOT | qk.GEMV_NATIVE)})
               for s, cands in quant_tune.GEMV_CANDIDATES.items()}
     return [qgemv_case(scheme, group, variant)
             for scheme, group, variants in (

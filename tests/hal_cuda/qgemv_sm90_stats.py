@@ -56,11 +56,13 @@ def stats(case: Case) -> dict[str, Any]:
 
 
 def main(schemes: list[str]) -> int:
-    from tessera.hal.cuda import quant_tune
+    from tessera.hal.cuda import quant_kernels, quant_tune
 
     for scheme in schemes or list(quant_tune.GEMV_CANDIDATES):
         for cand in quant_tune.GEMV_CANDIDATES[scheme]:
             block_n, block_k, num_warps, variant = cand
+            if variant & (quant_kernels.GEMV_DOT | quant_kernels.GEMV_NATIVE):
+                continue  # not a qgemv tile (qgemm's, or the CUDA C GEMV's)
             case = qgemv_case(scheme, None if scheme == "fp8" else 128, variant,
                               block_n=block_n, block_k=block_k, num_warps=num_warps)
             try:

@@ -166,3 +166,112 @@ def test_tuner_measure_times_the_device_not_the_host() -> None:
         return x.add_(1.0)
 
     assert autotune.bench_ms(run, (0,)) < 0.02
+
+
+# The CUDA C GEMV (native_gemv.py): every layout it takes, every config the tuner lists,
+# against the definition and the Triton GEMV; under PDL in a graph between kernels that read
+# and write what it reads and writes; an input it cannot take goes to the Triton GEMV.
+NATIVE_LAYOUTS = [("fp8", None, True), ("int4", 128, True), ("int4", 64, True),
+                  ("int4", 32, True), ("int4", "row", True), ("int4", 128, False),
+                  ("int4", "row", False)]  # (scheme, group, prepared: halves tiles, else nibbles)
+
+
+def _native_or_skip() -> object:
+    from tessera.hal.cuda import native_gemv
+
+    if not native_gemv.available():
+        pytest.skip("the native GEMV needs cuda-python (cuda.bindings) on this machine")
+    return native_gemv
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,k", [(1000, 4096), (4096, 14336), (37, 512)])
+@pytest.mark.parametrize("scheme,group,prepared", NATIVE_LAYOUTS)
+def test_native_gemv_every_layout_and_config(scheme: str, group: object, prepared: bool,
+                                             n: int, k: int, dtype: torch.dtype) -> None:
+    from tessera.hal.cuda import quant_tune
+    from tessera.hal.cuda.quant_linear import prepare
+
+    native = _native_or_skip()
+    gen = torch.Generator(device="cuda").manual_seed(n + k)
+    dense = torch.randn((n, k), device="cuda", generator=gen) * k ** -0.5
+    w = quantize(dense, scheme, k if group == "row" else group)  # type: ignore[arg-type]
+    if prepared:
+        w = prepare(w)
+    else:
+        assert w.packing == "nibbles"
+    assert native.weight_fits(w), (w.scheme, w.packing, w.group_size)
+    x = (torch.randn((1, k), device="cuda", generator=gen) * 3).to(dtype)
+    bias = torch.randn(n, device="cuda", generator=gen).to(dtype)
+    exact = quant_linear_reference(x.float(), w, bias.float())
+    triton_out = quant_tune.one_token(x, w, bias, quant_tune.GEMV_CANDIDATES[scheme][0]) \
+        if prepared else None
+    configs = quant_tune.NATIVE_CANDIDATES[scheme]
+    for cfg in configs:
+        rows, unroll, warps, _ = cfg
+        for b in (bias, None):
+            out = native.qgemv(x, w, b, rows, unroll, warps)
+            assert out.dtype == dtype and out.shape == (1, n)
+            want = exact if b is not None else quant_linear_reference(x.float(), w)
+            assert _rel(out, want) < 4e-3, (cfg, b is None)
+        if triton_out is not None:
+            assert _rel(native.qgemv(x, w, bias, rows, unroll, warps), triton_out) < 4e-3, cfg
+
+
+@pytest.mark.parametrize("preload", [False, True])
+@pytest.mark.parametrize("scheme", ["fp8", "int4"])
+def test_native_gemv_under_pdl_in_a_graph(scheme: str, preload: bool) -> None:
+    """norm -> GEMV -> norm -> GEMV, each launched with PDL where the mode is on, captured
+    and replayed: the GEMV waits for the norm that writes its x, and the norm after it for
+    its output (the chain's result equals the plain launches' one exactly)."""
+    from tessera.hal.cuda import norm, pdl
+    from tessera.hal.cuda.quant_linear import prepare
+
+    native = _native_or_skip()
+    k = 4096
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    ws = [prepare(quantize(torch.randn((k, k), device="cuda", generator=gen) * k ** -0.5,
+                           scheme, None)) for _ in range(2)]
+    nw = torch.rand(k, device="cuda", generator=gen).to(torch.bfloat16) + 0.5
+    x0 = torch.randn((1, k), device="cuda", generator=gen).to(torch.bfloat16)
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        for w in ws:
+            x = native.qgemv(norm.rms_norm(x, nw, 1e-6), w, None, 4, 1, 8, preload=preload)
+        return x
+
+    with pdl.forced(False):
+        want = chain(x0)
+    with pdl.forced(True):
+        assert torch.equal(chain(x0), want)
+        static = x0.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            chain(static)  # warm (compiles the PDL variant)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain(static)
+        for seed in range(3):
+            fresh = torch.randn((1, k), device="cuda",
+                                generator=torch.Generator(device="cuda").manual_seed(seed))
+            static.copy_(fresh.to(torch.bfloat16))
+            graph.replay()
+            with pdl.forced(False):
+                assert torch.equal(out, chain(static)), seed
+
+
+def test_native_config_falls_back_for_an_unaligned_input() -> None:
+    """A native config chosen for a shape, then an x the kernel cannot load 16 bytes at a
+    time (a view 2 bytes into its buffer): the Triton GEMV computes it."""
+    from tessera.hal.cuda import quant_tune
+
+    native = _native_or_skip()
+    w, _, _ = _setup("int4", 128, 1000, 4096, 1)
+    buf = torch.randn((1, 4097), device="cuda").to(torch.bfloat16)
+    x = buf[:, 1:]
+    assert not native.input_fits(x)
+    cfg = quant_tune.NATIVE_CANDIDATES["int4"][0]
+    out = quant_tune.one_token(x, w, None, cfg)
+    assert _rel(out, quant_linear_reference(x.float(), w)) < 4e-3

@@ -28,6 +28,14 @@ def _weight(scheme: str, group: int | None, n: int, k: int, seed: int) -> Quanti
     return quantize(dense, scheme, group)
 
 
+def _triton_gemvs(cands: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
+    """The one-token configs the interpreter runs: all but the CUDA C GEMV's (native_gemv,
+    checked on the GPU)."""
+    from tessera.hal.cuda import quant_kernels
+
+    return [c for c in cands if not c[3] & quant_kernels.GEMV_NATIVE]
+
+
 def _x(m: int, k: int, seed: int) -> torch.Tensor:
     return torch.randn((m, k), generator=torch.Generator().manual_seed(seed))
 
@@ -86,7 +94,7 @@ def test_qgemv_every_variant(kernels: dict[str, ModuleType], scheme: str, group:
              for bn, bk in ((4, 256), (2, 128))
              if w.num_groups == 1 or bk % w.group_size == 0]
     assert small, "no small tile holds whole groups"
-    for cfg in small + quant_tune.gemv_candidates(w):
+    for cfg in small + _triton_gemvs(quant_tune.gemv_candidates(w)):
         out = quant_tune.one_token(x, w, bias, cfg)
         torch.testing.assert_close(out, want, **TOL, msg=lambda m, c=cfg: f"{c}: {m}")
 
@@ -119,13 +127,13 @@ def test_gemv_candidates_cover_every_variant() -> None:
     cands = quant_tune.GEMV_CANDIDATES
     for scheme, cs in cands.items():
         assert all(len(c) == 4 and (c[3] in quant_tune.GEMV_VARIANTS or
-                                    c[3] == qk.GEMV_DOT) for c in cs), scheme
+                                    c[3] in (qk.GEMV_DOT, qk.GEMV_NATIVE)) for c in cs), scheme
     assert cands["fp8"][0] == (4, 2048, 4, 0)  # the H200 grid's fastest over the 8B shape
     assert any(c[3] == qk.GEMV_ACC | qk.GEMV_X_VEC for c in cands["fp8"])  # fastest on down
     assert cands["int4"][0] == (16, 2048, 4, 0)
     for scheme in ("int8", "int4"):
         assert max(bn * bk * bytes_per_weight[scheme] for bn, bk, _, v in cands[scheme]
-                   if v != qk.GEMV_DOT) >= 16384
+                   if v not in (qk.GEMV_DOT, qk.GEMV_NATIVE)) >= 16384
     assert any(c[3] == qk.GEMV_DOT for c in cands["int4"])
     assert wanted <= {c[3] for c in cands["int8"]}
 
@@ -281,7 +289,7 @@ def test_int4_is_held_in_half_split_tiles(kernels: dict[str, ModuleType], group:
     bias = torch.randn(24, generator=torch.Generator().manual_seed(32))
     x1 = _x(1, k, seed=33)
     want = quant_linear_reference(x1, w, bias)
-    cands = quant_tune.gemv_candidates(prepared)
+    cands = _triton_gemvs(quant_tune.gemv_candidates(prepared))
     dot = [c for c in cands if c[3] & quant_tune.GEMV_DOT]
     assert bool(dot) == packing.startswith("halves")
     for cfg in cands:

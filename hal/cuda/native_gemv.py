@@ -1,0 +1,457 @@
+"""The one-token quantized GEMV written in CUDA C, compiled at run time by NVRTC and launched
+through the driver API (cuda-python's `cuda.bindings`), beside the Triton qgemv.
+
+Why a second GEMV: the Triton one-token GEMVs stream int4 at 1.4-2.1 TB/s and fp8 at
+2.6-3.9 (docs/performance.md, "int4's one-token GEMV"): a Triton program loads its weight
+tile, waits, then computes, and reduces every tile across its threads; a 4096-input row is
+only 2-4 tiles, so the loads and the arithmetic run in series. Here each thread owns 16-byte
+runs of R rows' weights and keeps one float32 sum a row in its registers over the whole row:
+no reduction until the row's end (warp shuffles, then one shared-memory pass across the
+block's warps), no barrier in the loop, every load of an iteration (U runs of each of R rows,
+their group scales and x) issued before any arithmetic.
+
+    fp8     16 weights a run; `cvt.rn.f16x2.e4m3x2` two at a time, then float32 FMAs with x;
+            the row's scale once at the end.
+    int4    32 weights a run ("halves<T>" tiles with T >= 32, or "nibbles"); a run lies within
+            one group. A nibble at bit position p of a 32-bit word, masked in place
+            (`w & 0xF << p`, one LOP3, p <= 20), read as a float32 is q * 2^(p - 149) exactly
+            (a denormal below bit 23, and the next exponent's values continue it), so with x
+            scaled by 2^(85 - p) one FMA gives q * x * 2^-64 exactly; a word's top byte is
+            shifted down by 8 first (bits 24-31 would reach the exponent). Two instructions a
+            weight and one shift a word, no int -> float conversion; each run's sum is scaled
+            by its group's scale (times 2^64) and the offset times x's sum over the run.
+
+The kernel computes the definition y = x @ dequantize(w)^T up to float32 summation order,
+like the Triton kernels (tests/hal_cuda/test_native_gemv_gpu.py holds it to them and to the
+float reference). Where NVRTC or the driver bindings are missing, `available()` is False
+and quant_tune's native candidates fail their measurement and are skipped (autotune.pick),
+so the Triton GEMV runs as before; `fits` says which weights and inputs the kernel takes, and
+quant_tune falls back to the Triton GEMV for any other.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from typing import Any
+
+import torch
+
+from tessera.hal.cuda import pdl
+from tessera.hal.quant.weight import QuantizedWeight, half_tile
+
+KIND = {"fp8": 0, "int4": 2}
+RUN_BYTES = 16  # one thread's load: 16 fp8 weights or 32 int4 ones
+
+SOURCE = r"""
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+// weights: read once, not kept in L1 (x is, for every block of the SM)
+__device__ __forceinline__ uint4 ld_weights(const unsigned char* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// two 16-bit floats of x (one 32-bit word) to float32
+__device__ __forceinline__ void x_pair(u32 w, float& lo, float& hi) {
+#if XF16
+    asm("{ .reg .f16 a, b; mov.b32 {a, b}, %2; cvt.f32.f16 %0, a; cvt.f32.f16 %1, b; }"
+        : "=f"(lo), "=f"(hi) : "r"(w));
+#else
+    lo = __uint_as_float(w << 16);
+    hi = __uint_as_float(w & 0xffff0000u);
+#endif
+}
+
+__device__ __forceinline__ float x_one(u16 h) {
+#if XF16
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#else
+    return __uint_as_float(((u32)h) << 16);
+#endif
+}
+
+__device__ __forceinline__ u16 to_x(float v) {
+    u16 h;
+#if XF16
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+#else
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+#endif
+    return h;
+}
+
+// 8 consecutive x elements (16 bytes) to float32
+__device__ __forceinline__ void x_eight(const u16* p, float* f) {
+    uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    x_pair(v.x, f[0], f[1]);
+    x_pair(v.y, f[2], f[3]);
+    x_pair(v.z, f[4], f[5]);
+    x_pair(v.w, f[6], f[7]);
+}
+
+#if KIND == 0
+// an fp8 (e4m3) word: four weights to float32
+__device__ __forceinline__ void fp8_four(u32 w, float* f) {
+    u32 h0, h1;
+    asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %2; cvt.rn.f16x2.e4m3x2 %0, lo; "
+        "cvt.rn.f16x2.e4m3x2 %1, hi; }" : "=r"(h0), "=r"(h1) : "r"(w));
+    asm("{ .reg .f16 a, b; mov.b32 {a, b}, %2; cvt.f32.f16 %0, a; cvt.f32.f16 %1, b; }"
+        : "=f"(f[0]), "=f"(f[1]) : "r"(h0));
+    asm("{ .reg .f16 a, b; mov.b32 {a, b}, %2; cvt.f32.f16 %0, a; cvt.f32.f16 %1, b; }"
+        : "=f"(f[2]), "=f"(f[3]) : "r"(h1));
+}
+#endif
+
+// float32 2^e, exactly
+#define POW2(e) __uint_as_float((u32)(127 + (e)) << 23)
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+qgemv_native(const u16* __restrict__ x, const unsigned char* __restrict__ q,
+             const float* __restrict__ s, const float* __restrict__ o,
+             const u16* __restrict__ bias, u16* __restrict__ out,
+             int n, int k, long long q_s0, long long s_s0, int group, int has_bias)
+{
+    const int row0 = blockIdx.x * R;
+    const int runs = (KIND == 2 ? k / 2 : k) / 16;  // 16-byte runs a row
+    const int step = WARPS * 32;
+    const unsigned char* qrow[R];
+    long long srow[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        int row = min(row0 + r, n - 1);  // rows past the end read the last one, unwritten
+        qrow[r] = q + row * q_s0;
+        srow[r] = row * s_s0;
+    }
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+
+    uint4 wv[U][R];
+#if KIND == 2
+    float sv[U][R], ov[U][R];
+#endif
+    int i0 = threadIdx.x;
+#if PDL && !PRE
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    // the first iteration's weight runs (and group scales): nothing a kernel writes, so
+    // under PDL with PRE they are loaded before the wait
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        int i = i0 + u * step;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            wv[u][r] = i < runs ? ld_weights(qrow[r] + 16 * i) : make_uint4(0, 0, 0, 0);
+#if KIND == 2
+            int col = TILE == 2 ? 32 * i : (16 * i / (TILE / 2)) * TILE;
+            int g = min(col, k - 1) / group;
+            sv[u][r] = s[srow[r] + g];
+            ov[u][r] = o[srow[r] + g];
+#endif
+        }
+    }
+#if PDL && PRE
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    while (true) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            int i = i0 + u * step;
+            if (i < runs) {
+#if KIND == 0
+                float xf[16];
+                x_eight(x + 16 * i, xf);
+                x_eight(x + 16 * i + 8, xf + 8);
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    u32 w[4] = {wv[u][r].x, wv[u][r].y, wv[u][r].z, wv[u][r].w};
+                    float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        float f[4];
+                        fp8_four(w[j], f);
+                        p0 = fmaf(f[0], xf[4 * j], p0);
+                        p1 = fmaf(f[1], xf[4 * j + 1], p1);
+                        p2 = fmaf(f[2], xf[4 * j + 2], p2);
+                        p3 = fmaf(f[3], xf[4 * j + 3], p3);
+                    }
+                    acc[r] += (p0 + p1) + (p2 + p3);
+                }
+#else
+                // the run's 32 columns: byte e's low nibble xl[e], its high one xh[e]
+                float xl[16], xh[16];
+                if (TILE == 2) {  // "nibbles": byte e holds columns 32 i + 2 e and + 1
+                    float xr[32];
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) x_eight(x + 32 * i + 8 * c, xr + 8 * c);
+#pragma unroll
+                    for (int e = 0; e < 16; ++e) { xl[e] = xr[2 * e]; xh[e] = xr[2 * e + 1]; }
+                } else {  // "halves<T>": the low nibbles a run of 16 columns, the high T/2 on
+                    int base = (16 * i / (TILE / 2)) * TILE + (16 * i) % (TILE / 2);
+                    x_eight(x + base, xl);
+                    x_eight(x + base + 8, xl + 8);
+                    x_eight(x + base + TILE / 2, xh);
+                    x_eight(x + base + TILE / 2 + 8, xh + 8);
+                }
+                float xsum = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 16; ++e) xsum += xl[e] + xh[e];
+                // x scaled by 2^(85 - p), p the bit position its nibble is read at
+#pragma unroll
+                for (int e = 0; e < 16; ++e) {
+                    const int b = e % 4;
+                    xl[e] *= b == 0 ? POW2(85) : b == 1 ? POW2(77) : POW2(69);
+                    xh[e] *= b == 0 ? POW2(81) : b == 1 ? POW2(73) : POW2(65);
+                }
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    u32 w[4] = {wv[u][r].x, wv[u][r].y, wv[u][r].z, wv[u][r].w};
+                    float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const u32 a = w[j], t = w[j] >> 8;
+                        const int e = 4 * j;
+                        p0 = fmaf(__uint_as_float(a & 0xFu), xl[e], p0);
+                        p1 = fmaf(__uint_as_float(a & 0xF0u), xh[e], p1);
+                        p2 = fmaf(__uint_as_float(a & 0xF00u), xl[e + 1], p2);
+                        p3 = fmaf(__uint_as_float(a & 0xF000u), xh[e + 1], p3);
+                        p0 = fmaf(__uint_as_float(a & 0xF0000u), xl[e + 2], p0);
+                        p1 = fmaf(__uint_as_float(a & 0xF00000u), xh[e + 2], p1);
+                        p2 = fmaf(__uint_as_float(t & 0xF0000u), xl[e + 3], p2);
+                        p3 = fmaf(__uint_as_float(t & 0xF00000u), xh[e + 3], p3);
+                    }
+                    float part = ((p0 + p1) + (p2 + p3)) * POW2(64);
+                    acc[r] = fmaf(sv[u][r], part, fmaf(ov[u][r], xsum, acc[r]));
+                }
+#endif
+            }
+        }
+        i0 += step * U;
+        if (i0 >= runs) break;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            int i = i0 + u * step;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                wv[u][r] = i < runs ? ld_weights(qrow[r] + 16 * i) : make_uint4(0, 0, 0, 0);
+#if KIND == 2
+                int col = TILE == 2 ? 32 * i : (16 * i / (TILE / 2)) * TILE;
+                int g = min(col, k - 1) / group;
+                sv[u][r] = s[srow[r] + g];
+                ov[u][r] = o[srow[r] + g];
+#endif
+            }
+        }
+    }
+    // the row sums: across the warp, then across the block's warps
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+            acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
+    __shared__ float red[WARPS][R];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) red[warp][r] = acc[r];
+    }
+    __syncthreads();
+    if (threadIdx.x < R) {
+        const int row = row0 + threadIdx.x;
+        if (row < n) {
+            float v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) v += red[w][threadIdx.x];
+#if KIND == 0
+            v *= s[row * s_s0];
+#endif
+            if (has_bias) v += x_one(bias[row]);
+            out[row] = to_x(v);
+        }
+    }
+}
+"""
+
+
+class NativeError(RuntimeError):
+    """NVRTC or the driver refused the native GEMV (the message says which and why)."""
+
+
+@functools.lru_cache(maxsize=1)
+def _bindings() -> tuple[Any, Any] | None:
+    try:
+        from cuda.bindings import driver, nvrtc
+    except ImportError:
+        return None
+    return driver, nvrtc
+
+
+def available() -> bool:
+    """Whether this process can compile and launch the native GEMV: cuda-python's driver
+    and NVRTC bindings import, and a CUDA device is present."""
+    return _bindings() is not None and torch.cuda.is_available()
+
+
+def _ok(result: Any, what: str) -> Any:
+    """A cuda-python call's values after its status (raises NativeError on failure)."""
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise NativeError(f"{what}: {err!r}")
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+def defines(scheme: str, rows: int, unroll: int, warps: int, tile: int, x_f16: bool,
+            use_pdl: bool, preload: bool) -> str:
+    return "".join(f"#define {name} {int(value)}\n" for name, value in (
+        ("KIND", KIND[scheme]), ("R", rows), ("U", unroll), ("WARPS", warps),
+        ("TILE", tile), ("XF16", x_f16), ("PDL", use_pdl), ("PRE", preload)))
+
+
+def compile_cubin(source: str, arch: int) -> bytes:
+    """NVRTC's sm_<arch> machine code for source (no GPU needed)."""
+    bindings = _bindings()
+    if bindings is None:
+        raise NativeError("the native GEMV needs cuda-python's NVRTC bindings "
+                          "(cuda.bindings.nvrtc)")
+    _, nvrtc = bindings
+    prog = _ok(nvrtc.nvrtcCreateProgram(source.encode(), b"qgemv_native.cu", 0, [], []),
+               "nvrtcCreateProgram")
+    try:
+        opts = [f"--gpu-architecture=sm_{arch}".encode(), b"--std=c++17"]
+        err = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
+        if int(err) != 0:
+            size = _ok(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+            log = b" " * size
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            raise NativeError(f"NVRTC: {err!r}\n{log.decode(errors='replace')}")
+        size = _ok(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        _ok(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+        return cubin
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+_lock = threading.Lock()
+_functions: dict[tuple[str, int], Any] = {}
+_modules: list[Any] = []  # kept loaded for the life of the process
+
+
+def _function(defs: str, device: int) -> Any:
+    key = (defs, device)
+    fn = _functions.get(key)
+    if fn is not None:
+        return fn
+    with _lock:
+        fn = _functions.get(key)
+        if fn is None:
+            driver, _ = _bindings() or (None, None)
+            if driver is None:
+                raise NativeError("the native GEMV needs cuda-python (cuda.bindings)")
+            major, minor = torch.cuda.get_device_capability(device)
+            cubin = compile_cubin(defs + SOURCE, major * 10 + minor)
+            with torch.cuda.device(device):
+                torch.cuda.init()
+                torch.empty(1, device=f"cuda:{device}")  # the primary context current
+                module = _ok(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
+                fn = _ok(driver.cuModuleGetFunction(module, b"qgemv_native"),
+                         "cuModuleGetFunction")
+            _modules.append(module)
+            _functions[key] = fn
+    return fn
+
+
+def layout_tile(w: QuantizedWeight) -> int:
+    """The kernel's TILE for a weight: the int4 "halves<T>" T (2 for "nibbles"), 0 for
+    fp8."""
+    return (half_tile(w.packing) or 0) if w.scheme == "int4" else 0
+
+
+def weight_fits(w: QuantizedWeight) -> bool:
+    """The weights the kernel takes: fp8 with one scale a row, or int4 two a byte in
+    "halves<T>" tiles of T >= 32 (groups of whole tiles) or "nibbles" (groups of a multiple
+    of 32, or one a row); rows of whole 16-byte runs, 16-byte aligned."""
+    if w.scheme not in KIND:  # (an input_perm is applied to x before: quant_linear.apply)
+        return False
+    n, k = w.shape
+    row_bytes = k // 2 if w.scheme == "int4" else k
+    if row_bytes % RUN_BYTES or w.qweight.stride(1) != 1 or \
+            (w.qweight.stride(0) * w.qweight.element_size()) % RUN_BYTES or \
+            w.qweight.data_ptr() % RUN_BYTES:
+        return False
+    if w.scheme == "fp8":
+        return w.num_groups == 1
+    tile = layout_tile(w)
+    if w.offsets is None or w.offsets.shape != w.scales.shape or \
+            w.offsets.stride() != w.scales.stride():
+        return False
+    if tile == 2:
+        return w.num_groups == 1 or w.group_size % 32 == 0
+    return tile >= 32 and (w.num_groups == 1 or w.group_size % tile == 0)
+
+
+def input_fits(x: torch.Tensor) -> bool:
+    """x [1, K] bf16 / fp16 on a GPU, 16-byte aligned (the kernel loads it 16 bytes at a
+    time)."""
+    return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and x.dim() == 2 and \
+        x.shape[0] == 1 and x.stride(-1) == 1 and x.data_ptr() % 16 == 0
+
+
+def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: int,
+          unroll: int, warps: int, preload: bool = False) -> torch.Tensor:
+    """y = x @ w^T (+ bias) for one token, on the current stream (also under graph
+    capture), launched with PDL where the process's kernels use it (pdl.py)."""
+    if not (weight_fits(w) and input_fits(x)):
+        raise NativeError(f"the native GEMV does not take {w.scheme} {w.packing} "
+                          f"{tuple(w.shape)} with x {x.dtype} {tuple(x.shape)}")
+    n, k = w.shape
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous()):
+        bias = bias.to(x.dtype).contiguous()
+    use_pdl = pdl.mode() in ("on", "prefetch")
+    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    fn = _function(defines(w.scheme, rows, unroll, warps, layout_tile(w),
+                           x.dtype == torch.float16, use_pdl, preload and use_pdl), device)
+    offsets = w.offsets if w.offsets is not None else w.scales
+    group = w.group_size if w.scheme == "int4" else k
+    args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.qweight.data_ptr()),
+            ctypes.c_void_p(w.scales.data_ptr()), ctypes.c_void_p(offsets.data_ptr()),
+            ctypes.c_void_p(bias.data_ptr() if bias is not None else 0),
+            ctypes.c_void_p(out.data_ptr()), ctypes.c_int(n), ctypes.c_int(k),
+            ctypes.c_longlong(w.qweight.stride(0) * w.qweight.element_size()),
+            ctypes.c_longlong(w.scales.stride(0)), ctypes.c_int(group),
+            ctypes.c_int(bias is not None)]
+    params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+    _launch(fn, (n + rows - 1) // rows, warps * 32, torch.cuda.current_stream(x.device),
+            ctypes.addressof(params), use_pdl)
+    return out
+
+
+def _launch(fn: Any, grid: int, block: int, stream: torch.cuda.Stream, params: int,
+            use_pdl: bool) -> None:
+    driver, _ = _bindings() or (None, None)
+    handle = driver.CUstream(stream.cuda_stream)
+    if not use_pdl:
+        _ok(driver.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, handle, params, 0),
+            "cuLaunchKernel")
+        return
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
+    config.sharedMemBytes = 0
+    config.hStream = handle
+    config.attrs = [attr]
+    config.numAttrs = 1
+    _ok(driver.cuLaunchKernelEx(config, fn, params, 0), "cuLaunchKernelEx")

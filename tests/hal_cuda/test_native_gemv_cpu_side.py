@@ -1,0 +1,147 @@
+"""The CUDA C GEMV (hal/cuda/native_gemv.py) without a GPU: the arithmetic its int4 path rests
+on (a nibble masked in place read as a float32, times x scaled by a power of two), modelled in
+numpy over a whole "halves" / "nibbles" row the way the kernel walks it; which weights it
+takes; where its configs sit in the tuner's lists; and, where cuda-python's NVRTC is
+installed, that every listed config compiles for sm_90. The kernel itself runs in
+tests/hal_cuda/test_quant_gpu.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tessera.hal.quant import quant_linear_reference, quantize
+from tessera.hal.quant.weight import half_tile
+
+# the bit position a byte's low / high nibble is read at (the top byte shifted down by 8)
+POS_LO = (0, 8, 16, 16)
+POS_HI = (4, 12, 20, 20)
+
+
+def test_a_masked_nibble_times_scaled_x_is_the_product_exactly() -> None:
+    """For every nibble value and bit position p <= 20: the float32 whose bits are q << p,
+    times x * 2^(85 - p), is q * x * 2^-64 rounded once (the denormals below bit 23 and the
+    smallest normals above it continue each other), for x across float32's range of use."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(4096) * np.exp2(rng.integers(-30, 30, 4096))).astype(np.float32)
+    for p in (0, 4, 8, 12, 16, 20):
+        for q in range(16):
+            bits = np.array([q << p], dtype=np.uint32).view(np.float32)[0]
+            got = bits * (x * np.float32(2.0 ** (85 - p)))
+            want = (np.float32(q) * x) * np.float32(2.0 ** -64)
+            assert np.array_equal(got, want), (p, q)
+    # bits 24-27 would reach the exponent: the kernel shifts a word's top byte down first
+    word = np.array([0xA5 << 24], dtype=np.uint32)
+    assert ((word >> 8) & 0xF0000)[0] >> 16 == 0x5 and ((word >> 8) & 0xF00000)[0] >> 20 == 0xA
+
+
+def _model_row(packed: np.ndarray, tile: int, x: np.ndarray, s: np.ndarray, o: np.ndarray,
+               group: int) -> float:
+    """native_gemv's int4 arithmetic for one row (float32, in its order within a run):
+    packed uint8 [K / 2] in "halves<tile>" tiles (tile 2: "nibbles")."""
+    words = packed.view(np.uint32)
+    acc = np.float32(0.0)
+    for i in range(len(packed) // 16):  # one thread's 16-byte run: 32 columns, one group
+        if tile == 2:
+            lo = 32 * i + 2 * np.arange(16)
+            hi = lo + 1
+            g = 32 * i // group
+        else:
+            base = (16 * i // (tile // 2)) * tile + (16 * i) % (tile // 2)
+            lo = base + np.arange(16)
+            hi = lo + tile // 2
+            g = (16 * i // (tile // 2)) * tile // group
+        xl, xh = x[lo], x[hi]
+        xsum = np.float32(xl.sum(dtype=np.float32) + xh.sum(dtype=np.float32))
+        b = np.arange(16) % 4
+        xl = xl * np.exp2(85 - np.array(POS_LO)[b]).astype(np.float32)
+        xh = xh * np.exp2(85 - np.array(POS_HI)[b]).astype(np.float32)
+        part = np.float32(0.0)
+        for j in range(4):
+            a = words[4 * i + j]
+            t = a >> np.uint32(8)
+            masks = [(a, 0xF, xl, 0), (a, 0xF0, xh, 0), (a, 0xF00, xl, 1), (a, 0xF000, xh, 1),
+                     (a, 0xF0000, xl, 2), (a, 0xF00000, xh, 2), (t, 0xF0000, xl, 3),
+                     (t, 0xF00000, xh, 3)]
+            for word, mask, xs, e in masks:
+                f = np.array([word & np.uint32(mask)], dtype=np.uint32).view(np.float32)[0]
+                part = np.float32(part + f * xs[4 * j + e])
+        part = np.float32(part * np.float32(2.0 ** 64))
+        acc = np.float32(acc + s[g] * part + o[g] * xsum)
+    return float(acc)
+
+
+@pytest.mark.parametrize("group,prepared", [(128, True), (64, True), (32, True), (128, False),
+                                            (None, True)])
+def test_the_int4_model_computes_the_definition(group: int | None, prepared: bool) -> None:
+    """The kernel's walk over a row (which columns a run's nibbles are, its group, the bit
+    positions and scales) computes y = x @ dequantize(w)^T up to float32 rounding."""
+    from tessera.hal.cuda.quant_linear import prepare
+
+    n, k = 6, 512
+    gen = torch.Generator().manual_seed(3)
+    w = quantize(torch.randn((n, k), generator=gen) * k ** -0.5, "int4", group or k)
+    if prepared:
+        w = prepare(w)
+    tile = half_tile(w.packing)
+    assert tile is not None
+    x = torch.randn(k, generator=gen).float()
+    want = quant_linear_reference(x[None], w)[0]
+    q = w.qweight.numpy()
+    s = w.scales.numpy().astype(np.float32)
+    o = w.offsets.numpy().astype(np.float32)  # type: ignore[union-attr]
+    got = [_model_row(q[r], tile, x.numpy(), s[r], o[r], w.group_size) for r in range(n)]
+    torch.testing.assert_close(torch.tensor(got), want, rtol=1e-4, atol=1e-4)
+
+
+def test_which_weights_the_kernel_takes() -> None:
+    """weight_fits (the tensors) agrees with quant_tune's layout rule (what the tuner lists it
+    for): fp8 a scale a row, int4 in halves tiles or nibbles of whole runs; not int8, not a
+    16-byte-misaligned view."""
+    from tessera.hal.cuda import native_gemv, quant_tune
+    from tessera.hal.cuda.quant_linear import prepare
+
+    gen = torch.Generator().manual_seed(4)
+    dense = torch.randn((64, 512), generator=gen)
+    cases = [quantize(dense, "fp8", None), quantize(dense, "int8", 64)]
+    for g in (16, 32, 64, 128, 512):
+        cases += [quantize(dense, "int4", g), prepare(quantize(dense, "int4", g))]
+    for w in cases:
+        rule = quant_tune.native_layout_fits(w.scheme, w.num_groups == 1, w.group_size,
+                                             w.packing)
+        assert native_gemv.weight_fits(w) == rule, (w.scheme, w.packing, w.group_size)
+    assert not native_gemv.weight_fits(quantize(dense, "int8", 64))
+    assert not native_gemv.weight_fits(quantize(dense, "int4", 16))  # a run spans two groups
+    assert native_gemv.weight_fits(prepare(quantize(dense, "int4", 16))) is False
+    x = torch.zeros((1, 513), dtype=torch.bfloat16)
+    assert not native_gemv.input_fits(x[:, 1:])  # on the CPU, and misaligned
+
+
+def test_native_configs_follow_the_triton_tiles() -> None:
+    """The CUDA C configs come after every Triton tile in the tuner's lists: where nothing is
+    measured (graph capture, the interpreter) the first, a Triton tile, runs."""
+    from tessera.hal.cuda import quant_kernels, quant_tune
+
+    for scheme, natives in quant_tune.NATIVE_CANDIDATES.items():
+        cands = quant_tune.GEMV_CANDIDATES[scheme]
+        assert natives and cands[-len(natives):] == natives
+        assert not any(c[3] & quant_kernels.GEMV_NATIVE for c in cands[:-len(natives)])
+        for rows, unroll, warps, flag in natives:
+            assert flag == quant_kernels.GEMV_NATIVE and 1 <= warps * 32 <= 1024
+            assert rows >= 1 and unroll >= 1
+
+
+def test_every_native_config_compiles_for_sm90() -> None:
+    pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-python's NVRTC is not installed")
+    from tessera.hal.cuda import native_gemv, quant_tune
+
+    for scheme, natives in quant_tune.NATIVE_CANDIDATES.items():
+        tiles = (0,) if scheme == "fp8" else (2, 32, 128)
+        for rows, unroll, warps, _ in natives:
+            for tile in tiles:
+                for f16, use_pdl, pre in ((False, True, False), (True, False, False),
+                                          (False, True, True)):
+                    defs = native_gemv.defines(scheme, rows, unroll, warps, tile, f16,
+                                               use_pdl, pre)
+                    assert native_gemv.compile_cubin(defs + native_gemv.SOURCE, 90)
