@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from tessera.hal.cuda import pdl
+from tessera.hal.cuda.quant_kernels import NATIVE_L2PF, NATIVE_PIPE
 from tessera.hal.quant.weight import QuantizedWeight, half_tile
 
 KIND = {"fp8": 0, "int4": 2}
@@ -48,11 +49,17 @@ SOURCE = r"""
 typedef unsigned int u32;
 typedef unsigned short u16;
 
-// weights: read once, not kept in L1 (x is, for every block of the SM)
+// weights: read once, not kept in L1 (x is, for every block of the SM); L2PF: with the
+// hint to fetch the 256-byte L2 sector pair
 __device__ __forceinline__ uint4 ld_weights(const unsigned char* p) {
     uint4 v;
+#if L2PF
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#else
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#endif
     return v;
 }
 
@@ -112,31 +119,137 @@ __device__ __forceinline__ void fp8_four(u32 w, float* f) {
 // float32 2^e, exactly
 #define POW2(e) __uint_as_float((u32)(127 + (e)) << 23)
 
+// the group of a 16-byte int4 run i (GSHIFT: log2 of the group size, -1 one group a row)
+__device__ __forceinline__ int run_group(int i) {
+#if KIND == 2 && GSHIFT >= 0
+    const int col = TILE == 2 ? 32 * i : (16 * i / (TILE / 2)) * TILE;
+    return col >> GSHIFT;
+#else
+    return 0;
+#endif
+}
+
+// one iteration's loads: U runs of each of the R rows (and, int4, their groups' scales)
+__device__ __forceinline__ void load_runs(uint4 (&wv)[U][R], float (&sv)[U][R],
+                                          float (&ov)[U][R], const unsigned char* const (&qrow)[R],
+                                          const float* const (&srow)[R],
+                                          const float* const (&orow)[R], int i0, int runs) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int i = i0 + u * WARPS * 32;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            wv[u][r] = i < runs ? ld_weights(qrow[r] + 16 * i) : make_uint4(0, 0, 0, 0);
+#if KIND == 2
+            const int g = i < runs ? run_group(i) : 0;
+            sv[u][r] = srow[r][g];
+            ov[u][r] = orow[r][g];
+#endif
+        }
+    }
+}
+
+// one iteration's arithmetic, into the R row sums
+__device__ __forceinline__ void compute_runs(const uint4 (&wv)[U][R], const float (&sv)[U][R],
+                                             const float (&ov)[U][R], float (&acc)[R],
+                                             const u16* __restrict__ x, int i0, int runs) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int i = i0 + u * WARPS * 32;
+        if (i >= runs) continue;
+#if KIND == 0
+        float xf[16];
+        x_eight(x + 16 * i, xf);
+        x_eight(x + 16 * i + 8, xf + 8);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const u32 w[4] = {wv[u][r].x, wv[u][r].y, wv[u][r].z, wv[u][r].w};
+            float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                float f[4];
+                fp8_four(w[j], f);
+                p0 = fmaf(f[0], xf[4 * j], p0);
+                p1 = fmaf(f[1], xf[4 * j + 1], p1);
+                p2 = fmaf(f[2], xf[4 * j + 2], p2);
+                p3 = fmaf(f[3], xf[4 * j + 3], p3);
+            }
+            acc[r] += (p0 + p1) + (p2 + p3);
+        }
+#else
+        // the run's 32 columns: byte e's low nibble xl[e], its high one xh[e]
+        float xl[16], xh[16];
+        if (TILE == 2) {  // "nibbles": byte e holds columns 32 i + 2 e and + 1
+            float xr[32];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) x_eight(x + 32 * i + 8 * c, xr + 8 * c);
+#pragma unroll
+            for (int e = 0; e < 16; ++e) { xl[e] = xr[2 * e]; xh[e] = xr[2 * e + 1]; }
+        } else {  // "halves<T>": the low nibbles a run of 16 columns, the high T / 2 on
+            const int base = (16 * i / (TILE / 2)) * TILE + (16 * i) % (TILE / 2);
+            x_eight(x + base, xl);
+            x_eight(x + base + 8, xl + 8);
+            x_eight(x + base + TILE / 2, xh);
+            x_eight(x + base + TILE / 2 + 8, xh + 8);
+        }
+        float xsum = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 16; ++e) xsum += xl[e] + xh[e];
+        // x scaled by 2^(85 - p), p the bit position its nibble is read at
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+            const int b = e % 4;
+            xl[e] *= b == 0 ? POW2(85) : b == 1 ? POW2(77) : POW2(69);
+            xh[e] *= b == 0 ? POW2(81) : b == 1 ? POW2(73) : POW2(65);
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const u32 w[4] = {wv[u][r].x, wv[u][r].y, wv[u][r].z, wv[u][r].w};
+            float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const u32 a = w[j], t = w[j] >> 8;
+                const int e = 4 * j;
+                p0 = fmaf(__uint_as_float(a & 0xFu), xl[e], p0);
+                p1 = fmaf(__uint_as_float(a & 0xF0u), xh[e], p1);
+                p2 = fmaf(__uint_as_float(a & 0xF00u), xl[e + 1], p2);
+                p3 = fmaf(__uint_as_float(a & 0xF000u), xh[e + 1], p3);
+                p0 = fmaf(__uint_as_float(a & 0xF0000u), xl[e + 2], p0);
+                p1 = fmaf(__uint_as_float(a & 0xF00000u), xh[e + 2], p1);
+                p2 = fmaf(__uint_as_float(t & 0xF0000u), xl[e + 3], p2);
+                p3 = fmaf(__uint_as_float(t & 0xF00000u), xh[e + 3], p3);
+            }
+            const float part = ((p0 + p1) + (p2 + p3)) * POW2(64);
+            acc[r] = fmaf(sv[u][r], part, fmaf(ov[u][r], xsum, acc[r]));
+        }
+#endif
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 qgemv_native(const u16* __restrict__ x, const unsigned char* __restrict__ q,
              const float* __restrict__ s, const float* __restrict__ o,
              const u16* __restrict__ bias, u16* __restrict__ out,
-             int n, int k, long long q_s0, long long s_s0, int group, int has_bias)
+             int n, int k, long long q_s0, long long s_s0, int has_bias)
 {
     const int row0 = blockIdx.x * R;
     const int runs = (KIND == 2 ? k / 2 : k) / 16;  // 16-byte runs a row
-    const int step = WARPS * 32;
+    const int step = WARPS * 32 * U;
     const unsigned char* qrow[R];
-    long long srow[R];
+    const float* srow[R];
+    const float* orow[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        int row = min(row0 + r, n - 1);  // rows past the end read the last one, unwritten
+        const long long row = min(row0 + r, n - 1);  // past the end: the last row, unwritten
         qrow[r] = q + row * q_s0;
-        srow[r] = row * s_s0;
+        srow[r] = s + row * s_s0;
+        orow[r] = o + row * s_s0;
     }
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-
-    uint4 wv[U][R];
-#if KIND == 2
-    float sv[U][R], ov[U][R];
-#endif
+    uint4 wa[U][R];
+    float sa[U][R], oa[U][R];
     int i0 = threadIdx.x;
 #if PDL && !PRE
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -144,114 +257,34 @@ qgemv_native(const u16* __restrict__ x, const unsigned char* __restrict__ q,
 #endif
     // the first iteration's weight runs (and group scales): nothing a kernel writes, so
     // under PDL with PRE they are loaded before the wait
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        int i = i0 + u * step;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            wv[u][r] = i < runs ? ld_weights(qrow[r] + 16 * i) : make_uint4(0, 0, 0, 0);
-#if KIND == 2
-            int col = TILE == 2 ? 32 * i : (16 * i / (TILE / 2)) * TILE;
-            int g = min(col, k - 1) / group;
-            sv[u][r] = s[srow[r] + g];
-            ov[u][r] = o[srow[r] + g];
-#endif
-        }
-    }
+    load_runs(wa, sa, oa, qrow, srow, orow, i0, runs);
 #if PDL && PRE
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+#if PIPE
+    // two register sets: the next iteration's loads in flight through this one's arithmetic
+    uint4 wb[U][R];
+    float sb[U][R], ob[U][R];
     while (true) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            int i = i0 + u * step;
-            if (i < runs) {
-#if KIND == 0
-                float xf[16];
-                x_eight(x + 16 * i, xf);
-                x_eight(x + 16 * i + 8, xf + 8);
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    u32 w[4] = {wv[u][r].x, wv[u][r].y, wv[u][r].z, wv[u][r].w};
-                    float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        float f[4];
-                        fp8_four(w[j], f);
-                        p0 = fmaf(f[0], xf[4 * j], p0);
-                        p1 = fmaf(f[1], xf[4 * j + 1], p1);
-                        p2 = fmaf(f[2], xf[4 * j + 2], p2);
-                        p3 = fmaf(f[3], xf[4 * j + 3], p3);
-                    }
-                    acc[r] += (p0 + p1) + (p2 + p3);
-                }
-#else
-                // the run's 32 columns: byte e's low nibble xl[e], its high one xh[e]
-                float xl[16], xh[16];
-                if (TILE == 2) {  // "nibbles": byte e holds columns 32 i + 2 e and + 1
-                    float xr[32];
-#pragma unroll
-                    for (int c = 0; c < 4; ++c) x_eight(x + 32 * i + 8 * c, xr + 8 * c);
-#pragma unroll
-                    for (int e = 0; e < 16; ++e) { xl[e] = xr[2 * e]; xh[e] = xr[2 * e + 1]; }
-                } else {  // "halves<T>": the low nibbles a run of 16 columns, the high T/2 on
-                    int base = (16 * i / (TILE / 2)) * TILE + (16 * i) % (TILE / 2);
-                    x_eight(x + base, xl);
-                    x_eight(x + base + 8, xl + 8);
-                    x_eight(x + base + TILE / 2, xh);
-                    x_eight(x + base + TILE / 2 + 8, xh + 8);
-                }
-                float xsum = 0.0f;
-#pragma unroll
-                for (int e = 0; e < 16; ++e) xsum += xl[e] + xh[e];
-                // x scaled by 2^(85 - p), p the bit position its nibble is read at
-#pragma unroll
-                for (int e = 0; e < 16; ++e) {
-                    const int b = e % 4;
-                    xl[e] *= b == 0 ? POW2(85) : b == 1 ? POW2(77) : POW2(69);
-                    xh[e] *= b == 0 ? POW2(81) : b == 1 ? POW2(73) : POW2(65);
-                }
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    u32 w[4] = {wv[u][r].x, wv[u][r].y, wv[u][r].z, wv[u][r].w};
-                    float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        const u32 a = w[j], t = w[j] >> 8;
-                        const int e = 4 * j;
-                        p0 = fmaf(__uint_as_float(a & 0xFu), xl[e], p0);
-                        p1 = fmaf(__uint_as_float(a & 0xF0u), xh[e], p1);
-                        p2 = fmaf(__uint_as_float(a & 0xF00u), xl[e + 1], p2);
-                        p3 = fmaf(__uint_as_float(a & 0xF000u), xh[e + 1], p3);
-                        p0 = fmaf(__uint_as_float(a & 0xF0000u), xl[e + 2], p0);
-                        p1 = fmaf(__uint_as_float(a & 0xF00000u), xh[e + 2], p1);
-                        p2 = fmaf(__uint_as_float(t & 0xF0000u), xl[e + 3], p2);
-                        p3 = fmaf(__uint_as_float(t & 0xF00000u), xh[e + 3], p3);
-                    }
-                    float part = ((p0 + p1) + (p2 + p3)) * POW2(64);
-                    acc[r] = fmaf(sv[u][r], part, fmaf(ov[u][r], xsum, acc[r]));
-                }
-#endif
-            }
-        }
-        i0 += step * U;
-        if (i0 >= runs) break;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            int i = i0 + u * step;
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                wv[u][r] = i < runs ? ld_weights(qrow[r] + 16 * i) : make_uint4(0, 0, 0, 0);
-#if KIND == 2
-                int col = TILE == 2 ? 32 * i : (16 * i / (TILE / 2)) * TILE;
-                int g = min(col, k - 1) / group;
-                sv[u][r] = s[srow[r] + g];
-                ov[u][r] = o[srow[r] + g];
-#endif
-            }
-        }
+        const int i1 = i0 + step;
+        if (i1 < runs) load_runs(wb, sb, ob, qrow, srow, orow, i1, runs);
+        compute_runs(wa, sa, oa, acc, x, i0, runs);
+        if (i1 >= runs) break;
+        const int i2 = i1 + step;
+        if (i2 < runs) load_runs(wa, sa, oa, qrow, srow, orow, i2, runs);
+        compute_runs(wb, sb, ob, acc, x, i1, runs);
+        if (i2 >= runs) break;
+        i0 = i2;
     }
+#else
+    while (true) {
+        compute_runs(wa, sa, oa, acc, x, i0, runs);
+        i0 += step;
+        if (i0 >= runs) break;
+        load_runs(wa, sa, oa, qrow, srow, orow, i0, runs);
+    }
+#endif
     // the row sums: across the warp, then across the block's warps
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -309,11 +342,29 @@ def _ok(result: Any, what: str) -> Any:
     return rest[0] if len(rest) == 1 else tuple(rest)
 
 
+PIPE = NATIVE_PIPE  # two register sets: the next iteration's loads in flight
+L2PF = NATIVE_L2PF  # the weight loads hint the L2 to fetch 256-byte sector pairs
+
+
 def defines(scheme: str, rows: int, unroll: int, warps: int, tile: int, x_f16: bool,
-            use_pdl: bool, preload: bool) -> str:
+            use_pdl: bool, preload: bool, group_shift: int = -1, flags: int = 0) -> str:
+    """The kernel's compile-time constants. group_shift: log2 of the int4 group size, -1 for
+    one group a row (and fp8)."""
     return "".join(f"#define {name} {int(value)}\n" for name, value in (
         ("KIND", KIND[scheme]), ("R", rows), ("U", unroll), ("WARPS", warps),
-        ("TILE", tile), ("XF16", x_f16), ("PDL", use_pdl), ("PRE", preload)))
+        ("TILE", tile), ("XF16", x_f16), ("PDL", use_pdl), ("PRE", preload),
+        ("GSHIFT", group_shift), ("PIPE", bool(flags & PIPE)), ("L2PF", bool(flags & L2PF))))
+
+
+def group_shift(w: QuantizedWeight) -> int:
+    """defines' group_shift for a weight: -1 with one group a row (fp8, per-row int4), else
+    log2 of the group (a power of two after quant_linear.prepare)."""
+    if w.scheme != "int4" or w.num_groups == 1:
+        return -1
+    gs = w.group_size
+    if gs & (gs - 1):
+        raise NativeError(f"int4 groups of {gs}: the native GEMV takes powers of two")
+    return gs.bit_length() - 1
 
 
 def compile_cubin(source: str, arch: int) -> bytes:
@@ -354,9 +405,7 @@ def _function(defs: str, device: int) -> Any:
     with _lock:
         fn = _functions.get(key)
         if fn is None:
-            driver, _ = _bindings() or (None, None)
-            if driver is None:
-                raise NativeError("the native GEMV needs cuda-python (cuda.bindings)")
+            driver = _driver()
             major, minor = torch.cuda.get_device_capability(device)
             cubin = compile_cubin(defs + SOURCE, major * 10 + minor)
             with torch.cuda.device(device):
@@ -394,6 +443,8 @@ def weight_fits(w: QuantizedWeight) -> bool:
     if w.offsets is None or w.offsets.shape != w.scales.shape or \
             w.offsets.stride() != w.scales.stride():
         return False
+    if w.num_groups > 1 and w.group_size & (w.group_size - 1):
+        return False  # (quant_linear.prepare makes every group a power of two)
     if tile == 2:
         return w.num_groups == 1 or w.group_size % 32 == 0
     return tile >= 32 and (w.num_groups == 1 or w.group_size % tile == 0)
@@ -407,9 +458,10 @@ def input_fits(x: torch.Tensor) -> bool:
 
 
 def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: int,
-          unroll: int, warps: int, preload: bool = False) -> torch.Tensor:
+          unroll: int, warps: int, preload: bool = False, flags: int = 0) -> torch.Tensor:
     """y = x @ w^T (+ bias) for one token, on the current stream (also under graph
-    capture), launched with PDL where the process's kernels use it (pdl.py)."""
+    capture), launched with PDL where the process's kernels use it (pdl.py). flags: PIPE,
+    L2PF."""
     if not (weight_fits(w) and input_fits(x)):
         raise NativeError(f"the native GEMV does not take {w.scheme} {w.packing} "
                           f"{tuple(w.shape)} with x {x.dtype} {tuple(x.shape)}")
@@ -420,25 +472,31 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: 
     use_pdl = pdl.mode() in ("on", "prefetch")
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     fn = _function(defines(w.scheme, rows, unroll, warps, layout_tile(w),
-                           x.dtype == torch.float16, use_pdl, preload and use_pdl), device)
+                           x.dtype == torch.float16, use_pdl, preload and use_pdl,
+                           group_shift(w), flags), device)
     offsets = w.offsets if w.offsets is not None else w.scales
-    group = w.group_size if w.scheme == "int4" else k
     args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.qweight.data_ptr()),
             ctypes.c_void_p(w.scales.data_ptr()), ctypes.c_void_p(offsets.data_ptr()),
             ctypes.c_void_p(bias.data_ptr() if bias is not None else 0),
             ctypes.c_void_p(out.data_ptr()), ctypes.c_int(n), ctypes.c_int(k),
             ctypes.c_longlong(w.qweight.stride(0) * w.qweight.element_size()),
-            ctypes.c_longlong(w.scales.stride(0)), ctypes.c_int(group),
-            ctypes.c_int(bias is not None)]
+            ctypes.c_longlong(w.scales.stride(0)), ctypes.c_int(bias is not None)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
     _launch(fn, (n + rows - 1) // rows, warps * 32, torch.cuda.current_stream(x.device),
             ctypes.addressof(params), use_pdl)
     return out
 
 
+def _driver() -> Any:
+    bindings = _bindings()
+    if bindings is None:
+        raise NativeError("the native GEMV needs cuda-python (cuda.bindings)")
+    return bindings[0]
+
+
 def _launch(fn: Any, grid: int, block: int, stream: torch.cuda.Stream, params: int,
             use_pdl: bool) -> None:
-    driver, _ = _bindings() or (None, None)
+    driver = _driver()
     handle = driver.CUstream(stream.cuda_stream)
     if not use_pdl:
         _ok(driver.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, handle, params, 0),

@@ -23,6 +23,8 @@ from tessera.hal.cuda.quant_kernels import (
     GEMV_STAGES2,
     GEMV_STAGES3,
     GEMV_X_VEC,
+    NATIVE_L2PF,
+    NATIVE_PIPE,
     gemv_acc_fits,
 )
 from tessera.hal.quant.weight import QuantizedWeight
@@ -76,13 +78,17 @@ _NAT = GEMV_NATIVE
 # (14336): 8 warps take a 4096-input row in one pass, 7 / 14 / 28 a 14336-input one; int4's
 # are 128 runs of 32 nibbles (4 warps) and 448 (7 or 14). Where NVRTC or cuda-python is
 # missing they fail their measurement and are skipped.
+_PIPE, _L2 = NATIVE_PIPE, NATIVE_L2PF
 NATIVE_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
     "fp8": [(4, 1, 8, _NAT), (8, 1, 8, _NAT), (2, 1, 8, _NAT), (4, 2, 4, _NAT),
-            (8, 2, 4, _NAT), (4, 1, 28, _NAT), (4, 2, 14, _NAT), (8, 2, 14, _NAT),
-            (4, 4, 7, _NAT)],
-    "int4": [(8, 1, 4, _NAT), (16, 1, 4, _NAT), (4, 1, 4, _NAT), (8, 2, 2, _NAT),
-             (8, 1, 2, _NAT), (4, 2, 7, _NAT), (8, 2, 7, _NAT), (4, 1, 14, _NAT),
-             (8, 1, 14, _NAT)],
+            (4, 1, 4, _NAT), (8, 1, 4, _NAT), (4, 1, 2, _NAT), (8, 1, 2, _NAT),
+            (4, 2, 2, _NAT), (4, 1, 4, _NAT | _PIPE), (8, 1, 4, _NAT | _PIPE),
+            (4, 1, 2, _NAT | _PIPE), (8, 1, 8, _NAT | _L2), (4, 2, 4, _NAT | _L2)],
+    "int4": [(8, 1, 2, _NAT), (8, 1, 4, _NAT), (4, 1, 4, _NAT), (16, 1, 4, _NAT),
+             (8, 1, 1, _NAT), (4, 1, 1, _NAT), (16, 1, 1, _NAT), (8, 2, 1, _NAT),
+             (4, 2, 2, _NAT), (8, 1, 2, _NAT | _PIPE), (8, 1, 1, _NAT | _PIPE),
+             (4, 1, 2, _NAT | _PIPE), (4, 1, 1, _NAT | _PIPE), (8, 1, 2, _NAT | _L2),
+             (8, 1, 4, _NAT | _L2), (8, 1, 1, _NAT | _L2)],
 }
 for _scheme, _natives in NATIVE_CANDIDATES.items():  # after the Triton tiles: never first
     GEMV_CANDIDATES[_scheme] = GEMV_CANDIDATES[_scheme] + _natives
@@ -229,6 +235,8 @@ def native_layout_fits(scheme: str, per_row: bool, group_size: int, packing: str
     if scheme != "int4":
         return False
     tile = half_tile(packing)
+    if not per_row and group_size & (group_size - 1):
+        return False
     if tile == 2:
         return per_row or group_size % 32 == 0
     return tile is not None and tile >= 32 and (per_row or group_size % tile == 0)
@@ -253,8 +261,8 @@ def one_token(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
         if not native_gemv.available():
             raise native_gemv.NativeError("the native GEMV needs cuda-python and a GPU")
         if native_gemv.weight_fits(w) and native_gemv.input_fits(x):
-            rows, unroll, warps, _ = config
-            return native_gemv.qgemv(x, w, bias, rows, unroll, warps)
+            rows, unroll, warps, flags = config
+            return native_gemv.qgemv(x, w, bias, rows, unroll, warps, flags=flags)
         # an x or weight the kernel cannot read 16 bytes at a time (an unaligned view): the
         # list's first Triton tile
         config = _gemv_candidates(w.scheme, w.num_groups == 1, w.group_size, w.packing)[0]

@@ -127,8 +127,9 @@ def test_native_configs_follow_the_triton_tiles() -> None:
         cands = quant_tune.GEMV_CANDIDATES[scheme]
         assert natives and cands[-len(natives):] == natives
         assert not any(c[3] & quant_kernels.GEMV_NATIVE for c in cands[:-len(natives)])
+        assert len(set(natives)) == len(natives)
         for rows, unroll, warps, flag in natives:
-            assert flag == quant_kernels.GEMV_NATIVE and 1 <= warps * 32 <= 1024
+            assert flag & quant_kernels.GEMV_NATIVE and 1 <= warps * 32 <= 1024
             assert rows >= 1 and unroll >= 1
 
 
@@ -138,10 +139,12 @@ def test_every_native_config_compiles_for_sm90() -> None:
 
     for scheme, natives in quant_tune.NATIVE_CANDIDATES.items():
         tiles = (0,) if scheme == "fp8" else (2, 32, 128)
-        for rows, unroll, warps, _ in natives:
+        shifts = (-1,) if scheme == "fp8" else (-1, 7)
+        for rows, unroll, warps, flags in natives:
             for tile in tiles:
-                for f16, use_pdl, pre in ((False, True, False), (True, False, False),
-                                          (False, True, True)):
+                for f16, use_pdl, pre, gs in ((False, True, False, shifts[-1]),
+                                              (True, False, False, shifts[0]),
+                                              (False, True, True, shifts[-1])):
                     defs = native_gemv.defines(scheme, rows, unroll, warps, tile, f16,
-                                               use_pdl, pre)
+                                               use_pdl, pre, gs, flags)
                     assert native_gemv.compile_cubin(defs + native_gemv.SOURCE, 90)

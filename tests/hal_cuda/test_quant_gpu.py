@@ -208,14 +208,15 @@ def test_native_gemv_every_layout_and_config(scheme: str, group: object, prepare
         if prepared else None
     configs = quant_tune.NATIVE_CANDIDATES[scheme]
     for cfg in configs:
-        rows, unroll, warps, _ = cfg
+        rows, unroll, warps, flags = cfg
         for b in (bias, None):
-            out = native.qgemv(x, w, b, rows, unroll, warps)
+            out = native.qgemv(x, w, b, rows, unroll, warps, flags=flags)
             assert out.dtype == dtype and out.shape == (1, n)
             want = exact if b is not None else quant_linear_reference(x.float(), w)
             assert _rel(out, want) < 4e-3, (cfg, b is None)
         if triton_out is not None:
-            assert _rel(native.qgemv(x, w, bias, rows, unroll, warps), triton_out) < 4e-3, cfg
+            assert _rel(native.qgemv(x, w, bias, rows, unroll, warps, flags=flags),
+                        triton_out) < 4e-3, cfg
 
 
 @pytest.mark.parametrize("preload", [False, True])
