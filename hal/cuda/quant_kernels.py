@@ -65,8 +65,7 @@ GEMV_STAGES3 = 128
 # not a qgemv formulation: the CUDA C GEMV of native_gemv.py, config (rows a block, runs a
 # thread an iteration, warps a block, GEMV_NATIVE)
 GEMV_NATIVE = 256
-NATIVE_PIPE = 512  # with GEMV_NATIVE: two register sets, the next iteration's loads ahead
-NATIVE_L2PF = 1024  # with GEMV_NATIVE: weight loads hint the L2 to fetch 256-byte sectors
+NATIVE_MMA = 2048  # with GEMV_NATIVE: int4 "halves128" through mma.m16n8k16 (bf16 x)
 
 
 def gemv_stages(variant: int) -> int:

@@ -23,8 +23,7 @@ from tessera.hal.cuda.quant_kernels import (
     GEMV_STAGES2,
     GEMV_STAGES3,
     GEMV_X_VEC,
-    NATIVE_L2PF,
-    NATIVE_PIPE,
+    NATIVE_MMA,
     gemv_acc_fits,
 )
 from tessera.hal.quant.weight import QuantizedWeight
@@ -78,17 +77,20 @@ _NAT = GEMV_NATIVE
 # (14336): 8 warps take a 4096-input row in one pass, 7 / 14 / 28 a 14336-input one; int4's
 # are 128 runs of 32 nibbles (4 warps) and 448 (7 or 14). Where NVRTC or cuda-python is
 # missing they fail their measurement and are skipped.
-_PIPE, _L2 = NATIVE_PIPE, NATIVE_L2PF
+_MMA = NATIVE_MMA
+# (call 41, quant_kernels_h200.json / _b3d1fea_: blocks of 14 and 28 warps 2-3x slower, two
+# register sets with the next loads ahead and the L2's 256-byte hint no faster: not listed)
+# int4 NATIVE_MMA: (tiles of 16 rows a block, tiles of 128 columns a warp an iteration,
+# warps, flags)
 NATIVE_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
     "fp8": [(4, 1, 8, _NAT), (8, 1, 8, _NAT), (2, 1, 8, _NAT), (4, 2, 4, _NAT),
-            (4, 1, 4, _NAT), (8, 1, 4, _NAT), (4, 1, 2, _NAT), (8, 1, 2, _NAT),
-            (4, 2, 2, _NAT), (4, 1, 4, _NAT | _PIPE), (8, 1, 4, _NAT | _PIPE),
-            (4, 1, 2, _NAT | _PIPE), (8, 1, 8, _NAT | _L2), (4, 2, 4, _NAT | _L2)],
-    "int4": [(8, 1, 2, _NAT), (8, 1, 4, _NAT), (4, 1, 4, _NAT), (16, 1, 4, _NAT),
-             (8, 1, 1, _NAT), (4, 1, 1, _NAT), (16, 1, 1, _NAT), (8, 2, 1, _NAT),
-             (4, 2, 2, _NAT), (8, 1, 2, _NAT | _PIPE), (8, 1, 1, _NAT | _PIPE),
-             (4, 1, 2, _NAT | _PIPE), (4, 1, 1, _NAT | _PIPE), (8, 1, 2, _NAT | _L2),
-             (8, 1, 4, _NAT | _L2), (8, 1, 1, _NAT | _L2)],
+            (4, 1, 4, _NAT), (8, 1, 4, _NAT), (4, 2, 2, _NAT), (8, 1, 2, _NAT),
+            (4, 1, 2, _NAT)],
+    "int4": [(8, 1, 2, _NAT), (8, 1, 4, _NAT), (4, 1, 4, _NAT), (4, 2, 2, _NAT),
+             (4, 1, 2, _NAT), (8, 2, 1, _NAT), (16, 1, 4, _NAT),
+             (1, 2, 4, _NAT | _MMA), (1, 4, 4, _NAT | _MMA), (2, 2, 4, _NAT | _MMA),
+             (2, 4, 4, _NAT | _MMA), (1, 2, 8, _NAT | _MMA), (1, 4, 8, _NAT | _MMA),
+             (1, 4, 2, _NAT | _MMA), (2, 2, 2, _NAT | _MMA)],
 }
 for _scheme, _natives in NATIVE_CANDIDATES.items():  # after the Triton tiles: never first
     GEMV_CANDIDATES[_scheme] = GEMV_CANDIDATES[_scheme] + _natives
@@ -213,7 +215,7 @@ def _gemv_candidates(scheme: str, per_row: bool, group_size: int, packing: str
 
     def fits(c: tuple[int, int, int, int]) -> bool:
         if c[3] & GEMV_NATIVE:
-            return native_layout_fits(scheme, per_row, group_size, packing)
+            return native_layout_fits(scheme, per_row, group_size, packing, c[3])
         if c[3] & GEMV_DOT:
             return halves
         if c[3] & GEMV_ACC:
@@ -224,12 +226,17 @@ def _gemv_candidates(scheme: str, per_row: bool, group_size: int, packing: str
         ((4, max(group_size, 256), 8, 0),)
 
 
-def native_layout_fits(scheme: str, per_row: bool, group_size: int, packing: str) -> bool:
+def native_layout_fits(scheme: str, per_row: bool, group_size: int, packing: str,
+                       flags: int = GEMV_NATIVE) -> bool:
     """The schemes and layouts native_gemv takes (its weight_fits, less the tensors'
     alignment): fp8 with a scale a row; int4 in "halves<T>" tiles (T >= 32, whole tiles a
-    group) or "nibbles" (groups of a multiple of 32)."""
+    group) or "nibbles" (groups of a multiple of 32); with NATIVE_MMA, int4 "halves128"
+    with groups of whole tiles."""
     from tessera.hal.quant.weight import half_tile
 
+    if flags & NATIVE_MMA:
+        return scheme == "int4" and packing == "halves128" and \
+            (per_row or group_size % 128 == 0)
     if scheme == "fp8":
         return per_row
     if scheme != "int4":
@@ -260,7 +267,7 @@ def one_token(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
 
         if not native_gemv.available():
             raise native_gemv.NativeError("the native GEMV needs cuda-python and a GPU")
-        if native_gemv.weight_fits(w) and native_gemv.input_fits(x):
+        if native_gemv.fits(w, x, config[3]):
             rows, unroll, warps, flags = config
             return native_gemv.qgemv(x, w, bias, rows, unroll, warps, flags=flags)
         # an x or weight the kernel cannot read 16 bytes at a time (an unaligned view): the
