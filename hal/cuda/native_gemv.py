@@ -345,6 +345,19 @@ qgemv_native(const u16* __restrict__ x, const unsigned char* __restrict__ q,
             sr[rt][h] = s + row * s_s0;
             orw[rt][h] = o + row * s_s0;
         }
+    // the first iteration's weights before anything else (no kernel writes them): their
+    // loads are in flight through the PDL wait and the tiles' sums of x
+    uint4 wv[U][R][2];
+    int c0 = warp;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int c = c0 + u * WARPS;
+#pragma unroll
+        for (int rt = 0; rt < R; ++rt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                wv[u][rt][h] = c < tiles ? ld_weights(qr[rt][h] + 64 * c) : make_uint4(0, 0, 0, 0);
+    }
 #if PDL
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -362,18 +375,7 @@ qgemv_native(const u16* __restrict__ x, const unsigned char* __restrict__ q,
     float acc[R][2];
 #pragma unroll
     for (int rt = 0; rt < R; ++rt) acc[rt][0] = acc[rt][1] = 0.0f;
-    for (int c0 = warp; c0 < tiles; c0 += WARPS * U) {
-        uint4 wv[U][R][2];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = c0 + u * WARPS;
-#pragma unroll
-            for (int rt = 0; rt < R; ++rt)
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    wv[u][rt][h] = c < tiles ? ld_weights(qr[rt][h] + 64 * c)
-                                             : make_uint4(0, 0, 0, 0);
-        }
+    while (true) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int c = c0 + u * WARPS;
@@ -417,6 +419,18 @@ qgemv_native(const u16* __restrict__ x, const unsigned char* __restrict__ q,
                 acc[rt][1] = fmaf(sb, d[2], fmaf(fmaf(-128.0f, sb, orw[rt][1][grp]), xsum,
                                                  acc[rt][1]));
             }
+        }
+        c0 += WARPS * U;
+        if (c0 >= tiles) break;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + u * WARPS;
+#pragma unroll
+            for (int rt = 0; rt < R; ++rt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    wv[u][rt][h] = c < tiles ? ld_weights(qr[rt][h] + 64 * c)
+                                             : make_uint4(0, 0, 0, 0);
         }
     }
     if (t == 0) {
