@@ -39,7 +39,6 @@ from typing import Any
 import torch
 
 from tessera.hal.cuda import pdl
-from tessera.hal.cuda.quant_kernels import NATIVE_MMA
 from tessera.hal.quant.weight import QuantizedWeight, half_tile
 
 KIND = {"fp8": 0, "int4": 2}
@@ -113,7 +112,6 @@ __device__ __forceinline__ void fp8_four(u32 w, float* f) {
 // float32 2^e, exactly
 #define POW2(e) __uint_as_float((u32)(127 + (e)) << 23)
 
-#if KIND != 3
 // the group of a 16-byte int4 run i (GSHIFT: log2 of the group size, -1 one group a row)
 __device__ __forceinline__ int run_group(int i) {
 #if KIND == 2 && GSHIFT >= 0
@@ -290,169 +288,6 @@ qgemv_native(const u16* __restrict__ x, const unsigned char* __restrict__ q,
         }
     }
 }
-#else  // KIND == 3: int4 "halves128" on the tensor cores
-// A warp takes 16 rows (RT tiles of 16) and walks the row in tiles of 128 columns (64 bytes:
-// one group, or part of one): lane (g, t) = (lane / 4, lane % 4) loads the 16 bytes t of the
-// tile of rows g and g + 8. Each 32-bit word gives four bf16 pairs by one LOP3 each (its
-// nibbles at bits 0-3 and 16-19 under the exponent of 128: 128 + q exactly), which are the
-// A fragment of mma.m16n8k16 (a0 / a2 row g, a1 / a3 row g + 8) for two k-steps; B is x,
-// the same columns in the same order (a PRMT a pair), column 0 of D the rows' sums. The
-// mma's k is a permutation of the tile's columns, the same for every row. D = sum (128 + q) x,
-// so a tile adds s D + (o - 128 s) X, X the tile's sum of x (computed once a block).
-#define XS_MAX 1024  // tiles of 128 columns: inputs up to 131072
-
-__device__ __forceinline__ u32 nib_bf16(u32 v) {  // two nibbles to bf16 128 + q
-    u32 r;
-    asm("lop3.b32 %0, %1, 0x000F000F, 0x43004300, 0xEA;" : "=r"(r) : "r"(v));
-    return r;
-}
-
-__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
-    u32 r;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-    return r;
-}
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3,
-                                         u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-qgemv_native(const u16* __restrict__ x, const unsigned char* __restrict__ q,
-             const float* __restrict__ s, const float* __restrict__ o,
-             const u16* __restrict__ bias, u16* __restrict__ out,
-             int n, int k, long long q_s0, long long s_s0, int has_bias)
-{
-    __shared__ float xs[XS_MAX];
-    __shared__ float red[WARPS][16 * R];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int g = lane / 4, t = lane % 4;
-    const int row0 = blockIdx.x * 16 * R;
-    const int tiles = k / 128;
-    const unsigned char* qr[R][2];
-    const float* sr[R][2];
-    const float* orw[R][2];
-#pragma unroll
-    for (int rt = 0; rt < R; ++rt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const long long row = min(row0 + 16 * rt + g + 8 * h, n - 1);
-            qr[rt][h] = q + row * q_s0 + 16 * t;
-            sr[rt][h] = s + row * s_s0;
-            orw[rt][h] = o + row * s_s0;
-        }
-    // the first iteration's weights before anything else (no kernel writes them): their
-    // loads are in flight through the PDL wait and the tiles' sums of x
-    uint4 wv[U][R][2];
-    int c0 = warp;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int c = c0 + u * WARPS;
-#pragma unroll
-        for (int rt = 0; rt < R; ++rt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                wv[u][rt][h] = c < tiles ? ld_weights(qr[rt][h] + 64 * c) : make_uint4(0, 0, 0, 0);
-    }
-#if PDL
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-    // each tile's sum of x
-    for (int c = warp; c < tiles; c += WARPS) {
-        const uint2 v = __ldg(reinterpret_cast<const uint2*>(x + 128 * c + 4 * lane));
-        float f = (__uint_as_float(v.x << 16) + __uint_as_float(v.x & 0xffff0000u)) +
-                  (__uint_as_float(v.y << 16) + __uint_as_float(v.y & 0xffff0000u));
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) f += __shfl_xor_sync(0xffffffffu, f, off);
-        if (lane == 0) xs[c] = f;
-    }
-    __syncthreads();
-    float acc[R][2];
-#pragma unroll
-    for (int rt = 0; rt < R; ++rt) acc[rt][0] = acc[rt][1] = 0.0f;
-    while (true) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = c0 + u * WARPS;
-            if (c >= tiles) break;
-            // this lane's 32 columns: the low nibbles' 16 from 128 c + 16 t, the high ones' 64 on
-            const uint4 l0 = __ldg(reinterpret_cast<const uint4*>(x + 128 * c + 16 * t));
-            const uint4 l1 = __ldg(reinterpret_cast<const uint4*>(x + 128 * c + 16 * t + 8));
-            const uint4 h0 = __ldg(reinterpret_cast<const uint4*>(x + 128 * c + 64 + 16 * t));
-            const uint4 h1 = __ldg(reinterpret_cast<const uint4*>(x + 128 * c + 72 + 16 * t));
-            const u32 xl[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
-            const u32 xh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-            u32 b[4][2][2];  // word j, k-step hh: b0, b1
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                b[j][0][0] = prmt(xl[2 * j], xl[2 * j + 1], 0x5410);
-                b[j][0][1] = prmt(xh[2 * j], xh[2 * j + 1], 0x5410);
-                b[j][1][0] = prmt(xl[2 * j], xl[2 * j + 1], 0x7632);
-                b[j][1][1] = prmt(xh[2 * j], xh[2 * j + 1], 0x7632);
-            }
-            const float xsum = xs[c];
-            const int grp = GSHIFT >= 0 ? (128 * c) >> (GSHIFT >= 0 ? GSHIFT : 0) : 0;
-#pragma unroll
-            for (int rt = 0; rt < R; ++rt) {
-                const u32 wa[4] = {wv[u][rt][0].x, wv[u][rt][0].y, wv[u][rt][0].z,
-                                   wv[u][rt][0].w};
-                const u32 wb[4] = {wv[u][rt][1].x, wv[u][rt][1].y, wv[u][rt][1].z,
-                                   wv[u][rt][1].w};
-                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    mma_bf16(d, nib_bf16(wa[j]), nib_bf16(wb[j]), nib_bf16(wa[j] >> 4),
-                             nib_bf16(wb[j] >> 4), b[j][0][0], b[j][0][1]);
-                    mma_bf16(d, nib_bf16(wa[j] >> 8), nib_bf16(wb[j] >> 8),
-                             nib_bf16(wa[j] >> 12), nib_bf16(wb[j] >> 12), b[j][1][0],
-                             b[j][1][1]);
-                }
-                // column 0 of D: lanes t == 0, rows g (d[0]) and g + 8 (d[2])
-                const float sa = sr[rt][0][grp], sb = sr[rt][1][grp];
-                acc[rt][0] = fmaf(sa, d[0], fmaf(fmaf(-128.0f, sa, orw[rt][0][grp]), xsum,
-                                                 acc[rt][0]));
-                acc[rt][1] = fmaf(sb, d[2], fmaf(fmaf(-128.0f, sb, orw[rt][1][grp]), xsum,
-                                                 acc[rt][1]));
-            }
-        }
-        c0 += WARPS * U;
-        if (c0 >= tiles) break;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = c0 + u * WARPS;
-#pragma unroll
-            for (int rt = 0; rt < R; ++rt)
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    wv[u][rt][h] = c < tiles ? ld_weights(qr[rt][h] + 64 * c)
-                                             : make_uint4(0, 0, 0, 0);
-        }
-    }
-    if (t == 0) {
-#pragma unroll
-        for (int rt = 0; rt < R; ++rt) {
-            red[warp][16 * rt + g] = acc[rt][0];
-            red[warp][16 * rt + g + 8] = acc[rt][1];
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x < 16 * R) {
-        const int row = row0 + threadIdx.x;
-        if (row < n) {
-            float v = 0.0f;
-#pragma unroll
-            for (int w = 0; w < WARPS; ++w) v += red[w][threadIdx.x];
-            if (has_bias) v += x_one(bias[row]);
-            out[row] = to_x(v);
-        }
-    }
-}
-#endif
 """
 
 
@@ -483,17 +318,14 @@ def _ok(result: Any, what: str) -> Any:
     return rest[0] if len(rest) == 1 else tuple(rest)
 
 
-MMA = NATIVE_MMA  # int4 "halves128" on the tensor cores (KIND 3; rows: tiles of 16 rows)
-MMA_MAX_INPUTS = 1024 * 128  # the kernel's XS_MAX tiles of 128 columns
 
 
 def defines(scheme: str, rows: int, unroll: int, warps: int, tile: int, x_f16: bool,
-            use_pdl: bool, preload: bool, group_shift: int = -1, flags: int = 0) -> str:
+            use_pdl: bool, preload: bool, group_shift: int = -1) -> str:
     """The kernel's compile-time constants. group_shift: log2 of the int4 group size, -1 for
     one group a row (and fp8)."""
-    kind = 3 if flags & MMA else KIND[scheme]
     return "".join(f"#define {name} {int(value)}\n" for name, value in (
-        ("KIND", kind), ("R", rows), ("U", unroll), ("WARPS", warps),
+        ("KIND", KIND[scheme]), ("R", rows), ("U", unroll), ("WARPS", warps),
         ("TILE", tile), ("XF16", x_f16), ("PDL", use_pdl), ("PRE", preload),
         ("GSHIFT", group_shift)))
 
@@ -592,16 +424,9 @@ def weight_fits(w: QuantizedWeight) -> bool:
     return tile >= 32 and (w.num_groups == 1 or w.group_size % tile == 0)
 
 
-def mma_fits(w: QuantizedWeight, x: torch.Tensor) -> bool:
-    """What the MMA variant takes beyond weight_fits: int4 in "halves128" tiles, groups of
-    whole tiles (or one a row), at most MMA_MAX_INPUTS inputs, bf16 x."""
-    return w.scheme == "int4" and layout_tile(w) == 128 and w.in_features <= MMA_MAX_INPUTS \
-        and (w.num_groups == 1 or w.group_size % 128 == 0) and x.dtype == torch.bfloat16
-
-
-def fits(w: QuantizedWeight, x: torch.Tensor, flags: int = 0) -> bool:
-    """Whether a config with these flags computes y = x @ w^T for this weight and x."""
-    return weight_fits(w) and input_fits(x) and (not flags & MMA or mma_fits(w, x))
+def fits(w: QuantizedWeight, x: torch.Tensor) -> bool:
+    """Whether the kernel computes y = x @ w^T for this weight and x."""
+    return weight_fits(w) and input_fits(x)
 
 
 def input_fits(x: torch.Tensor) -> bool:
@@ -612,11 +437,10 @@ def input_fits(x: torch.Tensor) -> bool:
 
 
 def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: int,
-          unroll: int, warps: int, preload: bool = False, flags: int = 0) -> torch.Tensor:
+          unroll: int, warps: int, preload: bool = False) -> torch.Tensor:
     """y = x @ w^T (+ bias) for one token, on the current stream (also under graph
-    capture), launched with PDL where the process's kernels use it (pdl.py). flags: MMA
-    (int4 "halves128" on the tensor cores; rows counts tiles of 16 rows)."""
-    if not fits(w, x, flags):
+    capture), launched with PDL where the process's kernels use it (pdl.py)."""
+    if not fits(w, x):
         raise NativeError(f"the native GEMV does not take {w.scheme} {w.packing} "
                           f"{tuple(w.shape)} with x {x.dtype} {tuple(x.shape)}")
     n, k = w.shape
@@ -627,7 +451,7 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: 
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     fn = _function(defines(w.scheme, rows, unroll, warps, layout_tile(w),
                            x.dtype == torch.float16, use_pdl, preload and use_pdl,
-                           group_shift(w), flags), device)
+                           group_shift(w)), device)
     offsets = w.offsets if w.offsets is not None else w.scales
     args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.qweight.data_ptr()),
             ctypes.c_void_p(w.scales.data_ptr()), ctypes.c_void_p(offsets.data_ptr()),
@@ -636,9 +460,7 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: 
             ctypes.c_longlong(w.qweight.stride(0) * w.qweight.element_size()),
             ctypes.c_longlong(w.scales.stride(0)), ctypes.c_int(bias is not None)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
-    block_rows = 16 * rows if flags & MMA else rows
-    _launch(fn, (n + block_rows - 1) // block_rows, warps * 32,
-            torch.cuda.current_stream(x.device),
+    _launch(fn, (n + rows - 1) // rows, warps * 32, torch.cuda.current_stream(x.device),
             ctypes.addressof(params), use_pdl)
     return out
 

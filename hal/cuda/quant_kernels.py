@@ -65,7 +65,6 @@ GEMV_STAGES3 = 128
 # not a qgemv formulation: the CUDA C GEMV of native_gemv.py, config (rows a block, runs a
 # thread an iteration, warps a block, GEMV_NATIVE)
 GEMV_NATIVE = 256
-NATIVE_MMA = 2048  # with GEMV_NATIVE: int4 "halves128" through mma.m16n8k16 (bf16 x)
 
 
 def gemv_stages(variant: int) -> int:

@@ -23,7 +23,6 @@ from tessera.hal.cuda.quant_kernels import (
     GEMV_STAGES2,
     GEMV_STAGES3,
     GEMV_X_VEC,
-    NATIVE_MMA,
     gemv_acc_fits,
 )
 from tessera.hal.quant.weight import QuantizedWeight
@@ -77,20 +76,15 @@ _NAT = GEMV_NATIVE
 # (14336): 8 warps take a 4096-input row in one pass, 7 / 14 / 28 a 14336-input one; int4's
 # are 128 runs of 32 nibbles (4 warps) and 448 (7 or 14). Where NVRTC or cuda-python is
 # missing they fail their measurement and are skipped.
-_MMA = NATIVE_MMA
-# (call 41, quant_kernels_h200.json / _b3d1fea_: blocks of 14 and 28 warps 2-3x slower, two
-# register sets with the next loads ahead and the L2's 256-byte hint no faster: not listed)
-# int4 NATIVE_MMA: (tiles of 16 rows a block, tiles of 128 columns a warp an iteration,
-# warps, flags)
+# (call 41, quant_kernels_h200.json and its _b3d1fea_ / _2a47a3e_ / _cc3c1c4_ runs: blocks of
+# 14 and 28 warps 2-3x slower; two register sets with the next loads ahead, the L2's 256-byte
+# hint and int4 through mma.m16n8k16 correct but no faster: not kept)
 NATIVE_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
     "fp8": [(4, 1, 8, _NAT), (8, 1, 8, _NAT), (2, 1, 8, _NAT), (4, 2, 4, _NAT),
             (4, 1, 4, _NAT), (8, 1, 4, _NAT), (4, 2, 2, _NAT), (8, 1, 2, _NAT),
             (4, 1, 2, _NAT)],
     "int4": [(8, 1, 2, _NAT), (8, 1, 4, _NAT), (4, 1, 4, _NAT), (4, 2, 2, _NAT),
-             (4, 1, 2, _NAT), (8, 2, 1, _NAT), (16, 1, 4, _NAT),
-             (1, 2, 4, _NAT | _MMA), (1, 4, 4, _NAT | _MMA), (2, 2, 4, _NAT | _MMA),
-             (2, 4, 4, _NAT | _MMA), (1, 2, 8, _NAT | _MMA), (1, 4, 8, _NAT | _MMA),
-             (1, 4, 2, _NAT | _MMA), (2, 2, 2, _NAT | _MMA)],
+             (4, 1, 2, _NAT), (8, 2, 1, _NAT), (16, 1, 4, _NAT)],
 }
 for _scheme, _natives in NATIVE_CANDIDATES.items():  # after the Triton tiles: never first
     GEMV_CANDIDATES[_scheme] = GEMV_CANDIDATES[_scheme] + _natives
@@ -215,7 +209,7 @@ def _gemv_candidates(scheme: str, per_row: bool, group_size: int, packing: str
 
     def fits(c: tuple[int, int, int, int]) -> bool:
         if c[3] & GEMV_NATIVE:
-            return native_layout_fits(scheme, per_row, group_size, packing, c[3])
+            return native_layout_fits(scheme, per_row, group_size, packing)
         if c[3] & GEMV_DOT:
             return halves
         if c[3] & GEMV_ACC:
@@ -226,17 +220,12 @@ def _gemv_candidates(scheme: str, per_row: bool, group_size: int, packing: str
         ((4, max(group_size, 256), 8, 0),)
 
 
-def native_layout_fits(scheme: str, per_row: bool, group_size: int, packing: str,
-                       flags: int = GEMV_NATIVE) -> bool:
+def native_layout_fits(scheme: str, per_row: bool, group_size: int, packing: str) -> bool:
     """The schemes and layouts native_gemv takes (its weight_fits, less the tensors'
     alignment): fp8 with a scale a row; int4 in "halves<T>" tiles (T >= 32, whole tiles a
-    group) or "nibbles" (groups of a multiple of 32); with NATIVE_MMA, int4 "halves128"
-    with groups of whole tiles."""
+    group) or "nibbles" (groups of a multiple of 32); groups of a power of two."""
     from tessera.hal.quant.weight import half_tile
 
-    if flags & NATIVE_MMA:
-        return scheme == "int4" and packing == "halves128" and \
-            (per_row or group_size % 128 == 0)
     if scheme == "fp8":
         return per_row
     if scheme != "int4":
@@ -267,9 +256,9 @@ def one_token(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
 
         if not native_gemv.available():
             raise native_gemv.NativeError("the native GEMV needs cuda-python and a GPU")
-        if native_gemv.fits(w, x, config[3]):
-            rows, unroll, warps, flags = config
-            return native_gemv.qgemv(x, w, bias, rows, unroll, warps, flags=flags)
+        if native_gemv.fits(w, x):
+            rows, unroll, warps, _ = config
+            return native_gemv.qgemv(x, w, bias, rows, unroll, warps)
         # an x or weight the kernel cannot read 16 bytes at a time (an unaligned view): the
         # list's first Triton tile
         config = _gemv_candidates(w.scheme, w.num_groups == 1, w.group_size, w.packing)[0]

@@ -140,87 +140,12 @@ def test_every_native_config_compiles_for_sm90() -> None:
     for scheme, natives in quant_tune.NATIVE_CANDIDATES.items():
         tiles = (0,) if scheme == "fp8" else (2, 32, 128)
         shifts = (-1,) if scheme == "fp8" else (-1, 7)
-        for rows, unroll, warps, flags in natives:
-            for tile in (128,) if flags & native_gemv.MMA else tiles:
+        for rows, unroll, warps, _ in natives:
+            for tile in tiles:
                 for f16, use_pdl, pre, gs in ((False, True, False, shifts[-1]),
                                               (True, False, False, shifts[0]),
                                               (False, True, True, shifts[-1])):
                     defs = native_gemv.defines(scheme, rows, unroll, warps, tile, f16,
-                                               use_pdl, pre, gs, flags)
+                                               use_pdl, pre, gs)
                     assert native_gemv.compile_cubin(defs + native_gemv.SOURCE, 90)
 
-
-def _bf16_bits(x: np.ndarray) -> np.ndarray:
-    """float32 values exactly representable in bf16 -> their 16-bit patterns."""
-    return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint32)
-
-
-def _from_bf16(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def _prmt(a: int, b: int, sel: int) -> int:
-    src = [(a >> 8 * i) & 0xFF for i in range(4)] + [(b >> 8 * i) & 0xFF for i in range(4)]
-    return sum(src[(sel >> 4 * i) & 7] << 8 * i for i in range(4))
-
-
-def _nib_bf16(v: int) -> int:
-    return (v & 0x000F000F) | 0x43004300
-
-
-def _halves(reg: int) -> tuple[float, float]:
-    pair = _from_bf16(np.array([reg & 0xFFFF, reg >> 16], dtype=np.uint32))
-    return float(pair[0]), float(pair[1])
-
-
-def test_the_mma_model_computes_the_definition() -> None:
-    """native_gemv's NATIVE_MMA kernel modelled lane by lane: each lane's A registers (its
-    rows' nibbles made bf16 128 + q by LOP3), its B registers (x's pairs by PRMT), placed by
-    mma.m16n8k16's fragment layout (A[g][2t..], A[g+8][2t..], A[g][2t+8..], A[g+8][2t+8..];
-    B[2t..][g], B[2t+8..][g]); column 0 of D, scaled per tile with the tile's sum of x,
-    equals y = x @ dequantize(w)^T (16 rows, halves128, groups of 128 and of 256)."""
-    from tessera.hal.cuda.quant_linear import prepare
-
-    for group in (128, 256):
-        n, k = 16, 512
-        gen = torch.Generator().manual_seed(group)
-        w = prepare(quantize(torch.randn((n, k), generator=gen) * k ** -0.5, "int4", group))
-        assert w.packing == "halves128"
-        x = torch.randn(k, generator=gen).to(torch.bfloat16).float().numpy()
-        xbits = _bf16_bits(x)
-        q = w.qweight.numpy()
-        s = w.scales.numpy().astype(np.float64)
-        o = w.offsets.numpy().astype(np.float64)  # type: ignore[union-attr]
-        acc = np.zeros(n)
-        for c in range(k // 128):
-            a_mat = np.zeros((8, 16, 16))  # k-step, m, k
-            b_mat = np.zeros((8, 16, 8))  # k-step, k, n
-            for lane in range(32):
-                g, t = lane // 4, lane % 4
-                wa = q[g, 64 * c + 16 * t: 64 * c + 16 * t + 16].view(np.uint32)
-                wb = q[g + 8, 64 * c + 16 * t: 64 * c + 16 * t + 16].view(np.uint32)
-                lo = xbits[128 * c + 16 * t: 128 * c + 16 * t + 16]
-                hi = xbits[128 * c + 64 + 16 * t: 128 * c + 64 + 16 * t + 16]
-                xl = [int(lo[2 * v]) | int(lo[2 * v + 1]) << 16 for v in range(8)]
-                xh = [int(hi[2 * v]) | int(hi[2 * v + 1]) << 16 for v in range(8)]
-                for j in range(4):
-                    for hh, sel in ((0, 0x5410), (1, 0x7632)):
-                        step = 2 * j + hh
-                        a = [_nib_bf16(int(wa[j]) >> 8 * hh), _nib_bf16(int(wb[j]) >> 8 * hh),
-                             _nib_bf16(int(wa[j]) >> (8 * hh + 4)),
-                             _nib_bf16(int(wb[j]) >> (8 * hh + 4))]
-                        b = [_prmt(xl[2 * j], xl[2 * j + 1], sel),
-                             _prmt(xh[2 * j], xh[2 * j + 1], sel)]
-                        for e in range(2):
-                            a_mat[step, g, 2 * t + e] = _halves(a[0])[e]
-                            a_mat[step, g + 8, 2 * t + e] = _halves(a[1])[e]
-                            a_mat[step, g, 2 * t + 8 + e] = _halves(a[2])[e]
-                            a_mat[step, g + 8, 2 * t + 8 + e] = _halves(a[3])[e]
-                            b_mat[step, 2 * t + e, g] = _halves(b[0])[e]
-                            b_mat[step, 2 * t + 8 + e, g] = _halves(b[1])[e]
-            d = sum(a_mat[i] @ b_mat[i] for i in range(8))  # [16 rows, 8 columns]
-            xsum = float(x[128 * c: 128 * c + 128].sum())
-            grp = 128 * c // group
-            acc += s[:, grp] * d[:, 0] + (o[:, grp] - 128 * s[:, grp]) * xsum
-        want = quant_linear_reference(torch.from_numpy(x)[None], w)[0].double()
-        torch.testing.assert_close(torch.from_numpy(acc), want, rtol=1e-5, atol=1e-5)

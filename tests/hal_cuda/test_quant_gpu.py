@@ -206,24 +206,21 @@ def test_native_gemv_every_layout_and_config(scheme: str, group: object, prepare
     exact = quant_linear_reference(x.float(), w, bias.float())
     triton_out = quant_tune.one_token(x, w, bias, quant_tune.GEMV_CANDIDATES[scheme][0]) \
         if prepared else None
-    configs = [c for c in quant_tune.NATIVE_CANDIDATES[scheme] if native.fits(w, x, c[3])]
-    mma = [c for c in configs if c[3] & native.MMA]
-    # the tensor-core variant takes int4 "halves128" (groups of whole tiles) with bf16 x
-    assert bool(mma) == (w.packing == "halves128" and dtype == torch.bfloat16), configs
+    configs = quant_tune.NATIVE_CANDIDATES[scheme]
+    assert native.fits(w, x)
     for cfg in configs:
-        rows, unroll, warps, flags = cfg
+        rows, unroll, warps, _ = cfg
         for b in (bias, None):
-            out = native.qgemv(x, w, b, rows, unroll, warps, flags=flags)
+            out = native.qgemv(x, w, b, rows, unroll, warps)
             assert out.dtype == dtype and out.shape == (1, n)
             want = exact if b is not None else quant_linear_reference(x.float(), w)
             assert _rel(out, want) < 4e-3, (cfg, b is None)
         if triton_out is not None:
-            assert _rel(native.qgemv(x, w, bias, rows, unroll, warps, flags=flags),
-                        triton_out) < 4e-3, cfg
+            assert _rel(native.qgemv(x, w, bias, rows, unroll, warps), triton_out) < 4e-3, cfg
 
 
 @pytest.mark.parametrize("preload", [False, True])
-@pytest.mark.parametrize("scheme", ["fp8", "int4", "int4-mma"])
+@pytest.mark.parametrize("scheme", ["fp8", "int4"])
 def test_native_gemv_under_pdl_in_a_graph(scheme: str, preload: bool) -> None:
     """norm -> GEMV -> norm -> GEMV, each launched with PDL where the mode is on, captured
     and replayed: the GEMV waits for the norm that writes its x, and the norm after it for
@@ -234,16 +231,14 @@ def test_native_gemv_under_pdl_in_a_graph(scheme: str, preload: bool) -> None:
     native = _native_or_skip()
     k = 4096
     gen = torch.Generator(device="cuda").manual_seed(7)
-    cfg = (1, 2, 4, native.MMA) if scheme == "int4-mma" else (4, 1, 8, 0)
     ws = [prepare(quantize(torch.randn((k, k), device="cuda", generator=gen) * k ** -0.5,
-                           scheme[:4], None)) for _ in range(2)]
+                           scheme, None)) for _ in range(2)]
     nw = torch.rand(k, device="cuda", generator=gen).to(torch.bfloat16) + 0.5
     x0 = torch.randn((1, k), device="cuda", generator=gen).to(torch.bfloat16)
 
     def chain(x: torch.Tensor) -> torch.Tensor:
         for w in ws:
-            x = native.qgemv(norm.rms_norm(x, nw, 1e-6), w, None, *cfg[:3], preload=preload,
-                             flags=cfg[3])
+            x = native.qgemv(norm.rms_norm(x, nw, 1e-6), w, None, 4, 1, 8, preload=preload)
         return x
 
     with pdl.forced(False):
