@@ -2,7 +2,8 @@
 
     one token                       qgemv: streams the packed weight once (decode, batch 1),
                                     or, for int4, qgemm's tensor-core tile at BLOCK_M 16
-                                    (GEMV_DOT), whichever measures faster
+                                    (GEMV_DOT), or the CUDA C GEMV (native_gemv.py,
+                                    GEMV_NATIVE), whichever measures faster
     several tokens, int8 / int4     qgemm: a small BLOCK_M for decode batches, prefill tiles
                                     beyond
     several tokens, fp8             W8A16 qgemm, W8A8 (activations quantized per token to
