@@ -371,8 +371,8 @@ _functions: dict[tuple[str, int], Any] = {}
 _modules: list[Any] = []  # kept loaded for the life of the process
 
 
-def _function(defs: str, device: int) -> Any:
-    key = (defs, device)
+def _function(defs: str, device: int, source: str = SOURCE) -> Any:
+    key = (defs + source if source is not SOURCE else defs, device)
     fn = _functions.get(key)
     if fn is not None:
         return fn
@@ -381,7 +381,7 @@ def _function(defs: str, device: int) -> Any:
         if fn is None:
             driver = _driver()
             major, minor = torch.cuda.get_device_capability(device)
-            cubin = compile_cubin(defs + SOURCE, major * 10 + minor)
+            cubin = compile_cubin(defs + source, major * 10 + minor)
             with torch.cuda.device(device):
                 torch.cuda.init()
                 torch.empty(1, device=f"cuda:{device}")  # the primary context current
@@ -437,9 +437,11 @@ def input_fits(x: torch.Tensor) -> bool:
 
 
 def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: int,
-          unroll: int, warps: int, preload: bool = False) -> torch.Tensor:
+          unroll: int, warps: int, preload: bool = False, source: str = SOURCE
+          ) -> torch.Tensor:
     """y = x @ w^T (+ bias) for one token, on the current stream (also under graph
-    capture), launched with PDL where the process's kernels use it (pdl.py)."""
+    capture), launched with PDL where the process's kernels use it (pdl.py). source: the
+    kernel's text (a probe's variant of SOURCE: tests/hal_cuda/native_gemv_probe.py)."""
     if not fits(w, x):
         raise NativeError(f"the native GEMV does not take {w.scheme} {w.packing} "
                           f"{tuple(w.shape)} with x {x.dtype} {tuple(x.shape)}")
@@ -451,7 +453,7 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: 
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     fn = _function(defines(w.scheme, rows, unroll, warps, layout_tile(w),
                            x.dtype == torch.float16, use_pdl, preload and use_pdl,
-                           group_shift(w)), device)
+                           group_shift(w)), device, source)
     offsets = w.offsets if w.offsets is not None else w.scales
     args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.qweight.data_ptr()),
             ctypes.c_void_p(w.scales.data_ptr()), ctypes.c_void_p(offsets.data_ptr()),
