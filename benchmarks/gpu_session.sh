@@ -46,6 +46,7 @@
 #   benchmarks/gpu_session.sh 40  # one H200:  b3 with larger mixed steps (--max-mixed-step-ratio 2.4, 3.0) (~130 s)
 #   benchmarks/gpu_session.sh 41  # one H200:  the CUDA C one-token GEMV (native_gemv): its GPU tests, the GEMV sweep, b12 b1 (~300 s)
 #   benchmarks/gpu_session.sh 42  # one H200:  what bounds it: the native GEMV probe, the batch-1 sweep with int4 at one scale a row (~150 s)
+#   benchmarks/gpu_session.sh 43  # one H200:  b12 b1 with the native GEMVs' first loads before their PDL wait and without, twice (~260 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -79,7 +80,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-2])$ ]] || { echo "usage: $0 1|...|35, 37-42  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-3])$ ]] || { echo "usage: $0 1|...|35, 37-43  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -553,6 +554,15 @@ case $CALL in
     # arithmetic; and the batch-1 sweep with int4 at one scale a row.
     part nativeprobe 120 60 nativeprobe
     SUFFIX=int4_row_native_h200 QUANT_GEMM_SWEEP=0 QUANT_INT4_GROUP=row part quantbenchrow 150 30 quantbench
+    ;;
+  43)
+    # The native GEMVs' first weight loads before their PDL wait (HAL_CUDA_GEMV_PRELOAD=1:
+    # the weights stream while the kernel before finishes) against after it, B12's batch-1
+    # part alternated twice.
+    part b12b1 110 60 b12 --parts b1 --name b12_b1_h200
+    HAL_CUDA_GEMV_PRELOAD=1 part b12b1pre 110 60 b12 --parts b1 --name b12_b1_native_preload_h200
+    part b12b1again 110 60 b12 --parts b1 --name b12_b1_again_h200
+    HAL_CUDA_GEMV_PRELOAD=1 part b12b1preagain 110 60 b12 --parts b1 --name b12_b1_native_preload_again_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

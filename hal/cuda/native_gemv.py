@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import threading
 from typing import Any
 
@@ -289,6 +290,20 @@ qgemv_native(const u16* __restrict__ x, const unsigned char* __restrict__ q,
     }
 }
 """
+
+
+PRELOAD_VARIABLE = "HAL_CUDA_GEMV_PRELOAD"
+
+
+@functools.lru_cache(maxsize=1)
+def preload_default() -> bool:
+    """Whether the tuner's native configs load their first weight runs before the PDL wait
+    (`HAL_CUDA_GEMV_PRELOAD=1`; off unless measured faster: docs/performance.md). Read once
+    a process."""
+    value = (os.environ.get(PRELOAD_VARIABLE) or "0").strip().lower()
+    if value not in ("0", "1", "off", "on", "false", "true", "no", "yes"):
+        raise ValueError(f"{PRELOAD_VARIABLE}={value!r}: expected 1 or 0")
+    return value in ("1", "on", "true", "yes")
 
 
 class NativeError(RuntimeError):

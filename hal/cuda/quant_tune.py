@@ -258,7 +258,8 @@ def one_token(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
             raise native_gemv.NativeError("the native GEMV needs cuda-python and a GPU")
         if native_gemv.fits(w, x):
             rows, unroll, warps, _ = config
-            return native_gemv.qgemv(x, w, bias, rows, unroll, warps)
+            return native_gemv.qgemv(x, w, bias, rows, unroll, warps,
+                                     preload=native_gemv.preload_default())
         # an x or weight the kernel cannot read 16 bytes at a time (an unaligned view): the
         # list's first Triton tile
         config = _gemv_candidates(w.scheme, w.num_groups == 1, w.group_size, w.packing)[0]

@@ -149,3 +149,22 @@ def test_every_native_config_compiles_for_sm90() -> None:
                                                use_pdl, pre, gs)
                     assert native_gemv.compile_cubin(defs + native_gemv.SOURCE, 90)
 
+
+
+def test_the_preload_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HAL_CUDA_GEMV_PRELOAD: off unless set to 1 (or on / true / yes), a clear error for
+    anything else."""
+    from tessera.hal.cuda import native_gemv
+
+    for value, want in ((None, False), ("0", False), ("1", True), ("on", True), ("no", False)):
+        native_gemv.preload_default.cache_clear()
+        if value is None:
+            monkeypatch.delenv(native_gemv.PRELOAD_VARIABLE, raising=False)
+        else:
+            monkeypatch.setenv(native_gemv.PRELOAD_VARIABLE, value)
+        assert native_gemv.preload_default() is want, value
+    native_gemv.preload_default.cache_clear()
+    monkeypatch.setenv(native_gemv.PRELOAD_VARIABLE, "sometimes")
+    with pytest.raises(ValueError, match="HAL_CUDA_GEMV_PRELOAD"):
+        native_gemv.preload_default()
+    native_gemv.preload_default.cache_clear()
