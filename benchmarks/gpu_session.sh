@@ -558,7 +558,9 @@ case $CALL in
   43)
     # The native GEMVs' first weight loads before their PDL wait (HAL_CUDA_GEMV_PRELOAD=1:
     # the weights stream while the kernel before finishes) against after it, B12's batch-1
-    # part alternated twice.
+    # part alternated twice. (Measured at 09a097a, where 0 was the default; preload is the
+    # default since, so the unflagged parts now run it too: set HAL_CUDA_GEMV_PRELOAD=0 there
+    # to repeat the comparison.)
     part b12b1 110 60 b12 --parts b1 --name b12_b1_h200
     HAL_CUDA_GEMV_PRELOAD=1 part b12b1pre 110 60 b12 --parts b1 --name b12_b1_native_preload_h200
     part b12b1again 110 60 b12 --parts b1 --name b12_b1_again_h200

@@ -152,11 +152,11 @@ def test_every_native_config_compiles_for_sm90() -> None:
 
 
 def test_the_preload_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """HAL_CUDA_GEMV_PRELOAD: off unless set to 1 (or on / true / yes), a clear error for
+    """HAL_CUDA_GEMV_PRELOAD: on unless set to 0 (or off / false / no), a clear error for
     anything else."""
     from tessera.hal.cuda import native_gemv
 
-    for value, want in ((None, False), ("0", False), ("1", True), ("on", True), ("no", False)):
+    for value, want in ((None, True), ("0", False), ("1", True), ("on", True), ("no", False)):
         native_gemv.preload_default.cache_clear()
         if value is None:
             monkeypatch.delenv(native_gemv.PRELOAD_VARIABLE, raising=False)
