@@ -311,6 +311,11 @@ class NativeError(RuntimeError):
     """NVRTC or the driver refused the native GEMV (the message says which and why)."""
 
 
+class NotTaken(NativeError):
+    """A weight or x the kernel does not read (layout, alignment, dtype): use another
+    GEMV."""
+
+
 @functools.lru_cache(maxsize=1)
 def _bindings() -> tuple[Any, Any] | None:
     try:
@@ -334,8 +339,7 @@ def _ok(result: Any, what: str) -> Any:
     return rest[0] if len(rest) == 1 else tuple(rest)
 
 
-
-
+@functools.lru_cache(maxsize=256)
 def defines(scheme: str, rows: int, unroll: int, warps: int, tile: int, x_f16: bool,
             use_pdl: bool, preload: bool, group_shift: int = -1) -> str:
     """The kernel's compile-time constants. group_shift: log2 of the int4 group size, -1 for
@@ -415,29 +419,37 @@ def layout_tile(w: QuantizedWeight) -> int:
     return (half_tile(w.packing) or 0) if w.scheme == "int4" else 0
 
 
-def weight_fits(w: QuantizedWeight) -> bool:
-    """The weights the kernel takes: fp8 with one scale a row, or int4 two a byte in
-    "halves<T>" tiles of T >= 32 (groups of whole tiles) or "nibbles" (groups of a multiple
-    of 32, or one a row); rows of whole 16-byte runs, 16-byte aligned."""
-    if w.scheme not in KIND:  # (an input_perm is applied to x before: quant_linear.apply)
+def layout_fits(scheme: str, per_row: bool, group_size: int, packing: str) -> bool:
+    """The schemes and layouts the kernel takes: fp8 with one scale a row; int4 two a byte
+    in "halves<T>" tiles of T >= 32 (groups of whole tiles) or "nibbles" (groups of a
+    multiple of 32), groups of a power of two (quant_linear.prepare makes them so), or one
+    a row. (quant_tune lists the native configs for these.)"""
+    if scheme == "fp8":
+        return per_row
+    if scheme != "int4":
         return False
-    n, k = w.shape
-    row_bytes = k // 2 if w.scheme == "int4" else k
+    if not per_row and group_size & (group_size - 1):
+        return False
+    tile = half_tile(packing)
+    if tile == 2:
+        return per_row or group_size % 32 == 0
+    return tile is not None and tile >= 32 and (per_row or group_size % tile == 0)
+
+
+def weight_fits(w: QuantizedWeight) -> bool:
+    """layout_fits for this weight, and its tensors as the kernel reads them: rows of
+    whole 16-byte runs, 16-byte aligned; int4's offsets shaped and strided like its scales.
+    (An input_perm is applied to x before: quant_linear.apply.)"""
+    if not layout_fits(w.scheme, w.num_groups == 1, w.group_size, w.packing):
+        return False
+    row_bytes = w.in_features // 2 if w.scheme == "int4" else w.in_features
     if row_bytes % RUN_BYTES or w.qweight.stride(1) != 1 or \
             (w.qweight.stride(0) * w.qweight.element_size()) % RUN_BYTES or \
             w.qweight.data_ptr() % RUN_BYTES:
         return False
-    if w.scheme == "fp8":
-        return w.num_groups == 1
-    tile = layout_tile(w)
-    if w.offsets is None or w.offsets.shape != w.scales.shape or \
-            w.offsets.stride() != w.scales.stride():
-        return False
-    if w.num_groups > 1 and w.group_size & (w.group_size - 1):
-        return False  # (quant_linear.prepare makes every group a power of two)
-    if tile == 2:
-        return w.num_groups == 1 or w.group_size % 32 == 0
-    return tile >= 32 and (w.num_groups == 1 or w.group_size % tile == 0)
+    return w.scheme == "fp8" or (w.offsets is not None and
+                                 w.offsets.shape == w.scales.shape and
+                                 w.offsets.stride() == w.scales.stride())
 
 
 def fits(w: QuantizedWeight, x: torch.Tensor) -> bool:
@@ -453,14 +465,18 @@ def input_fits(x: torch.Tensor) -> bool:
 
 
 def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: int,
-          unroll: int, warps: int, preload: bool = False, source: str = SOURCE
+          unroll: int, warps: int, preload: bool | None = None, source: str = SOURCE
           ) -> torch.Tensor:
     """y = x @ w^T (+ bias) for one token, on the current stream (also under graph
-    capture), launched with PDL where the process's kernels use it (pdl.py). source: the
-    kernel's text (a probe's variant of SOURCE: tests/hal_cuda/native_gemv_probe.py)."""
+    capture), launched with PDL where the process's kernels use it (pdl.py). preload: the
+    first weight loads before the PDL wait (None: preload_default()). source: the kernel's
+    text (a probe's variant of SOURCE: tests/hal_cuda/native_gemv_probe.py). Raises
+    NotTaken for a weight or x it does not read, NativeError where it cannot run."""
     if not fits(w, x):
-        raise NativeError(f"the native GEMV does not take {w.scheme} {w.packing} "
-                          f"{tuple(w.shape)} with x {x.dtype} {tuple(x.shape)}")
+        raise NotTaken(f"the native GEMV does not take {w.scheme} {w.packing} "
+                       f"{tuple(w.shape)} with x {x.dtype} {tuple(x.shape)}")
+    if preload is None:
+        preload = preload_default()
     n, k = w.shape
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous()):

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from tessera.hal.cuda import native_gemv
 from tessera.hal.cuda.autotune import pick as _pick
 from tessera.hal.cuda.quant_kernels import (
     GEMV_ACC,
@@ -209,7 +210,7 @@ def _gemv_candidates(scheme: str, per_row: bool, group_size: int, packing: str
 
     def fits(c: tuple[int, int, int, int]) -> bool:
         if c[3] & GEMV_NATIVE:
-            return native_layout_fits(scheme, per_row, group_size, packing)
+            return native_gemv.layout_fits(scheme, per_row, group_size, packing)
         if c[3] & GEMV_DOT:
             return halves
         if c[3] & GEMV_ACC:
@@ -218,24 +219,6 @@ def _gemv_candidates(scheme: str, per_row: bool, group_size: int, packing: str
 
     return tuple(c for c in GEMV_CANDIDATES[scheme] if fits(c)) or \
         ((4, max(group_size, 256), 8, 0),)
-
-
-def native_layout_fits(scheme: str, per_row: bool, group_size: int, packing: str) -> bool:
-    """The schemes and layouts native_gemv takes (its weight_fits, less the tensors'
-    alignment): fp8 with a scale a row; int4 in "halves<T>" tiles (T >= 32, whole tiles a
-    group) or "nibbles" (groups of a multiple of 32); groups of a power of two."""
-    from tessera.hal.quant.weight import half_tile
-
-    if scheme == "fp8":
-        return per_row
-    if scheme != "int4":
-        return False
-    tile = half_tile(packing)
-    if not per_row and group_size & (group_size - 1):
-        return False
-    if tile == 2:
-        return per_row or group_size % 32 == 0
-    return tile is not None and tile >= 32 and (per_row or group_size % tile == 0)
 
 
 def gemv_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
@@ -252,17 +235,14 @@ def one_token(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
     from tessera.hal.cuda.quant_linear import qgemm, qgemv
 
     if config[3] & GEMV_NATIVE:
-        from tessera.hal.cuda import native_gemv
-
-        if not native_gemv.available():
-            raise native_gemv.NativeError("the native GEMV needs cuda-python and a GPU")
-        if native_gemv.fits(w, x):
-            rows, unroll, warps, _ = config
-            return native_gemv.qgemv(x, w, bias, rows, unroll, warps,
-                                     preload=native_gemv.preload_default())
-        # an x or weight the kernel cannot read 16 bytes at a time (an unaligned view): the
-        # list's first Triton tile
-        config = _gemv_candidates(w.scheme, w.num_groups == 1, w.group_size, w.packing)[0]
+        rows, unroll, warps, _ = config
+        try:
+            return native_gemv.qgemv(x, w, bias, rows, unroll, warps)
+        except native_gemv.NotTaken:
+            # an x or weight the kernel cannot read 16 bytes at a time (an unaligned view):
+            # the list's first Triton tile
+            config = _gemv_candidates(w.scheme, w.num_groups == 1, w.group_size,
+                                      w.packing)[0]
     if config[3] & GEMV_DOT:
         return qgemm(x, w, bias, *dot_tile(config), weights_as_a=True)
     return qgemv(x, w, bias, *config)

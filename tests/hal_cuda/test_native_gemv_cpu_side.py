@@ -96,10 +96,10 @@ def test_the_int4_model_computes_the_definition(group: int | None, prepared: boo
 
 
 def test_which_weights_the_kernel_takes() -> None:
-    """weight_fits (the tensors) agrees with quant_tune's layout rule (what the tuner lists it
-    for): fp8 a scale a row, int4 in halves tiles or nibbles of whole runs; not int8, not a
-    16-byte-misaligned view."""
-    from tessera.hal.cuda import native_gemv, quant_tune
+    """weight_fits (the tensors) agrees with the layout rule the tuner lists the native
+    configs by: fp8 a scale a row, int4 in halves tiles or nibbles of whole runs; not int8,
+    not a 16-byte-misaligned view."""
+    from tessera.hal.cuda import native_gemv
     from tessera.hal.cuda.quant_linear import prepare
 
     gen = torch.Generator().manual_seed(4)
@@ -108,8 +108,7 @@ def test_which_weights_the_kernel_takes() -> None:
     for g in (16, 32, 64, 128, 512):
         cases += [quantize(dense, "int4", g), prepare(quantize(dense, "int4", g))]
     for w in cases:
-        rule = quant_tune.native_layout_fits(w.scheme, w.num_groups == 1, w.group_size,
-                                             w.packing)
+        rule = native_gemv.layout_fits(w.scheme, w.num_groups == 1, w.group_size, w.packing)
         assert native_gemv.weight_fits(w) == rule, (w.scheme, w.packing, w.group_size)
     assert not native_gemv.weight_fits(quantize(dense, "int8", 64))
     assert not native_gemv.weight_fits(quantize(dense, "int4", 16))  # a run spans two groups
