@@ -47,6 +47,7 @@
 #   benchmarks/gpu_session.sh 41  # one H200:  the CUDA C one-token GEMV (native_gemv): its GPU tests, the GEMV sweep, b12 b1 (~300 s)
 #   benchmarks/gpu_session.sh 42  # one H200:  what bounds it: the native GEMV probe, the batch-1 sweep with int4 at one scale a row (~150 s)
 #   benchmarks/gpu_session.sh 43  # one H200:  b12 b1 with the native GEMVs' first loads before their PDL wait and without, twice (~260 s)
+#   benchmarks/gpu_session.sh 44  # one H200:  the one-token fusion (norms, residual adds, SiLU in the native GEMV): its GPU tests, b12 b1 with it, without, with (~420 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -80,7 +81,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-3])$ ]] || { echo "usage: $0 1|...|35, 37-43  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-4])$ ]] || { echo "usage: $0 1|...|35, 37-44  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -565,6 +566,18 @@ case $CALL in
     HAL_CUDA_GEMV_PRELOAD=1 part b12b1pre 110 60 b12 --parts b1 --name b12_b1_native_preload_h200
     part b12b1again 110 60 b12 --parts b1 --name b12_b1_again_h200
     HAL_CUDA_GEMV_PRELOAD=1 part b12b1preagain 110 60 b12 --parts b1 --name b12_b1_native_preload_again_h200
+    ;;
+  44)
+    # The one-token fusion (QuantLinearKernel.one_token_fused: each RMSNorm the next native
+    # GEMV's prologue, each residual add and the SiLU the previous one's epilogue; a decoder
+    # layer's batch-1 step in seven kernels where it had ten): its GPU tests (kernel, graph
+    # chain, conformance, a served tiny model against the plain path), then B12's batch-1
+    # part with it, without it (HAL_CUDA_ONE_TOKEN_FUSION=0), with it again.
+    QUANT_FILES="tests/hal_cuda/test_one_token_fusion_gpu.py tests/hal_cuda/test_conformance_gpu.py" \
+      QUANT_K="native or fusion or fused or one_token" part quanttests 200 100 quanttests
+    part b12b1 110 60 b12 --parts b1 --name b12_b1_h200
+    HAL_CUDA_ONE_TOKEN_FUSION=0 part b12b1plain 110 60 b12 --parts b1 --name b12_b1_nofusion_h200
+    part b12b1again 110 60 b12 --parts b1 --name b12_b1_fusion_again_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -189,7 +189,7 @@ for part in "${parts[@]}"; do
     attnbench) echo "+ tests/hal_cuda/gpu_run.py --only=attention_bench" >&2
                "$PY" tests/hal_cuda/gpu_run.py "$OUT/attention_sweep_$SUFFIX" --only=attention_bench \
                  "${T_cpu[@]}" || { echo "attnbench: failed" >&2; failed+=(attnbench); } ;;
-    quanttests) gpu_pytest quanttests tests/hal_cuda/test_quant_gpu.py ${QUANT_K:+-k "$QUANT_K"} \
+    quanttests) gpu_pytest quanttests tests/hal_cuda/test_quant_gpu.py ${QUANT_FILES:-} ${QUANT_K:+-k "$QUANT_K"} \
                   "${T_quanttests[@]}" ;;
     moetests) gpu_pytest moetests tests/hal_cuda/test_kernels_gpu.py tests/hal_cuda/test_models_gpu.py \
                 tests/hal_cuda/test_conformance_gpu.py -k "${MOE_K:-moe or mixtral or dots1}" "${T_moetests[@]}" ;;

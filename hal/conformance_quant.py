@@ -26,7 +26,13 @@ import torch
 
 from tessera.hal.errors import MissingSchemeError
 from tessera.hal.platform import Platform
-from tessera.hal.quant import SCHEMES, QuantizedWeight, quant_linear_reference, quantize
+from tessera.hal.quant import (
+    SCHEMES,
+    QuantizedWeight,
+    one_token_fused_reference,
+    quant_linear_reference,
+    quantize,
+)
 
 FP8_REL_L2 = 0.05
 FP8_MAX_ABS = 0.25
@@ -104,6 +110,54 @@ def test_quant_linear(hal_platform: Platform, dtype: torch.dtype, scheme: str,
     prepared = kernel.prepare(w.to(dev))
     out = kernel(x.to(dev), prepared, None if bias is None else bias.to(dev))
     _quant_close(scheme, out, quant_linear_reference(x.float(), w, bias), dtype)
+
+
+# (norm, residual, silu): the fusions QuantLinearKernel.one_token_fused takes
+ONE_TOKEN_FUSIONS = ((True, False, False), (False, True, False), (True, False, True),
+                     (False, False, True))
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("norm,residual,silu", ONE_TOKEN_FUSIONS,
+                         ids=["norm", "residual", "norm-silu", "silu"])
+@pytest.mark.parametrize("scheme,group", QUANT_CASES, ids=[f"{s}-g{g}" for s, g in QUANT_CASES])
+def test_quant_one_token_fused(hal_platform: Platform, dtype: torch.dtype, scheme: str,
+                               group: int | None, norm: bool, residual: bool, silu: bool,
+                               with_bias: bool) -> None:
+    """one_token_fused against its definition, the composition, in float32 from the same
+    values (the plugin's composition rounds the normed x and the gate/up outputs to dtype
+    on the way: within the dtype's tolerance)."""
+    if not _runs(hal_platform, scheme):
+        pytest.skip(f"{hal_platform.name} does not run {scheme}")
+    kernel = hal_platform.linear_kernel(scheme)
+    if kernel.one_token_fused is None:
+        pytest.skip(f"{hal_platform.name} has no one-token fusion for {scheme}")
+    w = _weight(scheme, group, 272, 256, seed=36)
+    gen = torch.Generator().manual_seed(37)
+    x = (torch.randn((1, 256), generator=gen) * 3).to(dtype)
+    gain = (torch.rand((256,), generator=gen) + 0.5).to(dtype)
+    res = torch.randn((1, 272), generator=gen).to(dtype)
+    bias = torch.randn((272,), generator=gen).to(dtype) if with_bias else None
+    dev = hal_platform.device()
+    prepared = kernel.prepare(w.to(dev))
+    kw: dict[str, Any] = {"silu": silu}
+    if norm:
+        kw["norm"] = (gain.to(dev), 1e-5)
+    if residual:
+        kw["residual"] = res.to(dev)
+    out = kernel.one_token_fused(x.to(dev), prepared, None if bias is None else bias.to(dev),
+                                 **kw)
+    want_kw: dict[str, Any] = {"silu": silu}
+    if norm:
+        want_kw["norm"] = (gain.float(), 1e-5)
+    if residual:
+        want_kw["residual"] = res.float()
+    want = one_token_fused_reference(x.float(), w, None if bias is None else bias.float(),
+                                     **want_kw)
+    assert out.shape == (1, 136 if silu else 272)
+    _quant_close(scheme, out, want.to(dtype), dtype)
+    with pytest.raises(ValueError):
+        kernel.one_token_fused(x.to(dev), prepared, None, residual=res.to(dev), silu=True)
 
 
 def test_quant_prepare_keeps_the_values(hal_platform: Platform) -> None:

@@ -66,6 +66,11 @@ def _same(weight: QuantizedWeight) -> QuantizedWeight:
     return weight
 
 
+def _never(weight: QuantizedWeight) -> bool:
+    del weight
+    return False
+
+
 @dataclass(frozen=True)
 class QuantLinearKernel:
     """The `linear` op for one quantization scheme: y = x @ dequantize(w)^T (+ bias), with the
@@ -74,11 +79,28 @@ class QuantLinearKernel:
     `prepare` runs once per weight at load and returns it in the layout `apply` reads (a
     repacking, a transpose; by default the weight as it is); `apply(x[T, In], w, bias) ->
     [T, Out]` in x.dtype. Resolve it with `Platform.linear_kernel(scheme)`, once per layer.
+
+    Optional, for a decode step of one token: `one_token_fused(x[1, In], w, bias, *,
+    norm=None, residual=None, silu=False)`, the product with its neighbours in one launch,
+    defined as the composition (hal/quant/reference.py `one_token_fused_reference`):
+
+        h = rms_norm(x, g, eps) if norm == (g, eps) else x
+        y = apply(h, w, bias)
+        y = silu_and_mul(y)  if silu            ([1, Out / 2]: w's rows are [gate | up])
+        y = y + residual     if residual given  ([1, Out], rounded as the add rounds)
+
+    (norm with silu, or norm or residual alone; never silu with residual), with the
+    scheme's tolerance plus the rounding of the normed x the composition makes.
+    `fuses(w)` says whether the plugin runs it in one launch for this prepared weight: a
+    model takes the fused path only where every linear of it does, since its composition
+    costs more launches than the fused_add_rms_norm it replaces.
     """
 
     scheme: str
     apply: Callable[[torch.Tensor, QuantizedWeight, torch.Tensor | None], torch.Tensor]
     prepare: Callable[[QuantizedWeight], QuantizedWeight] = _same
+    one_token_fused: Callable[..., torch.Tensor] | None = None
+    fuses: Callable[[QuantizedWeight], bool] = _never
 
     def __call__(self, x: torch.Tensor, w: QuantizedWeight,
                  bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
+from functools import partial
 
 import torch
 
 from tessera.hal.platform import QuantLinearKernel
+from tessera.hal.quant.reference import one_token_fused_reference
 from tessera.hal.quant.weight import SCHEMES, QuantizedWeight, unpack_int4
 
 # Output rows are dequantized in blocks of up to this many weights (16 MiB of float32) into one
@@ -118,4 +120,9 @@ def apply(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None) -> tor
 
 
 def quant_linears() -> dict[str, QuantLinearKernel]:
-    return {scheme: QuantLinearKernel(scheme, apply, prepare) for scheme in SCHEMES}
+    # one_token_fused as its definition, the composition, over this plugin's product; `fuses`
+    # stays False (a composition saves no launch): the model keeps its plain path here
+    return {scheme: QuantLinearKernel(scheme, apply, prepare,
+                                      one_token_fused=partial(one_token_fused_reference,
+                                                              linear=apply))
+            for scheme in SCHEMES}

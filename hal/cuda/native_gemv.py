@@ -97,6 +97,21 @@ __device__ __forceinline__ void x_eight(const u16* p, float* f) {
     x_pair(v.w, f[6], f[7]);
 }
 
+// x's elements c .. c + 7 as the product reads them. With NORM (an RMSNorm of x before the
+// product) each is also summed squared into ss and multiplied by the norm's weight g: the
+// product is then rstd * sum_k w[k] x[k] g[k], rstd = rsqrt(ss / k + eps) applied once to
+// each row's sum (every block reads each element of x exactly once).
+__device__ __forceinline__ void x_load(const u16* __restrict__ x, const u16* __restrict__ g,
+                                       int c, float* f, float& ss) {
+    x_eight(x + c, f);
+#if NORM
+    float gf[8];
+    x_eight(g + c, gf);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) { ss = fmaf(f[e], f[e], ss); f[e] *= gf[e]; }
+#endif
+}
+
 #if KIND == 0
 // an fp8 (e4m3) word: four weights to float32
 __device__ __forceinline__ void fp8_four(u32 w, float* f) {
@@ -146,15 +161,16 @@ __device__ __forceinline__ void load_runs(uint4 (&wv)[U][R], float (&sv)[U][R],
 // one iteration's arithmetic, into the R row sums
 __device__ __forceinline__ void compute_runs(const uint4 (&wv)[U][R], const float (&sv)[U][R],
                                              const float (&ov)[U][R], float (&acc)[R],
-                                             const u16* __restrict__ x, int i0, int runs) {
+                                             float& ss, const u16* __restrict__ x,
+                                             const u16* __restrict__ g, int i0, int runs) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
         const int i = i0 + u * WARPS * 32;
         if (i >= runs) continue;
 #if KIND == 0
         float xf[16];
-        x_eight(x + 16 * i, xf);
-        x_eight(x + 16 * i + 8, xf + 8);
+        x_load(x, g, 16 * i, xf, ss);
+        x_load(x, g, 16 * i + 8, xf + 8, ss);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const u32 w[4] = {wv[u][r].x, wv[u][r].y, wv[u][r].z, wv[u][r].w};
@@ -176,15 +192,15 @@ __device__ __forceinline__ void compute_runs(const uint4 (&wv)[U][R], const floa
         if (TILE == 2) {  // "nibbles": byte e holds columns 32 i + 2 e and + 1
             float xr[32];
 #pragma unroll
-            for (int c = 0; c < 4; ++c) x_eight(x + 32 * i + 8 * c, xr + 8 * c);
+            for (int c = 0; c < 4; ++c) x_load(x, g, 32 * i + 8 * c, xr + 8 * c, ss);
 #pragma unroll
             for (int e = 0; e < 16; ++e) { xl[e] = xr[2 * e]; xh[e] = xr[2 * e + 1]; }
         } else {  // "halves<T>": the low nibbles a run of 16 columns, the high T / 2 on
             const int base = (16 * i / (TILE / 2)) * TILE + (16 * i) % (TILE / 2);
-            x_eight(x + base, xl);
-            x_eight(x + base + 8, xl + 8);
-            x_eight(x + base + TILE / 2, xh);
-            x_eight(x + base + TILE / 2 + 8, xh + 8);
+            x_load(x, g, base, xl, ss);
+            x_load(x, g, base + 8, xl + 8, ss);
+            x_load(x, g, base + TILE / 2, xh, ss);
+            x_load(x, g, base + TILE / 2 + 8, xh + 8, ss);
         }
         float xsum = 0.0f;
 #pragma unroll
@@ -220,13 +236,40 @@ __device__ __forceinline__ void compute_runs(const uint4 (&wv)[U][R], const floa
     }
 }
 
+// One row's result as the epilogue finishes it: its fp8 scale, the bias, rounded to x's type
+__device__ __forceinline__ float row_value(float v, int row, const float* __restrict__ s,
+                                           long long s_s0, const u16* __restrict__ bias,
+                                           int has_bias, float rstd) {
+#if NORM
+    v *= rstd;
+#endif
+#if KIND == 0
+    v *= s[row * s_s0];
+#endif
+    if (has_bias) v += x_one(bias[row]);
+    return x_one(to_x(v));  // rounded as the plain linear's output is
+}
+
+// Each block computes R rows of y = x @ w^T. Three fusions, each the composition of the plain
+// ops it replaces (hal/platform.py QuantLinearKernel.one_token_fused):
+//   NORM  x is RMSNorm(x; g, eps) (x_load, and rstd below);
+//   RES   y + res[row], rounded as the residual add rounds (the o / down projection's add);
+//   SILU  the weight's rows are [gate (n / 2) | up (n / 2)]: a block takes R / 2 rows of
+//         each, and writes silu(gate) * up for its R / 2 outputs (silu_and_mul after the
+//         gate_up projection).
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 qgemv_native(const u16* __restrict__ x, const unsigned char* __restrict__ q,
              const float* __restrict__ s, const float* __restrict__ o,
              const u16* __restrict__ bias, u16* __restrict__ out,
-             int n, int k, long long q_s0, long long s_s0, int has_bias)
+             int n, int k, long long q_s0, long long s_s0, int has_bias,
+             const u16* __restrict__ g, float eps, const u16* __restrict__ res)
 {
+#if SILU
+    const int half = n / 2;                 // the gate rows, then as many up rows
+    const int out0 = blockIdx.x * (R / 2);  // this block's first output
+#else
     const int row0 = blockIdx.x * R;
+#endif
     const int runs = (KIND == 2 ? k / 2 : k) / 16;  // 16-byte runs a row
     const int step = WARPS * 32 * U;
     const unsigned char* qrow[R];
@@ -234,7 +277,12 @@ qgemv_native(const u16* __restrict__ x, const unsigned char* __restrict__ q,
     const float* orow[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
+#if SILU
+        const long long row = r < R / 2 ? min(out0 + r, half - 1)
+                                        : half + min(out0 + r - R / 2, half - 1);
+#else
         const long long row = min(row0 + r, n - 1);  // past the end: the last row, unwritten
+#endif
         qrow[r] = q + row * q_s0;
         srow[r] = s + row * s_s0;
         orow[r] = o + row * s_s0;
@@ -242,6 +290,7 @@ qgemv_native(const u16* __restrict__ x, const unsigned char* __restrict__ q,
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    float ss = 0.0f;  // NORM: this thread's share of sum(x^2)
     uint4 wa[U][R];
     float sa[U][R], oa[U][R];
     int i0 = threadIdx.x;
@@ -257,37 +306,68 @@ qgemv_native(const u16* __restrict__ x, const unsigned char* __restrict__ q,
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
     while (true) {
-        compute_runs(wa, sa, oa, acc, x, i0, runs);
+        compute_runs(wa, sa, oa, acc, ss, x, g, i0, runs);
         i0 += step;
         if (i0 >= runs) break;
         load_runs(wa, sa, oa, qrow, srow, orow, i0, runs);
     }
-    // the row sums: across the warp, then across the block's warps
+    // the row sums (and NORM's sum of squares): across the warp, then the block's warps
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1)
             acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
-    __shared__ float red[WARPS][R];
+#if NORM
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+#endif
+    __shared__ float red[WARPS][R + 1];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < R; ++r) red[warp][r] = acc[r];
+        red[warp][R] = ss;
     }
     __syncthreads();
+    float rstd = 1.0f;
+#if NORM
+    {
+        float t = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) t += red[w][R];
+        rstd = rsqrtf(t / (float)k + eps);
+    }
+#endif
+#if SILU
+    if (threadIdx.x < R / 2) {
+        const int j = out0 + threadIdx.x;
+        if (j < half) {
+            float vg = 0.0f, vu = 0.0f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) {
+                vg += red[w][threadIdx.x];
+                vu += red[w][threadIdx.x + R / 2];
+            }
+            vg = row_value(vg, j, s, s_s0, bias, has_bias, rstd);
+            vu = row_value(vu, half + j, s, s_s0, bias, has_bias, rstd);
+            out[j] = to_x(vg / (1.0f + expf(-vg)) * vu);
+        }
+    }
+#else
     if (threadIdx.x < R) {
         const int row = row0 + threadIdx.x;
         if (row < n) {
             float v = 0.0f;
 #pragma unroll
             for (int w = 0; w < WARPS; ++w) v += red[w][threadIdx.x];
-#if KIND == 0
-            v *= s[row * s_s0];
+            v = row_value(v, row, s, s_s0, bias, has_bias, rstd);
+#if RES
+            v += x_one(res[row]);
 #endif
-            if (has_bias) v += x_one(bias[row]);
             out[row] = to_x(v);
         }
     }
+#endif
 }
 """
 
@@ -341,13 +421,14 @@ def _ok(result: Any, what: str) -> Any:
 
 @functools.lru_cache(maxsize=256)
 def defines(scheme: str, rows: int, unroll: int, warps: int, tile: int, x_f16: bool,
-            use_pdl: bool, preload: bool, group_shift: int = -1) -> str:
+            use_pdl: bool, preload: bool, group_shift: int = -1, norm: bool = False,
+            residual: bool = False, silu: bool = False) -> str:
     """The kernel's compile-time constants. group_shift: log2 of the int4 group size, -1 for
-    one group a row (and fp8)."""
+    one group a row (and fp8); norm / residual / silu: the fusions (qgemv)."""
     return "".join(f"#define {name} {int(value)}\n" for name, value in (
         ("KIND", KIND[scheme]), ("R", rows), ("U", unroll), ("WARPS", warps),
         ("TILE", tile), ("XF16", x_f16), ("PDL", use_pdl), ("PRE", preload),
-        ("GSHIFT", group_shift)))
+        ("GSHIFT", group_shift), ("NORM", norm), ("RES", residual), ("SILU", silu)))
 
 
 def group_shift(w: QuantizedWeight) -> int:
@@ -465,38 +546,64 @@ def input_fits(x: torch.Tensor) -> bool:
 
 
 def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: int,
-          unroll: int, warps: int, preload: bool | None = None, source: str = SOURCE
-          ) -> torch.Tensor:
+          unroll: int, warps: int, preload: bool | None = None, source: str = SOURCE, *,
+          norm: tuple[torch.Tensor, float] | None = None,
+          residual: torch.Tensor | None = None, silu: bool = False) -> torch.Tensor:
     """y = x @ w^T (+ bias) for one token, on the current stream (also under graph
     capture), launched with PDL where the process's kernels use it (pdl.py). preload: the
     first weight loads before the PDL wait (None: preload_default()). source: the kernel's
     text (a probe's variant of SOURCE: tests/hal_cuda/native_gemv_probe.py). Raises
-    NotTaken for a weight or x it does not read, NativeError where it cannot run."""
+    NotTaken for a weight or x it does not read, NativeError where it cannot run.
+
+    The fusions, each the composition it replaces: norm = (g, eps): x is rms_norm(x, g, eps)
+    first; residual [1, N]: the result is y + residual; silu: w's rows are [gate | up] and
+    the result is silu_and_mul(y) [1, N / 2] (rows even)."""
     if not fits(w, x):
         raise NotTaken(f"the native GEMV does not take {w.scheme} {w.packing} "
                        f"{tuple(w.shape)} with x {x.dtype} {tuple(x.shape)}")
     if preload is None:
         preload = preload_default()
     n, k = w.shape
-    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    if silu and (rows % 2 or n % 2 or residual is not None):
+        raise NotTaken(f"the gated SiLU epilogue takes an even number of rows ({rows}) and "
+                       f"of outputs ({n}), without a residual")
+    gain, eps = norm if norm is not None else (None, 0.0)
+    if gain is not None and not _vector_fits(gain, x, k):
+        raise NotTaken("the RMSNorm weight must be x's dtype, [K], contiguous and aligned")
+    if residual is not None and not _vector_fits(residual, x, n):
+        raise NotTaken("the residual must be x's dtype, [1, N], contiguous")
+    width = n // 2 if silu else n
+    out = torch.empty((1, width), dtype=x.dtype, device=x.device)
     if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous()):
         bias = bias.to(x.dtype).contiguous()
     use_pdl = pdl.mode() in ("on", "prefetch")
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     fn = _function(defines(w.scheme, rows, unroll, warps, layout_tile(w),
                            x.dtype == torch.float16, use_pdl, preload and use_pdl,
-                           group_shift(w)), device, source)
+                           group_shift(w), gain is not None, residual is not None, silu),
+                   device, source)
     offsets = w.offsets if w.offsets is not None else w.scales
     args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.qweight.data_ptr()),
             ctypes.c_void_p(w.scales.data_ptr()), ctypes.c_void_p(offsets.data_ptr()),
             ctypes.c_void_p(bias.data_ptr() if bias is not None else 0),
             ctypes.c_void_p(out.data_ptr()), ctypes.c_int(n), ctypes.c_int(k),
             ctypes.c_longlong(w.qweight.stride(0) * w.qweight.element_size()),
-            ctypes.c_longlong(w.scales.stride(0)), ctypes.c_int(bias is not None)]
+            ctypes.c_longlong(w.scales.stride(0)), ctypes.c_int(bias is not None),
+            ctypes.c_void_p(gain.data_ptr() if gain is not None else 0),
+            ctypes.c_float(eps),
+            ctypes.c_void_p(residual.data_ptr() if residual is not None else 0)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
-    _launch(fn, (n + rows - 1) // rows, warps * 32, torch.cuda.current_stream(x.device),
-            ctypes.addressof(params), use_pdl)
+    per_block = rows // 2 if silu else rows
+    _launch(fn, (width + per_block - 1) // per_block, warps * 32,
+            torch.cuda.current_stream(x.device), ctypes.addressof(params), use_pdl)
     return out
+
+
+def _vector_fits(t: torch.Tensor, x: torch.Tensor, size: int) -> bool:
+    """A norm weight or residual the kernel reads: x's dtype and device, `size` elements,
+    contiguous, 16-byte aligned."""
+    return t.dtype == x.dtype and t.device == x.device and t.numel() == size and \
+        t.is_contiguous() and t.data_ptr() % 16 == 0
 
 
 def _driver() -> Any:

@@ -18,12 +18,14 @@ the first candidate is used.
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import replace
 
 import torch
 import triton
 
-from tessera.hal.cuda import pdl, quant_tune
+from tessera.hal.cuda import native_gemv, pdl, quant_tune
 from tessera.hal.cuda.quant_kernels import (
     FP8,
     GEMV_ACC,
@@ -266,5 +268,53 @@ def apply(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None) -> tor
     return quant_tune.run_gemm(x, w, bias, quant_tune.gemm_config(w, x, bias))
 
 
+FUSION_VARIABLE = "HAL_CUDA_ONE_TOKEN_FUSION"
+
+
+@functools.lru_cache(maxsize=1)
+def fusion_enabled() -> bool:
+    """Whether `fuses` may say yes: unless HAL_CUDA_ONE_TOKEN_FUSION=0 (read once a
+    process; the switch a measurement of the fusion against the plain path turns)."""
+    value = (os.environ.get(FUSION_VARIABLE) or "1").strip().lower()
+    if value not in ("0", "1", "off", "on", "false", "true", "no", "yes"):
+        raise ValueError(f"{FUSION_VARIABLE}={value!r}: expected 1 or 0")
+    return value in ("1", "on", "true", "yes")
+
+
+def fuses(w: QuantizedWeight) -> bool:
+    """Whether one_token_fused runs in one launch for this prepared weight: the CUDA C GEMV
+    takes it (native_gemv.weight_fits) and can run here, without an input permutation."""
+    return fusion_enabled() and w.input_perm is None and native_gemv.available() and \
+        native_gemv.weight_fits(w)
+
+
+def one_token_fused(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, *,
+                    norm: tuple[torch.Tensor, float] | None = None,
+                    residual: torch.Tensor | None = None, silu: bool = False
+                    ) -> torch.Tensor:
+    """QuantLinearKernel.one_token_fused: the native GEMV with its prologue / epilogue where
+    it takes the weight and x, else the composition of this plugin's ops."""
+    if silu and residual is not None:
+        raise ValueError("one_token_fused takes silu or a residual, not both")
+    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] != w.in_features:
+        raise ValueError(f"one_token_fused: x {tuple(x.shape)} is not one token of "
+                         f"{w.in_features} inputs")
+    if fuses(w):
+        try:
+            return quant_tune.one_token_fused(x, w, bias, norm, residual, silu)
+        except native_gemv.NotTaken:
+            pass  # an unaligned x, norm weight or residual: the composition below
+    from tessera.hal.cuda.elementwise import silu_and_mul
+    from tessera.hal.cuda.norm import rms_norm
+
+    h = x if norm is None else rms_norm(x, norm[0], norm[1])
+    y = apply(h, w, bias)
+    if silu:
+        y = silu_and_mul(y)
+    return y if residual is None else y + residual
+
+
 def quant_linears() -> dict[str, QuantLinearKernel]:
-    return {scheme: QuantLinearKernel(scheme, apply, prepare) for scheme in SCHEMES}
+    return {scheme: QuantLinearKernel(scheme, apply, prepare, one_token_fused=one_token_fused,
+                                      fuses=fuses)
+            for scheme in SCHEMES}

@@ -248,6 +248,24 @@ def one_token(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
     return qgemv(x, w, bias, *config)
 
 
+def one_token_fused(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
+                    norm: tuple[torch.Tensor, float] | None, residual: torch.Tensor | None,
+                    silu: bool) -> torch.Tensor:
+    """The native GEMV with its fusions (quant_linear.one_token_fused), at the fastest of its
+    configs measured with those fusions (even rows only for the SiLU epilogue, which pairs
+    gate and up rows). Raises native_gemv.NotTaken for what the kernel does not read."""
+    if not native_gemv.input_fits(x):
+        raise native_gemv.NotTaken(f"x {x.dtype} {tuple(x.shape)} for the native GEMV")
+    candidates = tuple(c for c in NATIVE_CANDIDATES[w.scheme] if not silu or c[0] % 2 == 0)
+
+    def run(c: tuple[int, ...]) -> torch.Tensor:
+        return native_gemv.qgemv(x, w, bias, c[0], c[1], c[2], norm=norm, residual=residual,
+                                 silu=silu)
+
+    key = _key("gemv_fused", w, x, 1) + (norm is not None, residual is not None, silu)
+    return run(_pick(key, candidates, x, run))
+
+
 def gemm_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
                 ) -> tuple[int, ...]:
     bucket = batch_bucket(x.shape[0])

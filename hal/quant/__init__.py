@@ -15,7 +15,11 @@ from tessera.hal.quant.quantize import (
     quantize_int4,
     quantize_int8,
 )
-from tessera.hal.quant.reference import fp8_w8a8_reference, quant_linear_reference
+from tessera.hal.quant.reference import (
+    fp8_w8a8_reference,
+    one_token_fused_reference,
+    quant_linear_reference,
+)
 from tessera.hal.quant.weight import (
     FP8_DTYPE,
     FP8_MAX,
@@ -40,6 +44,7 @@ __all__ = [
     "QuantizedWeight",
     "cat_rows",
     "check_scheme",
+    "one_token_fused_reference",
     "fp8_w8a8_reference",
     "half_tile",
     "pack_int4",

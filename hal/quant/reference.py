@@ -9,6 +9,8 @@ each scheme may land (hal/conformance_quant.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -21,6 +23,27 @@ def quant_linear_reference(x: torch.Tensor, w: QuantizedWeight,
     out = F.linear(x.float(), w.dequantize(torch.float32).to(x.device),
                    None if bias is None else bias.float())
     return out.to(x.dtype)
+
+
+def one_token_fused_reference(x: torch.Tensor, w: QuantizedWeight,
+                              bias: torch.Tensor | None = None, *,
+                              norm: tuple[torch.Tensor, float] | None = None,
+                              residual: torch.Tensor | None = None, silu: bool = False,
+                              linear: Callable[..., torch.Tensor] | None = None
+                              ) -> torch.Tensor:
+    """The definition of QuantLinearKernel.one_token_fused (hal/platform.py): the reference
+    ops composed, `linear` (default quant_linear_reference) the product."""
+    from tessera.hal.reference import reference_op
+
+    if silu and residual is not None:
+        raise ValueError("one_token_fused takes silu or a residual, not both")
+    h = x if norm is None else reference_op("rms_norm")(x, norm[0], norm[1])
+    y = (linear or quant_linear_reference)(h, w, bias)
+    if silu:
+        y = reference_op("silu_and_mul")(y)
+    if residual is not None:
+        y = y + residual
+    return y
 
 
 def fp8_w8a8_reference(x: torch.Tensor, w: QuantizedWeight,

@@ -64,12 +64,13 @@ def variants(source: str) -> dict[str, dict[str, str]]:
         }
 """
     ones = "1.0f"
-    int4_x = source.replace("            x_eight(x + base, xl);\n", "").replace(
-        "            x_eight(x + base + 8, xl + 8);\n", "").replace(
-        "            x_eight(x + base + TILE / 2, xh);\n", "").replace(
-        "            x_eight(x + base + TILE / 2 + 8, xh + 8);\n",
+    int4_x = source.replace("            x_load(x, g, base, xl, ss);\n", "").replace(
+        "            x_load(x, g, base + 8, xl + 8, ss);\n", "").replace(
+        "            x_load(x, g, base + TILE / 2, xh, ss);\n", "").replace(
+        "            x_load(x, g, base + TILE / 2 + 8, xh + 8, ss);\n",
         f"            for (int e = 0; e < 16; ++e) {{ xl[e] = {ones}; xh[e] = {ones}; }}\n")
-    fp8_x = source.replace("        x_eight(x + 16 * i, xf);\n        x_eight(x + 16 * i + 8, xf + 8);\n",
+    fp8_x = source.replace("        x_load(x, g, 16 * i, xf, ss);\n"
+                           "        x_load(x, g, 16 * i + 8, xf + 8, ss);\n",
                            f"        for (int e = 0; e < 16; ++e) xf[e] = {ones};\n")
     out = {
         "int4": {

@@ -147,7 +147,45 @@ def test_every_native_config_compiles_for_sm90() -> None:
                     defs = native_gemv.defines(scheme, rows, unroll, warps, tile, f16,
                                                use_pdl, pre, gs)
                     assert native_gemv.compile_cubin(defs + native_gemv.SOURCE, 90)
+            # the fusions (one_token_fused): norm prologue, residual / SiLU epilogue
+            for norm, res, silu in ((True, False, False), (False, True, False),
+                                    (True, False, True)):
+                if silu and rows % 2:
+                    continue
+                defs = native_gemv.defines(scheme, rows, unroll, warps, tiles[-1], False,
+                                           True, True, shifts[-1], norm, res, silu)
+                assert native_gemv.compile_cubin(defs + native_gemv.SOURCE, 90)
 
+
+
+def test_the_fusion_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HAL_CUDA_ONE_TOKEN_FUSION: the cuda kernels' `fuses` says no when it is 0, and a
+    value it cannot read is a clear error; a weight with an input permutation is never
+    fused."""
+    from tessera.hal.cuda import native_gemv, quant_linear
+    from tessera.hal.cuda.quant_linear import prepare
+
+    w = prepare(quantize(torch.randn(64, 256), "fp8"))
+    monkeypatch.setattr(native_gemv, "available", lambda: True)
+    try:
+        for value, want in ((None, True), ("0", False), ("1", True), ("off", False)):
+            quant_linear.fusion_enabled.cache_clear()
+            if value is None:
+                monkeypatch.delenv(quant_linear.FUSION_VARIABLE, raising=False)
+            else:
+                monkeypatch.setenv(quant_linear.FUSION_VARIABLE, value)
+            assert quant_linear.fuses(w) is want, value
+        quant_linear.fusion_enabled.cache_clear()
+        monkeypatch.delenv(quant_linear.FUSION_VARIABLE)
+        permuted = prepare(quantize(torch.randn(64, 256), "int4", 64))
+        permuted.input_perm = torch.arange(256)
+        assert not quant_linear.fuses(permuted)
+        monkeypatch.setenv(quant_linear.FUSION_VARIABLE, "maybe")
+        quant_linear.fusion_enabled.cache_clear()
+        with pytest.raises(ValueError, match=quant_linear.FUSION_VARIABLE):
+            quant_linear.fuses(w)
+    finally:
+        quant_linear.fusion_enabled.cache_clear()
 
 
 def test_the_preload_switch(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -276,3 +276,133 @@ def test_native_config_falls_back_for_an_unaligned_input() -> None:
     cfg = quant_tune.NATIVE_CANDIDATES["int4"][0]
     out = quant_tune.one_token(x, w, None, cfg)
     assert _rel(out, quant_linear_reference(x.float(), w)) < 4e-3
+
+
+# The native GEMV's fusions (QuantLinearKernel.one_token_fused): an RMSNorm of x as its
+# prologue, a residual add or the gated SiLU as its epilogue, every layout and config.
+FUSIONS = [("norm", True, False, False), ("residual", False, True, False),
+           ("norm-silu", True, False, True), ("silu", False, False, True)]
+
+
+@pytest.mark.parametrize("fusion,norm_on,res_on,silu", FUSIONS, ids=[f[0] for f in FUSIONS])
+@pytest.mark.parametrize("n,k", [(2048, 4096), (4096, 1024), (74, 512)])
+@pytest.mark.parametrize("scheme,group,prepared", NATIVE_LAYOUTS)
+def test_native_gemv_fusions(scheme: str, group: object, prepared: bool, n: int, k: int,
+                             fusion: str, norm_on: bool, res_on: bool, silu: bool) -> None:
+    from tessera.hal.cuda import elementwise, norm, quant_tune
+    from tessera.hal.cuda.quant_linear import prepare
+    from tessera.hal.quant import one_token_fused_reference
+
+    native = _native_or_skip()
+    gen = torch.Generator(device="cuda").manual_seed(n + k + len(fusion))
+    dense = torch.randn((n, k), device="cuda", generator=gen) * k ** -0.5
+    w = quantize(dense, scheme, k if group == "row" else group)  # type: ignore[arg-type]
+    if prepared:
+        w = prepare(w)
+    x = (torch.randn((1, k), device="cuda", generator=gen) * 3).to(torch.bfloat16)
+    gain = (torch.rand(k, device="cuda", generator=gen) + 0.5).to(torch.bfloat16)
+    res = torch.randn((1, n), device="cuda", generator=gen).to(torch.bfloat16)
+    bias = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16)
+    nrm = (gain, 1e-5) if norm_on else None
+    resid = res if res_on else None
+    want = one_token_fused_reference(x.float(), w, bias.float(),
+                                     norm=None if nrm is None else (gain.float(), 1e-5),
+                                     residual=None if resid is None else res.float(),
+                                     silu=silu)
+    for cfg in quant_tune.NATIVE_CANDIDATES[scheme]:
+        rows, unroll, warps, _ = cfg
+        if silu and rows % 2:
+            with pytest.raises(native.NotTaken):
+                native.qgemv(x, w, bias, rows, unroll, warps, norm=nrm, silu=True)
+            continue
+        out = native.qgemv(x, w, bias, rows, unroll, warps, norm=nrm, residual=resid,
+                           silu=silu)
+        assert out.shape == (1, n // 2 if silu else n) and out.dtype == torch.bfloat16
+        assert _rel(out, want) < 6e-3, cfg
+        if not norm_on:  # the epilogue rounds as the composition of the plain ops does
+            plain = native.qgemv(x, w, bias, rows, unroll, warps)
+            composed = elementwise.silu_and_mul(plain) if silu else plain + res
+            if silu:
+                assert _rel(out, composed) < 2e-3, cfg
+            else:
+                assert torch.equal(out, composed), cfg
+        else:
+            composed = native.qgemv(norm.rms_norm(x, gain, 1e-5), w, bias, rows, unroll,
+                                    warps)
+            if silu:
+                composed = elementwise.silu_and_mul(composed)
+            assert _rel(out, composed) < 6e-3, cfg
+    # the plugin's entry point: tuned, and the same values
+    fused = quant_tune.one_token_fused(x, w, bias, nrm, resid, silu)
+    assert _rel(fused, want) < 6e-3
+
+
+def test_one_token_fused_composes_what_the_kernel_does_not_take() -> None:
+    """An x the native GEMV cannot load (a view 2 bytes into its buffer): the plugin's
+    one_token_fused composes its ops instead, with the same values."""
+    from tessera.hal.cuda.quant_linear import one_token_fused
+    from tessera.hal.quant import one_token_fused_reference
+
+    native = _native_or_skip()
+    w, _, _ = _setup("fp8", None, 512, 1024, 1)
+    buf = torch.randn((1, 1025), device="cuda").to(torch.bfloat16)
+    x = buf[:, 1:]
+    assert not native.input_fits(x)
+    gain = torch.ones(1024, device="cuda", dtype=torch.bfloat16)
+    out = one_token_fused(x, w, None, norm=(gain, 1e-6), silu=True)
+    want = one_token_fused_reference(x.float(), w, None, norm=(gain.float(), 1e-6), silu=True)
+    assert out.shape == (1, 256) and _rel(out, want) < 6e-3
+
+
+@pytest.mark.parametrize("scheme", ["fp8", "int4"])
+def test_fused_layer_chain_under_pdl_in_a_graph(scheme: str) -> None:
+    """A decoder layer's fused products in a row (qkv with the norm, o with the residual,
+    gate/up with the norm and SiLU, down with the residual), each launched with PDL where
+    the mode is on, captured and replayed: every kernel waits for what it reads, including
+    the residual written two launches before (the result equals the plain launches' one
+    exactly)."""
+    from tessera.hal.cuda import pdl
+    from tessera.hal.cuda.quant_linear import prepare
+
+    native = _native_or_skip()
+    h, inter = 4096, 14336
+    gen = torch.Generator(device="cuda").manual_seed(11)
+
+    def weight(n: int, k: int) -> object:
+        return prepare(quantize(torch.randn((n, k), device="cuda", generator=gen) * k ** -0.5,
+                                scheme, None if scheme == "fp8" else 128))
+
+    qkv, o, gate_up, down = weight(6144, h), weight(h, 4096), weight(2 * inter, h), \
+        weight(h, inter)
+    g1, g2 = [(torch.rand(h, device="cuda", generator=gen) + 0.5).to(torch.bfloat16)
+              for _ in range(2)]
+    x0 = torch.randn((1, h), device="cuda", generator=gen).to(torch.bfloat16)
+
+    def layer(x: torch.Tensor) -> torch.Tensor:
+        for _ in range(2):
+            a = native.qgemv(x, qkv, None, 4, 1, 8, norm=(g1, 1e-5))[:, :4096].contiguous()
+            x = native.qgemv(a, o, None, 4, 1, 8, residual=x)
+            act = native.qgemv(x, gate_up, None, 4, 1, 8, norm=(g2, 1e-5), silu=True)
+            x = native.qgemv(act, down, None, 4, 1, 8, residual=x)
+        return x
+
+    with pdl.forced(False):
+        want = layer(x0)
+    with pdl.forced(True):
+        assert torch.equal(layer(x0), want)
+        static = x0.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            layer(static)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = layer(static)
+        for seed in range(3):
+            fresh = torch.randn((1, h), device="cuda",
+                                generator=torch.Generator(device="cuda").manual_seed(seed))
+            static.copy_(fresh.to(torch.bfloat16))
+            graph.replay()
+            with pdl.forced(False):
+                assert torch.equal(out, layer(static)), seed

@@ -236,3 +236,70 @@ def test_two_ranks_serve_quantized_like_one(tmp_path, kind: str, method: str,
                                MiniScheduler(one).prefill_logits(batch), atol=1e-4, rtol=1e-4)
     assert out[0]["greedy"] == [r.out for r in MiniScheduler(one).generate(batch, 12)]
     assert out[1]["greedy"] == out[0]["greedy"]
+
+
+def _fusing(runner) -> int:
+    """Has every quantized segment's kernel claim the one-token fusion (the cpu plugin runs
+    it as its composition and leaves `fuses` False); returns how many segments it patched."""
+    import dataclasses
+
+    patched = 0
+    for m in _linears(runner):
+        if isinstance(m.method, QuantLinear):
+            for seg in m.method.segments:
+                if seg.kernel is not None:
+                    seg.kernel = dataclasses.replace(
+                        seg.kernel, fuses=lambda w: w.input_perm is None)
+                    patched += 1
+    return patched
+
+
+@pytest.mark.parametrize("kind,method,kw", [
+    ("llama31", "awq", {}),
+    ("qwen2", "fp8", {}),  # a qkv bias, added before the rounding
+], ids=["llama-awq", "qwen2-fp8"])
+def test_one_token_fusion_keeps_the_tokens(tmp_path, monkeypatch, kind: str, method: str,
+                                           kw: dict):
+    """A one-token step over fused products (norms as prologues, residual adds and the SiLU
+    as epilogues: LlamaDecoderLayer.forward_one_token) gives the plain path's greedy tokens,
+    and runs only where every projection fuses and the step has one token."""
+    from tessera.worker_proc.models.llama import LlamaDecoderLayer
+
+    folder, twin = str(tmp_path / "q"), str(tmp_path / "twin")
+    tiny_hf_model(kind, folder, rope_scaling=None)
+    write_quantized(folder, twin, method, group=32, **kw)
+    plain, fused = make_runner(folder), make_runner(folder)
+    assert not plain.model.fuses_one_token()  # the cpu plugin's kernels do not claim it
+    assert _fusing(fused) == 8
+    assert fused.model.fuses_one_token()
+    calls: list[int] = []
+    real = LlamaDecoderLayer.forward_one_token
+
+    def counted(self, x, inp, kv):
+        calls.append(x.shape[0])
+        return real(self, x, inp, kv)
+
+    monkeypatch.setattr(LlamaDecoderLayer, "forward_one_token", counted)
+    for seed, length in ((6, 5), (7, 13)):
+        one = prompts(256, [length], seed=seed)
+        got = MiniScheduler(fused).generate(one, NEW)[0].out
+        assert got == MiniScheduler(plain).generate(one, NEW)[0].out
+    # the decode steps (NEW - 1 a prompt) of both layers, one token each; prefills of
+    # several tokens took the plain path
+    assert calls == [1] * (2 * 2 * (NEW - 1))
+    calls.clear()
+    batch = prompts(256, LENGTHS, seed=8)
+    assert [r.out for r in MiniScheduler(fused).generate(batch, 4)] == \
+        [r.out for r in MiniScheduler(plain).generate(batch, 4)]
+    assert calls == []  # four requests a step: never one token
+
+
+def test_one_token_fusion_needs_every_projection(tmp_path):
+    """An act-order GPTQ weight (its input permuted) is not fused: the model keeps its plain
+    path rather than fusing some layers and composing the rest."""
+    folder, twin = str(tmp_path / "q"), str(tmp_path / "twin")
+    tiny_hf_model("qwen2", folder, rope_scaling=None)
+    write_quantized(folder, twin, "gptq", group=32, desc_act=True, sym=True, v2=True)
+    runner = make_runner(folder)
+    _fusing(runner)
+    assert not runner.model.fuses_one_token()

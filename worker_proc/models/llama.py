@@ -3,7 +3,9 @@ bias), Qwen3 (q/k norm), Granite (multipliers on embeddings, residual branches, 
 scores and logits), tied or untied embeddings.
 
 A pre-norm decoder layer: x + attn(norm(x)), then + mlp(norm(...)), the residual adds fused
-into the next norm (`fused_add_rms_norm`).
+into the next norm (`fused_add_rms_norm`). A one-token step over quantized weights that the
+plugin's GEMV fuses instead carries x itself, the norms and adds inside the products
+(`forward_one_token`).
 """
 
 from __future__ import annotations
@@ -67,6 +69,31 @@ class LlamaDecoderLayer(nn.Module):
             h = h * self.residual_scale
         return h, residual
 
+    def fuses_one_token(self) -> bool:
+        """Whether forward_one_token's four products are one launch each: a plain gated SiLU
+        MLP, no residual multiplier, every projection fused (Linear.fuses_one_token: a
+        quantized weight its plugin's GEMV takes, one tensor-parallel rank)."""
+        mlp = self.mlp
+        return self.residual_scale == 1.0 and isinstance(mlp, GatedMLP) and \
+            mlp.activation == "silu" and all(
+                lin.fuses_one_token() for lin in (self.attn.qkv, self.attn.o, mlp.gate_up,
+                                                  mlp.down))
+
+    def forward_one_token(self, x: torch.Tensor, inp: ForwardInputs, kv: KVArena
+                          ) -> torch.Tensor:
+        """forward for one token, on the residual stream x itself (the sum forward keeps as
+        h + residual): each norm the prologue of the product after it, each residual add
+        the epilogue of the product before it, the SiLU the gate/up product's epilogue; four
+        launches and the attention's where forward has seven and the attention's."""
+        mlp = self.mlp
+        assert isinstance(mlp, GatedMLP)
+        qkv = self.attn.qkv.one_token_fused(x, norm=(self.input_norm.weight,
+                                                     self.input_norm.eps))
+        x = self.attn.o.one_token_fused(self.attn.attend(qkv, inp, kv), residual=x)
+        act = mlp.gate_up.one_token_fused(x, norm=(self.post_norm.weight, self.post_norm.eps),
+                                          silu=True)
+        return mlp.down.one_token_fused(act, residual=x)
+
 
 @register("llama", "mistral", "qwen2", "qwen3", "granite")
 class LlamaForCausalLM(CausalLM):
@@ -77,6 +104,7 @@ class LlamaForCausalLM(CausalLM):
                                  c.rotary_dim)
         self.layers = nn.ModuleList(LlamaDecoderLayer(self.ctx, i, rotary, *self.make_mlp(i))
                                     for i in self.stage.layers)
+        self._fuses_one_token: bool | None = None
 
     def make_mlp(self, index: int) -> tuple[nn.Module, str]:
         """Layer `index`'s MLP and the prefix of its checkpoint tensors."""
@@ -90,8 +118,21 @@ class LlamaForCausalLM(CausalLM):
             out.update(layer.targets(f"model.layers.{i}."))  # type: ignore[operator]
         return out
 
+    def fuses_one_token(self) -> bool:
+        """Whether a one-token step runs forward_one_token in every layer (decided once,
+        after loading): the whole model on this rank's one pipeline stage, every layer
+        fusing its products (LlamaDecoderLayer.fuses_one_token)."""
+        if self._fuses_one_token is None:
+            self._fuses_one_token = len(self.layers) == self.config.num_layers and all(
+                layer.fuses_one_token() for layer in self.layers)  # type: ignore[operator]
+        return self._fuses_one_token
+
     def hidden(self, inp: ForwardInputs, kv: KVArena) -> tuple[torch.Tensor, torch.Tensor | None]:
         h, residual = self.stage_input(inp)
+        if h.shape[0] == 1 and residual is None and self.fuses_one_token():
+            for layer in self.layers:
+                h = layer.forward_one_token(h, inp, kv)  # type: ignore[operator]
+            return h, None
         for layer in self.layers:
             h, residual = layer(h, residual, inp, kv)
         return h, residual

@@ -74,8 +74,13 @@ class Attention(nn.Module):
         return out
 
     def forward(self, h: torch.Tensor, inp: ForwardInputs, kv: KVArena) -> torch.Tensor:
-        t, d, hq, hk = h.shape[0], self.head_dim, self.num_heads, self.num_kv_heads
-        q, k, v = self.qkv(h).split([hq * d, hk * d, hk * d], dim=-1)
+        return self.o(self.attend(self.qkv(h), inp, kv))  # type: ignore[no-any-return]
+
+    def attend(self, qkv: torch.Tensor, inp: ForwardInputs, kv: KVArena) -> torch.Tensor:
+        """The attention between the two projections: the qkv projection's output [T, (Hq +
+        2 Hk) D] in, the o projection's input [T, Hq D] out (the KV stored on the way)."""
+        t, d, hq, hk = qkv.shape[0], self.head_dim, self.num_heads, self.num_kv_heads
+        q, k, v = qkv.split([hq * d, hk * d, hk * d], dim=-1)
         q, k, v = q.reshape(t, hq, d), k.reshape(t, hk, d), v.reshape(t, hk, d)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm.heads(q), self.k_norm.heads(k)
@@ -96,4 +101,4 @@ class Attention(nn.Module):
                                       inp.extend_lens, inp.qo_indptr, self.scale,
                                       max_extend_len=inp.max_extend_len, **self.attn_options,
                                       **scales)
-        return self.o(o.reshape(t, hq * d))  # type: ignore[no-any-return]
+        return o.reshape(t, hq * d)  # type: ignore[no-any-return]

@@ -184,6 +184,26 @@ class Linear(nn.Module):
     def is_dense(self) -> bool:
         return isinstance(self.method, DenseLinear)
 
+    def fuses_one_token(self) -> bool:
+        """Whether one_token_fused is one launch for this layer: quantized, one segment, its
+        plugin kernel fusing it, and no row-parallel sum after the product."""
+        from tessera.worker_proc.models.layers.quant_linear import QuantLinear
+
+        return not self.reduce and isinstance(self.method, QuantLinear) and \
+            self.method.fuses_one_token()
+
+    def one_token_fused(self, x: torch.Tensor, *,
+                        norm: tuple[torch.Tensor, float] | None = None,
+                        residual: torch.Tensor | None = None, silu: bool = False
+                        ) -> torch.Tensor:
+        """One token's product with an RMSNorm before it, or a residual add or the gated
+        SiLU after it, in one launch (QuantLinearKernel.one_token_fused); only where
+        fuses_one_token() is True."""
+        from tessera.worker_proc.models.layers.quant_linear import QuantLinear
+
+        assert isinstance(self.method, QuantLinear) and not self.reduce
+        return self.method.one_token_fused(self, x, norm=norm, residual=residual, silu=silu)
+
     def forward_fused(self, op: Callable[..., torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """`op(x, weight, bias)` in place of the `linear` op: a fused op whose last step is
         this layer's product (dense layers only), then the row-parallel sum as forward."""

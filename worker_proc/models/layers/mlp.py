@@ -28,6 +28,7 @@ class GatedMLP(nn.Module):
         self.gate_up = Linear.column(ctx, hidden, split_parts(ctx, {"gate": intermediate,
                                                                     "up": intermediate}))
         self.down = Linear.row(ctx, intermediate, hidden, reduce=reduce)
+        self.activation = activation
         self.act_op = ctx.op(ACTIVATION_OPS[activation])
         # The activation as the down projection's prologue where the plugin fuses them (a
         # quantized down projection keeps the two ops).

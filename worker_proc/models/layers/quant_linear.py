@@ -24,6 +24,7 @@ from tessera.hal.quant.quantize import group_size_for
 from tessera.worker_proc.models.layers.params import materialize, meta_param, narrow
 
 if TYPE_CHECKING:
+    from tessera.hal.platform import QuantLinearKernel
     from tessera.worker_proc.models.layers.linear import Linear
     from tessera.worker_proc.quant_plan import QuantPlan
 
@@ -36,6 +37,7 @@ class Segment:
     size: int
     weight: Weight
     run: Callable[[torch.Tensor, Weight, torch.Tensor | None], torch.Tensor]
+    kernel: QuantLinearKernel | None = None  # None: a dense segment
 
 
 def _fusable(a: Weight, b: Weight) -> bool:
@@ -121,7 +123,23 @@ class QuantLinear:
             value = getattr(prepared, field)
             if value is not None:
                 layer.register_buffer(f"segment{index}_{field}", value, persistent=False)
-        return Segment(start, prepared.out_features, prepared, kernel.apply)
+        return Segment(start, prepared.out_features, prepared, kernel.apply, kernel)
+
+    def fuses_one_token(self) -> bool:
+        """Whether one_token_fused runs in one launch here: one quantized segment whose
+        plugin kernel fuses it (QuantLinearKernel.fuses)."""
+        if len(self.segments) != 1:
+            return False
+        seg = self.segments[0]
+        return seg.kernel is not None and seg.kernel.one_token_fused is not None and \
+            isinstance(seg.weight, QuantizedWeight) and seg.kernel.fuses(seg.weight)
+
+    def one_token_fused(self, layer: Linear, x: torch.Tensor, **fusions: object
+                        ) -> torch.Tensor:
+        """QuantLinearKernel.one_token_fused of the layer's one segment (fuses_one_token)."""
+        seg = self.segments[0]
+        assert seg.kernel is not None and seg.kernel.one_token_fused is not None
+        return seg.kernel.one_token_fused(x, seg.weight, layer.bias, **fusions)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         bias = layer.bias
