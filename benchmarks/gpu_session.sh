@@ -48,6 +48,7 @@
 #   benchmarks/gpu_session.sh 42  # one H200:  what bounds it: the native GEMV probe, the batch-1 sweep with int4 at one scale a row (~150 s)
 #   benchmarks/gpu_session.sh 43  # one H200:  b12 b1 with the native GEMVs' first loads before their PDL wait and without, twice (~260 s)
 #   benchmarks/gpu_session.sh 44  # one H200:  the one-token fusion (norms, residual adds, SiLU in the native GEMV): its GPU tests, b12 b1 with it, without, with (~420 s)
+#   benchmarks/gpu_session.sh 45  # one H200:  the fusions' probe (each against its composition), their GPU tests, b12 b1 auto / all / auto (~450 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -81,7 +82,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-4])$ ]] || { echo "usage: $0 1|...|35, 37-44  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-5])$ ]] || { echo "usage: $0 1|...|35, 37-45  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -578,6 +579,20 @@ case $CALL in
     part b12b1 110 60 b12 --parts b1 --name b12_b1_h200
     HAL_CUDA_ONE_TOKEN_FUSION=0 part b12b1plain 110 60 b12 --parts b1 --name b12_b1_nofusion_h200
     part b12b1again 110 60 b12 --parts b1 --name b12_b1_fusion_again_h200
+    ;;
+  45)
+    # Call 44: the fusion took fp8's B1 from 2.58 to 2.43 ms, int4's from 2.15 to 2.20-2.23
+    # (its GEMV bound by its arithmetic, the norm prologue adds to it). Each fusion against
+    # its composition (tests/hal_cuda/fusion_probe.py), the fusion's GPU tests (the kernel
+    # tests of call 44 passed; the rest did not run in its 200 s), then B12's batch-1 part
+    # under auto (int4 keeps the norm kernel), all (int4 with the norm prologue, as call
+    # 44), auto again.
+    part fusionprobe 120 60 fusionprobe
+    QUANT_FILES="tests/hal_cuda/test_one_token_fusion_gpu.py tests/hal_cuda/test_conformance_gpu.py" \
+      QUANT_K="fusion or fused or one_token" part quanttests 200 100 quanttests
+    part b12b1 110 60 b12 --parts b1 --name b12_b1_h200
+    HAL_CUDA_ONE_TOKEN_FUSION=all part b12b1all 110 60 b12 --parts b1 --name b12_b1_fusion_all_h200
+    part b12b1again 110 60 b12 --parts b1 --name b12_b1_fusion_auto_again_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -60,7 +60,7 @@ mkdir -p "$OUT"
 parts=()
 while [[ $# -gt 0 && $1 != -* ]]; do parts+=("$1"); shift; done
 [[ ${#parts[@]} -gt 0 ]] || parts=(all)
-all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|attnbench|pdlbench|hop|nativeprobe|all"
+all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|attnbench|pdlbench|hop|nativeprobe|fusionprobe|all"
 for part in "${parts[@]}"; do
   if [[ ! $part =~ ^($all_parts)$ ]]; then
     echo "usage: $0 [${all_parts//|/|} ...] [flags]" >&2
@@ -213,6 +213,11 @@ for part in "${parts[@]}"; do
                  "$PY" tests/hal_cuda/native_gemv_probe.py "$OUT/native_gemv_probe_$SUFFIX.json" \
                    "${T_cpu[@]}" ||
                    { echo "nativeprobe: failed" >&2; failed+=(nativeprobe); } ;;
+    # Each one-token fusion beside the composition it replaces (what it saves, per scheme).
+    fusionprobe) echo "+ tests/hal_cuda/fusion_probe.py" >&2
+                 "$PY" tests/hal_cuda/fusion_probe.py "$OUT/fusion_probe_$SUFFIX.json" \
+                   "${T_cpu[@]}" ||
+                   { echo "fusionprobe: failed" >&2; failed+=(fusionprobe); } ;;
     # Every quantized GEMV candidate at the 8B shapes (which formulation the tuner picks).
     quantbench) echo "+ tests/hal_cuda/gpu_quant_bench.py" >&2
                 "$PY" tests/hal_cuda/gpu_quant_bench.py "$OUT/quant_kernels_$SUFFIX.json" \

@@ -269,23 +269,41 @@ def apply(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None) -> tor
 
 
 FUSION_VARIABLE = "HAL_CUDA_ONE_TOKEN_FUSION"
+FUSION_MODES = ("auto", "all", "epilogues", "off")
+# The schemes whose GEMV takes the RMSNorm as its prologue under "auto". int4's GEMV is bound
+# by its arithmetic, and the norm adds a multiply, a squared sum and a load of the norm's
+# weight per element of x in every block: B12 B1 int4 2.20-2.23 ms a step with it against
+# 2.15 without any fusion (call 44), where fp8's, bound by its loads, gained 0.15 ms. int4
+# keeps the rms_norm kernel before its GEMV and takes the residual adds and the SiLU.
+NORM_PROLOGUE_SCHEMES = ("fp8",)
 
 
 @functools.lru_cache(maxsize=1)
-def fusion_enabled() -> bool:
-    """Whether `fuses` may say yes: unless HAL_CUDA_ONE_TOKEN_FUSION=0 (read once a
-    process; the switch a measurement of the fusion against the plain path turns)."""
-    value = (os.environ.get(FUSION_VARIABLE) or "1").strip().lower()
-    if value not in ("0", "1", "off", "on", "false", "true", "no", "yes"):
-        raise ValueError(f"{FUSION_VARIABLE}={value!r}: expected 1 or 0")
-    return value in ("1", "on", "true", "yes")
+def fusion_mode() -> str:
+    """HAL_CUDA_ONE_TOKEN_FUSION (read once a process): auto (the default: every fusion,
+    the norm prologue for NORM_PROLOGUE_SCHEMES only), all, epilogues (the residual adds
+    and the SiLU, never the norm), or off (0: `fuses` says no, the model keeps its plain
+    path)."""
+    value = (os.environ.get(FUSION_VARIABLE) or "auto").strip().lower()
+    value = {"1": "all", "on": "all", "0": "off", "no": "off", "false": "off"}.get(value,
+                                                                                  value)
+    if value not in FUSION_MODES:
+        raise ValueError(f"{FUSION_VARIABLE}={value!r}: expected one of "
+                         f"{', '.join(FUSION_MODES)} (or 1 / 0)")
+    return value
 
 
 def fuses(w: QuantizedWeight) -> bool:
-    """Whether one_token_fused runs in one launch for this prepared weight: the CUDA C GEMV
-    takes it (native_gemv.weight_fits) and can run here, without an input permutation."""
-    return fusion_enabled() and w.input_perm is None and native_gemv.available() and \
+    """Whether one_token_fused runs the native GEMV with its fusions for this prepared
+    weight: the CUDA C GEMV takes it (native_gemv.weight_fits) and can run here, without an
+    input permutation, and the fusion is not off."""
+    return fusion_mode() != "off" and w.input_perm is None and native_gemv.available() and \
         native_gemv.weight_fits(w)
+
+
+def _norm_prologue(w: QuantizedWeight) -> bool:
+    mode = fusion_mode()
+    return mode == "all" or (mode == "auto" and w.scheme in NORM_PROLOGUE_SCHEMES)
 
 
 def one_token_fused(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, *,
@@ -299,14 +317,17 @@ def one_token_fused(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | No
     if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] != w.in_features:
         raise ValueError(f"one_token_fused: x {tuple(x.shape)} is not one token of "
                          f"{w.in_features} inputs")
-    if fuses(w):
-        try:
-            return quant_tune.one_token_fused(x, w, bias, norm, residual, silu)
-        except native_gemv.NotTaken:
-            pass  # an unaligned x, norm weight or residual: the composition below
     from tessera.hal.cuda.elementwise import silu_and_mul
     from tessera.hal.cuda.norm import rms_norm
 
+    if fuses(w):
+        h = x
+        if norm is not None and not _norm_prologue(w):
+            h, norm = rms_norm(x, norm[0], norm[1]), None  # its own kernel, then the GEMV
+        try:
+            return quant_tune.one_token_fused(h, w, bias, norm, residual, silu)
+        except native_gemv.NotTaken:
+            x = h  # an unaligned x, norm weight or residual: the composition below
     h = x if norm is None else rms_norm(x, norm[0], norm[1])
     y = apply(h, w, bias)
     if silu:

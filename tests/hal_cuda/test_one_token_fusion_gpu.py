@@ -44,13 +44,13 @@ def test_one_token_fusion_serves_the_plain_tokens(tmp_path, monkeypatch, scheme:
     assert ran  # the batch-1 decode graph was captured through the fused layers
     # the plain runner, its graphs captured with the fusion switched off
     monkeypatch.setenv(quant_linear.FUSION_VARIABLE, "0")
-    quant_linear.fusion_enabled.cache_clear()
+    quant_linear.fusion_mode.cache_clear()
     try:
         plain = make_runner(folder, hal="cuda", dtype="bfloat16", quantization=scheme)
         assert not plain.model.fuses_one_token()
     finally:
         monkeypatch.delenv(quant_linear.FUSION_VARIABLE)
-        quant_linear.fusion_enabled.cache_clear()
+        quant_linear.fusion_mode.cache_clear()
     compared = 0
     for seed, length in ((1, 9), (2, 30), (3, 57)):
         one = prompts(model.config.vocab_size, [length], seed=seed)
