@@ -160,6 +160,47 @@ def test_quant_one_token_fused(hal_platform: Platform, dtype: torch.dtype, schem
         kernel.one_token_fused(x.to(dev), prepared, None, residual=res.to(dev), silu=True)
 
 
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("scheme,group", QUANT_CASES, ids=[f"{s}-g{g}" for s, g in QUANT_CASES])
+def test_quant_one_token_fused_rope(hal_platform: Platform, dtype: torch.dtype, scheme: str,
+                                    group: int | None, norm: bool) -> None:
+    """one_token_fused with rope: the rotated q out, the rotated k and v in the cache slot,
+    nothing else of the cache touched, against the composition in float32."""
+    from tessera.hal.platform import RotaryStore
+    from tessera.hal.rope import cos_sin_cache
+
+    if not _runs(hal_platform, scheme):
+        pytest.skip(f"{hal_platform.name} does not run {scheme}")
+    kernel = hal_platform.linear_kernel(scheme)
+    if kernel.one_token_fused is None:
+        pytest.skip(f"{hal_platform.name} has no one-token fusion for {scheme}")
+    hq, hk, d, slots = 4, 2, 64, 24
+    w = _weight(scheme, group, (hq + 2 * hk) * d, 256, seed=38)
+    gen = torch.Generator().manual_seed(39)
+    x = (torch.randn((1, 256), generator=gen) * 3).to(dtype)
+    gain = (torch.rand((256,), generator=gen) + 0.5).to(dtype)
+    table = cos_sin_cache(d, 64, 10000.0, None, "cpu", dtype)
+    pos, slot = torch.tensor([37]), torch.tensor([13])
+    dev = hal_platform.device()
+    caches = [torch.randn((slots, hk, d), generator=gen).to(dtype) for _ in range(2)]
+    got_k, got_v = (c.to(dev) for c in caches)
+    rope = RotaryStore(pos.to(dev), table.to(dev), got_k, got_v, slot.to(dev), hq, hk, d)
+    prepared = kernel.prepare(w.to(dev))
+    out = kernel.one_token_fused(x.to(dev), prepared, None,
+                                 norm=(gain.to(dev), 1e-5) if norm else None, rope=rope)
+    want_k, want_v = (c.float() for c in caches)
+    want = one_token_fused_reference(
+        x.float(), w, None, norm=(gain.float(), 1e-5) if norm else None,
+        rope=RotaryStore(pos, table.float(), want_k, want_v, slot, hq, hk, d))
+    assert out.shape == (1, hq * d)
+    _quant_close(scheme, out, want.to(dtype), dtype)
+    _quant_close(scheme, got_k[13].reshape(1, -1), want_k[13].reshape(1, -1).to(dtype), dtype)
+    _quant_close(scheme, got_v[13].reshape(1, -1), want_v[13].reshape(1, -1).to(dtype), dtype)
+    others = [i for i in range(slots) if i != 13]
+    assert torch.equal(got_k[others].cpu(), caches[0][others])
+    assert torch.equal(got_v[others].cpu(), caches[1][others])
+
+
 def test_quant_prepare_keeps_the_values(hal_platform: Platform) -> None:
     for scheme, group in QUANT_CASES:
         if not _runs(hal_platform, scheme):

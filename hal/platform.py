@@ -11,7 +11,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 
@@ -66,6 +66,20 @@ def _same(weight: QuantizedWeight) -> QuantizedWeight:
     return weight
 
 
+class RotaryStore(NamedTuple):
+    """What one_token_fused's rope fusion needs: rotary_store_kv's arguments but q, k, v
+    (hal/ops.py), which are the product's [q | k | v] columns, heads of head_dim."""
+
+    positions: torch.Tensor  # int64 [1]
+    cos_sin: torch.Tensor  # [P, head_dim]
+    k_cache: torch.Tensor  # [S, kv_heads, head_dim]
+    v_cache: torch.Tensor
+    slots: torch.Tensor  # int64 [1]
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+
+
 def _never(weight: QuantizedWeight) -> bool:
     del weight
     return False
@@ -88,9 +102,12 @@ class QuantLinearKernel:
         y = apply(h, w, bias)
         y = silu_and_mul(y)  if silu            ([1, Out / 2]: w's rows are [gate | up])
         y = y + residual     if residual given  ([1, Out], rounded as the add rounds)
+        y = rotary_store_kv(rope.positions, q, k, v, rope.cos_sin, rope.k_cache,
+                            rope.v_cache, rope.slots)   if rope (a RotaryStore) given
+            ([1, q_heads * head_dim]: q, k, v the [q | k | v] columns of y as heads)
 
-    (norm with silu, or norm or residual alone; never silu with residual), with the
-    scheme's tolerance plus the rounding of the normed x the composition makes.
+    (norm with silu or rope, or each alone; silu, residual and rope exclude each other),
+    with the scheme's tolerance plus the rounding of the normed x the composition makes.
     `fuses(w)` says whether the plugin runs it in one launch for this prepared weight: a
     model takes the fused path only where every linear of it does, since its composition
     costs more launches than the fused_add_rms_norm it replaces.

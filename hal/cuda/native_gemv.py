@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from tessera.hal.cuda import pdl
+from tessera.hal.platform import RotaryStore
 from tessera.hal.quant.weight import QuantizedWeight, half_tile
 
 KIND = {"fp8": 0, "int4": 2}
@@ -256,17 +257,29 @@ __device__ __forceinline__ float row_value(float v, int row, const float* __rest
 //   RES   y + res[row], rounded as the residual add rounds (the o / down projection's add);
 //   SILU  the weight's rows are [gate (n / 2) | up (n / 2)]: a block takes R / 2 rows of
 //         each, and writes silu(gate) * up for its R / 2 outputs (silu_and_mul after the
-//         gate_up projection).
+//         gate_up projection);
+//   ROPE  the weight's rows are [q (q_rows) | k (kv_rows) | v (kv_rows)], heads of HD:
+//         rotary on q (written out) and k, k and v stored in the KV cache at the token's
+//         slot (rotary_store_kv after the qkv projection).
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 qgemv_native(const u16* __restrict__ x, const unsigned char* __restrict__ q,
              const float* __restrict__ s, const float* __restrict__ o,
              const u16* __restrict__ bias, u16* __restrict__ out,
              int n, int k, long long q_s0, long long s_s0, int has_bias,
-             const u16* __restrict__ g, float eps, const u16* __restrict__ res)
+             const u16* __restrict__ g, float eps, const u16* __restrict__ res,
+             const long long* __restrict__ pos, const long long* __restrict__ slot,
+             const u16* __restrict__ cs, long long cs_s0, u16* __restrict__ kc,
+             u16* __restrict__ vc, long long c_s0, long long c_s1, int q_rows, int kv_rows)
 {
 #if SILU
     const int half = n / 2;                 // the gate rows, then as many up rows
     const int out0 = blockIdx.x * (R / 2);  // this block's first output
+#elif ROPE
+    // Blocks [0, rot_blocks) take R / 2 pairs of rows (i, i + HD / 2) of the q and k heads,
+    // the rest R rows of v each.
+    const int rot_blocks = (q_rows + kv_rows) / R;
+    const bool rot_blk = (int)blockIdx.x < rot_blocks;
+    const int row0 = q_rows + kv_rows + ((int)blockIdx.x - rot_blocks) * R;  // v blocks
 #else
     const int row0 = blockIdx.x * R;
 #endif
@@ -280,6 +293,14 @@ qgemv_native(const u16* __restrict__ x, const unsigned char* __restrict__ q,
 #if SILU
         const long long row = r < R / 2 ? min(out0 + r, half - 1)
                                         : half + min(out0 + r - R / 2, half - 1);
+#elif ROPE
+        long long row;
+        if (rot_blk) {
+            const int p = blockIdx.x * (R / 2) + r % (R / 2);
+            row = (long long)(p / (HD / 2)) * HD + p % (HD / 2) + (r >= R / 2 ? HD / 2 : 0);
+        } else {
+            row = min(row0 + r, n - 1);
+        }
 #else
         const long long row = min(row0 + r, n - 1);  // past the end: the last row, unwritten
 #endif
@@ -353,6 +374,45 @@ qgemv_native(const u16* __restrict__ x, const unsigned char* __restrict__ q,
             out[j] = to_x(vg / (1.0f + expf(-vg)) * vu);
         }
     }
+#elif ROPE
+    // rotate-half on q and k (cos | sin of the token's position), q out, k and v into the
+    // token's cache slot; each value rounded first as the plain linear's output is
+    if (rot_blk) {
+        if (threadIdx.x < R / 2) {
+            const int p = blockIdx.x * (R / 2) + threadIdx.x;
+            const int head = p / (HD / 2), i = p % (HD / 2);
+            const int r1 = head * HD + i, r2 = r1 + HD / 2;
+            float a = 0.0f, b = 0.0f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) {
+                a += red[w][threadIdx.x];
+                b += red[w][threadIdx.x + R / 2];
+            }
+            a = row_value(a, r1, s, s_s0, bias, has_bias, rstd);
+            b = row_value(b, r2, s, s_s0, bias, has_bias, rstd);
+            const long long at = pos[0] * cs_s0;
+            const float c = x_one(cs[at + i]), sn = x_one(cs[at + HD / 2 + i]);
+            const u16 o1 = to_x(a * c - b * sn), o2 = to_x(b * c + a * sn);
+            if (r1 < q_rows) {
+                out[r1] = o1;
+                out[r2] = o2;
+            } else {
+                const long long off = slot[0] * c_s0 + (long long)(head - q_rows / HD) * c_s1 + i;
+                kc[off] = o1;
+                kc[off + HD / 2] = o2;
+            }
+        }
+    } else if (threadIdx.x < R) {
+        const int row = row0 + threadIdx.x;
+        if (row < n) {
+            float v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) v += red[w][threadIdx.x];
+            const int vr = row - q_rows - kv_rows;
+            vc[slot[0] * c_s0 + (long long)(vr / HD) * c_s1 + vr % HD] =
+                to_x(row_value(v, row, s, s_s0, bias, has_bias, rstd));
+        }
+    }
 #else
     if (threadIdx.x < R) {
         const int row = row0 + threadIdx.x;
@@ -422,13 +482,15 @@ def _ok(result: Any, what: str) -> Any:
 @functools.lru_cache(maxsize=256)
 def defines(scheme: str, rows: int, unroll: int, warps: int, tile: int, x_f16: bool,
             use_pdl: bool, preload: bool, group_shift: int = -1, norm: bool = False,
-            residual: bool = False, silu: bool = False) -> str:
+            residual: bool = False, silu: bool = False, rope_dim: int = 0) -> str:
     """The kernel's compile-time constants. group_shift: log2 of the int4 group size, -1 for
-    one group a row (and fp8); norm / residual / silu: the fusions (qgemv)."""
+    one group a row (and fp8); norm / residual / silu / rope_dim (the head dim, 0: off):
+    the fusions (qgemv)."""
     return "".join(f"#define {name} {int(value)}\n" for name, value in (
         ("KIND", KIND[scheme]), ("R", rows), ("U", unroll), ("WARPS", warps),
         ("TILE", tile), ("XF16", x_f16), ("PDL", use_pdl), ("PRE", preload),
-        ("GSHIFT", group_shift), ("NORM", norm), ("RES", residual), ("SILU", silu)))
+        ("GSHIFT", group_shift), ("NORM", norm), ("RES", residual), ("SILU", silu),
+        ("ROPE", rope_dim > 0), ("HD", rope_dim or 2)))
 
 
 def group_shift(w: QuantizedWeight) -> int:
@@ -548,7 +610,8 @@ def input_fits(x: torch.Tensor) -> bool:
 def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: int,
           unroll: int, warps: int, preload: bool | None = None, source: str = SOURCE, *,
           norm: tuple[torch.Tensor, float] | None = None,
-          residual: torch.Tensor | None = None, silu: bool = False) -> torch.Tensor:
+          residual: torch.Tensor | None = None, silu: bool = False,
+          rope: RotaryStore | None = None) -> torch.Tensor:
     """y = x @ w^T (+ bias) for one token, on the current stream (also under graph
     capture), launched with PDL where the process's kernels use it (pdl.py). preload: the
     first weight loads before the PDL wait (None: preload_default()). source: the kernel's
@@ -557,7 +620,9 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: 
 
     The fusions, each the composition it replaces: norm = (g, eps): x is rms_norm(x, g, eps)
     first; residual [1, N]: the result is y + residual; silu: w's rows are [gate | up] and
-    the result is silu_and_mul(y) [1, N / 2] (rows even)."""
+    the result is silu_and_mul(y) [1, N / 2] (rows even); rope (a RotaryStore, rows even):
+    w's rows are [q | k | v], k rotated and v stored into the caches at rope.slots[0], the
+    result the rotated q [1, q_heads * head_dim]."""
     if not fits(w, x):
         raise NotTaken(f"the native GEMV does not take {w.scheme} {w.packing} "
                        f"{tuple(w.shape)} with x {x.dtype} {tuple(x.shape)}")
@@ -567,12 +632,18 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: 
     if silu and (rows % 2 or n % 2 or residual is not None):
         raise NotTaken(f"the gated SiLU epilogue takes an even number of rows ({rows}) and "
                        f"of outputs ({n}), without a residual")
+    if rope is not None and not _rope_fits(rope, w, x, rows, residual is not None or silu):
+        raise NotTaken(f"the rotary epilogue does not take this layout ({rows} rows, "
+                       f"{rope.q_heads}/{rope.kv_heads} heads of {rope.head_dim}, cache "
+                       f"{rope.k_cache.dtype})")
     gain, eps = norm if norm is not None else (None, 0.0)
     if gain is not None and not _vector_fits(gain, x, k):
         raise NotTaken("the RMSNorm weight must be x's dtype, [K], contiguous and aligned")
     if residual is not None and not _vector_fits(residual, x, n):
         raise NotTaken("the residual must be x's dtype, [1, N], contiguous")
     width = n // 2 if silu else n
+    if rope is not None:
+        width = rope.q_heads * rope.head_dim
     out = torch.empty((1, width), dtype=x.dtype, device=x.device)
     if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous()):
         bias = bias.to(x.dtype).contiguous()
@@ -580,7 +651,8 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: 
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     fn = _function(defines(w.scheme, rows, unroll, warps, layout_tile(w),
                            x.dtype == torch.float16, use_pdl, preload and use_pdl,
-                           group_shift(w), gain is not None, residual is not None, silu),
+                           group_shift(w), gain is not None, residual is not None, silu,
+                           rope.head_dim if rope is not None else 0),
                    device, source)
     offsets = w.offsets if w.offsets is not None else w.scales
     args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.qweight.data_ptr()),
@@ -592,11 +664,45 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: 
             ctypes.c_void_p(gain.data_ptr() if gain is not None else 0),
             ctypes.c_float(eps),
             ctypes.c_void_p(residual.data_ptr() if residual is not None else 0)]
+    if rope is not None:
+        d = rope.head_dim
+        q_rows, kv_rows = rope.q_heads * d, rope.kv_heads * d
+        args += [ctypes.c_void_p(rope.positions.data_ptr()),
+                 ctypes.c_void_p(rope.slots.data_ptr()), ctypes.c_void_p(rope.cos_sin.data_ptr()),
+                 ctypes.c_longlong(rope.cos_sin.stride(0)),
+                 ctypes.c_void_p(rope.k_cache.data_ptr()),
+                 ctypes.c_void_p(rope.v_cache.data_ptr()),
+                 ctypes.c_longlong(rope.k_cache.stride(0)),
+                 ctypes.c_longlong(rope.k_cache.stride(1)), ctypes.c_int(q_rows),
+                 ctypes.c_int(kv_rows)]
+        grid = (q_rows + kv_rows) // rows + (kv_rows + rows - 1) // rows
+    else:
+        args += [ctypes.c_void_p(0)] * 3 + [ctypes.c_longlong(0)] + [ctypes.c_void_p(0)] * 2 + \
+            [ctypes.c_longlong(0)] * 2 + [ctypes.c_int(0)] * 2
+        per_block = rows // 2 if silu else rows
+        grid = (width + per_block - 1) // per_block
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
-    per_block = rows // 2 if silu else rows
-    _launch(fn, (width + per_block - 1) // per_block, warps * 32,
-            torch.cuda.current_stream(x.device), ctypes.addressof(params), use_pdl)
+    _launch(fn, grid, warps * 32, torch.cuda.current_stream(x.device),
+            ctypes.addressof(params), use_pdl)
     return out
+
+
+def _rope_fits(rope: RotaryStore, w: QuantizedWeight, x: torch.Tensor, rows: int,
+               other_epilogue: bool) -> bool:
+    """What the ROPE epilogue takes: no other epilogue, an even row count whose pairs tile
+    the q and k heads, [q | k | v] rows, a cache in x's dtype (not fp8) with unit inner
+    stride, the cos | sin table in x's dtype, one int64 position and slot."""
+    d = rope.head_dim
+    q_rows, kv_rows = rope.q_heads * d, rope.kv_heads * d
+    kc, vc, cs = rope.k_cache, rope.v_cache, rope.cos_sin
+    return (not other_epilogue and rows % 2 == 0 and d % 2 == 0 and (d // 2) % (rows // 2) == 0
+            and w.out_features == q_rows + 2 * kv_rows and kc.dtype == x.dtype
+            and vc.dtype == x.dtype and kc.stride() == vc.stride() and kc.dim() == 3
+            and kc.shape[1:] == (rope.kv_heads, d) and kc.stride(2) == 1
+            and cs.dtype == x.dtype and cs.dim() == 2 and cs.shape[1] == d and cs.stride(1) == 1
+            and rope.positions.dtype == torch.int64 and rope.slots.dtype == torch.int64
+            and rope.positions.numel() == 1 and rope.slots.numel() == 1
+            and kc.device == x.device and cs.device == x.device)
 
 
 def _vector_fits(t: torch.Tensor, x: torch.Tensor, size: int) -> bool:

@@ -43,7 +43,8 @@ from tessera.hal.cuda.quant_kernels import (
     quant_rows_fp8_kernel,
     splitk_sum_kernel,
 )
-from tessera.hal.platform import QuantLinearKernel
+from tessera.hal.platform import QuantLinearKernel, RotaryStore
+from tessera.hal.quant.reference import check_fusions, rotate_and_store
 from tessera.hal.quant.weight import (
     HALF_TILES,
     SCHEMES,
@@ -308,12 +309,11 @@ def _norm_prologue(w: QuantizedWeight) -> bool:
 
 def one_token_fused(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, *,
                     norm: tuple[torch.Tensor, float] | None = None,
-                    residual: torch.Tensor | None = None, silu: bool = False
-                    ) -> torch.Tensor:
+                    residual: torch.Tensor | None = None, silu: bool = False,
+                    rope: RotaryStore | None = None) -> torch.Tensor:
     """QuantLinearKernel.one_token_fused: the native GEMV with its prologue / epilogue where
     it takes the weight and x, else the composition of this plugin's ops."""
-    if silu and residual is not None:
-        raise ValueError("one_token_fused takes silu or a residual, not both")
+    check_fusions(silu, residual, rope)
     if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] != w.in_features:
         raise ValueError(f"one_token_fused: x {tuple(x.shape)} is not one token of "
                          f"{w.in_features} inputs")
@@ -325,13 +325,17 @@ def one_token_fused(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | No
         if norm is not None and not _norm_prologue(w):
             h, norm = rms_norm(x, norm[0], norm[1]), None  # its own kernel, then the GEMV
         try:
-            return quant_tune.one_token_fused(h, w, bias, norm, residual, silu)
+            return quant_tune.one_token_fused(h, w, bias, norm, residual, silu, rope)
         except native_gemv.NotTaken:
-            x = h  # an unaligned x, norm weight or residual: the composition below
+            x = h  # an unaligned x, norm weight or residual, an fp8 cache: composed below
     h = x if norm is None else rms_norm(x, norm[0], norm[1])
     y = apply(h, w, bias)
     if silu:
         y = silu_and_mul(y)
+    if rope is not None:
+        from tessera.hal.cuda.elementwise import rotary_embedding, store_kv
+
+        y = rotate_and_store(y, rope, rotary_embedding, store_kv)
     return y if residual is None else y + residual
 
 

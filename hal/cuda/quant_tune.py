@@ -250,19 +250,24 @@ def one_token(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
 
 def one_token_fused(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
                     norm: tuple[torch.Tensor, float] | None, residual: torch.Tensor | None,
-                    silu: bool) -> torch.Tensor:
+                    silu: bool, rope: Any = None) -> torch.Tensor:
     """The native GEMV with its fusions (quant_linear.one_token_fused), at the fastest of its
     configs measured with those fusions (even rows only for the SiLU epilogue, which pairs
     gate and up rows). Raises native_gemv.NotTaken for what the kernel does not read."""
     if not native_gemv.input_fits(x):
         raise native_gemv.NotTaken(f"x {x.dtype} {tuple(x.shape)} for the native GEMV")
-    candidates = tuple(c for c in NATIVE_CANDIDATES[w.scheme] if not silu or c[0] % 2 == 0)
+    paired = silu or rope is not None  # row pairs: gate / up, or the halves of a head
+    candidates = tuple(c for c in NATIVE_CANDIDATES[w.scheme] if not paired or (
+        c[0] % 2 == 0 and (rope is None or (rope.head_dim // 2) % (c[0] // 2) == 0)))
+    if not candidates:
+        raise native_gemv.NotTaken("no native config pairs these rows")
 
     def run(c: tuple[int, ...]) -> torch.Tensor:
         return native_gemv.qgemv(x, w, bias, c[0], c[1], c[2], norm=norm, residual=residual,
-                                 silu=silu)
+                                 silu=silu, rope=rope)
 
-    key = _key("gemv_fused", w, x, 1) + (norm is not None, residual is not None, silu)
+    key = _key("gemv_fused", w, x, 1) + (norm is not None, residual is not None, silu,
+                                          rope is not None)
     return run(_pick(key, candidates, x, run))
 
 

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 # (linear, (N, K), fusion): the fusions forward_one_token asks of each linear
-CASES = [("qkv", (6144, 4096), "norm"), ("o", (4096, 4096), "residual"),
+CASES = [("qkv", (6144, 4096), "norm"), ("qkv", (6144, 4096), "norm_rope"),
+         ("o", (4096, 4096), "residual"),
          ("gate_up", (28672, 4096), "norm_silu"), ("gate_up", (28672, 4096), "silu"),
          ("down", (4096, 14336), "residual")]
 COPIES = 3
@@ -61,13 +62,23 @@ def _case(scheme: str, name: str, n: int, k: int, fusion: str) -> dict[str, Any]
     nrm = (g, 1e-5) if fusion.startswith("norm") else None
     resid = r if fusion == "residual" else None
     silu = fusion.endswith("silu")
+    rope = None
+    if fusion.endswith("rope"):  # Llama-3-8B's 32 / 8 heads of 128, a bf16 cache
+        from tessera.hal.platform import RotaryStore
+        from tessera.hal.rope import cos_sin_cache
+
+        kc = torch.zeros((4096, 8, 128), device="cuda", dtype=torch.bfloat16)
+        rope = RotaryStore(torch.tensor([600], device="cuda"),
+                           cos_sin_cache(128, 8192, 500000.0, None, "cuda", torch.bfloat16),
+                           kc, torch.zeros_like(kc), torch.tensor([700], device="cuda"), 32, 8,
+                           128)
     t = [0]
 
     def fused(cfg: tuple[int, ...]) -> Any:
         def call() -> torch.Tensor:
             t[0] += 1
             return native_gemv.qgemv(x, ws[t[0] % COPIES], None, *cfg[:3], norm=nrm,
-                                     residual=resid, silu=silu)
+                                     residual=resid, silu=silu, rope=rope)
         return call
 
     def composed(cfg: tuple[int, ...]) -> Any:
@@ -77,6 +88,11 @@ def _case(scheme: str, name: str, n: int, k: int, fusion: str) -> dict[str, Any]
             y = native_gemv.qgemv(h, ws[t[0] % COPIES], None, *cfg[:3])
             if silu:
                 y = elementwise.silu_and_mul(y)
+            if rope is not None:
+                q, k_, v = y.split([4096, 1024, 1024], dim=-1)
+                return elementwise.rotary_store_kv(
+                    rope.positions, q.view(1, 32, 128), k_.view(1, 8, 128),
+                    v.view(1, 8, 128), rope.cos_sin, rope.k_cache, rope.v_cache, rope.slots)
             return y + r if resid is not None else y
         return call
 
@@ -90,7 +106,8 @@ def _case(scheme: str, name: str, n: int, k: int, fusion: str) -> dict[str, Any]
     for label, make in (("fused", fused), ("composed", composed), ("gemv", plain)):
         best: tuple[float, list[int]] | None = None
         for cfg in quant_tune.NATIVE_CANDIDATES[scheme]:
-            if label == "fused" and silu and cfg[0] % 2:
+            if label == "fused" and (silu or rope is not None) and (
+                    cfg[0] % 2 or 64 % (cfg[0] // 2)):
                 continue
             try:
                 us = graph_time_us(make(cfg), reps=COPIES * 4)

@@ -155,6 +155,10 @@ def test_every_native_config_compiles_for_sm90() -> None:
                 defs = native_gemv.defines(scheme, rows, unroll, warps, tiles[-1], False,
                                            True, True, shifts[-1], norm, res, silu)
                 assert native_gemv.compile_cubin(defs + native_gemv.SOURCE, 90)
+            if rows % 2 == 0:  # the rotary / KV store epilogue, heads of 128
+                defs = native_gemv.defines(scheme, rows, unroll, warps, tiles[-1], False,
+                                           True, True, shifts[-1], True, rope_dim=128)
+                assert native_gemv.compile_cubin(defs + native_gemv.SOURCE, 90)
 
 
 

@@ -337,6 +337,61 @@ def test_native_gemv_fusions(scheme: str, group: object, prepared: bool, n: int,
     assert _rel(fused, want) < 6e-3
 
 
+@pytest.mark.parametrize("norm_on", [False, True])
+@pytest.mark.parametrize("scheme,group,prepared", [("fp8", None, True), ("int4", 128, True),
+                                                   ("int4", "row", False)])
+def test_native_gemv_rotary_epilogue(scheme: str, group: object, prepared: bool,
+                                     norm_on: bool) -> None:
+    """The ROPE epilogue at Llama-3-8B's qkv (32 / 8 heads of 128), every config that pairs
+    its rows: the rotated q out, k and v in the cache slot (nothing else written), as the
+    plain GEMV followed by rotary_store_kv."""
+    from tessera.hal.cuda import elementwise, norm, quant_tune
+    from tessera.hal.cuda.quant_linear import prepare
+    from tessera.hal.platform import RotaryStore
+    from tessera.hal.rope import cos_sin_cache
+
+    native = _native_or_skip()
+    hq, hk, d, k = 32, 8, 128, 4096
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    dense = torch.randn(((hq + 2 * hk) * d, k), device="cuda", generator=gen) * k ** -0.5
+    w = quantize(dense, scheme, k if group == "row" else group)  # type: ignore[arg-type]
+    if prepared:
+        w = prepare(w)
+    x = (torch.randn((1, k), device="cuda", generator=gen) * 3).to(torch.bfloat16)
+    gain = (torch.rand(k, device="cuda", generator=gen) + 0.5).to(torch.bfloat16)
+    table = cos_sin_cache(d, 4096, 500000.0, None, "cuda", torch.bfloat16)
+    pos = torch.tensor([3001], device="cuda")
+    slot = torch.tensor([77], device="cuda")
+    nrm = (gain, 1e-5) if norm_on else None
+    ran = 0
+    for cfg in quant_tune.NATIVE_CANDIDATES[scheme]:
+        rows, unroll, warps, _ = cfg
+        kc = torch.zeros((128, hk, d), device="cuda", dtype=torch.bfloat16)
+        vc = torch.zeros_like(kc)
+        rope = RotaryStore(pos, table, kc, vc, slot, hq, hk, d)
+        if rows % 2 or (d // 2) % (rows // 2):
+            with pytest.raises(native.NotTaken):
+                native.qgemv(x, w, None, rows, unroll, warps, norm=nrm, rope=rope)
+            continue
+        q = native.qgemv(x, w, None, rows, unroll, warps, norm=nrm, rope=rope)
+        ran += 1
+        h = norm.rms_norm(x, gain, 1e-5) if norm_on else x
+        y = native.qgemv(h, w, None, rows, unroll, warps)
+        qs, ks, vs = y.split([hq * d, hk * d, hk * d], dim=-1)
+        kc2, vc2 = torch.zeros_like(kc), torch.zeros_like(vc)
+        q2 = elementwise.rotary_store_kv(pos, qs.view(1, hq, d), ks.view(1, hk, d),
+                                         vs.view(1, hk, d), table, kc2, vc2, slot)
+        tol = 6e-3 if norm_on else 1e-3  # the normed x rounded by the composition only
+        assert q.shape == (1, hq * d) and _rel(q, q2.view(1, -1)) < tol, cfg
+        assert _rel(kc[77], kc2[77]) < tol and _rel(vc[77], vc2[77]) < tol, cfg
+        if not norm_on:
+            assert torch.equal(vc[77], vc2[77]), cfg  # v: the rounded product itself
+        others = torch.ones(128, dtype=torch.bool)
+        others[77] = False
+        assert not kc[others].any() and not vc[others].any(), cfg
+    assert ran
+
+
 def test_one_token_fused_composes_what_the_kernel_does_not_take() -> None:
     """An x the native GEMV cannot load (a view 2 bytes into its buffer): the plugin's
     one_token_fused composes its ops instead, with the same values."""
@@ -356,13 +411,16 @@ def test_one_token_fused_composes_what_the_kernel_does_not_take() -> None:
 
 @pytest.mark.parametrize("scheme", ["fp8", "int4"])
 def test_fused_layer_chain_under_pdl_in_a_graph(scheme: str) -> None:
-    """A decoder layer's fused products in a row (qkv with the norm, o with the residual,
-    gate/up with the norm and SiLU, down with the residual), each launched with PDL where
+    """A decoder layer's fused products in a row (qkv with the norm and the rotary / KV store,
+    o with the residual, gate/up with the norm and SiLU, down with the residual; an add
+    reading the stored v between), each launched with PDL where
     the mode is on, captured and replayed: every kernel waits for what it reads, including
     the residual written two launches before (the result equals the plain launches' one
     exactly)."""
     from tessera.hal.cuda import pdl
     from tessera.hal.cuda.quant_linear import prepare
+    from tessera.hal.platform import RotaryStore
+    from tessera.hal.rope import cos_sin_cache
 
     native = _native_or_skip()
     h, inter = 4096, 14336
@@ -378,9 +436,16 @@ def test_fused_layer_chain_under_pdl_in_a_graph(scheme: str) -> None:
               for _ in range(2)]
     x0 = torch.randn((1, h), device="cuda", generator=gen).to(torch.bfloat16)
 
+    table = cos_sin_cache(128, 4096, 500000.0, None, "cuda", torch.bfloat16)
+    kc = torch.zeros((64, 8, 128), device="cuda", dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    rope = RotaryStore(torch.tensor([100], device="cuda"), table, kc, vc,
+                       torch.tensor([5], device="cuda"), 32, 8, 128)
+
     def layer(x: torch.Tensor) -> torch.Tensor:
         for _ in range(2):
-            a = native.qgemv(x, qkv, None, 4, 1, 8, norm=(g1, 1e-5))[:, :4096].contiguous()
+            a = native.qgemv(x, qkv, None, 4, 1, 8, norm=(g1, 1e-5), rope=rope)
+            a = a + vc[5].view(1, -1).repeat(1, 4)  # reads the v the epilogue stored
             x = native.qgemv(a, o, None, 4, 1, 8, residual=x)
             act = native.qgemv(x, gate_up, None, 4, 1, 8, norm=(g2, 1e-5), silu=True)
             x = native.qgemv(act, down, None, 4, 1, 8, residual=x)

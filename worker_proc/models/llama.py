@@ -83,13 +83,19 @@ class LlamaDecoderLayer(nn.Module):
                           ) -> torch.Tensor:
         """forward for one token, on the residual stream x itself (the sum forward keeps as
         h + residual): each norm the prologue of the product after it, each residual add
-        the epilogue of the product before it, the SiLU the gate/up product's epilogue; four
-        launches and the attention's where forward has seven and the attention's."""
+        the epilogue of the product before it, the SiLU the gate/up product's epilogue, the
+        rotary and the KV store the qkv product's (Attention.rotary_store); four launches and
+        the attention's where forward has eight and the attention's."""
         mlp = self.mlp
         assert isinstance(mlp, GatedMLP)
-        qkv = self.attn.qkv.one_token_fused(x, norm=(self.input_norm.weight,
-                                                     self.input_norm.eps))
-        x = self.attn.o.one_token_fused(self.attn.attend(qkv, inp, kv), residual=x)
+        norm = (self.input_norm.weight, self.input_norm.eps)
+        rope = self.attn.rotary_store(inp, kv)
+        if rope is not None:  # the rotary and the KV store in the qkv product's epilogue
+            q = self.attn.qkv.one_token_fused(x, norm=norm, rope=rope)
+            o_in = self.attn.attend_stored(q, inp, kv)
+        else:
+            o_in = self.attn.attend(self.attn.qkv.one_token_fused(x, norm=norm), inp, kv)
+        x = self.attn.o.one_token_fused(o_in, residual=x)
         act = mlp.gate_up.one_token_fused(x, norm=(self.post_norm.weight, self.post_norm.eps),
                                           silu=True)
         return mlp.down.one_token_fused(act, residual=x)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from tessera.hal.platform import KVArena
+from tessera.hal.platform import KVArena, RotaryStore
 from tessera.worker_proc.forward_inputs import ForwardInputs
 from tessera.worker_proc.models.layers.linear import Linear, qkv_parts
 from tessera.worker_proc.models.layers.norm import RMSNorm
@@ -93,6 +93,30 @@ class Attention(nn.Module):
         else:
             q, k = self.rotary(inp.positions, q, k)
             self.store_kv(k_cache, v_cache, k, v, inp.out_slots, **scales)
+        return self.attend_stored(q, inp, kv)
+
+    def rotary_store(self, inp: ForwardInputs, kv: KVArena) -> RotaryStore | None:
+        """What a qkv product with the rotary and the KV store as its epilogue needs
+        (QuantLinearKernel.one_token_fused's rope), where attend would run rotary_store_kv
+        as it is: whole-head rotary, no q/k norm, a cache in the serving dtype. None
+        otherwise."""
+        if self.rotary_store_kv is None or self.q_norm is not None or \
+                self.kv_scales is not None:
+            return None
+        k_cache = kv.k[self.kv_index]
+        if k_cache.dtype != self.ctx.dtype:
+            return None
+        return RotaryStore(inp.positions, self.rotary.cos_sin, k_cache, kv.v[self.kv_index],
+                           inp.out_slots, self.num_heads, self.num_kv_heads, self.head_dim)
+
+    def attend_stored(self, q: torch.Tensor, inp: ForwardInputs, kv: KVArena) -> torch.Tensor:
+        """attend after the rotary and the KV store: the rotated q [T, Hq, D] (or
+        [T, Hq D]) in, the o projection's input [T, Hq D] out."""
+        t, d, hq = q.shape[0], self.head_dim, self.num_heads
+        q = q.reshape(t, hq, d)
+        k_cache, v_cache = kv.k[self.kv_index], kv.v[self.kv_index]
+        scales = {} if self.kv_scales is None else \
+            {"k_scale": self.kv_scales[0], "v_scale": self.kv_scales[1]}
         if inp.is_decode:
             o = self.attention_decode(q, k_cache, v_cache, inp.req_to_token, inp.seq_lens,
                                       self.scale, **self.attn_options, **scales)

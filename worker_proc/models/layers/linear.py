@@ -33,6 +33,7 @@ from torch import nn
 from tessera.worker_proc.models.layers.params import materialize, meta_param, narrow
 
 if TYPE_CHECKING:
+    from tessera.hal.platform import RotaryStore
     from tessera.worker_proc.models.context import ModelContext
 
 
@@ -194,15 +195,16 @@ class Linear(nn.Module):
 
     def one_token_fused(self, x: torch.Tensor, *,
                         norm: tuple[torch.Tensor, float] | None = None,
-                        residual: torch.Tensor | None = None, silu: bool = False
-                        ) -> torch.Tensor:
-        """One token's product with an RMSNorm before it, or a residual add or the gated
-        SiLU after it, in one launch (QuantLinearKernel.one_token_fused); only where
-        fuses_one_token() is True."""
+                        residual: torch.Tensor | None = None, silu: bool = False,
+                        rope: RotaryStore | None = None) -> torch.Tensor:
+        """One token's product with an RMSNorm before it, or a residual add, the gated SiLU
+        or the rotary and KV store after it, in one launch
+        (QuantLinearKernel.one_token_fused); only where fuses_one_token() is True."""
         from tessera.worker_proc.models.layers.quant_linear import QuantLinear
 
         assert isinstance(self.method, QuantLinear) and not self.reduce
-        return self.method.one_token_fused(self, x, norm=norm, residual=residual, silu=silu)
+        return self.method.one_token_fused(self, x, norm=norm, residual=residual, silu=silu,
+                                           rope=rope)
 
     def forward_fused(self, op: Callable[..., torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """`op(x, weight, bias)` in place of the `linear` op: a fused op whose last step is
