@@ -50,6 +50,7 @@
 #   benchmarks/gpu_session.sh 44  # one H200:  the one-token fusion (norms, residual adds, SiLU in the native GEMV): its GPU tests, b12 b1 with it, without, with (~420 s)
 #   benchmarks/gpu_session.sh 45  # one H200:  the fusions' probe (each against its composition), their GPU tests, b12 b1 auto / all / auto (~450 s)
 #   benchmarks/gpu_session.sh 46  # one H200:  the rotary / KV store epilogue too: the probe, the GPU tests, b12 b1 with the fusion, without, with 3 steps in flight (~480 s)
+#   benchmarks/gpu_session.sh 47  # one H200:  the fusion's GPU tests call 46 did not reach in its limit, b12 b1 with int4 left plain by default (~220 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -83,7 +84,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-6])$ ]] || { echo "usage: $0 1|...|35, 37-46  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-7])$ ]] || { echo "usage: $0 1|...|35, 37-47  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -606,6 +607,15 @@ case $CALL in
     part b12b1 110 50 b12 --parts b1 --name b12_b1_h200
     HAL_CUDA_ONE_TOKEN_FUSION=off part b12b1plain 110 40 b12 --parts b1 --name b12_b1_nofusion_h200
     part b12b1d3 110 40 b12 --parts b1 --overlap-steps 3 --name b12_b1_fusion_overlap3_h200
+    ;;
+  47)
+    # Call 46's quanttests ran out of its 220 s (every test it reached passed): the rotary
+    # epilogue's kernel tests, the PDL graph chain, the served model (int4 under
+    # HAL_CUDA_ONE_TOKEN_FUSION=all) and the conformance cases; then B12's batch-1 part with
+    # int4 plain by default (quant_linear.AUTO_SCHEMES: fp8 only).
+    QUANT_FILES="tests/hal_cuda/test_one_token_fusion_gpu.py tests/hal_cuda/test_conformance_gpu.py" \
+      QUANT_K="one_token or rotary_epilogue or fused_layer_chain" part quanttests 200 100 quanttests
+    part b12b1 110 50 b12 --parts b1 --name b12_b1_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -271,19 +271,19 @@ def apply(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None) -> tor
 
 FUSION_VARIABLE = "HAL_CUDA_ONE_TOKEN_FUSION"
 FUSION_MODES = ("auto", "all", "epilogues", "off")
-# The schemes whose GEMV takes the RMSNorm as its prologue under "auto". int4's GEMV is bound
-# by its arithmetic, and the norm adds a multiply, a squared sum and a load of the norm's
-# weight per element of x in every block: B12 B1 int4 2.20-2.23 ms a step with it against
-# 2.15 without any fusion (call 44), where fp8's, bound by its loads, gained 0.15 ms. int4
-# keeps the rms_norm kernel before its GEMV and takes the residual adds and the SiLU.
-NORM_PROLOGUE_SCHEMES = ("fp8",)
+# The schemes fused under "auto" (the default), each fusion included. int4's GEMV is bound by
+# its arithmetic: the norm prologue adds a multiply, a squared sum and a load of the norm's
+# weight per element of x in every block, and B12 B1 int4 measured 2.20-2.23 ms a step with
+# every fusion and 2.16-2.20 with the epilogues alone, against 2.145-2.151 without (calls
+# 44-46), where fp8's, bound by its loads, went from 2.58 to 2.43-2.46.
+AUTO_SCHEMES = ("fp8",)
 
 
 @functools.lru_cache(maxsize=1)
 def fusion_mode() -> str:
-    """HAL_CUDA_ONE_TOKEN_FUSION (read once a process): auto (the default: every fusion,
-    the norm prologue for NORM_PROLOGUE_SCHEMES only), all, epilogues (the residual adds
-    and the SiLU, never the norm), or off (0: `fuses` says no, the model keeps its plain
+    """HAL_CUDA_ONE_TOKEN_FUSION (read once a process): auto (the default: every fusion for
+    AUTO_SCHEMES, none for the others), all (every scheme), epilogues (every scheme, the
+    norm kept a kernel of its own), or off (0: `fuses` says no, the model keeps its plain
     path)."""
     value = (os.environ.get(FUSION_VARIABLE) or "auto").strip().lower()
     value = {"1": "all", "on": "all", "0": "off", "no": "off", "false": "off"}.get(value,
@@ -296,15 +296,15 @@ def fusion_mode() -> str:
 
 def fuses(w: QuantizedWeight) -> bool:
     """Whether one_token_fused runs the native GEMV with its fusions for this prepared
-    weight: the CUDA C GEMV takes it (native_gemv.weight_fits) and can run here, without an
-    input permutation, and the fusion is not off."""
-    return fusion_mode() != "off" and w.input_perm is None and native_gemv.available() and \
-        native_gemv.weight_fits(w)
+    weight: the mode fuses its scheme (fusion_mode), and the CUDA C GEMV takes it
+    (native_gemv.weight_fits) and can run here, without an input permutation."""
+    mode = fusion_mode()
+    return mode != "off" and (mode != "auto" or w.scheme in AUTO_SCHEMES) and \
+        w.input_perm is None and native_gemv.available() and native_gemv.weight_fits(w)
 
 
 def _norm_prologue(w: QuantizedWeight) -> bool:
-    mode = fusion_mode()
-    return mode == "all" or (mode == "auto" and w.scheme in NORM_PROLOGUE_SCHEMES)
+    return fusion_mode() != "epilogues"
 
 
 def one_token_fused(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, *,

@@ -163,10 +163,10 @@ def test_every_native_config_compiles_for_sm90() -> None:
 
 
 def test_the_fusion_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """HAL_CUDA_ONE_TOKEN_FUSION: the cuda kernels' `fuses` says no when it is off (0), the
-    norm prologue runs for fp8 only under auto, for every scheme under all and never under
-    epilogues; a value it cannot read is a clear error; a weight with an input permutation
-    is never fused."""
+    """HAL_CUDA_ONE_TOKEN_FUSION: the cuda kernels' `fuses` says yes for fp8 alone under
+    auto (the default), for every scheme under all and epilogues (the norm prologue off
+    there), no when it is off (0); a value it cannot read is a clear error; a weight with an
+    input permutation is never fused."""
     from tessera.hal.cuda import native_gemv, quant_linear
     from tessera.hal.cuda.quant_linear import prepare
 
@@ -174,22 +174,22 @@ def test_the_fusion_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     int4 = prepare(quantize(torch.randn(64, 256), "int4", 64))
     monkeypatch.setattr(native_gemv, "available", lambda: True)
     try:
-        for value, fused, norm_fp8, norm_int4 in (
-                (None, True, True, False), ("auto", True, True, False),
+        for value, fp8_fused, int4_fused, norm in (
+                (None, True, False, True), ("auto", True, False, True),
                 ("0", False, False, False), ("off", False, False, False),
                 ("1", True, True, True), ("all", True, True, True),
-                ("epilogues", True, False, False)):
+                ("epilogues", True, True, False)):
             quant_linear.fusion_mode.cache_clear()
             if value is None:
                 monkeypatch.delenv(quant_linear.FUSION_VARIABLE, raising=False)
             else:
                 monkeypatch.setenv(quant_linear.FUSION_VARIABLE, value)
-            assert quant_linear.fuses(fp8) is fused and quant_linear.fuses(int4) is fused, value
-            if fused:
-                assert quant_linear._norm_prologue(fp8) is norm_fp8, value
-                assert quant_linear._norm_prologue(int4) is norm_int4, value
+            assert quant_linear.fuses(fp8) is fp8_fused, value
+            assert quant_linear.fuses(int4) is int4_fused, value
+            if fp8_fused:
+                assert quant_linear._norm_prologue(fp8) is norm, value
         quant_linear.fusion_mode.cache_clear()
-        monkeypatch.delenv(quant_linear.FUSION_VARIABLE)
+        monkeypatch.setenv(quant_linear.FUSION_VARIABLE, "all")
         int4.input_perm = torch.arange(256)
         assert not quant_linear.fuses(int4)
         monkeypatch.setenv(quant_linear.FUSION_VARIABLE, "maybe")

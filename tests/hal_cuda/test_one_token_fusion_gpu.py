@@ -39,13 +39,16 @@ def test_one_token_fusion_serves_the_plain_tokens(tmp_path, monkeypatch, scheme:
     monkeypatch.setattr(LlamaDecoderLayer, "forward_one_token", counted)
     folder = str(tmp_path / "m")
     model = tiny_hf_model("llama31", folder, rope_scaling=None)
-    fused = make_runner(folder, hal="cuda", dtype="bfloat16", quantization=scheme)
-    assert fused.graphs is not None and fused.model.fuses_one_token()
-    assert ran  # the batch-1 decode graph was captured through the fused layers
-    # the plain runner, its graphs captured with the fusion switched off
-    monkeypatch.setenv(quant_linear.FUSION_VARIABLE, "0")
-    quant_linear.fusion_mode.cache_clear()
     try:
+        # every fusion, for int4 too (auto leaves int4 plain: quant_linear.AUTO_SCHEMES)
+        monkeypatch.setenv(quant_linear.FUSION_VARIABLE, "all")
+        quant_linear.fusion_mode.cache_clear()
+        fused = make_runner(folder, hal="cuda", dtype="bfloat16", quantization=scheme)
+        assert fused.graphs is not None and fused.model.fuses_one_token()
+        assert ran  # the batch-1 decode graph was captured through the fused layers
+        # the plain runner, its graphs captured with the fusion switched off
+        monkeypatch.setenv(quant_linear.FUSION_VARIABLE, "0")
+        quant_linear.fusion_mode.cache_clear()
         plain = make_runner(folder, hal="cuda", dtype="bfloat16", quantization=scheme)
         assert not plain.model.fuses_one_token()
     finally:
