@@ -51,6 +51,7 @@
 #   benchmarks/gpu_session.sh 45  # one H200:  the fusions' probe (each against its composition), their GPU tests, b12 b1 auto / all / auto (~450 s)
 #   benchmarks/gpu_session.sh 46  # one H200:  the rotary / KV store epilogue too: the probe, the GPU tests, b12 b1 with the fusion, without, with 3 steps in flight (~480 s)
 #   benchmarks/gpu_session.sh 47  # one H200:  the fusion's GPU tests call 46 did not reach in its limit, b12 b1 with int4 left plain by default (~220 s)
+#   benchmarks/gpu_session.sh 48  # one H200:  decode attention over unequal contexts (order, grid), b2 and b3 with the decodes longest first and as before (~480 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -84,7 +85,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-7])$ ]] || { echo "usage: $0 1|...|35, 37-47  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-8])$ ]] || { echo "usage: $0 1|...|35, 37-48  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -616,6 +617,20 @@ case $CALL in
     QUANT_FILES="tests/hal_cuda/test_one_token_fusion_gpu.py tests/hal_cuda/test_conformance_gpu.py" \
       QUANT_K="one_token or rotary_epilogue or fused_layer_chain" part quanttests 200 100 quanttests
     part b12b1 110 50 b12 --parts b1 --name b12_b1_h200
+    ;;
+  48)
+    # A decode step's attention runs a program a (request, KV head) in the batch's order:
+    # the kernel over B2's and B3's spreads of context lengths, in a random order and longest
+    # first, its grid heads-first and batch-first; then B2 and B3 with the scheduler's
+    # longest-first decodes and the heads-first grid (the defaults since), and as before
+    # (--decode-order arrival, HAL_CUDA_DECODE_GRID=batch), alternated.
+    part attnorder 90 40 attnorder
+    part b2 110 70 b2 --name b2_h200
+    HAL_CUDA_DECODE_GRID=batch part b2before 110 70 b2 --decode-order arrival \
+      --name b2_arrival_h200
+    part b3 120 80 b3 --name b3_h200
+    HAL_CUDA_DECODE_GRID=batch part b3before 120 80 b3 "--server-args=--decode-order arrival" \
+      --name b3_arrival_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

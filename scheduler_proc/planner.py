@@ -45,6 +45,17 @@ from tessera.scheduler_proc.speculation import Drafts, Speculation
 from tessera.scheduler_proc.step_cost import StepCost
 
 
+def longest_first(rows: np.ndarray, kv_len: np.ndarray) -> np.ndarray:
+    """A step's decode rows, the longest context first (ties in their given order). The
+    decode attention kernels hand out a request's programs in the batch's order, each taking
+    time in proportion to its context: longest first, the short ones fill in at the end (list
+    scheduling's longest-processing-time rule) instead of one long request running alone at
+    the end of the kernel. No row's result depends on its place in the batch."""
+    if rows.shape[0] < 2:
+        return rows
+    return rows[np.argsort(-kv_len[rows].astype(np.int64), kind="stable")]
+
+
 @dataclass
 class StepPlan:
     """One step's work, its pages already allocated and its slots written."""
@@ -223,6 +234,8 @@ class Planner:
         if grow.shape[0]:
             st.pages[grow, st.n_pages[grow]] = self.kv.alloc(int(grow.shape[0]))
             st.n_pages[grow] += 1
+        if self.config.decode_order == "longest-first":
+            rows = longest_first(rows, st.kv_len)
         pos = st.kv_len[rows]
         st.req_to_token[rows, pos] = st.pages[rows, pos // ps] * ps + pos % ps
         pending = st.pending[rows]

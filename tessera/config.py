@@ -28,6 +28,7 @@ READY_TIMEOUT_S: dict[str, float] = {"worker": 1800.0, "scheduler": 300.0,
                                      "detokenizer": 300.0, "tokenizer": 600.0, "link": 600.0,
                                      "server": 1200.0}
 SCHEDULE_POLICIES = ("fcfs", "priority", "lpm")
+DECODE_ORDERS = ("longest-first", "arrival")
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
 REASONING_PARSERS = ("qwen3", "deepseek-r1")
 SPECULATIVE_ALGORITHMS = ("none", "ngram", "draft")
@@ -137,6 +138,12 @@ class BatchingConfig:
                                 "running ones of lower priority; lpm: the longest prompt "
                                 "prefix already in the radix cache first",
                                 choices=list(SCHEDULE_POLICIES))
+    decode_order: str = _opt("longest-first", "the order of a step's decoding requests in "
+                             "its batch: longest-first (the longest context first: the "
+                             "decode attention kernels hand out their work in the batch's "
+                             "order, so the short requests fill in at the end) or arrival "
+                             "(the order they were admitted in); either gives each request "
+                             "the same tokens", choices=list(DECODE_ORDERS))
     overlap: bool = _opt(True, "build step n+1 while step n runs (--no-overlap: one step at a "
                          "time, for debugging)")
     overlap_steps: int = _opt(0, "with --overlap, steps sent before the oldest one's result "
@@ -176,6 +183,9 @@ class BatchingConfig:
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}, "
                              f"got {self.schedule_policy!r}")
+        if self.decode_order not in DECODE_ORDERS:
+            raise ValueError(f"decode_order must be one of {', '.join(DECODE_ORDERS)}, "
+                             f"got {self.decode_order!r}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be at least 1")
         if self.overlap_steps != 0 and not 2 <= self.overlap_steps <= 4:

@@ -14,6 +14,7 @@ out its own split length from seq_lens on the device.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -37,6 +38,24 @@ FP8_BLOCK_N = 64
 FP8_NUM_WARPS = 2
 FP8_NUM_STAGES = 3
 FP8_AS_WORDS = True  # False: an fp8 cache read element by element (the benchmarks' before)
+# Stage 1's grid order. The chip hands out programs in the order of their linear index, the
+# grid's first dimension fastest. HEADS_FIRST (the default) puts the KV heads there, so one
+# request's programs start together and in the batch's order: a batch whose requests come
+# longest first (the scheduler orders a step's decodes so) is then dispatched longest first,
+# the short ones filling in at the end, and the programs running at once read neighbouring
+# 256-byte pieces of the same cache rows. False: the batch first (the order before), as
+# HAL_CUDA_DECODE_GRID=batch asks (heads, the default) for A/B runs.
+GRID_VARIABLE = "HAL_CUDA_DECODE_GRID"
+
+
+def _heads_first(value: str | None) -> bool:
+    text = (value or "heads").strip().lower()
+    if text not in ("heads", "batch"):
+        raise ValueError(f"{GRID_VARIABLE}={value!r}: expected heads (the default) or batch")
+    return text == "heads"
+
+
+HEADS_FIRST = _heads_first(os.environ.get(GRID_VARIABLE))
 MAX_SPLITS = 32
 LOG2E = 1.4426950408889634
 LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
@@ -104,10 +123,15 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ONE_SPLIT: tl.constexpr,
                    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_PREC: tl.constexpr, MIXED: tl.constexpr, FP8_WORDS: tl.constexpr,
-                   ASM_CVT: tl.constexpr, USE_PDL: tl.constexpr = False):
+                   ASM_CVT: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
+                   USE_PDL: tl.constexpr = False):
     pdl_enter(USE_PDL)
-    b = tl.program_id(0).to(tl.int64)
-    kh = tl.program_id(1)
+    if HEADS_FIRST:
+        kh = tl.program_id(0)
+        b = tl.program_id(1).to(tl.int64)
+    else:
+        b = tl.program_id(0).to(tl.int64)
+        kh = tl.program_id(1)
     split = tl.program_id(2)
     q_row = b
     if MIXED:
@@ -333,7 +357,9 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         k_cache, v_cache = k_cache.view(torch.uint16), v_cache.view(torch.uint16)
     block_n, num_warps, num_stages = tunables(words)
     pdl_options = pdl.launch_options()
-    _decode_stage1[(batch, kv_heads, n_split)](
+    heads_first = HEADS_FIRST and batch <= 65535  # a grid's second dimension holds 65535
+    grid = (kv_heads, batch, n_split) if heads_first else (batch, kv_heads, n_split)
+    _decode_stage1[grid](
         q, k_cache, v_cache, req_to_token, seq_lens, ext, qo, mid_o, mid_lse, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
@@ -342,8 +368,8 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         ONE_SPLIT=n_split == 1,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         DOT_PREC=dot_precision(q.dtype), MIXED=mixed, FP8_WORDS=words,
-        ASM_CVT=words and asm_cvt(q.device), num_warps=num_warps, num_stages=num_stages,
-        **pdl_options)
+        ASM_CVT=words and asm_cvt(q.device), HEADS_FIRST=heads_first, num_warps=num_warps,
+        num_stages=num_stages, **pdl_options)
     if n_split == 1:
         return
     _decode_stage2[(batch, q_heads)](

@@ -254,6 +254,77 @@ def decode_attention_bench() -> dict[str, Any]:
     return out
 
 
+def decode_attention_order_bench() -> dict[str, Any]:
+    """Decode attention over contexts of unequal lengths (B2's and B3 c=128's spreads), bf16
+    cache at Llama-3-8B's heads: the batch in a random order or longest first (as the
+    scheduler orders a step's decodes), stage 1's grid with the KV heads or the batch as its
+    first (fastest dispatched) dimension. GB/s counts the cache bytes read; `ideal_us` is
+    `uniform_mean_heads_first` the same batch with every context at the mean (no spread)."""
+    from tessera.hal.cuda import decode_attention as da
+
+    hq, hk, d = 32, 8, 128
+    # (name, batch, shortest, longest context)
+    cases = [("b2_256", 256, 100, 2048), ("b2_128", 128, 200, 2048), ("b2_64", 64, 400, 2048),
+             ("b2_32", 32, 600, 2048), ("b3_c128_89", 89, 256, 1536),
+             ("b3_c128_128", 128, 256, 1536), ("b3_c32", 32, 256, 1536)]
+    gen = torch.Generator().manual_seed(0)
+    out: dict[str, Any] = {"shape": {"hq": hq, "hk": hk, "head_dim": d, "cache": "bfloat16"},
+                           "tunables": list(da.tunables(False)), "cases": {}}
+    saved = da.HEADS_FIRST
+    try:
+        for name, batch, lo, hi in cases:
+            lens_cpu = torch.randint(lo, hi + 1, (batch,), generator=gen, dtype=torch.int32)
+            per_req = -(-hi // PAGE)
+            slots = (batch * per_req + 1) * PAGE
+            kc = torch.randn((slots, hk, d), device="cuda", dtype=torch.bfloat16)
+            vc = torch.randn_like(kc)
+            pages = torch.randperm(slots // PAGE - 1, device="cuda")[:batch * per_req] + 1
+            rtt = (pages.view(batch, -1)[:, :, None] * PAGE
+                   + torch.arange(PAGE, device="cuda")).reshape(batch, per_req * PAGE).int()
+            q = torch.randn((batch, hq, d), device="cuda", dtype=torch.bfloat16)
+            kv_bytes = int(2 * lens_cpu.sum()) * hk * d * 2
+            case: dict[str, Any] = {"batch": batch, "context": [lo, hi],
+                                    "mean_context": round(float(lens_cpu.float().mean()), 1),
+                                    "splits": da.num_splits(batch, hk, q.device),
+                                    "kv_bytes": kv_bytes}
+            desc = torch.argsort(lens_cpu, descending=True, stable=True).cuda()
+            orders = {"random": None, "longest_first": desc}
+            for order, perm in orders.items():
+                lens = lens_cpu.cuda() if perm is None else lens_cpu.cuda()[perm]
+                table = rtt if perm is None else rtt[perm].contiguous()
+                qq = q if perm is None else q[perm].contiguous()
+                for heads_first in (False, True):
+                    da.HEADS_FIRST = heads_first
+                    us = graph_time_us(lambda qq=qq, kc=kc, vc=vc, table=table, lens=lens:
+                                       da.attention_decode(qq, kc, vc, table, lens, d ** -0.5))
+                    key = f"{order}_{'heads' if heads_first else 'batch'}_first"
+                    case[key] = {"us": round(us, 2), "GBps": round(kv_bytes / us / 1e3)}
+            # the same bytes at one length for every request (no spread): the rate to reach
+            mean = int(lens_cpu.float().mean().round())
+            uni = torch.full((batch,), mean, dtype=torch.int32, device="cuda")
+            da.HEADS_FIRST = True
+            uni_us = graph_time_us(lambda q=q, kc=kc, vc=vc, rtt=rtt, uni=uni:
+                                   da.attention_decode(q, kc, vc, rtt, uni, d ** -0.5))
+            uni_bytes = 2 * batch * mean * hk * d * 2
+            case["uniform_mean_heads_first"] = {"us": round(uni_us, 2),
+                                                "GBps": round(uni_bytes / uni_us / 1e3)}
+            # the result does not depend on the order: longest first, mapped back
+            da.HEADS_FIRST = True
+            got = da.attention_decode(q[desc].contiguous(), kc, vc, rtt[desc].contiguous(),
+                                      lens_cpu.cuda()[desc], d ** -0.5)
+            ref = da.attention_decode(q, kc, vc, rtt, lens_cpu.cuda(), d ** -0.5)
+            case["reordered_equal"] = bool(torch.equal(got, ref[desc]))
+            out["cases"][name] = case
+            print(f"decode attention order {name}: "
+                  + ", ".join(f"{k} {v['us']}" for k, v in case.items()
+                              if isinstance(v, dict)), flush=True)
+            del kc, vc
+            torch.cuda.empty_cache()
+    finally:
+        da.HEADS_FIRST = saved
+    return out
+
+
 def b1_smoke(platform: Any) -> dict[str, Any]:
     """Llama-3-8B shape, bf16, random weights: 512-token prefill (TTFT) and 128 decode steps at
     batch 1 through a captured graph; eager and larger batches for comparison."""

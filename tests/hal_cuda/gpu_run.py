@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from gpu_bench import b1_smoke, decode_attention_bench, gemv_sweep, op_timings
+from gpu_bench import (
+    b1_smoke,
+    decode_attention_bench,
+    decode_attention_order_bench,
+    gemv_sweep,
+    op_timings,
+)
 from gpu_checks import bf16_noise_floor, bf16_op_swaps, check_against_hf, graphs_vs_eager_every_size
 from gpu_engine import ROOT, TINY, log
 
@@ -57,6 +63,7 @@ def main(argv: list[str]) -> int:
         parts["bf16_op_swaps"] = lambda: bf16_op_swaps(TINY, platform, device)
     else:
         parts["attention_bench"] = decode_attention_bench
+        parts["attention_order"] = decode_attention_order_bench
         parts["gemv_sweep"] = gemv_sweep  # first: later parts run with its tuned shapes
         parts["vs_hf_fp32"] = lambda: check_against_hf(
             big, platform, torch.float32, device, platform.create_graph_runner(), 12,

@@ -208,8 +208,11 @@ def test_store_kv_writes_only_its_slots(kernels: dict[str, ModuleType]) -> None:
     assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
 
 
+@pytest.mark.parametrize("heads_first", [True, False])  # stage 1's grid order
 @pytest.mark.parametrize("hq,hk", [(4, 4), (8, 2), (8, 1)])
-def test_attention_decode(kernels: dict[str, ModuleType], hq: int, hk: int) -> None:
+def test_attention_decode(kernels: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch,
+                          hq: int, hk: int, heads_first: bool) -> None:
+    monkeypatch.setattr(kernels["decode_attention"], "HEADS_FIRST", heads_first)
     # 70 and 129 cross the 64-token blocks; 1 leaves most splits empty.
     seq_lens = (1, 70, 5, 129)
     case = make_paged_case(seq_lens, (1,) * 4, hq, hk, 32, torch.float32, seed=12)
@@ -448,3 +451,12 @@ def test_gemv(kernels: dict[str, ModuleType], with_bias: bool) -> None:
     bias = _rand(37, seed=17) if with_bias else None
     out = kernels["gemv"].gemv(x, w, bias, 8, 32, 4)
     torch.testing.assert_close(out, reference_op("linear")(x, w, bias), **TOL)
+
+
+def test_the_decode_grid_switch(kernels: dict[str, ModuleType]) -> None:
+    """HAL_CUDA_DECODE_GRID: heads (unset, the default) or batch; anything else is refused."""
+    parse = kernels["decode_attention"]._heads_first
+    assert parse(None) and parse("heads") and parse(" Heads ")
+    assert not parse("batch")
+    with pytest.raises(ValueError, match="HAL_CUDA_DECODE_GRID"):
+        parse("rows")

@@ -510,3 +510,41 @@ def test_an_abort_for_a_lost_route_fails_the_request_to_its_client() -> None:
     assert "detokenizer restarted" in errors[0].message
     assert not sched.has_work()
     sched.check_invariant()
+
+
+@pytest.mark.parametrize("order", ["longest-first", "arrival"])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_decodes_run_longest_context_first_and_keep_their_tokens(overlap: bool,
+                                                                 order: str) -> None:
+    """A step's decode rows come longest context first (the decode attention kernels hand
+    out their programs in the batch's order), whatever order the requests arrived in, or in
+    their arrival order under --decode-order arrival; every request gets exactly its own
+    tokens either way."""
+    sched = make(overlap=overlap, chunked_prefill_size=512, decode_order=order)
+    worker = FakeWorker(sched)
+    got = Collected()
+    lens = {"short": 9, "long": 80, "mid": 33, "tiny": 3}
+    for i, (rid, n) in enumerate(lens.items()):
+        sched.add_request(make_request(rid, prompt(n, 1 + i), max_tokens=6, ignore_eos=True))
+    decode_orders = []
+    results = []
+    while sched.has_work() or sched.inflight:
+        while (fb := sched.next_batch()) is not None:
+            dec = [i for i in range(fb.batch_size) if fb.extend_lens[i] == 1]
+            if len(dec) > 1 and order == "longest-first":
+                ctx = [int(fb.seq_lens[i]) for i in dec]
+                assert ctx == sorted(ctx, reverse=True), f"decodes not longest first: {ctx}"
+            if len(dec) > 1:
+                decode_orders.append([sched.running.seq_of_row[int(fb.rows[i])].req.rid
+                                      for i in dec])
+            results.append(worker.step(fb))
+        got.add(sched.on_result(results.pop(0)))
+        got.add(sched.take_output())
+        sched.check_invariant()
+    got.add(sched.take_output())
+    first = ["long", "mid", "short", "tiny"] if order == "longest-first" else list(lens)
+    assert decode_orders and decode_orders[0] == first
+    for i, (rid, n) in enumerate(lens.items()):
+        want, _ = reference_output(prompt(n, 1 + i), SamplingParams(max_tokens=6,
+                                   ignore_eos=True), 0, n + 6)
+        assert got.tokens[(rid, 0)] == want, rid
