@@ -52,6 +52,7 @@
 #   benchmarks/gpu_session.sh 46  # one H200:  the rotary / KV store epilogue too: the probe, the GPU tests, b12 b1 with the fusion, without, with 3 steps in flight (~480 s)
 #   benchmarks/gpu_session.sh 47  # one H200:  the fusion's GPU tests call 46 did not reach in its limit, b12 b1 with int4 left plain by default (~220 s)
 #   benchmarks/gpu_session.sh 48  # one H200:  decode attention over unequal contexts (order, grid), b2 and b3 with the decodes longest first and as before (~480 s)
+#   benchmarks/gpu_session.sh 49  # one H200:  the order bench over more batches and split counts, b2 and b3 as before and with the order (reversed), b1 (~400 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -85,7 +86,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-8])$ ]] || { echo "usage: $0 1|...|35, 37-48  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9])$ ]] || { echo "usage: $0 1|...|35, 37-49  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -631,6 +632,18 @@ case $CALL in
     part b3 120 80 b3 --name b3_h200
     HAL_CUDA_DECODE_GRID=batch part b3before 120 80 b3 "--server-args=--decode-order arrival" \
       --name b3_arrival_h200
+    ;;
+  49)
+    # Call 48 again in the other order (before first), with the order bench's new cases
+    # (b2_64 other draws, batches 48 / 80 / 96, two and four splits), and B1.
+    SUFFIX=more_h200 part attnorder 120 60 attnorder
+    HAL_CUDA_DECODE_GRID=batch part b2before 110 70 b2 --decode-order arrival \
+      --name b2_arrival_again_h200
+    part b2 110 70 b2 --name b2_again_h200
+    HAL_CUDA_DECODE_GRID=batch part b3before 120 80 b3 "--server-args=--decode-order arrival" \
+      --name b3_arrival_again_h200
+    part b3 120 80 b3 --name b3_again_h200
+    part b1 90 45 b1 --name b1_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -266,7 +266,11 @@ def decode_attention_order_bench() -> dict[str, Any]:
     # (name, batch, shortest, longest context)
     cases = [("b2_256", 256, 100, 2048), ("b2_128", 128, 200, 2048), ("b2_64", 64, 400, 2048),
              ("b2_32", 32, 600, 2048), ("b3_c128_89", 89, 256, 1536),
-             ("b3_c128_128", 128, 256, 1536), ("b3_c32", 32, 256, 1536)]
+             ("b3_c128_128", 128, 256, 1536), ("b3_c32", 32, 256, 1536),
+             # call 48 found b2_64 slower longest first and heads-first, the others faster:
+             # other draws and the batches between
+             ("b2_64_draw2", 64, 400, 2048), ("b2_64_draw3", 64, 400, 2048),
+             ("b2_48", 48, 400, 2048), ("b2_80", 80, 300, 2048), ("b2_96", 96, 300, 2048)]
     gen = torch.Generator().manual_seed(0)
     out: dict[str, Any] = {"shape": {"hq": hq, "hk": hk, "head_dim": d, "cache": "bfloat16"},
                            "tunables": list(da.tunables(False)), "cases": {}}
@@ -299,6 +303,14 @@ def decode_attention_order_bench() -> dict[str, Any]:
                                        da.attention_decode(qq, kc, vc, table, lens, d ** -0.5))
                     key = f"{order}_{'heads' if heads_first else 'batch'}_first"
                     case[key] = {"us": round(us, 2), "GBps": round(kv_bytes / us / 1e3)}
+                    if order == "longest_first":  # more splits: the long requests shared out
+                        for n in (2, 4):
+                            us = graph_time_us(
+                                lambda qq=qq, kc=kc, vc=vc, table=table, lens=lens, n=n:
+                                da.attention_decode(qq, kc, vc, table, lens, d ** -0.5,
+                                                    splits=n))
+                            case[f"{key}_splits{n}"] = {"us": round(us, 2),
+                                                        "GBps": round(kv_bytes / us / 1e3)}
             # the same bytes at one length for every request (no spread): the rate to reach
             mean = int(lens_cpu.float().mean().round())
             uni = torch.full((batch,), mean, dtype=torch.int32, device="cuda")
