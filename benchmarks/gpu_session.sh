@@ -53,6 +53,7 @@
 #   benchmarks/gpu_session.sh 47  # one H200:  the fusion's GPU tests call 46 did not reach in its limit, b12 b1 with int4 left plain by default (~220 s)
 #   benchmarks/gpu_session.sh 48  # one H200:  decode attention over unequal contexts (order, grid), b2 and b3 with the decodes longest first and as before (~480 s)
 #   benchmarks/gpu_session.sh 49  # one H200:  the order bench over more batches and split counts, b2 and b3 as before and with the order (reversed), b1 (~400 s)
+#   benchmarks/gpu_session.sh 50  # one H200:  the order bench and b2, b3, b2, b1 with two splits up to 82 decodes (~260 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -86,7 +87,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9])$ ]] || { echo "usage: $0 1|...|35, 37-49  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|50)$ ]] || { echo "usage: $0 1|...|35, 37-50  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -644,6 +645,15 @@ case $CALL in
       --name b3_arrival_again_h200
     part b3 120 80 b3 --name b3_again_h200
     part b1 90 45 b1 --name b1_h200
+    ;;
+  50)
+    # Two splits at least below five programs a multiprocessor (decode_attention.splits_for:
+    # 33-82 decodes, one split before): the order bench, B2 twice, B3, B1.
+    SUFFIX=splits_h200 part attnorder 120 60 attnorder
+    part b2 110 40 b2 --name b2_splits_h200
+    part b3 120 70 b3 --name b3_splits_h200
+    part b2again 110 40 b2 --name b2_splits_again_h200
+    part b1 90 25 b1 --name b1_splits_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

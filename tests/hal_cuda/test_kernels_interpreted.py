@@ -460,3 +460,12 @@ def test_the_decode_grid_switch(kernels: dict[str, ModuleType]) -> None:
     assert not parse("batch")
     with pytest.raises(ValueError, match="HAL_CUDA_DECODE_GRID"):
         parse("rows")
+
+
+def test_decode_split_counts(kernels: dict[str, ModuleType]) -> None:
+    """Two waves of programs over the chip, and two splits at least below five programs a
+    multiprocessor (132 of them, 8 KV heads: up to 82 requests), one from there."""
+    splits = kernels["decode_attention"].splits_for
+    assert [splits(b, 8, 132) for b in (1, 2, 16, 32, 33, 64, 82, 83, 128, 256)] == \
+        [32, 17, 3, 2, 2, 2, 2, 1, 1, 1]
+    assert splits(0, 8, 132) == 32 and splits(659, 1, 132) == 2 and splits(660, 1, 132) == 1
