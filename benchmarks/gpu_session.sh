@@ -54,6 +54,7 @@
 #   benchmarks/gpu_session.sh 48  # one H200:  decode attention over unequal contexts (order, grid), b2 and b3 with the decodes longest first and as before (~480 s)
 #   benchmarks/gpu_session.sh 49  # one H200:  the order bench over more batches and split counts, b2 and b3 as before and with the order (reversed), b1 (~400 s)
 #   benchmarks/gpu_session.sh 50  # one H200:  the order bench and b2, b3, b2, b1 with two splits up to 82 decodes (~260 s)
+#   benchmarks/gpu_session.sh 51  # one H200:  the order bench with the fp8 cache (keys as the dot's first operand or second), b12 b2 with both caches (~330 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -87,7 +88,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|50)$ ]] || { echo "usage: $0 1|...|35, 37-50  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[01])$ ]] || { echo "usage: $0 1|...|35, 37-51  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -654,6 +655,15 @@ case $CALL in
     part b3 120 70 b3 --name b3_splits_h200
     part b2again 110 40 b2 --name b2_splits_again_h200
     part b1 90 25 b1 --name b1_splits_h200
+    ;;
+  51)
+    # Issue 17's B2 after the decode order (calls 48-50): the order bench again, now with
+    # the fp8 cache at a few tiles and FP8_SWAP_QK (the converted keys the scores' first
+    # operand); B12's B2 with bf16 and fp8 weights over the bf16 cache, then the fp8 cache.
+    SUFFIX=fp8_h200 part attnorder 120 60 attnorder
+    part b12b2 150 80 b12 --schemes bf16,fp8 --parts b2 --name b12_b2_order_h200
+    part b12kvfp8 150 80 b12 --schemes bf16,fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
+      --name b12_fp8kv_order_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

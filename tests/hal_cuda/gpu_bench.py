@@ -254,6 +254,42 @@ def decode_attention_bench() -> dict[str, Any]:
     return out
 
 
+FP8_ORDER_CASES = ("b2_256", "b2_128", "b3_c128_128", "b2_64", "b2_32")
+
+
+def _fp8_order_case(da: Any, q: torch.Tensor, kc16: torch.Tensor, vc16: torch.Tensor,
+                    table: torch.Tensor, lens: torch.Tensor, kv_bytes: int) -> dict[str, Any]:
+    """The same batch (longest first, heads-first grid) over an e4m3 cache read as words, at
+    a few tiles, with the keys as the scores' dot's second operand (as it is) and as its
+    first (FP8_SWAP_QK); GB/s of fp8 bytes."""
+    kc, vc = kc16.to(torch.float8_e4m3fn), vc16.to(torch.float8_e4m3fn)
+    d = q.shape[-1]
+    row: dict[str, Any] = {"kv_bytes": kv_bytes}
+    saved = da.FP8_SWAP_QK
+    try:
+        outs = {}
+        for swap in (False, True):
+            da.FP8_SWAP_QK = swap
+            for tile in ((64, 2, 3), (64, 4, 3), (128, 4, 2), (128, 8, 2)):
+                key = f"{'swap_' if swap else ''}bn{tile[0]}_w{tile[1]}_s{tile[2]}"
+                try:
+                    with _attention_tunables(da, "fp8", tile):
+                        us = graph_time_us(lambda: da.attention_decode(q, kc, vc, table, lens,
+                                                                       d ** -0.5))
+                        if tile == (64, 2, 3):
+                            outs[swap] = da.attention_decode(q, kc, vc, table, lens,
+                                                             d ** -0.5).float()
+                    row[key] = {"us": round(us, 2), "GBps": round(kv_bytes / us / 1e3)}
+                except Exception as exc:  # a tile that does not compile is a result too
+                    row[key] = {"error": repr(exc)[:300]}
+        if len(outs) == 2:
+            row["swap_max_abs_diff"] = float((outs[True] - outs[False]).abs().max())
+            row["max_abs"] = float(outs[False].abs().max())
+    finally:
+        da.FP8_SWAP_QK = saved
+    return row
+
+
 def decode_attention_order_bench() -> dict[str, Any]:
     """Decode attention over contexts of unequal lengths (B2's and B3 c=128's spreads), bf16
     cache at Llama-3-8B's heads: the batch in a random order or longest first (as the
@@ -311,6 +347,10 @@ def decode_attention_order_bench() -> dict[str, Any]:
                                                     splits=n))
                             case[f"{key}_splits{n}"] = {"us": round(us, 2),
                                                         "GBps": round(kv_bytes / us / 1e3)}
+            if name in FP8_ORDER_CASES:
+                case["fp8"] = _fp8_order_case(da, q[desc].contiguous(), kc, vc,
+                                              rtt[desc].contiguous(), lens_cpu.cuda()[desc],
+                                              kv_bytes // 2)
             # the same bytes at one length for every request (no spread): the rate to reach
             mean = int(lens_cpu.float().mean().round())
             uni = torch.full((batch,), mean, dtype=torch.int32, device="cuda")
@@ -329,7 +369,12 @@ def decode_attention_order_bench() -> dict[str, Any]:
             out["cases"][name] = case
             print(f"decode attention order {name}: "
                   + ", ".join(f"{k} {v['us']}" for k, v in case.items()
-                              if isinstance(v, dict)), flush=True)
+                              if isinstance(v, dict) and "us" in v), flush=True)
+            if "fp8" in case:
+                print(f"decode attention order {name} fp8: "
+                      + ", ".join(f"{k} {v.get('us', v) if isinstance(v, dict) else v}"
+                                  for k, v in case["fp8"].items()),
+                      flush=True)
             del kc, vc
             torch.cuda.empty_cache()
     finally:
