@@ -658,8 +658,9 @@ case $CALL in
     ;;
   51)
     # Issue 17's B2 after the decode order (calls 48-50): the order bench again, now with
-    # the fp8 cache at a few tiles and FP8_SWAP_QK (the converted keys the scores' first
-    # operand); B12's B2 with bf16 and fp8 weights over the bf16 cache, then the fp8 cache.
+    # the fp8 cache at a few tiles (and, at 2fdf9f3, FP8_SWAP_QK: the converted keys the
+    # scores' first operand; not kept); B12's B2 with bf16 and fp8 weights over the bf16
+    # cache, then the fp8 cache.
     SUFFIX=fp8_h200 part attnorder 120 60 attnorder
     part b12b2 150 80 b12 --schemes bf16,fp8 --parts b2 --name b12_b2_order_h200
     part b12kvfp8 150 80 b12 --schemes bf16,fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \

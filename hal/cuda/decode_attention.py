@@ -38,11 +38,6 @@ FP8_BLOCK_N = 64
 FP8_NUM_WARPS = 2
 FP8_NUM_STAGES = 3
 FP8_AS_WORDS = True  # False: an fp8 cache read element by element (the benchmarks' before)
-# Over fp8 words, q . k as k's tile [BLOCK_N, D] times q^T: the converted keys the product's
-# first operand, which a Hopper dot takes from registers, instead of its second, which it
-# reads from shared memory (the converted tile's second crossing). An experiment for the
-# order bench (gpu_bench, `fp8_swap_qk`): off unless measured faster.
-FP8_SWAP_QK = False
 # Stage 1's grid order. The chip hands out programs in the order of their linear index, the
 # grid's first dimension fastest. HEADS_FIRST (the default) puts the KV heads there, so one
 # request's programs start together and in the batch's order: a batch whose requests come
@@ -129,7 +124,7 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
                    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_PREC: tl.constexpr, MIXED: tl.constexpr, FP8_WORDS: tl.constexpr,
                    ASM_CVT: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
-                   SWAP_QK: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+                   USE_PDL: tl.constexpr = False):
     pdl_enter(USE_PDL)
     if HEADS_FIRST:
         kh = tl.program_id(0)
@@ -194,11 +189,8 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
             kvmask = pmask[:, None] & dmask[None, :]
             k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0).to(q.dtype)
             v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0).to(q.dtype)
-        if SWAP_QK:  # the key tile as the product's first operand, from its registers
-            dots = tl.trans(tl.dot(k, tl.trans(q), input_precision=DOT_PREC))
-        else:
-            dots = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-        qk = scores_log2(dots, scale_log2, logit_cap, HAS_CAP)
+        qk = scores_log2(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), scale_log2,
+                         logit_cap, HAS_CAP)
         qk = tl.where(pmask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.exp2(qk - m_new[:, None])
@@ -389,9 +381,8 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         ONE_SPLIT=n_split == 1,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         DOT_PREC=dot_precision(q.dtype), MIXED=mixed, FP8_WORDS=words,
-        ASM_CVT=words and asm_cvt(q.device), HEADS_FIRST=heads_first,
-        SWAP_QK=words and FP8_SWAP_QK, num_warps=num_warps, num_stages=num_stages,
-        **pdl_options)
+        ASM_CVT=words and asm_cvt(q.device), HEADS_FIRST=heads_first, num_warps=num_warps,
+        num_stages=num_stages, **pdl_options)
     if n_split == 1:
         return
     _decode_stage2[(batch, q_heads)](

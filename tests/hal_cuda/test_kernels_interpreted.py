@@ -226,11 +226,8 @@ def test_attention_decode(kernels: dict[str, ModuleType], monkeypatch: pytest.Mo
         torch.testing.assert_close(out, expected, **TOL)
 
 
-@pytest.mark.parametrize("swap_qk", [False, True])  # the keys as the dot's first operand
 @pytest.mark.parametrize("dim", [32, 24, 15])
-def test_attention_decode_fp8_cache(kernels: dict[str, ModuleType],
-                                    monkeypatch: pytest.MonkeyPatch, dim: int,
-                                    swap_qk: bool) -> None:
+def test_attention_decode_fp8_cache(kernels: dict[str, ModuleType], dim: int) -> None:
     """An e4m3 cache: even rows are read as uint16 words of two elements (their bits moved into
     float16, exactly, then fp32 as q), an odd row (15) element by element; against the fp32
     reference over the values the cache holds."""
@@ -243,7 +240,6 @@ def test_attention_decode_fp8_cache(kernels: dict[str, ModuleType],
         case.extend_lens, case.qo_indptr, case.scale)
     da = kernels["decode_attention"]
     assert da.fp8_words(k8) == (dim % 2 == 0)
-    monkeypatch.setattr(da, "FP8_SWAP_QK", swap_qk)
     for splits in (1, 3):
         out = da.attention_decode(case.q, k8, v8, case.req_to_token, case.seq_lens, case.scale,
                                   splits=splits, k_scale=1 / 16, v_scale=1 / 16)
