@@ -177,6 +177,21 @@ def _attention_tunables(da: Any, cache: str, tile: tuple[int, ...]) -> Iterator[
             setattr(da, name, value)
 
 
+def _paged_decode_case(batch: int, seq: int, hq: int, hk: int, d: int
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, k cache, v cache, page table) of `batch` requests of up to `seq` tokens each, bf16,
+    their pages scattered over the cache as a pool leaves them (page 0 unused)."""
+    per_req = -(-seq // PAGE)  # pages a request holds (its last one partly)
+    slots = (batch * per_req + 1) * PAGE
+    kc = torch.randn((slots, hk, d), device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    pages = torch.randperm(slots // PAGE - 1, device="cuda")[:batch * per_req] + 1
+    rtt = (pages.view(batch, -1)[:, :, None] * PAGE
+           + torch.arange(PAGE, device="cuda")).reshape(batch, per_req * PAGE).int()
+    q = torch.randn((batch, hq, d), device="cuda", dtype=torch.bfloat16)
+    return q, kc, vc, rtt
+
+
 def decode_attention_bench() -> dict[str, Any]:
     """Decode attention at Llama-3-8B's heads over a bf16 cache and an e4m3 one (read as words,
     and element by element as before they were: `fp8_elements`), each over its tunables,
@@ -199,15 +214,8 @@ def decode_attention_bench() -> dict[str, Any]:
                            "defaults": {"bf16": list(da.tunables(False)),
                                         "fp8": list(da.tunables(True))}, "cases": {}}
     for batch, seq in cases:
-        per_req = -(-seq // PAGE)  # pages a request holds (its last one partly)
-        slots = (batch * per_req + 1) * PAGE
-        kc16 = torch.randn((slots, hk, d), device="cuda", dtype=torch.bfloat16)
-        vc16 = torch.randn_like(kc16)
-        pages = torch.randperm(slots // PAGE - 1, device="cuda")[:batch * per_req] + 1
-        rtt = (pages.view(batch, -1)[:, :, None] * PAGE
-               + torch.arange(PAGE, device="cuda")).reshape(batch, per_req * PAGE).int()
+        q, kc16, vc16, rtt = _paged_decode_case(batch, seq, hq, hk, d)
         lens = torch.full((batch,), seq, dtype=torch.int32, device="cuda")
-        q = torch.randn((batch, hq, d), device="cuda", dtype=torch.bfloat16)
         case: dict[str, Any] = {"splits": da.num_splits(batch, hk, q.device)}
         for cache, cfgs in configs.items():
             fp8 = cache != "bf16"
@@ -303,14 +311,7 @@ def decode_attention_order_bench() -> dict[str, Any]:
     try:
         for name, batch, lo, hi in cases:
             lens_cpu = torch.randint(lo, hi + 1, (batch,), generator=gen, dtype=torch.int32)
-            per_req = -(-hi // PAGE)
-            slots = (batch * per_req + 1) * PAGE
-            kc = torch.randn((slots, hk, d), device="cuda", dtype=torch.bfloat16)
-            vc = torch.randn_like(kc)
-            pages = torch.randperm(slots // PAGE - 1, device="cuda")[:batch * per_req] + 1
-            rtt = (pages.view(batch, -1)[:, :, None] * PAGE
-                   + torch.arange(PAGE, device="cuda")).reshape(batch, per_req * PAGE).int()
-            q = torch.randn((batch, hq, d), device="cuda", dtype=torch.bfloat16)
+            q, kc, vc, rtt = _paged_decode_case(batch, hi, hq, hk, d)
             kv_bytes = int(2 * lens_cpu.sum()) * hk * d * 2
             case: dict[str, Any] = {"batch": batch, "context": [lo, hi],
                                     "mean_context": round(float(lens_cpu.float().mean()), 1),
