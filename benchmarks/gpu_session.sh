@@ -55,6 +55,7 @@
 #   benchmarks/gpu_session.sh 49  # one H200:  the order bench over more batches and split counts, b2 and b3 as before and with the order (reversed), b1 (~400 s)
 #   benchmarks/gpu_session.sh 50  # one H200:  the order bench and b2, b3, b2, b1 with two splits up to 82 decodes (~260 s)
 #   benchmarks/gpu_session.sh 51  # one H200:  the order bench with the fp8 cache (keys as the dot's first operand or second), b12 b2 with both caches (~330 s)
+#   benchmarks/gpu_session.sh 52  # one H200:  b3 with the decodes longest first and as before, a third pair (~150 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -88,7 +89,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[01])$ ]] || { echo "usage: $0 1|...|35, 37-51  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-2])$ ]] || { echo "usage: $0 1|...|35, 37-52  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -665,6 +666,13 @@ case $CALL in
     part b12b2 150 80 b12 --schemes bf16,fp8 --parts b2 --name b12_b2_order_h200
     part b12kvfp8 150 80 b12 --schemes bf16,fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
       --name b12_fp8kv_order_h200
+    ;;
+  52)
+    # Call 50's c=32 ITL p99 was 14.3 ms (11.3-11.7 in calls 48-49, either order): B3 a
+    # third time each way.
+    part b3 120 65 b3 --name b3_third_h200
+    HAL_CUDA_DECODE_GRID=batch part b3before 120 65 b3 "--server-args=--decode-order arrival" \
+      --name b3_arrival_third_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
