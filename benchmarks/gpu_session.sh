@@ -56,6 +56,7 @@
 #   benchmarks/gpu_session.sh 50  # one H200:  the order bench and b2, b3, b2, b1 with two splits up to 82 decodes (~260 s)
 #   benchmarks/gpu_session.sh 51  # one H200:  the order bench with the fp8 cache (keys as the dot's first operand or second), b12 b2 with both caches (~330 s)
 #   benchmarks/gpu_session.sh 52  # one H200:  b3 with the decodes longest first and as before, a third pair (~150 s)
+#   benchmarks/gpu_session.sh 53  # one H200:  decode attention's first key tile before its PDL wait: the kernel tests, b1 with it, without, with (~200 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -89,7 +90,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-2])$ ]] || { echo "usage: $0 1|...|35, 37-52  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-3])$ ]] || { echo "usage: $0 1|...|35, 37-53  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -673,6 +674,16 @@ case $CALL in
     part b3 120 65 b3 --name b3_third_h200
     HAL_CUDA_DECODE_GRID=batch part b3before 120 65 b3 "--server-args=--decode-order arrival" \
       --name b3_arrival_third_h200
+    ;;
+  53)
+    # EARLY_KV (decode attention's first key tile loaded before its griddepcontrol.wait, the
+    # newest token's K/V after): the decode-attention GPU tests and the PDL chain against
+    # plain launches (bit for bit), then B1 with it, without (HAL_CUDA_DECODE_EARLY_KV=0),
+    # with.
+    KERNELS_K="decode_attention or (pdl_decode_chain and bf16)" part kernels 80 45 kernels
+    part b1 45 20 b1 --name b1_earlykv_h200
+    HAL_CUDA_DECODE_EARLY_KV=0 part b1plain 45 20 b1 --name b1_noearlykv_h200
+    part b1again 45 20 b1 --name b1_earlykv_again_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -56,6 +56,20 @@ def _heads_first(value: str | None) -> bool:
 
 
 HEADS_FIRST = _heads_first(os.environ.get(GRID_VARIABLE))
+# Under PDL, stage 1 loads its first key tile's slots and the K/V of every position but the
+# newest before its griddepcontrol.wait (EARLY_KV), so that latency overlaps the kernel
+# before; HAL_CUDA_DECODE_EARLY_KV=0 waits first, as before, for A/B runs.
+EARLY_KV_VARIABLE = "HAL_CUDA_DECODE_EARLY_KV"
+
+
+def _early_kv(value: str | None) -> bool:
+    text = (value or "1").strip().lower()
+    if text not in ("1", "0", "on", "off"):
+        raise ValueError(f"{EARLY_KV_VARIABLE}={value!r}: expected 1 (the default) or 0")
+    return text in ("1", "on")
+
+
+EARLY_KV = _early_kv(os.environ.get(EARLY_KV_VARIABLE))
 MAX_SPLITS = 32
 LOG2E = 1.4426950408889634
 LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
@@ -115,6 +129,46 @@ def e4m3_words_to_f16(w, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ASM_CVT: 
 _SPLIT_DEPENDENT = ["num_splits", "mo_s0", "mo_s1", "ml_s0", "ml_s1"]
 
 
+@triton.jit
+def _load_kv_tile(kc_ptr, vc_ptr, slot, rows, kh, c_s0, c_s1, HEAD_DIM: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP8_WORDS: tl.constexpr,
+                  ASM_CVT: tl.constexpr, DTYPE: tl.constexpr):
+    """The K and V rows of these cache slots where `rows` holds (zeros elsewhere), in DTYPE.
+    An fp8 cache read as words has its scales folded in by the caller. V is issued with K:
+    at small batch each program runs only a block or two, so the time is memory latency and
+    the two loads should overlap."""
+    if FP8_WORDS:  # c_s0, c_s1 count words of two elements
+        j = tl.arange(0, BLOCK_D // 2)
+        w_off = slot[:, None] * c_s0 + kh * c_s1 + j[None, :]
+        wmask = rows[:, None] & (j < HEAD_DIM // 2)[None, :]
+        k = e4m3_words_to_f16(tl.load(kc_ptr + w_off, mask=wmask, other=0), BLOCK_N,
+                              BLOCK_D, ASM_CVT).to(DTYPE)
+        v = e4m3_words_to_f16(tl.load(vc_ptr + w_off, mask=wmask, other=0), BLOCK_N,
+                              BLOCK_D, ASM_CVT).to(DTYPE)
+    else:  # a cache in q's dtype, or fp8 with odd rows, read as q's dtype (exact)
+        d = tl.arange(0, BLOCK_D)
+        kv_off = slot[:, None] * c_s0 + kh * c_s1 + d[None, :]
+        kvmask = rows[:, None] & (d < HEAD_DIM)[None, :]
+        k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0).to(DTYPE)
+        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0).to(DTYPE)
+    return k, v
+
+
+@triton.jit
+def _online_softmax_tile(q, k, v, pmask, m_i, l_i, acc, scale_log2, logit_cap,
+                         HAS_CAP: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One key tile of flash decoding: the running max, sum and output updated."""
+    qk = scores_log2(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), scale_log2,
+                     logit_cap, HAS_CAP)
+    qk = tl.where(pmask[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    p = tl.exp2(qk - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return m_new, l_i, acc
+
+
 @triton.jit(do_not_specialize=_SPLIT_DEPENDENT)
 def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, qo_ptr,
                    mid_o_ptr, mid_lse_ptr, out_ptr,
@@ -124,8 +178,9 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
                    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_PREC: tl.constexpr, MIXED: tl.constexpr, FP8_WORDS: tl.constexpr,
                    ASM_CVT: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
-                   USE_PDL: tl.constexpr = False):
-    pdl_enter(USE_PDL)
+                   EARLY_KV: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+    if not EARLY_KV:
+        pdl_enter(USE_PDL)
     if HEADS_FIRST:
         kh = tl.program_id(0)
         b = tl.program_id(1).to(tl.int64)
@@ -147,6 +202,34 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
     per_split = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
     start = lo + split * per_split
     end = tl.minimum(start + per_split, seq_len)
+    # The dtype of the dots: q's, a 16-bit q's over fp8 words float16 (it holds every e4m3
+    # value exactly, and bf16's 8 bits of mantissa fit in its 11; an fp32 q keeps fp32 dots)
+    if FP8_WORDS and q_ptr.dtype.element_ty != tl.float32:
+        DTYPE: tl.constexpr = tl.float16
+    else:
+        DTYPE: tl.constexpr = q_ptr.dtype.element_ty
+    row_base = rtt_ptr + b * rtt_s0
+    # The first key tile. EARLY_KV (under PDL): its slots and the K/V of every position but
+    # the last are loaded before the wait, while the kernel before still runs: the page
+    # table and the inputs were copied before the step, and those positions were stored by
+    # earlier steps; only the newest token's K/V (stored by the kernel just before, as is q)
+    # is read after the wait.
+    pos0 = start + tl.arange(0, BLOCK_N)
+    pmask0 = pos0 < end
+    slot0 = tl.load(row_base + pos0, mask=pmask0, other=0).to(tl.int64)
+    if EARLY_KV:
+        k0, v0 = _load_kv_tile(kc_ptr, vc_ptr, slot0, pmask0 & (pos0 < seq_len - 1), kh,
+                               c_s0, c_s1, HEAD_DIM, BLOCK_N, BLOCK_D, FP8_WORDS, ASM_CVT,
+                               DTYPE)
+        pdl_enter(USE_PDL)
+        k1, v1 = _load_kv_tile(kc_ptr, vc_ptr, slot0, pmask0 & (pos0 == seq_len - 1), kh,
+                               c_s0, c_s1, HEAD_DIM, BLOCK_N, BLOCK_D, FP8_WORDS, ASM_CVT,
+                               DTYPE)
+        k0 += k1  # each row is read in one of the two loads, zeros in the other
+        v0 += v1
+    else:
+        k0, v0 = _load_kv_tile(kc_ptr, vc_ptr, slot0, pmask0, kh, c_s0, c_s1, HEAD_DIM,
+                               BLOCK_N, BLOCK_D, FP8_WORDS, ASM_CVT, DTYPE)
 
     hrow = tl.arange(0, BLOCK_H)
     heads = kh * GROUP + hrow
@@ -154,50 +237,25 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
     q = tl.load(q_ptr + q_row * q_s0 + heads[:, None] * q_s1 + d[None, :],
-                mask=hmask[:, None] & dmask[None, :], other=0.0)
+                mask=hmask[:, None] & dmask[None, :], other=0.0).to(DTYPE)
     scale_log2 = sm_scale_log2
-    if FP8_WORDS:
-        # A 16-bit q's dots in float16: it holds every e4m3 value exactly, and bf16's 8 bits
-        # of mantissa fit in its 11 (an fp32 q keeps fp32 dots, over the exact values).
-        if q.dtype != tl.float32:
-            q = q.to(tl.float16)
-        if not ASM_CVT:
-            scale_log2 = sm_scale_log2 / E4M3_F16_SHIFT
-        j = tl.arange(0, BLOCK_D // 2)
-        jmask = j < HEAD_DIM // 2
+    if FP8_WORDS and not ASM_CVT:
+        scale_log2 = sm_scale_log2 / E4M3_F16_SHIFT
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    row_base = rtt_ptr + b * rtt_s0
-    for n0 in range(start, end, BLOCK_N):
+    if start < end:
+        m_i, l_i, acc = _online_softmax_tile(q, k0, v0, pmask0, m_i, l_i, acc, scale_log2,
+                                             logit_cap, HAS_CAP, DOT_PREC)
+    for n0 in range(start + BLOCK_N, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         pmask = pos < end
         slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
-        # V is issued with K: at small batch each program runs only a block or two, so the
-        # time is memory latency and the two loads should overlap. An fp8 cache's scales are
-        # folded in by the caller.
-        if FP8_WORDS:  # c_s0, c_s1 count words of two elements
-            w_off = slot[:, None] * c_s0 + kh * c_s1 + j[None, :]
-            wmask = pmask[:, None] & jmask[None, :]
-            k = e4m3_words_to_f16(tl.load(kc_ptr + w_off, mask=wmask, other=0), BLOCK_N,
-                                  BLOCK_D, ASM_CVT).to(q.dtype)
-            v = e4m3_words_to_f16(tl.load(vc_ptr + w_off, mask=wmask, other=0), BLOCK_N,
-                                  BLOCK_D, ASM_CVT).to(q.dtype)
-        else:  # a cache in q's dtype, or fp8 with odd rows, read as q's dtype (exact)
-            kv_off = slot[:, None] * c_s0 + kh * c_s1 + d[None, :]
-            kvmask = pmask[:, None] & dmask[None, :]
-            k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0).to(q.dtype)
-            v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0).to(q.dtype)
-        qk = scores_log2(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), scale_log2,
-                         logit_cap, HAS_CAP)
-        qk = tl.where(pmask[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
+        k, v = _load_kv_tile(kc_ptr, vc_ptr, slot, pmask, kh, c_s0, c_s1, HEAD_DIM, BLOCK_N,
+                             BLOCK_D, FP8_WORDS, ASM_CVT, DTYPE)
+        m_i, l_i, acc = _online_softmax_tile(q, k, v, pmask, m_i, l_i, acc, scale_log2,
+                                             logit_cap, HAS_CAP, DOT_PREC)
 
     has = end > start
     safe_l = tl.where(l_i > 0, l_i, 1.0)
@@ -381,8 +439,9 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         ONE_SPLIT=n_split == 1,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         DOT_PREC=dot_precision(q.dtype), MIXED=mixed, FP8_WORDS=words,
-        ASM_CVT=words and asm_cvt(q.device), HEADS_FIRST=heads_first, num_warps=num_warps,
-        num_stages=num_stages, **pdl_options)
+        ASM_CVT=words and asm_cvt(q.device), HEADS_FIRST=heads_first,
+        EARLY_KV=EARLY_KV and bool(pdl_options), num_warps=num_warps, num_stages=num_stages,
+        **pdl_options)
     if n_split == 1:
         return
     _decode_stage2[(batch, q_heads)](

@@ -469,3 +469,45 @@ def test_decode_split_counts(kernels: dict[str, ModuleType]) -> None:
     assert [splits(b, 8, 132) for b in (1, 2, 16, 32, 33, 64, 82, 83, 128, 256)] == \
         [32, 17, 3, 2, 2, 2, 2, 1, 1, 1]
     assert splits(0, 8, 132) == 32 and splits(659, 1, 132) == 2 and splits(660, 1, 132) == 1
+
+
+@pytest.mark.parametrize("cache", ["fp32", "fp8"])
+def test_attention_decode_early_kv_loads_give_the_same_result(
+        kernels: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch, cache: str) -> None:
+    """EARLY_KV (under PDL: the first key tile's K/V but the newest position's loaded before
+    the wait, the newest after) gives exactly the result of one load, at every split count,
+    with a window, and for the decode rows of a mixed batch (the others left alone)."""
+    da = kernels["decode_attention"]
+    seq_lens, extend_lens = (1, 70, 5, 129, 64, 65), (1, 1, 1, 1, 1, 1)
+    case = make_paged_case(seq_lens, extend_lens, 8, 2, 32, torch.float32, seed=31)
+    k, v, kw = case.k_cache, case.v_cache, {}
+    if cache == "fp8":
+        k, v = (k * 16).to(torch.float8_e4m3fn), (v * 16).to(torch.float8_e4m3fn)
+        kw = {"k_scale": 1 / 16, "v_scale": 1 / 16}
+    args = (case.q, k, v, case.req_to_token, case.seq_lens, case.scale)
+    # the launch takes EARLY_KV only with PDL's options; USE_PDL False keeps the wait a no-op
+    monkeypatch.setattr(da.pdl, "launch_options", lambda: {"USE_PDL": False})
+    for window in (0, 40):
+        for splits in (1, 3, 8):
+            monkeypatch.setattr(da, "EARLY_KV", False)
+            plain = da.attention_decode(*args, splits=splits, sliding_window=window, **kw)
+            monkeypatch.setattr(da, "EARLY_KV", True)
+            early = da.attention_decode(*args, splits=splits, sliding_window=window, **kw)
+            assert torch.equal(early, plain), (window, splits)
+    mixed = make_paged_case((80, 13, 12, 70), (75, 1, 4, 1), 8, 2, 32, torch.float32, seed=32)
+    outs = []
+    for early in (False, True):
+        monkeypatch.setattr(da, "EARLY_KV", early)
+        out = torch.full_like(mixed.q, 7.0)
+        da.launch_decode(mixed.q, mixed.k_cache, mixed.v_cache, mixed.req_to_token,
+                         mixed.seq_lens, out, mixed.scale, extend_lens=mixed.extend_lens,
+                         qo_indptr=mixed.qo_indptr, splits=3)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_the_early_kv_switch(kernels: dict[str, ModuleType]) -> None:
+    parse = kernels["decode_attention"]._early_kv
+    assert parse(None) and parse("1") and not parse("0") and not parse(" off ")
+    with pytest.raises(ValueError, match="HAL_CUDA_DECODE_EARLY_KV"):
+        parse("maybe")
