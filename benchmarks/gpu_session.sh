@@ -677,13 +677,14 @@ case $CALL in
     ;;
   53)
     # EARLY_KV (decode attention's first key tile loaded before its griddepcontrol.wait, the
-    # newest token's K/V after): the decode-attention GPU tests and the PDL chain against
-    # plain launches (bit for bit), then B1 with it, without (HAL_CUDA_DECODE_EARLY_KV=0),
-    # with.
-    KERNELS_K="decode_attention or (pdl_decode_chain and bf16)" part kernels 80 45 kernels
-    part b1 45 20 b1 --name b1_earlykv_h200
-    HAL_CUDA_DECODE_EARLY_KV=0 part b1plain 45 20 b1 --name b1_noearlykv_h200
-    part b1again 45 20 b1 --name b1_earlykv_again_h200
+    # newest token's K/V after; off by default until this call has run): the
+    # decode-attention GPU tests and the PDL chain against plain launches (bit for bit) with
+    # it, then B1 with it, without, with.
+    HAL_CUDA_DECODE_EARLY_KV=1 KERNELS_K="decode_attention or (pdl_decode_chain and bf16)" \
+      part kernels 80 45 kernels
+    HAL_CUDA_DECODE_EARLY_KV=1 part b1 45 20 b1 --name b1_earlykv_h200
+    part b1plain 45 20 b1 --name b1_noearlykv_h200
+    HAL_CUDA_DECODE_EARLY_KV=1 part b1again 45 20 b1 --name b1_earlykv_again_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -56,16 +56,18 @@ def _heads_first(value: str | None) -> bool:
 
 
 HEADS_FIRST = _heads_first(os.environ.get(GRID_VARIABLE))
-# Under PDL, stage 1 loads its first key tile's slots and the K/V of every position but the
-# newest before its griddepcontrol.wait (EARLY_KV), so that latency overlaps the kernel
-# before; HAL_CUDA_DECODE_EARLY_KV=0 waits first, as before, for A/B runs.
+# Under PDL, stage 1 may load its first key tile's slots and the K/V of every position but
+# the newest before its griddepcontrol.wait (EARLY_KV), so that latency overlaps the kernel
+# before. Off by default until measured and checked on a GPU (session call 53 does both:
+# the PDL chain against plain launches bit for bit, B1 with it and without);
+# HAL_CUDA_DECODE_EARLY_KV=1 turns it on.
 EARLY_KV_VARIABLE = "HAL_CUDA_DECODE_EARLY_KV"
 
 
 def _early_kv(value: str | None) -> bool:
-    text = (value or "1").strip().lower()
+    text = (value or "0").strip().lower()
     if text not in ("1", "0", "on", "off"):
-        raise ValueError(f"{EARLY_KV_VARIABLE}={value!r}: expected 1 (the default) or 0")
+        raise ValueError(f"{EARLY_KV_VARIABLE}={value!r}: expected 0 (the default) or 1")
     return text in ("1", "on")
 
 

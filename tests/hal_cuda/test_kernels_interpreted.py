@@ -508,6 +508,6 @@ def test_attention_decode_early_kv_loads_give_the_same_result(
 
 def test_the_early_kv_switch(kernels: dict[str, ModuleType]) -> None:
     parse = kernels["decode_attention"]._early_kv
-    assert parse(None) and parse("1") and not parse("0") and not parse(" off ")
+    assert not parse(None) and parse("1") and parse(" on ") and not parse("0")
     with pytest.raises(ValueError, match="HAL_CUDA_DECODE_EARLY_KV"):
         parse("maybe")
