@@ -211,15 +211,14 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
     else:
         DTYPE: tl.constexpr = q_ptr.dtype.element_ty
     row_base = rtt_ptr + b * rtt_s0
-    # The first key tile. EARLY_KV (under PDL): its slots and the K/V of every position but
-    # the last are loaded before the wait, while the kernel before still runs: the page
-    # table and the inputs were copied before the step, and those positions were stored by
-    # earlier steps; only the newest token's K/V (stored by the kernel just before, as is q)
-    # is read after the wait.
-    pos0 = start + tl.arange(0, BLOCK_N)
-    pmask0 = pos0 < end
-    slot0 = tl.load(row_base + pos0, mask=pmask0, other=0).to(tl.int64)
     if EARLY_KV:
+        # The first key tile's slots and the K/V of every position but the last, before the
+        # wait, while the kernel before still runs: the page table and the inputs were
+        # copied before the step, and those positions were stored by earlier steps; only the
+        # newest token's K/V (stored by the kernel just before, as is q) after it.
+        pos0 = start + tl.arange(0, BLOCK_N)
+        pmask0 = pos0 < end
+        slot0 = tl.load(row_base + pos0, mask=pmask0, other=0).to(tl.int64)
         k0, v0 = _load_kv_tile(kc_ptr, vc_ptr, slot0, pmask0 & (pos0 < seq_len - 1), kh,
                                c_s0, c_s1, HEAD_DIM, BLOCK_N, BLOCK_D, FP8_WORDS, ASM_CVT,
                                DTYPE)
@@ -229,9 +228,6 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
                                DTYPE)
         k0 += k1  # each row is read in one of the two loads, zeros in the other
         v0 += v1
-    else:
-        k0, v0 = _load_kv_tile(kc_ptr, vc_ptr, slot0, pmask0, kh, c_s0, c_s1, HEAD_DIM,
-                               BLOCK_N, BLOCK_D, FP8_WORDS, ASM_CVT, DTYPE)
 
     hrow = tl.arange(0, BLOCK_H)
     heads = kh * GROUP + hrow
@@ -247,10 +243,13 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    if start < end:
-        m_i, l_i, acc = _online_softmax_tile(q, k0, v0, pmask0, m_i, l_i, acc, scale_log2,
-                                             logit_cap, HAS_CAP, DOT_PREC)
-    for n0 in range(start + BLOCK_N, end, BLOCK_N):
+    first = start
+    if EARLY_KV:
+        if start < end:
+            m_i, l_i, acc = _online_softmax_tile(q, k0, v0, pmask0, m_i, l_i, acc,
+                                                 scale_log2, logit_cap, HAS_CAP, DOT_PREC)
+        first = start + BLOCK_N
+    for n0 in range(first, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         pmask = pos < end
         slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
