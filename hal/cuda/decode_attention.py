@@ -206,10 +206,9 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
     end = tl.minimum(start + per_split, seq_len)
     # The dtype of the dots: q's, a 16-bit q's over fp8 words float16 (it holds every e4m3
     # value exactly, and bf16's 8 bits of mantissa fit in its 11; an fp32 q keeps fp32 dots)
+    DTYPE: tl.constexpr = q_ptr.dtype.element_ty
     if FP8_WORDS and q_ptr.dtype.element_ty != tl.float32:
-        DTYPE: tl.constexpr = tl.float16
-    else:
-        DTYPE: tl.constexpr = q_ptr.dtype.element_ty
+        DTYPE = tl.float16
     row_base = rtt_ptr + b * rtt_s0
     if EARLY_KV:
         # The first key tile's slots and the K/V of every position but the last, before the
