@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tessera.hal.cuda import pdl
+from tessera.hal.cuda import env, pdl
 from tessera.hal.cuda.pdl import enter as pdl_enter
 
 # Tunables, overridable by benchmarks (kept here so the graph runner and the bench agree).
@@ -62,16 +62,7 @@ HEADS_FIRST = _heads_first(os.environ.get(GRID_VARIABLE))
 # the PDL chain against plain launches bit for bit, B1 with it and without);
 # HAL_CUDA_DECODE_EARLY_KV=1 turns it on.
 EARLY_KV_VARIABLE = "HAL_CUDA_DECODE_EARLY_KV"
-
-
-def _early_kv(value: str | None) -> bool:
-    text = (value or "0").strip().lower()
-    if text not in ("1", "0", "on", "off"):
-        raise ValueError(f"{EARLY_KV_VARIABLE}={value!r}: expected 0 (the default) or 1")
-    return text in ("1", "on")
-
-
-EARLY_KV = _early_kv(os.environ.get(EARLY_KV_VARIABLE))
+EARLY_KV = env.switch(EARLY_KV_VARIABLE, False)
 MAX_SPLITS = 32
 LOG2E = 1.4426950408889634
 LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)

@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import threading
 from typing import Any
 
 import torch
 
-from tessera.hal.cuda import pdl
+from tessera.hal.cuda import env, pdl
 from tessera.hal.platform import RotaryStore
 from tessera.hal.quant.weight import QuantizedWeight, half_tile
 
@@ -441,10 +440,7 @@ def preload_default() -> bool:
     before their PDL wait, so the weights stream while the kernel before finishes: on
     unless `HAL_CUDA_GEMV_PRELOAD=0` (call 43, B12 B1 alternated twice: int4 2.13 against
     2.22 ms a step, fp8 2.54 against 2.56). Read once a process."""
-    value = (os.environ.get(PRELOAD_VARIABLE) or "1").strip().lower()
-    if value not in ("0", "1", "off", "on", "false", "true", "no", "yes"):
-        raise ValueError(f"{PRELOAD_VARIABLE}={value!r}: expected 1 or 0")
-    return value in ("1", "on", "true", "yes")
+    return env.switch(PRELOAD_VARIABLE, True)
 
 
 class NativeError(RuntimeError):

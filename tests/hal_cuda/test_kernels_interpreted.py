@@ -507,7 +507,15 @@ def test_attention_decode_early_kv_loads_give_the_same_result(
 
 
 def test_the_early_kv_switch(kernels: dict[str, ModuleType]) -> None:
-    parse = kernels["decode_attention"]._early_kv
-    assert not parse(None) and parse("1") and parse(" on ") and not parse("0")
+    from tessera.hal.cuda import env
+
+    name = kernels["decode_attention"].EARLY_KV_VARIABLE
+    assert name == "HAL_CUDA_DECODE_EARLY_KV"
+
+    def parse(value: str) -> bool:
+        return env.switch(name, False, value)
+
+    assert not parse("") and parse("1") and parse(" on ") and not parse("0")
+    assert env.switch(name, True, "") and not env.switch(name, True, "no")
     with pytest.raises(ValueError, match="HAL_CUDA_DECODE_EARLY_KV"):
         parse("maybe")

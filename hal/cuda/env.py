@@ -1,0 +1,22 @@
+"""The cuda plugin's on/off environment switches (HAL_CUDA_*), read one way."""
+
+from __future__ import annotations
+
+import os
+
+_ON = ("1", "on", "true", "yes")
+_OFF = ("0", "off", "false", "no")
+
+
+def switch(variable: str, default: bool, value: str | None = None) -> bool:
+    """Whether `variable` (or `value`, when given: tests) turns its feature on: unset or
+    empty the default, 1 / on / true / yes or 0 / off / false / no, anything else a clear
+    error naming the variable."""
+    text = (os.environ.get(variable) if value is None else value) or ""
+    text = text.strip().lower()
+    if not text:
+        return default
+    if text not in _ON + _OFF:
+        raise ValueError(f"{variable}={text!r}: expected 1 or 0 (unset: "
+                         f"{'1' if default else '0'})")
+    return text in _ON
