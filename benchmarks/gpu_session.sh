@@ -56,7 +56,7 @@
 #   benchmarks/gpu_session.sh 50  # one H200:  the order bench and b2, b3, b2, b1 with two splits up to 82 decodes (~260 s)
 #   benchmarks/gpu_session.sh 51  # one H200:  the order bench with the fp8 cache (keys as the dot's first operand or second), b12 b2 with both caches (~330 s)
 #   benchmarks/gpu_session.sh 52  # one H200:  b3 with the decodes longest first and as before, a third pair (~150 s)
-#   benchmarks/gpu_session.sh 53  # one H200:  decode attention's first key tile before its PDL wait: the kernel tests, b1 with it, without, with (~200 s)
+#   benchmarks/gpu_session.sh 53  # one H200:  decode attention's first key tile before its PDL wait, and its register prefetch: the kernel tests, the prefetch bench, b1 with EARLY_KV / without / with, b12 fp8 B2 over the fp8 cache with the prefetch and without (~450 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -677,14 +677,22 @@ case $CALL in
     ;;
   53)
     # EARLY_KV (decode attention's first key tile loaded before its griddepcontrol.wait, the
-    # newest token's K/V after; off by default until this call has run): the
-    # decode-attention GPU tests and the PDL chain against plain launches (bit for bit) with
-    # it, then B1 with it, without, with.
+    # newest token's K/V after; off by default until this call has run) and the loop's
+    # register prefetch (FP8_REG_PREFETCH / REG_PREFETCH, one stage; off by default): the
+    # decode-attention GPU tests (each with the prefetch and without) and the PDL chain
+    # against plain launches (bit for bit) with EARLY_KV; the prefetch bench's tiles; B1 with
+    # EARLY_KV, without, with; B12's fp8 B2 over the fp8 cache with the prefetch (at four
+    # warps) and without.
     HAL_CUDA_DECODE_EARLY_KV=1 KERNELS_K="decode_attention or (pdl_decode_chain and bf16)" \
-      part kernels 80 45 kernels
+      part kernels 90 50 kernels
+    SUFFIX=h200 part attnprefetch 150 70 attnprefetch
     HAL_CUDA_DECODE_EARLY_KV=1 part b1 45 20 b1 --name b1_earlykv_h200
     part b1plain 45 20 b1 --name b1_noearlykv_h200
     HAL_CUDA_DECODE_EARLY_KV=1 part b1again 45 20 b1 --name b1_earlykv_again_h200
+    HAL_CUDA_DECODE_FP8_PREFETCH=1 part b12pf 120 70 b12 --schemes fp8 --parts b2 \
+      --kv-cache-dtype fp8_e4m3 --name b12_fp8kv_prefetch_h200
+    part b12plain 120 70 b12 --schemes fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
+      --name b12_fp8kv_noprefetch_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
