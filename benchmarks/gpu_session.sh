@@ -682,7 +682,9 @@ case $CALL in
     # decode-attention GPU tests (each with the prefetch and without) and the PDL chain
     # against plain launches (bit for bit) with EARLY_KV; the prefetch bench's tiles; B1 with
     # EARLY_KV, without, with; B12's fp8 B2 over the fp8 cache with the prefetch (at four
-    # warps) and without.
+    # warps) and without. The prefetch, its bench part and its tests ran at 665d7c9 and were
+    # removed after (slower at every batch but one: docs/performance.md); run this call at
+    # that commit.
     HAL_CUDA_DECODE_EARLY_KV=1 KERNELS_K="decode_attention or (pdl_decode_chain and bf16)" \
       part kernels 90 50 kernels
     SUFFIX=h200 part attnprefetch 150 70 attnprefetch

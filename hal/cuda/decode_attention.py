@@ -58,23 +58,11 @@ def _heads_first(value: str | None) -> bool:
 HEADS_FIRST = _heads_first(os.environ.get(GRID_VARIABLE))
 # Under PDL, stage 1 may load its first key tile's slots and the K/V of every position but
 # the newest before its griddepcontrol.wait (EARLY_KV), so that latency overlaps the kernel
-# before. Off by default until measured and checked on a GPU (session call 53 does both:
-# the PDL chain against plain launches bit for bit, B1 with it and without);
+# before. Off by default: checked on the H200 (session call 53: the PDL chain against plain
+# launches bit for bit) and measured there, B1 4.00 ms a step with it and without;
 # HAL_CUDA_DECODE_EARLY_KV=1 turns it on.
 EARLY_KV_VARIABLE = "HAL_CUDA_DECODE_EARLY_KV"
 EARLY_KV = env.switch(EARLY_KV_VARIABLE, False)
-# Over fp8 words, the main loop may load the next key tile into registers before the current
-# one's conversion and dots (FP8_REG_PREFETCH), compiled with one stage: the pipeliner's
-# copies through shared memory (two and three stages) are read back two bytes an instruction
-# there (sm_90 PTX: 64 ld.shared.b16 a tile at the default tile), registers take the words as
-# 16-byte vectors. Off by default until measured (session call 53: the prefetch bench's
-# tiles, then B12's B2 over the fp8 cache with it and without);
-# HAL_CUDA_DECODE_FP8_PREFETCH=1 turns it on, with four warps.
-FP8_PREFETCH_VARIABLE = "HAL_CUDA_DECODE_FP8_PREFETCH"
-FP8_REG_PREFETCH = env.switch(FP8_PREFETCH_VARIABLE, False)
-if FP8_REG_PREFETCH:
-    FP8_NUM_WARPS = 4  # two warps with the prefetch need 255 registers and spill (sm_90)
-REG_PREFETCH = False  # the same over a cache in q's dtype (benchmarks)
 MAX_SPLITS = 32
 LOG2E = 1.4426950408889634
 LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
@@ -135,47 +123,28 @@ _SPLIT_DEPENDENT = ["num_splits", "mo_s0", "mo_s1", "ml_s0", "ml_s1"]
 
 
 @triton.jit
-def _load_kv_raw(kc_ptr, vc_ptr, slot, rows, kh, c_s0, c_s1, HEAD_DIM: tl.constexpr,
-                 BLOCK_D: tl.constexpr, FP8_WORDS: tl.constexpr):
-    """The K and V rows of these cache slots where `rows` holds (zeros elsewhere), as stored:
-    uint16 words of two e4m3 elements (FP8_WORDS; c_s0, c_s1 then count words) or the
-    cache's elements. V is issued with K: at small batch each program runs only a block or
-    two, so the time is memory latency and the two loads should overlap."""
-    if FP8_WORDS:
+def _load_kv_tile(kc_ptr, vc_ptr, slot, rows, kh, c_s0, c_s1, HEAD_DIM: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP8_WORDS: tl.constexpr,
+                  ASM_CVT: tl.constexpr, DTYPE: tl.constexpr):
+    """The K and V rows of these cache slots where `rows` holds (zeros elsewhere), in DTYPE.
+    An fp8 cache read as words has its scales folded in by the caller. V is issued with K:
+    at small batch each program runs only a block or two, so the time is memory latency and
+    the two loads should overlap."""
+    if FP8_WORDS:  # c_s0, c_s1 count words of two elements
         j = tl.arange(0, BLOCK_D // 2)
         w_off = slot[:, None] * c_s0 + kh * c_s1 + j[None, :]
         wmask = rows[:, None] & (j < HEAD_DIM // 2)[None, :]
-        k = tl.load(kc_ptr + w_off, mask=wmask, other=0)
-        v = tl.load(vc_ptr + w_off, mask=wmask, other=0)
+        k = e4m3_words_to_f16(tl.load(kc_ptr + w_off, mask=wmask, other=0), BLOCK_N,
+                              BLOCK_D, ASM_CVT).to(DTYPE)
+        v = e4m3_words_to_f16(tl.load(vc_ptr + w_off, mask=wmask, other=0), BLOCK_N,
+                              BLOCK_D, ASM_CVT).to(DTYPE)
     else:  # a cache in q's dtype, or fp8 with odd rows, read as q's dtype (exact)
         d = tl.arange(0, BLOCK_D)
         kv_off = slot[:, None] * c_s0 + kh * c_s1 + d[None, :]
         kvmask = rows[:, None] & (d < HEAD_DIM)[None, :]
-        k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0)
-        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0)
+        k = tl.load(kc_ptr + kv_off, mask=kvmask, other=0.0).to(DTYPE)
+        v = tl.load(vc_ptr + kv_off, mask=kvmask, other=0.0).to(DTYPE)
     return k, v
-
-
-@triton.jit
-def _kv_in_dtype(k, v, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                 FP8_WORDS: tl.constexpr, ASM_CVT: tl.constexpr, DTYPE: tl.constexpr):
-    """_load_kv_raw's tiles in the dots' DTYPE. An fp8 cache read as words has its scales
-    folded in by the caller."""
-    if FP8_WORDS:
-        k = e4m3_words_to_f16(k, BLOCK_N, BLOCK_D, ASM_CVT)
-        v = e4m3_words_to_f16(v, BLOCK_N, BLOCK_D, ASM_CVT)
-    return k.to(DTYPE), v.to(DTYPE)
-
-
-@triton.jit
-def _load_kv_tile(kc_ptr, vc_ptr, slot, rows, kh, c_s0, c_s1, HEAD_DIM: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP8_WORDS: tl.constexpr,
-                  ASM_CVT: tl.constexpr, DTYPE: tl.constexpr):
-    """The K and V rows of these cache slots where `rows` holds (zeros elsewhere), in DTYPE
-    (_load_kv_raw, then _kv_in_dtype)."""
-    k, v = _load_kv_raw(kc_ptr, vc_ptr, slot, rows, kh, c_s0, c_s1, HEAD_DIM, BLOCK_D,
-                        FP8_WORDS)
-    return _kv_in_dtype(k, v, BLOCK_N, BLOCK_D, FP8_WORDS, ASM_CVT, DTYPE)
 
 
 @triton.jit
@@ -202,8 +171,7 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
                    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_PREC: tl.constexpr, MIXED: tl.constexpr, FP8_WORDS: tl.constexpr,
                    ASM_CVT: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
-                   EARLY_KV: tl.constexpr = False, REG_PREFETCH: tl.constexpr = False,
-                   USE_PDL: tl.constexpr = False):
+                   EARLY_KV: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     if not EARLY_KV:
         pdl_enter(USE_PDL)
     if HEADS_FIRST:
@@ -271,35 +239,14 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
             m_i, l_i, acc = _online_softmax_tile(q, k0, v0, pmask0, m_i, l_i, acc,
                                                  scale_log2, logit_cap, HAS_CAP, DOT_PREC)
         first = start + BLOCK_N
-    if REG_PREFETCH:
-        # The next tile's slots and K/V loaded into registers before this tile's conversion
-        # and dots (compiled with one stage: the loads stay 16-byte vectors into registers,
-        # where the pipeliner's copies through shared memory read fp8 words back two bytes
-        # an instruction).
-        pos = first + tl.arange(0, BLOCK_N)
+    for n0 in range(first, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
         pmask = pos < end
         slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
-        kr, vr = _load_kv_raw(kc_ptr, vc_ptr, slot, pmask, kh, c_s0, c_s1, HEAD_DIM, BLOCK_D,
-                              FP8_WORDS)
-        for n0 in range(first, end, BLOCK_N):
-            pos_n = n0 + BLOCK_N + tl.arange(0, BLOCK_N)
-            pmask_n = pos_n < end
-            slot_n = tl.load(row_base + pos_n, mask=pmask_n, other=0).to(tl.int64)
-            kr_n, vr_n = _load_kv_raw(kc_ptr, vc_ptr, slot_n, pmask_n, kh, c_s0, c_s1,
-                                      HEAD_DIM, BLOCK_D, FP8_WORDS)
-            k, v = _kv_in_dtype(kr, vr, BLOCK_N, BLOCK_D, FP8_WORDS, ASM_CVT, DTYPE)
-            m_i, l_i, acc = _online_softmax_tile(q, k, v, pmask, m_i, l_i, acc, scale_log2,
-                                                 logit_cap, HAS_CAP, DOT_PREC)
-            kr, vr, pmask = kr_n, vr_n, pmask_n
-    else:
-        for n0 in range(first, end, BLOCK_N):
-            pos = n0 + tl.arange(0, BLOCK_N)
-            pmask = pos < end
-            slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
-            k, v = _load_kv_tile(kc_ptr, vc_ptr, slot, pmask, kh, c_s0, c_s1, HEAD_DIM,
-                                 BLOCK_N, BLOCK_D, FP8_WORDS, ASM_CVT, DTYPE)
-            m_i, l_i, acc = _online_softmax_tile(q, k, v, pmask, m_i, l_i, acc, scale_log2,
-                                                 logit_cap, HAS_CAP, DOT_PREC)
+        k, v = _load_kv_tile(kc_ptr, vc_ptr, slot, pmask, kh, c_s0, c_s1, HEAD_DIM, BLOCK_N,
+                             BLOCK_D, FP8_WORDS, ASM_CVT, DTYPE)
+        m_i, l_i, acc = _online_softmax_tile(q, k, v, pmask, m_i, l_i, acc, scale_log2,
+                                             logit_cap, HAS_CAP, DOT_PREC)
 
     has = end > start
     safe_l = tl.where(l_i > 0, l_i, 1.0)
@@ -383,17 +330,10 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 def tunables(words: bool) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) of stage 1: the fp8-words ones or the others; one
-    stage where the loop prefetches into registers itself (prefetches)."""
+    """(BLOCK_N, num_warps, num_stages) of stage 1: the fp8-words ones or the others."""
     if words:
-        return FP8_BLOCK_N, FP8_NUM_WARPS, 1 if FP8_REG_PREFETCH else FP8_NUM_STAGES
-    return BLOCK_N, NUM_WARPS, 1 if REG_PREFETCH else NUM_STAGES
-
-
-def prefetches(words: bool) -> bool:
-    """Whether stage 1's loop loads the next key tile into registers before the current
-    one's dots (FP8_REG_PREFETCH over fp8 words, REG_PREFETCH over the others)."""
-    return FP8_REG_PREFETCH if words else REG_PREFETCH
+        return FP8_BLOCK_N, FP8_NUM_WARPS, FP8_NUM_STAGES
+    return BLOCK_N, NUM_WARPS, NUM_STAGES
 
 
 def fp8_words(*caches: torch.Tensor) -> bool:
@@ -491,8 +431,7 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         DOT_PREC=dot_precision(q.dtype), MIXED=mixed, FP8_WORDS=words,
         ASM_CVT=words and asm_cvt(q.device), HEADS_FIRST=heads_first,
-        EARLY_KV=EARLY_KV and bool(pdl_options), REG_PREFETCH=prefetches(words),
-        num_warps=num_warps, num_stages=num_stages,
+        EARLY_KV=EARLY_KV and bool(pdl_options), num_warps=num_warps, num_stages=num_stages,
         **pdl_options)
     if n_split == 1:
         return

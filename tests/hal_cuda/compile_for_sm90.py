@@ -221,16 +221,13 @@ def _decode_attention_cases() -> list[Case]:
                  "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "out_ptr": "*bf16",
                  "sm_scale_log2": "fp32", "logit_cap": "fp32"}
         block_n, warps, stages = da.tunables(words)
-        # the module's tunables, and the loop's register prefetch at one stage
-        for one_split, prefetch in ((True, False), (False, False), (True, True)):
+        for one_split in (True, False):
             consts = {"HAS_CAP": False, "GROUP": 4, "HEAD_DIM": 128, "ONE_SPLIT": one_split,
                       "BLOCK_H": 16, "BLOCK_D": 128, "BLOCK_N": block_n, "DOT_PREC": "tf32",
-                      "MIXED": False, "FP8_WORDS": words, "ASM_CVT": words,
-                      "REG_PREFETCH": prefetch}
-            out.append(Case(f"decode_attention stage1 cache={cache[1:]} one_split={one_split}"
-                            + (" REG_PREFETCH" if prefetch else ""),
+                      "MIXED": False, "FP8_WORDS": words, "ASM_CVT": words}
+            out.append(Case(f"decode_attention stage1 cache={cache[1:]} one_split={one_split}",
                             fn, _signature(fn, types, consts), consts, num_warps=warps,
-                            num_stages=1 if prefetch else stages,
+                            num_stages=stages,
                             divisible_by_16=("q_ptr", "kc_ptr", "vc_ptr", "rtt_ptr", "out_ptr",
                                              "q_s0", "q_s1", "c_s0", "c_s1", "rtt_s0", "o_s0",
                                              "o_s1")))

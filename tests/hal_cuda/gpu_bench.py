@@ -164,14 +164,11 @@ def _attention_tunables(da: Any, cache: str, tile: tuple[int, ...]) -> Iterator[
     """decode_attention's (BLOCK_N, warps, stages) for this cache ("bf16", "fp8" words,
     "fp8_elements") set to `tile` for the block, restored after."""
     names = ("BLOCK_N", "NUM_WARPS", "NUM_STAGES", "FP8_BLOCK_N", "FP8_NUM_WARPS",
-             "FP8_NUM_STAGES", "FP8_AS_WORDS", "REG_PREFETCH", "FP8_REG_PREFETCH")
+             "FP8_NUM_STAGES", "FP8_AS_WORDS")
     saved = {n: getattr(da, n) for n in names}
     da.FP8_AS_WORDS = cache == "fp8"
     prefix = "FP8_" if cache == "fp8" else ""
-    # a fourth element: the loop's register prefetch (then compiled with one stage)
-    tile = tuple(tile) + (False,) * (4 - len(tile))
-    for name, value in zip(("BLOCK_N", "NUM_WARPS", "NUM_STAGES", "REG_PREFETCH"), tile,
-                           strict=True):
+    for name, value in zip(("BLOCK_N", "NUM_WARPS", "NUM_STAGES"), tile, strict=True):
         setattr(da, prefix + name, value)
     try:
         yield
@@ -288,69 +285,6 @@ def _fp8_order_case(da: Any, q: torch.Tensor, kc16: torch.Tensor, vc16: torch.Te
         except Exception as exc:  # a tile that does not compile is a result too
             row[key] = {"error": repr(exc)[:300]}
     return row
-
-
-# (BLOCK_N, warps, stages, register prefetch) over fp8 words: the default first, the
-# prefetch (one stage) at the tiles whose sm_90 build spills nothing, one stage without it.
-FP8_PREFETCH_TILES = ((64, 2, 3, False), (64, 4, 1, True), (64, 8, 1, True), (32, 4, 1, True),
-                      (32, 2, 1, True), (128, 8, 1, True), (64, 4, 1, False),
-                      (64, 2, 1, False), (32, 2, 1, False), (64, 4, 3, False))
-BF16_PREFETCH_TILES = ((64, 4, 3, False), (64, 4, 1, True), (64, 8, 1, True), (32, 4, 1, True))
-
-
-def decode_attention_prefetch_bench() -> dict[str, Any]:
-    """Decode attention's stage 1 with the next key tile loaded into registers before the
-    current one's dots (REG_PREFETCH / FP8_REG_PREFETCH, one stage) against the pipeliner's
-    copies through shared memory, over the fp8 cache (words) and the bf16 cache, on B2's and
-    B3's spreads of context (the order bench's fp8 cases, longest first) and one request of
-    2048: us, GB/s of the cache's bytes, and each tile's largest difference to the first
-    (default) tile's output."""
-    from tessera.hal.cuda import decode_attention as da
-
-    hq, hk, d = 32, 8, 128
-    cases = {"b2_256": (256, 100, 2048), "b2_128": (128, 200, 2048),
-             "b3_c128_128": (128, 256, 1536), "b2_64": (64, 400, 2048),
-             "b2_32": (32, 600, 2048), "b1_2048": (1, 2048, 2048)}
-    gen = torch.Generator().manual_seed(0)
-    out: dict[str, Any] = {"shape": {"hq": hq, "hk": hk, "head_dim": d},
-                           "fp8_tiles": [list(t) for t in FP8_PREFETCH_TILES],
-                           "bf16_tiles": [list(t) for t in BF16_PREFETCH_TILES], "cases": {}}
-    for name, (batch, lo, hi) in cases.items():
-        lens_cpu = torch.randint(lo, hi + 1, (batch,), generator=gen, dtype=torch.int32)
-        q, kc16, vc16, rtt = _paged_decode_case(batch, hi, hq, hk, d)
-        desc = torch.argsort(lens_cpu, descending=True, stable=True)
-        q, rtt, lens = q[desc.cuda()].contiguous(), rtt[desc.cuda()].contiguous(), \
-            lens_cpu[desc].cuda()
-        kv_bytes = int(2 * lens_cpu.sum()) * hk * d * 2
-        case: dict[str, Any] = {"batch": batch, "context": [lo, hi],
-                                "splits": da.num_splits(batch, hk, q.device)}
-        kc8, vc8 = kc16.to(torch.float8_e4m3fn), vc16.to(torch.float8_e4m3fn)
-        for cache, tiles, kc, vc, nbytes in (("fp8", FP8_PREFETCH_TILES, kc8, vc8,
-                                              kv_bytes // 2),
-                                             ("bf16", BF16_PREFETCH_TILES, kc16, vc16,
-                                              kv_bytes)):
-            row: dict[str, Any] = {"kv_bytes": nbytes}
-            base = None
-            for tile in tiles:
-                key = f"bn{tile[0]}_w{tile[1]}_s{tile[2]}{'_pf' if tile[3] else ''}"
-                try:
-                    with _attention_tunables(da, cache, tile):
-                        got = da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5)
-                        us = graph_time_us(lambda q=q, kc=kc, vc=vc, rtt=rtt, lens=lens:
-                                           da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5))
-                    base = got if base is None else base
-                    row[key] = {"us": round(us, 2), "GBps": round(nbytes / us / 1e3),
-                                "max_diff": float((got.float() - base.float()).abs().max())}
-                except Exception as exc:  # a tile that does not compile is a result too
-                    row[key] = {"error": repr(exc)[:300]}
-            case[cache] = row
-            print(f"decode attention prefetch {name} {cache}: "
-                  + ", ".join(f"{k} {v.get('us', v)}" for k, v in row.items()
-                              if isinstance(v, dict)), flush=True)
-        out["cases"][name] = case
-        del kc16, vc16, kc8, vc8
-        torch.cuda.empty_cache()
-    return out
 
 
 def decode_attention_order_bench() -> dict[str, Any]:

@@ -506,65 +506,6 @@ def test_attention_decode_early_kv_loads_give_the_same_result(
     assert torch.equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("cache", ["fp32", "fp8"])
-def test_attention_decode_register_prefetch_gives_the_same_result(
-        kernels: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch, cache: str) -> None:
-    """REG_PREFETCH (the next key tile loaded into registers before the current one's dots, over
-    fp8 words FP8_REG_PREFETCH) gives exactly the plain loop's result: tiles of 16 over contexts
-    of one to ten tiles and a part, at 1, 3 and 8 splits, with a window, with EARLY_KV, and
-    for the decode rows of a mixed batch (the others left alone); the last against the
-    reference."""
-    da = kernels["decode_attention"]
-    for name in ("BLOCK_N", "FP8_BLOCK_N"):
-        monkeypatch.setattr(da, name, 16)
-    flag = "FP8_REG_PREFETCH" if cache == "fp8" else "REG_PREFETCH"
-    seq_lens = (1, 70, 5, 16, 17, 161)
-    case = make_paged_case(seq_lens, (1,) * len(seq_lens), 8, 2, 32, torch.float32, seed=33)
-    k, v, kw = case.k_cache, case.v_cache, {}
-    if cache == "fp8":
-        k, v = (k * 16).to(torch.float8_e4m3fn), (v * 16).to(torch.float8_e4m3fn)
-        kw = {"k_scale": 1 / 16, "v_scale": 1 / 16}
-        assert da.fp8_words(k, v)
-    args = (case.q, k, v, case.req_to_token, case.seq_lens, case.scale)
-    monkeypatch.setattr(da.pdl, "launch_options", lambda: {"USE_PDL": False})
-    for early, window, splits in ((False, 0, 1), (False, 40, 3), (True, 0, 8)):
-        monkeypatch.setattr(da, "EARLY_KV", early)
-        monkeypatch.setattr(da, flag, False)
-        plain = da.attention_decode(*args, splits=splits, sliding_window=window, **kw)
-        monkeypatch.setattr(da, flag, True)
-        assert da.prefetches(cache == "fp8") and da.tunables(cache == "fp8")[2] == 1
-        got = da.attention_decode(*args, splits=splits, sliding_window=window, **kw)
-        assert torch.equal(got, plain), (early, window, splits)
-    # against the fp32 reference over the values the cache holds
-    held = (k.float() / 16, v.float() / 16) if cache == "fp8" else (k, v)
-    ref = reference_op("attention_decode")(case.q, *held, case.req_to_token, case.seq_lens,
-                                           case.scale, sliding_window=window)
-    torch.testing.assert_close(got, ref, **TOL)
-    mixed = make_paged_case((80, 13, 12, 70), (75, 1, 4, 1), 8, 2, 32, torch.float32, seed=34)
-    mk, mv = mixed.k_cache, mixed.v_cache
-    if cache == "fp8":
-        mk, mv = (mk * 16).to(torch.float8_e4m3fn), (mv * 16).to(torch.float8_e4m3fn)
-    outs = []
-    for on in (False, True):
-        monkeypatch.setattr(da, flag, on)
-        out = torch.full_like(mixed.q, 7.0)
-        da.launch_decode(mixed.q, mk, mv, mixed.req_to_token,
-                         mixed.seq_lens, out, mixed.scale, extend_lens=mixed.extend_lens,
-                         qo_indptr=mixed.qo_indptr, splits=3)
-        outs.append(out)
-    assert torch.equal(outs[0], outs[1])
-
-
-def test_the_fp8_prefetch_switch(kernels: dict[str, ModuleType]) -> None:
-    from tessera.hal.cuda import env
-
-    name = kernels["decode_attention"].FP8_PREFETCH_VARIABLE
-    assert name == "HAL_CUDA_DECODE_FP8_PREFETCH"
-    assert not env.switch(name, False, "") and env.switch(name, False, "1")
-    with pytest.raises(ValueError, match="HAL_CUDA_DECODE_FP8_PREFETCH"):
-        env.switch(name, False, "sometimes")
-
-
 def test_the_early_kv_switch(kernels: dict[str, ModuleType]) -> None:
     from tessera.hal.cuda import env
 
