@@ -57,6 +57,7 @@
 #   benchmarks/gpu_session.sh 51  # one H200:  the order bench with the fp8 cache (keys as the dot's first operand or second), b12 b2 with both caches (~330 s)
 #   benchmarks/gpu_session.sh 52  # one H200:  b3 with the decodes longest first and as before, a third pair (~150 s)
 #   benchmarks/gpu_session.sh 53  # one H200:  decode attention's first key tile before its PDL wait, and its register prefetch: the kernel tests, the prefetch bench, b1 with EARLY_KV / without / with, b12 fp8 B2 over the fp8 cache with the prefetch and without (~450 s)
+#   benchmarks/gpu_session.sh 54  # one H200:  decode attention over the fp8 cache with the keys' words in the dot's order: the kernel tests, the permute bench, b12 fp8 B2 over the fp8 cache with it / without / with, b2, b3 (~450 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -90,7 +91,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-3])$ ]] || { echo "usage: $0 1|...|35, 37-53  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-4])$ ]] || { echo "usage: $0 1|...|35, 37-54  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -695,6 +696,24 @@ case $CALL in
       --kv-cache-dtype fp8_e4m3 --name b12_fp8kv_prefetch_h200
     part b12plain 120 70 b12 --schemes fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
       --name b12_fp8kv_noprefetch_h200
+    ;;
+  54)
+    # Decode attention over the fp8 cache with the keys' words read in the order the scores'
+    # dot takes them (FP8_PERMUTE_K: no two-byte reads back from shared memory; off by
+    # default until this call has run): the decode-attention GPU tests (each with it and
+    # without) and the PDL chain with it; the permute bench's tiles; B12's fp8 B2 over the
+    # fp8 cache with it, without, with; then B2 and B3 at this commit (issue 13's figures).
+    HAL_CUDA_DECODE_FP8_PERMUTE_K=1 KERNELS_K="decode_attention or pdl_decode_chain" \
+      part kernels 90 50 kernels
+    SUFFIX=h200 part attnpermute 150 45 attnpermute
+    HAL_CUDA_DECODE_FP8_PERMUTE_K=1 part b12pk 100 45 b12 --schemes fp8 --parts b2 \
+      --kv-cache-dtype fp8_e4m3 --name b12_fp8kv_permk_h200
+    part b12plain 100 45 b12 --schemes fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
+      --name b12_fp8kv_nopermk_h200
+    HAL_CUDA_DECODE_FP8_PERMUTE_K=1 part b12pkagain 100 45 b12 --schemes fp8 --parts b2 \
+      --kv-cache-dtype fp8_e4m3 --name b12_fp8kv_permk_again_h200
+    part b2 110 45 b2 --name b2_call54_h200
+    part b3 120 80 b3 --name b3_call54_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
