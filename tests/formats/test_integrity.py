@@ -106,12 +106,13 @@ def test_a_gguf_file_model_and_a_bad_manifest(tmp_path: Path) -> None:
         verify_model(str(model), str(tmp_path / "bad.json"))
 
 
-def test_the_worker_refuses_to_load_a_model_that_does_not_match(tmp_path: Path) -> None:
+def test_the_worker_refuses_to_load_a_model_that_does_not_match(tmp_path: Path,
+                                                                 run_root: Path) -> None:
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF" + b"\0" * 100)
     manifest = write_manifest(model, tmp_path / "m.json")
     model.write_bytes(b"GGUF" + b"\1" * 100)
-    paths = RunPaths.create(str(tmp_path / "run"))
+    paths = RunPaths.create(str(run_root / "run"))  # short: its ipc:// paths fit
     Path(paths.config_file).write_text(ServerConfig(model=str(model),
                                                     verify_weights=str(manifest)).to_json())
     done = subprocess.run([sys.executable, "-m", "tessera.worker_proc", "--run-dir",

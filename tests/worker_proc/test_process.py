@@ -60,10 +60,12 @@ def wait_for(inbox: Inbox, kind: type, proc: subprocess.Popen, timeout: float = 
     raise TimeoutError(f"no {kind.__name__} from the worker")
 
 
-def test_worker_process_serves_greedy_tokens(tmp_path):
+def test_worker_process_serves_greedy_tokens(tmp_path, run_root):
     model = tiny_hf_model("qwen3", str(tmp_path / "model"))
-    # A unique run id: the shared-memory name derives from it and is machine-wide.
-    paths = RunPaths.create(tempfile.mkdtemp(prefix=RUN_PREFIX, dir=tmp_path))
+    # A unique run id: the shared-memory name derives from it and is machine-wide. Under the
+    # short run_root: the sockets' ipc:// paths must fit in 107 bytes, which tmp_path (one
+    # level deeper under pytest-xdist) can exceed.
+    paths = RunPaths.create(tempfile.mkdtemp(prefix=RUN_PREFIX, dir=run_root))
     config = EngineConfig(model=str(tmp_path / "model"), hal="cpu", page_size=4,
                           max_running_requests=16, context_length=128, max_total_tokens=2048,
                           log_level="warning")
