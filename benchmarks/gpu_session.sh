@@ -703,6 +703,8 @@ case $CALL in
     # default until this call has run): the decode-attention GPU tests (each with it and
     # without) and the PDL chain with it; the permute bench's tiles; B12's fp8 B2 over the
     # fp8 cache with it, without, with; then B2 and B3 at this commit (issue 13's figures).
+    # FP8_PERMUTE_K, its bench part and its tests ran at 25b2125 and were removed after
+    # (1.6x slower: docs/performance.md); run this call at that commit.
     HAL_CUDA_DECODE_FP8_PERMUTE_K=1 KERNELS_K="decode_attention or pdl_decode_chain" \
       part kernels 90 50 kernels
     SUFFIX=h200 part attnpermute 150 45 attnpermute

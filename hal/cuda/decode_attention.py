@@ -63,13 +63,6 @@ HEADS_FIRST = _heads_first(os.environ.get(GRID_VARIABLE))
 # HAL_CUDA_DECODE_EARLY_KV=1 turns it on.
 EARLY_KV_VARIABLE = "HAL_CUDA_DECODE_EARLY_KV"
 EARLY_KV = env.switch(EARLY_KV_VARIABLE, False)
-# Over fp8 words, the keys' words may be read in the order the scores' dot takes them from one
-# thread (FP8_PERMUTE_K, permute_words) and q in the same order: at the default tile the sm_90
-# build then reads the tile back from shared memory as 16-byte vectors (no ld.shared.b16, 64
-# a thread and tile before) in 168 registers instead of 214. Off by default until measured
-# (session call 54); HAL_CUDA_DECODE_FP8_PERMUTE_K=1 turns it on.
-FP8_PERMUTE_K_VARIABLE = "HAL_CUDA_DECODE_FP8_PERMUTE_K"
-FP8_PERMUTE_K = env.switch(FP8_PERMUTE_K_VARIABLE, False)
 MAX_SPLITS = 32
 LOG2E = 1.4426950408889634
 LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
@@ -118,25 +111,6 @@ def e4m3_words_to_f16(w, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ASM_CVT: 
     return tl.join(even, odd).reshape(BLOCK_N, BLOCK_D)
 
 
-@triton.jit
-def permute_words(w, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """A key tile's words in the order the scores' dot takes them from one thread: memory
-    word (BLOCK_D / 8) * a + 2 * j + c (quarter a of the row, pair j, c) becomes word
-    8 * j + 4 * c + a, so that element 16 * j + 8 * c + 2 * a + b of the permuted row (the
-    k index a tensor-core B fragment gives lane a of four) comes from quarter a: each thread
-    reads one contiguous quarter of the row. q is read in the same order (permuted_dims),
-    which leaves every score as it is."""
-    w = tl.reshape(w, (BLOCK_N, 4, BLOCK_D // 16, 2))
-    return tl.reshape(tl.permute(w, (0, 2, 3, 1)), (BLOCK_N, BLOCK_D // 2))
-
-
-@triton.jit
-def permuted_dims(BLOCK_D: tl.constexpr):
-    """The memory element behind each element of a row permute_words reorders."""
-    k = tl.arange(0, BLOCK_D)
-    return (BLOCK_D // 4) * ((k // 2) % 4) + 4 * (k // 16) + 2 * ((k // 8) % 2) + k % 2
-
-
 # The split count is a run-time argument, not a constant of the compiled kernel: it follows
 # the batch size (num_splits), and a mixed step's batch is any number of requests, so as a
 # constexpr every new count compiled a kernel in the middle of serving (an H200 run's first
@@ -151,7 +125,7 @@ _SPLIT_DEPENDENT = ["num_splits", "mo_s0", "mo_s1", "ml_s0", "ml_s1"]
 @triton.jit
 def _load_kv_tile(kc_ptr, vc_ptr, slot, rows, kh, c_s0, c_s1, HEAD_DIM: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP8_WORDS: tl.constexpr,
-                  ASM_CVT: tl.constexpr, DTYPE: tl.constexpr, PERMUTE_K: tl.constexpr = False):
+                  ASM_CVT: tl.constexpr, DTYPE: tl.constexpr):
     """The K and V rows of these cache slots where `rows` holds (zeros elsewhere), in DTYPE.
     An fp8 cache read as words has its scales folded in by the caller. V is issued with K:
     at small batch each program runs only a block or two, so the time is memory latency and
@@ -160,10 +134,8 @@ def _load_kv_tile(kc_ptr, vc_ptr, slot, rows, kh, c_s0, c_s1, HEAD_DIM: tl.const
         j = tl.arange(0, BLOCK_D // 2)
         w_off = slot[:, None] * c_s0 + kh * c_s1 + j[None, :]
         wmask = rows[:, None] & (j < HEAD_DIM // 2)[None, :]
-        kw = tl.load(kc_ptr + w_off, mask=wmask, other=0)
-        if PERMUTE_K:
-            kw = permute_words(kw, BLOCK_N, BLOCK_D)
-        k = e4m3_words_to_f16(kw, BLOCK_N, BLOCK_D, ASM_CVT).to(DTYPE)
+        k = e4m3_words_to_f16(tl.load(kc_ptr + w_off, mask=wmask, other=0), BLOCK_N,
+                              BLOCK_D, ASM_CVT).to(DTYPE)
         v = e4m3_words_to_f16(tl.load(vc_ptr + w_off, mask=wmask, other=0), BLOCK_N,
                               BLOCK_D, ASM_CVT).to(DTYPE)
     else:  # a cache in q's dtype, or fp8 with odd rows, read as q's dtype (exact)
@@ -199,8 +171,7 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
                    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_PREC: tl.constexpr, MIXED: tl.constexpr, FP8_WORDS: tl.constexpr,
                    ASM_CVT: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
-                   EARLY_KV: tl.constexpr = False, PERMUTE_K: tl.constexpr = False,
-                   USE_PDL: tl.constexpr = False):
+                   EARLY_KV: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     if not EARLY_KV:
         pdl_enter(USE_PDL)
     if HEADS_FIRST:
@@ -240,11 +211,11 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
         slot0 = tl.load(row_base + pos0, mask=pmask0, other=0).to(tl.int64)
         k0, v0 = _load_kv_tile(kc_ptr, vc_ptr, slot0, pmask0 & (pos0 < seq_len - 1), kh,
                                c_s0, c_s1, HEAD_DIM, BLOCK_N, BLOCK_D, FP8_WORDS, ASM_CVT,
-                               DTYPE, PERMUTE_K)
+                               DTYPE)
         pdl_enter(USE_PDL)
         k1, v1 = _load_kv_tile(kc_ptr, vc_ptr, slot0, pmask0 & (pos0 == seq_len - 1), kh,
                                c_s0, c_s1, HEAD_DIM, BLOCK_N, BLOCK_D, FP8_WORDS, ASM_CVT,
-                               DTYPE, PERMUTE_K)
+                               DTYPE)
         k0 += k1  # each row is read in one of the two loads, zeros in the other
         v0 += v1
 
@@ -253,11 +224,8 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
     hmask = hrow < GROUP
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
-    qd = d
-    if PERMUTE_K:
-        qd = permuted_dims(BLOCK_D)  # the keys' order (permute_words)
-    q = tl.load(q_ptr + q_row * q_s0 + heads[:, None] * q_s1 + qd[None, :],
-                mask=hmask[:, None] & (qd < HEAD_DIM)[None, :], other=0.0).to(DTYPE)
+    q = tl.load(q_ptr + q_row * q_s0 + heads[:, None] * q_s1 + d[None, :],
+                mask=hmask[:, None] & dmask[None, :], other=0.0).to(DTYPE)
     scale_log2 = sm_scale_log2
     if FP8_WORDS and not ASM_CVT:
         scale_log2 = sm_scale_log2 / E4M3_F16_SHIFT
@@ -276,7 +244,7 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
         pmask = pos < end
         slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
         k, v = _load_kv_tile(kc_ptr, vc_ptr, slot, pmask, kh, c_s0, c_s1, HEAD_DIM, BLOCK_N,
-                             BLOCK_D, FP8_WORDS, ASM_CVT, DTYPE, PERMUTE_K)
+                             BLOCK_D, FP8_WORDS, ASM_CVT, DTYPE)
         m_i, l_i, acc = _online_softmax_tile(q, k, v, pmask, m_i, l_i, acc, scale_log2,
                                              logit_cap, HAS_CAP, DOT_PREC)
 
@@ -463,8 +431,7 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         DOT_PREC=dot_precision(q.dtype), MIXED=mixed, FP8_WORDS=words,
         ASM_CVT=words and asm_cvt(q.device), HEADS_FIRST=heads_first,
-        EARLY_KV=EARLY_KV and bool(pdl_options), PERMUTE_K=words and FP8_PERMUTE_K,
-        num_warps=num_warps, num_stages=num_stages,
+        EARLY_KV=EARLY_KV and bool(pdl_options), num_warps=num_warps, num_stages=num_stages,
         **pdl_options)
     if n_split == 1:
         return

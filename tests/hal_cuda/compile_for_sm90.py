@@ -221,15 +221,11 @@ def _decode_attention_cases() -> list[Case]:
                  "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "out_ptr": "*bf16",
                  "sm_scale_log2": "fp32", "logit_cap": "fp32"}
         block_n, warps, stages = da.tunables(words)
-        # over fp8 words also with the keys' words in the dot's order (PERMUTE_K)
-        for one_split, permute in ((True, False), (False, False)) + \
-                (((True, True), (False, True)) if words else ()):
+        for one_split in (True, False):
             consts = {"HAS_CAP": False, "GROUP": 4, "HEAD_DIM": 128, "ONE_SPLIT": one_split,
                       "BLOCK_H": 16, "BLOCK_D": 128, "BLOCK_N": block_n, "DOT_PREC": "tf32",
-                      "MIXED": False, "FP8_WORDS": words, "ASM_CVT": words,
-                      "PERMUTE_K": permute}
-            out.append(Case(f"decode_attention stage1 cache={cache[1:]} one_split={one_split}"
-                            + (" PERMUTE_K" if permute else ""),
+                      "MIXED": False, "FP8_WORDS": words, "ASM_CVT": words}
+            out.append(Case(f"decode_attention stage1 cache={cache[1:]} one_split={one_split}",
                             fn, _signature(fn, types, consts), consts, num_warps=warps,
                             num_stages=stages,
                             divisible_by_16=("q_ptr", "kc_ptr", "vc_ptr", "rtt_ptr", "out_ptr",
@@ -308,8 +304,7 @@ def pdl_cases() -> list[Case]:
     picked = [c for c in cases() if c.name in (
         "rotary_store_kv bf16 fp8=False", "rotary_store_kv bf16 fp8=True", "gemv bias=False",
         "gemv bias=True", "decode_attention stage1 cache=bf16 one_split=False",
-        "decode_attention stage1 cache=u16 one_split=True",
-        "decode_attention stage1 cache=u16 one_split=True PERMUTE_K", "extend_attention cache=bf16")]
+        "decode_attention stage1 cache=u16 one_split=True", "extend_attention cache=bf16")]
     picked += [qgemv_case("fp8", None, 0, 4, 2048, 4), qgemv_case("int4", 128, 0, 16, 2048, 4),
                qgemv_case("fp8", None, qk.GEMV_ACC | qk.GEMV_X_VEC, 2, 1024, 4)]
     bf16 = "*bf16"

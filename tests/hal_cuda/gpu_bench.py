@@ -164,14 +164,12 @@ def _attention_tunables(da: Any, cache: str, tile: tuple[int, ...]) -> Iterator[
     """decode_attention's (BLOCK_N, warps, stages) for this cache ("bf16", "fp8" words,
     "fp8_elements") set to `tile` for the block, restored after."""
     names = ("BLOCK_N", "NUM_WARPS", "NUM_STAGES", "FP8_BLOCK_N", "FP8_NUM_WARPS",
-             "FP8_NUM_STAGES", "FP8_AS_WORDS", "FP8_PERMUTE_K")
+             "FP8_NUM_STAGES", "FP8_AS_WORDS")
     saved = {n: getattr(da, n) for n in names}
     da.FP8_AS_WORDS = cache == "fp8"
     prefix = "FP8_" if cache == "fp8" else ""
-    for name, value in zip(("BLOCK_N", "NUM_WARPS", "NUM_STAGES"), tile[:3], strict=True):
+    for name, value in zip(("BLOCK_N", "NUM_WARPS", "NUM_STAGES"), tile, strict=True):
         setattr(da, prefix + name, value)
-    if len(tile) > 3:  # over fp8 words: the keys' words in the dot's order
-        da.FP8_PERMUTE_K = bool(tile[3])
     try:
         yield
     finally:
@@ -287,67 +285,6 @@ def _fp8_order_case(da: Any, q: torch.Tensor, kc16: torch.Tensor, vc16: torch.Te
         except Exception as exc:  # a tile that does not compile is a result too
             row[key] = {"error": repr(exc)[:300]}
     return row
-
-
-# (BLOCK_N, warps, stages) over fp8 words, each with the keys' words in memory's order and in
-# the dot's (FP8_PERMUTE_K); the default first.
-FP8_PERMUTE_TILES = ((64, 2, 3), (64, 4, 3), (64, 2, 2), (64, 4, 2), (128, 4, 2), (128, 8, 2),
-                     (32, 2, 3), (32, 4, 3))
-
-
-def decode_attention_permute_bench() -> dict[str, Any]:
-    """Decode attention's stage 1 over the fp8 cache (words) with the keys' words read in the
-    order the scores' dot takes them (FP8_PERMUTE_K) and in memory's, at several tiles, on B2's
-    and B3's spreads of context longest first and one request of 2048, the bf16 cache's
-    default beside: us, GB/s of the cache's bytes, and each variant's largest difference to
-    the default tile's output."""
-    from tessera.hal.cuda import decode_attention as da
-
-    hq, hk, d = 32, 8, 128
-    cases = {"b2_256": (256, 100, 2048), "b2_128": (128, 200, 2048),
-             "b3_c128_128": (128, 256, 1536), "b2_64": (64, 400, 2048),
-             "b2_32": (32, 600, 2048), "b1_2048": (1, 2048, 2048)}
-    gen = torch.Generator().manual_seed(0)
-    out: dict[str, Any] = {"shape": {"hq": hq, "hk": hk, "head_dim": d},
-                           "tiles": [list(t) for t in FP8_PERMUTE_TILES],
-                           "defaults": {"bf16": list(da.tunables(False)),
-                                        "fp8": list(da.tunables(True)),
-                                        "fp8_permute_k": da.FP8_PERMUTE_K}, "cases": {}}
-    for name, (batch, lo, hi) in cases.items():
-        lens_cpu = torch.randint(lo, hi + 1, (batch,), generator=gen, dtype=torch.int32)
-        q, kc16, vc16, rtt = _paged_decode_case(batch, hi, hq, hk, d)
-        desc = torch.argsort(lens_cpu, descending=True, stable=True)
-        q, rtt, lens = q[desc.cuda()].contiguous(), rtt[desc.cuda()].contiguous(), \
-            lens_cpu[desc].cuda()
-        kv_bytes = int(2 * lens_cpu.sum()) * hk * d * 2
-        case: dict[str, Any] = {"batch": batch, "context": [lo, hi],
-                                "splits": da.num_splits(batch, hk, q.device),
-                                "kv_bytes_bf16": kv_bytes}
-        us = graph_time_us(lambda q=q, kc=kc16, vc=vc16, rtt=rtt, lens=lens:
-                           da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5))
-        case["bf16_default"] = {"us": round(us, 2), "GBps": round(kv_bytes / us / 1e3)}
-        kc8, vc8 = kc16.to(torch.float8_e4m3fn), vc16.to(torch.float8_e4m3fn)
-        base = None
-        for tile in FP8_PERMUTE_TILES:
-            for permute in (False, True):
-                key = f"bn{tile[0]}_w{tile[1]}_s{tile[2]}{'_permk' if permute else ''}"
-                try:
-                    with _attention_tunables(da, "fp8", tile + (permute,)):
-                        got = da.attention_decode(q, kc8, vc8, rtt, lens, d ** -0.5)
-                        us = graph_time_us(lambda q=q, kc=kc8, vc=vc8, rtt=rtt, lens=lens:
-                                           da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5))
-                    base = got if base is None else base
-                    case[key] = {"us": round(us, 2), "GBps": round(kv_bytes / 2 / us / 1e3),
-                                 "max_diff": float((got.float() - base.float()).abs().max())}
-                except Exception as exc:  # a tile that does not compile is a result too
-                    case[key] = {"error": repr(exc)[:300]}
-        out["cases"][name] = case
-        print(f"decode attention permute {name}: "
-              + ", ".join(f"{k} {v.get('us', v)}" for k, v in case.items()
-                          if isinstance(v, dict)), flush=True)
-        del kc16, vc16, kc8, vc8
-        torch.cuda.empty_cache()
-    return out
 
 
 def decode_attention_order_bench() -> dict[str, Any]:

@@ -66,18 +66,13 @@ def test_decode_attention_bf16(seq_lens: list[int]) -> None:
     assert _rel(out, _ref_attention(c)) < 1e-2
 
 
-@pytest.mark.parametrize("permute_k", [False, True])  # FP8_PERMUTE_K
 @pytest.mark.parametrize("seq_lens", [[1], [4096], [17, 600, 2049, 3, 1024, 77, 4000, 256],
                                       [37 * (i % 9) + 1 for i in range(64)]])
-def test_decode_attention_fp8_cache(seq_lens: list[int], permute_k: bool,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_attention_fp8_cache(seq_lens: list[int]) -> None:
     """An e4m3 cache read as words (the hardware's e4m3x2 -> f16x2 conversion, float16 dots)
-    against the fp32 reference over the values the cache holds, the keys' words in the
-    dot's order (FP8_PERMUTE_K) and in memory's."""
-    from tessera.hal.cuda import decode_attention
+    against the fp32 reference over the values the cache holds."""
     from tessera.hal.cuda.decode_attention import attention_decode, fp8_words
 
-    monkeypatch.setattr(decode_attention, "FP8_PERMUTE_K", permute_k)
     c = _paged(seq_lens, [1] * len(seq_lens), torch.bfloat16, seed=len(seq_lens))
     for name in ("k_cache", "v_cache"):
         c[name] = (c[name].float() * 8).to(torch.float8_e4m3fn)  # normals and subnormals

@@ -15,7 +15,6 @@ from tessera.hal.rope import cos_sin_cache
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 _E4M3_WORDS_TO_F16 = None  # set by test_e4m3_words_bits_convert_exactly
-_PERMUTE_WORDS = _PERMUTED_DIMS = None  # set by test_permute_words_puts_each_lanes_k_....
 
 
 def _rand(*shape: int, seed: int) -> torch.Tensor:
@@ -227,15 +226,11 @@ def test_attention_decode(kernels: dict[str, ModuleType], monkeypatch: pytest.Mo
         torch.testing.assert_close(out, expected, **TOL)
 
 
-@pytest.mark.parametrize("permute_k", [False, True])
 @pytest.mark.parametrize("dim", [32, 24, 15])
-def test_attention_decode_fp8_cache(kernels: dict[str, ModuleType], dim: int, permute_k: bool,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_attention_decode_fp8_cache(kernels: dict[str, ModuleType], dim: int) -> None:
     """An e4m3 cache: even rows are read as uint16 words of two elements (their bits moved into
     float16, exactly, then fp32 as q), an odd row (15) element by element; against the fp32
-    reference over the values the cache holds. permute_k: the keys' words in the dot's order
-    and q in the same (FP8_PERMUTE_K; 24 wide, a row shorter than its block)."""
-    monkeypatch.setattr(kernels["decode_attention"], "FP8_PERMUTE_K", permute_k)
+    reference over the values the cache holds."""
     seq_lens = (1, 70, 5, 129)
     case = make_paged_case(seq_lens, (1,) * 4, 8, 2, dim, torch.float32, seed=15)
     k8 = (case.k_cache * 16).to(torch.float8_e4m3fn)  # normals, subnormals, both signs
@@ -509,38 +504,6 @@ def test_attention_decode_early_kv_loads_give_the_same_result(
                          qo_indptr=mixed.qo_indptr, splits=3)
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
-
-
-def test_permute_words_puts_each_lanes_k_indices_in_one_quarter(
-        kernels: dict[str, ModuleType]) -> None:
-    """permute_words / permuted_dims: element 16 j + 8 c + 2 a + b of the permuted row is the
-    row's element permuted_dims[k], every element once, and lane a's (the four of a tensor-core
-    B fragment's k indices 2 a + b + 8 c in each block of 16) all in quarter a."""
-    import triton
-    import triton.language as tl
-
-    global _PERMUTE_WORDS, _PERMUTED_DIMS  # a jitted function resolves names as globals
-    _PERMUTE_WORDS = kernels["decode_attention"].permute_words
-    _PERMUTED_DIMS = kernels["decode_attention"].permuted_dims
-
-    @triton.jit
-    def run(w_ptr, out_ptr, dims_ptr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-        r = tl.arange(0, BLOCK_N)[:, None] * (BLOCK_D // 2) + tl.arange(0, BLOCK_D // 2)[None, :]
-        tl.store(out_ptr + r, _PERMUTE_WORDS(tl.load(w_ptr + r), BLOCK_N, BLOCK_D))
-        tl.store(dims_ptr + tl.arange(0, BLOCK_D), _PERMUTED_DIMS(BLOCK_D))
-
-    for width in (32, 128):
-        elems = torch.arange(4 * width, dtype=torch.int32).view(4, width)
-        words = elems[:, 0::2] * 65536 + elems[:, 1::2]  # word j holds elements 2j, 2j+1
-        out = torch.empty_like(words)
-        dims = torch.empty(width, dtype=torch.int32)
-        run[(1,)](words, out, dims, BLOCK_N=4, BLOCK_D=width)
-        permuted = torch.stack((out // 65536, out % 65536), -1).reshape(4, width)
-        assert torch.equal(permuted, elems[:, dims.long()])
-        assert sorted(dims.tolist()) == list(range(width))
-        k = torch.arange(width)
-        lane = (k // 2) % 4
-        assert torch.equal(dims.long() // (width // 4), lane)
 
 
 def test_the_early_kv_switch(kernels: dict[str, ModuleType]) -> None:
