@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tessera.hal.cuda import env, pdl
+from tessera.hal.cuda import pdl
 from tessera.hal.cuda.pdl import enter as pdl_enter
 
 # Tunables, overridable by benchmarks (kept here so the graph runner and the bench agree).
@@ -56,13 +56,6 @@ def _heads_first(value: str | None) -> bool:
 
 
 HEADS_FIRST = _heads_first(os.environ.get(GRID_VARIABLE))
-# Under PDL, stage 1 may load its first key tile's slots and the K/V of every position but
-# the newest before its griddepcontrol.wait (EARLY_KV), so that latency overlaps the kernel
-# before. Off by default: checked on the H200 (session call 53: the PDL chain against plain
-# launches bit for bit) and measured there, B1 4.00 ms a step with it and without;
-# HAL_CUDA_DECODE_EARLY_KV=1 turns it on.
-EARLY_KV_VARIABLE = "HAL_CUDA_DECODE_EARLY_KV"
-EARLY_KV = env.switch(EARLY_KV_VARIABLE, False)
 MAX_SPLITS = 32
 LOG2E = 1.4426950408889634
 LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
@@ -171,9 +164,8 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
                    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_PREC: tl.constexpr, MIXED: tl.constexpr, FP8_WORDS: tl.constexpr,
                    ASM_CVT: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
-                   EARLY_KV: tl.constexpr = False, USE_PDL: tl.constexpr = False):
-    if not EARLY_KV:
-        pdl_enter(USE_PDL)
+                   USE_PDL: tl.constexpr = False):
+    pdl_enter(USE_PDL)
     if HEADS_FIRST:
         kh = tl.program_id(0)
         b = tl.program_id(1).to(tl.int64)
@@ -201,23 +193,6 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
     if FP8_WORDS and q_ptr.dtype.element_ty != tl.float32:
         DTYPE = tl.float16
     row_base = rtt_ptr + b * rtt_s0
-    if EARLY_KV:
-        # The first key tile's slots and the K/V of every position but the last, before the
-        # wait, while the kernel before still runs: the page table and the inputs were
-        # copied before the step, and those positions were stored by earlier steps; only the
-        # newest token's K/V (stored by the kernel just before, as is q) after it.
-        pos0 = start + tl.arange(0, BLOCK_N)
-        pmask0 = pos0 < end
-        slot0 = tl.load(row_base + pos0, mask=pmask0, other=0).to(tl.int64)
-        k0, v0 = _load_kv_tile(kc_ptr, vc_ptr, slot0, pmask0 & (pos0 < seq_len - 1), kh,
-                               c_s0, c_s1, HEAD_DIM, BLOCK_N, BLOCK_D, FP8_WORDS, ASM_CVT,
-                               DTYPE)
-        pdl_enter(USE_PDL)
-        k1, v1 = _load_kv_tile(kc_ptr, vc_ptr, slot0, pmask0 & (pos0 == seq_len - 1), kh,
-                               c_s0, c_s1, HEAD_DIM, BLOCK_N, BLOCK_D, FP8_WORDS, ASM_CVT,
-                               DTYPE)
-        k0 += k1  # each row is read in one of the two loads, zeros in the other
-        v0 += v1
 
     hrow = tl.arange(0, BLOCK_H)
     heads = kh * GROUP + hrow
@@ -233,13 +208,7 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    first = start
-    if EARLY_KV:
-        if start < end:
-            m_i, l_i, acc = _online_softmax_tile(q, k0, v0, pmask0, m_i, l_i, acc,
-                                                 scale_log2, logit_cap, HAS_CAP, DOT_PREC)
-        first = start + BLOCK_N
-    for n0 in range(first, end, BLOCK_N):
+    for n0 in range(start, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         pmask = pos < end
         slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
@@ -431,7 +400,7 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         DOT_PREC=dot_precision(q.dtype), MIXED=mixed, FP8_WORDS=words,
         ASM_CVT=words and asm_cvt(q.device), HEADS_FIRST=heads_first,
-        EARLY_KV=EARLY_KV and bool(pdl_options), num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages,
         **pdl_options)
     if n_split == 1:
         return

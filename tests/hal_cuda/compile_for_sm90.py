@@ -333,12 +333,6 @@ def pdl_cases() -> list[Case]:
     ]
     picked += [Case(fn.__name__, fn, _signature(fn, types, consts), consts, num_warps=warps)
                for fn, types, consts, warps in small]
-    # decode attention's stage 1 as it launches by default (EARLY_KV: its first key tile
-    # loaded before the wait) beside the strict variant above
-    picked += [Case(f"{c.name} EARLY_KV", c.fn, c.signature, {**c.consts, "EARLY_KV": True},
-                    num_warps=c.num_warps, divisible_by_16=c.divisible_by_16,
-                    num_stages=c.num_stages, max_shared=c.max_shared)
-               for c in picked if c.fn is da._decode_stage1]
     out = []
     for case in picked:
         consts = {**case.consts, "USE_PDL": True}
@@ -356,27 +350,17 @@ _MEMORY = ("ld.global", "st.global", "cp.async", "atom.", "red.", "ld.volatile",
            "ld.acquire")
 
 
-def pdl_order(ptx: str, prefetch: bool = False, early_loads: bool = False) -> str:
+def pdl_order(ptx: str, prefetch: bool = False) -> str:
     """'ok' when the kernel waits for the kernel before (griddepcontrol.wait) before any
     access to global memory but an L2 prefetch (which `prefetch` requires there), and then
-    lets the next one launch; else what is wrong. `early_loads`: plain loads may come
-    before the wait (decode attention's EARLY_KV: what no kernel of the step writes), never
-    a store, a copy or an atomic."""
+    lets the next one launch; else what is wrong."""
     lines = [ln.strip() for ln in ptx.splitlines()]
     waits = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")]
     releases = [i for i, ln in enumerate(lines)
                 if ln.startswith("griddepcontrol.launch_dependents")]
     if not waits or not releases:
         return "no griddepcontrol.wait / launch_dependents"
-    early = []
-    for ln in lines[:waits[0]]:
-        op = ln.split(None, 1)[1] if ln.startswith("@") and " " in ln else ln  # a predicate
-        if early_loads:  # the instruction itself: plain global loads allowed, shared too
-            touches = op.startswith(_MEMORY) and not op.startswith("ld.global")
-        else:
-            touches = any(m in ln for m in _MEMORY)
-        if touches:
-            early.append(ln)
+    early = [ln for ln in lines[:waits[0]] if any(m in ln for m in _MEMORY)]
     if early:
         return f"global memory touched before the wait: {early[:3]}"
     if releases[0] < waits[0]:
@@ -405,8 +389,7 @@ def main() -> int:
                 f"{shared} bytes of shared memory, more than {case.max_shared}"
             if pdl and results[case.name] == "ok":
                 results[case.name] = pdl_order(kernel.asm["ptx"],
-                                               prefetch="PREFETCH" in case.fn.arg_names,
-                                               early_loads=bool(case.consts.get("EARLY_KV")))
+                                               prefetch="PREFETCH" in case.fn.arg_names)
         except Exception as e:  # noqa: BLE001 - every kernel's outcome is reported
             results[case.name] = f"{type(e).__name__}: {e}"
     print(json.dumps(results))

