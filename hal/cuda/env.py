@@ -1,11 +1,12 @@
-"""The cuda plugin's on/off environment switches (HAL_CUDA_*), read one way."""
+"""The cuda plugin's on/off environment switches (HAL_CUDA_*), read one way: ON and OFF are
+the words every HAL_CUDA_* variable takes for on and off (the ones with more modes too)."""
 
 from __future__ import annotations
 
 import os
 
-_ON = ("1", "on", "true", "yes")
-_OFF = ("0", "off", "false", "no")
+ON = ("1", "on", "true", "yes")
+OFF = ("0", "off", "false", "no")
 
 
 def switch(variable: str, default: bool, value: str | None = None) -> bool:
@@ -16,7 +17,7 @@ def switch(variable: str, default: bool, value: str | None = None) -> bool:
     text = text.strip().lower()
     if not text:
         return default
-    if text not in _ON + _OFF:
+    if text not in ON + OFF:
         raise ValueError(f"{variable}={text!r}: expected 1 or 0 (unset: "
                          f"{'1' if default else '0'})")
-    return text in _ON
+    return text in ON

@@ -44,6 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tessera.hal.cuda import env
+
 VARIABLE = "HAL_CUDA_PDL"
 LINE_BYTES = 128  # an L2 line: one prefetch a line
 
@@ -57,9 +59,9 @@ def setting(value: str | None) -> str:
     L2 before their wait) or small (the GEMVs launched plainly, the other kernels with
     PDL)."""
     text = (value or "").strip().lower()
-    if text in ("", "1", "on", "true", "yes"):
+    if text == "" or text in env.ON:
         return "on"
-    if text in ("0", "off", "false", "no"):
+    if text in env.OFF:
         return "off"
     if text in MODES:
         return text

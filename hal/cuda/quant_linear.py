@@ -25,7 +25,7 @@ from dataclasses import replace
 import torch
 import triton
 
-from tessera.hal.cuda import native_gemv, pdl, quant_tune
+from tessera.hal.cuda import env, native_gemv, pdl, quant_tune
 from tessera.hal.cuda.quant_kernels import (
     FP8,
     GEMV_ACC,
@@ -286,8 +286,7 @@ def fusion_mode() -> str:
     norm kept a kernel of its own), or off (0: `fuses` says no, the model keeps its plain
     path)."""
     value = (os.environ.get(FUSION_VARIABLE) or "auto").strip().lower()
-    value = {"1": "all", "on": "all", "0": "off", "no": "off", "false": "off"}.get(value,
-                                                                                  value)
+    value = "all" if value in env.ON else "off" if value in env.OFF else value
     if value not in FUSION_MODES:
         raise ValueError(f"{FUSION_VARIABLE}={value!r}: expected one of "
                          f"{', '.join(FUSION_MODES)} (or 1 / 0)")
