@@ -58,6 +58,7 @@
 #   benchmarks/gpu_session.sh 52  # one H200:  b3 with the decodes longest first and as before, a third pair (~150 s)
 #   benchmarks/gpu_session.sh 53  # one H200:  decode attention's first key tile before its PDL wait, and its register prefetch: the kernel tests, the prefetch bench, b1 with EARLY_KV / without / with, b12 fp8 B2 over the fp8 cache with the prefetch and without (~450 s)
 #   benchmarks/gpu_session.sh 54  # one H200:  decode attention over the fp8 cache with the keys' words in the dot's order: the kernel tests, the permute bench, b12 fp8 B2 over the fp8 cache with it / without / with, b2, b3 (~450 s)
+#   benchmarks/gpu_session.sh 55  # one H200:  Nsight Compute over decode attention (bf16 / fp8 cache) and the projections (bf16, fp8, int4) (~200 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -91,7 +92,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-4])$ ]] || { echo "usage: $0 1|...|35, 37-54  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-5])$ ]] || { echo "usage: $0 1|...|35, 37-55  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -716,6 +717,13 @@ case $CALL in
       --kv-cache-dtype fp8_e4m3 --name b12_fp8kv_permk_again_h200
     part b2 110 45 b2 --name b2_call54_h200
     part b3 120 80 b3 --name b3_call54_h200
+    ;;
+  55)
+    # What the counters say (the first call with ncu): decode attention's stage 1 over B2's
+    # 256 requests, bf16 cache and fp8 (the fp8 one reads its bytes at 2.8 TB/s, the bf16 one
+    # at 4.35), and 32 requests over the fp8 cache at two tiles; the four projections at 256
+    # tokens (bf16 GEMM, fp8 W8A8) and one token (fp8, int4 GEMVs).
+    SUFFIX=h200 part ncu 400 200 ncu
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -60,7 +60,7 @@ mkdir -p "$OUT"
 parts=()
 while [[ $# -gt 0 && $1 != -* ]]; do parts+=("$1"); shift; done
 [[ ${#parts[@]} -gt 0 ]] || parts=(all)
-all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|attnbench|attnorder|pdlbench|hop|nativeprobe|fusionprobe|all"
+all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|attnbench|attnorder|ncu|pdlbench|hop|nativeprobe|fusionprobe|all"
 for part in "${parts[@]}"; do
   if [[ ! $part =~ ^($all_parts)$ ]]; then
     echo "usage: $0 [${all_parts//|/|} ...] [flags]" >&2
@@ -115,6 +115,35 @@ if [[ $DRY == 1 ]]; then
 fi
 
 run() { echo "+ $*" >&2; "$PY" -m tessera bench "$@"; }
+
+# Nsight Compute's full set of sections over the kernels of tests/hal_cuda/ncu_kernels.py
+# (NCU_TARGETS: attention, linears), the clocks left alone: each target's report, its
+# details page, every metric (raw, csv) and, for the Triton kernels, the SASS with its stall
+# samples a line (source, csv), into ncu_$SUFFIX/. Needs the GPU and ncu: skipped otherwise.
+ncu_part() {
+  local dir="$OUT/ncu_$SUFFIX" bin target
+  bin=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)}
+  if [[ $DRY == 1 || -z $bin ]]; then
+    echo "ncu: skipped (needs the GPU and Nsight Compute)" >&2
+    return
+  fi
+  mkdir -p "$dir"
+  for target in ${NCU_TARGETS:-attention linears}; do
+    echo "+ $bin ... tests/hal_cuda/ncu_kernels.py $target" >&2
+    if ! "$bin" --clock-control none --set full --import-source yes --nvtx --nvtx-include "ncu/" \
+        -f -o "$dir/$target" "$PY" tests/hal_cuda/ncu_kernels.py "$target" >"$dir/$target.log" 2>&1; then
+      tail -20 "$dir/$target.log" >&2
+      failed+=("ncu_$target")
+      continue
+    fi
+    "$bin" --import "$dir/$target.ncu-rep" --page details >"$dir/${target}_details.txt" 2>&1 || true
+    "$bin" --import "$dir/$target.ncu-rep" --page raw --csv >"$dir/${target}_raw.csv" 2>&1 || true
+    "$bin" --import "$dir/$target.ncu-rep" --page source --csv --print-source sass \
+      >"$dir/${target}_source.csv" 2>&1 || true
+    grep -E "^  [A-Za-z_].*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)" \
+      "$dir/${target}_details.txt" | head -200 >&2 || true
+  done
+}
 # Parts that keep the others going when they fail (the tests, b5, tpar, profile): named at the
 # end, and the exit code says so.
 failed=()
@@ -195,6 +224,7 @@ for part in "${parts[@]}"; do
     attnorder) echo "+ tests/hal_cuda/gpu_run.py --only=attention_order" >&2
                "$PY" tests/hal_cuda/gpu_run.py "$OUT/attention_order_$SUFFIX" --only=attention_order \
                  "${T_cpu[@]}" || { echo "attnorder: failed" >&2; failed+=(attnorder); } ;;
+    ncu) ncu_part ;;
     quanttests) gpu_pytest quanttests tests/hal_cuda/test_quant_gpu.py ${QUANT_FILES:-} ${QUANT_K:+-k "$QUANT_K"} \
                   "${T_quanttests[@]}" ;;
     moetests) gpu_pytest moetests tests/hal_cuda/test_kernels_gpu.py tests/hal_cuda/test_models_gpu.py \
