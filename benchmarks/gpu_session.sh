@@ -59,6 +59,7 @@
 #   benchmarks/gpu_session.sh 53  # one H200:  decode attention's first key tile before its PDL wait, and its register prefetch: the kernel tests, the prefetch bench, b1 with EARLY_KV / without / with, b12 fp8 B2 over the fp8 cache with the prefetch and without (~450 s)
 #   benchmarks/gpu_session.sh 54  # one H200:  decode attention over the fp8 cache with the keys' words in the dot's order: the kernel tests, the permute bench, b12 fp8 B2 over the fp8 cache with it / without / with, b2, b3 (~450 s)
 #   benchmarks/gpu_session.sh 55  # one H200:  Nsight Compute over decode attention (bf16 / fp8 cache) and the projections (bf16, fp8, int4) (~200 s)
+#   benchmarks/gpu_session.sh 56  # one H200:  the W8A8 tiles with more programs (64 x 64, K split, K steps of 256): their GPU tests, every fp8 candidate at 64-256 tokens beside bf16, b12 B2 bf16 / fp8, fp8 over the fp8 cache (~480 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -92,7 +93,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-5])$ ]] || { echo "usage: $0 1|...|35, 37-55  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-6])$ ]] || { echo "usage: $0 1|...|35, 37-56  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -724,6 +725,17 @@ case $CALL in
     # at 4.35), and 32 requests over the fp8 cache at two tiles; the four projections at 256
     # tokens (bf16 GEMM, fp8 W8A8) and one token (fp8, int4 GEMVs).
     SUFFIX=h200 part ncu 400 200 ncu
+    ;;
+  56)
+    # After call 55's counters: W8A8 tiles of 64 x 64, K steps of 256 and K splits of 2 in
+    # the tuner's lists at 64-256 tokens. Their GPU tests (every tuner candidate against
+    # the definition); every fp8 candidate of 64-256 tokens at the four shapes beside bf16
+    # (quant_kernels_w8a8_h200.json); B12's B2 in bf16 and fp8, then fp8 over the fp8 cache.
+    QUANT_K="(every_tuner_candidate and fp8) or w8a8" part quanttests 120 60 quanttests
+    QUANT_PARTS=w8a8 SUFFIX=w8a8_h200 part quantbench 180 120 quantbench
+    part b12b2 200 130 b12 --schemes bf16,fp8 --parts b2 --name b12_b2_call56_h200
+    part b12kv 130 90 b12 --schemes fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
+      --name b12_fp8kv_call56_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

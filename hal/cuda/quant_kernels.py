@@ -240,7 +240,12 @@ def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, xs_ptr, M, N, K, x_
                  out_s0, KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
                  HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-                 HALF: tl.constexpr, NIB_BIAS: tl.constexpr):
+                 HALF: tl.constexpr, NIB_BIAS: tl.constexpr, SPLIT_K: tl.constexpr = 1):
+    # SPLIT_K > 1: as in qgemm_wt_kernel, program (n, m, s) sums the s-th of SPLIT_K runs of
+    # K tiles into a float32 partial [SPLIT_K, M, N] at out_ptr (every scale applied: they
+    # are linear), and splitk_sum_kernel adds them in order with the bias. A weight with few
+    # output rows (o, down: 4096) then runs more than one program a multiprocessor at 256
+    # tokens (ncu, call 55: one W8A8 program an SM, each waiting on its own wgmma).
     # A_FP8 (fp8 weights only, W8A8): x holds e4m3 activations scaled per row by xs; the dot
     # runs on the fp8 tensor cores and both scales are applied to the float32 sums.
     # HALF (int4, "halves<T>" with BLOCK_K == T == 2 HALF): the low nibbles of the tile's
@@ -252,6 +257,12 @@ def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, xs_ptr, M, N, K, x_
     # program ids: N fastest, so the programs running together share the same x rows
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    k_start = 0
+    k_end = K
+    if SPLIT_K > 1:
+        k_tiles = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
+        k_start = tl.program_id(2) * k_tiles * BLOCK_K
+        k_end = tl.minimum(K, k_start + k_tiles * BLOCK_K)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
@@ -261,7 +272,7 @@ def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, xs_ptr, M, N, K, x_
     s_rows = rn.to(tl.int64) * s_s0
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     xsum = tl.zeros([BLOCK_M], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_start, k_end, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         kmask = k < K
         if KIND == 2 and HALF > 1:
@@ -311,10 +322,14 @@ def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, xs_ptr, M, N, K, x_
         if KIND == 2:
             o_row = tl.load(o_ptr + s_rows, mask=nmask, other=0.0) - NIB_BIAS * s_row
             acc += xsum[:, None] * o_row[None, :]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
-    out = out_ptr + rm[:, None].to(tl.int64) * out_s0 + rn[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+    if SPLIT_K > 1:  # the float32 partial, into the workspace [SPLIT_K, M, N]
+        part_out = out_ptr + (tl.program_id(2) * M + rm[:, None]).to(tl.int64) * N + rn[None, :]
+        tl.store(part_out, acc, mask=mmask[:, None] & nmask[None, :])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        out = out_ptr + rm[:, None].to(tl.int64) * out_s0 + rn[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
 
 @triton.jit

@@ -149,8 +149,8 @@ def qgemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, block_
     """Several tokens. w8a8 (fp8 weights): the activations are quantized per token to e4m3
     first (or come quantized: x e4m3 with x_scales [M, 1]) and the dot runs in fp8.
     weights_as_a: qgemm_wt_kernel (the weight tile as the dot's first operand; not with
-    w8a8, and int4 only in "halves" tiles), its K split split_k ways (float32 partials in
-    a workspace, summed in order by a second kernel)."""
+    w8a8, and int4 only in "halves" tiles). Either kernel splits K split_k ways (float32
+    partials in a workspace, summed in order by a second kernel)."""
     m = x.shape[0]
     n, k = w.shape
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
@@ -176,17 +176,18 @@ def qgemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, block_
                   HALF=half, NIB_BIAS=NIB_BIAS.get(x.dtype, 0.0) if half > 1 else 0.0,
                   num_warps=num_warps, num_stages=num_stages)
     strides = (x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0))
-    if not weights_as_a:
-        qgemm_kernel[grid](x, *weight, out, xs, m, n, k, *strides, A_FP8=w8a8, **consts)
-        return out
-    if w8a8 or (w.scheme == "int4" and half == 1):
+    if weights_as_a and (w8a8 or (w.scheme == "int4" and half == 1)):
         raise ValueError("weights as the first operand: not with W8A8, and int4 only in "
                          "'halves' tiles")
     split_k = max(1, min(split_k, triton.cdiv(k, block_k)))
     target = out if split_k == 1 else \
         torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
-    qgemm_wt_kernel[grid + (split_k,)](x, *weight, target, m, n, k, *strides, SPLIT_K=split_k,
-                                       **consts)
+    if not weights_as_a:
+        qgemm_kernel[grid + (split_k,)](x, *weight, target, xs, m, n, k, *strides, A_FP8=w8a8,
+                                        SPLIT_K=split_k, **consts)
+    else:
+        qgemm_wt_kernel[grid + (split_k,)](x, *weight, target, m, n, k, *strides,
+                                           SPLIT_K=split_k, **consts)
     if split_k > 1:
         splitk_sum_kernel[(triton.cdiv(m * n, 1024),)](
             target, weight[3], out, m, n, SPLIT_K=split_k, HAS_BIAS=bias is not None,

@@ -139,10 +139,18 @@ W8A8_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
     32: [(32, 32, 128, 4, 4), (32, 128, 128, 4, 4, A8), (32, 64, 128, 4, 4, WT, 4),
          (32, 64, 128, 4, 4, WT, 2), SCALED_MM],
     64: [(64, 128, 128, 8, 3, A8), (64, 64, 128, 4, 4, A8), (64, 64, 128, 4, 4, WT, 4),
-         SCALED_MM],
-    128: [(128, 128, 128, 8, 3, A8), (64, 128, 128, 4, 4, A8), SCALED_MM],
-    256: [(64, 128, 128, 4, 4, A8), (128, 128, 128, 8, 3, A8), SCALED_MM],
+         (64, 128, 128, 4, 4, A8, 2), (64, 64, 256, 4, 3, A8), SCALED_MM],
+    128: [(128, 128, 128, 8, 3, A8), (64, 128, 128, 4, 4, A8), (64, 64, 128, 4, 4, A8),
+          (64, 128, 256, 4, 3, A8), (64, 128, 128, 4, 4, A8, 2), SCALED_MM],
+    256: [(64, 128, 128, 4, 4, A8), (128, 128, 128, 8, 3, A8), (64, 64, 128, 4, 4, A8),
+          (64, 128, 256, 4, 3, A8), (64, 128, 128, 4, 4, A8, 2), (128, 128, 128, 8, 3, A8, 2),
+          SCALED_MM],
 }
+# Added at 64-256 tokens after call 55's counters (ncu_h200/): at 256 tokens the W8A8 tiles
+# ran 28-33% of the SM's issue rate and 25-50% of HBM's, one program an SM for o and down
+# (128 programs of 64 x 128) with each warpgroup waiting on its own wgmma, and qkv's 192
+# programs one and a half waves. More programs (64 x 64, a K split of 2: float32 partials)
+# and longer K steps (256: half the float32 adds of the 128-wide chunks' sums).
 
 
 def tile(config: tuple[int, ...]) -> tuple[int, int, int, int, int]:
@@ -153,8 +161,9 @@ def tile(config: tuple[int, ...]) -> tuple[int, int, int, int, int]:
 
 
 def is_w8a8(config: tuple[int, ...]) -> bool:
-    """An fp8 config that quantizes the activations: a tile flagged A8, or SCALED_MM."""
-    return config == SCALED_MM or (len(config) == 6 and config[5] == A8)
+    """An fp8 config that quantizes the activations: a tile flagged A8 (a 7th entry is its K
+    split), or SCALED_MM."""
+    return config == SCALED_MM or (len(config) >= 6 and config[5] == A8)
 
 
 def is_wt(config: tuple[int, ...]) -> bool:
@@ -163,7 +172,8 @@ def is_wt(config: tuple[int, ...]) -> bool:
 
 
 def split_k(config: tuple[int, ...]) -> int:
-    return config[6] if is_wt(config) and len(config) == 7 else 1
+    """A WT or A8 tile's K split: its 7th entry, else 1."""
+    return config[6] if len(config) == 7 and config[5] in (A8, WT) else 1
 
 
 def run_gemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,

@@ -9,6 +9,8 @@ pytest module.
 
     python3 tests/hal_cuda/gpu_quant_bench.py OUT.json          # on the GPU, a few minutes
     QUANT_INT4_GROUP=row ... (int4 with one scale a row instead of groups of 128)
+    QUANT_PARTS=w8a8 ...     (only every fp8 candidate of 64-256 tokens at the four shapes,
+                              beside bf16: w8a8_sweep)
     python3 tests/hal_cuda/gpu_quant_bench.py OUT.json --cpu    # dry run: tiny shapes, Triton's
                                                                 # interpreter (TRITON_INTERPRET=1)
 
@@ -185,6 +187,43 @@ def gemm_candidates(setup: Setup, scheme: str, n_out: int, n_in: int, batch: int
     return {"candidates": rows, "fastest": fastest, "tuner_pick": pick}
 
 
+W8A8_BATCHES = (64, 128, 256)
+
+
+def w8a8_sweep(setup: Setup, res: dict[str, Any], save: Callable[[], None]) -> None:
+    """QUANT_PARTS=w8a8: every fp8 candidate of several tokens (W8A16, W8A8 tiles, K splits,
+    cuBLASLt) at each of the four shapes and 64, 128 and 256 tokens, beside bf16's library
+    GEMM on the same shape, into res["w8a8"]["<shape> b<batch>"]; and per batch the step's
+    linears (32 layers, no LM head) at the tuner's picks against bf16's, res["w8a8_step"]."""
+    import torch.nn.functional as F
+
+    res["w8a8"], res["w8a8_step"] = {}, {}
+    batches = W8A8_BATCHES if setup.dev.type == "cuda" else (3,)
+    for batch in batches:
+        step = {"bf16_ms": 0.0, "fp8_pick_ms": 0.0, "fp8_fastest_ms": 0.0}
+        for name, (n_out, n_in) in setup.shapes.items():
+            r = gemm_candidates(setup, "fp8", n_out, n_in, batch)
+            dense = [torch.randn((n_out, n_in), device=setup.dev, dtype=setup.dtype) * 0.02
+                     for _ in range(3)]
+            x = torch.randn((batch, n_in), device=setup.dev, dtype=setup.dtype)
+            r["bf16_us"] = setup.timer(lambda w, x=x: F.linear(x, w), dense)
+            del dense
+            timed = {tuple(c["config"]): c["us"] for c in r["candidates"] if "us" in c}
+            pick_us = timed.get(tuple(r["tuner_pick"]), float("nan"))
+            step["bf16_ms"] += 32 * r["bf16_us"] / 1e3
+            step["fp8_pick_ms"] += 32 * pick_us / 1e3
+            step["fp8_fastest_ms"] += 32 * min(timed.values(), default=float("nan")) / 1e3
+            res["w8a8"][f"{name} b{batch}"] = r
+            save()
+            print(f"w8a8 {name} b{batch}: bf16 {r['bf16_us']:.1f} us; " + ", ".join(
+                f"{c['config']} {c['us']:.1f}" if "us" in c else f"{c['config']} error"
+                for c in r["candidates"]) + f"; pick {r['tuner_pick']}",
+                file=sys.stderr, flush=True)
+        res["w8a8_step"][f"b{batch}"] = step
+        save()
+        print(f"w8a8 step linears b{batch}: {step}", file=sys.stderr, flush=True)
+
+
 def linears(setup: Setup, platform: Any, res: dict[str, Any],
             save: Callable[[], None]) -> None:
     """Every scheme through the plugin's linear op at each batch, into res["b<batch>"]."""
@@ -250,6 +289,10 @@ def main(argv: list[str]) -> int:
         res["tuned"] = {str(k): list(v) for k, v in autotune.chosen.items()}
         out.write_text(json.dumps(res, indent=1) + "\n")
 
+    if os.environ.get("QUANT_PARTS") == "w8a8":
+        w8a8_sweep(setup, res, save)
+        save()
+        return 0
     # the candidates first: which formulation wins is what this run is for
     for scheme in GEMV_SCHEMES:
         per_shape: dict[str, Any] = {}

@@ -149,8 +149,8 @@ def test_a_split_count_the_merge_cannot_hold_is_refused(kernels: dict[str, Modul
 
 def test_quantized_gemm_launches_do_not_follow_the_token_count(
         kernels: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The quantized GEMMs (qgemm, its weights-as-A form with and without a K split, the
-    split's sum) take the token count M unspecialized: every batch of a bucket, 2 to 2048
+    """The quantized GEMMs (qgemm, W8A8 split too, its weights-as-A form with and without a
+    K split, the split's sum) take the token count M unspecialized: every batch of a bucket, 2 to 2048
     tokens, selects the one kernel its tuned tile compiled (a 1025-token prefill chunk once
     compiled one mid-serving on the H200, 1.9 s)."""
     from tessera.hal.quant import quantize
@@ -168,6 +168,9 @@ def test_quantized_gemm_launches_do_not_follow_the_token_count(
         ql.qgemm(x, w4, None, 64, 64, 128, 4, 4, weights_as_a=True)
         ql.qgemm(x, w4, None, 64, 64, 128, 4, 4, weights_as_a=True, split_k=2)
         ql.qgemm(x, w8, None, 64, 64, 128, 4, 4, weights_as_a=True)
+        ql.qgemm(torch.zeros((m, 256), dtype=torch.float8_e4m3fn), w8, None, 64, 64, 128, 4,
+                 4, w8a8=True, x_scales=torch.ones((m, 1)), split_k=2)
     counts = {name: len(r.keys) for name, r in rec.items()}
-    # qgemm: the int4 tile; WT: int4 whole, int4 split, fp8; the split's sum: one
-    assert counts == {"qgemm_kernel": 1, "qgemm_wt_kernel": 3, "splitk_sum_kernel": 1}, counts
+    # qgemm: the int4 tile, the W8A8 split; WT: int4 whole, int4 split, fp8; the split's
+    # sum: one
+    assert counts == {"qgemm_kernel": 2, "qgemm_wt_kernel": 3, "splitk_sum_kernel": 1}, counts

@@ -117,7 +117,7 @@ def test_both_w8a8_paths(m: int) -> None:
     assert _rel(fp8_scaled_mm(x, w, None), ref) < 1e-2
 
 
-@pytest.mark.parametrize("m", [1, 16, 32, 64, 256])
+@pytest.mark.parametrize("m", [1, 16, 32, 64, 128, 256])
 @pytest.mark.parametrize("scheme", ["fp8", "int4"])
 def test_every_tuner_candidate(scheme: str, m: int) -> None:
     """The tuner may pick any candidate for a shape and batch: each must compute the

@@ -184,6 +184,16 @@ def test_w8a8_fp8_dot(kernels: dict[str, ModuleType], m: int) -> None:
     out = ql.qgemm(xq, w, bias, 32, 32, 32, 4, 1, w8a8=True, x_scales=xs,
                    out_dtype=torch.float32)
     torch.testing.assert_close(out, fp8_w8a8_reference(x, w, bias), **TOL)
+    # K split 2 and 3 ways (8 tiles of 32: 4 + 4, 3 + 3 + 2): float32 partials with both
+    # scales applied, summed with the bias once
+    for split in (2, 3):
+        out = ql.qgemm(xq, w, bias, 32, 32, 32, 4, 1, w8a8=True, x_scales=xs,
+                       out_dtype=torch.float32, split_k=split)
+        torch.testing.assert_close(out, fp8_w8a8_reference(x, w, bias), **TOL,
+                                   msg=lambda msg, s=split: f"split {s}: {msg}")
+    # and the W8A16 form (the weight converted to x's dtype), split
+    out = ql.qgemm(x, w, bias, 16, 32, 64, 4, 2, split_k=2)
+    torch.testing.assert_close(out, quant_linear_reference(x, w, bias), **TOL)
 
 
 def test_act_order_input_permutation(kernels: dict[str, ModuleType]) -> None:
@@ -362,11 +372,43 @@ def test_every_listed_gemm_tile_runs(kernels: dict[str, ModuleType]) -> None:
                 xq, xs = quantize_activations_fp8(x)
                 out = kernels["quant_linear"].qgemm(xq, w8, None, *quant_tune.tile(cfg),
                                                     w8a8=True, x_scales=xs,
-                                                    out_dtype=torch.float32)
+                                                    out_dtype=torch.float32,
+                                                    split_k=quant_tune.split_k(cfg))
                 want = fp8_w8a8_reference(x, w8)
             else:
                 out, want = quant_tune.run_fp8(x, w8, None, cfg), quant_linear_reference(x, w8)
             torch.testing.assert_close(out, want, **TOL, msg=lambda m, c=cfg: f"{c}: {m}")
+
+
+def test_every_w8a8_tile_quantizes_the_activations_and_splits_as_listed(
+        kernels: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_fp8 under each fp8 tile flagged A8 (K split or not) quantizes the activations to
+    e4m3 first, and sums float32 partials exactly when the tile lists a split: a flag or a
+    split read wrongly would still compute the definition through another path."""
+    from tessera.hal.cuda import quant_tune
+
+    ql = kernels["quant_linear"]
+    calls: list[str] = []
+    quantize_rows, sums = ql.quantize_rows_fp8, ql.splitk_sum_kernel
+
+    class SumRecorder:
+        def __getitem__(self, grid: object) -> object:
+            calls.append("sum")
+            return sums[grid]
+
+    monkeypatch.setattr(ql, "quantize_rows_fp8",
+                        lambda *a, **k: calls.append("quantize") or quantize_rows(*a, **k))
+    monkeypatch.setattr(ql, "splitk_sum_kernel", SumRecorder())
+    w8 = ql.prepare(_weight("fp8", None, 24, 256, seed=63))
+    x = _x(5, 256, seed=64)
+    tiles = {c for cands in quant_tune.W8A8_CANDIDATES.values() for c in cands
+             if len(c) >= 6 and c[5] == quant_tune.A8}
+    assert any(len(c) == 7 for c in tiles)  # the lists hold split W8A8 tiles
+    for cfg in sorted(tiles):
+        calls.clear()
+        quant_tune.run_fp8(x, w8, None, cfg)
+        split = cfg[6] if len(cfg) == 7 else 1
+        assert calls == ["quantize"] + ["sum"] * (split > 1), (cfg, calls)
 
 
 @pytest.mark.parametrize("scheme,group,k", [("int4", 32, 256), ("int4", None, 256),
