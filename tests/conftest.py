@@ -13,16 +13,13 @@ import pytest
 
 # Idle OpenMP threads sleep instead of spinning (what the engine's own processes do,
 # hal/host_threads.py): under pytest-xdist two test processes share the cores, and one's
-# spinning threads held them through the other's time slices. Read once, when torch loads.
+# spinning threads held them through the other's time slices (the default model's parity
+# fixture, transformers' greedy tokens: 119 s spinning, 34 s passive). Read once, when torch
+# loads. Each process keeps torch's threads: while one waits on an engine it started, the
+# other's ops may use the idle core.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
-
-# Each of run_tests.sh's test processes takes its share of the cores for its own torch ops
-# (the engines a test starts set their own, per rank).
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))
-                              // max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 
 # Triton decides at import whether its jit functions (its own library's too) are compiled or
 # interpreted, so on a machine without a GPU the interpreter must be chosen before anything in
