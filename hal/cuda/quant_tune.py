@@ -141,16 +141,18 @@ W8A8_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
     64: [(64, 128, 128, 8, 3, A8), (64, 64, 128, 4, 4, A8), (64, 64, 128, 4, 4, WT, 4),
          (64, 128, 128, 4, 4, A8, 2), (64, 64, 256, 4, 3, A8), SCALED_MM],
     128: [(128, 128, 128, 8, 3, A8), (64, 128, 128, 4, 4, A8), (64, 64, 128, 4, 4, A8),
-          (64, 128, 256, 4, 3, A8), (64, 128, 128, 4, 4, A8, 2), SCALED_MM],
-    256: [(64, 128, 128, 4, 4, A8), (128, 128, 128, 8, 3, A8), (64, 64, 128, 4, 4, A8),
-          (64, 128, 256, 4, 3, A8), (64, 128, 128, 4, 4, A8, 2), (128, 128, 128, 8, 3, A8, 2),
-          SCALED_MM],
+          (64, 128, 128, 4, 4, A8, 2), SCALED_MM],
+    256: [(64, 128, 128, 4, 4, A8), (128, 128, 128, 8, 3, A8), SCALED_MM],
 }
-# Added at 64-256 tokens after call 55's counters (ncu_h200/): at 256 tokens the W8A8 tiles
-# ran 28-33% of the SM's issue rate and 25-50% of HBM's, one program an SM for o and down
-# (128 programs of 64 x 128) with each warpgroup waiting on its own wgmma, and qkv's 192
-# programs one and a half waves. More programs (64 x 64, a K split of 2: float32 partials)
-# and longer K steps (256: half the float32 adds of the 128-wide chunks' sums).
+# At 64 and 128 tokens, W8A8 tiles with more programs: a K split of 2 (float32 partials),
+# 64 x 64, K steps of 256. Call 55's counters had the W8A8 tiles at 256 tokens running
+# less than one wave of programs (o, qkv, down). In graphs (call 56,
+# quant_kernels_w8a8_h200.json), us with the activations' quantization: the split was the
+# fastest for down at 128 tokens (38.9 against cuBLASLt's 44.4; bf16 36.9) and at 64 (36.8,
+# the WT split 37.0), 64 x 64 for o at 128 (16.1 against 16.8) and K steps of 256 for qkv
+# and o at 64 (15.5 and 14.7 against 17.2 and 15.4). At 256 tokens cuBLASLt stayed the
+# fastest on every shape (qkv 17.9, o 17.5, gate_up 57.2, down 46.5; bf16 21.4, 17.3, 87.9,
+# 47.4) and none of the five new tiles came within 4% of it but on o: none is listed there.
 
 
 def tile(config: tuple[int, ...]) -> tuple[int, int, int, int, int]:
