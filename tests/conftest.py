@@ -49,32 +49,3 @@ def run_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield root
     shutil.rmtree(root, ignore_errors=True)
 
-
-# The modules that take longest (seconds in `run_tests.sh --durations=0` on a 2-core machine
-# at 195708c), run first: pytest-xdist hands out whole modules (--dist loadscope) in this
-# order, so the short ones fill in at the end instead of one long module running alone there.
-SLOW_MODULES = {
-    "tests/server/test_apps_e2e.py": 240,
-    "tests/offline/test_parallel_engine.py": 200,
-    "tests/hal_cuda/test_kernels_compile.py": 185,
-    "tests/worker_proc/test_parity_default.py": 160,
-    "tests/test_engine_faults.py": 140,
-    "tests/offline/test_offline_engine.py": 135,
-    "tests/bus/test_replicas.py": 70,
-    "tests/benchmarks/test_bench_engine.py": 65,
-    "tests/server/test_e2e.py": 65,
-    "tests/hal_cuda/test_quant_interpreted.py": 60,
-    "tests/hal_cuda/test_kernels_interpreted.py": 60,
-    "tests/benchmarks/test_bench_quant.py": 60,
-    "tests/offline/test_quantized_default.py": 55,
-    "tests/benchmarks/test_b5.py": 50,
-    "tests/benchmarks/test_bench_spec.py": 50,
-}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The slowest modules first (SLOW_MODULES), the rest in collection order."""
-    def weight(item: pytest.Item) -> int:
-        return -SLOW_MODULES.get(item.nodeid.split("::", 1)[0], 0)
-
-    items.sort(key=weight)  # stable: each module's tests keep their order
