@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
-# Idle OpenMP threads sleep instead of spinning (what the engine's own processes do,
-# hal/host_threads.py): under pytest-xdist two test processes share the cores, and one's
-# spinning threads held them through the other's time slices (the default model's parity
-# fixture, transformers' greedy tokens: 119 s spinning, 34 s passive). Read once, when torch
-# loads. Each process keeps torch's threads: while one waits on an engine it started, the
-# other's ops may use the idle core.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from tessera.hal import host_threads
+
+# Idle OpenMP threads sleep instead of spinning, as in the engine's own processes: under
+# pytest-xdist two test processes share the cores, and one's spinning threads held them
+# through the other's time slices (the default model's parity fixture, transformers' greedy
+# tokens: 119 s spinning, 34 s passive). Before torch loads, which reads it once. Each process
+# keeps torch's threads: while one waits on an engine it started, the other's ops may use the
+# idle core.
+host_threads.set_wait_policy()
 
 import torch  # noqa: E402
 
@@ -48,4 +50,3 @@ def run_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("TESSERA_RUN_ROOT", str(root))
     yield root
     shutil.rmtree(root, ignore_errors=True)
-

@@ -152,7 +152,7 @@ W8A8_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
 # the WT split 37.0), 64 x 64 for o at 128 (16.1 against 16.8) and K steps of 256 for qkv
 # and o at 64 (15.5 and 14.7 against 17.2 and 15.4). At 256 tokens cuBLASLt stayed the
 # fastest on every shape (qkv 17.9, o 17.5, gate_up 57.2, down 46.5; bf16 21.4, 17.3, 87.9,
-# 47.4) and none of the five new tiles came within 4% of it but on o: none is listed there.
+# 47.4), the new tiles 4-163% slower: none of them is listed there.
 
 
 def tile(config: tuple[int, ...]) -> tuple[int, int, int, int, int]:
