@@ -128,6 +128,8 @@ def new_result(workload: str, config: dict[str, Any], device: str | None = None)
         "commit": git_commit(),
         "versions": versions(),
         "config": portable_paths({k: v for k, v in config.items() if v is not None}),
+        # The plugins' switches for A/B runs (HAL_CUDA_DECODE_FP8_TILE, ...) set for this run.
+        "plugin_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HAL_")},
         "figures": {},
     }
 

@@ -60,6 +60,7 @@
 #   benchmarks/gpu_session.sh 54  # one H200:  decode attention over the fp8 cache with the keys' words in the dot's order: the kernel tests, the permute bench, b12 fp8 B2 over the fp8 cache with it / without / with, b2, b3 (~450 s)
 #   benchmarks/gpu_session.sh 55  # one H200:  Nsight Compute over decode attention (bf16 / fp8 cache) and the projections (bf16, fp8, int4) (~120 s)
 #   benchmarks/gpu_session.sh 56  # one H200:  the W8A8 tiles with more programs (64 x 64, K split, K steps of 256): their GPU tests, every fp8 candidate at 64-256 tokens beside bf16, b12 B2 bf16 / fp8, fp8 over the fp8 cache (~170 s; at 175e3df, whose 256-token W8A8 tiles 5f18619 dropped)
+#   benchmarks/gpu_session.sh 57  # one H200:  decode attention over the fp8 cache under a register cap (maxnreg): the kernel tests, the tile bench, b12 fp8 B2 over the fp8 cache at its fastest tile / the default / the fastest (~330 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -93,7 +94,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-6])$ ]] || { echo "usage: $0 1|...|35, 37-56  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-7])$ ]] || { echo "usage: $0 1|...|35, 37-57  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -736,6 +737,23 @@ case $CALL in
     part b12b2 200 130 b12 --schemes bf16,fp8 --parts b2 --name b12_b2_call56_h200
     part b12kv 130 90 b12 --schemes fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
       --name b12_fp8kv_call56_h200
+    ;;
+  57)
+    # Decode attention over the fp8 cache under a register cap (FP8_MAXNREG, Triton's
+    # maxnreg): call 55 found the default tile at 182 registers, four programs and 8 warps an
+    # SM. The decode-attention GPU tests (the fp8 one at capped tiles too); the tile bench;
+    # then B12's fp8 B2 over the fp8 cache at the bench's fastest tile over B2's batches
+    # (HAL_CUDA_DECODE_FP8_TILE), at the default, and at the fastest again.
+    KERNELS_K="decode_attention" part kernels 90 50 kernels
+    SUFFIX=h200 part attnregs 180 100 attnregs
+    tile=$("$PY" benchmarks/pick_tile.py "$RES/attention_regs_h200/gpu_run.json" 2>>"$LOG")
+    say "fastest fp8 tile over B2's batches: ${tile:-none (the default kept)}"
+    HAL_CUDA_DECODE_FP8_TILE=${tile:-64,2,3} part b12tile 100 45 b12 --schemes fp8 --parts b2 \
+      --kv-cache-dtype fp8_e4m3 --name b12_fp8kv_tile_call57_h200
+    part b12kv 100 45 b12 --schemes fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
+      --name b12_fp8kv_call57_h200
+    HAL_CUDA_DECODE_FP8_TILE=${tile:-64,2,3} part b12tile2 100 45 b12 --schemes fp8 --parts b2 \
+      --kv-cache-dtype fp8_e4m3 --name b12_fp8kv_tile_again_call57_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

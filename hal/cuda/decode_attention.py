@@ -37,6 +37,10 @@ NUM_STAGES = 3
 FP8_BLOCK_N = 64
 FP8_NUM_WARPS = 2
 FP8_NUM_STAGES = 3
+# Registers a thread of the fp8 tile may hold (Triton's `maxnreg`; None: what ptxas picks). At
+# the default tile call 55's counters found 182 registers and 39 KB of shared memory a
+# program: four programs, 8 warps an SM, too few to cover the loads.
+FP8_MAXNREG: int | None = None
 FP8_AS_WORDS = True  # False: an fp8 cache read element by element (the benchmarks' before)
 # Stage 1's grid order. The chip hands out programs in the order of their linear index, the
 # grid's first dimension fastest. HEADS_FIRST (the default) puts the KV heads there, so one
@@ -56,6 +60,33 @@ def _heads_first(value: str | None) -> bool:
 
 
 HEADS_FIRST = _heads_first(os.environ.get(GRID_VARIABLE))
+# The fp8 tile for A/B runs: HAL_CUDA_DECODE_FP8_TILE=BLOCK_N,WARPS,STAGES[,MAXNREG].
+FP8_TILE_VARIABLE = "HAL_CUDA_DECODE_FP8_TILE"
+
+
+def parse_tile(value: str) -> tuple[int, int, int, int | None]:
+    """(BLOCK_N, warps, stages, maxnreg or None) from "64,2,3" or "32,2,3,128"."""
+    parts = [p.strip() for p in value.split(",")]
+    try:
+        nums = [int(p) for p in parts]
+    except ValueError:
+        nums = []
+    ok = len(nums) in (3, 4) and all(n > 0 for n in nums)
+    if ok:
+        block_n, warps, stages = nums[:3]
+        ok = block_n >= 16 and block_n & (block_n - 1) == 0 and warps in (1, 2, 4, 8, 16)
+    if ok and len(nums) == 4:
+        ok = 24 <= nums[3] <= 255
+    if not ok:
+        raise ValueError(f"{FP8_TILE_VARIABLE}={value!r}: expected BLOCK_N,WARPS,STAGES[,MAXNREG] "
+                         f"(BLOCK_N a power of two >= 16, warps 1-16 a power of two, maxnreg "
+                         f"24-255)")
+    return nums[0], nums[1], nums[2], (nums[3] if len(nums) == 4 else None)
+
+
+if os.environ.get(FP8_TILE_VARIABLE):
+    FP8_BLOCK_N, FP8_NUM_WARPS, FP8_NUM_STAGES, FP8_MAXNREG = parse_tile(
+        os.environ[FP8_TILE_VARIABLE])
 MAX_SPLITS = 32
 LOG2E = 1.4426950408889634
 LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
@@ -298,11 +329,12 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def tunables(words: bool) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) of stage 1: the fp8-words ones or the others."""
+def tunables(words: bool) -> tuple[int, int, int, int | None]:
+    """(BLOCK_N, num_warps, num_stages, maxnreg) of stage 1: the fp8-words ones or the
+    others (maxnreg None: the compiler's choice)."""
     if words:
-        return FP8_BLOCK_N, FP8_NUM_WARPS, FP8_NUM_STAGES
-    return BLOCK_N, NUM_WARPS, NUM_STAGES
+        return FP8_BLOCK_N, FP8_NUM_WARPS, FP8_NUM_STAGES, FP8_MAXNREG
+    return BLOCK_N, NUM_WARPS, NUM_STAGES, None
 
 
 def fp8_words(*caches: torch.Tensor) -> bool:
@@ -386,8 +418,10 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     words = fp8_words(k_cache, v_cache)
     if words:
         k_cache, v_cache = k_cache.view(torch.uint16), v_cache.view(torch.uint16)
-    block_n, num_warps, num_stages = tunables(words)
+    block_n, num_warps, num_stages, maxnreg = tunables(words)
     pdl_options = pdl.launch_options()
+    if maxnreg is not None:
+        pdl_options = {**pdl_options, "maxnreg": maxnreg}
     heads_first = HEADS_FIRST and batch <= 65535  # a grid's second dimension holds 65535
     grid = (kv_heads, batch, n_split) if heads_first else (batch, kv_heads, n_split)
     _decode_stage1[grid](

@@ -79,10 +79,16 @@ def test_percentiles_match_numpy() -> None:
     assert summarize([])["count"] == 0
 
 
-def test_result_json_has_required_keys_and_refuses_holes(tmp_path: Path) -> None:
+def test_result_json_has_required_keys_and_refuses_holes(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HAL_CUDA_DECODE_FP8_TILE", "32,2,3,128")
+    monkeypatch.setenv("NOT_A_PLUGIN_SWITCH", "1")
     result = new_result("B1", {"batch": 1}, device="cpu")
     for key in ("workload", "machine", "device", "commit", "versions", "config", "figures"):
         assert key in result
+    # the plugins' A/B switches the run had, nothing else of the environment
+    assert result["plugin_env"]["HAL_CUDA_DECODE_FP8_TILE"] == "32,2,3,128"
+    assert all(k.startswith("HAL_") for k in result["plugin_env"])
     assert "torch" in result["versions"]
     assert missing_figures(result) == ["decode_ms_per_step", "ttft_ms"]
     with pytest.raises(ValueError, match="lacks figures"):

@@ -32,6 +32,7 @@ class Case:
     divisible_by_16: tuple[str, ...] = field(default_factory=tuple)
     num_stages: int = 3
     max_shared: int = SHARED_LIMIT  # bytes of shared memory the compiled kernel may use
+    maxnreg: int | None = None  # registers a thread may hold (None: ptxas's choice)
 
     def __post_init__(self) -> None:
         # constexprs the case leaves at their defaults (USE_PDL, PREFETCH, ...) are given
@@ -220,14 +221,14 @@ def _decode_attention_cases() -> list[Case]:
                  "seq_lens_ptr": "*i32", "ext_lens_ptr": "*i32", "qo_ptr": "*i32",
                  "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "out_ptr": "*bf16",
                  "sm_scale_log2": "fp32", "logit_cap": "fp32"}
-        block_n, warps, stages = da.tunables(words)
+        block_n, warps, stages, maxnreg = da.tunables(words)
         for one_split in (True, False):
             consts = {"HAS_CAP": False, "GROUP": 4, "HEAD_DIM": 128, "ONE_SPLIT": one_split,
                       "BLOCK_H": 16, "BLOCK_D": 128, "BLOCK_N": block_n, "DOT_PREC": "tf32",
                       "MIXED": False, "FP8_WORDS": words, "ASM_CVT": words}
             out.append(Case(f"decode_attention stage1 cache={cache[1:]} one_split={one_split}",
                             fn, _signature(fn, types, consts), consts, num_warps=warps,
-                            num_stages=stages,
+                            num_stages=stages, maxnreg=maxnreg,
                             divisible_by_16=("q_ptr", "kc_ptr", "vc_ptr", "rtt_ptr", "out_ptr",
                                              "q_s0", "q_s1", "c_s0", "c_s1", "rtt_s0", "o_s0",
                                              "o_s1")))
@@ -342,7 +343,8 @@ def pdl_cases() -> list[Case]:
                         _signature(case.fn, {n: t for n, t in case.signature.items()
                                              if t != "constexpr"}, consts), consts,
                         num_warps=case.num_warps, divisible_by_16=case.divisible_by_16,
-                        num_stages=case.num_stages, max_shared=case.max_shared))
+                        num_stages=case.num_stages, max_shared=case.max_shared,
+                        maxnreg=case.maxnreg))
     return out
 
 
@@ -383,10 +385,13 @@ def main() -> int:
         if only not in case.name:
             continue
         try:
+            options: dict[str, Any] = {"num_warps": case.num_warps,
+                                       "num_stages": case.num_stages}
+            if case.maxnreg is not None:
+                options["maxnreg"] = case.maxnreg
             kernel = triton.compile(ASTSource(fn=case.fn, signature=case.signature,
                                               constexprs=case.consts, attrs=case.attrs()),
-                                    target=target, options={"num_warps": case.num_warps,
-                                                            "num_stages": case.num_stages})
+                                    target=target, options=options)
             shared = kernel.metadata.shared
             results[case.name] = "ok" if shared <= case.max_shared else \
                 f"{shared} bytes of shared memory, more than {case.max_shared}"

@@ -162,14 +162,19 @@ def gemv_sweep() -> dict[str, Any]:
 @contextlib.contextmanager
 def _attention_tunables(da: Any, cache: str, tile: tuple[int, ...]) -> Iterator[None]:
     """decode_attention's (BLOCK_N, warps, stages) for this cache ("bf16", "fp8" words,
-    "fp8_elements") set to `tile` for the block, restored after."""
+    "fp8_elements") set to `tile` for the block, restored after; a fourth element of an fp8
+    tile is its maxnreg (None: the compiler's choice)."""
     names = ("BLOCK_N", "NUM_WARPS", "NUM_STAGES", "FP8_BLOCK_N", "FP8_NUM_WARPS",
-             "FP8_NUM_STAGES", "FP8_AS_WORDS")
+             "FP8_NUM_STAGES", "FP8_MAXNREG", "FP8_AS_WORDS")
     saved = {n: getattr(da, n) for n in names}
     da.FP8_AS_WORDS = cache == "fp8"
     prefix = "FP8_" if cache == "fp8" else ""
-    for name, value in zip(("BLOCK_N", "NUM_WARPS", "NUM_STAGES"), tile, strict=True):
+    for name, value in zip(("BLOCK_N", "NUM_WARPS", "NUM_STAGES"), tile[:3], strict=True):
         setattr(da, prefix + name, value)
+    if len(tile) > 3:
+        if cache != "fp8":
+            raise ValueError(f"a maxnreg for the {cache} cache's tile: only fp8's has one")
+        da.FP8_MAXNREG = tile[3]
     try:
         yield
     finally:
@@ -285,6 +290,70 @@ def _fp8_order_case(da: Any, q: torch.Tensor, kc16: torch.Tensor, vc16: torch.Te
         except Exception as exc:  # a tile that does not compile is a result too
             row[key] = {"error": repr(exc)[:300]}
     return row
+
+
+# (BLOCK_N, warps, stages, maxnreg) over fp8 words: the default first, then tiles whose
+# sm_90a build (ptxas -v, CUDA 13.0) fits more programs an SM under a register cap: (32, 2, *,
+# 128) 128 registers (8 bytes spilled at 3-4 stages, none at 2), 21.6 KB: eight programs, 16
+# warps; (16, 2, 4, 128) 125 registers, 12.9 KB; (64, 4, 3, 128) no spill, four programs of
+# four warps; (32, 4, 3) 114 registers; (128, 4, 2) the fastest at 32 requests in call 55.
+FP8_REG_TILES = ((64, 2, 3, None), (32, 2, 3, None), (32, 2, 3, 128), (32, 2, 2, 128),
+                 (32, 2, 4, 128), (16, 2, 4, 128), (16, 2, 3, 128), (32, 4, 3, None),
+                 (64, 4, 3, None), (64, 4, 3, 128), (128, 4, 2, None))
+
+
+def decode_attention_regs_bench() -> dict[str, Any]:
+    """Decode attention's stage 1 over the fp8 cache (words) at tiles with a register cap
+    (Triton's maxnreg) and without, on B2's and B3's spreads of context (longest first, as
+    the scheduler orders them) and one request of 2048, the bf16 cache's default beside them:
+    us, GB/s of the cache's bytes, and each tile's largest difference to the default tile's
+    output."""
+    from tessera.hal.cuda import decode_attention as da
+
+    hq, hk, d = 32, 8, 128
+    cases = {"b2_256": (256, 100, 2048), "b2_128": (128, 200, 2048),
+             "b3_c128_128": (128, 256, 1536), "b3_c128_89": (89, 256, 1536),
+             "b2_64": (64, 400, 2048), "b2_32": (32, 600, 2048), "b3_c32": (32, 256, 1536),
+             "b2_16": (16, 800, 2048), "b1_2048": (1, 2048, 2048)}
+    gen = torch.Generator().manual_seed(0)
+    out: dict[str, Any] = {"shape": {"hq": hq, "hk": hk, "head_dim": d},
+                           "fp8_tiles": [list(t) for t in FP8_REG_TILES],
+                           "bf16_tile": list(da.tunables(False)[:3]), "cases": {}}
+    for name, (batch, lo, hi) in cases.items():
+        lens_cpu = torch.randint(lo, hi + 1, (batch,), generator=gen, dtype=torch.int32)
+        q, kc16, vc16, rtt = _paged_decode_case(batch, hi, hq, hk, d)
+        desc = torch.argsort(lens_cpu, descending=True, stable=True)
+        q, rtt, lens = q[desc.cuda()].contiguous(), rtt[desc.cuda()].contiguous(), \
+            lens_cpu[desc].cuda()
+        kv_bytes = int(2 * lens_cpu.sum()) * hk * d * 2
+        case: dict[str, Any] = {"batch": batch, "context": [lo, hi],
+                                "splits": da.num_splits(batch, hk, q.device)}
+        us = graph_time_us(lambda q=q, kc=kc16, vc=vc16, rtt=rtt, lens=lens:
+                           da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5))
+        case["bf16"] = {"us": round(us, 2), "GBps": round(kv_bytes / us / 1e3)}
+        kc8, vc8 = kc16.to(torch.float8_e4m3fn), vc16.to(torch.float8_e4m3fn)
+        row: dict[str, Any] = {"kv_bytes": kv_bytes // 2}
+        base = None
+        for tile in FP8_REG_TILES:
+            key = f"bn{tile[0]}_w{tile[1]}_s{tile[2]}" + (f"_r{tile[3]}" if tile[3] else "")
+            try:
+                with _attention_tunables(da, "fp8", tile):
+                    got = da.attention_decode(q, kc8, vc8, rtt, lens, d ** -0.5)
+                    us = graph_time_us(lambda q=q, kc=kc8, vc=vc8, rtt=rtt, lens=lens:
+                                       da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5))
+                base = got if base is None else base
+                row[key] = {"us": round(us, 2), "GBps": round(kv_bytes / 2 / us / 1e3),
+                            "max_diff": float((got.float() - base.float()).abs().max())}
+            except Exception as exc:  # a tile that does not compile is a result too
+                row[key] = {"error": repr(exc)[:300]}
+        case["fp8"] = row
+        print(f"decode attention regs {name}: bf16 {case['bf16']['us']}, fp8 "
+              + ", ".join(f"{k} {v.get('us', v)}" for k, v in row.items()
+                          if isinstance(v, dict)), flush=True)
+        out["cases"][name] = case
+        del kc16, vc16, kc8, vc8
+        torch.cuda.empty_cache()
+    return out
 
 
 def decode_attention_order_bench() -> dict[str, Any]:

@@ -226,11 +226,18 @@ def test_attention_decode(kernels: dict[str, ModuleType], monkeypatch: pytest.Mo
         torch.testing.assert_close(out, expected, **TOL)
 
 
+@pytest.mark.parametrize("tile", [None, (32, 2, 3, 128), (16, 2, 4, 128)])
 @pytest.mark.parametrize("dim", [32, 24, 15])
-def test_attention_decode_fp8_cache(kernels: dict[str, ModuleType], dim: int) -> None:
+def test_attention_decode_fp8_cache(kernels: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch,
+                                    dim: int, tile: tuple[int, int, int, int] | None) -> None:
     """An e4m3 cache: even rows are read as uint16 words of two elements (their bits moved into
     float16, exactly, then fp32 as q), an odd row (15) element by element; against the fp32
-    reference over the values the cache holds."""
+    reference over the values the cache holds. At the default tile and at tiles with a
+    register cap (FP8_MAXNREG, passed to the launch as Triton's maxnreg)."""
+    if tile is not None:
+        for name, value in zip(("FP8_BLOCK_N", "FP8_NUM_WARPS", "FP8_NUM_STAGES",
+                                "FP8_MAXNREG"), tile, strict=True):
+            monkeypatch.setattr(kernels["decode_attention"], name, value)
     seq_lens = (1, 70, 5, 129)
     case = make_paged_case(seq_lens, (1,) * 4, 8, 2, dim, torch.float32, seed=15)
     k8 = (case.k_cache * 16).to(torch.float8_e4m3fn)  # normals, subnormals, both signs
@@ -460,6 +467,18 @@ def test_the_decode_grid_switch(kernels: dict[str, ModuleType]) -> None:
     assert not parse("batch")
     with pytest.raises(ValueError, match="HAL_CUDA_DECODE_GRID"):
         parse("rows")
+
+
+def test_the_fp8_decode_tile_switch(kernels: dict[str, ModuleType]) -> None:
+    """HAL_CUDA_DECODE_FP8_TILE: BLOCK_N,WARPS,STAGES[,MAXNREG]; anything else is refused
+    with the variable's name."""
+    parse = kernels["decode_attention"].parse_tile
+    assert parse("64,2,3") == (64, 2, 3, None)
+    assert parse(" 32, 2, 3, 128 ") == (32, 2, 3, 128)
+    for bad in ("", "64,2", "64,2,3,128,1", "48,2,3", "64,3,3", "64,2,0", "64,2,3,8",
+                "64,2,3,300", "a,b,c", "8,2,3"):
+        with pytest.raises(ValueError, match="HAL_CUDA_DECODE_FP8_TILE"):
+            parse(bad)
 
 
 def test_decode_split_counts(kernels: dict[str, ModuleType]) -> None:
