@@ -61,6 +61,7 @@
 #   benchmarks/gpu_session.sh 55  # one H200:  Nsight Compute over decode attention (bf16 / fp8 cache) and the projections (bf16, fp8, int4) (~120 s)
 #   benchmarks/gpu_session.sh 56  # one H200:  the W8A8 tiles with more programs (64 x 64, K split, K steps of 256): their GPU tests, every fp8 candidate at 64-256 tokens beside bf16, b12 B2 bf16 / fp8, fp8 over the fp8 cache (~170 s; at 175e3df, whose 256-token W8A8 tiles 5f18619 dropped)
 #   benchmarks/gpu_session.sh 57  # one H200:  decode attention over the fp8 cache under a register cap (maxnreg): the kernel tests, the tile bench, b12 fp8 B2 over the fp8 cache at its fastest tile / the default / the fastest (~330 s)
+#   benchmarks/gpu_session.sh 58  # one H200:  the keys in an e4m3 dot (FP8_QDOT): the kernel tests, the tile bench, b12 fp8 B2 over the fp8 cache with it / without / with, the fp8 cache's KL with it and without (~420 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -94,7 +95,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-7])$ ]] || { echo "usage: $0 1|...|35, 37-57  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-8])$ ]] || { echo "usage: $0 1|...|35, 37-58  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -754,6 +755,27 @@ case $CALL in
       --name b12_fp8kv_call57_h200
     HAL_CUDA_DECODE_FP8_TILE=${tile:-64,2,3} part b12tile2 100 45 b12 --schemes fp8 --parts b2 \
       --kv-cache-dtype fp8_e4m3 --name b12_fp8kv_tile_again_call57_h200
+    ;;
+  58)
+    # The keys unconverted in an e4m3 dot (FP8_QDOT: q split in two e4m3 parts, keys x q^T
+    # as an fp8 wgmma; V converted as before), after call 57 found no register cap faster:
+    # the decode-attention GPU tests (with it at two tiles), the tile bench; B12's fp8 B2 over
+    # the fp8 cache with it (at the bench's fastest of its tiles), without, with; the fp8
+    # cache's KL against bf16 (kv_fp8_kl) with it and without.
+    KERNELS_K="decode_attention" part kernels 90 30 kernels
+    SUFFIX=h200 part attnregs 180 50 attnregs
+    qtile=$("$PY" benchmarks/pick_tile.py "$RES/attention_regs_h200/gpu_run.json" --qdot \
+      2>>"$LOG")
+    say "fastest tile with the keys' e4m3 dot over B2's batches: ${qtile:-none (1: its default)}"
+    HAL_CUDA_DECODE_FP8_QDOT=${qtile:-1} part b12qdot 100 45 b12 --schemes fp8 --parts b2 \
+      --kv-cache-dtype fp8_e4m3 --name b12_fp8kv_qdot_call58_h200
+    part b12kv 100 35 b12 --schemes fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
+      --name b12_fp8kv_call58_h200
+    HAL_CUDA_DECODE_FP8_QDOT=${qtile:-1} part b12qdot2 100 35 b12 --schemes fp8 --parts b2 \
+      --kv-cache-dtype fp8_e4m3 --name b12_fp8kv_qdot_again_call58_h200
+    HAL_CUDA_DECODE_FP8_QDOT=${qtile:-1} part kvklqdot 150 80 b12 --schemes bf16 --parts kl \
+      --name b12_kvkl_qdot_call58_h200
+    part kvkl 150 80 b12 --schemes bf16 --parts kl --name b12_kvkl_call58_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -232,6 +232,14 @@ def _decode_attention_cases() -> list[Case]:
                             divisible_by_16=("q_ptr", "kc_ptr", "vc_ptr", "rtt_ptr", "out_ptr",
                                              "q_s0", "q_s1", "c_s0", "c_s1", "rtt_s0", "o_s0",
                                              "o_s1")))
+    # the keys as e4m3 elements in the scores' dot (FP8_QDOT), at its tile
+    types = {**types, "kc_ptr": "*fp8e4nv"}
+    block_n, warps, stages, _ = da.tunables(True, True)
+    consts = {**consts, "ONE_SPLIT": True, "BLOCK_N": block_n, "QDOT": True}
+    out.append(Case("decode_attention stage1 cache=u16 keys=e4m3 dot", fn,
+                    _signature(fn, types, consts), consts, num_warps=warps, num_stages=stages,
+                    divisible_by_16=("q_ptr", "kc_ptr", "vc_ptr", "rtt_ptr", "out_ptr", "q_s0",
+                                     "q_s1", "c_s0", "c_s1", "rtt_s0", "o_s0", "o_s1")))
     fn = ea._extend_kernel
     for cache, words in (("*bf16", False), ("*u16", True)):
         types = {"q_ptr": "*bf16", "kc_ptr": cache, "vc_ptr": cache, "rtt_ptr": "*i32",
