@@ -761,7 +761,9 @@ case $CALL in
     # as an fp8 wgmma; V converted as before), after call 57 found no register cap faster:
     # the decode-attention GPU tests (with it at two tiles), the tile bench; B12's fp8 B2 over
     # the fp8 cache with it (at the bench's fastest of its tiles), without, with; the fp8
-    # cache's KL against bf16 (kv_fp8_kl) with it and without.
+    # cache's KL against bf16 (kv_fp8_kl) with it and without. FP8_QDOT, its tests and bench
+    # tiles ran at 7da3f49 and were removed after (slower: docs/performance.md); run this call
+    # at that commit.
     KERNELS_K="decode_attention" part kernels 90 30 kernels
     SUFFIX=h200 part attnregs 180 50 attnregs
     qtile=$("$PY" benchmarks/pick_tile.py "$RES/attention_regs_h200/gpu_run.json" --qdot \

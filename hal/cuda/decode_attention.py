@@ -41,18 +41,18 @@ FP8_NUM_STAGES = 3
 # the default tile call 55's counters found 182 registers and 39 KB of shared memory a
 # program: four programs, 8 warps an SM, too few to cover the loads.
 FP8_MAXNREG: int | None = None
+# Call 57 timed these caps (76ac3f5: eight programs an SM at (32, 2, *, 128), 16 warps) and
+# none beat the default from 64 requests up (25-65% slower at 128); nor did the keys
+# unconverted in an e4m3 wgmma at call 58 (7da3f49: 6-22% slower, B12's fp8 B2 over the fp8
+# cache 11650-11696 tok/s against 12451; removed after).
+# From FP8_SMALL_BATCH[0] to [1] requests the fp8 tile is FP8_SMALL_TILE: 128 keys a step,
+# four warps, two stages (the same tunables' order). Calls 57-58 (B2's spreads of context,
+# longest first): 16 requests 29.0 us against 39.2, 32 requests 46.4-46.6 against 55.9-56.0,
+# B3's 32 33.0-33.4 against 42.1-42.3; slower at 64 (69.5 against 65.1), 128 and at one
+# request of 2048 (6.7-6.8 against 5.7: its 32 splits hold 64 keys each). None: one tile.
+FP8_SMALL_BATCH = (16, 32)
+FP8_SMALL_TILE: tuple[int, int, int, int | None] | None = (128, 4, 2, None)
 FP8_AS_WORDS = True  # False: an fp8 cache read element by element (the benchmarks' before)
-# FP8_QDOT: over fp8 words, the scores' dot takes the keys as e4m3, unconverted: q is split
-# into two e4m3 parts (q_hi + q_lo / 8 at a power-of-two scale a head, exactly a bf16 q) and
-# the dot is keys x q^T (the keys as the first operand: on Hopper an fp8 wgmma of 64 keys by
-# 16 query rows, which needs four warps); V is converted as before. Off by default until the
-# H200 says (HAL_CUDA_DECODE_FP8_QDOT=1 turns it on, =BLOCK_N,WARPS,STAGES at that tile);
-# its tile:
-QDOT_VARIABLE = "HAL_CUDA_DECODE_FP8_QDOT"
-FP8_QDOT = False
-QDOT_BLOCK_N = 64
-QDOT_NUM_WARPS = 4
-QDOT_NUM_STAGES = 3
 # Stage 1's grid order. The chip hands out programs in the order of their linear index, the
 # grid's first dimension fastest. HEADS_FIRST (the default) puts the KV heads there, so one
 # request's programs start together and in the batch's order: a batch whose requests come
@@ -95,32 +95,10 @@ def parse_tile(value: str) -> tuple[int, int, int, int | None]:
     return nums[0], nums[1], nums[2], (nums[3] if len(nums) == 4 else None)
 
 
-if os.environ.get(FP8_TILE_VARIABLE):
+if os.environ.get(FP8_TILE_VARIABLE):  # one tile at every batch
     FP8_BLOCK_N, FP8_NUM_WARPS, FP8_NUM_STAGES, FP8_MAXNREG = parse_tile(
         os.environ[FP8_TILE_VARIABLE])
-
-
-def parse_qdot(value: str | None) -> tuple[bool, tuple[int, int, int] | None]:
-    """HAL_CUDA_DECODE_FP8_QDOT: unset, "" or "0" off; "1" on at the default tile;
-    "BLOCK_N,WARPS,STAGES" on at that tile (four warps at least: the fp8 wgmma's)."""
-    text = (value or "").strip()
-    if text in ("", "0"):
-        return False, None
-    if text == "1":
-        return True, None
-    try:
-        block_n, warps, stages, maxnreg = parse_tile(text)
-    except ValueError:
-        block_n, warps, maxnreg = 0, 0, None
-    if not block_n or maxnreg is not None or warps < 4 or block_n < 64:
-        raise ValueError(f"{QDOT_VARIABLE}={value!r}: expected 0, 1 or BLOCK_N,WARPS,STAGES "
-                         f"(BLOCK_N a power of two >= 64, at least four warps)")
-    return True, (block_n, warps, stages)
-
-
-FP8_QDOT, _qdot_tile = parse_qdot(os.environ.get(QDOT_VARIABLE))
-if _qdot_tile is not None:
-    QDOT_BLOCK_N, QDOT_NUM_WARPS, QDOT_NUM_STAGES = _qdot_tile
+    FP8_SMALL_TILE = None
 MAX_SPLITS = 32
 LOG2E = 1.4426950408889634
 LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
@@ -169,30 +147,6 @@ def e4m3_words_to_f16(w, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ASM_CVT: 
     return tl.join(even, odd).reshape(BLOCK_N, BLOCK_D)
 
 
-@triton.jit
-def _trunc_e4m3(x):
-    """float32 -> e4m3 by truncating the mantissa to its top three bits (exact for the
-    normals, not the hardware's rounding; the caller keeps what is cut off): the same on
-    the GPU and in the interpreter, whose rounding conversion is not exact."""
-    return (x.to(tl.int32, bitcast=True) & -1048576).to(tl.float32, bitcast=True).to(
-        tl.float8e4nv)
-
-
-@triton.jit
-def _split_q_e4m3(q, hmask):
-    """q [H, D] -> (q_hi, q_lo, 1 / scale): e4m3 parts with q * scale = q_hi + q_lo / 8, the
-    scale a power of two a row putting its largest magnitude in (224, 448]. A bf16 q splits
-    exactly (eight significant bits: four in each part) while its elements stay within
-    2^14 of the row's largest; smaller ones keep at least their top bits."""
-    amax = tl.max(tl.abs(q), 1)
-    amax = tl.where(hmask & (amax > 0), amax, 1.0)
-    scale = tl.exp2(tl.floor(tl.log2(448.0 / amax)))
-    qs = q * scale[:, None]
-    q_hi = _trunc_e4m3(qs)
-    q_lo = _trunc_e4m3((qs - q_hi.to(tl.float32)) * 8.0)
-    return q_hi, q_lo, 1.0 / scale
-
-
 # The split count is a run-time argument, not a constant of the compiled kernel: it follows
 # the batch size (num_splits), and a mixed step's batch is any number of requests, so as a
 # constexpr every new count compiled a kernel in the middle of serving (an H200 run's first
@@ -230,11 +184,11 @@ def _load_kv_tile(kc_ptr, vc_ptr, slot, rows, kh, c_s0, c_s1, HEAD_DIM: tl.const
 
 
 @triton.jit
-def _online_softmax_tile(qk, v, pmask, m_i, l_i, acc, scale_log2, logit_cap,
+def _online_softmax_tile(q, k, v, pmask, m_i, l_i, acc, scale_log2, logit_cap,
                          HAS_CAP: tl.constexpr, DOT_PREC: tl.constexpr):
-    """One key tile of flash decoding from its raw q.k products [H, N]: the running max,
-    sum and output updated."""
-    qk = scores_log2(qk, scale_log2, logit_cap, HAS_CAP)
+    """One key tile of flash decoding: the running max, sum and output updated."""
+    qk = scores_log2(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), scale_log2,
+                     logit_cap, HAS_CAP)
     qk = tl.where(pmask[None, :], qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     p = tl.exp2(qk - m_new[:, None])
@@ -253,9 +207,7 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
                    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_PREC: tl.constexpr, MIXED: tl.constexpr, FP8_WORDS: tl.constexpr,
                    ASM_CVT: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
-                   USE_PDL: tl.constexpr = False, QDOT: tl.constexpr = False):
-    """QDOT (with FP8_WORDS): kc_ptr is the key cache as e4m3 elements (c_s0, c_s1 still
-    count words), the scores' dot keys x q^T in e4m3 (_split_q_e4m3)."""
+                   USE_PDL: tl.constexpr = False):
     pdl_enter(USE_PDL)
     if HEADS_FIRST:
         kh = tl.program_id(0)
@@ -291,12 +243,9 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
     q = tl.load(q_ptr + q_row * q_s0 + heads[:, None] * q_s1 + d[None, :],
-                mask=hmask[:, None] & dmask[None, :], other=0.0)
-    if QDOT:
-        q_hi, q_lo, q_inv = _split_q_e4m3(q.to(tl.float32), hmask)
-    q = q.to(DTYPE)
+                mask=hmask[:, None] & dmask[None, :], other=0.0).to(DTYPE)
     scale_log2 = sm_scale_log2
-    if FP8_WORDS and not ASM_CVT and not QDOT:
+    if FP8_WORDS and not ASM_CVT:
         scale_log2 = sm_scale_log2 / E4M3_F16_SHIFT
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -306,20 +255,9 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
         pos = n0 + tl.arange(0, BLOCK_N)
         pmask = pos < end
         slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
-        if QDOT:
-            k8 = tl.load(kc_ptr + (slot[:, None] * c_s0 + kh * c_s1) * 2 + d[None, :],
-                         mask=pmask[:, None] & dmask[None, :], other=0.0)
-            j = tl.arange(0, BLOCK_D // 2)
-            w = tl.load(vc_ptr + slot[:, None] * c_s0 + kh * c_s1 + j[None, :],
-                        mask=pmask[:, None] & (j < HEAD_DIM // 2)[None, :], other=0)
-            v = e4m3_words_to_f16(w, BLOCK_N, BLOCK_D, ASM_CVT).to(DTYPE)
-            kq = tl.dot(k8, tl.trans(q_hi)) + tl.dot(k8, tl.trans(q_lo)) * 0.125
-            qk = tl.trans(kq) * q_inv[:, None]
-        else:
-            k, v = _load_kv_tile(kc_ptr, vc_ptr, slot, pmask, kh, c_s0, c_s1, HEAD_DIM,
-                                 BLOCK_N, BLOCK_D, FP8_WORDS, ASM_CVT, DTYPE)
-            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-        m_i, l_i, acc = _online_softmax_tile(qk, v, pmask, m_i, l_i, acc, scale_log2,
+        k, v = _load_kv_tile(kc_ptr, vc_ptr, slot, pmask, kh, c_s0, c_s1, HEAD_DIM, BLOCK_N,
+                             BLOCK_D, FP8_WORDS, ASM_CVT, DTYPE)
+        m_i, l_i, acc = _online_softmax_tile(q, k, v, pmask, m_i, l_i, acc, scale_log2,
                                              logit_cap, HAS_CAP, DOT_PREC)
 
     has = end > start
@@ -403,11 +341,13 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def tunables(words: bool, qdot: bool = False) -> tuple[int, int, int, int | None]:
-    """(BLOCK_N, num_warps, num_stages, maxnreg) of stage 1: the fp8-words ones (with the
-    keys' e4m3 dot, QDOT, its own), or the others (maxnreg None: the compiler's choice)."""
-    if words and qdot:
-        return QDOT_BLOCK_N, QDOT_NUM_WARPS, QDOT_NUM_STAGES, None
+def tunables(words: bool, batch: int = 0) -> tuple[int, int, int, int | None]:
+    """(BLOCK_N, num_warps, num_stages, maxnreg) of stage 1 for a batch of `batch` requests:
+    the fp8-words ones (FP8_SMALL_TILE from FP8_SMALL_BATCH[0] to [1] requests) or the
+    others (maxnreg None: the compiler's choice)."""
+    if words and FP8_SMALL_TILE is not None and \
+            FP8_SMALL_BATCH[0] <= batch <= FP8_SMALL_BATCH[1]:
+        return FP8_SMALL_TILE
     if words:
         return FP8_BLOCK_N, FP8_NUM_WARPS, FP8_NUM_STAGES, FP8_MAXNREG
     return BLOCK_N, NUM_WARPS, NUM_STAGES, None
@@ -492,14 +432,9 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     mid_lse = torch.empty(mid_shape[:3], dtype=torch.float32, device=q.device)
     block_d = triton.next_power_of_2(head_dim)
     words = fp8_words(k_cache, v_cache)
-    qdot = words and FP8_QDOT and q.dtype != torch.float32
-    strides = k_cache.stride()
     if words:
-        # strides in words; with qdot the keys stay e4m3 elements (the kernel doubles them)
-        k_words, v_cache = k_cache.view(torch.uint16), v_cache.view(torch.uint16)
-        strides = k_words.stride()
-        k_cache = k_cache if qdot else k_words
-    block_n, num_warps, num_stages, maxnreg = tunables(words, qdot)
+        k_cache, v_cache = k_cache.view(torch.uint16), v_cache.view(torch.uint16)
+    block_n, num_warps, num_stages, maxnreg = tunables(words, batch)
     pdl_options = pdl.launch_options()
     if maxnreg is not None:
         pdl_options = {**pdl_options, "maxnreg": maxnreg}
@@ -507,14 +442,14 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     grid = (kv_heads, batch, n_split) if heads_first else (batch, kv_heads, n_split)
     _decode_stage1[grid](
         q, k_cache, v_cache, req_to_token, seq_lens, ext, qo, mid_o, mid_lse, out,
-        q.stride(0), q.stride(1), strides[0], strides[1], req_to_token.stride(0),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1), float(scale) * LOG2E, int(sliding_window),
         float(logit_cap), n_split, HAS_CAP=logit_cap > 0, GROUP=group, HEAD_DIM=head_dim,
         ONE_SPLIT=n_split == 1,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         DOT_PREC=dot_precision(q.dtype), MIXED=mixed, FP8_WORDS=words,
-        ASM_CVT=words and asm_cvt(q.device), HEADS_FIRST=heads_first, QDOT=qdot,
+        ASM_CVT=words and asm_cvt(q.device), HEADS_FIRST=heads_first,
         num_warps=num_warps, num_stages=num_stages,
         **pdl_options)
     if n_split == 1:

@@ -15,13 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _report(times: dict[str, list[float]], diffs: dict[str, float] | None = None) -> dict:
-    tiles = [[64, 2, 3, None], [32, 2, 3, 128], [128, 4, 2, None], [64, 4, 3, None, True],
-             [128, 8, 2, None, True]]
-    keys = ["bn64_w2_s3", "bn32_w2_s3_r128", "bn128_w4_s2", "bn64_w4_s3_qdot",
-            "bn128_w8_s2_qdot"]
+    tiles = [[64, 2, 3, None], [32, 2, 3, 128], [128, 4, 2, None]]
+    keys = ["bn64_w2_s3", "bn32_w2_s3_r128", "bn128_w4_s2"]
     cases = {}
     for case, us in times.items():
-        us = us + [70.0, 60.0] if len(us) == 3 else us  # the keys' e4m3 dot's two tiles
         cases[case] = {"fp8": {k: {"us": u, "GBps": 1, "max_diff": (diffs or {}).get(k, 0.0)}
                                for k, u in zip(keys, us, strict=True)}}
     return {"attention_regs": {"fp8_tiles": tiles, "cases": cases}}
@@ -34,15 +31,6 @@ def test_the_smallest_sum_over_the_cases_wins() -> None:
     assert parse_tile(pick(_report(times)) or "") == (32, 2, 3, 128)
     # over the small batches alone the 128-key tile is the fastest: no maxnreg is printed
     assert pick(_report(times), ("b2_64", "b2_32")) == "128,4,2"
-
-
-def test_the_keys_e4m3_dot_tiles_apart() -> None:
-    """--qdot picks among the tiles with the keys in an e4m3 dot alone (printed without a
-    maxnreg, as HAL_CUDA_DECODE_FP8_QDOT takes them), the plain pick never takes one."""
-    times = {c: [100.0, 50.0, 80.0] for c in ("b2_256", "b2_128", "b2_64", "b2_32")}
-    assert pick(_report(times)) == "32,2,3,128"  # 60 us would win, were it a candidate
-    assert pick(_report(times), qdot=True) == "128,8,2"
-    assert pick(_report(times, {"bn128_w8_s2_qdot": 0.5}), qdot=True) == "64,4,3"
 
 
 def test_a_failed_or_inexact_tile_is_no_candidate() -> None:
@@ -63,9 +51,6 @@ def test_the_command_prints_the_tile_or_nothing(tmp_path: Path) -> None:
     got = subprocess.run([sys.executable, script, str(path)], capture_output=True, text=True,
                          timeout=60)
     assert got.returncode == 0 and got.stdout.strip() == "32,2,3,128"
-    got = subprocess.run([sys.executable, script, str(path), "--qdot"], capture_output=True,
-                         text=True, timeout=60)
-    assert got.returncode == 0 and got.stdout.strip() == "128,8,2"
     missing = subprocess.run([sys.executable, script, str(tmp_path / "none.json")],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and missing.stdout == "" and "pick_tile" in missing.stderr

@@ -221,25 +221,24 @@ def _decode_attention_cases() -> list[Case]:
                  "seq_lens_ptr": "*i32", "ext_lens_ptr": "*i32", "qo_ptr": "*i32",
                  "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32", "out_ptr": "*bf16",
                  "sm_scale_log2": "fp32", "logit_cap": "fp32"}
-        block_n, warps, stages, maxnreg = da.tunables(words)
-        for one_split in (True, False):
-            consts = {"HAS_CAP": False, "GROUP": 4, "HEAD_DIM": 128, "ONE_SPLIT": one_split,
-                      "BLOCK_H": 16, "BLOCK_D": 128, "BLOCK_N": block_n, "DOT_PREC": "tf32",
-                      "MIXED": False, "FP8_WORDS": words, "ASM_CVT": words}
-            out.append(Case(f"decode_attention stage1 cache={cache[1:]} one_split={one_split}",
-                            fn, _signature(fn, types, consts), consts, num_warps=warps,
-                            num_stages=stages, maxnreg=maxnreg,
-                            divisible_by_16=("q_ptr", "kc_ptr", "vc_ptr", "rtt_ptr", "out_ptr",
-                                             "q_s0", "q_s1", "c_s0", "c_s1", "rtt_s0", "o_s0",
-                                             "o_s1")))
-    # the keys as e4m3 elements in the scores' dot (FP8_QDOT), at its tile
-    types = {**types, "kc_ptr": "*fp8e4nv"}
-    block_n, warps, stages, _ = da.tunables(True, True)
-    consts = {**consts, "ONE_SPLIT": True, "BLOCK_N": block_n, "QDOT": True}
-    out.append(Case("decode_attention stage1 cache=u16 keys=e4m3 dot", fn,
-                    _signature(fn, types, consts), consts, num_warps=warps, num_stages=stages,
-                    divisible_by_16=("q_ptr", "kc_ptr", "vc_ptr", "rtt_ptr", "out_ptr", "q_s0",
-                                     "q_s1", "c_s0", "c_s1", "rtt_s0", "o_s0", "o_s1")))
+        # (tile, the ONE_SPLIT values it meets): the default's batches take one split or
+        # several, the fp8 small-batch tile's two or three
+        tiles = [(da.tunables(words), (True, False))]
+        if words and da.FP8_SMALL_TILE is not None:
+            tiles.append((da.tunables(words, da.FP8_SMALL_BATCH[0]), (False,)))
+        for (block_n, warps, stages, maxnreg), splits in tiles:
+            for one_split in splits:
+                consts = {"HAS_CAP": False, "GROUP": 4, "HEAD_DIM": 128,
+                          "ONE_SPLIT": one_split, "BLOCK_H": 16, "BLOCK_D": 128,
+                          "BLOCK_N": block_n, "DOT_PREC": "tf32", "MIXED": False,
+                          "FP8_WORDS": words, "ASM_CVT": words}
+                out.append(Case(f"decode_attention stage1 cache={cache[1:]} one_split="
+                                f"{one_split} block_n={block_n}", fn,
+                                _signature(fn, types, consts), consts, num_warps=warps,
+                                num_stages=stages, maxnreg=maxnreg,
+                                divisible_by_16=("q_ptr", "kc_ptr", "vc_ptr", "rtt_ptr",
+                                                 "out_ptr", "q_s0", "q_s1", "c_s0", "c_s1",
+                                                 "rtt_s0", "o_s0", "o_s1")))
     fn = ea._extend_kernel
     for cache, words in (("*bf16", False), ("*u16", True)):
         types = {"q_ptr": "*bf16", "kc_ptr": cache, "vc_ptr": cache, "rtt_ptr": "*i32",
@@ -312,8 +311,9 @@ def pdl_cases() -> list[Case]:
 
     picked = [c for c in cases() if c.name in (
         "rotary_store_kv bf16 fp8=False", "rotary_store_kv bf16 fp8=True", "gemv bias=False",
-        "gemv bias=True", "decode_attention stage1 cache=bf16 one_split=False",
-        "decode_attention stage1 cache=u16 one_split=True", "extend_attention cache=bf16")]
+        "gemv bias=True", "decode_attention stage1 cache=bf16 one_split=False block_n=64",
+        "decode_attention stage1 cache=u16 one_split=True block_n=64",
+        "extend_attention cache=bf16")]
     picked += [qgemv_case("fp8", None, 0, 4, 2048, 4), qgemv_case("int4", 128, 0, 16, 2048, 4),
                qgemv_case("fp8", None, qk.GEMV_ACC | qk.GEMV_X_VEC, 2, 1024, 4)]
     bf16 = "*bf16"

@@ -162,18 +162,18 @@ def gemv_sweep() -> dict[str, Any]:
 @contextlib.contextmanager
 def _attention_tunables(da: Any, cache: str, tile: tuple[int, ...]) -> Iterator[None]:
     """decode_attention's (BLOCK_N, warps, stages) for this cache ("bf16", "fp8" words,
-    "fp8_elements") set to `tile` for the block, restored after; a fourth element of an fp8
-    tile is its maxnreg (None: the compiler's choice)."""
+    "fp8_elements") set to `tile` for the block at every batch size, restored after; a
+    fourth element of an fp8 tile is its maxnreg (None: the compiler's choice)."""
     names = ("BLOCK_N", "NUM_WARPS", "NUM_STAGES", "FP8_BLOCK_N", "FP8_NUM_WARPS",
-             "FP8_NUM_STAGES", "FP8_MAXNREG", "FP8_AS_WORDS", "FP8_QDOT", "QDOT_BLOCK_N",
-             "QDOT_NUM_WARPS", "QDOT_NUM_STAGES")
+             "FP8_NUM_STAGES", "FP8_MAXNREG", "FP8_AS_WORDS", "FP8_SMALL_TILE")
     saved = {n: getattr(da, n) for n in names}
-    da.FP8_AS_WORDS = cache in ("fp8", "fp8_qdot")
-    da.FP8_QDOT = cache == "fp8_qdot"
-    prefix = {"fp8": "FP8_", "fp8_qdot": "QDOT_"}.get(cache, "")
+    da.FP8_AS_WORDS = cache == "fp8"
+    if cache == "fp8":
+        da.FP8_SMALL_TILE = None  # the tile at every batch
+    prefix = "FP8_" if cache == "fp8" else ""
     for name, value in zip(("BLOCK_N", "NUM_WARPS", "NUM_STAGES"), tile[:3], strict=True):
         setattr(da, prefix + name, value)
-    if len(tile) > 3 and tile[3] is not None:
+    if len(tile) > 3:
         if cache != "fp8":
             raise ValueError(f"a maxnreg for the {cache} cache's tile: only fp8's has one")
         da.FP8_MAXNREG = tile[3]
@@ -294,29 +294,22 @@ def _fp8_order_case(da: Any, q: torch.Tensor, kc16: torch.Tensor, vc16: torch.Te
     return row
 
 
-# (BLOCK_N, warps, stages, maxnreg, keys' e4m3 dot) over fp8 words: the default first; call
-# 57 (76ac3f5) timed tiles under a register cap (maxnreg 128: eight programs an SM at (32, 2,
-# *), four of four warps at (64, 4, 3)), none faster than the default from 64 requests up,
-# and (128, 4, 2) the fastest from 32 down. Then the keys unconverted in an fp8 wgmma
-# (FP8_QDOT), at four and eight warps.
-FP8_REG_TILES = ((64, 2, 3, None, False), (128, 4, 2, None, False), (64, 4, 3, None, False),
-                 (64, 4, 3, None, True), (64, 4, 2, None, True), (64, 4, 4, None, True),
-                 (128, 4, 2, None, True), (128, 8, 2, None, True), (64, 8, 3, None, True),
-                 (128, 8, 3, None, True))
-
-
-def tile_key(tile: tuple[Any, ...]) -> str:
-    """A tile's name in the bench's report: bn64_w2_s3, ..._r128 (maxnreg), ..._qdot."""
-    key = f"bn{tile[0]}_w{tile[1]}_s{tile[2]}" + (f"_r{tile[3]}" if tile[3] else "")
-    return key + ("_qdot" if len(tile) > 4 and tile[4] else "")
+# (BLOCK_N, warps, stages, maxnreg) over fp8 words: the default first, then tiles whose
+# sm_90a build (ptxas -v, CUDA 13.0) fits more programs an SM under a register cap: (32, 2, *,
+# 128) 128 registers (8 bytes spilled at 3-4 stages, none at 2), 21.6 KB: eight programs, 16
+# warps; (16, 2, 4, 128) 125 registers, 12.9 KB; (64, 4, 3, 128) no spill, four programs of
+# four warps; (32, 4, 3) 114 registers; (128, 4, 2) the fastest at 32 requests in call 55.
+FP8_REG_TILES = ((64, 2, 3, None), (32, 2, 3, None), (32, 2, 3, 128), (32, 2, 2, 128),
+                 (32, 2, 4, 128), (16, 2, 4, 128), (16, 2, 3, 128), (32, 4, 3, None),
+                 (64, 4, 3, None), (64, 4, 3, 128), (128, 4, 2, None))
 
 
 def decode_attention_regs_bench() -> dict[str, Any]:
-    """Decode attention's stage 1 over the fp8 cache (words) at the tiles of FP8_REG_TILES
-    (with a register cap, Triton's maxnreg; with the keys in an e4m3 dot, FP8_QDOT), on B2's
-    and B3's spreads of context (longest first, as the scheduler orders them) and one request
-    of 2048, the bf16 cache's default beside them: us, GB/s of the cache's bytes, and each
-    tile's largest difference to the default tile's output."""
+    """Decode attention's stage 1 over the fp8 cache (words) at tiles with a register cap
+    (Triton's maxnreg) and without, on B2's and B3's spreads of context (longest first, as
+    the scheduler orders them) and one request of 2048, the bf16 cache's default beside them:
+    us, GB/s of the cache's bytes, and each tile's largest difference to the default tile's
+    output."""
     from tessera.hal.cuda import decode_attention as da
 
     hq, hk, d = 32, 8, 128
@@ -344,9 +337,9 @@ def decode_attention_regs_bench() -> dict[str, Any]:
         row: dict[str, Any] = {"kv_bytes": kv_bytes // 2}
         base = None
         for tile in FP8_REG_TILES:
-            key = tile_key(tile)
+            key = f"bn{tile[0]}_w{tile[1]}_s{tile[2]}" + (f"_r{tile[3]}" if tile[3] else "")
             try:
-                with _attention_tunables(da, "fp8_qdot" if tile[4] else "fp8", tile[:4]):
+                with _attention_tunables(da, "fp8", tile):
                     got = da.attention_decode(q, kc8, vc8, rtt, lens, d ** -0.5)
                     us = graph_time_us(lambda q=q, kc=kc8, vc=vc8, rtt=rtt, lens=lens:
                                        da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5))

@@ -71,20 +71,23 @@ def recorded(kernels: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch
     return rec
 
 
-def _inputs(batch: int, tokens: int, width: int = 64) -> tuple[torch.Tensor, ...]:
+def _inputs(batch: int, tokens: int, width: int = 64,
+            cache_dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, ...]:
     q = torch.zeros((tokens, HQ, D), dtype=torch.bfloat16)
-    cache = torch.zeros((64, HK, D), dtype=torch.bfloat16)
+    cache = torch.zeros((64, HK, D), dtype=cache_dtype)
     rtt = torch.zeros((batch, width), dtype=torch.int32)
     return q, cache, cache, rtt, torch.full((batch,), 40, dtype=torch.int32)
 
 
-def _extend(ext: ModuleType, batch: int, tokens: int, width: int) -> None:
+def _extend(ext: ModuleType, batch: int, tokens: int, width: int,
+            cache_dtype: torch.dtype = torch.bfloat16) -> None:
     """A mixed step: request 0 extends by the rest of the tokens, the others decode."""
     ext_lens = torch.ones(batch, dtype=torch.int32)
     ext_lens[0] = tokens - batch + 1
     qo = torch.zeros(batch + 1, dtype=torch.int32)
     qo[1:] = torch.cumsum(ext_lens, 0)
-    ext.attention_extend(*_inputs(batch, tokens, width), ext_lens, qo, D ** -0.5)
+    ext.attention_extend(*_inputs(batch, tokens, width, cache_dtype), ext_lens, qo,
+                         D ** -0.5)
 
 
 def test_attention_launches_over_every_batch_size_select_few_kernels(
@@ -107,15 +110,18 @@ def test_attention_launches_over_every_batch_size_select_few_kernels(
     assert len(recorded["extend"].keys) == 4, sorted(recorded["extend"].keys)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_eager_steps_beyond_the_graphs_reuse_the_kernels_the_graphs_compiled(
-        kernels: dict[str, ModuleType], recorded: dict[str, _Recorder]) -> None:
+        kernels: dict[str, ModuleType], recorded: dict[str, _Recorder],
+        cache_dtype: torch.dtype) -> None:
     """What start-up captures (decode graphs per batch size, mixed-step graphs per token
     bucket, every one with the static page table) compiles every attention kernel a served
     step launches, including the eager steps the graphs cannot hold (more tokens than the
     largest bucket: whole 2048-token chunks beside any number of decodes, with page tables as
     wide as the padded longest sequence). An H200 B2 run compiled the extend kernel five times
     mid-run (1.5-2.3 s a step) when the table's width followed the longest sequence and the
-    extend kernel's request block started below the graphs' smallest."""
+    extend kernel's request block started below the graphs' smallest. Over an fp8 cache too,
+    whose decode tile follows the batch (FP8_SMALL_TILE)."""
     from tessera.config import EngineConfig
     from tessera.worker_proc.capture_plan import mixed_token_limit
     from tessera.worker_proc.forward_inputs import table_width
@@ -126,16 +132,16 @@ def test_eager_steps_beyond_the_graphs_reuse_the_kernels_the_graphs_compiled(
     cfg = EngineConfig(model="unused", max_running_requests=256, chunked_prefill_size=2048)
     static = table_width(8192)  # the graphs' page table: the context length, padded
     for bs in capture_batch_sizes(256):
-        dec.attention_decode(*_inputs(bs, bs, static), D ** -0.5)
+        dec.attention_decode(*_inputs(bs, bs, static, cache_dtype), D ** -0.5)
     limit = mixed_token_limit(cfg, num_slots=10**6)
     assert limit == cfg.graph_max_tokens  # the buckets stop below the largest eager steps
     for bucket in token_buckets(limit):
-        _extend(ext, min(bucket, cfg.max_running_requests), bucket, static)
+        _extend(ext, min(bucket, cfg.max_running_requests), bucket, static, cache_dtype)
     captured = {name: set(r.keys) for name, r in recorded.items()}
 
     for batch in (1, 2, 3, 5, 16, 17, 20, 31, 32, 33, 34, 63, 65, 100, 129, 130, 200, 256):
         for longest in (17, 40, 64, 100, 1000, 2048 + 300, 4111):
-            _extend(ext, batch, 2048 + batch - 1, table_width(longest))
+            _extend(ext, batch, 2048 + batch - 1, table_width(longest), cache_dtype)
     for name, r in recorded.items():
         new = r.keys - captured[name]
         assert not new, f"{name}: served steps compile {len(new)} kernels: {sorted(new)}"

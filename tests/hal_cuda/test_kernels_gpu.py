@@ -66,25 +66,22 @@ def test_decode_attention_bf16(seq_lens: list[int]) -> None:
     assert _rel(out, _ref_attention(c)) < 1e-2
 
 
-@pytest.mark.parametrize("tile", [None, (32, 2, 3, 128), (128, 4, 2, None),
-                                  (64, 4, 3, None, True), (128, 8, 2, None, True)])
+@pytest.mark.parametrize("tile", [None, (32, 2, 3, 128), (16, 2, 4, 128), (128, 4, 2, None)])
 @pytest.mark.parametrize("seq_lens", [[1], [4096], [17, 600, 2049, 3, 1024, 77, 4000, 256],
+                                      [53 * (i % 7) + 1 for i in range(24)],  # small tile
                                       [37 * (i % 9) + 1 for i in range(64)]])
 def test_decode_attention_fp8_cache(monkeypatch: pytest.MonkeyPatch, seq_lens: list[int],
-                                    tile: tuple[int | bool | None, ...] | None) -> None:
+                                    tile: tuple[int, int, int, int | None] | None) -> None:
     """An e4m3 cache read as words (the hardware's e4m3x2 -> f16x2 conversion, float16 dots)
     against the fp32 reference over the values the cache holds; at the default tile and at
-    others, some compiled under a register cap (maxnreg), some with the keys unconverted in
-    an e4m3 wgmma (FP8_QDOT, a fifth element True)."""
+    others, some compiled under a register cap (maxnreg)."""
     from tessera.hal.cuda import decode_attention as da
     from tessera.hal.cuda.decode_attention import attention_decode, fp8_words
 
     if tile is not None:
-        qdot = len(tile) > 4 and bool(tile[4])
-        monkeypatch.setattr(da, "FP8_QDOT", qdot)
-        names = ("QDOT_BLOCK_N", "QDOT_NUM_WARPS", "QDOT_NUM_STAGES") if qdot else (
-            "FP8_BLOCK_N", "FP8_NUM_WARPS", "FP8_NUM_STAGES", "FP8_MAXNREG")
-        for name, value in zip(names, tile, strict=False):
+        monkeypatch.setattr(da, "FP8_SMALL_TILE", None)
+        for name, value in zip(("FP8_BLOCK_N", "FP8_NUM_WARPS", "FP8_NUM_STAGES",
+                                "FP8_MAXNREG"), tile, strict=True):
             monkeypatch.setattr(da, name, value)
 
     c = _paged(seq_lens, [1] * len(seq_lens), torch.bfloat16, seed=len(seq_lens))

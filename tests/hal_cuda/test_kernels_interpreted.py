@@ -235,6 +235,7 @@ def test_attention_decode_fp8_cache(kernels: dict[str, ModuleType], monkeypatch:
     reference over the values the cache holds. At the default tile and at tiles with a
     register cap (FP8_MAXNREG, passed to the launch as Triton's maxnreg)."""
     if tile is not None:
+        monkeypatch.setattr(kernels["decode_attention"], "FP8_SMALL_TILE", None)
         for name, value in zip(("FP8_BLOCK_N", "FP8_NUM_WARPS", "FP8_NUM_STAGES",
                                 "FP8_MAXNREG"), tile, strict=True):
             monkeypatch.setattr(kernels["decode_attention"], name, value)
@@ -253,57 +254,26 @@ def test_attention_decode_fp8_cache(kernels: dict[str, ModuleType], monkeypatch:
         torch.testing.assert_close(out, expected, **TOL)
 
 
-def _split_probe(q_ptr, hi_ptr, lo_ptr, inv_ptr, H: tl.constexpr, D: tl.constexpr):  # noqa: F821
-    """decode_attention._split_q_e4m3 over an [H, D] q (jitted by the test below, whose
-    interpreter reads tl and the helper from this module's globals)."""
-    h, d = tl.arange(0, H), tl.arange(0, D)  # noqa: F821
-    qq = tl.load(q_ptr + h[:, None] * D + d[None, :]).to(tl.float32)  # noqa: F821
-    q_hi, q_lo, q_inv = _split_q_e4m3(qq, h < H)  # noqa: F821
-    tl.store(hi_ptr + h[:, None] * D + d[None, :], q_hi.to(tl.float32))  # noqa: F821
-    tl.store(lo_ptr + h[:, None] * D + d[None, :], q_lo.to(tl.float32))  # noqa: F821
-    tl.store(inv_ptr + h, q_inv)  # noqa: F821
-
-
-@pytest.mark.parametrize("dim", [128, 32])
-def test_attention_decode_fp8_keys_in_an_e4m3_dot(kernels: dict[str, ModuleType],
-                                                   monkeypatch: pytest.MonkeyPatch,
-                                                   dim: int) -> None:
-    """FP8_QDOT: the keys unconverted in the scores' dot, q split into two e4m3 parts (a bf16
-    q exactly, magnitudes over 2^14 apart aside): against the fp32 reference over the cache's
-    values with the bf16 q, split and not, and a query head of zeros (its scale's guard)."""
+def test_the_fp8_tile_follows_the_batch(kernels: dict[str, ModuleType]) -> None:
+    """FP8_SMALL_TILE from FP8_SMALL_BATCH[0] to [1] requests over fp8 words, the default tile
+    elsewhere and over other caches; and a batch of that size against the reference."""
     da = kernels["decode_attention"]
-    monkeypatch.setattr(da, "FP8_QDOT", True)
-    seq_lens = (1, 70, 5, 129)
-    case = make_paged_case(seq_lens, (1,) * 4, 8, 2, dim, torch.float32, seed=31)
-    k8 = (case.k_cache * 16).to(torch.float8_e4m3fn)
-    v8 = (case.v_cache * 16).to(torch.float8_e4m3fn)
-    q = (case.q * 3).to(torch.bfloat16)
-    q[2, 5] = 0.0
+    lo, hi = da.FP8_SMALL_BATCH
+    default = (da.FP8_BLOCK_N, da.FP8_NUM_WARPS, da.FP8_NUM_STAGES, da.FP8_MAXNREG)
+    assert da.FP8_SMALL_TILE is not None and da.FP8_SMALL_TILE != default
+    assert [da.tunables(True, b) for b in (1, lo - 1, lo, hi, hi + 1, 256)] == \
+        [default, default, da.FP8_SMALL_TILE, da.FP8_SMALL_TILE, default, default]
+    assert da.tunables(False, lo)[:3] == (da.BLOCK_N, da.NUM_WARPS, da.NUM_STAGES)
+    seq_lens = tuple(9 * (i % 5) + 1 for i in range(lo))
+    case = make_paged_case(seq_lens, (1,) * lo, 4, 1, 16, torch.float32, seed=33)
+    k8, v8 = (case.k_cache * 16).to(torch.float8_e4m3fn), (case.v_cache * 16).to(
+        torch.float8_e4m3fn)
     expected = reference_op("attention_extend")(
-        q.float(), k8.float() / 16, v8.float() / 16, case.req_to_token, case.seq_lens,
+        case.q, k8.float() / 16, v8.float() / 16, case.req_to_token, case.seq_lens,
         case.extend_lens, case.qo_indptr, case.scale)
-    assert da.tunables(True, True)[:3] == (da.QDOT_BLOCK_N, da.QDOT_NUM_WARPS,
-                                             da.QDOT_NUM_STAGES)
-    for splits in (1, 3):
-        out = da.attention_decode(q, k8, v8, case.req_to_token, case.seq_lens, case.scale,
-                                  splits=splits, k_scale=1 / 16, v_scale=1 / 16)
-        assert out.dtype == torch.bfloat16
-        # the output's bf16 rounding and the probabilities' float16 bound it, not the dot
-        torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
-    # the split itself: q's parts put back equal the bf16 q
-    import triton
-    import triton.language as tl
-
-    globals().update(tl=tl, _split_q_e4m3=da._split_q_e4m3)  # the kernel's globals
-    split = triton.jit(_split_probe)
-    rows = q.reshape(-1, dim)[:16].contiguous()
-    hi, lo = torch.empty(rows.shape), torch.empty(rows.shape)
-    inv = torch.empty(rows.shape[0])
-    split[(1,)](rows, hi, lo, inv, H=rows.shape[0], D=dim)
-    assert torch.equal(hi.to(torch.float8_e4m3fn).float(), hi)  # e4m3 values
-    big = rows.float().abs() >= rows.float().abs().amax(1, keepdim=True) * 2.0 ** -12
-    torch.testing.assert_close(((hi + lo / 8) * inv[:, None])[big], rows.float()[big],
-                               atol=0, rtol=0)
+    out = da.attention_decode(case.q, k8, v8, case.req_to_token, case.seq_lens, case.scale,
+                              k_scale=1 / 16, v_scale=1 / 16)
+    torch.testing.assert_close(out, expected, **TOL)
 
 
 def test_attention_over_fp8_caches_without_a_word_view(kernels: dict[str, ModuleType]) -> None:
@@ -531,17 +501,6 @@ def test_the_fp8_decode_tile_switch(kernels: dict[str, ModuleType]) -> None:
     for bad in ("", "64,2", "64,2,3,128,1", "48,2,3", "64,3,3", "64,2,0", "64,2,3,8",
                 "64,2,3,300", "a,b,c", "8,2,3"):
         with pytest.raises(ValueError, match="HAL_CUDA_DECODE_FP8_TILE"):
-            parse(bad)
-
-
-def test_the_fp8_keys_dot_switch(kernels: dict[str, ModuleType]) -> None:
-    """HAL_CUDA_DECODE_FP8_QDOT: off unset / "" / 0, on at 1, on at a tile of four warps and
-    64 keys at least (the fp8 wgmma's); anything else refused with the variable's name."""
-    parse = kernels["decode_attention"].parse_qdot
-    assert parse(None) == (False, None) and parse("0") == (False, None)
-    assert parse(" 1 ") == (True, None) and parse("128,8,2") == (True, (128, 8, 2))
-    for bad in ("yes", "64,2,3", "32,4,3", "64,4,3,128", "2"):
-        with pytest.raises(ValueError, match="HAL_CUDA_DECODE_FP8_QDOT"):
             parse(bad)
 
 
