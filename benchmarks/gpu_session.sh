@@ -62,6 +62,7 @@
 #   benchmarks/gpu_session.sh 56  # one H200:  the W8A8 tiles with more programs (64 x 64, K split, K steps of 256): their GPU tests, every fp8 candidate at 64-256 tokens beside bf16, b12 B2 bf16 / fp8, fp8 over the fp8 cache (~170 s; at 175e3df, whose 256-token W8A8 tiles 5f18619 dropped)
 #   benchmarks/gpu_session.sh 57  # one H200:  decode attention over the fp8 cache under a register cap (maxnreg): the kernel tests, the tile bench, b12 fp8 B2 over the fp8 cache at its fastest tile / the default / the fastest (~330 s)
 #   benchmarks/gpu_session.sh 58  # one H200:  the keys in an e4m3 dot (FP8_QDOT): the kernel tests, the tile bench, b12 fp8 B2 over the fp8 cache with it / without / with, the fp8 cache's KL with it and without (~420 s)
+#   benchmarks/gpu_session.sh 59  # one H200:  fp8 activations quantized in the norm's / SiLU's kernel (rows_fused) and the fp8 cache's small-batch tile: their GPU tests, b12 B2 bf16 / fp8, fp8 without the fusion, fp8 over the fp8 cache, fp8 again (~330 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -95,7 +96,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-8])$ ]] || { echo "usage: $0 1|...|35, 37-58  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9])$ ]] || { echo "usage: $0 1|...|35, 37-59  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -778,6 +779,22 @@ case $CALL in
     HAL_CUDA_DECODE_FP8_QDOT=${qtile:-1} part kvklqdot 150 80 b12 --schemes bf16 --parts kl \
       --name b12_kvkl_qdot_call58_h200
     part kvkl 150 80 b12 --schemes bf16 --parts kl --name b12_kvkl_call58_h200
+    ;;
+  59)
+    # The fp8 product's activations quantized in the norm's and the SiLU's kernels
+    # (QuantLinearKernel.rows_fused, LlamaDecoderLayer.forward_rows_fused: three launches a
+    # layer fewer at two tokens and more), and the fp8 cache's tile for 16-32 requests. Their
+    # GPU tests (rows_fused against its composition bit for bit and in the conformance
+    # suite, the fp8 decode attention at 24 requests); B12's B2 in bf16 and fp8, fp8 with the
+    # fusion off (HAL_CUDA_FP8_ROWS_FUSION=0), fp8 over the fp8 cache, fp8 again.
+    KERNELS_K="decode_attention or rows_fused" part kernels 90 30 kernels
+    QUANT_K="rows_fused" part quanttests 90 30 quanttests
+    part b12b2 200 90 b12 --schemes bf16,fp8 --parts b2 --name b12_b2_call59_h200
+    HAL_CUDA_FP8_ROWS_FUSION=0 part b12nofuse 100 45 b12 --schemes fp8 --parts b2 \
+      --name b12_b2_nofusion_call59_h200
+    part b12kv 100 45 b12 --schemes fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
+      --name b12_fp8kv_call59_h200
+    part b12fp8 100 45 b12 --schemes fp8 --parts b2 --name b12_b2_fp8_again_call59_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

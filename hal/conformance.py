@@ -58,6 +58,7 @@ from tessera.hal.conformance_quant import (  # noqa: F401  (the suite's quantize
     test_quant_one_token_fused,
     test_quant_one_token_fused_rope,
     test_quant_prepare_keeps_the_values,
+    test_quant_rows_fused,
     test_quant_schemes_resolve_or_refuse,
     test_store_kv_fp8,
 )

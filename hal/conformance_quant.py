@@ -32,6 +32,7 @@ from tessera.hal.quant import (
     one_token_fused_reference,
     quant_linear_reference,
     quantize,
+    rows_fused_reference,
 )
 
 FP8_REL_L2 = 0.05
@@ -158,6 +159,45 @@ def test_quant_one_token_fused(hal_platform: Platform, dtype: torch.dtype, schem
     _quant_close(scheme, out, want.to(dtype), dtype)
     with pytest.raises(ValueError):
         kernel.one_token_fused(x.to(dev), prepared, None, residual=res.to(dev), silu=True)
+
+
+@pytest.mark.parametrize("tokens", [2, 40])
+@pytest.mark.parametrize("fusion", ["norm", "norm+residual", "silu"])
+@pytest.mark.parametrize("scheme,group", QUANT_CASES, ids=[f"{s}-g{g}" for s, g in QUANT_CASES])
+def test_quant_rows_fused(hal_platform: Platform, dtype: torch.dtype, scheme: str,
+                          group: int | None, fusion: str, tokens: int) -> None:
+    """rows_fused against its definition, the composition, in float32 from the same values
+    (the plugin rounds the normed x or the SiLU's output to dtype on the way: within the
+    dtype's tolerance); the new residual exactly the plugin's fused_add_rms_norm's."""
+    if not _runs(hal_platform, scheme):
+        pytest.skip(f"{hal_platform.name} does not run {scheme}")
+    kernel = hal_platform.linear_kernel(scheme)
+    if kernel.rows_fused is None:
+        pytest.skip(f"{hal_platform.name} has no rows fusion for {scheme}")
+    w = _weight(scheme, group, 272, 256, seed=50)
+    gen = torch.Generator().manual_seed(51)
+    silu = fusion == "silu"
+    x = (torch.randn((tokens, 512 if silu else 256), generator=gen) * 3).to(dtype)
+    gain = (torch.rand((256,), generator=gen) + 0.5).to(dtype)
+    res = torch.randn((tokens, 256), generator=gen).to(dtype) if "residual" in fusion else None
+    bias = torch.randn((272,), generator=gen).to(dtype)
+    dev = hal_platform.device()
+    prepared = kernel.prepare(w.to(dev))
+    kw: dict[str, Any] = {"silu": True} if silu else {
+        "norm": (gain.to(dev), 1e-5), "residual": None if res is None else res.to(dev)}
+    out, res_out = kernel.rows_fused(x.to(dev), prepared, bias.to(dev), **kw)
+    want_kw: dict[str, Any] = {"silu": True} if silu else {
+        "norm": (gain.float(), 1e-5), "residual": None if res is None else res.float()}
+    want, _ = rows_fused_reference(x.float(), w, bias.float(), **want_kw)
+    assert out.shape == (tokens, 272)
+    _quant_close(scheme, out, want.to(dtype), dtype)
+    assert (res_out is None) == (res is None)
+    if res is not None:
+        _, plugin_res = hal_platform.op("fused_add_rms_norm")(x.to(dev), res.to(dev),
+                                                              gain.to(dev), 1e-5)
+        assert torch.equal(res_out.cpu(), plugin_res.cpu())
+    with pytest.raises(ValueError):
+        kernel.rows_fused(x.to(dev), prepared, None, norm=(gain.to(dev), 1e-5), silu=True)
 
 
 @pytest.mark.parametrize("norm", [False, True])

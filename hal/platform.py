@@ -111,6 +111,20 @@ class QuantLinearKernel:
     `fuses(w)` says whether the plugin runs it in one launch for this prepared weight: a
     model takes the fused path only where every linear of it does, since its composition
     costs more launches than the fused_add_rms_norm it replaces.
+
+    Optional, for a step of any number of tokens: `rows_fused(x[T, In], w, bias, *,
+    norm=None, residual=None, silu=False) -> (y, residual_out)`, the product with the op
+    before it, defined as the composition (hal/quant/reference.py `rows_fused_reference`):
+
+        h, residual_out = fused_add_rms_norm(x, residual, g, eps)  if norm and residual
+        h, residual_out = rms_norm(x, g, eps), None                if norm alone
+        h, residual_out = silu_and_mul(x), None                    if silu  ([T, In * 2] in)
+        y = apply(h, w, bias)
+
+    (one of norm and silu; a residual only with a norm), residual_out exactly the
+    composition's and y within the scheme's tolerance. A plugin fuses where it gains (fp8:
+    the activations' quantization in the norm's or the SiLU's kernel, no launch of its own)
+    and composes elsewhere, so a model may call it for every step.
     """
 
     scheme: str
@@ -118,6 +132,7 @@ class QuantLinearKernel:
     prepare: Callable[[QuantizedWeight], QuantizedWeight] = _same
     one_token_fused: Callable[..., torch.Tensor] | None = None
     fuses: Callable[[QuantizedWeight], bool] = _never
+    rows_fused: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None = None
 
     def __call__(self, x: torch.Tensor, w: QuantizedWeight,
                  bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from tessera.hal.cuda import pdl
 from tessera.hal.cuda.pdl import enter as pdl_enter
+from tessera.hal.cuda.quant_kernels import quant_row_fp8
 
 
 def _check_inner_contiguous(name: str, t: torch.Tensor) -> None:
@@ -88,6 +89,30 @@ def _act_and_mul_kernel(x_ptr, out_ptr, x_s0, o_s0, inter, BLOCK: tl.constexpr,
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
+    out = _act_and_mul_cols(x_ptr, t, x_s0, inter, cols, mask, GELU)
+    tl.store(out_ptr + t * o_s0 + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu_and_mul_quant_fp8_kernel(x_ptr, q_ptr, scale_ptr, x_s0, q_s0, inter,
+                                   BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
+    """silu_and_mul's row (one block holds it) quantized to e4m3 for a W8A8 product
+    (quant_rows_fp8_kernel's scale a row) instead of stored, rounded to x's dtype first as
+    the composition stores it."""
+    pdl_enter(USE_PDL)
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < inter
+    out = _act_and_mul_cols(x_ptr, t, x_s0, inter, cols, mask, False)
+    q, scale = quant_row_fp8(tl.where(mask, out.to(x_ptr.dtype.element_ty).to(tl.float32),
+                                      0.0))
+    tl.store(q_ptr + t * q_s0 + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr + t, scale)
+
+
+@triton.jit
+def _act_and_mul_cols(x_ptr, t, x_s0, inter, cols, mask, GELU: tl.constexpr):
+    """act(gate) * up over these columns of row t of [gate | up], in float32."""
     gate = tl.load(x_ptr + t * x_s0 + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + t * x_s0 + inter + cols, mask=mask, other=0.0).to(tl.float32)
     if GELU:
@@ -98,7 +123,7 @@ def _act_and_mul_kernel(x_ptr, out_ptr, x_s0, o_s0, inter, BLOCK: tl.constexpr,
         act = 0.5 * gate * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0))
     else:
         act = gate / (1.0 + tl.exp(-gate))
-    tl.store(out_ptr + t * o_s0 + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+    return act * up
 
 
 def _act_and_mul(x: torch.Tensor, name: str, gelu: bool) -> torch.Tensor:
@@ -119,6 +144,29 @@ def _act_and_mul(x: torch.Tensor, name: str, gelu: bool) -> torch.Tensor:
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _act_and_mul(x, "silu_and_mul", gelu=False)
+
+
+QUANT_ROW_MAX = 16384  # silu_and_mul_quant_fp8 holds a row of this many outputs in one block
+
+
+def silu_and_mul_quant_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q e4m3 [T, I], scales float32 [T, 1]): silu_and_mul of x [T, 2I] then
+    quantize_rows_fp8 of its output, in one launch and with the composition's values; I up
+    to QUANT_ROW_MAX."""
+    _check_inner_contiguous("silu_and_mul_quant_fp8 input", x)
+    tokens, width = x.shape
+    if width % 2 or width // 2 > QUANT_ROW_MAX:
+        raise ValueError(f"silu_and_mul_quant_fp8 expects an even last dimension of at most "
+                         f"{2 * QUANT_ROW_MAX} (gate | up), got {width}")
+    inter = width // 2
+    q = torch.empty((tokens, inter), dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty((tokens, 1), dtype=torch.float32, device=x.device)
+    if tokens:
+        block = triton.next_power_of_2(inter)
+        _silu_and_mul_quant_fp8_kernel[(tokens,)](
+            x, q, scales, x.stride(0), q.stride(0), inter, BLOCK=block,
+            num_warps=min(max(block // 512, 1), 16), **pdl.launch_options())
+    return q, scales
 
 
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:

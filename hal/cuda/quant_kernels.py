@@ -333,6 +333,16 @@ def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, xs_ptr, M, N, K, x_
 
 
 @triton.jit
+def quant_row_fp8(x):
+    """One row in float32 (lanes past its end 0) -> (x / scale clamped to e4m3's range, as
+    float32, and scale = max|x| / 448): quant_rows_fp8_kernel's arithmetic, which the
+    kernels that quantize their own output (a norm's, the SiLU's) share."""
+    scale = tl.maximum(tl.div_rn(tl.max(tl.abs(x), 0), 448.0), 1e-12)
+    # div_rn: IEEE division, as torch's (Triton's `/` may be off by an ulp in fp32)
+    return tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0), scale
+
+
+@triton.jit
 def quant_rows_fp8_kernel(x_ptr, out_ptr, scale_ptr, K, x_s0, out_s0,
                           BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False):
     """Dynamic per-token fp8 quantization (W8A8): scale = max|x| / 448, out = x / scale.
@@ -343,8 +353,7 @@ def quant_rows_fp8_kernel(x_ptr, out_ptr, scale_ptr, K, x_s0, out_s0,
     if BLOCK_K >= K:
         k = tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * x_s0 + k, mask=k < K, other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.div_rn(tl.max(tl.abs(x), 0), 448.0), 1e-12)
-        q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0)
+        q, scale = quant_row_fp8(x)
         tl.store(out_ptr + row * out_s0 + k, q.to(out_ptr.dtype.element_ty), mask=k < K)
         tl.store(scale_ptr + row, scale)
         return

@@ -44,7 +44,7 @@ from tessera.hal.cuda.quant_kernels import (
     splitk_sum_kernel,
 )
 from tessera.hal.platform import QuantLinearKernel, RotaryStore
-from tessera.hal.quant.reference import check_fusions, rotate_and_store
+from tessera.hal.quant.reference import check_fusions, check_rows_fusions, rotate_and_store
 from tessera.hal.quant.weight import (
     HALF_TILES,
     SCHEMES,
@@ -240,9 +240,14 @@ def quantize_rows_fp8(x: torch.Tensor, block_k: int | None = None
 def fp8_scaled_mm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None
                   ) -> torch.Tensor:
     """W8A8 through cuBLASLt: per-token activation scales, per-row weight scales."""
-    xq, sx = quantize_rows_fp8(x)
-    out = torch._scaled_mm(xq, w.qweight.t(), scale_a=sx, scale_b=w.scales.view(1, -1),
-                           out_dtype=x.dtype)
+    return scaled_mm_quantized(*quantize_rows_fp8(x), w, bias, x.dtype)
+
+
+def scaled_mm_quantized(xq: torch.Tensor, x_scales: torch.Tensor, w: QuantizedWeight,
+                        bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """fp8_scaled_mm of activations already quantized (quantize_rows_fp8's pair)."""
+    out = torch._scaled_mm(xq, w.qweight.t(), scale_a=x_scales,
+                           scale_b=w.scales.view(1, -1), out_dtype=out_dtype)
     return out if bias is None else out + bias
 
 
@@ -268,6 +273,64 @@ def apply(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None) -> tor
     if w.scheme == "fp8":
         return quant_tune.run_fp8(x, w, bias, quant_tune.fp8_config(w, x, bias))
     return quant_tune.run_gemm(x, w, bias, quant_tune.gemm_config(w, x, bias))
+
+
+ROWS_FUSION_VARIABLE = "HAL_CUDA_FP8_ROWS_FUSION"
+
+
+@functools.lru_cache(maxsize=1)
+def rows_fusion_on() -> bool:
+    """HAL_CUDA_FP8_ROWS_FUSION (read once a process): on (the default) or off (0), for A/B
+    runs of rows_fused's fp8 fusion."""
+    return env.switch(ROWS_FUSION_VARIABLE, True)
+
+
+def _rows_quantized(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
+                    width: int) -> tuple[int, ...] | None:
+    """The W8A8 config the fp8 product of x's rows (width inputs each) runs at when
+    rows_fused can hand it activations its norm or SiLU kernel quantized, else None (another
+    scheme, one token, a permuted or misshapen input, a W8A16 pick, fusion off)."""
+    if w.scheme != "fp8" or x.shape[0] < 2 or w.input_perm is not None or \
+            width != w.in_features or width > ROW_BLOCK_MAX or x.stride(-1) != 1 or \
+            not rows_fusion_on():
+        return None
+    config = quant_tune.fp8_config(w, x[:, :width], bias)
+    return config if quant_tune.is_w8a8(config) and not quant_tune.is_wt(config) else None
+
+
+def rows_fused(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, *,
+               norm: tuple[torch.Tensor, float] | None = None,
+               residual: torch.Tensor | None = None, silu: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """QuantLinearKernel.rows_fused: for an fp8 weight whose product at this many tokens is
+    W8A8 (cuBLASLt or a Triton A8 tile), the norm's or the SiLU's kernel quantizes the
+    activations (rms_norm_quant_fp8, silu_and_mul_quant_fp8) and the product takes them, one
+    launch fewer; otherwise the composition of this plugin's ops."""
+    from tessera.hal.cuda.elementwise import (
+        QUANT_ROW_MAX,
+        silu_and_mul,
+        silu_and_mul_quant_fp8,
+    )
+    from tessera.hal.cuda.norm import fused_add_rms_norm, rms_norm, rms_norm_quant_fp8
+
+    check_rows_fusions(norm, residual, silu)
+    width = x.shape[1] // 2 if silu else x.shape[1]
+    config = _rows_quantized(x, w, bias, width) if x.dim() == 2 else None
+    if config is not None and not (silu and width > QUANT_ROW_MAX):
+        if norm is not None:
+            xq, scales, residual_out = rms_norm_quant_fp8(x, norm[0], norm[1], residual)
+        else:
+            (xq, scales), residual_out = silu_and_mul_quant_fp8(x), None
+        return quant_tune.run_fp8_quantized(xq, scales, w, bias, config, x.dtype), \
+            residual_out
+    residual_out = None
+    if norm is not None and residual is not None:
+        h, residual_out = fused_add_rms_norm(x, residual, norm[0], norm[1])
+    elif norm is not None:
+        h = rms_norm(x, norm[0], norm[1])
+    else:
+        h = silu_and_mul(x)
+    return apply(h, w, bias), residual_out
 
 
 FUSION_VARIABLE = "HAL_CUDA_ONE_TOKEN_FUSION"
@@ -340,6 +403,8 @@ def one_token_fused(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | No
 
 
 def quant_linears() -> dict[str, QuantLinearKernel]:
+    # rows_fused for fp8 alone: the other schemes' products take x unquantized, nothing to fuse
     return {scheme: QuantLinearKernel(scheme, apply, prepare, one_token_fused=one_token_fused,
-                                      fuses=fuses)
+                                      fuses=fuses,
+                                      rows_fused=rows_fused if scheme == "fp8" else None)
             for scheme in SCHEMES}

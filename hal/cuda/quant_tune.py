@@ -313,6 +313,22 @@ def fp8_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
                  lambda c: run_fp8(x, w, bias, c))
 
 
+def run_fp8_quantized(xq: torch.Tensor, x_scales: torch.Tensor, w: QuantizedWeight,
+                      bias: torch.Tensor | None, config: tuple[int, ...],
+                      out_dtype: torch.dtype) -> torch.Tensor:
+    """run_fp8 of activations already quantized (xq e4m3 [M, K], x_scales [M, 1], as
+    quantize_rows_fp8 makes them) under a W8A8 config (is_w8a8, not weights-as-A)."""
+    from tessera.hal.cuda.quant_linear import qgemm, scaled_mm_quantized
+
+    if config == SCALED_MM:
+        return scaled_mm_quantized(xq, x_scales, w, bias, out_dtype)
+    if not is_w8a8(config) or is_wt(config):
+        raise ValueError(f"fp8 config {config}: not a W8A8 one, which takes quantized "
+                         f"activations")
+    return qgemm(xq, w, bias, *tile(config), w8a8=True, x_scales=x_scales, out_dtype=out_dtype,
+                 split_k=split_k(config))
+
+
 def run_fp8(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
             config: tuple[int, ...]) -> torch.Tensor:
     """The fp8 linear of several tokens under an fp8_config."""

@@ -19,6 +19,7 @@ from tessera.hal.quant.reference import (
     fp8_w8a8_reference,
     one_token_fused_reference,
     quant_linear_reference,
+    rows_fused_reference,
 )
 from tessera.hal.quant.weight import (
     FP8_DTYPE,
@@ -45,6 +46,7 @@ __all__ = [
     "cat_rows",
     "check_scheme",
     "one_token_fused_reference",
+    "rows_fused_reference",
     "fp8_w8a8_reference",
     "half_tile",
     "pack_int4",

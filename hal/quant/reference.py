@@ -53,6 +53,35 @@ def one_token_fused_reference(x: torch.Tensor, w: QuantizedWeight,
     return y
 
 
+def rows_fused_reference(x: torch.Tensor, w: QuantizedWeight,
+                         bias: torch.Tensor | None = None, *,
+                         norm: tuple[torch.Tensor, float] | None = None,
+                         residual: torch.Tensor | None = None, silu: bool = False,
+                         linear: Callable[..., torch.Tensor] | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The definition of QuantLinearKernel.rows_fused (hal/platform.py): the reference ops
+    composed, `linear` (default quant_linear_reference) the product."""
+    from tessera.hal.reference import reference_op
+
+    check_rows_fusions(norm, residual, silu)
+    residual_out = None
+    if norm is not None and residual is not None:
+        h, residual_out = reference_op("fused_add_rms_norm")(x, residual, norm[0], norm[1])
+    elif norm is not None:
+        h = reference_op("rms_norm")(x, norm[0], norm[1])
+    else:
+        h = reference_op("silu_and_mul")(x)
+    return (linear or quant_linear_reference)(h, w, bias), residual_out
+
+
+def check_rows_fusions(norm: tuple[torch.Tensor, float] | None, residual: torch.Tensor | None,
+                       silu: bool) -> None:
+    """rows_fused's rule: one of a norm and the SiLU, a residual only with the norm."""
+    if (norm is None) == (not silu) or (residual is not None and norm is None):
+        raise ValueError("rows_fused takes a norm (with or without a residual) or silu, "
+                         "exactly one")
+
+
 def check_fusions(silu: bool, residual: torch.Tensor | None, rope: RotaryStore | None) -> None:
     """one_token_fused's rule: silu, a residual and rope exclude each other."""
     if int(silu) + int(residual is not None) + int(rope is not None) > 1:

@@ -339,6 +339,14 @@ def pdl_cases() -> list[Case]:
                                          "out_ptr": "*i64"}, {"PARTS": 64}, 1),
         (qk.quant_rows_fp8_kernel, {"x_ptr": bf16, "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"},
          {"BLOCK_K": 4096}, 4),
+        # the activations' quantization in the norm's and the SiLU's kernels (rows_fused)
+        (norm._rms_norm_quant_fp8_kernel, {"x_ptr": bf16, "res_ptr": bf16, "w_ptr": bf16,
+                                           "q_ptr": "*fp8e4nv", "scale_ptr": "*fp32",
+                                           "res_out_ptr": bf16, "eps": "fp32"},
+         {"HAS_RESIDUAL": True, "BLOCK": 4096}, 8),
+        (elementwise._silu_and_mul_quant_fp8_kernel, {"x_ptr": bf16, "q_ptr": "*fp8e4nv",
+                                                      "scale_ptr": "*fp32"},
+         {"BLOCK": 16384}, 16),
     ]
     picked += [Case(fn.__name__, fn, _signature(fn, types, consts), consts, num_warps=warps)
                for fn, types, consts, warps in small]

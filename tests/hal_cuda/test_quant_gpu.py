@@ -471,3 +471,42 @@ def test_fused_layer_chain_under_pdl_in_a_graph(scheme: str) -> None:
             graph.replay()
             with pdl.forced(False):
                 assert torch.equal(out, layer(static)), seed
+
+
+@pytest.mark.parametrize("m", [2, 64, 256])
+@pytest.mark.parametrize("fusion", ["norm", "norm+residual", "silu"])
+def test_rows_fused_fp8_equals_its_composition(m: int, fusion: str) -> None:
+    """rows_fused over an fp8 weight at Llama-3-8B's widths (4096 in, gate/up's 14336 for the
+    SiLU): wherever the tuner's pick is W8A8 the norm's or the SiLU's kernel quantizes the
+    activations, and the output is the composition's bit for bit (the same e4m3 values into
+    the same product); the new residual is fused_add_rms_norm's."""
+    from tessera.hal.cuda import quant_tune
+    from tessera.hal.cuda.elementwise import silu_and_mul
+    from tessera.hal.cuda.norm import fused_add_rms_norm, rms_norm
+    from tessera.hal.cuda.quant_linear import apply, prepare, rows_fused
+
+    gen = torch.Generator(device="cuda").manual_seed(60)
+    k = 14336 if fusion == "silu" else 4096
+    w = prepare(quantize(torch.randn((1024, k), device="cuda", generator=gen) / k ** 0.5,
+                         "fp8").to(torch.device("cuda")))
+    x = torch.randn((m, 2 * k if fusion == "silu" else k), device="cuda",
+                    generator=gen).to(torch.bfloat16)
+    gain = (torch.rand(4096, device="cuda", generator=gen) + 0.5).to(torch.bfloat16)
+    res = torch.randn((m, 4096), device="cuda", generator=gen).to(torch.bfloat16) \
+        if fusion == "norm+residual" else None
+    if fusion == "silu":
+        got, got_res = rows_fused(x, w, None, silu=True)
+        want, want_res = apply(silu_and_mul(x), w, None), None
+    elif res is None:
+        got, got_res = rows_fused(x, w, None, norm=(gain, 1e-5))
+        want, want_res = apply(rms_norm(x, gain, 1e-5), w, None), None
+    else:
+        got, got_res = rows_fused(x, w, None, norm=(gain, 1e-5), residual=res)
+        h, want_res = fused_add_rms_norm(x, res, gain, 1e-5)
+        want = apply(h, w, None)
+    assert torch.equal(got, want)
+    assert (got_res is None) == (want_res is None)
+    if want_res is not None:
+        assert torch.equal(got_res, want_res)
+    config = quant_tune.fp8_config(w, x[:, :k], None)
+    print(f"rows_fused m={m} {fusion}: config {config}, W8A8 {quant_tune.is_w8a8(config)}")

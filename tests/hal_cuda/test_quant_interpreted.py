@@ -429,3 +429,108 @@ def test_dequantize_weight_is_the_definition(kernels: dict[str, ModuleType], sch
     bias = torch.randn(37, generator=torch.Generator().manual_seed(73))
     torch.testing.assert_close(quant_tune.run_gemm(x, w, bias, quant_tune.DEQUANT_MM),
                                quant_linear_reference(x, w, bias), **TOL)
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_quant_fp8_is_the_composition(kernels: dict[str, ModuleType],
+                                               with_residual: bool) -> None:
+    """rms_norm_quant_fp8: rms_norm (fused_add_rms_norm with a residual) then
+    quantize_rows_fp8 of its output, the same e4m3 values and scales, the residual exactly
+    fused_add_rms_norm's; rows of very different sizes, a width no power of two."""
+    norm, ql = kernels["norm"], kernels["quant_linear"]
+    x = _x(6, 300, seed=40) * torch.logspace(-3, 2, 6)[:, None]
+    gain = torch.rand(300, generator=torch.Generator().manual_seed(41)) + 0.5
+    res = _x(6, 300, seed=42) if with_residual else None
+    q, scales, res_out = norm.rms_norm_quant_fp8(x, gain, 1e-5, res)
+    if res is None:
+        h, want_res = norm.rms_norm(x, gain, 1e-5), None
+    else:
+        h, want_res = norm.fused_add_rms_norm(x, res, gain, 1e-5)
+    want_q, want_scales = ql.quantize_rows_fp8(h)
+    assert q.dtype == torch.float8_e4m3fn and scales.shape == (6, 1)
+    assert torch.equal(scales, want_scales) and torch.equal(q.float(), want_q.float())
+    assert (res_out is None) == (res is None)
+    if res_out is not None:
+        assert torch.equal(res_out, want_res)
+    with pytest.raises(ValueError, match="rms_norm_quant_fp8"):
+        norm.rms_norm_quant_fp8(x, gain, 1e-5, res[:, :10] if res is not None else x.t())
+
+
+def test_silu_and_mul_quant_fp8_is_the_composition(kernels: dict[str, ModuleType]) -> None:
+    """silu_and_mul_quant_fp8: silu_and_mul then quantize_rows_fp8, the same values; a
+    width past QUANT_ROW_MAX refused."""
+    ew, ql = kernels["elementwise"], kernels["quant_linear"]
+    x = _x(5, 2 * 200, seed=43) * 4
+    q, scales = ew.silu_and_mul_quant_fp8(x)
+    want_q, want_scales = ql.quantize_rows_fp8(ew.silu_and_mul(x))
+    assert torch.equal(scales, want_scales) and torch.equal(q.float(), want_q.float())
+    with pytest.raises(ValueError, match="silu_and_mul_quant_fp8"):
+        ew.silu_and_mul_quant_fp8(torch.zeros((1, 2 * ew.QUANT_ROW_MAX + 2)))
+
+
+@pytest.mark.parametrize("m", [8, 40])  # the interpreter's fp8 pick: W8A16 to 32, W8A8 beyond
+@pytest.mark.parametrize("fusion", ["norm", "norm+residual", "silu"])
+def test_rows_fused_is_the_composition(kernels: dict[str, ModuleType],
+                                       monkeypatch: pytest.MonkeyPatch, m: int,
+                                       fusion: str) -> None:
+    """rows_fused: where the fp8 product is W8A8 (40 tokens here) the norm's or the SiLU's
+    kernel quantizes the activations, no quantize_rows_fp8 launch, and the output equals the
+    composition's (the same e4m3 activations into the same product); at 8 tokens (W8A16),
+    for other schemes and with HAL_CUDA_FP8_ROWS_FUSION off, the composition itself. Misused
+    (no op, both, a residual without a norm): a clear error."""
+    ql, norm, ew = kernels["quant_linear"], kernels["norm"], kernels["elementwise"]
+    k = 96
+    x = _x(m, 2 * k if fusion == "silu" else k, seed=44)
+    gain = torch.rand(k, generator=torch.Generator().manual_seed(45)) + 0.5
+    res = _x(m, k, seed=46) if fusion == "norm+residual" else None
+    kw: dict = {"silu": True} if fusion == "silu" else {"norm": (gain, 1e-5),
+                                                         "residual": res}
+    bias = torch.randn(80, generator=torch.Generator().manual_seed(47))
+
+    def composed(w: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if fusion == "silu":
+            return ql.apply(ew.silu_and_mul(x), w, bias), None
+        if res is None:
+            return ql.apply(norm.rms_norm(x, gain, 1e-5), w, bias), None
+        h, r = norm.fused_add_rms_norm(x, res, gain, 1e-5)
+        return ql.apply(h, w, bias), r
+
+    calls = {"quantize_rows_fp8": 0}
+    real = ql.quantize_rows_fp8
+
+    def counted(*a: object, **kw_: object) -> object:
+        calls["quantize_rows_fp8"] += 1
+        return real(*a, **kw_)
+
+    for scheme in ("fp8", "int8"):
+        w = ql.prepare(_weight(scheme, None if scheme == "fp8" else 32, 80, k, seed=48))
+        want, want_res = composed(w)
+        monkeypatch.setattr(ql, "quantize_rows_fp8", counted)
+        calls["quantize_rows_fp8"] = 0
+        got, got_res = ql.rows_fused(x, w, bias, **kw)
+        monkeypatch.setattr(ql, "quantize_rows_fp8", real)
+        assert torch.equal(got, want)
+        assert (got_res is None) == (want_res is None)
+        if want_res is not None:
+            assert torch.equal(got_res, want_res)
+        # fused (fp8 at 40 tokens): the norm or the SiLU quantized, the product did not; the
+        # compositions (W8A16, int8) quantize nothing
+        assert calls["quantize_rows_fp8"] == 0
+        if scheme == "fp8":
+            config = ql.quant_tune.fp8_config(w, x[:, :k], bias)
+            assert ql.quant_tune.is_w8a8(config) == (m > 32)
+    ql.rows_fusion_on.cache_clear()
+    monkeypatch.setenv("HAL_CUDA_FP8_ROWS_FUSION", "0")
+    try:
+        w = ql.prepare(_weight("fp8", None, 80, k, seed=48))
+        monkeypatch.setattr(ql, "quantize_rows_fp8", counted)
+        calls["quantize_rows_fp8"] = 0
+        got, _ = ql.rows_fused(x, w, bias, **kw)
+        monkeypatch.setattr(ql, "quantize_rows_fp8", real)
+        assert torch.equal(got, composed(w)[0])
+        assert calls["quantize_rows_fp8"] == int(m > 32)  # off: the product quantizes
+    finally:
+        ql.rows_fusion_on.cache_clear()
+    for bad in ({}, {"norm": (gain, 1e-5), "silu": True}, {"residual": x, "silu": True}):
+        with pytest.raises(ValueError, match="rows_fused"):
+            ql.rows_fused(x, w, bias, **bad)

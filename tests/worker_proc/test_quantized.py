@@ -303,3 +303,61 @@ def test_one_token_fusion_needs_every_projection(tmp_path):
     runner = make_runner(folder)
     _fusing(runner)
     assert not runner.model.fuses_one_token()
+
+
+def _rows_fusing(runner) -> list[tuple[int, str]]:
+    """Gives every quantized segment's kernel a rows_fused (the cpu plugin has none): the
+    definition's composition over the kernel's own product, each call logged as (tokens,
+    the fusion); returns the log."""
+    import dataclasses
+
+    from tessera.hal.quant import rows_fused_reference
+
+    log: list[tuple[int, str]] = []
+
+    def with_log(kernel):  # noqa: ANN001, ANN202 - a test double
+        def rows_fused(x, w, bias, *, norm=None, residual=None, silu=False):  # noqa: ANN001
+            log.append((x.shape[0], "silu" if silu else
+                        "norm+residual" if residual is not None else "norm"))
+            return rows_fused_reference(x, w, bias, norm=norm, residual=residual, silu=silu,
+                                        linear=kernel.apply)
+        return rows_fused
+
+    for m in _linears(runner):
+        if isinstance(m.method, QuantLinear):
+            for seg in m.method.segments:
+                if seg.kernel is not None:
+                    seg.kernel = dataclasses.replace(seg.kernel,
+                                                     rows_fused=with_log(seg.kernel))
+    return log
+
+
+def test_rows_fusion_keeps_the_tokens(tmp_path):
+    """Steps over products that take the norm or the SiLU before them
+    (LlamaDecoderLayer.forward_rows_fused: Linear.rows_fused of qkv, gate/up and down) give
+    the plain path's greedy tokens, prefills and decodes; the first layer's norm takes no
+    residual, every later one the stream's; a model whose qkv cannot fuse keeps the plain
+    path."""
+    folder, twin = str(tmp_path / "q"), str(tmp_path / "twin")
+    tiny_hf_model("llama31", folder, rope_scaling=None)
+    write_quantized(folder, twin, "fp8")
+    plain, fused = make_runner(folder), make_runner(folder)
+    assert not any(layer.fuses_rows() for layer in plain.model.layers)
+    log = _rows_fusing(fused)
+    assert all(layer.fuses_rows() for layer in fused.model.layers)
+    batch = prompts(256, LENGTHS, seed=9)
+    assert [r.out for r in MiniScheduler(fused).generate(batch, NEW)] == \
+        [r.out for r in MiniScheduler(plain).generate(batch, NEW)]
+    layers = len(fused.model.layers)
+    first_step = log[:3 * layers]
+    assert [f for _, f in first_step] == ["norm", "norm+residual", "silu"] + \
+        ["norm+residual", "norm+residual", "silu"] * (layers - 1)
+    assert {t for t, _ in first_step} == {sum(LENGTHS)}  # the prefill step's tokens
+    assert len(log) % (3 * layers) == 0 and len(log) > 3 * layers  # decode steps too
+    import dataclasses
+
+    other = make_runner(folder)
+    _rows_fusing(other)
+    seg = other.model.layers[0].attn.qkv.method.segments[0]
+    seg.kernel = dataclasses.replace(seg.kernel, rows_fused=None)
+    assert not other.model.layers[0].fuses_rows() and other.model.layers[1].fuses_rows()

@@ -46,6 +46,7 @@ class LlamaDecoderLayer(nn.Module):
         self.post_norm = RMSNorm(ctx, c.hidden_size, c.rms_norm_eps)
         self.mlp = mlp
         self.mlp_prefix = mlp_prefix
+        self._fuses_rows: bool | None = None
 
     def targets(self, prefix: str) -> Targets:
         out = self.attn.targets(prefix + "self_attn.")
@@ -56,6 +57,8 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor | None, inp: ForwardInputs,
                 kv: KVArena) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.fuses_rows():
+            return self.forward_rows_fused(h, residual, inp, kv)
         if residual is None:
             residual, h = h, self.input_norm(h)
         else:
@@ -68,6 +71,34 @@ class LlamaDecoderLayer(nn.Module):
         if self.residual_scale != 1.0:
             h = h * self.residual_scale
         return h, residual
+
+    def fuses_rows(self) -> bool:
+        """Whether forward_rows_fused runs: a plain gated SiLU MLP, no residual multiplier,
+        the qkv, gate/up and down products each its plugin's rows_fused (Linear.fuses_rows:
+        quantized, one segment; decided once, after loading)."""
+        if self._fuses_rows is None:
+            mlp = self.mlp
+            self._fuses_rows = self.residual_scale == 1.0 and isinstance(mlp, GatedMLP) and \
+                mlp.activation == "silu" and all(
+                    lin.fuses_rows() for lin in (self.attn.qkv, mlp.gate_up, mlp.down))
+        return self._fuses_rows
+
+    def forward_rows_fused(self, h: torch.Tensor, residual: torch.Tensor | None,
+                           inp: ForwardInputs, kv: KVArena
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward with each norm and the SiLU handed to the product after it
+        (Linear.rows_fused): an fp8 plugin quantizes the activations in those kernels."""
+        mlp = self.mlp
+        assert isinstance(mlp, GatedMLP)
+        norm = (self.input_norm.weight, self.input_norm.eps)
+        qkv, new_residual = self.attn.qkv.rows_fused(h, norm=norm, residual=residual)
+        residual = h if new_residual is None else new_residual
+        h = self.attn.o(self.attn.attend(qkv, inp, kv))
+        gate_up, new_residual = mlp.gate_up.rows_fused(
+            h, norm=(self.post_norm.weight, self.post_norm.eps), residual=residual)
+        assert new_residual is not None
+        h, _ = mlp.down.rows_fused(gate_up, silu=True)
+        return h, new_residual
 
     def fuses_one_token(self) -> bool:
         """Whether forward_one_token's four products are one launch each: a plain gated SiLU

@@ -206,6 +206,27 @@ class Linear(nn.Module):
         return self.method.one_token_fused(self, x, norm=norm, residual=residual, silu=silu,
                                            rope=rope)
 
+    def fuses_rows(self) -> bool:
+        """Whether rows_fused is this layer's plugin kernel's (QuantLinearKernel.rows_fused):
+        quantized, one segment, a kernel that offers it."""
+        from tessera.worker_proc.models.layers.quant_linear import QuantLinear
+
+        return isinstance(self.method, QuantLinear) and self.method.fuses_rows()
+
+    def rows_fused(self, x: torch.Tensor, *, norm: tuple[torch.Tensor, float] | None = None,
+                   residual: torch.Tensor | None = None, silu: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the product of norm(x) or of silu_and_mul(x), the new residual or None):
+        fused_add_rms_norm / rms_norm / silu_and_mul and this product as the plugin fuses
+        them (QuantLinearKernel.rows_fused), then the row-parallel sum as forward; only
+        where fuses_rows() is True."""
+        from tessera.worker_proc.models.layers.quant_linear import QuantLinear
+
+        assert isinstance(self.method, QuantLinear)
+        y, residual_out = self.method.rows_fused(self, x, norm=norm, residual=residual,
+                                                 silu=silu)
+        return (self.ctx.all_reduce(y) if self.reduce else y), residual_out
+
     def forward_fused(self, op: Callable[..., torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """`op(x, weight, bias)` in place of the `linear` op: a fused op whose last step is
         this layer's product (dense layers only), then the row-parallel sum as forward."""

@@ -141,6 +141,20 @@ class QuantLinear:
         assert seg.kernel is not None and seg.kernel.one_token_fused is not None
         return seg.kernel.one_token_fused(x, seg.weight, layer.bias, **fusions)
 
+    def fuses_rows(self) -> bool:
+        """Whether rows_fused is the plugin's: one quantized segment whose kernel offers
+        QuantLinearKernel.rows_fused."""
+        return len(self.segments) == 1 and self.segments[0].kernel is not None and \
+            self.segments[0].kernel.rows_fused is not None and \
+            isinstance(self.segments[0].weight, QuantizedWeight)
+
+    def rows_fused(self, layer: Linear, x: torch.Tensor, **fusions: object
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """QuantLinearKernel.rows_fused of the layer's one segment (fuses_rows)."""
+        seg = self.segments[0]
+        assert seg.kernel is not None and seg.kernel.rows_fused is not None
+        return seg.kernel.rows_fused(x, seg.weight, layer.bias, **fusions)
+
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         bias = layer.bias
         if len(self.segments) == 1:
