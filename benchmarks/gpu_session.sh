@@ -63,6 +63,7 @@
 #   benchmarks/gpu_session.sh 57  # one H200:  decode attention over the fp8 cache under a register cap (maxnreg): the kernel tests, the tile bench, b12 fp8 B2 over the fp8 cache at its fastest tile / the default / the fastest (~330 s)
 #   benchmarks/gpu_session.sh 58  # one H200:  the keys in an e4m3 dot (FP8_QDOT): the kernel tests, the tile bench, b12 fp8 B2 over the fp8 cache with it / without / with, the fp8 cache's KL with it and without (~420 s)
 #   benchmarks/gpu_session.sh 59  # one H200:  fp8 activations quantized in the norm's / SiLU's kernel (rows_fused) and the fp8 cache's small-batch tile: their GPU tests, b12 B2 bf16 / fp8, fp8 without the fusion, fp8 over the fp8 cache, fp8 again (~330 s)
+#   benchmarks/gpu_session.sh 60  # one H200:  rows_fused's GPU tests again, the fp8 step profile with the fusion and without, b12 fp8 B2 without it / with it (~400 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -96,7 +97,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9])$ ]] || { echo "usage: $0 1|...|35, 37-59  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|60)$ ]] || { echo "usage: $0 1|...|35, 37-60  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -795,6 +796,21 @@ case $CALL in
     part b12kv 100 45 b12 --schemes fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
       --name b12_fp8kv_call59_h200
     part b12fp8 100 45 b12 --schemes fp8 --parts b2 --name b12_b2_fp8_again_call59_h200
+    ;;
+  60)
+    # After call 59 (B12 fp8 B2 12199 / 12436 fused against 12189 without: within a draw's
+    # spread): the rows_fused GPU tests as corrected; the fp8 step profile's steps and kernel
+    # tables with the fusion and without (what a step saves, without B2's spread); one more
+    # B2 pair.
+    KERNELS_K="rows_fused" part kernels 60 20 kernels
+    QUANT_K="rows_fused" part quanttests 60 20 quanttests
+    PROFILE_ONLY="steps traces" PROFILE_QUANT=fp8 SUFFIX=fused_h200 part profile_fp8 150 100 \
+      profile
+    HAL_CUDA_FP8_ROWS_FUSION=0 PROFILE_ONLY="steps traces" PROFILE_QUANT=fp8 \
+      SUFFIX=nofusion_h200 part profile_nofusion 150 100 profile
+    HAL_CUDA_FP8_ROWS_FUSION=0 part b12nofuse 100 30 b12 --schemes fp8 --parts b2 \
+      --name b12_b2_nofusion_call60_h200
+    part b12fp8 100 30 b12 --schemes fp8 --parts b2 --name b12_b2_fp8_call60_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

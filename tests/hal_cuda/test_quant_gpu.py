@@ -475,11 +475,15 @@ def test_fused_layer_chain_under_pdl_in_a_graph(scheme: str) -> None:
 
 @pytest.mark.parametrize("m", [2, 64, 256])
 @pytest.mark.parametrize("fusion", ["norm", "norm+residual", "silu"])
-def test_rows_fused_fp8_equals_its_composition(m: int, fusion: str) -> None:
+def test_rows_fused_fp8_is_its_composition(m: int, fusion: str) -> None:
     """rows_fused over an fp8 weight at Llama-3-8B's widths (4096 in, gate/up's 14336 for the
     SiLU): wherever the tuner's pick is W8A8 the norm's or the SiLU's kernel quantizes the
-    activations, and the output is the composition's bit for bit (the same e4m3 values into
-    the same product); the new residual is fused_add_rms_norm's."""
+    activations. The compiled kernels may sum a row's squares in another order than the
+    norm's own kernel (their layouts differ), so a normed element may round to the next
+    bf16 and its e4m3 value move a step (call 59: 256 rows at 4096, some outputs apart): the
+    quantized activations agree but for a few elements, one e4m3 step each, and the output
+    is the composition's within 1e-3 relative; the new residual is fused_add_rms_norm's bit
+    for bit. (The interpreter's test holds them equal.)"""
     from tessera.hal.cuda import quant_tune
     from tessera.hal.cuda.elementwise import silu_and_mul
     from tessera.hal.cuda.norm import fused_add_rms_norm, rms_norm
@@ -504,9 +508,27 @@ def test_rows_fused_fp8_equals_its_composition(m: int, fusion: str) -> None:
         got, got_res = rows_fused(x, w, None, norm=(gain, 1e-5), residual=res)
         h, want_res = fused_add_rms_norm(x, res, gain, 1e-5)
         want = apply(h, w, None)
-    assert torch.equal(got, want)
+    rel = float((got.float() - want.float()).norm() / want.float().norm())
+    assert rel < 1e-3, rel
     assert (got_res is None) == (want_res is None)
     if want_res is not None:
         assert torch.equal(got_res, want_res)
+    # the activations themselves
+    from tessera.hal.cuda.elementwise import silu_and_mul_quant_fp8
+    from tessera.hal.cuda.norm import rms_norm_quant_fp8
+    from tessera.hal.cuda.quant_linear import quantize_rows_fp8
+
+    if fusion == "silu":
+        q, scales = silu_and_mul_quant_fp8(x)
+        want_q, want_scales = quantize_rows_fp8(silu_and_mul(x))
+    else:
+        q, scales, _ = rms_norm_quant_fp8(x, gain, 1e-5, res)
+        want_q, want_scales = quantize_rows_fp8(rms_norm(x, gain, 1e-5) if res is None
+                                                else fused_add_rms_norm(x, res, gain, 1e-5)[0])
+    a, b = q.float() * scales, want_q.float() * want_scales  # the values they stand for
+    apart = a != b
+    assert float(apart.float().mean()) < 1e-3
+    assert bool(((a - b).abs() <= b.abs() * 2 ** -3 + 2 ** -9 * want_scales)[apart].all())
     config = quant_tune.fp8_config(w, x[:, :k], None)
-    print(f"rows_fused m={m} {fusion}: config {config}, W8A8 {quant_tune.is_w8a8(config)}")
+    print(f"rows_fused m={m} {fusion}: config {config}, W8A8 {quant_tune.is_w8a8(config)}, "
+          f"output {rel:.2e} apart, {int(apart.sum())} activations apart")
