@@ -64,6 +64,7 @@
 #   benchmarks/gpu_session.sh 58  # one H200:  the keys in an e4m3 dot (FP8_QDOT): the kernel tests, the tile bench, b12 fp8 B2 over the fp8 cache with it / without / with, the fp8 cache's KL with it and without (~420 s)
 #   benchmarks/gpu_session.sh 59  # one H200:  fp8 activations quantized in the norm's / SiLU's kernel (rows_fused) and the fp8 cache's small-batch tile: their GPU tests, b12 B2 bf16 / fp8, fp8 without the fusion, fp8 over the fp8 cache, fp8 again (~330 s)
 #   benchmarks/gpu_session.sh 60  # one H200:  rows_fused's GPU tests again, the fp8 step profile with the fusion and without, b12 fp8 B2 without it / with it (~400 s)
+#   benchmarks/gpu_session.sh 61  # one H200:  the fp8 step profile's steps without rows_fused's fusion, then with it (the other order), b12 fp8 B2 with it / without (~220 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -97,7 +98,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|60)$ ]] || { echo "usage: $0 1|...|35, 37-60  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|6[01])$ ]] || { echo "usage: $0 1|...|35, 37-61  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -811,6 +812,18 @@ case $CALL in
     HAL_CUDA_FP8_ROWS_FUSION=0 part b12nofuse 100 30 b12 --schemes fp8 --parts b2 \
       --name b12_b2_nofusion_call60_h200
     part b12fp8 100 30 b12 --schemes fp8 --parts b2 --name b12_b2_fp8_call60_h200
+    ;;
+  61)
+    # Call 60's timed eager steps took twice the host time with the fusion (76 against 29 ms
+    # a 2048-token step) where its profiler traces, later in the same processes, had it 38%
+    # faster (54 against 88 ms): the steps again in the other order, then a B2 pair.
+    HAL_CUDA_FP8_ROWS_FUSION=0 PROFILE_ONLY="steps" PROFILE_QUANT=fp8 \
+      SUFFIX=nofusion_again_h200 part profile_nofusion 120 60 profile
+    PROFILE_ONLY="steps" PROFILE_QUANT=fp8 SUFFIX=fused_again_h200 part profile_fp8 120 60 \
+      profile
+    part b12fp8 100 30 b12 --schemes fp8 --parts b2 --name b12_b2_fp8_call61_h200
+    HAL_CUDA_FP8_ROWS_FUSION=0 part b12nofuse 100 30 b12 --schemes fp8 --parts b2 \
+      --name b12_b2_nofusion_call61_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
