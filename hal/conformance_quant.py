@@ -113,6 +113,17 @@ def test_quant_linear(hal_platform: Platform, dtype: torch.dtype, scheme: str,
     _quant_close(scheme, out, quant_linear_reference(x.float(), w, bias), dtype)
 
 
+def _fusing_kernel(platform: Platform, scheme: str, fusion: str) -> Any:
+    """The platform's kernel for scheme, skipping the test where the plugin does not run
+    the scheme or offers no `fusion` (one_token_fused, rows_fused) for it."""
+    if not _runs(platform, scheme):
+        pytest.skip(f"{platform.name} does not run {scheme}")
+    kernel = platform.linear_kernel(scheme)
+    if getattr(kernel, fusion) is None:
+        pytest.skip(f"{platform.name} has no {fusion} for {scheme}")
+    return kernel
+
+
 # (norm, residual, silu): the fusions QuantLinearKernel.one_token_fused takes
 ONE_TOKEN_FUSIONS = ((True, False, False), (False, True, False), (True, False, True),
                      (False, False, True))
@@ -128,11 +139,7 @@ def test_quant_one_token_fused(hal_platform: Platform, dtype: torch.dtype, schem
     """one_token_fused against its definition, the composition, in float32 from the same
     values (the plugin's composition rounds the normed x and the gate/up outputs to dtype
     on the way: within the dtype's tolerance)."""
-    if not _runs(hal_platform, scheme):
-        pytest.skip(f"{hal_platform.name} does not run {scheme}")
-    kernel = hal_platform.linear_kernel(scheme)
-    if kernel.one_token_fused is None:
-        pytest.skip(f"{hal_platform.name} has no one-token fusion for {scheme}")
+    kernel = _fusing_kernel(hal_platform, scheme, "one_token_fused")
     w = _weight(scheme, group, 272, 256, seed=36)
     gen = torch.Generator().manual_seed(37)
     x = (torch.randn((1, 256), generator=gen) * 3).to(dtype)
@@ -169,11 +176,7 @@ def test_quant_rows_fused(hal_platform: Platform, dtype: torch.dtype, scheme: st
     """rows_fused against its definition, the composition, in float32 from the same values
     (the plugin rounds the normed x or the SiLU's output to dtype on the way: within the
     dtype's tolerance); the new residual exactly the plugin's fused_add_rms_norm's."""
-    if not _runs(hal_platform, scheme):
-        pytest.skip(f"{hal_platform.name} does not run {scheme}")
-    kernel = hal_platform.linear_kernel(scheme)
-    if kernel.rows_fused is None:
-        pytest.skip(f"{hal_platform.name} has no rows fusion for {scheme}")
+    kernel = _fusing_kernel(hal_platform, scheme, "rows_fused")
     w = _weight(scheme, group, 272, 256, seed=50)
     gen = torch.Generator().manual_seed(51)
     silu = fusion == "silu"
@@ -212,11 +215,7 @@ def test_quant_one_token_fused_rope(hal_platform: Platform, dtype: torch.dtype, 
     from tessera.hal.platform import RotaryStore
     from tessera.hal.rope import cos_sin_cache
 
-    if not _runs(hal_platform, scheme):
-        pytest.skip(f"{hal_platform.name} does not run {scheme}")
-    kernel = hal_platform.linear_kernel(scheme)
-    if kernel.one_token_fused is None:
-        pytest.skip(f"{hal_platform.name} has no one-token fusion for {scheme}")
+    kernel = _fusing_kernel(hal_platform, scheme, "one_token_fused")
     hq, hk, d, slots = 4, 2, 64, 24
     w = _weight(scheme, group, (hq + 2 * hk) * d, 256, seed=38)
     gen = torch.Generator().manual_seed(39)
