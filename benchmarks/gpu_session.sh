@@ -65,6 +65,7 @@
 #   benchmarks/gpu_session.sh 59  # one H200:  fp8 activations quantized in the norm's / SiLU's kernel (rows_fused) and the fp8 cache's small-batch tile: their GPU tests, b12 B2 bf16 / fp8, fp8 without the fusion, fp8 over the fp8 cache, fp8 again (~330 s)
 #   benchmarks/gpu_session.sh 60  # one H200:  rows_fused's GPU tests again, the fp8 step profile with the fusion and without, b12 fp8 B2 without it / with it (~400 s)
 #   benchmarks/gpu_session.sh 61  # one H200:  the fp8 step profile's steps without rows_fused's fusion, then with it (the other order), b12 fp8 B2 with it / without (~220 s)
+#   benchmarks/gpu_session.sh 62  # one H200:  issue 13's and 17's figures at one commit: b1, b2, b3, b12 b1 (bf16 / fp8 / int4), b12 B2 bf16 / fp8, fp8 over the fp8 cache (~420 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -98,7 +99,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|6[01])$ ]] || { echo "usage: $0 1|...|35, 37-61  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|6[0-2])$ ]] || { echo "usage: $0 1|...|35, 37-62  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -824,6 +825,17 @@ case $CALL in
     part b12fp8 100 30 b12 --schemes fp8 --parts b2 --name b12_b2_fp8_call61_h200
     HAL_CUDA_FP8_ROWS_FUSION=0 part b12nofuse 100 30 b12 --schemes fp8 --parts b2 \
       --name b12_b2_nofusion_call61_h200
+    ;;
+  62)
+    # The figures of issues 13 and 17 at one commit (none since call 54 for B1-B3; B12's B1
+    # since call 47), after the fp8 rows fusion and the fp8 cache's small-batch tile.
+    part b1 50 30 b1
+    part b2 60 35 b2
+    part b3 90 65 b3
+    part b12b1 130 75 b12 --parts b1 --name b12_b1_call62_h200
+    part b12b2 200 90 b12 --schemes bf16,fp8 --parts b2 --name b12_b2_call62_h200
+    part b12kv 100 45 b12 --schemes fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
+      --name b12_fp8kv_call62_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
