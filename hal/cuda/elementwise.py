@@ -14,7 +14,7 @@ import triton.language as tl
 
 from tessera.hal.cuda import pdl
 from tessera.hal.cuda.pdl import enter as pdl_enter
-from tessera.hal.cuda.quant_kernels import quant_row_fp8
+from tessera.hal.cuda.quant_kernels import QUANT_ROW_MAX, quant_row_fp8
 
 
 def _check_inner_contiguous(name: str, t: torch.Tensor) -> None:
@@ -144,9 +144,6 @@ def _act_and_mul(x: torch.Tensor, name: str, gelu: bool) -> torch.Tensor:
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _act_and_mul(x, "silu_and_mul", gelu=False)
-
-
-QUANT_ROW_MAX = 16384  # silu_and_mul_quant_fp8 holds a row of this many outputs in one block
 
 
 def silu_and_mul_quant_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -332,6 +332,11 @@ def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, xs_ptr, M, N, K, x_
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
 
+# The widest row a kernel that quantizes its own output (rows_fused's norm and SiLU) holds in
+# one block: the fp8 product takes activations from those kernels up to this many a row.
+QUANT_ROW_MAX = 16384
+
+
 @triton.jit
 def quant_row_fp8(x):
     """One row in float32 (lanes past its end 0) -> (x / scale clamped to e4m3's range, as

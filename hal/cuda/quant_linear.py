@@ -34,6 +34,7 @@ from tessera.hal.cuda.quant_kernels import (
     GEMV_X_VEC,
     INT4,
     INT8,
+    QUANT_ROW_MAX,
     dequant_kernel,
     gemv_acc_fits,
     gemv_stages,
@@ -291,7 +292,7 @@ def _rows_quantized(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | No
     rows_fused can hand it activations its norm or SiLU kernel quantized, else None (another
     scheme, one token, a permuted or misshapen input, a W8A16 pick, fusion off)."""
     if w.scheme != "fp8" or x.shape[0] < 2 or w.input_perm is not None or \
-            width != w.in_features or width > ROW_BLOCK_MAX or x.stride(-1) != 1 or \
+            width != w.in_features or width > QUANT_ROW_MAX or x.stride(-1) != 1 or \
             not rows_fusion_on():
         return None
     config = quant_tune.fp8_config(w, x[:, :width], bias)
@@ -306,17 +307,13 @@ def rows_fused(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, *
     W8A8 (cuBLASLt or a Triton A8 tile), the norm's or the SiLU's kernel quantizes the
     activations (rms_norm_quant_fp8, silu_and_mul_quant_fp8) and the product takes them, one
     launch fewer; otherwise the composition of this plugin's ops."""
-    from tessera.hal.cuda.elementwise import (
-        QUANT_ROW_MAX,
-        silu_and_mul,
-        silu_and_mul_quant_fp8,
-    )
+    from tessera.hal.cuda.elementwise import silu_and_mul, silu_and_mul_quant_fp8
     from tessera.hal.cuda.norm import fused_add_rms_norm, rms_norm, rms_norm_quant_fp8
 
     check_rows_fusions(norm, residual, silu)
     width = x.shape[1] // 2 if silu else x.shape[1]
     config = _rows_quantized(x, w, bias, width) if x.dim() == 2 else None
-    if config is not None and not (silu and width > QUANT_ROW_MAX):
+    if config is not None:
         if norm is not None:
             xq, scales, residual_out = rms_norm_quant_fp8(x, norm[0], norm[1], residual)
         else:

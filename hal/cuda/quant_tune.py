@@ -322,7 +322,7 @@ def run_fp8_quantized(xq: torch.Tensor, x_scales: torch.Tensor, w: QuantizedWeig
 
     if config == SCALED_MM:
         return scaled_mm_quantized(xq, x_scales, w, bias, out_dtype)
-    if not is_w8a8(config) or is_wt(config):
+    if not is_w8a8(config):
         raise ValueError(f"fp8 config {config}: not a W8A8 one, which takes quantized "
                          f"activations")
     return qgemm(xq, w, bias, *tile(config), w8a8=True, x_scales=x_scales, out_dtype=out_dtype,
@@ -331,10 +331,12 @@ def run_fp8_quantized(xq: torch.Tensor, x_scales: torch.Tensor, w: QuantizedWeig
 
 def run_fp8(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
             config: tuple[int, ...]) -> torch.Tensor:
-    """The fp8 linear of several tokens under an fp8_config."""
-    from tessera.hal.cuda.quant_linear import fp8_scaled_mm, qgemm
+    """The fp8 linear of several tokens under an fp8_config: a W8A8 one quantizes the
+    activations per token and hands them to run_fp8_quantized."""
+    from tessera.hal.cuda.quant_linear import qgemm, quantize_rows_fp8
 
-    if config == SCALED_MM:
-        return fp8_scaled_mm(x, w, bias)
-    return qgemm(x, w, bias, *tile(config), w8a8=is_w8a8(config), weights_as_a=is_wt(config),
+    if is_w8a8(config):
+        xq, x_scales = quantize_rows_fp8(x)
+        return run_fp8_quantized(xq, x_scales, w, bias, config, x.dtype)
+    return qgemm(x, w, bias, *tile(config), weights_as_a=is_wt(config),
                  split_k=split_k(config))
