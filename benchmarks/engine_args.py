@@ -94,6 +94,35 @@ def worker_stats(llm: Any) -> dict[str, dict[str, float]]:
             if name.startswith("worker")}
 
 
+def process_stats(llm: Any) -> dict[str, dict[str, float]]:
+    """Every engine process's latest heartbeat numbers, by process name."""
+    try:
+        processes = llm.status()
+    except Exception:
+        return {}
+    return {name: dict(info.get("stats", {})) for name, info in processes.items()}
+
+
+def gc_pauses(before: dict[str, dict[str, float]],
+              after: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Each process's garbage-collector passes between two of its heartbeats
+    (`bus/gc_pauses.py`): collections of each generation and their pause in ms, total, and
+    the longest in the process's life so far."""
+    out = {}
+    for name, stats in after.items():
+        old = before.get(name, {})
+        keys = [k for k in stats if k.startswith("gc_collections")]
+        if not keys:
+            continue
+        row = {k: stats[k] - old.get(k, 0.0) for k in keys}
+        row["gc_pause_ms_total"] = (stats.get("gc_pause_ms_total", 0.0)
+                                    - old.get("gc_pause_ms_total", 0.0))
+        row["gc_pause_ms_max"] = stats.get("gc_pause_ms_max", 0.0)
+        row["gc_frozen_objects"] = stats.get("gc_frozen_objects", 0.0)
+        out[name] = row
+    return out
+
+
 def host_path(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """A worker's host path between two of its heartbeats: milliseconds of host work to
     launch a step, and of the round trip from a result sent to the next batch in hand (the

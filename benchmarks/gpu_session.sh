@@ -65,7 +65,8 @@
 #   benchmarks/gpu_session.sh 59  # one H200:  fp8 activations quantized in the norm's / SiLU's kernel (rows_fused) and the fp8 cache's small-batch tile: their GPU tests, b12 B2 bf16 / fp8, fp8 without the fusion, fp8 over the fp8 cache, fp8 again (~330 s)
 #   benchmarks/gpu_session.sh 60  # one H200:  rows_fused's GPU tests again, the fp8 step profile with the fusion and without, b12 fp8 B2 without it / with it (~400 s)
 #   benchmarks/gpu_session.sh 61  # one H200:  the fp8 step profile's steps without rows_fused's fusion, then with it (the other order), b12 fp8 B2 with it / without (~220 s)
-#   benchmarks/gpu_session.sh 62  # one H200:  issue 13's and 17's figures at one commit: b1, b2, b3, b12 b1 (bf16 / fp8 / int4), b12 B2 bf16 / fp8, fp8 over the fp8 cache (~420 s)
+#   benchmarks/gpu_session.sh 62  # one H200:  issue 13's figures: b1, b2, b2 without the gc freeze, b2 traced step by step without it, b3 (~380 s)
+#   benchmarks/gpu_session.sh 63  # one H200:  issue 17's figures: b12 b1 (bf16 / fp8 / int4), b12 B2 bf16 / fp8, fp8 over the fp8 cache (~330 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -99,7 +100,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|6[0-2])$ ]] || { echo "usage: $0 1|...|35, 37-62  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|6[0-3])$ ]] || { echo "usage: $0 1|...|35, 37-63  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -440,12 +441,12 @@ case $CALL in
   27)
     part b2 60 35 b2
     part b3 90 65 b3
-    part b1 50 30 b1
+    part b1 50 30 b1 --name b1_call62_h200
     ;;
   28)
     # B1, then B1 again with --trace-messages-dir: where its time to first token goes, hop
     # by hop (the medians in b1_traced_h200.json, every line under b1_trace_h200/).
-    part b1 50 30 b1
+    part b1 50 30 b1 --name b1_call62_h200
     part b1traced 60 35 b1 --iters 10 --trace-messages-dir "$RES/b1_trace_h200" \
       --name b1_traced_h200
     ;;
@@ -453,7 +454,7 @@ case $CALL in
     # After a first token leaves the scheduler ahead of the next batch: the extend-attention
     # tile sweep (prefill and mixed shapes) and the worker's own TTFT, B1, B1 traced, B3.
     PROFILE_ONLY="sweep_extend ttft" part profile 120 60 profile
-    part b1 50 30 b1
+    part b1 50 30 b1 --name b1_call62_h200
     part b1traced 60 35 b1 --iters 10 --trace-messages-dir "$RES/b1_trace_h200" \
       --name b1_traced_h200
     part b3 100 65 b3
@@ -463,7 +464,7 @@ case $CALL in
     # traced; then B2 with whole prefill chunks (no decode protection: --max-mixed-step-ratio
     # 0) against B2 as it is, alternating, twice each.
     KERNELS_K="extend" part kernels 120 50 kernels
-    part b1 50 30 b1
+    part b1 50 30 b1 --name b1_call62_h200
     part b2 70 45 b2
     part b3 100 65 b3
     part b1traced 60 35 b1 --iters 10 --trace-messages-dir "$RES/b1_trace_h200" \
@@ -520,7 +521,7 @@ case $CALL in
     # set TESSERA_INBOX_DIRECT=0, which only 60366c5 read.)
     part inputs 150 80 inputs
     part hop 60 20 hop
-    part b1 50 30 b1
+    part b1 50 30 b1 --name b1_call62_h200
     part b1again 50 30 b1 --name b1_run2_h200
     part b1traced 60 35 b1 --iters 10 --trace-messages-dir "$RES/b1_trace_h200" \
       --name b1_traced_h200
@@ -531,7 +532,7 @@ case $CALL in
     # way (bench_hop), B1 as it ships and with --busy-poll-ms 0, alternating twice, B1
     # traced, then B3 (c=128 with four processes polling) and B2.
     part hop 60 25 hop
-    part b1 50 30 b1
+    part b1 50 30 b1 --name b1_call62_h200
     part b1nopoll 50 30 b1 --busy-poll-ms 0 --name b1_nopoll_h200
     part b1again 50 30 b1 --name b1_run2_h200
     part b1nopollagain 50 30 b1 --busy-poll-ms 0 --name b1_nopoll_run2_h200
@@ -827,15 +828,24 @@ case $CALL in
       --name b12_b2_nofusion_call61_h200
     ;;
   62)
-    # The figures of issues 13 and 17 at one commit (none since call 54 for B1-B3; B12's B1
-    # since call 47), after the fp8 rows fusion and the fp8 cache's small-batch tile.
-    part b1 50 30 b1
-    part b2 60 35 b2
-    part b3 90 65 b3
-    part b12b1 130 75 b12 --parts b1 --name b12_b1_call62_h200
-    part b12b2 200 90 b12 --schemes bf16,fp8 --parts b2 --name b12_b2_call62_h200
+    # Issue 13's figures (none since call 54), with the engine processes' start-up heaps
+    # frozen out of the garbage collector (--gc-freeze, the default since this call) and
+    # without, then B2 traced step by step without it: which steps of B2 take 100-250 ms
+    # (14 in call 54), and whether a collector's pause lies inside them.
+    part b1 50 30 b1 --name b1_call62_h200
+    part b2 60 35 b2 --name b2_call62_h200
+    part b2nofreeze 60 35 b2 --no-gc-freeze --name b2_nofreeze_call62_h200
+    part b2traced 80 40 b2 --no-gc-freeze --trace-messages-dir "$RES/b2_trace_call62" \
+      --name b2_traced_nofreeze_call62_h200
+    part b3 90 65 b3 --name b3_call62_h200
+    ;;
+  63)
+    # Issue 17's figures at one commit (B12's B1 none since call 47), after the fp8 rows
+    # fusion and the fp8 cache's small-batch tile.
+    part b12b1 130 75 b12 --parts b1 --name b12_b1_call63_h200
+    part b12b2 200 90 b12 --schemes bf16,fp8 --parts b2 --name b12_b2_call63_h200
     part b12kv 100 45 b12 --schemes fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
-      --name b12_fp8kv_call62_h200
+      --name b12_fp8kv_call63_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

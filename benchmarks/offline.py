@@ -15,6 +15,7 @@ the --tp-size x --pp-size devices (every stage works on a batch of its own).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -27,7 +28,9 @@ from tessera.benchmarks.datasets import BenchRequest, parse_range, random_reques
 from tessera.benchmarks.device_probe import probe
 from tessera.benchmarks.engine_args import (
     add_engine_args,
+    gc_pauses,
     host_path,
+    process_stats,
     resolve_engine,
     scheduler_stats,
     worker_stats,
@@ -126,13 +129,16 @@ def main(argv: list[str] | None = None, llm: Any = None) -> int:
             llm.generate([r.prompt_ids for r in extra], warm, use_tqdm=False)
         before = scheduler_stats(llm)
         workers_before = worker_stats(llm)
+        processes_before = process_stats(llm)
         t0 = time.perf_counter()
+        t0_ns = time.time_ns()
         outs = llm.generate([r.prompt_ids for r in reqs], params,
                             use_tqdm=not args.no_progress)
         wall = time.perf_counter() - t0
         time.sleep(2 * engine.heartbeat_interval_s)  # let a fresh heartbeat carry the counters
         after = scheduler_stats(llm)
         workers = worker_stats(llm)
+        processes = process_stats(llm)
     out_tokens = sum(o.completion_tokens for o in outs)
     in_tokens = sum(r.prompt_len for r in reqs)
     kv_capacity = None
@@ -172,7 +178,17 @@ def main(argv: list[str] | None = None, llm: Any = None) -> int:
         # time of a step as the worker sees it), to see where a layout's time goes.
         "worker_steps": {name: _per_step(workers_before.get(name, {}), stats)
                          for name, stats in workers.items()},
+        # Each process's garbage-collector passes over the run: a pause stops its loop.
+        "gc_pauses": gc_pauses(processes_before, processes),
     }
+    if engine.trace_messages_dir:  # every measured step, laid out (benchmarks/step_trace.py)
+        from tessera.benchmarks.step_trace import summarize
+
+        traced = summarize(engine.trace_messages_dir, since_ns=t0_ns)
+        rows = traced.pop("rows")
+        result["figures"]["step_trace"] = traced
+        with open(os.path.join(args.out_dir, f"{args.name}_steps.json"), "w") as f:
+            json.dump(rows, f)
     png = plots.bars(["tessera", "roofline bound"], [tok_s, bound_tok_s],
                      os.path.join(args.out_dir, f"{args.name}.png"),
                      f"B2 on {result['device']}: {tok_s / bound_tok_s:.0%} of the bound",

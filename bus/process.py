@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Any
 
-from tessera.bus import trace
+from tessera.bus import gc_pauses, trace
 from tessera.bus.breaker import CircuitBreaker
 from tessera.bus.channel import DEFAULT_HWM, Inbox, Outbox, SendTimeout
 from tessera.bus.liveness import Liveness
@@ -167,6 +167,7 @@ class BusProcess:
         stats = {"dropped_messages": float(self.inbox.dropped if self.inbox else 0),
                  "cpu_s": time.process_time()}  # the process's CPU so far (per-step figures)
         stats.update(self.stats())
+        stats.update(gc_pauses.stats())
         self._stats = stats
         self._heartbeat(self._supervisor, stats)
 
@@ -206,8 +207,11 @@ class BusProcess:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self._supervisor = Lifeline(self.name, self.paths)
+        gc_pauses.install()
         try:
             self.setup()
+            if self.config.gc_freeze:
+                gc_pauses.freeze()
             self._supervisor.ready(self.ready_info())
             log.info("%s ready", self.name)
             self._loop_came_round()
@@ -275,13 +279,15 @@ class AsyncBusProcess:
         while True:
             if not self.stop.is_set() and self.lifeline.orphaned():
                 self.stop.set()
-            self.liveness.beat_from_loop(self.lifeline.send, self.stats())
+            self.liveness.beat_from_loop(self.lifeline.send,
+                                         {**self.stats(), **gc_pauses.stats()})
             await asyncio.sleep(self.config.heartbeat_interval_s)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop.set)
+        gc_pauses.install()
         beat = asyncio.create_task(self._heartbeats())
         self.liveness.start()
         try:
@@ -299,6 +305,8 @@ class AsyncBusProcess:
             except StartupError as exc:
                 log.error("%s: %s", self.name, exc)
                 return 1
+            if self.config.gc_freeze:
+                gc_pauses.freeze()
             self.lifeline.ready(self.ready_info())
             log.info("%s ready", self.name)
             await self.serve()

@@ -321,6 +321,10 @@ class EngineConfig(BatchingConfig):
                                     "failure in the window, up to 30 s")
     step_timeout_s: float = _opt(120.0, "a worker step unanswered this long fails its "
                                  "requests with 503 (the engine stays up)")
+    gc_freeze: bool = _opt(True, "each engine process moves what it holds at the end of "
+                           "start-up (the model, the kernel caches) out of the garbage "
+                           "collector's later passes, which would otherwise visit all of it "
+                           "and stall the step loop tens of ms (bus/gc_pauses.py)")
     profile_ranges: bool = _opt(False, "mark the phases of each worker step (inputs, draft, "
                                 "forward, sample, copy-out) as ranges of the plugin's profiler "
                                 "(a no-op where the chip has none)")

@@ -166,8 +166,10 @@ class WorkerProcess(BusProcess):
         start = time.perf_counter()
         self.round_trips.arrived(batch.step, start)
         if trace.active():
+            extend = np.asarray(batch.extend_lens)
             trace.note("launch", self.name, "ForwardBatch", step=batch.step,
-                       tokens=int(np.asarray(batch.extend_lens).sum()))
+                       tokens=int(extend.sum()), requests=int(extend.shape[0]),
+                       decodes=int((extend == 1).sum()))
         try:
             pending = self.runner.launch(batch, self.table.array)
         except Exception as exc:  # a failed step must not kill the worker
