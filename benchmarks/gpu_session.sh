@@ -67,6 +67,7 @@
 #   benchmarks/gpu_session.sh 61  # one H200:  the fp8 step profile's steps without rows_fused's fusion, then with it (the other order), b12 fp8 B2 with it / without (~220 s)
 #   benchmarks/gpu_session.sh 62  # one H200:  issue 13's figures: b1, b2, b2 without the gc freeze, b2 traced step by step without it, b3 (~380 s)
 #   benchmarks/gpu_session.sh 63  # one H200:  issue 17's figures: b12 b1 (bf16 / fp8 / int4), b12 B2 bf16 / fp8, fp8 over the fp8 cache (~330 s)
+#   benchmarks/gpu_session.sh 64  # one H200:  b2 with the worker profiled over decode steps at 256 requests and in the drain: device busy against wall (~70 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -100,7 +101,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|6[0-3])$ ]] || { echo "usage: $0 1|...|35, 37-63  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|6[0-4])$ ]] || { echo "usage: $0 1|...|35, 37-64  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -846,6 +847,19 @@ case $CALL in
     part b12b2 200 90 b12 --schemes bf16,fp8 --parts b2 --name b12_b2_call63_h200
     part b12kv 100 45 b12 --schemes fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
       --name b12_fp8kv_call63_h200
+    ;;
+  64)
+    # Where a decode step of B2 at 256 requests goes: the worker profiled over 8 steps where
+    # all 256 decode (worker steps 200-207) and 8 of the drain (800-807), summarized by
+    # profile_summary (device busy against the window's wall), the traces gzipped beside.
+    part b2prof 120 70 b2 --profile-dir "$RES/b2_profile_call64" \
+      --profile-steps "${PROFILE_STEPS:-200:8,800:8}" --name b2_profiled_call64_h200
+    if [[ -d $RES/b2_profile_call64 ]]; then
+      "$PY" -m tessera.benchmarks.profile_summary "$RES/b2_profile_call64" \
+        --out "$RES/b2_profile_summary_call64_h200.json" >/dev/null 2>>"$LOG" ||
+        say "profile summary failed"
+      gzip -f "$RES"/b2_profile_call64/*.trace.json 2>/dev/null || true
+    fi
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
