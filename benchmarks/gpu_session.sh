@@ -68,6 +68,7 @@
 #   benchmarks/gpu_session.sh 62  # one H200:  issue 13's figures: b1, b2, b2 without the gc freeze, b2 traced step by step without it, b3 (~380 s)
 #   benchmarks/gpu_session.sh 63  # one H200:  issue 17's figures: b12 b1 (bf16 / fp8 / int4), b12 B2 bf16 / fp8, fp8 over the fp8 cache (~330 s)
 #   benchmarks/gpu_session.sh 64  # one H200:  b2 with the worker profiled over decode steps at 256 requests and in the drain: device busy against wall (~70 s)
+#   benchmarks/gpu_session.sh 65  # one H200:  a decode graph's logits kept in bf16 for greedy steps: the sample tests, engine parity, b2 twice, b3, b12 B2 bf16 / fp8 (~330 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -101,7 +102,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|6[0-4])$ ]] || { echo "usage: $0 1|...|35, 37-64  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|6[0-5])$ ]] || { echo "usage: $0 1|...|35, 37-65  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -860,6 +861,17 @@ case $CALL in
         say "profile summary failed"
       gzip -f "$RES"/b2_profile_call64/*.trace.json 2>/dev/null || true
     fi
+    ;;
+  65)
+    # The decode graphs' logits left in the LM head's bf16 where a step only takes argmaxes
+    # (no float32 copy of 256 x 128k logits written and copied again a step): the sample
+    # op's conformance and kernel tests, engine parity, then B2 twice, B3, B12's B2.
+    KERNELS_K="sample or argmax" part kernels 120 40 kernels
+    part inputs 150 60 inputs
+    part b2 60 35 b2 --name b2_call65_h200
+    part b2again 60 35 b2 --name b2_again_call65_h200
+    part b3 90 65 b3 --name b3_call65_h200
+    part b12b2 200 90 b12 --schemes bf16,fp8 --parts b2 --name b12_b2_call65_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

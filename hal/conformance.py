@@ -465,6 +465,22 @@ def test_sample_greedy_matches_argmax(hal_platform: Platform) -> None:
     assert _sample(hal_platform, logits[:0], temperature=0.0).shape == (0,)
 
 
+@pytest.mark.parametrize("logit_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_sample_greedy_over_the_model_dtype(hal_platform: Platform,
+                                            logit_dtype: torch.dtype) -> None:
+    """A decode graph's logits unconverted (all rows greedy): the tokens of their float32
+    copy, over a vocabulary wider than one program's share, ties included (rounded to 16 bits
+    many values tie; row 1 ties across the far ends of the row, row 3 is one value)."""
+    logits = (_rand((5, 49157), torch.float32, 26) * 4).to(logit_dtype)
+    logits[1, 10] = logits[1, 40000] = logits[1].max() + 1
+    logits[3] = logits[3, 5]  # one value everywhere: index 0
+    wide = logits.float()
+    expected = wide.argmax(dim=-1)
+    assert expected[1] == 10 and expected[3] == 0
+    assert torch.equal(_sample(hal_platform, logits, temperature=0.0), expected)
+    assert torch.equal(_sample(hal_platform, wide, temperature=0.0), expected)
+
+
 def test_sample_seeded_rows_ignore_batch_composition(hal_platform: Platform) -> None:
     logits = _rand((1, 1000), torch.float32, 22) * 0.1  # nearly flat: every draw matters
     for seed in range(12):

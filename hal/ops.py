@@ -65,7 +65,9 @@ L = row length of the page table. Integer index tensors may be int32 or int64.
         over the K choices may be accumulated in fp32; the output is in x.dtype. How tokens
         are grouped by expert (sorting, padding, grouped GEMM) is the plugin's business.
     sample(logits[B, V] float32, params: SamplingTensors) -> token ids int64[B]
-        temperature == 0 (or top_k == 1) is greedy (argmax, lowest index on ties). Otherwise
+        temperature == 0 (or top_k == 1) is greedy (argmax, lowest index on ties). Where
+        params.all_greedy the logits may also come in bfloat16 or float16 (a decode graph's,
+        unconverted): the tokens are those of their float32 copy, ties included. Otherwise
         logits / temperature, then top-k (k <= 0: off), top-p, min-p filtering, then a draw.
         A row with seed >= 0 draws from a stream determined by (seed, offset) only, so a seeded
         request is reproducible on the same plugin whatever else is in the batch.

@@ -237,7 +237,10 @@ class ModelRunner:
         if cfg.disable_graph_capture or not platform.capabilities.graph_capture:
             return
         start = time.perf_counter()
-        self.graphs = graphs = self._decode_graphs_of(lambda inp: self.model(inp, self.kv))
+        # The graphs keep the LM head's dtype: the sampler converts only the steps that need
+        # float32 (Sampler.sample), and a greedy step reads them as they are.
+        self.graphs = graphs = self._decode_graphs_of(
+            lambda inp: self.model(inp, self.kv, float32=False))
         self.phases["graph_capture_decode"] = time.perf_counter() - start
         self.phases["graph_decode_sizes"] = float(len(graphs.sizes))
         log.info("rank %d: captured decode graphs for batch sizes %s in %.1fs", self.rank,
@@ -419,10 +422,10 @@ class ModelRunner:
                         embeddings = pool_hidden(self.model, hidden, residual, batch,
                                                  self.platform, self.device)
                     else:
-                        logits = self.forward(inputs)
+                        logits = self.step_logits(inputs)
                 with phase("sample"):
                     if scored is not None:  # prompt positions' logits follow the sampled rows'
-                        prompt = score(logits[scored.first:], scored)
+                        prompt = score(logits[scored.first:].float(), scored)
                         logits = logits[:scored.first]
                     mask = None
                     if grammar is not None:
@@ -497,9 +500,14 @@ class ModelRunner:
         return self.model.hidden(inputs, self.kv)
 
     def forward(self, inputs: ForwardInputs) -> torch.Tensor:
-        """float32 logits [S, V]. A decode-only batch takes forward_decode; another step
-        replays a graph captured for its padded token count when one holds it (the logits
-        are computed after it for the sampled rows), else runs eagerly."""
+        """float32 logits [S, V] (step_logits, converted where they are not)."""
+        return self.step_logits(inputs).float()
+
+    def step_logits(self, inputs: ForwardInputs) -> torch.Tensor:
+        """Logits [S, V]: float32, or a decode graph's in the model's dtype (the Sampler
+        takes either). A decode-only batch takes forward_decode; another step replays a graph
+        captured for its padded token count when one holds it (the logits are computed after
+        it for the sampled rows), else runs eagerly."""
         if inputs.is_decode:
             return self.forward_decode(inputs)
         if self.mixed_graphs is not None and self.mixed_graphs.can_run(inputs):

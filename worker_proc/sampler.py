@@ -175,6 +175,16 @@ def apply_bias(platform: Platform, logits: torch.Tensor, batch: ForwardBatch,
                       to_device(platform, values, torch.float32, dev), accumulate=True)
 
 
+def edits_logits(batch: ForwardBatch, sel: np.ndarray) -> bool:
+    """Whether apply_penalties, apply_blocks or apply_bias would change any row of `sel`."""
+    rep = np.asarray(batch.repetition_penalty, dtype=np.float32)[sel]
+    freq = np.asarray(batch.frequency_penalty, dtype=np.float32)[sel]
+    pres = np.asarray(batch.presence_penalty, dtype=np.float32)[sel]
+    if not ((rep == 1.0).all() and (freq == 0.0).all() and (pres == 0.0).all()):
+        return True
+    return bool(np.asarray(batch.block_ids).size or np.asarray(batch.bias_ids).size)
+
+
 class Sampler:
     def __init__(self, platform: Platform, device: torch.device,
                  mask_op: Callable[..., Any] | None = None) -> None:
@@ -184,7 +194,8 @@ class Sampler:
         self.device = device
 
     def __call__(self, logits: torch.Tensor, batch: ForwardBatch) -> SampleResult:
-        """logits float32 [S, V] for the requests with sample == 1, in batch order."""
+        """logits [S, V] for the requests with sample == 1, in batch order: float32, or the
+        model's dtype (converted here unless every row only takes its argmax)."""
         return self.sample(logits, batch).fetch()
 
     def sample(self, logits: torch.Tensor, batch: ForwardBatch,
@@ -198,6 +209,11 @@ class Sampler:
         the one of that output position)."""
         sel = np.flatnonzero(np.asarray(batch.sample)) if rows is None else rows
         want = np.asarray(batch.logprobs, dtype=np.int64)[sel]
+        params = self._params(batch, sel, offset_add)
+        if logits.dtype != torch.float32 and not (
+                params.all_greedy and token_mask is None and not (want >= 0).any()
+                and not edits_logits(batch, sel)):
+            logits = logits.float()  # filters, penalties, masks and logprobs work in float32
         raw_logprobs = torch.log_softmax(logits, dim=-1) if (want >= 0).any() else None
         if logits.shape[0]:  # penalties edit the logits in place: they are this step's own
             apply_penalties(self.platform, logits, batch, sel)
@@ -206,7 +222,6 @@ class Sampler:
         if token_mask is not None:
             assert self.mask_op is not None, "a token mask without apply_token_mask"
             self.mask_op(logits, token_mask.bitmask, token_mask.rows)
-        params = self._params(batch, sel, offset_add)
         tokens = self.sample_op(logits, params).to(torch.int64)
         out = DeviceSample(platform=self.platform, tokens=tokens, want=want)
         if raw_logprobs is not None:

@@ -37,7 +37,8 @@ def _argmax_partial_kernel(x_ptr, val_ptr, idx_ptr, x_s0, vocab, n_parts,
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     idx = part * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + row * x_s0 + idx, mask=idx < vocab, other=float("-inf"))
+    x = tl.load(x_ptr + row * x_s0 + idx, mask=idx < vocab,
+                other=float("-inf")).to(tl.float32)  # bf16 / fp16 logits: exact in fp32
     best = tl.max(x, 0)
     first = part * BLOCK + tl.argmax(x, 0, tie_break_left=True)
     tl.store(val_ptr + row * n_parts + part, best)

@@ -4,6 +4,7 @@ static buffers (what a CUDA graph does on the device; tests/hal_cuda covers the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -127,3 +128,32 @@ def test_padded_batch_size() -> None:
     assert padded_batch_size(9, sizes) == 16
     assert padded_batch_size(64, sizes) == 64
     assert padded_batch_size(65, sizes) is None
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "scaled"])
+def test_graphs_keep_the_lm_heads_dtype_where_nothing_scales_it(scaled: bool) -> None:
+    """float32=False (the decode graphs' forward): a bf16 model's logits stay bf16, the very
+    values of its float32 logits, and so does the graphs' shared buffer; a config that
+    scales its logits (Granite) still gets float32 (the scaling works on the wide values)."""
+    mc = ModelConfig.from_hf_dict(CONFIG)
+    if scaled:
+        mc = dataclasses.replace(mc, logits_scaling=3.0)
+    platform = CpuPlatform()
+    model = LlamaForCausalLM(mc, platform, dtype=torch.bfloat16, device=torch.device("cpu"),
+                             max_positions=64)
+    gen = torch.Generator().manual_seed(0)
+    model.load_weights((name, (torch.randn(shape, generator=gen) * 0.2).to(torch.bfloat16))
+                       for name, shape in hf_tensor_shapes(mc).items())
+    kv = platform.create_kv_arena(2, 8 * WIDTH, 2, 8, torch.bfloat16)
+    inp = decode_inputs([0, 1], [3, 5], [4, 9])
+    with torch.inference_mode():
+        wide = model(inp, kv)
+        raw = model(inp, kv, float32=False)
+        graphs = DecodeGraphs(lambda i: model(i, kv, float32=False), RerunRunner(), 2, WIDTH,
+                              torch.device("cpu"), sizes=[2])
+        graphs.capture_all()
+        replayed = graphs.run(inp)
+    assert wide.dtype == torch.float32
+    assert raw.dtype == (torch.float32 if scaled else torch.bfloat16)
+    assert replayed.dtype == raw.dtype
+    assert torch.equal(raw.float(), wide) and torch.equal(replayed.float(), wide)

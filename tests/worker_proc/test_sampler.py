@@ -157,3 +157,51 @@ def test_logit_bias_bans_and_forces_tokens(sampler):
                       bias_ids=np.zeros(400, np.int32), bias_values=np.full(400, -100.0,
                                                                             np.float32))
     assert 0 not in sampler(LOGITS.repeat(400, 1), many).token_ids.tolist()
+
+
+class SpyOp:
+    """The platform's sample op, remembering the dtype of the logits it was given."""
+
+    def __init__(self, op: Any) -> None:
+        self.op, self.dtypes = op, []
+
+    def __call__(self, logits: torch.Tensor, params: Any) -> torch.Tensor:
+        self.dtypes.append(logits.dtype)
+        return self.op(logits, params)
+
+
+@pytest.mark.parametrize("case", ["greedy", "sampled", "logprobs", "penalty", "block", "bias"])
+def test_a_decode_graphs_bf16_logits_are_converted_only_where_needed(case: str) -> None:
+    """A greedy step reads the LM head's bf16 logits as they are (their float32 copy would be
+    130 MB a step at 256 rows of a 128k vocabulary); filters, draws, logprobs and edits get
+    float32, and every case picks the tokens it would over the float32 logits."""
+    sampler = Sampler(load_platform("cpu"), torch.device("cpu"))
+    spy = sampler.sample_op = SpyOp(sampler.sample_op)
+    torch.manual_seed(3)
+    logits = (torch.randn(4, 50) * 3).to(torch.bfloat16)
+    arrays: dict[str, Any] = {"temperature": np.zeros(4)}
+    extra: dict[str, Any] = {}
+    if case == "sampled":
+        arrays = {"temperature": [0.0, 0.7, 0.0, 1.0], "seeds": [1, 2, 3, 4]}
+    elif case == "logprobs":
+        arrays["logprobs"] = [-1, 1, -1, -1]
+    elif case == "penalty":
+        arrays["presence_penalty"] = [0.0, 0.5, 0.0, 0.0]
+        extra = {"hist_offsets": np.array([0, 0, 1, 1, 1], np.int32),
+                 "hist_ids": np.array([int(logits[1].float().argmax())], np.int32),
+                 "hist_prompt_lens": np.zeros(4, np.int32)}
+    elif case == "block":
+        extra = {"block_offsets": np.array([0, 1, 1, 1, 1], np.int32),
+                 "block_ids": np.array([int(logits[0].float().argmax())], np.int32)}
+    elif case == "bias":
+        extra = {"bias_offsets": np.array([0, 0, 0, 1, 1], np.int32),
+                 "bias_ids": np.array([7], np.int32),
+                 "bias_values": np.array([100.0], np.float32)}
+    batch = make_batch(4, **arrays)
+    batch = ForwardBatch(**{**batch.__dict__, **extra})
+    got = sampler(logits.clone(), batch)
+    assert spy.dtypes == [torch.bfloat16 if case == "greedy" else torch.float32]
+    want = Sampler(load_platform("cpu"), torch.device("cpu"))(logits.float(), batch)
+    assert got.token_ids.tolist() == want.token_ids.tolist()
+    if case == "logprobs":
+        assert np.allclose(got.logprobs, want.logprobs)

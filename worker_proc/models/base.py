@@ -88,10 +88,11 @@ class CausalLM(nn.Module):
         """The last decoder layer's output and residual stream for every token [T, hidden]
         (residual None if the model folds it in), before the final norm."""
 
-    def forward(self, inp: ForwardInputs, kv: KVArena) -> torch.Tensor:
-        """float32 logits [S, vocab] for the tokens at inp.logits_indices."""
+    def forward(self, inp: ForwardInputs, kv: KVArena, *, float32: bool = True) -> torch.Tensor:
+        """float32 logits [S, vocab] for the tokens at inp.logits_indices (float32=False:
+        see `logits`)."""
         h, residual = self.hidden(inp, kv)
-        return self.logits(h, residual, inp)
+        return self.logits(h, residual, inp, float32=float32)
 
     def checkpoint_targets(self) -> Targets:
         c = self.config
@@ -219,14 +220,21 @@ class CausalLM(nn.Module):
                 module.kv_scales = scales.get(module.layer_index, (1.0, 1.0))
 
     def logits(self, h: torch.Tensor, residual: torch.Tensor | None,
-               inp: ForwardInputs) -> torch.Tensor:
+               inp: ForwardInputs, *, float32: bool = True) -> torch.Tensor:
         """Final norm and LM head, only at the sampled positions (the vocabulary matmul is
-        large), then the config's logit scaling or soft-capping; float32 [S, vocab]."""
+        large), then the config's logit scaling or soft-capping; float32 [S, vocab].
+        float32=False: the LM head's own output (the model's dtype, the values its float32
+        copy would hold) where the config scales nothing, for a caller that converts only
+        when it must (a decode graph's logits: at 256 rows of a 128k vocabulary the float32
+        copy is 130 MB written a step)."""
         if self.final_norm is None or self.lm_head is None:
             raise RuntimeError(f"pipeline stage {self.stage.stage} computes no logits: the last "
                                f"stage does")
-        logits = self.lm_head(self.normed(h, residual, inp.logits_indices)).float()
+        raw = self.lm_head(self.normed(h, residual, inp.logits_indices))
         c = self.config
+        if not float32 and c.logits_scaling == 1.0 and c.final_logit_softcap <= 0:
+            return raw  # type: ignore[no-any-return]
+        logits = raw.float()
         if c.logits_scaling != 1.0:
             logits = logits / c.logits_scaling
         if c.final_logit_softcap > 0:
