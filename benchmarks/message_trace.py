@@ -168,12 +168,26 @@ def summarize(directory: str, skip: int = 0) -> dict[str, Any]:
             "stages_ms": summary, "per_request": measured}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tessera.benchmarks.message_trace",
-                                description=__doc__,
+def trace_parser(module: str, doc: str | None, out_help: str) -> argparse.ArgumentParser:
+    """The command line of a tool that reads a --trace-messages-dir folder: the folder, and
+    where its JSON goes."""
+    p = argparse.ArgumentParser(prog=f"python -m tessera.benchmarks.{module}", description=doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("directory")
-    p.add_argument("--out", help="write the summary here as JSON")
+    p.add_argument("--out", help=out_help)
+    return p
+
+
+def write_out(path: str | None, result: dict[str, Any]) -> int:
+    """--out: the result as JSON there (none given: nothing written); the exit status, 0."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = trace_parser("message_trace", __doc__, "write the summary here as JSON")
     p.add_argument("--skip", type=int, default=0, help="leave out the first N requests")
     args = p.parse_args(argv)
     result = summarize(args.directory, args.skip)
@@ -186,10 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     for stage, s in result["stages_ms"].items():
         print(f"  {stage:34s} median {s['median']:8.3f}  mean {s['mean']:8.3f}  "
               f"min {s['min']:8.3f}  max {s['max']:8.3f}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-    return 0
+    return write_out(args.out, result)
 
 
 if __name__ == "__main__":

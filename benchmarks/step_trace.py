@@ -14,13 +14,11 @@ device.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 from typing import Any
 
-from tessera.benchmarks.message_trace import Event, load
+from tessera.benchmarks.message_trace import Event, load, trace_parser, write_out
 
 
 def _worker_name(events: list[Event]) -> str | None:
@@ -105,11 +103,8 @@ def summarize(directory: str, top: int = 30, since_ns: int = 0) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tessera.benchmarks.step_trace",
-                                description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("directory")
-    p.add_argument("--out", help="write the summary (and every step's row) here as JSON")
+    p = trace_parser("step_trace", __doc__,
+                     "write the summary (and every step's row) here as JSON")
     p.add_argument("--top", type=int, default=30, help="the slowest steps to list")
     args = p.parse_args(argv)
     result = summarize(args.directory, args.top)
@@ -125,10 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  step {r['step']}: {r['interval_ms']:.1f} ms ({r['kind']}, {r['tokens']} "
               f"tokens, {r['requests']} requests; launch {r['launch_ms']:.1f} ms, queued "
               f"{r.get('queued_ms', float('nan')):.1f} ms, gc {r.get('gc_ms', 0.0):.1f} ms)")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-    return 0
+    return write_out(args.out, result)
 
 
 if __name__ == "__main__":

@@ -31,28 +31,28 @@ def test_each_collection_is_counted_by_generation_and_timed(pauses: gc_pauses.Gc
     assert 0 < stats["gc_pause_ms_max"] <= stats["gc_pause_ms_total"]
 
 
-def test_a_long_pause_is_a_trace_line(pauses: gc_pauses.GcPauses, tmp_path: Path,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gc_pauses, "TRACE_MIN_MS", 0.0)
+def traced_collect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, min_ms: float,
+                   generation: int) -> list[dict[str, Any]]:
+    """The trace lines of one collection, pauses of `min_ms` or more traced."""
+    monkeypatch.setattr(gc_pauses, "TRACE_MIN_MS", min_ms)
     trace.start(str(tmp_path), "unit")
     try:
-        gc.collect(2)
+        gc.collect(generation)
     finally:
         trace.stop()
-    lines = [json.loads(line) for p in tmp_path.glob("*.jsonl")
-             for line in p.read_text().splitlines()]
+    return [json.loads(line) for p in tmp_path.glob("*.jsonl")
+            for line in p.read_text().splitlines()]
+
+
+def test_a_long_pause_is_a_trace_line(pauses: gc_pauses.GcPauses, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = traced_collect(tmp_path, monkeypatch, 0.0, 2)
     assert any(e["e"] == "gc" and e["gen"] == 2 and e["ms"] >= 0 for e in lines)
 
 
 def test_a_short_pause_is_counted_not_traced(pauses: gc_pauses.GcPauses, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gc_pauses, "TRACE_MIN_MS", 1e9)
-    trace.start(str(tmp_path), "unit")
-    try:
-        gc.collect(0)
-    finally:
-        trace.stop()
-    assert not [line for p in tmp_path.glob("*.jsonl") for line in p.read_text().splitlines()]
+    assert traced_collect(tmp_path, monkeypatch, 1e9, 0) == []
     assert pauses.collections[0] >= 1
 
 
