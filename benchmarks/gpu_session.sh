@@ -69,7 +69,6 @@
 #   benchmarks/gpu_session.sh 63  # one H200:  issue 17's figures: b12 b1 (bf16 / fp8 / int4), b12 B2 bf16 / fp8, fp8 over the fp8 cache (~330 s)
 #   benchmarks/gpu_session.sh 64  # one H200:  b2 with the worker profiled over decode steps at 256 requests and in the drain: device busy against wall (~70 s)
 #   benchmarks/gpu_session.sh 65  # one H200:  a decode graph's logits kept in bf16 for greedy steps: the sample tests, engine parity, b2 twice, b3, b12 B2 bf16 / fp8 (~330 s)
-#   benchmarks/gpu_session.sh 66  # one H200:  decode attention's splits merged in stage 1: the kernel tests, the merge bench, b12 b1 with it / with the merge kernel, b1 (~330 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -103,7 +102,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|6[0-6])$ ]] || { echo "usage: $0 1|...|35, 37-66  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|6[0-5])$ ]] || { echo "usage: $0 1|...|35, 37-65  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -873,18 +872,6 @@ case $CALL in
     part b2again 60 35 b2 --name b2_again_call65_h200
     part b3 90 65 b3 --name b3_call65_h200
     part b12b2 200 90 b12 --schemes bf16,fp8 --parts b2 --name b12_b2_call65_h200
-    ;;
-  66)
-    # Decode attention's splits merged by the last of them in stage 1 (no merge kernel, so
-    # a small batch's step loses a launch and a wait a layer): the kernel tests (the many-
-    # replay test against the merge kernel), the merge bench, then B12's B1 with the merge in
-    # stage 1 and with the merge kernel (HAL_CUDA_DECODE_MERGE=kernel), and B1.
-    KERNELS_K="decode_attention or graph_replay" part kernels 150 60 kernels
-    SUFFIX=call66_h200 part attnmerge 120 40 attnmerge
-    part b12b1 130 75 b12 --parts b1 --name b12_b1_call66_h200
-    HAL_CUDA_DECODE_MERGE=kernel part b12b1kernel 130 75 b12 --parts b1 \
-      --name b12_b1_mergekernel_call66_h200
-    part b1 50 30 b1 --name b1_call66_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

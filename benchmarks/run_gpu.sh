@@ -60,7 +60,7 @@ mkdir -p "$OUT"
 parts=()
 while [[ $# -gt 0 && $1 != -* ]]; do parts+=("$1"); shift; done
 [[ ${#parts[@]} -gt 0 ]] || parts=(all)
-all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|attnbench|attnorder|attnregs|attnmerge|ncu|pdlbench|hop|nativeprobe|fusionprobe|all"
+all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|attnbench|attnorder|attnregs|ncu|pdlbench|hop|nativeprobe|fusionprobe|all"
 for part in "${parts[@]}"; do
   if [[ ! $part =~ ^($all_parts)$ ]]; then
     echo "usage: $0 [${all_parts//|/|} ...] [flags]" >&2
@@ -224,12 +224,6 @@ for part in "${parts[@]}"; do
     attnorder) echo "+ tests/hal_cuda/gpu_run.py --only=attention_order" >&2
                "$PY" tests/hal_cuda/gpu_run.py "$OUT/attention_order_$SUFFIX" --only=attention_order \
                  "${T_cpu[@]}" || { echo "attnorder: failed" >&2; failed+=(attnorder); } ;;
-    # Decode attention with the splits merged in stage 1 and by the merge kernel, bf16 and
-    # fp8 caches, batches of 1 to 80 (gpu_bench's decode_attention_merge_bench), into
-    # attention_merge_$SUFFIX/.
-    attnmerge) echo "+ tests/hal_cuda/gpu_run.py --only=attention_merge" >&2
-               "$PY" tests/hal_cuda/gpu_run.py "$OUT/attention_merge_$SUFFIX" --only=attention_merge \
-                 "${T_cpu[@]}" || { echo "attnmerge: failed" >&2; failed+=(attnmerge); } ;;
     # Decode attention over the fp8 cache at tiles with a register cap (maxnreg) and
     # without, the bf16 cache's default beside them (gpu_bench's decode_attention_regs_bench),
     # into attention_regs_$SUFFIX/.

@@ -4,9 +4,7 @@ Stage 1 runs one program per (request, KV head, split). The program holds the wh
 group of that KV head (Hq // Hk heads, padded to the 16 rows a tensor-core dot needs), so each
 KV row is read once per group rather than once per query head. Each split covers a
 contiguous range of the request's positions and writes a partial output and its log-sum-exp.
-Stage 2 merges the splits: by default inside stage 1 (the split of a (request, KV head) that
-finishes last merges them, counted on a device counter; see FUSED_MERGE), else as a kernel of
-its own.
+Stage 2 merges the splits.
 
 The split count depends only on the batch shape (B, Hk) and the device, never on the
 sequence lengths, so the launch is static and can be captured in a CUDA graph: each row works
@@ -63,31 +61,6 @@ FP8_AS_WORDS = True  # False: an fp8 cache read element by element (the benchmar
 # 256-byte pieces of the same cache rows. False: the batch first (the order before), as
 # HAL_CUDA_DECODE_GRID=batch asks (heads, the default) for A/B runs.
 GRID_VARIABLE = "HAL_CUDA_DECODE_GRID"
-# Where the splits of a request are merged. "fused" (the default): in stage 1 itself. Each
-# split's program stores its partial output and log-sum-exp, then adds one to a counter of
-# its (request, KV head) (an acq_rel atomic after a barrier of the whole program: every
-# thread's stores are ordered before it); the program that counts last reads the others'
-# partials from L2 (`.cg`: never a stale L1 line), merges them as stage 2 would, writes the
-# output and sets the counter back to zero for the next launch. The step loses the merge's
-# launch and its wait on stage 1 (a small batch's step has one per layer: 32 at batch 1 of
-# the 8B shape). "kernel": stage 2 as its own launch, as before (A/B runs). The counters are
-# one int32 array a device (COUNTER_SLOTS), allocated on the first launch outside a graph
-# capture; a launch that would capture it first, or needs more than it holds, takes the
-# two-kernel path. One array serves every launch on the device because the kernels of a
-# device run in one stream's order (each decode attention waits for the kernel before it);
-# a plugin that ran two of them concurrently would need one array each.
-MERGE_VARIABLE = "HAL_CUDA_DECODE_MERGE"
-COUNTER_SLOTS = 1 << 16  # (request, KV head) pairs of one launch
-
-
-def _fused_merge(value: str | None) -> bool:
-    text = (value or "fused").strip().lower()
-    if text not in ("fused", "kernel"):
-        raise ValueError(f"{MERGE_VARIABLE}={value!r}: expected fused (the default) or kernel")
-    return text == "fused"
-
-
-FUSED_MERGE = _fused_merge(os.environ.get(MERGE_VARIABLE))
 
 
 def _heads_first(value: str | None) -> bool:
@@ -227,14 +200,13 @@ def _online_softmax_tile(q, k, v, pmask, m_i, l_i, acc, scale_log2, logit_cap,
 
 @triton.jit(do_not_specialize=_SPLIT_DEPENDENT)
 def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, qo_ptr,
-                   mid_o_ptr, mid_lse_ptr, out_ptr, counters_ptr,
+                   mid_o_ptr, mid_lse_ptr, out_ptr,
                    q_s0, q_s1, c_s0, c_s1, rtt_s0, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1,
                    sm_scale_log2, window, logit_cap, num_splits, HAS_CAP: tl.constexpr,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ONE_SPLIT: tl.constexpr,
                    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_PREC: tl.constexpr, MIXED: tl.constexpr, FP8_WORDS: tl.constexpr,
                    ASM_CVT: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
-                   MERGE: tl.constexpr = False, BLOCK_S: tl.constexpr = 32,
                    USE_PDL: tl.constexpr = False):
     pdl_enter(USE_PDL)
     if HEADS_FIRST:
@@ -303,50 +275,6 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
         tl.store(mid_o_ptr + b * mo_s0 + heads[:, None] * mo_s1 + split * mo_s2 + d[None, :],
                  out, mask=omask)
         tl.store(mid_lse_ptr + b * ml_s0 + heads * ml_s1 + split, lse, mask=hmask)
-        if MERGE:
-            # Every thread's stores before the count (the barrier), the count a release of
-            # them and, for the last split, an acquire of the others' (FUSED_MERGE).
-            tl.debug_barrier()
-            kv_heads = tl.num_programs(0) if HEADS_FIRST else tl.num_programs(1)
-            counter = counters_ptr + b * kv_heads + kh
-            done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if done == num_splits - 1:
-                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-                _merge_group(mid_o_ptr, mid_lse_ptr, out_ptr, b, q_row, kh, mo_s0, mo_s1,
-                             mo_s2, ml_s0, ml_s1, o_s0, o_s1, num_splits, GROUP, HEAD_DIM,
-                             BLOCK_S, BLOCK_D)
-
-
-@triton.jit
-def _merge_group(mid_o_ptr, mid_lse_ptr, out_ptr, b, o_row, kh, mo_s0, mo_s1, mo_s2, ml_s0,
-                 ml_s1, o_s0, o_s1, num_splits, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Stage 2 for the GROUP query heads of KV head kh of request b, inside stage 1's last
-    split: the same sums in the same order, so the same output. Reads through L2 only."""
-    s = tl.arange(0, BLOCK_S)
-    smask = s < num_splits
-    d = tl.arange(0, BLOCK_D)
-    dmask = d < HEAD_DIM
-    for g in tl.static_range(GROUP):
-        h = kh * GROUP + g
-        lse = tl.load(mid_lse_ptr + b * ml_s0 + h * ml_s1 + s, mask=smask,
-                      other=float("-inf"), cache_modifier=".cg")
-        o = tl.load(mid_o_ptr + b * mo_s0 + h * mo_s1 + s[:, None] * mo_s2 + d[None, :],
-                    mask=smask[:, None] & dmask[None, :], other=0.0, cache_modifier=".cg")
-        _store_merged(out_ptr, o_row, h, o_s0, o_s1, lse, o, d, dmask)
-
-
-@triton.jit
-def _store_merged(out_ptr, o_row, h, o_s0, o_s1, lse, o, d, dmask):
-    """The splits' partial outputs o [S, D] of one query head, weighted by their log-sum-exps
-    (log2 units; -inf for an empty split), into its output row."""
-    m = tl.max(lse, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)  # an empty row (seq_len 0) gives zeros, not NaN
-    w = tl.exp2(lse - m)
-    denom = tl.sum(w, 0)
-    denom = tl.where(denom > 0, denom, 1.0)
-    out = tl.sum(o * w[:, None], 0) / denom
-    tl.store(out_ptr + o_row * o_s0 + h * o_s1 + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
 
 
 @triton.jit(do_not_specialize=_SPLIT_DEPENDENT)
@@ -367,9 +295,15 @@ def _decode_stage2(mid_o_ptr, mid_lse_ptr, out_ptr, ext_lens_ptr, qo_ptr, mo_s0,
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
     lse = tl.load(mid_lse_ptr + b * ml_s0 + h * ml_s1 + s, mask=smask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # an empty row (seq_len 0) gives zeros, not NaN
+    w = tl.exp2(lse - m)
     o = tl.load(mid_o_ptr + b * mo_s0 + h * mo_s1 + s[:, None] * mo_s2 + d[None, :],
                 mask=smask[:, None] & dmask[None, :], other=0.0)
-    _store_merged(out_ptr, o_row, h, o_s0, o_s1, lse, o, d, dmask)
+    denom = tl.sum(w, 0)
+    denom = tl.where(denom > 0, denom, 1.0)
+    out = tl.sum(o * w[:, None], 0) / denom
+    tl.store(out_ptr + o_row * o_s0 + h * o_s1 + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
 
 
 @functools.lru_cache(maxsize=8)
@@ -400,29 +334,6 @@ def splits_for(batch: int, kv_heads: int, sms: int) -> int:
     programs = max(1, batch * kv_heads)
     waves = max(1, min(MAX_SPLITS, triton.cdiv(2 * sms, programs)))
     return max(waves, 2) if programs < TWO_SPLITS_BELOW * sms else waves
-
-
-_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
-
-
-def split_counters(device: torch.device, pairs: int) -> torch.Tensor | None:
-    """The device's merge counters (FUSED_MERGE), zeros between launches, or None where stage 2
-    must run as its own kernel: the fused merge off, more (request, KV head) pairs than
-    COUNTER_SLOTS, or the array not yet allocated while a graph is being captured (allocated
-    then, it would belong to the graph's pool and be zeroed only when the graph replays)."""
-    if not FUSED_MERGE or pairs > COUNTER_SLOTS:
-        return None
-    index = device.index
-    if device.type == "cuda" and index is None:
-        index = torch.cuda.current_device()
-    key = (device.type, index)
-    counters = _COUNTERS.get(key)
-    if counters is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        counters = _COUNTERS[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32,
-                                                device=device)
-    return counters
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -529,10 +440,8 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         pdl_options = {**pdl_options, "maxnreg": maxnreg}
     heads_first = HEADS_FIRST and batch <= 65535  # a grid's second dimension holds 65535
     grid = (kv_heads, batch, n_split) if heads_first else (batch, kv_heads, n_split)
-    counters = split_counters(q.device, batch * kv_heads) if n_split > 1 else None
     _decode_stage1[grid](
         q, k_cache, v_cache, req_to_token, seq_lens, ext, qo, mid_o, mid_lse, out,
-        counters if counters is not None else seq_lens,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1), float(scale) * LOG2E, int(sliding_window),
@@ -541,10 +450,9 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         DOT_PREC=dot_precision(q.dtype), MIXED=mixed, FP8_WORDS=words,
         ASM_CVT=words and asm_cvt(q.device), HEADS_FIRST=heads_first,
-        MERGE=counters is not None, BLOCK_S=MAX_SPLITS,
         num_warps=num_warps, num_stages=num_stages,
         **pdl_options)
-    if n_split == 1 or counters is not None:
+    if n_split == 1:
         return
     _decode_stage2[(batch, q_heads)](
         mid_o, mid_lse, out, ext, qo, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),

@@ -304,56 +304,6 @@ FP8_REG_TILES = ((64, 2, 3, None), (32, 2, 3, None), (32, 2, 3, 128), (32, 2, 2,
                  (64, 4, 3, None), (64, 4, 3, 128), (128, 4, 2, None))
 
 
-def decode_attention_merge_bench() -> dict[str, Any]:
-    """Decode attention where a request's positions are split: the splits merged by the last
-    of them in stage 1 (FUSED_MERGE) against the merge kernel, bf16 and fp8 caches, at
-    batches of 1 to 80 (B1's context, B3 c=32's and the drain's spreads, longest first), us a
-    call inside graphs of 20 calls under PDL, and the two outputs' largest difference."""
-    from tessera.hal.cuda import decode_attention as da
-
-    hq, hk, d = 32, 8, 128
-    cases = {"b1_640": (1, 640, 640), "b1_2048": (1, 2048, 2048), "b4": (4, 256, 1536),
-             "b16": (16, 256, 1536), "b3_c32": (32, 256, 1536), "b2_48": (48, 400, 2048),
-             "b2_80": (80, 300, 2048)}
-    gen = torch.Generator().manual_seed(0)
-    out: dict[str, Any] = {"shape": {"hq": hq, "hk": hk, "head_dim": d}, "cases": {}}
-    saved = da.FUSED_MERGE
-    try:
-        for name, (batch, lo, hi) in cases.items():
-            lens_cpu = torch.randint(lo, hi + 1, (batch,), generator=gen, dtype=torch.int32)
-            q, kc16, vc16, rtt = _paged_decode_case(batch, hi, hq, hk, d)
-            desc = torch.argsort(lens_cpu, descending=True, stable=True)
-            q, rtt, lens = q[desc.cuda()].contiguous(), rtt[desc.cuda()].contiguous(), \
-                lens_cpu[desc].cuda()
-            kv_bytes = int(2 * lens_cpu.sum()) * hk * d * 2
-            case: dict[str, Any] = {"batch": batch, "context": [lo, hi],
-                                    "splits": da.num_splits(batch, hk, q.device)}
-            caches = {"bf16": (kc16, vc16, kv_bytes),
-                      "fp8": (kc16.to(torch.float8_e4m3fn), vc16.to(torch.float8_e4m3fn),
-                              kv_bytes // 2)}
-            for cache, (kc, vc, nbytes) in caches.items():
-                row: dict[str, Any] = {}
-                outs = {}
-                for mode in ("kernel", "fused"):
-                    da.FUSED_MERGE = mode == "fused"
-                    outs[mode] = da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5)
-                    us = graph_time_us(lambda q=q, kc=kc, vc=vc, rtt=rtt, lens=lens:
-                                       da.attention_decode(q, kc, vc, rtt, lens, d ** -0.5))
-                    row[mode] = {"us": round(us, 2), "GBps": round(nbytes / us / 1e3)}
-                row["max_diff"] = float((outs["fused"].float() - outs["kernel"].float())
-                                        .abs().max())
-                case[cache] = row
-            print(f"decode attention merge {name}: " + "; ".join(
-                f"{c} kernel {case[c]['kernel']['us']} fused {case[c]['fused']['us']} us"
-                for c in caches), flush=True)
-            out["cases"][name] = case
-            del kc16, vc16, caches
-            torch.cuda.empty_cache()
-    finally:
-        da.FUSED_MERGE = saved
-    return out
-
-
 def decode_attention_regs_bench() -> dict[str, Any]:
     """Decode attention's stage 1 over the fp8 cache (words) at tiles with a register cap
     (Triton's maxnreg) and without, on B2's and B3's spreads of context (longest first, as

@@ -26,7 +26,6 @@ import torch
 from gpu_bench import (
     b1_smoke,
     decode_attention_bench,
-    decode_attention_merge_bench,
     decode_attention_order_bench,
     decode_attention_regs_bench,
     gemv_sweep,
@@ -67,7 +66,6 @@ def main(argv: list[str]) -> int:
         parts["attention_bench"] = decode_attention_bench
         parts["attention_order"] = decode_attention_order_bench
         parts["attention_regs"] = decode_attention_regs_bench
-        parts["attention_merge"] = decode_attention_merge_bench
         parts["gemv_sweep"] = gemv_sweep  # first: later parts run with its tuned shapes
         parts["vs_hf_fp32"] = lambda: check_against_hf(
             big, platform, torch.float32, device, platform.create_graph_runner(), 12,

@@ -90,18 +90,14 @@ def _extend(ext: ModuleType, batch: int, tokens: int, width: int,
                          D ** -0.5)
 
 
-@pytest.mark.parametrize("fused_merge", [True, False], ids=["merge-in-stage1", "merge-kernel"])
 def test_attention_launches_over_every_batch_size_select_few_kernels(
-        kernels: dict[str, ModuleType], recorded: dict[str, _Recorder],
-        monkeypatch: pytest.MonkeyPatch, fused_merge: bool) -> None:
+        kernels: dict[str, ModuleType], recorded: dict[str, _Recorder]) -> None:
     dec, ext = kernels["decode_attention"], kernels["extend_attention"]
-    monkeypatch.setattr(dec, "FUSED_MERGE", fused_merge)
-    merges = 0 if fused_merge else 1
     for batch in BATCHES:
         dec.attention_decode(*_inputs(batch, batch), D ** -0.5)
     decode_only = {name: len(r.keys) for name, r in recorded.items()}
-    # one split (large batches) or several (its merge in stage 1, or one merge kernel)
-    assert decode_only == {"stage1": 2, "stage2": merges, "extend": 0}, decode_only
+    # one split (large batches) or several; one merge kernel
+    assert decode_only == {"stage1": 2, "stage2": 1, "extend": 0}, decode_only
 
     per_extend: dict[int, int] = defaultdict(int)
     for batch in BATCHES:
@@ -109,7 +105,7 @@ def test_attention_launches_over_every_batch_size_select_few_kernels(
         _extend(ext, batch, batch + 6, 64)
         per_extend[len(recorded["extend"].keys) - before] += 1
     # decode rows of a mixed batch: the two stage-1 kernels again with MIXED, one more merge
-    assert len(recorded["stage1"].keys) == 4 and len(recorded["stage2"].keys) == 2 * merges
+    assert len(recorded["stage1"].keys) == 4 and len(recorded["stage2"].keys) == 2
     # the extend kernel: one per power of two of the request count (REQS) from 32 to 256
     assert len(recorded["extend"].keys) == 4, sorted(recorded["extend"].keys)
 

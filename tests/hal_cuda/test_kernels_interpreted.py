@@ -226,53 +226,6 @@ def test_attention_decode(kernels: dict[str, ModuleType], monkeypatch: pytest.Mo
         torch.testing.assert_close(out, expected, **TOL)
 
 
-def test_attention_decode_merges_in_stage1_and_leaves_its_counters_at_zero(
-        kernels: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The splits merged by the last of them (FUSED_MERGE) give what the merge kernel gives,
-    over empty splits, an empty request (seq_len 0, a graph's padding) and a mixed batch's
-    rows that return early; no stage-2 launch; every counter back at zero after each launch,
-    so the next one (a graph's replay) counts from nothing. Where the counters cannot serve
-    (more pairs than COUNTER_SLOTS) the merge kernel runs instead."""
-    da = kernels["decode_attention"]
-    seq_lens = (1, 70, 0, 129, 33)
-    case = make_paged_case(seq_lens, (1,) * 5, 8, 2, 32, torch.float32, seed=31)
-    args = (case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens, case.scale)
-    monkeypatch.setattr(da, "FUSED_MERGE", False)
-    by_kernel = {n: da.attention_decode(*args, splits=n) for n in (2, 3, 32)}
-    monkeypatch.setattr(da, "FUSED_MERGE", True)
-    stage2 = da._decode_stage2
-
-    class NoStage2:
-        def __getitem__(self, grid: object) -> object:
-            raise AssertionError("the merge kernel was launched")
-
-    monkeypatch.setattr(da, "_decode_stage2", NoStage2())
-    counters = da.split_counters(case.q.device, 1)
-    assert counters is not None and counters.shape == (da.COUNTER_SLOTS,)
-    for n, want in by_kernel.items():
-        for _ in range(2):
-            torch.testing.assert_close(da.attention_decode(*args, splits=n), want, **TOL)
-            assert not counters.any(), f"{n} splits left counts behind"
-    assert bool((by_kernel[3][2] == 0).all())  # the empty request: zeros, not NaN
-    # A mixed batch: the rows of longer extends return before counting.
-    mixed = make_paged_case((9, 70, 40), (1, 6, 1), 8, 2, 32, torch.float32, seed=32)
-    out = torch.full_like(mixed.q, 7.0)
-    da.launch_decode(mixed.q, mixed.k_cache, mixed.v_cache, mixed.req_to_token, mixed.seq_lens,
-                     out, mixed.scale, extend_lens=mixed.extend_lens, qo_indptr=mixed.qo_indptr,
-                     splits=3)
-    want = reference_op("attention_extend")(
-        mixed.q, mixed.k_cache, mixed.v_cache, mixed.req_to_token, mixed.seq_lens,
-        mixed.extend_lens, mixed.qo_indptr, mixed.scale)
-    rows = mixed.qo_indptr[:-1][mixed.extend_lens == 1].long()
-    torch.testing.assert_close(out[rows], want[rows], **TOL)
-    assert not counters.any()
-    # More (request, KV head) pairs than the counters hold: the merge kernel.
-    monkeypatch.setattr(da, "_decode_stage2", stage2)
-    assert da.split_counters(case.q.device, da.COUNTER_SLOTS + 1) is None
-    monkeypatch.setattr(da, "COUNTER_SLOTS", 4)  # 5 requests x 2 KV heads
-    torch.testing.assert_close(da.attention_decode(*args, splits=3), by_kernel[3], **TOL)
-
-
 @pytest.mark.parametrize("tile", [None, (32, 2, 3, 128), (16, 2, 4, 128)])
 @pytest.mark.parametrize("dim", [32, 24, 15])
 def test_attention_decode_fp8_cache(kernels: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch,
