@@ -69,6 +69,8 @@
 #   benchmarks/gpu_session.sh 63  # one H200:  issue 17's figures: b12 b1 (bf16 / fp8 / int4), b12 B2 bf16 / fp8, fp8 over the fp8 cache (~330 s)
 #   benchmarks/gpu_session.sh 64  # one H200:  b2 with the worker profiled over decode steps at 256 requests and in the drain: device busy against wall (~70 s)
 #   benchmarks/gpu_session.sh 65  # one H200:  a decode graph's logits kept in bf16 for greedy steps: the sample tests, engine parity, b2 twice, b3, b12 B2 bf16 / fp8 (~330 s)
+#   benchmarks/gpu_session.sh 67  # one H200:  the LM head quantized too (--quantize-lm-head): b12 kl and b1 of bf16 / fp8 / fp8+head / int4 / int4+head, b12 B2 bf16 / fp8 / fp8+head (~400 s)
+#   benchmarks/gpu_session.sh 68  # one H200:  issue 13's figures at the session's commit: b1, b2 twice, b3 (~200 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -102,7 +104,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|6[0-5])$ ]] || { echo "usage: $0 1|...|35, 37-65  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|6[0-578])$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-68  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -872,6 +874,20 @@ case $CALL in
     part b2again 60 35 b2 --name b2_again_call65_h200
     part b3 90 65 b3 --name b3_call65_h200
     part b12b2 200 90 b12 --schemes bf16,fp8 --parts b2 --name b12_b2_call65_h200
+    ;;
+  67)
+    # The LM head quantized at load too (--quantize-lm-head): B12's KL and B1 for every
+    # scheme with and without it, then B2 bf16 / fp8 / fp8 with the head.
+    part b12b1 330 250 b12 --schemes bf16,fp8,fp8+head,int4,int4+head --parts kl,b1 \
+      --name b12_b1_call67_h200
+    part b12b2 220 130 b12 --schemes bf16,fp8,fp8+head --parts b2 --name b12_b2_call67_h200
+    ;;
+  68)
+    # Issue 13's figures at the session's commit (the fused merge of call 66 reverted).
+    part b1 50 30 b1 --name b1_call68_h200
+    part b2 60 35 b2 --name b2_call68_h200
+    part b2again 60 35 b2 --name b2_again_call68_h200
+    part b3 90 65 b3 --name b3_call68_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -3,8 +3,9 @@ run.
 
     --schemes bf16,fp8,int4   variants: the unquantized model ("bf16": --quantization none in
                               the serving dtype, named after it), schemes quantized at load
-                              (fp8, int8, int4), and "checkpoint" (a quantized checkpoint's own
-                              weights kept, --quantization auto)
+                              (fp8, int8, int4), the same with the LM head quantized too
+                              ("fp8+head": --quantize-lm-head), and "checkpoint" (a quantized
+                              checkpoint's own weights kept, --quantization auto)
     --parts kl,b1,b2,kv       what to measure:
       kl   mean KL(reference || scheme) of next-token distributions on a fixed prompt set,
            same weights (benchmarks/quant_kl.py), for every variant but the reference, and
@@ -77,11 +78,17 @@ def _log(msg: str) -> None:
 
 def variant_kwargs(base: dict[str, Any], variant: str) -> dict[str, Any]:
     """Engine kwargs of one variant: the reference runs unquantized, "checkpoint" keeps a
-    quantized checkpoint's weights, a scheme quantizes at load."""
+    quantized checkpoint's weights, a scheme quantizes at load ("SCHEME+head": the LM head
+    too)."""
     if variant in ("bf16", "fp32", "float16", "float"):
         return {**base, "quantization": "none"}
     if variant == "checkpoint":
         return {**base, "quantization": "auto"}
+    scheme, plus, extra = variant.partition("+")
+    if plus:
+        if extra != "head":
+            raise ValueError(f"variant {variant!r}: the one suffix is +head (--quantize-lm-head)")
+        return {**base, "quantization": scheme, "quantize_lm_head": True}
     return {**base, "quantization": variant}
 
 

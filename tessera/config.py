@@ -228,6 +228,10 @@ class EngineConfig(BatchingConfig):
         "quantized (GGUF, AWQ, GPTQ, fp8); none dequantizes them at load; fp8 (W8A8, per-row "
         "scales), int8 and int4 (group-wise, 128) quantize the linear weights at load",
         choices=["auto", "none", "fp8", "int8", "int4"])
+    quantize_lm_head: bool = _opt(
+        False, "with --quantization fp8, int8 or int4: the LM head is quantized at load too "
+        "(by default it stays in the serving dtype, as is usual; a head tied to the "
+        "embedding gets its own quantized copy, the lookup keeps the table)")
     kv_cache_dtype: str = _opt(
         "auto", "auto | fp8_e4m3: auto stores the KV cache in the serving dtype; fp8_e4m3 in "
         "float8 with per-layer scales (from the checkpoint, else 1.0): twice the tokens",
@@ -373,6 +377,10 @@ class EngineConfig(BatchingConfig):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
                                  f"{getattr(self, name)!r}")
+        if self.quantize_lm_head and self.quantization not in ("fp8", "int8", "int4"):
+            raise ValueError(f"--quantize-lm-head quantizes the LM head at load: it needs "
+                             f"--quantization fp8, int8 or int4, got --quantization "
+                             f"{self.quantization}")
         if self.overlap_steps not in (0, 2) and self.pp_size > 1:
             raise ValueError(f"--overlap-steps {self.overlap_steps} with --pp-size "
                              f"{self.pp_size}: a pipeline's batches in flight are "

@@ -151,7 +151,8 @@ class ModelRunner:
             self.pipeline = PipelineLink(self.world, self.layout, mc.hidden_size, self.dtype,
                                          self.device)
         free_before = platform.mem_get_info()[0]
-        self.quant = plan_quantization(config.quantization, self.files, platform)
+        self.quant = plan_quantization(config.quantization, self.files, platform,
+                                       lm_head=config.quantize_lm_head)
         self.kv_dtype = kv_cache_dtype(config, platform, self.dtype)
         cls = model_class(mc.arch)
         self.model = cls(mc, platform, dtype=self.dtype, device=self.device,

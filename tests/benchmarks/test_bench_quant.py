@@ -78,3 +78,16 @@ def test_run_gpu_b12_writes_every_part_in_one_command(run_root: Path, tmp_path: 
     # the same KV bytes: twice the tokens in fp8, and never more retractions
     assert f["kv_fp8_pool_tokens"] == 2 * f["kv_auto_pool_tokens"]
     assert f["kv_fp8_retractions"] <= f["kv_auto_retractions"]
+
+
+def test_variants_name_their_engine_settings() -> None:
+    from tessera.benchmarks.quant import variant_kwargs
+
+    base = {"model": "m"}
+    assert variant_kwargs(base, "bf16") == {"model": "m", "quantization": "none"}
+    assert variant_kwargs(base, "checkpoint")["quantization"] == "auto"
+    assert variant_kwargs(base, "int4") == {"model": "m", "quantization": "int4"}
+    assert variant_kwargs(base, "fp8+head") == {"model": "m", "quantization": "fp8",
+                                                "quantize_lm_head": True}
+    with pytest.raises(ValueError, match=r"\+head"):
+        variant_kwargs(base, "fp8+embed")

@@ -90,6 +90,79 @@ def test_quantization_flag_quantizes_at_load(tmp_path, scheme: str):
                                atol=1e-4, rtol=1e-4)
 
 
+def _twin_with_quantized_head(src: str, dst: str, scheme: str) -> None:
+    """_twin_of_quantized with the LM head quantized as well, in the groups QuantLinear uses:
+    what --quantization scheme --quantize-lm-head must compute. A tied source becomes an untied
+    twin: its head the quantized table, its embedding the table itself."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from tessera.hal.quant.quantize import group_size_for
+
+    _twin_of_quantized(src, dst, scheme)
+    path = os.path.join(dst, "model.safetensors")
+    state = load_file(path)
+    with open(os.path.join(dst, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    head = state.get("lm_head.weight")
+    if config.get("tie_word_embeddings") or head is None:
+        head = state["model.embed_tokens.weight"]
+        config["tie_word_embeddings"] = False
+        with open(os.path.join(dst, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(config, f)
+    state["lm_head.weight"] = quantize(head, scheme, group_size_for(head.shape[1])) \
+        .dequantize(head.dtype).contiguous()
+    save_file(state, path)
+
+
+@pytest.mark.parametrize("kind,scheme", [("llama31", "fp8"), ("llama31", "int4"),
+                                         ("qwen2", "int8")],
+                         ids=["untied-fp8", "untied-int4", "tied-int8"])
+def test_quantize_lm_head_quantizes_the_head_at_load(tmp_path, kind: str, scheme: str):
+    """--quantize-lm-head: the head's weight is held quantized (a tied head as a quantized copy
+    of the table, the lookup still the float table) and the model computes what a float twin
+    holding the quantized values computes; without the flag the head stays float."""
+    folder, twin = str(tmp_path / "f"), str(tmp_path / "twin")
+    tiny_hf_model(kind, folder, rope_scaling=None)
+    _twin_with_quantized_head(folder, twin, scheme)
+    runner = make_runner(folder, quantization=scheme, quantize_lm_head=True)
+    assert runner.quant.lm_head == scheme
+    heads = [m for m in _linears(runner) if m.role != "linear"]
+    assert [m.role for m in heads] == ["lm_head"]
+    assert isinstance(heads[0].method, QuantLinear)
+    assert all(isinstance(s.weight, QuantizedWeight) and s.weight.scheme == scheme
+               for s in heads[0].method.segments)
+    assert runner.model.embed.weight.dtype == torch.float32  # the lookup's table, unquantized
+    plain = make_runner(folder, quantization=scheme)
+    assert runner.weight_bytes != plain.weight_bytes
+    batch = prompts(256, LENGTHS, seed=8)
+    dense_twin = make_runner(twin)
+    torch.testing.assert_close(MiniScheduler(runner).prefill_logits(batch),
+                               MiniScheduler(dense_twin).prefill_logits(batch),
+                               atol=1e-4, rtol=1e-4)
+    got = [r.out for r in MiniScheduler(runner).generate(batch, NEW)]
+    assert got == [r.out for r in MiniScheduler(dense_twin).generate(batch, NEW)]
+    # the head's quantization changes the logits: the comparison above is not vacuous
+    assert not torch.allclose(MiniScheduler(plain).prefill_logits(batch),
+                              MiniScheduler(dense_twin).prefill_logits(batch), atol=1e-4)
+
+
+def test_quantize_lm_head_needs_a_scheme_quantized_at_load(tmp_path):
+    from tessera.config import EngineConfig
+    from tessera.formats import open_model
+    from tessera.hal.registry import load_platform
+    from tessera.worker_proc.quant_plan import plan_quantization
+
+    for requested in ("auto", "none"):
+        with pytest.raises(ValueError, match="--quantize-lm-head.*fp8, int8 or int4"):
+            EngineConfig(model="m", quantization=requested, quantize_lm_head=True)
+    folder = str(tmp_path / "f")
+    tiny_hf_model("llama31", folder, rope_scaling=None)
+    with pytest.raises(ValueError, match="--quantize-lm-head"):
+        plan_quantization("auto", open_model(folder), load_platform("cpu"), lm_head=True)
+
+
 def test_requantizing_a_gguf_and_dummy_weights(tmp_path):
     """A quantized checkpoint asked for another scheme is dequantized, then requantized; dummy
     weights quantize at load like any float checkpoint."""

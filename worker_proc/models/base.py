@@ -64,9 +64,10 @@ class CausalLM(nn.Module):
                                 communicator, quant, self.stage)
         self.dtype, self.device, self.max_positions = dtype, device, max_positions
         # One rank holding the whole model shares the embedding table as a tied head; a TP
-        # rank or the last pipeline stage keeps a (sharded) copy of it instead.
+        # rank or the last pipeline stage keeps a (sharded) copy of it instead, and so does a
+        # head quantized at load (the lookup keeps the table in the serving dtype).
         self.shares_table = config.tie_word_embeddings and tp_size == 1 and \
-            self.stage.is_first and self.stage.is_last
+            self.stage.is_first and self.stage.is_last and (quant is None or not quant.lm_head)
         self.embed = VocabEmbedding(self.ctx, config.vocab_size, config.hidden_size) \
             if self.stage.is_first else None
         self.final_norm = RMSNorm(self.ctx, config.hidden_size, config.rms_norm_eps,

@@ -92,15 +92,17 @@ class DenseLinear:
 def make_method(layer: Linear) -> LinearMethod:
     """The LinearMethod a layer uses: dense, unless the model's quantization plan
     (worker_proc/quant_plan.py) keeps a checkpoint's quantized weights or quantizes at load.
-    The LM head is never quantized at load, a head tied to the embedding stays dense, and so
-    does a layer that asked for its own precision (a router kept in float32)."""
+    The LM head is quantized at load only with --quantize-lm-head (plan.lm_head), a head that
+    shares the embedding's table stays dense (the model gives the head its own copy when it is
+    to be quantized), and so does a layer that asked for its own precision (a router kept in
+    float32)."""
     plan = layer.ctx.quant
     if plan is None or not plan.active or layer.role == "tied_lm_head" or \
             layer.params_dtype != layer.ctx.dtype:
         return DenseLinear()
     from tessera.worker_proc.models.layers.quant_linear import QuantLinear
 
-    return QuantLinear(plan, None if layer.role == "lm_head" else plan.quantize_to)
+    return QuantLinear(plan, plan.lm_head if layer.role == "lm_head" else plan.quantize_to)
 
 
 class Linear(nn.Module):
