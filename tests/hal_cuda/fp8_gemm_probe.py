@@ -1,0 +1,141 @@
+"""The fp8 W8A8 product at 64-256 tokens, timed on the device in the ways torch offers, beside
+bf16: where cuBLASLt's row-scaled product loses (call 56: down at 256 tokens 46.5 us against
+an estimate of ~20 at the fp8 tensor cores' rate, o and qkv under one wave of tiles).
+
+    python tests/hal_cuda/fp8_gemm_probe.py OUT.json
+
+Each candidate runs inside a CUDA graph over four copies of the weight (a step's weights do
+not stay in L2), replayed 20 times; us per product. Candidates (all from already-quantized
+activations, as the rows-fused path hands them):
+
+    bf16        F.linear over the bf16 weight
+    scaled_mm   torch._scaled_mm(xq, wq^T), row scales (the engine's SCALED_MM)
+    swap        torch._scaled_mm(wq, xq^T) (the transposed product: cuBLASLt sees the weight's
+                rows as its M) and the (N, M) result copied to (M, N)
+    swap_view   the same without the copy (what a consumer reading the transpose would pay)
+    split<G>    K split G ways as a batched fp8 product (torch._scaled_grouped_mm, 3-D x 3-D,
+                one launch), the G bf16 partials summed in float32
+
+Each candidate's max relative error against the float product of the dequantized operands is
+recorded beside its time.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+          "down": (4096, 14336)}
+TOKENS = (64, 128, 256)
+COPIES = 4
+REPLAYS = 20
+
+
+def quant_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = t.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / 448.0
+    return (t.float() / scale).to(torch.float8_e4m3fn), scale
+
+
+def time_graph(fn) -> float:
+    """us per call of fn(i) for i over the copies, in one graph replayed REPLAYS times."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(COPIES):
+            fn(i)  # warm (and any lazy initialisation) outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(COPIES):
+            fn(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(REPLAYS):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000.0 / (REPLAYS * COPIES)
+
+
+def candidates(x: torch.Tensor, w: list[torch.Tensor]) -> dict:
+    xq, xs = quant_rows(x)
+    wq_s = [quant_rows(t) for t in w]
+    m, k = x.shape
+    n = w[0].shape[0]
+    ref = (xq.float() * xs) @ (wq_s[0][0].float() * wq_s[0][1]).t()
+
+    out: dict = {}
+
+    def record(name, fn, check) -> None:
+        try:
+            got = check()
+            err = float(((got.float() - ref).abs().max() / ref.abs().max()).item())
+            out[name] = {"us": round(time_graph(fn), 2), "max_rel_err": err}
+        except Exception as exc:  # noqa: BLE001 - a candidate torch or the device refuses
+            out[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+
+    record("bf16", lambda i: F.linear(x, w[i]), lambda: F.linear(x, w[0]))
+
+    def scaled(i):
+        wq, ws = wq_s[i]
+        return torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.view(1, -1),
+                                out_dtype=torch.bfloat16)
+
+    record("scaled_mm", scaled, lambda: scaled(0))
+
+    def swap_view(i):
+        wq, ws = wq_s[i]
+        return torch._scaled_mm(wq, xq.t(), scale_a=ws, scale_b=xs.view(1, -1),
+                                out_dtype=torch.bfloat16).t()
+
+    record("swap_view", swap_view, lambda: swap_view(0))
+    record("swap", lambda i: swap_view(i).contiguous(), lambda: swap_view(0).contiguous())
+
+    for g in (2, 4):
+        if k % (16 * g):
+            continue
+        # A (G, M, K/G) and B (G, N, K/G): each operand's K split into G contiguous slices
+        xa = xq.view(m, g, k // g).transpose(0, 1).contiguous()
+        wb = [wq.view(n, g, k // g).transpose(0, 1).contiguous() for wq, _ in wq_s]
+        sa = xs.view(1, m).expand(g, m).contiguous()
+        sb = [ws.view(1, n).expand(g, n).contiguous() for _, ws in wq_s]
+
+        def split(i, xa=xa, wb=wb, sa=sa, sb=sb):
+            parts = torch._scaled_grouped_mm(xa, wb[i].transpose(-2, -1), sa, sb[i],
+                                             out_dtype=torch.bfloat16)
+            return parts.float().sum(0).to(torch.bfloat16)
+
+        record(f"split{g}", split, lambda split=split: split(0))
+    return out
+
+
+def main(path: str) -> None:
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    result: dict = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
+                    "copies": COPIES, "replays": REPLAYS, "cases": {}}
+    for name, (n, k) in SHAPES.items():
+        w = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k ** 0.5
+             for _ in range(COPIES)]
+        for m in TOKENS:
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            case = candidates(x, w)
+            result["cases"][f"{name}_{m}"] = case
+            line = ", ".join(f"{c} {v['us']}" if "us" in v else f"{c} error"
+                             for c, v in case.items())
+            print(f"[fp8probe] {name} x {m}: {line}", flush=True)
+        del w
+        torch.cuda.empty_cache()
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
