@@ -240,7 +240,12 @@ def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, xs_ptr, M, N, K, x_
                  out_s0, KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
                  HAS_BIAS: tl.constexpr, A_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
-                 HALF: tl.constexpr, NIB_BIAS: tl.constexpr, SPLIT_K: tl.constexpr = 1):
+                 HALF: tl.constexpr, NIB_BIAS: tl.constexpr, SPLIT_K: tl.constexpr = 1,
+                 FAST_ACC: tl.constexpr = False):
+    # FAST_ACC (A_FP8 with one scale a row): each K tile's fp8 dot accumulates into acc
+    # itself, so the tensor cores' products of consecutive tiles overlap; without it every
+    # tile's dot starts from zero and its sum is added in float32 after it (the promotion
+    # that waits on each dot).
     # SPLIT_K > 1: as in qgemm_wt_kernel, program (n, m, s) sums the s-th of SPLIT_K runs of
     # K tiles into a float32 partial [SPLIT_K, M, N] at out_ptr (every scale applied: they
     # are linear), and splitk_sum_kernel adds them in order with the bias. A weight with few
@@ -299,21 +304,24 @@ def qgemm_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, xs_ptr, M, N, K, x_
                 q = tl.reshape(tl.join(packed & 0xF, packed >> 4), [BLOCK_N, BLOCK_K])
             else:
                 q = tl.load(q_rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-            if A_FP8:
-                part = tl.dot(x, tl.trans(q))
+            if A_FP8 and FAST_ACC and PER_ROW:
+                acc = tl.dot(x, tl.trans(q), acc)
             else:
-                part = tl.dot(x, tl.trans(q.to(x.dtype)), input_precision=DOT_PREC)
-            if PER_ROW:
-                acc += part
-                if KIND == 2:
-                    xsum += tl.sum(x.to(tl.float32), 1)
-            else:
-                g = k0 // GROUP
-                s = tl.load(s_ptr + s_rows + g, mask=nmask, other=0.0)
-                acc += part * s[None, :]
-                if KIND == 2:
-                    o = tl.load(o_ptr + s_rows + g, mask=nmask, other=0.0)
-                    acc += tl.sum(x.to(tl.float32), 1)[:, None] * o[None, :]
+                if A_FP8:
+                    part = tl.dot(x, tl.trans(q))
+                else:
+                    part = tl.dot(x, tl.trans(q.to(x.dtype)), input_precision=DOT_PREC)
+                if PER_ROW:
+                    acc += part
+                    if KIND == 2:
+                        xsum += tl.sum(x.to(tl.float32), 1)
+                else:
+                    g = k0 // GROUP
+                    s = tl.load(s_ptr + s_rows + g, mask=nmask, other=0.0)
+                    acc += part * s[None, :]
+                    if KIND == 2:
+                        o = tl.load(o_ptr + s_rows + g, mask=nmask, other=0.0)
+                        acc += tl.sum(x.to(tl.float32), 1)[:, None] * o[None, :]
     if A_FP8:
         acc = acc * tl.load(xs_ptr + rm, mask=mmask, other=0.0)[:, None]
     if PER_ROW:

@@ -146,12 +146,13 @@ def qgemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, block_
           block_n: int, block_k: int, num_warps: int, num_stages: int,
           w8a8: bool = False, x_scales: torch.Tensor | None = None,
           out_dtype: torch.dtype | None = None, weights_as_a: bool = False,
-          split_k: int = 1) -> torch.Tensor:
+          split_k: int = 1, fast_acc: bool = False) -> torch.Tensor:
     """Several tokens. w8a8 (fp8 weights): the activations are quantized per token to e4m3
     first (or come quantized: x e4m3 with x_scales [M, 1]) and the dot runs in fp8.
     weights_as_a: qgemm_wt_kernel (the weight tile as the dot's first operand; not with
     w8a8, and int4 only in "halves" tiles). Either kernel splits K split_k ways (float32
-    partials in a workspace, summed in order by a second kernel)."""
+    partials in a workspace, summed in order by a second kernel). fast_acc (w8a8): the fp8
+    dots accumulate into one sum in the tensor cores (qgemm_kernel's FAST_ACC)."""
     m = x.shape[0]
     n, k = w.shape
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
@@ -185,7 +186,7 @@ def qgemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, block_
         torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
     if not weights_as_a:
         qgemm_kernel[grid + (split_k,)](x, *weight, target, xs, m, n, k, *strides, A_FP8=w8a8,
-                                        SPLIT_K=split_k, **consts)
+                                        SPLIT_K=split_k, FAST_ACC=w8a8 and fast_acc, **consts)
     else:
         qgemm_wt_kernel[grid + (split_k,)](x, *weight, target, m, n, k, *strides,
                                            SPLIT_K=split_k, **consts)

@@ -109,7 +109,7 @@ GEMM_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
 # (fp8 weights: the activations quantized per token, the fp8 dot), WT: qgemm_wt_kernel (the
 # weight tile as the dot's first operand, fed to the tensor cores from registers, the tokens
 # the instruction's narrow side).
-A8, WT = 1, 2
+A8, WT, A8F = 1, 2, 3  # A8F: A8 with the fp8 dots accumulating in place (FAST_ACC)
 # int4 weights in "halves<T>" tiles: BLOCK_K is the tile (T), so only M, N, warps, stages and
 # the K split vary. The H200 at 195304e (quant_kernels_h200.json's gemm_candidates): WT tiles
 # won everywhere (gate_up at 16 tokens 45.6 us against 68.5 for the best plain tile, bf16
@@ -165,7 +165,7 @@ def tile(config: tuple[int, ...]) -> tuple[int, int, int, int, int]:
 def is_w8a8(config: tuple[int, ...]) -> bool:
     """An fp8 config that quantizes the activations: a tile flagged A8 (a 7th entry is its K
     split), or SCALED_MM."""
-    return config == SCALED_MM or (len(config) >= 6 and config[5] == A8)
+    return config == SCALED_MM or (len(config) >= 6 and config[5] in (A8, A8F))
 
 
 def is_wt(config: tuple[int, ...]) -> bool:
@@ -175,7 +175,7 @@ def is_wt(config: tuple[int, ...]) -> bool:
 
 def split_k(config: tuple[int, ...]) -> int:
     """A WT or A8 tile's K split: its 7th entry, else 1."""
-    return config[6] if len(config) == 7 and config[5] in (A8, WT) else 1
+    return config[6] if len(config) == 7 and config[5] in (A8, A8F, WT) else 1
 
 
 def run_gemm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
@@ -326,7 +326,7 @@ def run_fp8_quantized(xq: torch.Tensor, x_scales: torch.Tensor, w: QuantizedWeig
         raise ValueError(f"fp8 config {config}: not a W8A8 one, which takes quantized "
                          f"activations")
     return qgemm(xq, w, bias, *tile(config), w8a8=True, x_scales=x_scales, out_dtype=out_dtype,
-                 split_k=split_k(config))
+                 split_k=split_k(config), fast_acc=config[5] == A8F)
 
 
 def run_fp8(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,

@@ -2,7 +2,7 @@
 bf16: where cuBLASLt's row-scaled product loses (call 56: down at 256 tokens 46.5 us against
 an estimate of ~20 at the fp8 tensor cores' rate, o and qkv under one wave of tiles).
 
-    python tests/hal_cuda/fp8_gemm_probe.py OUT.json
+    python tests/hal_cuda/fp8_gemm_probe.py OUT.json [--triton]
 
 Each candidate runs inside a CUDA graph over four copies of the weight (a step's weights do
 not stay in L2), replayed 20 times; us per product. Candidates (all from already-quantized
@@ -15,6 +15,10 @@ activations, as the rows-fused path hands them):
     swap_view   the same without the copy (what a consumer reading the transpose would pay)
     split<G>    K split G ways as a batched fp8 product (torch._scaled_grouped_mm, 3-D x 3-D,
                 one launch), the G bf16 partials summed in float32
+    t<tile>     tessera's Triton W8A8 tile (quant_tune's config tuples: BLOCK_M, BLOCK_N,
+                BLOCK_K, warps, stages, A8 or A8F, K split), with --triton (tessera
+                installed): A8 promotes each K tile's dot into float32, A8F accumulates in
+                place
 
 Each candidate's max relative error against the float product of the dequantized operands is
 recorded beside its time.
@@ -113,7 +117,33 @@ def candidates(x: torch.Tensor, w: list[torch.Tensor]) -> dict:
             return parts.float().sum(0).to(torch.bfloat16)
 
         record(f"split{g}", split, lambda split=split: split(0))
+    if TRITON:
+        from tessera.hal.cuda import quant_linear as ql
+        from tessera.hal.cuda import quant_tune as qt
+        from tessera.hal.quant import quantize
+
+        qw = [ql.prepare(quantize(t, "fp8")) for t in w]
+        for cfg in TRITON_TILES:
+            if cfg[0] > 2 * m:
+                continue
+
+            def tri(i, cfg=cfg):
+                return qt.run_fp8_quantized(xq, xs, qw[i], None, cfg, torch.bfloat16)
+
+            record("t" + "_".join(map(str, cfg)), tri, lambda tri=tri: tri(0))
     return out
+
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, flag, split): A8 = 1, A8F = 3
+TRITON_TILES = [(64, 128, 128, 4, 4, 1, 1), (64, 128, 128, 4, 4, 1, 2),
+                (64, 128, 128, 4, 4, 3, 1), (64, 128, 128, 4, 4, 3, 2),
+                (64, 128, 128, 4, 4, 3, 4), (64, 64, 128, 4, 4, 3, 1),
+                (64, 64, 128, 4, 4, 3, 2), (64, 64, 128, 4, 4, 3, 4),
+                (128, 128, 128, 8, 3, 1, 1), (128, 128, 128, 8, 3, 3, 1),
+                (128, 128, 128, 8, 3, 3, 2), (128, 64, 128, 4, 4, 3, 1),
+                (128, 64, 128, 4, 4, 3, 2), (64, 128, 256, 8, 3, 3, 1),
+                (64, 128, 256, 8, 3, 3, 2), (128, 256, 128, 8, 3, 3, 1)]
+TRITON = False
 
 
 def main(path: str) -> None:
@@ -138,4 +168,5 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
+    TRITON = "--triton" in sys.argv[2:]
     main(sys.argv[1])

@@ -191,6 +191,12 @@ def test_w8a8_fp8_dot(kernels: dict[str, ModuleType], m: int) -> None:
                        out_dtype=torch.float32, split_k=split)
         torch.testing.assert_close(out, fp8_w8a8_reference(x, w, bias), **TOL,
                                    msg=lambda msg, s=split: f"split {s}: {msg}")
+    # the dots accumulating in place (FAST_ACC), whole and split: the same sums
+    for split in (1, 3):
+        out = ql.qgemm(xq, w, bias, 32, 32, 32, 4, 1, w8a8=True, x_scales=xs,
+                       out_dtype=torch.float32, split_k=split, fast_acc=True)
+        torch.testing.assert_close(out, fp8_w8a8_reference(x, w, bias), **TOL,
+                                   msg=lambda msg, s=split: f"fast_acc, split {s}: {msg}")
     # and the W8A16 form (the weight converted to x's dtype), split
     out = ql.qgemm(x, w, bias, 16, 32, 64, 4, 2, split_k=2)
     torch.testing.assert_close(out, quant_linear_reference(x, w, bias), **TOL)
