@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from tessera.hal.cuda import native_gemv
+from tessera.hal.cuda import env, native_gemv
 from tessera.hal.cuda.autotune import pick as _pick
 from tessera.hal.cuda.quant_kernels import (
     GEMV_ACC,
@@ -144,6 +144,36 @@ W8A8_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
           (64, 128, 128, 4, 4, A8, 2), SCALED_MM],
     256: [(64, 128, 128, 4, 4, A8), (128, 128, 128, 8, 3, A8), SCALED_MM],
 }
+# The fp8 dots accumulating in place (A8F) at 33-128 tokens. The H200 in graphs (1f731d3,
+# tests/hal_cuda/fp8_gemm_probe.py, fp8_gemm_probe_triton_h200.json), us, cuBLASLt against
+# the fastest A8F tile: at 64 tokens qkv 14.6 / 12.7, o 14.0 / 10.2, gate_up 43.2 / 34.2,
+# down 38.4 / 21.9 (64 x 64, split 4); at 128 qkv 14.4 / 14.3, o 14.1 / 12.1, gate_up 37.0 /
+# 37.5, down 37.5 / 28.9 (split 2) and 29.6 (split 4). The in-place sums lose accuracy with
+# the length of the run they accumulate: max error over the largest output 3e-3 (cuBLASLt,
+# the promoting A8 tiles) against 5-6e-3 for runs of 4096 and 1e-2 for down's 14336, so an
+# A8F tile is a candidate only where its K split leaves runs of A8F_MAX_RUN or less. At 256
+# tokens (the bucket that also serves prefill chunks) cuBLASLt won qkv and gate_up and lost
+# o and down by 4%: none is listed there.
+A8F_MAX_RUN = 4096
+A8F_VARIABLE = "HAL_CUDA_FP8_A8F"  # 0: no A8F candidates (A/B against the promoting tiles)
+W8A8_CANDIDATES[64] += [(64, 64, 128, 4, 4, A8F, 4), (64, 64, 128, 4, 4, A8F, 2),
+                        (64, 128, 128, 4, 4, A8F), (64, 128, 128, 4, 4, A8F, 4)]
+W8A8_CANDIDATES[128] += [(64, 64, 128, 4, 4, A8F), (128, 64, 128, 4, 4, A8F, 2),
+                         (64, 64, 128, 4, 4, A8F, 2), (64, 128, 128, 4, 4, A8F, 4),
+                         (128, 128, 128, 8, 3, A8F)]
+
+
+def a8f_fits(config: tuple[int, ...], in_features: int) -> bool:
+    """Whether a config may run over this many inputs: any but an A8F tile whose K split
+    leaves runs longer than A8F_MAX_RUN."""
+    if len(config) < 6 or config[5] != A8F:
+        return True
+    return _a8f_on() and -(-in_features // split_k(config)) <= A8F_MAX_RUN
+
+
+@functools.lru_cache(maxsize=1)
+def _a8f_on() -> bool:
+    return env.switch(A8F_VARIABLE, True)
 # At 64 and 128 tokens, W8A8 tiles with more programs: a K split of 2 (float32 partials),
 # 64 x 64, K steps of 256. Call 55's counters had the W8A8 tiles at 256 tokens running
 # less than one wave of programs (o, qkv, down). In graphs (call 56,
@@ -306,7 +336,8 @@ def fp8_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
     from tessera.hal.cuda.quant_linear import scaled_mm_fits
 
     bucket = batch_bucket(x.shape[0])
-    candidates = [c for c in W8A8_CANDIDATES[bucket] if c != SCALED_MM or scaled_mm_fits(x, w)]
+    candidates = [c for c in W8A8_CANDIDATES[bucket] if (c != SCALED_MM or scaled_mm_fits(x, w))
+                  and a8f_fits(c, w.in_features)]
     if x.dtype == torch.float32:  # the interpreter: small tiles
         candidates = [(32, 32, 32, 4, 1, 1)] if bucket > 32 else [(16, 32, 64, 4, 2)]
     return _pick(_key("fp8", w, x, bucket), candidates, x,

@@ -540,3 +540,20 @@ def test_rows_fused_is_the_composition(kernels: dict[str, ModuleType],
     for bad in ({}, {"norm": (gain, 1e-5), "silu": True}, {"residual": x, "silu": True}):
         with pytest.raises(ValueError, match="rows_fused"):
             ql.rows_fused(x, w, bias, **bad)
+
+
+def test_in_place_fp8_sums_only_over_bounded_runs() -> None:
+    """A8F tiles (the fp8 dots accumulating in the tensor cores) are offered only where their
+    K split keeps each accumulated run within A8F_MAX_RUN inputs; the promoting tiles and
+    cuBLASLt everywhere, and none at 256 tokens (the bucket prefill chunks use)."""
+    from tessera.hal.cuda import quant_tune as qt
+
+    a8f = [c for bucket in (64, 128) for c in qt.W8A8_CANDIDATES[bucket]
+           if len(c) >= 6 and c[5] == qt.A8F]
+    assert a8f and all(qt.is_w8a8(c) for c in a8f)
+    assert not any(len(c) >= 6 and c[5] == qt.A8F for c in qt.W8A8_CANDIDATES[256])
+    assert qt.a8f_fits((64, 64, 128, 4, 4, qt.A8F), 4096)
+    assert not qt.a8f_fits((64, 64, 128, 4, 4, qt.A8F), 14336)
+    assert not qt.a8f_fits((64, 64, 128, 4, 4, qt.A8F, 2), 14336)
+    assert qt.a8f_fits((64, 64, 128, 4, 4, qt.A8F, 4), 14336)
+    assert qt.a8f_fits((64, 64, 128, 4, 4, qt.A8, 1), 14336) and qt.a8f_fits(qt.SCALED_MM, 1 << 20)
