@@ -4,8 +4,9 @@ an estimate of ~20 at the fp8 tensor cores' rate, o and qkv under one wave of ti
 
     python tests/hal_cuda/fp8_gemm_probe.py OUT.json [--triton]
 
-Each candidate runs inside a CUDA graph over four copies of the weight (a step's weights do
-not stay in L2), replayed 20 times; us per product. Candidates (all from already-quantized
+Each candidate runs 20 times inside a CUDA graph, cycling over four copies of the weight (a
+step's weights do not stay in L2), the graph replayed 10 times; us per product. Run from the
+repository with tessera installed (gpu_bench's timing imports it). Candidates (all from already-quantized
 activations, as the rows-fused path hands them):
 
     bf16        F.linear over the bf16 weight
@@ -26,6 +27,7 @@ recorded beside its time.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 
@@ -45,27 +47,12 @@ def quant_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def time_graph(fn) -> float:
-    """us per call of fn(i) for i over the copies, in one graph replayed REPLAYS times."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(COPIES):
-            fn(i)  # warm (and any lazy initialisation) outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(COPIES):
-            fn(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPLAYS):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000.0 / (REPLAYS * COPIES)
+    """us per call of fn(i), the calls cycling over the weight copies: gpu_bench's graph
+    timing (REPLAYS calls captured, the graph replayed)."""
+    from gpu_bench import graph_time_us
+
+    copies = itertools.cycle(range(COPIES))
+    return graph_time_us(lambda: fn(next(copies)), reps=REPLAYS, iters=10)
 
 
 def candidates(x: torch.Tensor, w: list[torch.Tensor]) -> dict:
