@@ -2,7 +2,7 @@
 bf16: where cuBLASLt's row-scaled product loses (call 56: down at 256 tokens 46.5 us against
 an estimate of ~20 at the fp8 tensor cores' rate, o and qkv under one wave of tiles).
 
-    python tests/hal_cuda/fp8_gemm_probe.py OUT.json [--triton]
+    python tests/hal_cuda/fp8_gemm_probe.py OUT.json [--triton] [--tokens=16,32]
 
 Each candidate runs 20 times inside a CUDA graph, cycling over four copies of the weight (a
 step's weights do not stay in L2), the graph replayed 10 times; us per product. Run from the
@@ -19,7 +19,8 @@ activations, as the rows-fused path hands them):
     t<tile>     tessera's Triton W8A8 tile (quant_tune's config tuples: BLOCK_M, BLOCK_N,
                 BLOCK_K, warps, stages, A8 or A8F, K split), with --triton (tessera
                 installed): A8 promotes each K tile's dot into float32, A8F accumulates in
-                place
+                place; c<config>: every candidate the tuner measures at that many tokens, run as
+                it runs them (from bf16 activations), and A8F tiles for 16-32 tokens
 
 Each candidate's max relative error against the float product of the dequantized operands is
 recorded beside its time.
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
           "down": (4096, 14336)}
-TOKENS = (64, 128, 256)
+TOKENS = [64, 128, 256]  # --tokens N,N,... instead
 COPIES = 4
 REPLAYS = 20
 
@@ -118,7 +119,22 @@ def candidates(x: torch.Tensor, w: list[torch.Tensor]) -> dict:
                 return qt.run_fp8_quantized(xq, xs, qw[i], None, cfg, torch.bfloat16)
 
             record("t" + "_".join(map(str, cfg)), tri, lambda tri=tri: tri(0))
+        # the tuner's own candidates for this batch, as it runs them (from bf16 activations:
+        # a W8A8 one quantizes them first), and A8F tiles for the small buckets
+        extra = SMALL_A8F if m <= 32 else []
+        for cfg in list(qt.W8A8_CANDIDATES[qt.batch_bucket(m)]) + extra:
+            if not qt.a8f_fits(cfg, k):
+                continue
+
+            def cur(i, cfg=cfg):
+                return qt.run_fp8(x, qw[i], None, cfg)
+
+            record("c" + "_".join(map(str, cfg)), cur, lambda cur=cur: cur(0))
     return out
+
+
+SMALL_A8F = [(16, 64, 128, 4, 4, 3, 4), (16, 64, 128, 4, 4, 3, 2), (32, 64, 128, 4, 4, 3, 4),
+             (32, 64, 128, 4, 4, 3, 2), (32, 128, 128, 4, 4, 3), (16, 128, 128, 4, 4, 3)]
 
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, flag, split): A8 = 1, A8F = 3
@@ -156,4 +172,7 @@ def main(path: str) -> None:
 
 if __name__ == "__main__":
     TRITON = "--triton" in sys.argv[2:]
+    for arg in sys.argv[2:]:
+        if arg.startswith("--tokens="):
+            TOKENS[:] = [int(t) for t in arg.split("=", 1)[1].split(",")]
     main(sys.argv[1])
