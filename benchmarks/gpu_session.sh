@@ -72,6 +72,7 @@
 #   benchmarks/gpu_session.sh 67  # one H200:  the LM head quantized too (--quantize-lm-head): b12 kl and b1 of bf16 / fp8 / fp8+head / int4 / int4+head, b12 B2 bf16 / fp8 / fp8+head (~400 s)
 #   benchmarks/gpu_session.sh 68  # one H200:  issue 13's figures at the session's commit: b1, b2 twice, b3 (~200 s)
 #   benchmarks/gpu_session.sh 69  # one H200:  W8A8 tiles accumulating in place (A8F): every tuner candidate's test, b12 B2 bf16 / fp8, fp8 without A8F, fp8 again, fp8 over the fp8 cache (~300 s)
+#   benchmarks/gpu_session.sh 70  # one H200:  A8F at 17-32 tokens: every tuner candidate's test, B3 c=32 over fp8 weights with A8F and without, twice (~250 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -105,7 +106,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|6[0-5789])$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-69  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|70))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-70  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -894,6 +895,18 @@ case $CALL in
     part b12again 100 45 b12 --schemes fp8 --parts b2 --name b12_b2_again_call69_h200
     part b12kv 100 45 b12 --schemes fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
       --name b12_fp8kv_call69_h200
+    ;;
+  70)
+    # A8F tiles of 64 rows at 17-32 tokens too: every tuner candidate's GPU test, then B3's
+    # c=32 tier over fp8 weights with them and without (HAL_CUDA_FP8_A8F=0), twice.
+    QUANT_K="every_tuner_candidate" part quanttests 90 40 quanttests
+    part b3fp8 80 40 b3 --server-args "--quantization fp8" --concurrency 32 --name b3_fp8_c32_call70_h200
+    HAL_CUDA_FP8_A8F=0 part b3fp8noa8f 80 40 b3 --server-args "--quantization fp8" --concurrency 32 \
+      --name b3_fp8_c32_noa8f_call70_h200
+    part b3fp8again 80 40 b3 --server-args "--quantization fp8" --concurrency 32 \
+      --name b3_fp8_c32_again_call70_h200
+    HAL_CUDA_FP8_A8F=0 part b3fp8noa8fagain 80 40 b3 --server-args "--quantization fp8" --concurrency 32 \
+      --name b3_fp8_c32_noa8f_again_call70_h200
     ;;
   68)
     # Issue 13's figures at the session's commit (the fused merge of call 66 reverted).

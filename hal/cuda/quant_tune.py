@@ -144,7 +144,7 @@ W8A8_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
           (64, 128, 128, 4, 4, A8, 2), SCALED_MM],
     256: [(64, 128, 128, 4, 4, A8), (128, 128, 128, 8, 3, A8), SCALED_MM],
 }
-# The fp8 dots accumulating in place (A8F) at 33-128 tokens. The H200 in graphs (1f731d3,
+# The fp8 dots accumulating in place (A8F) at 17-128 tokens. The H200 in graphs (1f731d3,
 # tests/hal_cuda/fp8_gemm_probe.py, fp8_gemm_probe_triton_h200.json), us, cuBLASLt against
 # the fastest A8F tile: at 64 tokens qkv 14.6 / 12.7, o 14.0 / 10.2, gate_up 43.2 / 34.2,
 # down 38.4 / 21.9 (64 x 64, split 4); at 128 qkv 14.4 / 14.3, o 14.1 / 12.1, gate_up 37.0 /
@@ -156,6 +156,13 @@ W8A8_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
 # o and down by 4%: none is listed there.
 A8F_MAX_RUN = 4096
 A8F_VARIABLE = "HAL_CUDA_FP8_A8F"  # 0: no A8F candidates (A/B against the promoting tiles)
+# At 17-32 tokens (fp8_gemm_probe_small_h200.json, 6b94d3c's successor) the 64-row A8F tiles,
+# half their rows idle, beat every candidate listed for 32 tokens (wgmma takes 64 rows; a
+# 32-row tile is an mma.sync one): qkv 11.4 against 15.7 us, o 9.2 against 12.1, gate_up
+# 32.8 against 37.7, down 20.3 against 29.1 (from already-quantized activations, against the
+# candidates run from bf16 ones).
+W8A8_CANDIDATES[32] += [(64, 64, 128, 4, 4, A8F, 4), (64, 128, 128, 4, 4, A8F, 4),
+                        (64, 128, 128, 4, 4, A8F), (64, 64, 128, 4, 4, A8F, 2)]
 W8A8_CANDIDATES[64] += [(64, 64, 128, 4, 4, A8F, 4), (64, 64, 128, 4, 4, A8F, 2),
                         (64, 128, 128, 4, 4, A8F), (64, 128, 128, 4, 4, A8F, 4)]
 W8A8_CANDIDATES[128] += [(64, 64, 128, 4, 4, A8F), (128, 64, 128, 4, 4, A8F, 2),

@@ -548,7 +548,7 @@ def test_in_place_fp8_sums_only_over_bounded_runs() -> None:
     cuBLASLt everywhere, and none at 256 tokens (the bucket prefill chunks use)."""
     from tessera.hal.cuda import quant_tune as qt
 
-    a8f = [c for bucket in (64, 128) for c in qt.W8A8_CANDIDATES[bucket]
+    a8f = [c for bucket in (32, 64, 128) for c in qt.W8A8_CANDIDATES[bucket]
            if len(c) >= 6 and c[5] == qt.A8F]
     assert a8f and all(qt.is_w8a8(c) for c in a8f)
     assert not any(len(c) >= 6 and c[5] == qt.A8F for c in qt.W8A8_CANDIDATES[256])
