@@ -156,7 +156,7 @@ W8A8_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
 # o and down by 4%: none is listed there.
 A8F_MAX_RUN = 4096
 A8F_VARIABLE = "HAL_CUDA_FP8_A8F"  # 0: no A8F candidates (A/B against the promoting tiles)
-# At 17-32 tokens (fp8_gemm_probe_small_h200.json, 6b94d3c's successor) the 64-row A8F tiles,
+# At 17-32 tokens (fp8_gemm_probe_small_h200.json, at 6eaf447) the 64-row A8F tiles,
 # half their rows idle, beat every candidate listed for 32 tokens (wgmma takes 64 rows; a
 # 32-row tile is an mma.sync one): qkv 11.4 against 15.7 us, o 9.2 against 12.1, gate_up
 # 32.8 against 37.7, down 20.3 against 29.1 (from already-quantized activations, against the
