@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,8 +43,16 @@ def test_two_serve_runs_differ_exactly_in_the_changed_flag(tmp_path: Path, run_r
         with ServerProcess([*base, *extra], port=port,
                            log_path=str(tmp_path / "serve.log")) as server:
             server.wait_ready(180)
-            run_dir = json.loads(Path(find_manifest("-1", str(runs))).read_text())["run"][
-                "run_dir"]
+            # The launcher writes the ready sections (hal, devices, start-up) once it has
+            # every process's Ready, which may come just after the HTTP port answers.
+            deadline = time.monotonic() + 60
+            while True:
+                current = json.loads(Path(find_manifest("-1", str(runs))).read_text())
+                if current["run"].get("outcome") == "ready" or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert current["run"].get("outcome") == "ready", current["run"]
+            run_dir = current["run"]["run_dir"]
             assert os.path.isfile(os.path.join(run_dir, "manifest.json"))  # in the run dir too
     first = json.loads(Path(find_manifest("-2", str(runs))).read_text())
     second = json.loads(Path(find_manifest("-1", str(runs))).read_text())
