@@ -37,6 +37,10 @@ EMBEDDING_POOLINGS = ("last", "mean")
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 
 
+# --quantization's schemes that quantize floating-point weights at load (the others: auto, none)
+SCHEMES_AT_LOAD = ("fp8", "int8", "int4")
+
+
 def _opt(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
 
@@ -227,7 +231,7 @@ class EngineConfig(BatchingConfig):
         "auto", "auto | none | fp8 | int8 | int4: auto keeps a quantized checkpoint's weights "
         "quantized (GGUF, AWQ, GPTQ, fp8); none dequantizes them at load; fp8 (W8A8, per-row "
         "scales), int8 and int4 (group-wise, 128) quantize the linear weights at load",
-        choices=["auto", "none", "fp8", "int8", "int4"])
+        choices=["auto", "none", *SCHEMES_AT_LOAD])
     quantize_lm_head: bool = _opt(
         False, "with --quantization fp8, int8 or int4: the LM head is quantized at load too "
         "(by default it stays in the serving dtype, as is usual; a head tied to the "
@@ -377,7 +381,7 @@ class EngineConfig(BatchingConfig):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
                                  f"{getattr(self, name)!r}")
-        if self.quantize_lm_head and self.quantization not in ("fp8", "int8", "int4"):
+        if self.quantize_lm_head and self.quantization not in SCHEMES_AT_LOAD:
             raise ValueError(f"--quantize-lm-head quantizes the LM head at load: it needs "
                              f"--quantization fp8, int8 or int4, got --quantization "
                              f"{self.quantization}")

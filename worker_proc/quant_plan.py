@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from tessera.config import SCHEMES_AT_LOAD
 from tessera.formats import ModelFiles
 from tessera.hal.platform import Platform, QuantLinearKernel
 
@@ -62,7 +63,7 @@ def plan_quantization(requested: str, files: ModelFiles, platform: Platform, *,
                       lm_head: bool = False) -> QuantPlan:
     """`lm_head`: --quantize-lm-head, which needs a scheme quantized at load (fp8, int8, int4;
     EngineConfig refuses it otherwise)."""
-    if lm_head and requested not in ("fp8", "int8", "int4"):
+    if lm_head and requested not in SCHEMES_AT_LOAD:
         raise ValueError(f"--quantize-lm-head needs --quantization fp8, int8 or int4, got "
                          f"{requested}")
     checkpoint = files.quant_schemes()

@@ -9,6 +9,7 @@ during a capture, or under the Triton interpreter, the first candidate is taken 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -137,13 +138,28 @@ W8A8_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
     16: [(16, 32, 128, 4, 4), (16, 128, 128, 4, 4, A8), (16, 64, 128, 4, 4, WT, 4),
          (16, 64, 128, 4, 4, WT, 2), SCALED_MM],
     32: [(32, 32, 128, 4, 4), (32, 128, 128, 4, 4, A8), (32, 64, 128, 4, 4, WT, 4),
-         (32, 64, 128, 4, 4, WT, 2), SCALED_MM],
+         (32, 64, 128, 4, 4, WT, 2), SCALED_MM,
+         (64, 64, 128, 4, 4, A8F, 4), (64, 128, 128, 4, 4, A8F, 4), (64, 128, 128, 4, 4, A8F),
+         (64, 64, 128, 4, 4, A8F, 2)],
     64: [(64, 128, 128, 8, 3, A8), (64, 64, 128, 4, 4, A8), (64, 64, 128, 4, 4, WT, 4),
-         (64, 128, 128, 4, 4, A8, 2), (64, 64, 256, 4, 3, A8), SCALED_MM],
+         (64, 128, 128, 4, 4, A8, 2), (64, 64, 256, 4, 3, A8), SCALED_MM,
+         (64, 64, 128, 4, 4, A8F, 4), (64, 64, 128, 4, 4, A8F, 2), (64, 128, 128, 4, 4, A8F),
+         (64, 128, 128, 4, 4, A8F, 4)],
     128: [(128, 128, 128, 8, 3, A8), (64, 128, 128, 4, 4, A8), (64, 64, 128, 4, 4, A8),
-          (64, 128, 128, 4, 4, A8, 2), SCALED_MM],
+          (64, 128, 128, 4, 4, A8, 2), SCALED_MM,
+          (64, 64, 128, 4, 4, A8F), (128, 64, 128, 4, 4, A8F, 2), (64, 64, 128, 4, 4, A8F, 2),
+          (64, 128, 128, 4, 4, A8F, 4), (128, 128, 128, 8, 3, A8F)],
     256: [(64, 128, 128, 4, 4, A8), (128, 128, 128, 8, 3, A8), SCALED_MM],
 }
+# At 64 and 128 tokens, W8A8 tiles with more programs: a K split of 2 (float32 partials),
+# 64 x 64, K steps of 256. Call 55's counters had the W8A8 tiles at 256 tokens running
+# less than one wave of programs (o, qkv, down). In graphs (call 56,
+# quant_kernels_w8a8_h200.json), us with the activations' quantization: the split was the
+# fastest for down at 128 tokens (38.9 against cuBLASLt's 44.4; bf16 36.9) and at 64 (36.8,
+# the WT split 37.0), 64 x 64 for o at 128 (16.1 against 16.8) and K steps of 256 for qkv
+# and o at 64 (15.5 and 14.7 against 17.2 and 15.4). At 256 tokens cuBLASLt stayed the
+# fastest on every shape (qkv 17.9, o 17.5, gate_up 57.2, down 46.5; bf16 21.4, 17.3, 87.9,
+# 47.4), the new tiles 4-163% slower: none of them is listed there.
 # The fp8 dots accumulating in place (A8F) at 17-128 tokens. The H200 in graphs (1f731d3,
 # tests/hal_cuda/fp8_gemm_probe.py, fp8_gemm_probe_triton_h200.json), us, cuBLASLt against
 # the fastest A8F tile: at 64 tokens qkv 14.6 / 12.7, o 14.0 / 10.2, gate_up 43.2 / 34.2,
@@ -154,20 +170,13 @@ W8A8_CANDIDATES: dict[int, list[tuple[int, ...]]] = {
 # A8F tile is a candidate only where its K split leaves runs of A8F_MAX_RUN or less. At 256
 # tokens (the bucket that also serves prefill chunks) cuBLASLt won qkv and gate_up and lost
 # o and down by 4%: none is listed there.
-A8F_MAX_RUN = 4096
-A8F_VARIABLE = "HAL_CUDA_FP8_A8F"  # 0: no A8F candidates (A/B against the promoting tiles)
 # At 17-32 tokens (fp8_gemm_probe_small_h200.json, at 6eaf447) the 64-row A8F tiles,
-# half their rows idle, beat every candidate listed for 32 tokens (wgmma takes 64 rows; a
+# half their rows idle, beat every other candidate listed for 32 tokens (wgmma takes 64 rows; a
 # 32-row tile is an mma.sync one): qkv 11.4 against 15.7 us, o 9.2 against 12.1, gate_up
 # 32.8 against 37.7, down 20.3 against 29.1 (from already-quantized activations, against the
 # candidates run from bf16 ones).
-W8A8_CANDIDATES[32] += [(64, 64, 128, 4, 4, A8F, 4), (64, 128, 128, 4, 4, A8F, 4),
-                        (64, 128, 128, 4, 4, A8F), (64, 64, 128, 4, 4, A8F, 2)]
-W8A8_CANDIDATES[64] += [(64, 64, 128, 4, 4, A8F, 4), (64, 64, 128, 4, 4, A8F, 2),
-                        (64, 128, 128, 4, 4, A8F), (64, 128, 128, 4, 4, A8F, 4)]
-W8A8_CANDIDATES[128] += [(64, 64, 128, 4, 4, A8F), (128, 64, 128, 4, 4, A8F, 2),
-                         (64, 64, 128, 4, 4, A8F, 2), (64, 128, 128, 4, 4, A8F, 4),
-                         (128, 128, 128, 8, 3, A8F)]
+A8F_MAX_RUN = 4096
+A8F_VARIABLE = "HAL_CUDA_FP8_A8F"  # 0: no A8F candidates (A/B against the promoting tiles)
 
 
 def a8f_fits(config: tuple[int, ...], in_features: int) -> bool:
@@ -181,15 +190,15 @@ def a8f_fits(config: tuple[int, ...], in_features: int) -> bool:
 @functools.lru_cache(maxsize=1)
 def _a8f_on() -> bool:
     return env.switch(A8F_VARIABLE, True)
-# At 64 and 128 tokens, W8A8 tiles with more programs: a K split of 2 (float32 partials),
-# 64 x 64, K steps of 256. Call 55's counters had the W8A8 tiles at 256 tokens running
-# less than one wave of programs (o, qkv, down). In graphs (call 56,
-# quant_kernels_w8a8_h200.json), us with the activations' quantization: the split was the
-# fastest for down at 128 tokens (38.9 against cuBLASLt's 44.4; bf16 36.9) and at 64 (36.8,
-# the WT split 37.0), 64 x 64 for o at 128 (16.1 against 16.8) and K steps of 256 for qkv
-# and o at 64 (15.5 and 14.7 against 17.2 and 15.4). At 256 tokens cuBLASLt stayed the
-# fastest on every shape (qkv 17.9, o 17.5, gate_up 57.2, down 46.5; bf16 21.4, 17.3, 87.9,
-# 47.4), the new tiles 4-163% slower: none of them is listed there.
+
+
+@functools.lru_cache(maxsize=256)
+def _fp8_candidates(bucket: int, in_features: int, scaled_mm_ok: bool
+                    ) -> tuple[tuple[int, ...], ...]:
+    """W8A8_CANDIDATES[bucket] that can run here (cached: every fp8 product of an eager step
+    asks, its choice already kept or not)."""
+    return tuple(c for c in W8A8_CANDIDATES[bucket]
+                 if (c != SCALED_MM or scaled_mm_ok) and a8f_fits(c, in_features))
 
 
 def tile(config: tuple[int, ...]) -> tuple[int, int, int, int, int]:
@@ -343,8 +352,8 @@ def fp8_config(w: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None
     from tessera.hal.cuda.quant_linear import scaled_mm_fits
 
     bucket = batch_bucket(x.shape[0])
-    candidates = [c for c in W8A8_CANDIDATES[bucket] if (c != SCALED_MM or scaled_mm_fits(x, w))
-                  and a8f_fits(c, w.in_features)]
+    candidates: Sequence[tuple[int, ...]] = _fp8_candidates(bucket, w.in_features,
+                                                             scaled_mm_fits(x, w))
     if x.dtype == torch.float32:  # the interpreter: small tiles
         candidates = [(32, 32, 32, 4, 1, 1)] if bucket > 32 else [(16, 32, 64, 4, 2)]
     return _pick(_key("fp8", w, x, bucket), candidates, x,
