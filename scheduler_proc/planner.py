@@ -10,7 +10,9 @@ In order, every step:
   2. prefill chunks of sequences admitted earlier, under the token budget
      (`Planner.token_budget`: chunked_prefill_size; while streams decode, and are not
      outnumbered by requests awaiting their first token, what keeps the step within
-     max_mixed_step_ratio decode steps at the measured costs; about
+     max_mixed_step_ratio decode steps at the measured costs, or up to
+     max_backlog_step_ratio while the prompts awaiting prefill would take more than
+     prefill_backlog_steps steps at that budget; about
      step_target_ms of work, as a request may arrive during any step; decodes do not count
      against it, they are planned first and never wait for a prefill). While requests
      wait, these chunks take at most half the budget: a long prompt shares its steps with
@@ -93,7 +95,18 @@ class Planner:
             return None  # nothing another request could match
         return seq.tokens[:ps].tobytes()
 
-    def token_budget(self, decodes: int, awaiting: int = 0) -> int:
+    def backlog(self) -> int:
+        """Prompt tokens awaiting their prefill: the waiting sequences' tokens (before any
+        cached prefix) and what the admitted ones still prefilling have left."""
+        st = self.st
+        rows = self.running.active_rows()
+        left = 0
+        if rows.shape[0]:
+            rest = st.n_known[rows].astype(np.int64) - st.kv_len[rows]
+            left = int(rest[rest > 1].sum())  # a decoding row has at most its one token left
+        return self.waiting.tokens + left
+
+    def token_budget(self, decodes: int, awaiting: int = 0, backlog: int = 0) -> int:
         """Prefill tokens this step may compute (`step_cost.py`): --chunked-prefill-size;
         while `decodes` streams decode, what keeps the step within --max-mixed-step-ratio
         decode steps (at least an eighth of the chunk size, so arrivals are not starved);
@@ -108,7 +121,14 @@ class Planner:
         tokens a step beside its first few decodes and took 1507 steps where whole chunks
         take 1076. Half, not the whole chunk: B3's c=128 tier (128 prompts at its start, a
         queue after) then had steps of 2048 tokens beside dozens of streams, and its ITL p99
-        went from 28.3 to 36.3 ms."""
+        went from 28.3 to 36.3 ms.
+
+        A `backlog` of prompt tokens (awaiting their prefill) that the protected budget would
+        take more than --prefill-backlog-steps steps to serve raises it to what serves them in
+        about that many, a step taking at most --max-backlog-step-ratio decode steps: under a
+        steady stream of arrivals the protected budget left c=128's prompts waiting ~0.5 s for
+        a first token, their users idle meanwhile (`benchmarks/sched_sim.py`), while a single
+        arrival beside 32 streams keeps the protected step (c=32's tail)."""
         c = self.config
         cap = c.chunked_prefill_size or (1 << 30)
         def budget_at(ratio: float) -> int:
@@ -120,6 +140,10 @@ class Planner:
         budget = budget_at(c.max_mixed_step_ratio)
         if 0 < decodes < awaiting:  # unprotected (ratio 0), up to half the chunk
             budget = max(budget, min(budget_at(0.0), max(1, cap // 2)))
+        steps = c.prefill_backlog_steps
+        if decodes and steps and backlog > steps * budget and c.max_mixed_step_ratio:
+            wanted = -(-backlog // steps)
+            budget = max(budget, min(wanted, budget_at(c.max_backlog_step_ratio)))
         return budget
 
     def plan(self, step: int) -> StepPlan:
@@ -131,7 +155,8 @@ class Planner:
             plan.draft_lens = self._lens_of(rows, drafts)
         decodes = int(rows.shape[0])
         awaiting = len(self.waiting) + max(0, len(self.running) - decodes)
-        budget = self.token_budget(decodes, awaiting)
+        backlog = self.backlog() if decodes and self.config.prefill_backlog_steps else 0
+        budget = self.token_budget(decodes, awaiting, backlog)
         # Half (a token at least, so they always move), not a page at least: a budget of one
         # page went wholly to the running prefill and the waiting requests never got in.
         share = max(1, budget // 2) if self.waiting else budget

@@ -31,11 +31,18 @@ class WaitingQueue:
         self.by_prefix = by_prefix  # lpm: `rank` orders by cached prefix length
         self._heap: list[tuple[tuple[int, int, int], int, Sequence]] = []
         self._count = 0
+        self._tokens = 0  # tokens of the waiting sequences (what their prefill computes, at most)
         self._pushes = 0
         self._ranked: tuple[int, int] | None = None  # (cache version, pushes) of the ranking
 
     def __len__(self) -> int:
         return self._count
+
+    @property
+    def tokens(self) -> int:
+        """The waiting sequences' tokens in all: their prefill's work before any cached prefix
+        (the prefill backlog's estimate)."""
+        return self._tokens
 
     def _key(self, seq: Sequence) -> tuple[int, int, int]:
         if self.by_prefix:
@@ -47,6 +54,7 @@ class WaitingQueue:
         seq.queued += 1
         heapq.heappush(self._heap, (self._key(seq), seq.queued, seq))
         self._count += 1
+        self._tokens += int(seq.tokens.shape[0])
         self._pushes += 1
 
     def rank(self, matched_tokens: Callable[[np.ndarray], int], cache_version: int) -> None:
@@ -78,13 +86,16 @@ class WaitingQueue:
     def pop(self) -> Sequence:
         self._clean_top()
         self._count -= 1
-        return heapq.heappop(self._heap)[2]
+        seq = heapq.heappop(self._heap)[2]
+        self._tokens -= int(seq.tokens.shape[0])
+        return seq
 
     def discard(self, seq: Sequence) -> None:
         """Forget a waiting sequence (its heap entry becomes stale)."""
         if seq.state is SeqState.WAITING:
             seq.queued += 1
             self._count -= 1
+            self._tokens -= int(seq.tokens.shape[0])
 
     def sequences(self) -> list[Sequence]:
         return [s for _, q, s in self._heap if s.state is SeqState.WAITING and q == s.queued]

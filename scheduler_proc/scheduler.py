@@ -630,6 +630,10 @@ class Scheduler:
 
     def check_invariant(self) -> None:
         check(self.running)
+        seqs = self.waiting.sequences()
+        assert len(seqs) == len(self.waiting), "the waiting queue's count is off"
+        assert sum(int(s.tokens.shape[0]) for s in seqs) == self.waiting.tokens, \
+            "the waiting queue's token count is off"
 
 
 def _shape_problem(rec: InFlight, res: SampledTokens) -> str | None:

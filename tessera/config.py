@@ -135,6 +135,17 @@ class BatchingConfig:
                                        "eighth of --chunked-prefill-size, and half of it while "
                                        "more requests await their first token than decode "
                                        "(0: no limit)")
+    prefill_backlog_steps: int = _opt(16, "while requests decode, prompts awaiting their "
+                                      "first token that the protected budget "
+                                      "(--max-mixed-step-ratio) would take longer than this "
+                                      "many steps to prefill get a larger budget: enough to "
+                                      "serve them in about this many steps, a step taking at "
+                                      "most --max-backlog-step-ratio decode steps (0: off)")
+    max_backlog_step_ratio: float = _opt(2.5, "the longest a step that also prefills may grow "
+                                         "to serve a backlog of prompts "
+                                         "(--prefill-backlog-steps), in decode steps at the "
+                                         "measured costs (below --max-mixed-step-ratio: that "
+                                         "ratio's)")
     max_queued_requests: int = _opt(4096, "waiting requests before new ones get 503")
     disable_radix_cache: bool = _opt(False, "turn off prefix reuse")
     schedule_policy: str = _opt("fcfs", "fcfs: first come first served; priority: higher "
@@ -202,6 +213,13 @@ class BatchingConfig:
         if self.max_mixed_step_ratio != 0 and self.max_mixed_step_ratio <= 1:
             raise ValueError(f"max_mixed_step_ratio must be 0 (no limit) or above 1, got "
                              f"{self.max_mixed_step_ratio}")
+        if self.prefill_backlog_steps < 0:
+            raise ValueError(f"prefill_backlog_steps must be 0 (off) or more, got "
+                             f"{self.prefill_backlog_steps}")
+        if self.max_backlog_step_ratio <= 1:
+            raise ValueError(f"max_backlog_step_ratio must be above 1, got "
+                             f"{self.max_backlog_step_ratio} (--prefill-backlog-steps 0 "
+                             f"turns the backlog rule off)")
 
 
 @dataclass(frozen=True)

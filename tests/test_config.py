@@ -72,6 +72,13 @@ def test_invalid_batching_values_are_refused_at_configuration() -> None:
         EngineConfig(schedule_policy="lifo")
     with pytest.raises(ValueError, match="max_running_requests"):
         EngineConfig(max_running_requests=0)
+    with pytest.raises(ValueError, match="prefill_backlog_steps"):
+        EngineConfig(prefill_backlog_steps=-1)
+    with pytest.raises(ValueError, match="max_backlog_step_ratio"):
+        EngineConfig(max_backlog_step_ratio=1.0)
+    cfg = ServerConfig.from_cli(parse(["--prefill-backlog-steps", "0",
+                                       "--max-backlog-step-ratio", "3"]), NO_ENV)
+    assert (cfg.prefill_backlog_steps, cfg.max_backlog_step_ratio) == (0, 3.0)
 
 
 def test_scheduler_config_takes_every_batching_field_from_the_engine() -> None:

@@ -1,7 +1,9 @@
 """The prefill budget protects running decodes: on a device whose decode step takes 6 ms and
 whose prefill tokens cost 0.02 ms each (an H200-like 8B step), a prompt that arrives while
 others decode is cut into chunks that keep every step within --max-mixed-step-ratio decode
-steps; with nothing decoding it runs whole; the outputs are the same either way."""
+steps; with nothing decoding it runs whole; a backlog of prompts that the protected chunks
+would take more than --prefill-backlog-steps steps to serve gets larger ones, up to
+--max-backlog-step-ratio decode steps; the outputs are the same either way."""
 
 from __future__ import annotations
 
@@ -25,9 +27,10 @@ DECODE_MS, PREFILL_MS = 6.0, 0.02
 
 
 def make(**kw) -> Scheduler:
+    # The backlog rule off unless a test asks for it: the others test the ratio alone.
     base = dict(num_slots=16 * 600, page_size=16, max_context_len=4096, max_running_requests=16,
                 chunked_prefill_size=2048, eos_token_ids=(EOS,), overlap=False,
-                debug_invariants=True)
+                debug_invariants=True, prefill_backlog_steps=0)
     base.update(kw)
     return Scheduler(SchedulerConfig(**base))  # type: ignore[arg-type]
 
@@ -146,3 +149,66 @@ def test_a_burst_that_outnumbers_the_streams_gets_half_chunks_until_they_are_eve
         want, _ = reference_output(prompt(600, 11 + i),
                                    SamplingParams(max_tokens=40, ignore_eos=True), 0, 640)
         assert got.tokens[(f"p{i}", 0)] == want
+
+
+def backlog_beside_streams(sched: Scheduler, n_prompts: int, length: int = 600
+                           ) -> tuple[FakeWorker, Collected, list[int]]:
+    """8 streams decoding, then `n_prompts` prompts arriving at once (no more than the
+    streams: the decodes stay protected); the prefill tokens of each step until all are in."""
+    worker = FakeWorker(sched)
+    got = Collected()
+    streams_decoding(sched, worker, got, 8)
+    for i in range(n_prompts):
+        sched.add_request(make_request(f"p{i}", prompt(length, 21 + i), max_tokens=8,
+                                       ignore_eos=True))
+    sizes: list[int] = []
+    while sum(sizes) < n_prompts * length:
+        sizes.extend(run(sched, worker, got, 1))
+    return worker, got, sizes
+
+
+def test_a_backlog_of_prompts_gets_larger_chunks_up_to_the_backlog_ratio() -> None:
+    """6 prompts of 600 tokens beside 8 streams: the ratio's chunk (the floor, 256) would take
+    14 steps; with --prefill-backlog-steps 4 a step takes what serves the backlog in 4, up to
+    --max-backlog-step-ratio 2.5 decode steps (1.5 x 6 ms / 0.02 ms = 450 tokens), until
+    what is left fits 4 protected steps."""
+    sched = make(max_mixed_step_ratio=1.5, prefill_backlog_steps=4, max_backlog_step_ratio=2.5,
+                 max_running_requests=32)
+    worker, got, sizes = backlog_beside_streams(sched, 6)
+    left = 3600
+    for size in sizes:
+        wanted = -(-left // 4)
+        if left <= 4 * 256:  # what is left fits 4 protected steps
+            assert size == min(256, left), sizes
+        elif wanted < 435:  # below the ratio's cap: the backlog over 4 steps
+            assert size == wanted, sizes
+        else:
+            assert abs(size - 450) <= 15, sizes
+        left -= size
+    assert sizes[:5] == [450] * 5 and sizes[5] == 338, sizes  # 1350 tokens left: 338 a step
+    assert all(DECODE_MS + PREFILL_MS * s <= 2.5 * DECODE_MS + 0.5 for s in sizes), sizes
+    drive(sched, worker, got)
+    for i in range(6):
+        want, _ = reference_output(prompt(600, 21 + i),
+                                   SamplingParams(max_tokens=8, ignore_eos=True), 0, 608)
+        assert got.tokens[(f"p{i}", 0)] == want
+    assert all(len(got.tokens[(f"d{i}", 0)]) == 300 for i in range(8))
+
+
+def test_a_backlog_within_the_steps_keeps_the_protected_chunk() -> None:
+    """One prompt of 600 tokens: three protected steps serve it, within 4: unchanged. And
+    with the rule off (--prefill-backlog-steps 0) six prompts keep the protected chunk."""
+    sched = make(max_mixed_step_ratio=1.5, prefill_backlog_steps=4, max_running_requests=32)
+    assert backlog_beside_streams(sched, 1)[2] == [256, 256, 88]
+    sched = make(max_mixed_step_ratio=1.5, prefill_backlog_steps=0, max_running_requests=32)
+    sizes = backlog_beside_streams(sched, 6)[2]
+    assert sizes == [256] * 14 + [16], sizes
+
+
+def test_the_backlog_ratio_never_shrinks_the_protected_chunk() -> None:
+    """--max-backlog-step-ratio below --max-mixed-step-ratio: the backlog's steps are the
+    ratio's (3 x 6 ms / 0.02 ms = 900 tokens), never smaller."""
+    sched = make(max_mixed_step_ratio=4.0, prefill_backlog_steps=2, max_backlog_step_ratio=2.0,
+                 max_running_requests=32)
+    sizes = backlog_beside_streams(sched, 6)[2]
+    assert all(abs(s - 900) <= 30 for s in sizes[:3]), sizes
