@@ -73,6 +73,7 @@
 #   benchmarks/gpu_session.sh 68  # one H200:  issue 13's figures at the session's commit: b1, b2 twice, b3 (~200 s)
 #   benchmarks/gpu_session.sh 69  # one H200:  W8A8 tiles accumulating in place (A8F): every tuner candidate's test, b12 B2 bf16 / fp8, fp8 without A8F, fp8 again, fp8 over the fp8 cache (~300 s)
 #   benchmarks/gpu_session.sh 70  # one H200:  A8F at 17-32 tokens: every tuner candidate's test, B3 c=32 over fp8 weights with A8F and without, twice (~250 s)
+#   benchmarks/gpu_session.sh 71  # one H200:  the prefill backlog rule: b2, b3 with it and without (--prefill-backlog-steps 0), twice (~300 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -106,7 +107,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|70))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-70  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[01]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-71  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -907,6 +908,16 @@ case $CALL in
       --name b3_fp8_c32_again_call70_h200
     HAL_CUDA_FP8_A8F=0 part b3fp8noa8fagain 80 40 b3 --server-args "--quantization fp8" --concurrency 32 \
       --name b3_fp8_c32_noa8f_again_call70_h200
+    ;;
+  71)
+    # The prefill backlog rule (--prefill-backlog-steps 16, the default) against the
+    # protected chunks alone (0), B3 alternating, twice, beside the session's B2.
+    part b2 60 35 b2 --name b2_call71_h200
+    part b3 90 65 b3 --name b3_call71_h200
+    part b3off 90 65 b3 --server-args "--prefill-backlog-steps 0" --name b3_nobacklog_call71_h200
+    part b3again 90 65 b3 --name b3_again_call71_h200
+    part b3offagain 90 65 b3 --server-args "--prefill-backlog-steps 0" \
+      --name b3_nobacklog_again_call71_h200
     ;;
   68)
     # Issue 13's figures at the session's commit (the fused merge of call 66 reverted).
