@@ -910,12 +910,13 @@ case $CALL in
       --name b3_fp8_c32_noa8f_again_call70_h200
     ;;
   71)
-    # The prefill backlog rule (--prefill-backlog-steps 16, the default) against the
-    # protected chunks alone (0), B3 alternating, twice, beside the session's B2.
+    # The prefill backlog rule (--prefill-backlog-steps 16: the default at 200bd83, where
+    # the call ran; off since) against the protected chunks alone (0), B3 alternating, twice,
+    # beside the session's B2.
     part b2 60 35 b2 --name b2_call71_h200
-    part b3 90 65 b3 --name b3_call71_h200
+    part b3 90 65 b3 --server-args "--prefill-backlog-steps 16" --name b3_call71_h200
     part b3off 90 65 b3 --server-args "--prefill-backlog-steps 0" --name b3_nobacklog_call71_h200
-    part b3again 90 65 b3 --name b3_again_call71_h200
+    part b3again 90 65 b3 --server-args "--prefill-backlog-steps 16" --name b3_again_call71_h200
     part b3offagain 90 65 b3 --server-args "--prefill-backlog-steps 0" \
       --name b3_nobacklog_again_call71_h200
     ;;

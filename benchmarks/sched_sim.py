@@ -14,7 +14,12 @@ measurement. The cost model's defaults are the H200's at the Llama-3-8B shape
 (`step_profile_h200/`, call 64's profile): a decode step of b streams over C tokens of
 context in all takes base(b) + C x ATTN_NS_PER_TOKEN, base linear between the measured
 points; a prefill token PREFILL_US_PER_TOKEN more (a mixed step's marginal cost). No
-host time, no jitter: the simulated tail is the policy's, a real run's is longer.
+host time, no jitter: the simulated tail is the policy's, a real run's is longer. Nor do
+its steps cost what an H200's do under B3: at c=128 it runs 10.9 ms a step where the device
+took 12.9, and it predicted that the prefill backlog rule (--prefill-backlog-steps 16) would
+gain 2.9% of tokens/s where call 71 measured 1.5% fewer (its time to first token and its
+decodes a step moved as predicted): the longer mixed steps cost more than a flat marginal
+cost a prompt token says. A policy the model favours still needs the device's word.
 """
 
 from __future__ import annotations

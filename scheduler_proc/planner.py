@@ -125,10 +125,13 @@ class Planner:
 
         A `backlog` of prompt tokens (awaiting their prefill) that the protected budget would
         take more than --prefill-backlog-steps steps to serve raises it to what serves them in
-        about that many, a step taking at most --max-backlog-step-ratio decode steps: under a
-        steady stream of arrivals the protected budget left c=128's prompts waiting ~0.5 s for
-        a first token, their users idle meanwhile (`benchmarks/sched_sim.py`), while a single
-        arrival beside 32 streams keeps the protected step (c=32's tail)."""
+        about that many, a step taking at most --max-backlog-step-ratio decode steps (off by
+        default). Under a steady stream of arrivals the protected budget leaves a backlog
+        that it serves only as fast as new prompts arrive: B3's c=128 tier waited about half a
+        second for a first token. The rule shortens that wait (an H200 at 16: TTFT p50 317-352
+        against 473-497 ms) but its longer steps cost more than the streams it adds decode
+        (6773-6786 against 6880-6904 tok/s; docs/performance.md), so it is a choice, not the
+        default."""
         c = self.config
         cap = c.chunked_prefill_size or (1 << 30)
         def budget_at(ratio: float) -> int:

@@ -36,25 +36,25 @@ def test_a_tier_gets_every_token_at_the_step_times_of_the_model() -> None:
 def test_the_backlog_rule_serves_a_loaded_tier_sooner_and_leaves_a_light_one() -> None:
     """B3's c=128 tier (seed 0, as `serving.py` draws it): without the rule a backlog of
     prompts forms that the protected chunks serve only as fast as new ones arrive, its time
-    to first token about half a second; with it the backlog clears, more streams decode a
-    step. c=32 keeps its tail."""
-    on = sched_sim.run_tier(128)
-    off = sched_sim.run_tier(128, prefill_backlog_steps=0)
+    to first token about half a second; with it the backlog clears and more streams decode a
+    step (as the H200 showed, call 71; there the longer steps cost more than the model says,
+    and the tier's tokens/s fell: the model is no measurement). c=32 keeps its tail."""
+    on = sched_sim.run_tier(128, prefill_backlog_steps=16)
+    off = sched_sim.run_tier(128)
     assert off["ttft_p50_ms"] > 300 and on["ttft_p50_ms"] < 150, (on, off)
     assert on["decode_tokens_per_step"] > off["decode_tokens_per_step"] + 3
-    assert on["output_tok_per_s"] > 1.02 * off["output_tok_per_s"]
     assert on["itl_p99_ms"] < 2.5 * 8.8  # no step beyond 2.5 decode steps of ~128 streams
-    light_on = sched_sim.run_tier(32)
-    light_off = sched_sim.run_tier(32, prefill_backlog_steps=0)
+    light_on = sched_sim.run_tier(32, prefill_backlog_steps=16)
+    light_off = sched_sim.run_tier(32)
     assert light_on["itl_p99_ms"] == pytest.approx(light_off["itl_p99_ms"], rel=0.05)
 
 
 def test_the_command_line_sets_batching_flags_and_writes_json(tmp_path, capsys) -> None:
     out = tmp_path / "sim.json"
     assert sched_sim.main(["--concurrency", "2", "--requests-per-concurrency", "1",
-                           "--set", "prefill_backlog_steps=0", "--out", str(out)]) == 0
+                           "--set", "prefill_backlog_steps=16", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert data["batching"] == {"prefill_backlog_steps": 0}
+    assert data["batching"] == {"prefill_backlog_steps": 16}
     assert data["tiers"][0]["concurrency"] == 2
     assert '"concurrency": 2' in capsys.readouterr().out
     with pytest.raises(SystemExit):

@@ -27,7 +27,7 @@ DECODE_MS, PREFILL_MS = 6.0, 0.02
 
 
 def make(**kw) -> Scheduler:
-    # The backlog rule off unless a test asks for it: the others test the ratio alone.
+    # The backlog rule off (its default) unless a test asks for it.
     base = dict(num_slots=16 * 600, page_size=16, max_context_len=4096, max_running_requests=16,
                 chunked_prefill_size=2048, eos_token_ids=(EOS,), overlap=False,
                 debug_invariants=True, prefill_backlog_steps=0)
@@ -197,7 +197,8 @@ def test_a_backlog_of_prompts_gets_larger_chunks_up_to_the_backlog_ratio() -> No
 
 def test_a_backlog_within_the_steps_keeps_the_protected_chunk() -> None:
     """One prompt of 600 tokens: three protected steps serve it, within 4: unchanged. And
-    with the rule off (--prefill-backlog-steps 0) six prompts keep the protected chunk."""
+    with the rule off (--prefill-backlog-steps 0, the default) six prompts keep the protected
+    chunk."""
     sched = make(max_mixed_step_ratio=1.5, prefill_backlog_steps=4, max_running_requests=32)
     assert backlog_beside_streams(sched, 1)[2] == [256, 256, 88]
     sched = make(max_mixed_step_ratio=1.5, prefill_backlog_steps=0, max_running_requests=32)
