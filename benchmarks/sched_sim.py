@@ -10,16 +10,18 @@ step's tokens are stamped with the clock: ITL, TTFT and output tokens per second
 B3 reports them, with nothing but the scheduling policy and the cost model in them. What it is
 for: comparing scheduling policies (the prefill budget, the mixed-step ratio) over the whole
 tier in seconds on a CPU, before a GPU run measures the one chosen. What it is not: a
-measurement. The cost model's defaults are the H200's at the Llama-3-8B shape
-(`step_profile_h200/`, call 64's profile): a decode step of b streams over C tokens of
-context in all takes base(b) + C x ATTN_NS_PER_TOKEN, base linear between the measured
-points; a prefill token PREFILL_US_PER_TOKEN more (a mixed step's marginal cost). No
-host time, no jitter: the simulated tail is the policy's, a real run's is longer. Nor do
-its steps cost what an H200's do under B3: at c=128 it runs 10.9 ms a step where the device
-took 12.9, and it predicted that the prefill backlog rule (--prefill-backlog-steps 16) would
-gain 2.9% of tokens/s where call 71 measured 1.5% fewer (its time to first token and its
-decodes a step moved as predicted): the longer mixed steps cost more than a flat marginal
-cost a prompt token says. A policy the model favours still needs the device's word.
+measurement. The cost model (CostModel, `--cost`) is the H200's at the Llama-3-8B shape
+(`step_profile_h200/`): "tokens" charges a step by its tokens (decodes and prompt tokens
+together: nearly flat while the weights' reads bound it, 15-23 us a token beyond), its
+decodes' context and a fixed cost of a mixed step; "flat", the first model, a prompt token a
+flat 17.6 us beside the decode step of the streams. Three steps are in flight, as the cuda
+plugin's overlap keeps them. No host time, no jitter: the simulated tail is the policy's, a
+real run's is longer. Neither model predicted call 71: the prefill backlog rule
+(--prefill-backlog-steps 16) gained 2.9% ("flat") and 2.6% ("tokens") of c=128's tokens/s in
+the model and lost 1.5% on the device, whose decodes a step rose by 3 where the model's rose
+by 7 and whose time to first token fell to ~330 ms where the model's fell to 93-121. The
+model's step ratio was right (the rule's steps 5% longer in both). A policy the model
+favours still needs the device's word.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import heapq
 import json
 import random
 import sys
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,26 +41,55 @@ from tessera.bus.messages import DetokInfo, SampledTokens, SamplingParams, Token
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.scheduler import Scheduler
 
-# The H200 at the Llama-3-8B shape, bf16 (docs/performance.md: the step profile and B2's
-# decode steps): one stream 3.95 ms of weights and launches, 128 streams at 600 tokens 8.01
-# ms, 256 at 600 tokens 12.43 ms, attention 5.45 ms of that over 153600 tokens of context.
-BASE_MS = ((1, 3.95), (128, 5.28), (256, 6.98))
+# The H200 at the Llama-3-8B shape, bf16, the device's time of a step by its tokens (the step
+# profile at 37121f2, `step_profile_h200/step_profile.json`): the linears, norms and the rest
+# of M tokens (decodes and prompt tokens together) through the measured points, one token
+# 3.95 ms (the weights' reads), 128 tokens 5.4, 256 6.98 (the decode steps of 128 and 256
+# streams less their attention, a 128-token prefill 5.53), 512 11.3 and 2048 46.0 (prefills
+# of 512 and 2048 tokens): flat while the weights' reads bound the step, 15-23 us a token
+# beyond; decode attention 35.5 ns a token of context (5.45 ms of the 256-stream step over
+# 256 x 600 tokens); a step that also prefills 1.0 ms more (the profile's mixed steps of 32
+# decodes beside 16-512 prompt tokens against that sum: 0.9-2.3 ms, 0.1 beside 128 decodes).
+TOKENS_MS = ((1, 3.95), (128, 5.4), (256, 6.98), (512, 11.3), (2048, 46.0))
 ATTN_NS_PER_TOKEN = 35.5
+MIXED_MS = 1.0
+# The first model (5840fa0): the decode step by its streams, a prompt token a flat 17.6 us
+# (the profile's 128 decodes beside 512 prompt tokens against the 128-stream decode step).
+# It predicted that larger chunks cost their tokens' worth and no more; call 71 said otherwise
+# (`--cost flat` keeps it for comparison).
+BASE_MS = ((1, 3.95), (128, 5.28), (256, 6.98))
 PREFILL_US_PER_TOKEN = 17.6
+
+
+def _interp(points: tuple[tuple[int, float], ...], x: float) -> float:
+    xs = [b for b, _ in points]
+    ys = [ms for _, ms in points]
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    return float(np.interp(x, xs, ys, left=ys[0], right=ys[-1] + (x - xs[-1]) * slope))
 
 
 @dataclass(frozen=True)
 class CostModel:
+    """"tokens" (the default): linear(M tokens) + context x attention + MIXED_MS when the
+    step prefills. "flat": base(decodes) + context x attention + 17.6 us a prompt token."""
+    kind: str = "tokens"
+    tokens_ms: tuple[tuple[int, float], ...] = TOKENS_MS
     base_ms: tuple[tuple[int, float], ...] = BASE_MS
     attn_ns_per_token: float = ATTN_NS_PER_TOKEN
+    mixed_ms: float = MIXED_MS
     prefill_us_per_token: float = PREFILL_US_PER_TOKEN
 
+    def __post_init__(self) -> None:
+        if self.kind not in ("tokens", "flat"):
+            raise ValueError(f"cost model {self.kind!r}: tokens or flat")
+
     def base(self, streams: int) -> float:
-        xs = [b for b, _ in self.base_ms]
-        ys = [ms for _, ms in self.base_ms]
-        return float(np.interp(streams, xs, ys, left=ys[0],
-                               right=ys[-1] + (streams - xs[-1]) * (ys[-1] - ys[-2])
-                               / (xs[-1] - xs[-2])))
+        """flat: the decode step of this many streams, less its attention."""
+        return _interp(self.base_ms, streams)
+
+    def linear(self, tokens: int) -> float:
+        """tokens: a step of this many tokens, less its attention."""
+        return _interp(self.tokens_ms, tokens)
 
     def step_ms(self, seq_lens: np.ndarray, extend_lens: np.ndarray) -> float:
         """A step of these rows: decodes (one token each), prefill chunks (more)."""
@@ -65,8 +97,11 @@ class CostModel:
         prefill = int(extend_lens[~decode].sum())
         context = int(seq_lens[decode].sum())
         streams = max(1, int(decode.sum()))
-        return (self.base(streams) + context * self.attn_ns_per_token * 1e-6
-                + prefill * self.prefill_us_per_token * 1e-3)
+        attention = context * self.attn_ns_per_token * 1e-6
+        if self.kind == "flat":
+            return self.base(streams) + attention + prefill * self.prefill_us_per_token * 1e-3
+        return (self.linear(max(1, int(decode.sum()) + prefill)) + attention
+                + (self.mixed_ms if prefill else 0.0))
 
 
 @dataclass
@@ -114,7 +149,7 @@ def run_tier(concurrency: int, *, requests_per_concurrency: int = 4,
         reqs.append(_Req(p, rng.randint(*output_len)))
     config = dict(num_slots=num_slots, page_size=16, max_context_len=8192,
                   max_running_requests=256, chunked_prefill_size=2048, eos_token_ids=(0,),
-                  overlap=False)
+                  overlap=True, overlap_steps=3)  # the cuda plugin's
     config.update(batching)
     sched = Scheduler(SchedulerConfig(**config))  # type: ignore[arg-type]
     if warm:
@@ -126,7 +161,9 @@ def run_tier(concurrency: int, *, requests_per_concurrency: int = 4,
     next_req = len(arrivals)
     by_rid: dict[str, int] = {}
     steps = decodes = prefill = 0
-    while arrivals or sched.has_work():
+    in_flight: deque[tuple[Any, float, float]] = deque()
+    device_free = 0.0
+    while arrivals or sched.has_work() or in_flight:
         while arrivals and arrivals[0][0] <= clock:
             t, i = heapq.heappop(arrivals)
             new = reqs[i]
@@ -139,18 +176,24 @@ def run_tier(concurrency: int, *, requests_per_concurrency: int = 4,
                 detok=DetokInfo(reply_to="sim")))
             if problem is not None:
                 raise RuntimeError(f"the scheduler refused a request: {problem.message}")
-        fb = sched.next_batch()
-        if fb is None:
+        # Plan while the pipeline has room (steps_in_flight: 3 with the cuda plugin's
+        # overlap); the device runs them one after another; the oldest's result comes back
+        # at its end, and the scheduler plans the next with what it knows then.
+        while (fb := sched.next_batch()) is not None:
+            ms = cost.step_ms(fb.seq_lens, fb.extend_lens)
+            ext = fb.extend_lens
+            steps += 1
+            decodes += int((ext == 1).sum())
+            prefill += int(ext[ext > 1].sum())
+            device_free = max(device_free, clock) + ms / 1000.0
+            in_flight.append((fb, ms, device_free))
+        if not in_flight:
             if not arrivals:
                 raise RuntimeError("work left and no step planned: the scheduler is stuck")
             clock = arrivals[0][0]
             continue
-        ms = cost.step_ms(fb.seq_lens, fb.extend_lens)
-        ext = fb.extend_lens
-        steps += 1
-        decodes += int((ext == 1).sum())
-        prefill += int(ext[ext > 1].sum())
-        clock += ms / 1000.0
+        fb, ms, done = in_flight.popleft()
+        clock = max(clock, done)
         sampled = int(np.count_nonzero(fb.sample))
         out = sched.on_result(SampledTokens(step=fb.step, token_ids=np.full(sampled, 7,
                                                                              dtype=np.int32),
@@ -178,7 +221,9 @@ def run_tier(concurrency: int, *, requests_per_concurrency: int = 4,
             "ttft_p50_ms": _pct(ttft, 50), "ttft_p90_ms": _pct(ttft, 90),
             "itl_p50_ms": _pct(itl, 50), "itl_p90_ms": _pct(itl, 90),
             "itl_p99_ms": _pct(itl, 99), "itl_max_ms": max(itl) if itl else 0.0,
-            "steps": steps, "decode_tokens_per_step": decodes / max(1, steps),
+            "steps": steps,
+            "learned_prefill_ms_per_token": sched.step_cost.prefill_ms_per_token,
+            "decode_tokens_per_step": decodes / max(1, steps),
             "prefill_tokens_per_step": prefill / max(1, steps)}
 
 
@@ -195,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="32,128")
     p.add_argument("--requests-per-concurrency", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cost", choices=["tokens", "flat"], default="tokens",
+                   help="the device's cost model (see CostModel)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="a batching flag for the scheduler (max_mixed_step_ratio=2.5, ...)")
     p.add_argument("--out", help="write the tiers as JSON here")
@@ -206,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--set {item!r}: expected FIELD=VALUE")
         batching[key.strip()] = _value(value.strip())
     tiers = [run_tier(int(c), requests_per_concurrency=args.requests_per_concurrency,
-                      seed=args.seed, **batching) for c in args.concurrency.split(",")]
+                      seed=args.seed, cost=CostModel(args.cost), **batching) for c in args.concurrency.split(",")]
     for t in tiers:
         print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in t.items()}))
     if args.out:

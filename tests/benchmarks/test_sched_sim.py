@@ -13,15 +13,24 @@ import pytest
 from tessera.benchmarks import sched_sim
 
 
-def test_the_cost_model_interpolates_the_measured_points() -> None:
-    cost = sched_sim.CostModel()
-    assert cost.base(1) == pytest.approx(3.95)
-    assert cost.base(128) == pytest.approx(5.28)
-    assert 5.28 < cost.base(192) < 6.98
-    assert cost.base(512) > cost.base(256) == pytest.approx(6.98)  # extrapolated past it
+def test_the_cost_models_interpolate_the_measured_points() -> None:
+    flat = sched_sim.CostModel("flat")
+    assert flat.base(1) == pytest.approx(3.95)
+    assert flat.base(128) == pytest.approx(5.28)
+    assert 5.28 < flat.base(192) < 6.98
+    assert flat.base(512) > flat.base(256) == pytest.approx(6.98)  # extrapolated past it
+    seq_lens, ext = np.array([250, 250, 250, 250, 500]), np.array([1, 1, 1, 1, 500])
     # 4 decodes over 1000 tokens of context, and a 500-token chunk
-    ms = cost.step_ms(np.array([250, 250, 250, 250, 500]), np.array([1, 1, 1, 1, 500]))
-    assert ms == pytest.approx(cost.base(4) + 1000 * 35.5e-6 + 500 * 17.6e-3)
+    assert flat.step_ms(seq_lens, ext) == pytest.approx(flat.base(4) + 1000 * 35.5e-6
+                                                        + 500 * 17.6e-3)
+    tokens = sched_sim.CostModel()
+    assert tokens.linear(512) == pytest.approx(11.3) and tokens.linear(1) == pytest.approx(3.95)
+    assert tokens.step_ms(seq_lens, ext) == pytest.approx(tokens.linear(504) + 1000 * 35.5e-6
+                                                          + 1.0)
+    # a prompt token costs more in a larger step: the weights' reads bound the small ones
+    assert tokens.linear(512) - tokens.linear(256) > 2 * (tokens.linear(256) - tokens.linear(128))
+    with pytest.raises(ValueError, match="cost model"):
+        sched_sim.CostModel("guess")
 
 
 def test_a_tier_gets_every_token_at_the_step_times_of_the_model() -> None:
