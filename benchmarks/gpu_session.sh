@@ -74,6 +74,7 @@
 #   benchmarks/gpu_session.sh 69  # one H200:  W8A8 tiles accumulating in place (A8F): every tuner candidate's test, b12 B2 bf16 / fp8, fp8 without A8F, fp8 again, fp8 over the fp8 cache (~300 s)
 #   benchmarks/gpu_session.sh 70  # one H200:  A8F at 17-32 tokens: every tuner candidate's test, B3 c=32 over fp8 weights with A8F and without, twice (~250 s)
 #   benchmarks/gpu_session.sh 71  # one H200:  the prefill backlog rule: b2, b3 with it and without (--prefill-backlog-steps 0), twice (~300 s)
+#   benchmarks/gpu_session.sh 72  # one H200:  B3's c=128 tier traced step by step with the prefill backlog rule and without (~200 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -107,7 +108,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[01]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-71  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-2]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-72  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -908,6 +909,18 @@ case $CALL in
       --name b3_fp8_c32_again_call70_h200
     HAL_CUDA_FP8_A8F=0 part b3fp8noa8fagain 80 40 b3 --server-args "--quantization fp8" --concurrency 32 \
       --name b3_fp8_c32_noa8f_again_call70_h200
+    ;;
+  72)
+    # Why the prefill backlog rule lost at c=128 (call 71) where the simulator said it gains:
+    # the tier traced step by step both ways (each step's composition and interval), the
+    # traces summarized (step_trace) and left out of the results' archive for their size.
+    for rule in 16 0; do
+      part "b3c128trace$rule" 90 60 b3 --concurrency 128 --server-args \
+        "--prefill-backlog-steps $rule --trace-messages-dir $RES/trace_b3_backlog$rule" \
+        --name "b3_c128_backlog${rule}_traced_call72_h200"
+      timeout 120 "$PYTHON" -m tessera.benchmarks.step_trace "$RES/trace_b3_backlog$rule" \
+        --out "$RES/b3_c128_backlog${rule}_steps_call72_h200.json" 2>&1 | tail -5 | tee -a "$LOG"
+    done
     ;;
   71)
     # The prefill backlog rule (--prefill-backlog-steps 16: the default at 200bd83, where
