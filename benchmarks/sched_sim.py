@@ -2,9 +2,9 @@
 real scheduler on a simulated clock, the device replaced by a cost model of its steps.
 
 The scheduler (`scheduler_proc.Scheduler`, the same object the scheduler process drives) is
-given B3's requests as its clients would send them: the same lengths as `serving.py` draws
-(prompts and outputs uniform in their ranges, `requests_per_concurrency` x c requests,
-seed + c), at most c in flight, the next sent `client_gap_ms` after one finishes. Each step it
+given B3's requests as its clients would send them: those `serving.py` draws
+(`datasets.random_requests`: `requests_per_concurrency` x c requests, seed + c), at most c in
+flight, the next sent `client_gap_ms` after one finishes. Each step it
 plans is "run" for the time the cost model gives it, the clock moves on by that much, and the
 step's tokens are stamped with the clock: ITL, TTFT and output tokens per second come out as
 B3 reports them, with nothing but the scheduling policy and the cost model in them. What it is
@@ -17,10 +17,10 @@ decodes' context and a fixed cost of a mixed step; "flat", the first model, a pr
 flat 17.6 us beside the decode step of the streams. Three steps are in flight, as the cuda
 plugin's overlap keeps them. No host time, no jitter: the simulated tail is the policy's, a
 real run's is longer. Neither model predicted call 71: the prefill backlog rule
-(--prefill-backlog-steps 16) gained 2.9% ("flat") and 2.6% ("tokens") of c=128's tokens/s in
+(--prefill-backlog-steps 16) gained 2.3% ("flat") and 3.2% ("tokens") of c=128's tokens/s in
 the model and lost 1.5% on the device, whose decodes a step rose by 3 where the model's rose
-by 7 and whose time to first token fell to ~330 ms where the model's fell to 93-121. The
-model's step ratio was right (the rule's steps 5% longer in both). A policy the model
+by 6-8 and whose time to first token fell to ~330 ms where the model's fell to 110-114. The
+model's steps grew about as the device's did (4.4% and 6.3% against 5.0%). A policy the model
 favours still needs the device's word.
 """
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
-import random
 import sys
 from collections import deque
 from dataclasses import dataclass, field
@@ -37,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from tessera.benchmarks.common import percentile
+from tessera.benchmarks.datasets import random_requests
 from tessera.bus.messages import DetokInfo, SampledTokens, SamplingParams, TokenizedRequest
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.scheduler import Scheduler
@@ -50,6 +51,7 @@ from tessera.scheduler_proc.scheduler import Scheduler
 # beyond; decode attention 35.5 ns a token of context (5.45 ms of the 256-stream step over
 # 256 x 600 tokens); a step that also prefills 1.0 ms more (the profile's mixed steps of 32
 # decodes beside 16-512 prompt tokens against that sum: 0.9-2.3 ms, 0.1 beside 128 decodes).
+VOCAB_SIZE = 128256  # Llama-3's, as B3's requests are drawn for it
 TOKENS_MS = ((1, 3.95), (128, 5.4), (256, 6.98), (512, 11.3), (2048, 46.0))
 ATTN_NS_PER_TOKEN = 35.5
 MIXED_MS = 1.0
@@ -106,7 +108,7 @@ class CostModel:
 
 @dataclass
 class _Req:
-    prompt: int
+    prompt: np.ndarray
     output: int
     sent: float = 0.0
     times: list[float] = field(default_factory=list)
@@ -127,10 +129,6 @@ def warm_up(sched: Scheduler, cost: CostModel, context: int = 600) -> None:
         sched.step_cost.observe(128, 512, cost.step_ms(np.full(129, context), lens))
 
 
-def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q)) if values else 0.0
-
-
 def run_tier(concurrency: int, *, requests_per_concurrency: int = 4,
              prompt_len: tuple[int, int] = (256, 1024), output_len: tuple[int, int] = (64, 512),
              seed: int = 0, client_gap_ms: float = 2.0, cost: CostModel | None = None,
@@ -142,11 +140,9 @@ def run_tier(concurrency: int, *, requests_per_concurrency: int = 4,
     warm-up requests and the tiers before."""
     cost = cost or CostModel()
     n = requests_per_concurrency * concurrency
-    rng = random.Random(seed + concurrency)  # the lengths serving.py draws for this tier
-    reqs = []
-    for _ in range(n):
-        p = rng.randint(*prompt_len)
-        reqs.append(_Req(p, rng.randint(*output_len)))
+    # the requests serving.py draws for this tier (lengths and token ids alike)
+    drawn = random_requests(n, prompt_len, output_len, VOCAB_SIZE, seed=seed + concurrency)
+    reqs = [_Req(np.asarray(r.prompt_ids, dtype=np.int32), r.output_len) for r in drawn]
     config = dict(num_slots=num_slots, page_size=16, max_context_len=8192,
                   max_running_requests=256, chunked_prefill_size=2048, eos_token_ids=(0,),
                   overlap=True, overlap_steps=3)  # the cuda plugin's
@@ -154,8 +150,6 @@ def run_tier(concurrency: int, *, requests_per_concurrency: int = 4,
     sched = Scheduler(SchedulerConfig(**config))  # type: ignore[arg-type]
     if warm:
         warm_up(sched, cost)
-    ids = np.random.default_rng(seed).integers(1000, 100_000, size=prompt_len[1] * n,
-                                               dtype=np.int32)
     clock = 0.0
     arrivals: list[tuple[float, int]] = [(0.0, i) for i in range(min(concurrency, n))]
     next_req = len(arrivals)
@@ -168,10 +162,9 @@ def run_tier(concurrency: int, *, requests_per_concurrency: int = 4,
             t, i = heapq.heappop(arrivals)
             new = reqs[i]
             new.sent = t
-            off = i * prompt_len[1]
             by_rid[f"r{i}"] = i
             problem = sched.add_request(TokenizedRequest(
-                rid=f"r{i}", input_ids=ids[off:off + new.prompt],
+                rid=f"r{i}", input_ids=new.prompt,
                 sampling=SamplingParams(max_tokens=new.output, ignore_eos=True),
                 detok=DetokInfo(reply_to="sim")))
             if problem is not None:
@@ -218,9 +211,9 @@ def run_tier(concurrency: int, *, requests_per_concurrency: int = 4,
     out_tokens = sum(len(r.times) for r in reqs)
     return {"concurrency": concurrency, "requests": n, "output_tok_per_s": out_tokens / wall,
             "duration_s": wall, "total_output_tokens": out_tokens,
-            "ttft_p50_ms": _pct(ttft, 50), "ttft_p90_ms": _pct(ttft, 90),
-            "itl_p50_ms": _pct(itl, 50), "itl_p90_ms": _pct(itl, 90),
-            "itl_p99_ms": _pct(itl, 99), "itl_max_ms": max(itl) if itl else 0.0,
+            "ttft_p50_ms": percentile(ttft, 50), "ttft_p90_ms": percentile(ttft, 90),
+            "itl_p50_ms": percentile(itl, 50), "itl_p90_ms": percentile(itl, 90),
+            "itl_p99_ms": percentile(itl, 99), "itl_max_ms": max(itl) if itl else 0.0,
             "steps": steps,
             "learned_prefill_ms_per_token": sched.step_cost.prefill_ms_per_token,
             "decode_tokens_per_step": decodes / max(1, steps),

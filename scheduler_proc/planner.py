@@ -144,7 +144,7 @@ class Planner:
         if 0 < decodes < awaiting:  # unprotected (ratio 0), up to half the chunk
             budget = max(budget, min(budget_at(0.0), max(1, cap // 2)))
         steps = c.prefill_backlog_steps
-        if decodes and steps and backlog > steps * budget and c.max_mixed_step_ratio:
+        if steps and backlog > steps * budget:  # (a budget at the cap stays there)
             wanted = -(-backlog // steps)
             budget = max(budget, min(wanted, budget_at(c.max_backlog_step_ratio)))
         return budget
