@@ -62,8 +62,12 @@ def test_freeze_takes_what_lives_now_out_of_later_passes(
     survivor = [object() for _ in range(1000)]
     try:
         gc_pauses.freeze()
+        frozen = gc_pauses.stats()["gc_frozen_objects"]
         assert gc.get_freeze_count() >= len(survivor)
-        assert gc_pauses.stats()["gc_frozen_objects"] == gc.get_freeze_count()
+        # The figure is what freeze() moved; a frozen object that dies later (reference
+        # counting still frees them, and another test's thread may drop one meanwhile) leaves
+        # the permanent generation, so the live count can only have fallen since.
+        assert len(survivor) <= gc.get_freeze_count() <= frozen
         # What is frozen is never garbage for a later pass; the collector itself still runs.
         assert gc.collect() >= 0 and gc.get_freeze_count() >= len(survivor)
     finally:
