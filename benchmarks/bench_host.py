@@ -18,6 +18,13 @@ reports per tier:
                                   how much the host path adds
 
 The load generator runs in this process on the same machine; its own CPU is reported apart.
+
+With `--cost-model tokens` (or `flat`) the fake device takes what the scheduling simulator's
+model of the H200 gives each step (`sched_sim.CostModel`), three steps in flight as the cuda
+plugin keeps them, and each tier is also replayed through the simulator over the very
+requests it sent (`sim_*` figures, `fraction_of_sim`): the same scheduling and device costs
+with no host path at all, so the fraction is what the real processes between the device and
+the clients lose.
 """
 
 from __future__ import annotations
@@ -114,12 +121,34 @@ def tier_figures(before: Snapshot, after: Snapshot, stats: dict[str, Any]) -> di
     }
 
 
+SIM_OVERLAP_STEPS = 3
+SIM_FIGURES = ("output_tok_per_s", "ttft_p50_ms", "itl_p50_ms", "itl_p99_ms", "steps",
+               "decode_tokens_per_step", "prefill_tokens_per_step")
+
+
+def simulated(reqs: list[Any], concurrency: int, cost_model: str,
+              tier: dict[str, Any]) -> dict[str, Any]:
+    """The tier's requests through the scheduler on the simulated clock, with the fake
+    device's costs and no host path: what the measured tier would be if the processes
+    between the device and the clients cost nothing."""
+    from tessera.benchmarks.sched_sim import CostModel
+    from tessera.benchmarks.sched_sim import run_tier as sim_tier
+
+    sim = sim_tier(concurrency, requests=reqs, cost=CostModel(cost_model))
+    out: dict[str, Any] = {f"sim_{k}": sim[k] for k in SIM_FIGURES}
+    out["fraction_of_sim"] = tier["output_tok_per_s"] / sim["output_tok_per_s"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tessera bench host", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="default", help="whose tokenizer the engine uses")
     p.add_argument("--step-ms", type=float, default=6.0)
     p.add_argument("--prefill-us-per-token", type=float, default=0.0)
+    p.add_argument("--cost-model", choices=["none", "tokens", "flat"], default="none",
+                   help="the fake device's step: the simulator's model of the H200 (and each "
+                        "tier replayed through the simulator beside it)")
     p.add_argument("--concurrency", default="32,128")
     p.add_argument("--prompt-len", default="256,1024")
     p.add_argument("--output-len", default="64,512")
@@ -140,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     engine_args = ["--model", args.model, "--run-dir", run_dir, "--heartbeat-interval-s", "0.1",
                    "--step-ms", str(args.step_ms),
                    "--prefill-us-per-token", str(args.prefill_us_per_token),
+                   "--cost-model", args.cost_model,
+                   # the cuda plugin's three steps in flight, as the simulator has them
+                   *(["--overlap-steps", str(SIM_OVERLAP_STEPS)] if args.cost_model != "none"
+                     else []),
                    *args.server_args.split()]
     tiers: list[dict[str, Any]] = []
     with ServerProcess(engine_args, module="tessera.benchmarks.fake_engine",
@@ -156,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                 metrics, wall = asyncio.run(run_tier(url, reqs, concurrency=conc))
                 after = snapshot(client, 0.4)
                 tier = tier_figures(before, after, tier_stats(metrics, wall, concurrency=conc))
+                if args.cost_model != "none":
+                    tier.update(simulated(reqs, conc, args.cost_model, tier))
                 tiers.append(tier)
                 print(f"[bench] c={conc}: server {tier['server_cpu_us_per_token']:.0f} us CPU "
                       f"per token, host {tier['host_cpu_us_per_token']:.0f} us; "
@@ -163,9 +198,17 @@ def main(argv: list[str] | None = None) -> int:
                       f"p99 {tier['itl_p99_ms']:.1f} ms, worker round trip "
                       f"{tier['worker_round_trip_ms']:.2f} ms; messages per step "
                       f"{tier['messages_per_step']}", file=sys.stderr)
+                if "fraction_of_sim" in tier:
+                    print(f"[bench] c={conc}: simulated without the host path "
+                          f"{tier['sim_output_tok_per_s']:.0f} tok/s, ITL p99 "
+                          f"{tier['sim_itl_p99_ms']:.1f} ms, TTFT p50 "
+                          f"{tier['sim_ttft_p50_ms']:.0f} ms: measured "
+                          f"{tier['fraction_of_sim']:.1%} of it", file=sys.stderr)
         finally:
             client.close()
-    result = new_result("HOST", {**vars(args), "worker": "fake (sleeps step_ms per step)"},
+    worker = "fake (sleeps step_ms per step)" if args.cost_model == "none" else \
+        f"fake (sleeps what sched_sim's {args.cost_model!r} cost model gives each step)"
+    result = new_result("HOST", {**vars(args), "worker": worker},
                         device="cpu (host path only)")
     result["figures"] = {"tiers": tiers}
     path = write_result(result, args.out_dir, args.name)

@@ -1,5 +1,5 @@
 """`python -m tessera.benchmarks.fake_engine [tessera serve flags] [--step-ms MS]
-[--prefill-us-per-token US]`: `tessera serve` with the fake worker (fake_worker.py) in place
+[--prefill-us-per-token US] [--cost-model tokens|flat]`: `tessera serve` with the fake worker (fake_worker.py) in place
 of the model workers. Every other process is the real one: server, tokenizer, scheduler,
 detokenizer, supervisor. `tessera bench host` starts it to measure the host path."""
 
@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the fake device's time per step")
     parser.add_argument("--prefill-us-per-token", type=float, default=0.0,
                         help="and per prompt token of a step")
+    parser.add_argument("--cost-model", choices=["none", "tokens", "flat"], default="none",
+                        help="instead: the simulator's model of the H200's step "
+                             "(benchmarks/sched_sim.py CostModel)")
     args = parser.parse_args(argv)
     env = Env.read()
     try:
@@ -39,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     def build(config: ServerConfig, paths: RunPaths) -> list[ProcessSpec]:
         fake = ProcessSpec.python_module(
             "worker0", "tessera.benchmarks.fake_worker", paths, "--step-ms", str(args.step_ms),
-            "--prefill-us-per-token", str(args.prefill_us_per_token), stage=0,
+            "--prefill-us-per-token", str(args.prefill_us_per_token),
+            "--cost-model", args.cost_model, stage=0,
             ready_timeout_s=READY_TIMEOUT_S["worker"])
         return [fake, *(s for s in build_specs(config, paths) if not s.name.startswith("worker"))]
 

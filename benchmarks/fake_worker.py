@@ -3,9 +3,13 @@
 `python -m tessera.benchmarks.fake_worker --run-dir DIR --step-ms 6` behaves like worker rank 0
 seen from the scheduler: it sends WorkerReady (arena and vocabulary from the engine config and
 the model's tokenizer) and answers every ForwardBatch with SampledTokens, in step order. Its
-"device" takes `--step-ms` per step plus `--prefill-us-per-token` per prompt token, one step
-after the other, while the process itself sleeps (no CPU), so the scheduler's overlap works as
-against a GPU and every CPU second the engine spends is the host path's. Sampled tokens are
+"device" takes `--step-ms` per step plus `--prefill-us-per-token` per prompt token, or with
+`--cost-model tokens|flat` what the simulator's model of the H200 gives the step
+(`sched_sim.CostModel`: by its tokens and its decodes' context), one step after the other,
+while the process itself sleeps (no CPU), so the scheduler's overlap works as against a GPU
+and every CPU second the engine spends is the host path's. Each result reports that time as
+the step's own (`forward_ms`), as the real worker reports what it measured: the scheduler
+learns its step costs from it. Sampled tokens are
 random ids above the special tokens (never EOS), so detokenization sees real text.
 """
 
@@ -36,17 +40,22 @@ class FakeWorker(BusProcess):
     name = "worker0"
 
     def __init__(self, paths: RunPaths, config: EngineConfig, rank: int = 0,
-                 step_ms: float = 6.0, prefill_us_per_token: float = 0.0) -> None:
+                 step_ms: float = 6.0, prefill_us_per_token: float = 0.0,
+                 cost_model: str = "none") -> None:
         super().__init__(paths, config)
         if rank != 0 or config.tp_size != 1:
             raise ValueError("the fake worker stands for one rank (--tp-size 1)")
         self.step_s = step_ms / 1e3
         self.prefill_s_per_token = prefill_us_per_token / 1e6
+        self.cost: Any = None
+        if cost_model != "none":
+            from tessera.benchmarks.sched_sim import CostModel
+            self.cost = CostModel(cost_model)
         self.results: Outbox | None = None
         self.vocab_size = 0
         self.rng = np.random.default_rng(0)
-        # (time the "device" finishes it, step, sampled count), in step order
-        self.queue: deque[tuple[float, int, int]] = deque()
+        # (time the "device" finishes it, step, sampled count, its own ms), in step order
+        self.queue: deque[tuple[float, int, int, float]] = deque()
         self.device_free_at = 0.0
         self.steps = 0
         self.round_trips = RoundTrips(config.steps_in_flight)  # as the real worker counts
@@ -71,19 +80,26 @@ class FakeWorker(BusProcess):
             if not isinstance(msg, ForwardBatch):
                 continue
             self.round_trips.arrived(msg.step, time.perf_counter())
-            extend = np.asarray(msg.extend_lens)
-            cost = self.step_s + self.prefill_s_per_token * float(extend[extend > 1].sum())
+            cost = self.step_cost_s(msg)
             self.device_free_at = max(now, self.device_free_at) + cost
-            self.queue.append((self.device_free_at, msg.step, int(np.asarray(msg.sample).sum())))
+            self.queue.append((self.device_free_at, msg.step, int(np.asarray(msg.sample).sum()),
+                               cost * 1000.0))
+
+    def step_cost_s(self, msg: ForwardBatch) -> float:
+        """The fake device's time for this step."""
+        extend = np.asarray(msg.extend_lens)
+        if self.cost is not None:
+            return float(self.cost.step_ms(np.asarray(msg.seq_lens), extend)) / 1000.0
+        return self.step_s + self.prefill_s_per_token * float(extend[extend > 1].sum())
 
     def tick(self) -> None:
         now = time.monotonic()
         while self.queue and self.queue[0][0] <= now:
-            _, step, sampled = self.queue.popleft()
+            _, step, sampled, own_ms = self.queue.popleft()
             tokens = self.rng.integers(FIRST_ORDINARY_ID, self.vocab_size, sampled,
                                        dtype=np.int32)
             assert self.results is not None
-            self.results.send(SampledTokens(step=step, token_ids=tokens))
+            self.results.send(SampledTokens(step=step, token_ids=tokens, forward_ms=own_ms))
             self.round_trips.answered(step, time.perf_counter())
             self.steps += 1
 
@@ -108,4 +124,5 @@ if __name__ == "__main__":
         "--rank": {"type": int, "default": 0},
         "--step-ms": {"type": float, "default": 6.0},
         "--prefill-us-per-token": {"type": float, "default": 0.0},
+        "--cost-model": {"choices": ["none", "tokens", "flat"], "default": "none"},
     }))

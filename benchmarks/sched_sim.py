@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from tessera.benchmarks.common import percentile
-from tessera.benchmarks.datasets import random_requests
+from tessera.benchmarks.datasets import BenchRequest, random_requests
 from tessera.bus.messages import DetokInfo, SampledTokens, SamplingParams, TokenizedRequest
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.scheduler import Scheduler
@@ -96,13 +96,17 @@ class CostModel:
     def step_ms(self, seq_lens: np.ndarray, extend_lens: np.ndarray) -> float:
         """A step of these rows: decodes (one token each), prefill chunks (more)."""
         decode = extend_lens == 1
-        prefill = int(extend_lens[~decode].sum())
-        context = int(seq_lens[decode].sum())
-        streams = max(1, int(decode.sum()))
+        return self.composed_ms(int(decode.sum()), int(extend_lens[~decode].sum()),
+                                int(seq_lens[decode].sum()))
+
+    def composed_ms(self, decodes: int, prefill: int, context: int) -> float:
+        """A step of `decodes` streams over `context` tokens of theirs and `prefill` prompt
+        tokens (what a step trace's row records)."""
         attention = context * self.attn_ns_per_token * 1e-6
         if self.kind == "flat":
-            return self.base(streams) + attention + prefill * self.prefill_us_per_token * 1e-3
-        return (self.linear(max(1, int(decode.sum()) + prefill)) + attention
+            return (self.base(max(1, decodes)) + attention
+                    + prefill * self.prefill_us_per_token * 1e-3)
+        return (self.linear(max(1, decodes + prefill)) + attention
                 + (self.mixed_ms if prefill else 0.0))
 
 
@@ -133,15 +137,19 @@ def run_tier(concurrency: int, *, requests_per_concurrency: int = 4,
              prompt_len: tuple[int, int] = (256, 1024), output_len: tuple[int, int] = (64, 512),
              seed: int = 0, client_gap_ms: float = 2.0, cost: CostModel | None = None,
              num_slots: int = 16 * 50_000, warm: bool = True,
+             requests: list[BenchRequest] | None = None,
              **batching: Any) -> dict[str, float]:
     """One B3 tier through the scheduler: its figures (ms, tok/s) and step counts.
     `batching`: SchedulerConfig fields (the engine's batching flags) to set. `warm`: the
     scheduler starts knowing the device's costs (warm_up), as a server does after its
-    warm-up requests and the tiers before."""
+    warm-up requests and the tiers before. `requests`: these instead of serving.py's draw
+    (`bench host --cost-model` replays the ones it sent)."""
     cost = cost or CostModel()
-    n = requests_per_concurrency * concurrency
     # the requests serving.py draws for this tier (lengths and token ids alike)
-    drawn = random_requests(n, prompt_len, output_len, VOCAB_SIZE, seed=seed + concurrency)
+    drawn = requests if requests is not None else random_requests(
+        requests_per_concurrency * concurrency, prompt_len, output_len, VOCAB_SIZE,
+        seed=seed + concurrency)
+    n = len(drawn)
     reqs = [_Req(np.asarray(r.prompt_ids, dtype=np.int32), r.output_len) for r in drawn]
     config = dict(num_slots=num_slots, page_size=16, max_context_len=8192,
                   max_running_requests=256, chunked_prefill_size=2048, eos_token_ids=(0,),

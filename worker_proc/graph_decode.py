@@ -51,6 +51,7 @@ class DecodeGraphs:
         self.runner = runner
         self.sizes = sorted(sizes) if sizes is not None else capture_batch_sizes(max_bs)
         self.max_bs = self.sizes[-1] if self.sizes else 0
+        self.last_bucket = 0  # the padded batch of the last replay
         n = self.max_bs
 
         def zeros(*shape: int, dtype: torch.dtype) -> torch.Tensor:
@@ -124,4 +125,5 @@ class DecodeGraphs:
             self.req_to_token[batch:bs, 0].zero_()
             self.seq_lens[batch:bs].fill_(1)
         self.runner.replay(bs)
+        self.last_bucket = bs
         return self.outputs[bs][:batch]

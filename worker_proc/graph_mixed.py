@@ -71,6 +71,7 @@ class MixedGraphs:
         self.logits = logits
         self.runner = runner
         self.buckets = sorted(buckets) if buckets is not None else token_buckets(max_tokens)
+        self.last_bucket = 0  # the bucket of the last replay
         self.max_requests = max_requests
         n = self.buckets[-1] if self.buckets else 0
         r = self.requests_for(n)
@@ -192,6 +193,7 @@ class MixedGraphs:
             self.extend_lens[batch:reqs].zero_()
             self.qo_indptr[batch + 1:reqs + 1].fill_(tokens)
         self.runner.replay(("mixed", bucket))
+        self.last_bucket = bucket
         assert self.h is not None
         residual = self.residual[:tokens] if self.residual is not None else None
         return self.h[:tokens], residual

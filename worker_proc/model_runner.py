@@ -204,6 +204,8 @@ class ModelRunner:
         log.info("rank %d: %s", rank, self.kv_plan.describe())
         self.graphs: DecodeGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None
+        # the tokens the last step ran as: its graph's padded size, or its own count (eager)
+        self.padded_tokens = 0
         start = time.perf_counter()
         try:
             with quiet_gc():
@@ -496,8 +498,11 @@ class ModelRunner:
     def forward_hidden(self, inputs: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A stage's output (hidden states, residual) for every token: a captured graph where
         one holds the step, else eager."""
+        self.padded_tokens = inputs.num_tokens
         if self.mixed_graphs is not None and self.mixed_graphs.can_run(inputs):
-            return self.mixed_graphs.run_hidden(inputs)
+            out = self.mixed_graphs.run_hidden(inputs)
+            self.padded_tokens = self.mixed_graphs.last_bucket
+            return out
         return self.model.hidden(inputs, self.kv)
 
     def forward(self, inputs: ForwardInputs) -> torch.Tensor:
@@ -511,16 +516,24 @@ class ModelRunner:
         it for the sampled rows), else runs eagerly."""
         if inputs.is_decode:
             return self.forward_decode(inputs)
+        self.padded_tokens = inputs.num_tokens
         if self.mixed_graphs is not None and self.mixed_graphs.can_run(inputs):
-            return self.mixed_graphs.run(inputs)
+            logits = self.mixed_graphs.run(inputs)
+            self.padded_tokens = self.mixed_graphs.last_bucket
+            return logits
         return self.model(inputs, self.kv)
 
     def forward_decode(self, inputs: ForwardInputs) -> torch.Tensor:
         """Forward of a decode batch (every extend_len is 1): a decode graph replay when one
         was captured for its padded size (the logits are then a view of a static buffer, valid
         until the next replay), else a mixed-step graph that holds it, else eager."""
+        self.padded_tokens = inputs.num_tokens
         if self.graphs is not None and self.graphs.can_run(inputs):
-            return self.graphs.run(inputs)
+            logits = self.graphs.run(inputs)
+            self.padded_tokens = self.graphs.last_bucket
+            return logits
         if self.mixed_graphs is not None and self.mixed_graphs.can_run(inputs):
-            return self.mixed_graphs.run(inputs)
+            logits = self.mixed_graphs.run(inputs)
+            self.padded_tokens = self.mixed_graphs.last_bucket
+            return logits
         return self.model(inputs, self.kv)

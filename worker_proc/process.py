@@ -167,9 +167,11 @@ class WorkerProcess(BusProcess):
         self.round_trips.arrived(batch.step, start)
         if trace.active():
             extend = np.asarray(batch.extend_lens)
+            decode = extend == 1
             trace.note("launch", self.name, "ForwardBatch", step=batch.step,
                        tokens=int(extend.sum()), requests=int(extend.shape[0]),
-                       decodes=int((extend == 1).sum()))
+                       decodes=int(decode.sum()),
+                       context=int(np.asarray(batch.seq_lens)[decode].sum()))
         try:
             pending = self.runner.launch(batch, self.table.array)
         except Exception as exc:  # a failed step must not kill the worker
@@ -182,7 +184,9 @@ class WorkerProcess(BusProcess):
             return
         self.tokens += int(np.asarray(batch.extend_lens).sum())
         if trace.active():
-            trace.note("launched", self.name, "ForwardBatch", step=batch.step)
+            # the tokens the device runs: a graph's padded size, or the step's own (eager)
+            trace.note("launched", self.name, "ForwardBatch", step=batch.step,
+                       padded=int(getattr(self.runner, "padded_tokens", 0)))
         if self.runner.asynchronous:  # a synchronous plugin computes the step in its launch
             self._note_launch(batch, (time.perf_counter() - start) * 1000.0)
         self._finish_pending()

@@ -87,6 +87,7 @@ def test_padded_replay_matches_eager_and_touches_only_its_slots(setup: Any) -> N
         assert graphs.can_run(inp)
         before = kv.storage.clone()
         replayed = graphs.run(inp).clone()
+        assert graphs.last_bucket == graphs.padded_size(len(rows))  # the trace's padded size
         after_replay = kv.storage.clone()
         kv.storage.copy_(before)
         eager = forward(inp)

@@ -98,6 +98,7 @@ def test_padded_replay_matches_eager_and_touches_only_its_slots(setup: Any) -> N
         # what the replay read beyond the step: padding requests own nothing
         bucket = graphs.bucket_for(inp.num_tokens)
         assert bucket is not None
+        assert graphs.last_bucket == bucket  # what the worker's trace reports as padded
         b, t = len(rows), inp.num_tokens
         assert not graphs.seq_lens[b:4].any() and not graphs.extend_lens[b:4].any()
         assert bool((graphs.qo_indptr[b + 1:5] == t).all())

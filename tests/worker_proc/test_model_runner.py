@@ -211,11 +211,25 @@ def test_prefill_and_mixed_steps_replay_token_bucket_graphs(llama_folder):
     tokens = []
     run = runner.mixed_graphs.run
     runner.mixed_graphs.run = lambda inp: tokens.append(inp.num_tokens) or run(inp)
+    ran = []  # (tokens, what the step ran as): the worker's trace reports the second
+    step_logits = runner.step_logits
+
+    def recorded(inp):
+        out = step_logits(inp)
+        ran.append((inp.num_tokens, runner.padded_tokens))
+        return out
+
+    runner.step_logits = recorded
 
     chunked = prompts(256, [3, 50, 90], seed=2)  # 40 prefill tokens per step at most
     got = [r.out for r in MiniScheduler(runner, chunk_size=40).generate(chunked, 4)]
     assert got == [r.out for r in MiniScheduler(eager, chunk_size=40).generate(chunked, 4)]
     assert tokens == [41, 41, 42, 24]  # decodes and chunks; then 3 decodes: decode graph
+    # the mixed steps ran as their token buckets; the decodes after them (requests ending:
+    # 2, then 1) as the decode graph of their padded batch
+    assert [p for t, p in ran if t in (41, 42, 24)] == [64, 64, 64, 32]
+    decodes = [(t, p) for t, p in ran if t <= 4]
+    assert decodes and all(p == runner.graphs.padded_size(t) for t, p in decodes), ran
     tokens.clear()
     five = prompts(256, [2, 4, 6, 9, 11], seed=5)  # one prefill step of 32 tokens
     got = [r.out for r in MiniScheduler(runner).generate(five, 3)]
