@@ -176,12 +176,16 @@ class FakeEngine:
         self._active.extend(_Choice(req, i) for i in range(req.sampling.n))
 
     def _abort(self, msg: AbortRequest) -> None:
-        self.aborts.append(msg)
+        # The choices leave _active before the abort is recorded: a test that sees the abort
+        # in `aborts` (from its own thread) sees in_flight without them (CI, stop 41, read
+        # 15 of 16 choices still in flight between the two).
         aborted = [c for c in self._active if c.req.rid == msg.rid]
-        if aborted:
-            self.emitted_at_abort[msg.rid] = sum(c.emitted for c in aborted)
         for choice in aborted:
             self._active.remove(choice)
+        if aborted:
+            self.emitted_at_abort[msg.rid] = sum(c.emitted for c in aborted)
+        self.aborts.append(msg)
+        for choice in aborted:
             self._send(choice.req.reply_to, self._output(choice, [], "abort"))
 
     def _status(self, msg: StatusRequest) -> None:
