@@ -27,6 +27,7 @@ favours still needs the device's word.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import heapq
 import json
 import sys
@@ -41,6 +42,7 @@ from tessera.benchmarks.datasets import BenchRequest, random_requests
 from tessera.bus.messages import DetokInfo, SampledTokens, SamplingParams, TokenizedRequest
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.scheduler import Scheduler
+from tessera.worker_proc.capture_plan import capture_batch_sizes, token_buckets
 
 # The H200 at the Llama-3-8B shape, bf16, the device's time of a step by its tokens (the step
 # profile at 37121f2, `step_profile_h200/step_profile.json`): the linears, norms and the rest
@@ -80,6 +82,11 @@ class CostModel:
     attn_ns_per_token: float = ATTN_NS_PER_TOKEN
     mixed_ms: float = MIXED_MS
     prefill_us_per_token: float = PREFILL_US_PER_TOKEN
+    # The sizes the device runs steps at, padded (its captured graphs): a step that prefills
+    # at the smallest of step_sizes that holds its tokens, a decode step at the smallest of
+    # decode_sizes that holds its streams; beyond the largest (or none given) at its own.
+    step_sizes: tuple[int, ...] = ()
+    decode_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in ("tokens", "flat"):
@@ -106,8 +113,24 @@ class CostModel:
         if self.kind == "flat":
             return (self.base(max(1, decodes)) + attention
                     + prefill * self.prefill_us_per_token * 1e-3)
-        return (self.linear(max(1, decodes + prefill)) + attention
+        tokens = decodes + prefill
+        tokens = _padded(tokens, self.step_sizes if prefill else self.decode_sizes)
+        return (self.linear(max(1, tokens)) + attention
                 + (self.mixed_ms if prefill else 0.0))
+
+    def padded(self) -> CostModel:
+        """This model on the cuda plugin's default graphs: mixed steps of up to 1024 tokens
+        (--graph-max-tokens) at token_buckets' sizes, decode batches of up to 256 at
+        capture_batch_sizes'."""
+        return dataclasses.replace(self, step_sizes=tuple(token_buckets(1024)),
+                                   decode_sizes=tuple(capture_batch_sizes(256)))
+
+
+def _padded(tokens: int, sizes: tuple[int, ...]) -> int:
+    for size in sizes:  # ascending
+        if size >= tokens:
+            return size
+    return tokens
 
 
 @dataclass
@@ -153,7 +176,8 @@ def run_tier(concurrency: int, *, requests_per_concurrency: int = 4,
     reqs = [_Req(np.asarray(r.prompt_ids, dtype=np.int32), r.output_len) for r in drawn]
     config = dict(num_slots=num_slots, page_size=16, max_context_len=8192,
                   max_running_requests=256, chunked_prefill_size=2048, eos_token_ids=(0,),
-                  overlap=True, overlap_steps=3)  # the cuda plugin's
+                  overlap=True, overlap_steps=3,  # the cuda plugin's
+                  step_token_sizes=cost.step_sizes)  # what the simulated worker reports
     config.update(batching)
     sched = Scheduler(SchedulerConfig(**config))  # type: ignore[arg-type]
     if warm:
@@ -243,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cost", choices=["tokens", "flat"], default="tokens",
                    help="the device's cost model (see CostModel)")
+    p.add_argument("--padded", action="store_true",
+                   help="steps run padded to the cuda plugin's graph sizes (CostModel.padded)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="a batching flag for the scheduler (max_mixed_step_ratio=2.5, ...)")
     p.add_argument("--out", help="write the tiers as JSON here")
@@ -253,8 +279,10 @@ def main(argv: list[str] | None = None) -> int:
         if not sep:
             p.error(f"--set {item!r}: expected FIELD=VALUE")
         batching[key.strip()] = _value(value.strip())
+    cost = CostModel(args.cost).padded() if args.padded else CostModel(args.cost)
     tiers = [run_tier(int(c), requests_per_concurrency=args.requests_per_concurrency,
-                      seed=args.seed, cost=CostModel(args.cost), **batching) for c in args.concurrency.split(",")]
+                      seed=args.seed, cost=cost, **batching)
+             for c in args.concurrency.split(",")]
     for t in tiers:
         print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in t.items()}))
     if args.out:

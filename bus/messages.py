@@ -467,6 +467,10 @@ class WorkerReady(Message):
     # Capabilities.overlap_steps); 0 from a sender that did not say (the scheduler then
     # takes 2 for auto).
     overlap_steps: int = 0
+    # The token counts this rank runs a step that prefills at (its captured graphs: a step of
+    # T tokens runs as the smallest size >= T, padded; beyond the largest, as its own count).
+    # Empty: every step runs at its own count.
+    step_token_sizes: list[int] = field(default_factory=list)
 
 
 @register

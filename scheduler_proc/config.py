@@ -19,6 +19,9 @@ class SchedulerConfig(BatchingConfig):
     # flight). N > 0: the workers hold N batches in flight (pipeline stages) and none may
     # depend on another in flight: a row decodes again only once its token is back.
     batches_in_flight: int = 0
+    # The sizes a step that prefills runs padded to (WorkerReady.step_token_sizes); with
+    # fill_padded_steps its prefill budget grows into the padding.
+    step_token_sizes: tuple[int, ...] = ()
 
     @property
     def steps_in_flight(self) -> int:
@@ -47,4 +50,5 @@ class SchedulerConfig(BatchingConfig):
             eos_token_ids=tuple(ready.eos_token_ids),
             vocab_size=ready.vocab_size,
             batches_in_flight=ready.batches_in_flight,
+            step_token_sizes=tuple(sorted(ready.step_token_sizes)),
         )

@@ -58,6 +58,18 @@ def longest_first(rows: np.ndarray, kv_len: np.ndarray) -> np.ndarray:
     return rows[np.argsort(-kv_len[rows].astype(np.int64), kind="stable")]
 
 
+def fill_padding(decode_tokens: int, budget: int, sizes: tuple[int, ...], cap: int) -> int:
+    """The prefill budget grown into the padding of the step it would make: a step of
+    decode_tokens + budget tokens runs as the smallest of `sizes` that holds it (a captured
+    graph), so up to that size prompt tokens take the padding's place, at most `cap` of them.
+    A step beyond every size (eager) or none given: the budget as it is."""
+    total = decode_tokens + budget
+    for size in sizes:  # ascending
+        if size >= total:
+            return max(budget, min(cap, size - decode_tokens))
+    return budget
+
+
 @dataclass
 class StepPlan:
     """One step's work, its pages already allocated and its slots written."""
@@ -106,7 +118,8 @@ class Planner:
             left = int(rest[rest > 1].sum())  # a decoding row has at most its one token left
         return self.waiting.tokens + left
 
-    def token_budget(self, decodes: int, awaiting: int = 0, backlog: int = 0) -> int:
+    def token_budget(self, decodes: int, awaiting: int = 0, backlog: int = 0,
+                     decode_tokens: int | None = None) -> int:
         """Prefill tokens this step may compute (`step_cost.py`): --chunked-prefill-size;
         while `decodes` streams decode, what keeps the step within --max-mixed-step-ratio
         decode steps (at least an eighth of the chunk size, so arrivals are not starved);
@@ -131,7 +144,12 @@ class Planner:
         second for a first token. The rule shortens that wait (an H200 at 16: TTFT p50 317-352
         against 473-497 ms) but its longer steps cost more than the streams it adds decode
         (6773-6786 against 6880-6904 tok/s; docs/performance.md), so it is a choice, not the
-        default."""
+        default.
+
+        Last, with --fill-padded-steps, a budget whose step the worker would run padded to a
+        larger size (`step_token_sizes`, its captured graphs) grows into the padding: those
+        tokens cost the device the same either way. `decode_tokens`: the decodes' tokens
+        (more than `decodes` where they verify proposals)."""
         c = self.config
         cap = c.chunked_prefill_size or (1 << 30)
         def budget_at(ratio: float) -> int:
@@ -147,6 +165,9 @@ class Planner:
         if steps and backlog > steps * budget:  # (a budget at the cap stays there)
             wanted = -(-backlog // steps)
             budget = max(budget, min(wanted, budget_at(c.max_backlog_step_ratio)))
+        if c.fill_padded_steps and budget > 0:
+            budget = fill_padding(decodes if decode_tokens is None else decode_tokens,
+                                  budget, c.step_token_sizes, cap)
         return budget
 
     def plan(self, step: int) -> StepPlan:
@@ -159,7 +180,9 @@ class Planner:
         decodes = int(rows.shape[0])
         awaiting = len(self.waiting) + max(0, len(self.running) - decodes)
         backlog = self.backlog() if decodes and self.config.prefill_backlog_steps else 0
-        budget = self.token_budget(decodes, awaiting, backlog)
+        decode_tokens = decodes + (int(plan.draft_lens.sum()) if plan.draft_lens is not None
+                                   else 0)
+        budget = self.token_budget(decodes, awaiting, backlog, decode_tokens)
         # Half (a token at least, so they always move), not a page at least: a budget of one
         # page went wholly to the running prefill and the waiting requests never got in.
         share = max(1, budget // 2) if self.waiting else budget

@@ -86,8 +86,9 @@ def test_scheduler_config_takes_every_batching_field_from_the_engine() -> None:
                           max_queued_requests=9, disable_radix_cache=True,
                           schedule_policy="priority", overlap=False, debug_invariants=True)
     ready = WorkerReady(rank=0, world_size=1, num_slots=800, page_size=8, max_context_len=256,
-                        vocab_size=100, eos_token_ids=[2, 7])
+                        vocab_size=100, eos_token_ids=[2, 7], step_token_sizes=[64, 32])
     sc = SchedulerConfig.from_engine(engine, ready)
+    assert sc.step_token_sizes == (32, 64)  # ascending, as fill_padding walks them
     for f in dataclasses.fields(BatchingConfig):
         if f.name != "overlap_steps":  # auto (0) is the workers' to resolve: below
             assert getattr(sc, f.name) == getattr(engine, f.name), f.name

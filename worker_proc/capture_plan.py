@@ -11,7 +11,7 @@ replay: capturing them only costs start-up time and graph memory.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from tessera.config import EngineConfig
@@ -48,3 +48,37 @@ def quiet_gc() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def capture_batch_sizes(max_bs: int) -> list[int]:
+    """1, 2, 4, 8, then steps of 8 up to 64, then steps of 16 up to max_bs (max_bs included)."""
+    if max_bs < 1:
+        return []
+    sizes = [s for s in (1, 2, 4, 8) if s <= max_bs]
+    sizes += list(range(16, min(max_bs, 64) + 1, 8))
+    sizes += list(range(80, max_bs + 1, 16))
+    if sizes[-1] != max_bs:
+        sizes.append(max_bs)
+    return sizes
+
+
+def padded_batch_size(batch: int, sizes: Iterable[int]) -> int | None:
+    """The smallest captured size that holds `batch`, or None (run eagerly)."""
+    fits = [s for s in sizes if s >= batch]
+    return min(fits) if fits else None
+
+
+def token_buckets(max_tokens: int) -> list[int]:
+    """32, 64, 96, 128, 192, 256, then steps of 64 up to 512, of 128 up to 1024 and of 256
+    beyond, up to max_tokens (included). Up to about 256 tokens a step's matmuls cost what
+    reading the weights costs, so padding is nearly free there; beyond, it is compute and the
+    steps are finer."""
+    if max_tokens < 1:
+        return []
+    sizes = [32, 64, 96, 128, 192, 256]
+    sizes += list(range(320, 513, 64)) + list(range(640, 1025, 128))
+    sizes += list(range(1280, max_tokens + 1, 256))
+    sizes = [s for s in sizes if s <= max_tokens]
+    if not sizes or sizes[-1] != max_tokens:
+        sizes.append(max_tokens)
+    return sizes

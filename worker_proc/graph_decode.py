@@ -17,30 +17,13 @@ dummy token into slot 0 (page 0, reserved for padding: KVArena) with seq_len 1.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from tessera.hal.platform import GraphRunner
+from tessera.worker_proc.capture_plan import capture_batch_sizes, padded_batch_size
 from tessera.worker_proc.forward_inputs import ForwardInputs, table_width
-
-
-def capture_batch_sizes(max_bs: int) -> list[int]:
-    """1, 2, 4, 8, then steps of 8 up to 64, then steps of 16 up to max_bs (max_bs included)."""
-    if max_bs < 1:
-        return []
-    sizes = [s for s in (1, 2, 4, 8) if s <= max_bs]
-    sizes += list(range(16, min(max_bs, 64) + 1, 8))
-    sizes += list(range(80, max_bs + 1, 16))
-    if sizes[-1] != max_bs:
-        sizes.append(max_bs)
-    return sizes
-
-
-def padded_batch_size(batch: int, sizes: Iterable[int]) -> int | None:
-    """The smallest captured size that holds `batch`, or None (run eagerly)."""
-    fits = [s for s in sizes if s >= batch]
-    return min(fits) if fits else None
 
 
 class DecodeGraphs:

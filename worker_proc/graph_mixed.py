@@ -38,24 +38,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from tessera.hal.platform import GraphRunner
+from tessera.worker_proc.capture_plan import token_buckets
 from tessera.worker_proc.forward_inputs import ForwardInputs, table_width
-
-
-def token_buckets(max_tokens: int) -> list[int]:
-    """32, 64, 96, 128, 192, 256, then steps of 64 up to 512, of 128 up to 1024 and of 256
-    beyond, up to max_tokens (included). Up to about 256 tokens a step's matmuls cost what
-    reading the weights costs, so padding is nearly free there; beyond, it is compute and the
-    steps are finer."""
-    if max_tokens < 1:
-        return []
-    sizes = [32, 64, 96, 128, 192, 256]
-    sizes += list(range(320, 513, 64)) + list(range(640, 1025, 128))
-    sizes += list(range(1280, max_tokens + 1, 256))
-    sizes = [s for s in sizes if s <= max_tokens]
-    if not sizes or sizes[-1] != max_tokens:
-        sizes.append(max_tokens)
-    return sizes
-
 
 Hidden = tuple[torch.Tensor, torch.Tensor | None]
 

@@ -326,7 +326,8 @@ class ModelRunner:
             eos_token_ids=list(self.model_config.eos_token_ids), device=str(self.device),
             answers=self.answers, batches_in_flight=self.config.pipeline_batches,
             overlap_steps=self.config.overlap_steps_with(
-                self.platform.capabilities.overlap_steps))
+                self.platform.capabilities.overlap_steps),
+            step_token_sizes=list(self.mixed_graphs.buckets) if self.mixed_graphs else [])
 
     # -- grammars (rank 0) --------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from tessera.bus.messages import SampledTokens, SamplingParams
 from tessera.scheduler_proc.config import SchedulerConfig
+from tessera.scheduler_proc.planner import fill_padding
 from tessera.scheduler_proc.scheduler import Scheduler
 from tests.scheduler_proc.sched_fakes import (
     EOS,
@@ -213,3 +214,48 @@ def test_the_backlog_ratio_never_shrinks_the_protected_chunk() -> None:
                  max_running_requests=32)
     sizes = backlog_beside_streams(sched, 6)[2]
     assert all(abs(s - 900) <= 30 for s in sizes[:3]), sizes
+
+
+def test_fill_padding_grows_a_budget_to_its_steps_padded_size() -> None:
+    sizes = (32, 64, 96, 128, 192, 256, 320)
+    assert fill_padding(88, 205, sizes, 2048) == 232  # 293 tokens run as 320
+    assert fill_padding(88, 232, sizes, 2048) == 232  # exactly a size: as it is
+    assert fill_padding(10, 50, sizes, 2048) == 54  # 60 run as 64
+    assert fill_padding(10, 50, sizes, 52) == 52  # at most the chunk size
+    assert fill_padding(10, 50, sizes, 40) == 50  # which never shrinks it
+    assert fill_padding(100, 300, sizes, 2048) == 300  # beyond every size: eager, unpadded
+    assert fill_padding(88, 205, (), 2048) == 205  # no sizes told: every count its own
+
+
+def test_a_step_that_would_run_padded_prefills_in_the_padding() -> None:
+    """A worker whose prefill steps run padded to 128, 320 or 512 tokens (its captured
+    graphs): the protected chunk beside the streams (256, the floor) grows to what the padded
+    size holds beside them, so each step runs 320 tokens of work instead of 256 of work and
+    64 of padding; --no-fill-padded-steps keeps the measured budget. The tokens are the same."""
+    sizes = (128, 320, 512)
+    sched = make(max_mixed_step_ratio=1.5, max_running_requests=32, step_token_sizes=sizes)
+    worker = FakeWorker(sched)
+    got = Collected()
+    streams_decoding(sched, worker, got, 8)
+    for i in range(6):
+        sched.add_request(make_request(f"p{i}", prompt(600, 21 + i), max_tokens=8,
+                                       ignore_eos=True))
+    steps: list[tuple[int, int]] = []  # (decodes, prefill tokens)
+    while sum(p for _, p in steps) < 3600:
+        fb = sched.next_batch()
+        extend = fb.extend_lens
+        steps.append((int((extend == 1).sum()), int(extend[extend > 1].sum())))
+        got.add(sched.on_result(timed(worker, fb)))
+    *full, last = steps
+    assert all(d + p == 320 and p > 256 for d, p in full), steps
+    assert last[1] <= 320 - last[0]
+    assert len(steps) == 12, steps  # where 256-token chunks took 15
+    drive(sched, worker, got)
+    for i in range(6):
+        want, _ = reference_output(prompt(600, 21 + i),
+                                   SamplingParams(max_tokens=8, ignore_eos=True), 0, 608)
+        assert got.tokens[(f"p{i}", 0)] == want
+    assert all(len(got.tokens[(f"d{i}", 0)]) == 300 for i in range(8))
+    off = make(max_mixed_step_ratio=1.5, max_running_requests=32, step_token_sizes=sizes,
+               fill_padded_steps=False)
+    assert backlog_beside_streams(off, 6)[2] == [256] * 14 + [16]

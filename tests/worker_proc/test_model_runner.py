@@ -208,6 +208,10 @@ def test_prefill_and_mixed_steps_replay_token_bucket_graphs(llama_folder):
     eager = make_runner(folder)
     runner = ModelRunner(eager.config.replace(graph_max_tokens=64), 0, CapturingCpu())
     assert runner.mixed_graphs is not None and runner.mixed_graphs.buckets == [32, 64]
+    # the scheduler is told the sizes its prefill steps run padded to (and the eager runner
+    # that every step runs at its own count)
+    assert runner.ready_message().step_token_sizes == [32, 64]
+    assert eager.ready_message().step_token_sizes == []
     tokens = []
     run = runner.mixed_graphs.run
     runner.mixed_graphs.run = lambda inp: tokens.append(inp.num_tokens) or run(inp)
