@@ -74,7 +74,8 @@
 #   benchmarks/gpu_session.sh 69  # one H200:  W8A8 tiles accumulating in place (A8F): every tuner candidate's test, b12 B2 bf16 / fp8, fp8 without A8F, fp8 again, fp8 over the fp8 cache (~300 s)
 #   benchmarks/gpu_session.sh 70  # one H200:  A8F at 17-32 tokens: every tuner candidate's test, B3 c=32 over fp8 weights with A8F and without, twice (~250 s)
 #   benchmarks/gpu_session.sh 71  # one H200:  the prefill backlog rule: b2, b3 with it and without (--prefill-backlog-steps 0), twice (~300 s)
-#   benchmarks/gpu_session.sh 72  # one H200:  B3's c=128 tier traced step by step with the prefill backlog rule, without, and unprotected, beside the simulator's cost of each step (~300 s)
+#   benchmarks/gpu_session.sh 72  # one H200:  B3's c=128 tier traced step by step with its prefill steps filled into their padding, without, and with the backlog rule, beside the simulator's cost of each step (~300 s)
+#   benchmarks/gpu_session.sh 73  # one H200:  prefill steps filled into their padding: b2, b3 with it and without (--no-fill-padded-steps), twice (~430 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -108,7 +109,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-2]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-72  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-3]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-73  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -911,23 +912,37 @@ case $CALL in
       --name b3_fp8_c32_noa8f_again_call70_h200
     ;;
   72)
-    # Why the prefill backlog rule lost at c=128 (call 71) where the simulator said it gains,
-    # and where the device's c=128 tier loses to the simulator's (12.9 ms a step against
-    # 11.1; the host processes on the fake worker keep 99.7% of it, bench_host_model_cpu):
-    # the tier traced step by step with the rule, without, and with no decode protection at
-    # all (the simulator's bound of the tier, 75% of B2), each step's interval beside what
-    # the simulator's model charges its composition and the time the device sat idle
+    # Where the device's c=128 tier loses to the simulator's (12.9 ms a step against 11.1;
+    # the host processes on the fake worker keep 99.7% of it, host_model_cpu), and why the
+    # prefill backlog rule lost there (call 71) where the simulator said it gains: the tier
+    # traced step by step with its prefill steps filled into their padding (the default),
+    # without, and with the backlog rule, each step's interval beside what the simulator's
+    # model charges its composition (as run and as padded) and the time the device sat idle
     # (step_trace --cost-model tokens); the raw traces in their own archive.
-    for variant in "backlog16:--prefill-backlog-steps 16" "backlog0:--prefill-backlog-steps 0" \
-        "unprotected:--max-mixed-step-ratio 0"; do
+    for variant in "fill:--fill-padded-steps" "nofill:--no-fill-padded-steps" \
+        "backlog16:--prefill-backlog-steps 16"; do
       name=${variant%%:*}
       part "b3c128$name" 90 60 b3 --concurrency 128 --server-args \
         "${variant#*:} --trace-messages-dir $RES/trace_b3_$name" \
         --name "b3_c128_${name}_traced_call72_h200"
+      # (its whole output to a file first: `| head` would end it by SIGPIPE before --out)
       timeout 120 "$PYTHON" -m tessera.benchmarks.step_trace "$RES/trace_b3_$name" \
-        --cost-model tokens --out "$RES/b3_c128_${name}_steps_call72_h200.json" 2>&1 \
-        | head -5 | tee -a "$LOG"
+        --cost-model tokens --out "$RES/b3_c128_${name}_steps_call72_h200.json" \
+        >"$RES/b3_c128_${name}_steps_call72_h200.txt" 2>&1
+      head -8 "$RES/b3_c128_${name}_steps_call72_h200.txt" | tee -a "$LOG"
     done
+    pack
+    ;;
+  73)
+    # Prefill steps grown into their graphs' padding (--fill-padded-steps, the default since
+    # the call's commit) against the measured budget alone, B3 alternating, twice, beside the
+    # session's B2 (whose steps fill too).
+    part b2 60 35 b2 --name b2_call73_h200
+    part b3 90 65 b3 --name b3_call73_h200
+    part b3nofill 90 65 b3 --server-args=--no-fill-padded-steps --name b3_nofill_call73_h200
+    part b3again 90 65 b3 --name b3_again_call73_h200
+    part b3nofillagain 90 65 b3 --server-args=--no-fill-padded-steps \
+      --name b3_nofill_again_call73_h200
     ;;
   71)
     # The prefill backlog rule (--prefill-backlog-steps 16: the default at 200bd83, where
