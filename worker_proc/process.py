@@ -186,7 +186,7 @@ class WorkerProcess(BusProcess):
         if trace.active():
             # the tokens the device runs: a graph's padded size, or the step's own (eager)
             trace.note("launched", self.name, "ForwardBatch", step=batch.step,
-                       padded=int(getattr(self.runner, "padded_tokens", 0)))
+                       padded=self.runner.padded_tokens)
         if self.runner.asynchronous:  # a synchronous plugin computes the step in its launch
             self._note_launch(batch, (time.perf_counter() - start) * 1000.0)
         self._finish_pending()
