@@ -75,7 +75,7 @@
 #   benchmarks/gpu_session.sh 70  # one H200:  A8F at 17-32 tokens: every tuner candidate's test, B3 c=32 over fp8 weights with A8F and without, twice (~250 s)
 #   benchmarks/gpu_session.sh 71  # one H200:  the prefill backlog rule: b2, b3 with it and without (--prefill-backlog-steps 0), twice (~300 s)
 #   benchmarks/gpu_session.sh 72  # one H200:  B3's c=128 tier traced step by step with its prefill steps filled into their padding, without, and with the backlog rule, beside the simulator's cost of each step (~300 s)
-#   benchmarks/gpu_session.sh 73  # one H200:  prefill steps filled into their padding: b2, b3 with it and without (--no-fill-padded-steps), twice (~430 s)
+#   benchmarks/gpu_session.sh 73  # one H200:  prefill steps filled into their padding: b3 with it and without (--no-fill-padded-steps), twice, then b2 (~430 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -935,14 +935,15 @@ case $CALL in
     ;;
   73)
     # Prefill steps grown into their graphs' padding (--fill-padded-steps, the default since
-    # the call's commit) against the measured budget alone, B3 alternating, twice, beside the
+    # the call's commit) against the measured budget alone, B3 alternating, twice, then the
     # session's B2 (whose steps fill too).
-    part b2 60 35 b2 --name b2_call73_h200
+    # (B2 last: a short budget drops it before either half of the comparison)
     part b3 90 65 b3 --name b3_call73_h200
     part b3nofill 90 65 b3 --server-args=--no-fill-padded-steps --name b3_nofill_call73_h200
     part b3again 90 65 b3 --name b3_again_call73_h200
     part b3nofillagain 90 65 b3 --server-args=--no-fill-padded-steps \
       --name b3_nofill_again_call73_h200
+    part b2 60 35 b2 --name b2_call73_h200
     ;;
   71)
     # The prefill backlog rule (--prefill-backlog-steps 16: the default at 200bd83, where
