@@ -168,6 +168,17 @@ def backlog_beside_streams(sched: Scheduler, n_prompts: int, length: int = 600
     return worker, got, sizes
 
 
+def finish_backlog(sched: Scheduler, worker: FakeWorker, got: Collected, n_prompts: int) -> None:
+    """Run backlog_beside_streams' requests to their end: each prompt's tokens are the
+    reference's, and every stream got all of its own."""
+    drive(sched, worker, got)
+    for i in range(n_prompts):
+        want, _ = reference_output(prompt(600, 21 + i),
+                                   SamplingParams(max_tokens=8, ignore_eos=True), 0, 608)
+        assert got.tokens[(f"p{i}", 0)] == want
+    assert all(len(got.tokens[(f"d{i}", 0)]) == 300 for i in range(8))
+
+
 def test_a_backlog_of_prompts_gets_larger_chunks_up_to_the_backlog_ratio() -> None:
     """6 prompts of 600 tokens beside 8 streams: the ratio's chunk (the floor, 256) would take
     14 steps; with --prefill-backlog-steps 4 a step takes what serves the backlog in 4, up to
@@ -188,12 +199,7 @@ def test_a_backlog_of_prompts_gets_larger_chunks_up_to_the_backlog_ratio() -> No
         left -= size
     assert sizes[:5] == [450] * 5 and sizes[5] == 338, sizes  # 1350 tokens left: 338 a step
     assert all(DECODE_MS + PREFILL_MS * s <= 2.5 * DECODE_MS + 0.5 for s in sizes), sizes
-    drive(sched, worker, got)
-    for i in range(6):
-        want, _ = reference_output(prompt(600, 21 + i),
-                                   SamplingParams(max_tokens=8, ignore_eos=True), 0, 608)
-        assert got.tokens[(f"p{i}", 0)] == want
-    assert all(len(got.tokens[(f"d{i}", 0)]) == 300 for i in range(8))
+    finish_backlog(sched, worker, got, 6)
 
 
 def test_a_backlog_within_the_steps_keeps_the_protected_chunk() -> None:
@@ -250,12 +256,7 @@ def test_a_step_that_would_run_padded_prefills_in_the_padding() -> None:
     assert all(d + p == 320 and p > 256 for d, p in full), steps
     assert last[1] <= 320 - last[0]
     assert len(steps) == 12, steps  # where 256-token chunks took 15
-    drive(sched, worker, got)
-    for i in range(6):
-        want, _ = reference_output(prompt(600, 21 + i),
-                                   SamplingParams(max_tokens=8, ignore_eos=True), 0, 608)
-        assert got.tokens[(f"p{i}", 0)] == want
-    assert all(len(got.tokens[(f"d{i}", 0)]) == 300 for i in range(8))
+    finish_backlog(sched, worker, got, 6)
     off = make(max_mixed_step_ratio=1.5, max_running_requests=32, step_token_sizes=sizes,
                fill_padded_steps=False)
     assert backlog_beside_streams(off, 6)[2] == [256] * 14 + [16]
