@@ -76,6 +76,7 @@
 #   benchmarks/gpu_session.sh 71  # one H200:  the prefill backlog rule: b2, b3 with it and without (--prefill-backlog-steps 0), twice (~300 s)
 #   benchmarks/gpu_session.sh 72  # one H200:  B3's c=128 tier traced step by step with its prefill steps filled into their padding, without, and with the backlog rule, beside the simulator's cost of each step (~300 s)
 #   benchmarks/gpu_session.sh 73  # one H200:  prefill steps filled into their padding: b3 with it and without (--no-fill-padded-steps), twice, then b2 (~430 s)
+#   benchmarks/gpu_session.sh 74  # one H200:  call 73's comparison at c=128 alone, twice, no b2 (~220 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -109,7 +110,7 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-3]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-73  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-4]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-74  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -944,6 +945,16 @@ case $CALL in
     part b3nofillagain 90 65 b3 --server-args=--no-fill-padded-steps \
       --name b3_nofill_again_call73_h200
     part b2 60 35 b2 --name b2_call73_h200
+    ;;
+  74)
+    # Call 73's comparison in less device time: B3's c=128 tier alone, with the prefill steps
+    # filled into their padding and without, alternating, twice.
+    part b3c128 70 50 b3 --concurrency 128 --name b3_c128_call74_h200
+    part b3c128nofill 70 50 b3 --concurrency 128 --server-args=--no-fill-padded-steps \
+      --name b3_c128_nofill_call74_h200
+    part b3c128again 70 50 b3 --concurrency 128 --name b3_c128_again_call74_h200
+    part b3c128nofillagain 70 50 b3 --concurrency 128 --server-args=--no-fill-padded-steps \
+      --name b3_c128_nofill_again_call74_h200
     ;;
   71)
     # The prefill backlog rule (--prefill-backlog-steps 16: the default at 200bd83, where
