@@ -75,7 +75,7 @@
 #   benchmarks/gpu_session.sh 70  # one H200:  A8F at 17-32 tokens: every tuner candidate's test, B3 c=32 over fp8 weights with A8F and without, twice (~250 s)
 #   benchmarks/gpu_session.sh 71  # one H200:  the prefill backlog rule: b2, b3 with it and without (--prefill-backlog-steps 0), twice (~300 s)
 #   benchmarks/gpu_session.sh 72  # one H200:  B3's c=128 tier traced step by step with its prefill steps filled into their padding, without, and with the backlog rule, beside the simulator's cost of each step (~300 s)
-#   benchmarks/gpu_session.sh 73  # one H200:  prefill steps filled into their padding: b3 with it and without (--no-fill-padded-steps), twice, then b2 (~430 s)
+#   benchmarks/gpu_session.sh 73  # one H200:  prefill steps filled into their padding: b3 with --fill-padded-steps and without (the default), twice, then b2 (~430 s)
 #   benchmarks/gpu_session.sh 74  # one H200:  call 73's comparison at c=128 alone, twice, no b2 (~220 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
@@ -916,11 +916,11 @@ case $CALL in
     # Where the device's c=128 tier loses to the simulator's (12.9 ms a step against 11.1;
     # the host processes on the fake worker keep 99.7% of it, host_model_cpu), and why the
     # prefill backlog rule lost there (call 71) where the simulator said it gains: the tier
-    # traced step by step with its prefill steps filled into their padding (the default),
-    # without, and with the backlog rule, each step's interval beside what the simulator's
+    # traced step by step with its prefill steps filled into their padding, without (the
+    # default), and with the backlog rule, each step's interval beside what the simulator's
     # model charges its composition (as run and as padded) and the time the device sat idle
     # (step_trace --cost-model tokens); the raw traces in their own archive.
-    for variant in "fill:--fill-padded-steps" "nofill:--no-fill-padded-steps" \
+    for variant in "fill:--fill-padded-steps" "default:" \
         "backlog16:--prefill-backlog-steps 16"; do
       name=${variant%%:*}
       part "b3c128$name" 90 60 b3 --concurrency 128 --server-args \
@@ -935,26 +935,25 @@ case $CALL in
     pack
     ;;
   73)
-    # Prefill steps grown into their graphs' padding (--fill-padded-steps, the default since
-    # the call's commit) against the measured budget alone, B3 alternating, twice, then the
-    # session's B2 (whose steps fill too).
+    # Prefill steps grown into their graphs' padding (--fill-padded-steps, off by default
+    # until this measures it) against the measured budget alone (the default), B3
+    # alternating, twice, then the session's B2.
     # (B2 last: a short budget drops it before either half of the comparison)
+    part b3fill 90 65 b3 --server-args=--fill-padded-steps --name b3_fill_call73_h200
     part b3 90 65 b3 --name b3_call73_h200
-    part b3nofill 90 65 b3 --server-args=--no-fill-padded-steps --name b3_nofill_call73_h200
+    part b3fillagain 90 65 b3 --server-args=--fill-padded-steps --name b3_fill_again_call73_h200
     part b3again 90 65 b3 --name b3_again_call73_h200
-    part b3nofillagain 90 65 b3 --server-args=--no-fill-padded-steps \
-      --name b3_nofill_again_call73_h200
     part b2 60 35 b2 --name b2_call73_h200
     ;;
   74)
     # Call 73's comparison in less device time: B3's c=128 tier alone, with the prefill steps
     # filled into their padding and without, alternating, twice.
+    part b3c128fill 70 50 b3 --concurrency 128 --server-args=--fill-padded-steps \
+      --name b3_c128_fill_call74_h200
     part b3c128 70 50 b3 --concurrency 128 --name b3_c128_call74_h200
-    part b3c128nofill 70 50 b3 --concurrency 128 --server-args=--no-fill-padded-steps \
-      --name b3_c128_nofill_call74_h200
+    part b3c128fillagain 70 50 b3 --concurrency 128 --server-args=--fill-padded-steps \
+      --name b3_c128_fill_again_call74_h200
     part b3c128again 70 50 b3 --concurrency 128 --name b3_c128_again_call74_h200
-    part b3c128nofillagain 70 50 b3 --concurrency 128 --server-args=--no-fill-padded-steps \
-      --name b3_c128_nofill_again_call74_h200
     ;;
   71)
     # The prefill backlog rule (--prefill-backlog-steps 16: the default at 200bd83, where

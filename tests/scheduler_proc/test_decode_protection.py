@@ -237,9 +237,11 @@ def test_a_step_that_would_run_padded_prefills_in_the_padding() -> None:
     """A worker whose prefill steps run padded to 128, 320 or 512 tokens (its captured
     graphs): the protected chunk beside the streams (256, the floor) grows to what the padded
     size holds beside them, so each step runs 320 tokens of work instead of 256 of work and
-    64 of padding; --no-fill-padded-steps keeps the measured budget. The tokens are the same."""
+    64 of padding; without --fill-padded-steps (its default) the budget stays as measured. The
+    tokens are the same."""
     sizes = (128, 320, 512)
-    sched = make(max_mixed_step_ratio=1.5, max_running_requests=32, step_token_sizes=sizes)
+    sched = make(max_mixed_step_ratio=1.5, max_running_requests=32, step_token_sizes=sizes,
+                 fill_padded_steps=True)
     worker = FakeWorker(sched)
     got = Collected()
     streams_decoding(sched, worker, got, 8)
@@ -257,6 +259,5 @@ def test_a_step_that_would_run_padded_prefills_in_the_padding() -> None:
     assert last[1] <= 320 - last[0]
     assert len(steps) == 12, steps  # where 256-token chunks took 15
     finish_backlog(sched, worker, got, 6)
-    off = make(max_mixed_step_ratio=1.5, max_running_requests=32, step_token_sizes=sizes,
-               fill_padded_steps=False)
+    off = make(max_mixed_step_ratio=1.5, max_running_requests=32, step_token_sizes=sizes)
     assert backlog_beside_streams(off, 6)[2] == [256] * 14 + [16]
