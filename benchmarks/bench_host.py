@@ -24,7 +24,9 @@ model of the H200 gives each step (`sched_sim.CostModel`), three steps in flight
 plugin keeps them, and each tier is also replayed through the simulator over the very
 requests it sent (`sim_*` figures, `fraction_of_sim`): the same scheduling and device costs
 with no host path at all, so the fraction is what the real processes between the device and
-the clients lose.
+the clients lose. `--padded` charges the steps at the cuda graphs' padded sizes, which the
+fake worker reports to the scheduler as the real one does; the replay takes the batching
+flags of `--server-args` (`--fill-padded-steps`, the ratios) as the engine does.
 """
 
 from __future__ import annotations
@@ -126,15 +128,35 @@ SIM_FIGURES = ("output_tok_per_s", "ttft_p50_ms", "itl_p50_ms", "itl_p99_ms", "s
                "decode_tokens_per_step", "prefill_tokens_per_step")
 
 
+def engine_batching(server_args: list[str]) -> dict[str, Any]:
+    """The batching flags among `server_args` (the engine's), as SchedulerConfig fields:
+    what the simulator's scheduler is given so that it schedules as the engine's does.
+    --overlap-steps stays the simulator's (the cuda plugin's 3, as bench host runs it)."""
+    import dataclasses
+
+    from tessera.config import BatchingConfig, Env, ServerConfig
+
+    parser = argparse.ArgumentParser(add_help=False)
+    ServerConfig.add_cli_args(parser)
+    given = ServerConfig.from_cli(parser.parse_args(server_args), Env(None, None, None, None,
+                                                                      None))
+    default = ServerConfig()
+    return {f.name: getattr(given, f.name) for f in dataclasses.fields(BatchingConfig)
+            if f.name != "overlap_steps" and getattr(given, f.name) != getattr(default, f.name)}
+
+
 def simulated(reqs: list[Any], concurrency: int, cost_model: str,
-              tier: dict[str, Any]) -> dict[str, Any]:
+              tier: dict[str, Any], padded: bool = False,
+              batching: dict[str, Any] | None = None) -> dict[str, Any]:
     """The tier's requests through the scheduler on the simulated clock, with the fake
-    device's costs and no host path: what the measured tier would be if the processes
-    between the device and the clients cost nothing."""
+    device's costs (padded as its steps were) and the engine's batching flags, and no host
+    path: what the measured tier would be if the processes between the device and the
+    clients cost nothing."""
     from tessera.benchmarks.sched_sim import CostModel
     from tessera.benchmarks.sched_sim import run_tier as sim_tier
 
-    sim = sim_tier(concurrency, requests=reqs, cost=CostModel(cost_model))
+    cost = CostModel(cost_model).padded() if padded else CostModel(cost_model)
+    sim = sim_tier(concurrency, requests=reqs, cost=cost, **(batching or {}))
     out: dict[str, Any] = {f"sim_{k}": sim[k] for k in SIM_FIGURES}
     out["fraction_of_sim"] = tier["output_tok_per_s"] / sim["output_tok_per_s"]
     return out
@@ -149,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cost-model", choices=["none", "tokens", "flat"], default="none",
                    help="the fake device's step: the simulator's model of the H200 (and each "
                         "tier replayed through the simulator beside it)")
+    p.add_argument("--padded", action="store_true",
+                   help="with --cost-model: its steps at the cuda graphs' padded sizes, which "
+                        "the fake worker reports to the scheduler (--fill-padded-steps)")
     p.add_argument("--concurrency", default="32,128")
     p.add_argument("--prompt-len", default="256,1024")
     p.add_argument("--output-len", default="64,512")
@@ -159,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="host_path_cpu")
     p.add_argument("--log", help="append the engine's log to this file")
     args = p.parse_args(argv)
+    if args.padded and args.cost_model == "none":
+        p.error("--padded pads the cost model's steps: give --cost-model")
+    batching = engine_batching(args.server_args.split())
 
     from tessera.client import Client
     from tessera.formats.tokenizer import load_tokenizer
@@ -169,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     engine_args = ["--model", args.model, "--run-dir", run_dir, "--heartbeat-interval-s", "0.1",
                    "--step-ms", str(args.step_ms),
                    "--prefill-us-per-token", str(args.prefill_us_per_token),
-                   "--cost-model", args.cost_model,
+                   "--cost-model", args.cost_model, *(["--padded"] if args.padded else []),
                    # the cuda plugin's three steps in flight, as the simulator has them
                    *(["--overlap-steps", str(SIM_OVERLAP_STEPS)] if args.cost_model != "none"
                      else []),
@@ -190,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                 after = snapshot(client, 0.4)
                 tier = tier_figures(before, after, tier_stats(metrics, wall, concurrency=conc))
                 if args.cost_model != "none":
-                    tier.update(simulated(reqs, conc, args.cost_model, tier))
+                    tier.update(simulated(reqs, conc, args.cost_model, tier, args.padded,
+                                          batching))
                 tiers.append(tier)
                 print(f"[bench] c={conc}: server {tier['server_cpu_us_per_token']:.0f} us CPU "
                       f"per token, host {tier['host_cpu_us_per_token']:.0f} us; "

@@ -1,5 +1,6 @@
 """`python -m tessera.benchmarks.fake_engine [tessera serve flags] [--step-ms MS]
-[--prefill-us-per-token US] [--cost-model tokens|flat]`: `tessera serve` with the fake worker (fake_worker.py) in place
+[--prefill-us-per-token US] [--cost-model tokens|flat [--padded]]`: `tessera serve` with the fake
+worker (fake_worker.py) in place
 of the model workers. Every other process is the real one: server, tokenizer, scheduler,
 detokenizer, supervisor. `tessera bench host` starts it to measure the host path."""
 
@@ -26,7 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost-model", choices=["none", "tokens", "flat"], default="none",
                         help="instead: the simulator's model of the H200's step "
                              "(benchmarks/sched_sim.py CostModel)")
+    parser.add_argument("--padded", action="store_true",
+                        help="the model's steps at the cuda graphs' padded sizes, which the "
+                             "fake reports to the scheduler as the real worker does")
     args = parser.parse_args(argv)
+    if args.padded and args.cost_model == "none":
+        parser.error("--padded pads the cost model's steps: give --cost-model")
     env = Env.read()
     try:
         config = ServerConfig.from_cli(args, env)
@@ -43,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         fake = ProcessSpec.python_module(
             "worker0", "tessera.benchmarks.fake_worker", paths, "--step-ms", str(args.step_ms),
             "--prefill-us-per-token", str(args.prefill_us_per_token),
-            "--cost-model", args.cost_model, stage=0,
+            "--cost-model", args.cost_model, *(["--padded"] if args.padded else []), stage=0,
             ready_timeout_s=READY_TIMEOUT_S["worker"])
         return [fake, *(s for s in build_specs(config, paths) if not s.name.startswith("worker"))]
 

@@ -9,8 +9,12 @@ the model's tokenizer) and answers every ForwardBatch with SampledTokens, in ste
 while the process itself sleeps (no CPU), so the scheduler's overlap works as against a GPU
 and every CPU second the engine spends is the host path's. Each result reports that time as
 the step's own (`forward_ms`), as the real worker reports what it measured: the scheduler
-learns its step costs from it. Sampled tokens are
-random ids above the special tokens (never EOS), so detokenization sees real text.
+learns its step costs from it. With `--padded` the model charges each step at the size the
+cuda plugin's graphs would run it at (`CostModel.padded`), and the fake reports those sizes
+in its WorkerReady, as the real worker reports its graphs' (the scheduler's
+--fill-padded-steps reads them). With --trace-messages-dir it notes each step's launch
+(composition, padded size) and readiness as the real worker does, for `step_trace`. Sampled
+tokens are random ids above the special tokens (never EOS), so detokenization sees real text.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from tessera.bus import trace
 from tessera.bus.channel import Inbox, Outbox
 from tessera.bus.messages import ForwardBatch, Message, SampledTokens, WorkerReady
 from tessera.bus.process import BusProcess, process_main
@@ -41,7 +46,7 @@ class FakeWorker(BusProcess):
 
     def __init__(self, paths: RunPaths, config: EngineConfig, rank: int = 0,
                  step_ms: float = 6.0, prefill_us_per_token: float = 0.0,
-                 cost_model: str = "none") -> None:
+                 cost_model: str = "none", padded: bool = False) -> None:
         super().__init__(paths, config)
         if rank != 0 or config.tp_size != 1:
             raise ValueError("the fake worker stands for one rank (--tp-size 1)")
@@ -51,6 +56,10 @@ class FakeWorker(BusProcess):
         if cost_model != "none":
             from tessera.benchmarks.sched_sim import CostModel
             self.cost = CostModel(cost_model)
+            if padded:
+                self.cost = self.cost.padded()
+        elif padded:
+            raise ValueError("--padded pads the cost model's steps: give --cost-model")
         self.results: Outbox | None = None
         self.vocab_size = 0
         self.rng = np.random.default_rng(0)
@@ -72,7 +81,8 @@ class FakeWorker(BusProcess):
         self.results.send(WorkerReady(
             rank=0, world_size=1, num_slots=slots, page_size=cfg.page_size,
             max_context_len=cfg.context_length or 4096, vocab_size=self.vocab_size,
-            eos_token_ids=list(tokenizer.eos_token_ids), device="fake"))
+            eos_token_ids=list(tokenizer.eos_token_ids), device="fake",
+            step_token_sizes=list(self.cost.step_sizes) if self.cost is not None else []))
 
     def handle(self, msgs: list[Message]) -> None:
         now = time.monotonic()
@@ -80,6 +90,10 @@ class FakeWorker(BusProcess):
             if not isinstance(msg, ForwardBatch):
                 continue
             self.round_trips.arrived(msg.step, time.perf_counter())
+            trace.note_launch(self.name, msg)
+            if trace.active():
+                trace.note("launched", self.name, "ForwardBatch", step=msg.step,
+                           padded=self.padded_tokens(msg))
             cost = self.step_cost_s(msg)
             self.device_free_at = max(now, self.device_free_at) + cost
             self.queue.append((self.device_free_at, msg.step, int(np.asarray(msg.sample).sum()),
@@ -92,6 +106,14 @@ class FakeWorker(BusProcess):
             return float(self.cost.step_ms(np.asarray(msg.seq_lens), extend)) / 1000.0
         return self.step_s + self.prefill_s_per_token * float(extend[extend > 1].sum())
 
+    def padded_tokens(self, msg: ForwardBatch) -> int:
+        """The tokens the modeled device runs the step as (its graph's size, or its own)."""
+        extend = np.asarray(msg.extend_lens)
+        tokens = int(extend.sum())
+        if self.cost is None:
+            return tokens
+        return int(self.cost.padded_size(tokens, prefills=bool((extend > 1).any())))
+
     def tick(self) -> None:
         now = time.monotonic()
         while self.queue and self.queue[0][0] <= now:
@@ -99,6 +121,7 @@ class FakeWorker(BusProcess):
             tokens = self.rng.integers(FIRST_ORDINARY_ID, self.vocab_size, sampled,
                                        dtype=np.int32)
             assert self.results is not None
+            trace.note("ready", self.name, "ForwardBatch", step=step)
             self.results.send(SampledTokens(step=step, token_ids=tokens, forward_ms=own_ms))
             self.round_trips.answered(step, time.perf_counter())
             self.steps += 1
@@ -125,4 +148,5 @@ if __name__ == "__main__":
         "--step-ms": {"type": float, "default": 6.0},
         "--prefill-us-per-token": {"type": float, "default": 0.0},
         "--cost-model": {"choices": ["none", "tokens", "flat"], "default": "none"},
+        "--padded": {"action": "store_true"},
     }))

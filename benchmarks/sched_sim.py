@@ -113,10 +113,15 @@ class CostModel:
         if self.kind == "flat":
             return (self.base(max(1, decodes)) + attention
                     + prefill * self.prefill_us_per_token * 1e-3)
-        tokens = decodes + prefill
-        tokens = _padded(tokens, self.step_sizes if prefill else self.decode_sizes)
+        tokens = self.padded_size(decodes + prefill, prefills=bool(prefill))
         return (self.linear(max(1, tokens)) + attention
                 + (self.mixed_ms if prefill else 0.0))
+
+    def padded_size(self, tokens: int, prefills: bool) -> int:
+        """The tokens a step of `tokens` runs as: the smallest size that holds it (of
+        step_sizes for a step that prefills, of decode_sizes for a decode step), or its own."""
+        sizes = self.step_sizes if prefills else self.decode_sizes
+        return next((s for s in sizes if s >= tokens), tokens)  # ascending
 
     def padded(self) -> CostModel:
         """This model on the cuda plugin's default graphs: mixed steps of up to 1024 tokens
@@ -124,13 +129,6 @@ class CostModel:
         capture_batch_sizes'."""
         return dataclasses.replace(self, step_sizes=tuple(token_buckets(1024)),
                                    decode_sizes=tuple(capture_batch_sizes(256)))
-
-
-def _padded(tokens: int, sizes: tuple[int, ...]) -> int:
-    for size in sizes:  # ascending
-        if size >= tokens:
-            return size
-    return tokens
 
 
 @dataclass

@@ -23,6 +23,7 @@ import time
 from typing import Any, TextIO
 
 import msgpack
+import numpy as np
 
 _out: TextIO | None = None
 _process = ""
@@ -70,6 +71,18 @@ def note(event: str, channel: str, kind: str = "", at: int = 0, **fields: Any) -
     except (TypeError, ValueError):  # a map with keys JSON cannot hold, a cycle
         text = json.dumps({k: line[k] for k in ("t", "p", "e", "c", "m")})
     out.write(text + "\n")
+
+
+def note_launch(channel: str, batch: Any) -> None:
+    """A worker's launch of a ForwardBatch, with what step_trace reads of it: the step's
+    tokens, requests, decodes (rows of one token) and their context (their seq_lens)."""
+    if _out is None:
+        return
+    extend = np.asarray(batch.extend_lens)
+    decode = extend == 1
+    note("launch", channel, "ForwardBatch", step=batch.step, tokens=int(extend.sum()),
+         requests=int(extend.shape[0]), decodes=int(decode.sum()),
+         context=int(np.asarray(batch.seq_lens)[decode].sum()))
 
 
 def note_message(event: str, channel: str, msg: Any) -> None:

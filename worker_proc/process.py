@@ -165,13 +165,7 @@ class WorkerProcess(BusProcess):
         self.launched += 1
         start = time.perf_counter()
         self.round_trips.arrived(batch.step, start)
-        if trace.active():
-            extend = np.asarray(batch.extend_lens)
-            decode = extend == 1
-            trace.note("launch", self.name, "ForwardBatch", step=batch.step,
-                       tokens=int(extend.sum()), requests=int(extend.shape[0]),
-                       decodes=int(decode.sum()),
-                       context=int(np.asarray(batch.seq_lens)[decode].sum()))
+        trace.note_launch(self.name, batch)
         try:
             pending = self.runner.launch(batch, self.table.array)
         except Exception as exc:  # a failed step must not kill the worker
