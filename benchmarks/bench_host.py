@@ -42,6 +42,7 @@ from typing import Any
 from tessera.benchmarks.common import default_results_dir, new_result, write_result
 from tessera.benchmarks.datasets import parse_range, random_requests
 from tessera.benchmarks.engine_args import host_path
+from tessera.benchmarks.fake_worker import add_device_args, device_argv
 from tessera.benchmarks.server_launch import ServerProcess
 from tessera.benchmarks.serving_driver import run_tier, tier_stats
 from tessera.bus.run_paths import RUN_PREFIX
@@ -166,14 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tessera bench host", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="default", help="whose tokenizer the engine uses")
-    p.add_argument("--step-ms", type=float, default=6.0)
-    p.add_argument("--prefill-us-per-token", type=float, default=0.0)
-    p.add_argument("--cost-model", choices=["none", "tokens", "flat"], default="none",
-                   help="the fake device's step: the simulator's model of the H200 (and each "
-                        "tier replayed through the simulator beside it)")
-    p.add_argument("--padded", action="store_true",
-                   help="with --cost-model: its steps at the cuda graphs' padded sizes, which "
-                        "the fake worker reports to the scheduler (--fill-padded-steps)")
+    add_device_args(p)  # with --cost-model, each tier also replayed through the simulator
     p.add_argument("--concurrency", default="32,128")
     p.add_argument("--prompt-len", default="256,1024")
     p.add_argument("--output-len", default="64,512")
@@ -184,8 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="host_path_cpu")
     p.add_argument("--log", help="append the engine's log to this file")
     args = p.parse_args(argv)
-    if args.padded and args.cost_model == "none":
-        p.error("--padded pads the cost model's steps: give --cost-model")
+    fake_args = device_argv(p, args)
     batching = engine_batching(args.server_args.split())
 
     from tessera.client import Client
@@ -195,9 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     root = os.environ.get("TESSERA_RUN_ROOT") or tempfile.gettempdir()
     run_dir = os.path.join(root, f"{RUN_PREFIX}host-{os.getpid()}")
     engine_args = ["--model", args.model, "--run-dir", run_dir, "--heartbeat-interval-s", "0.1",
-                   "--step-ms", str(args.step_ms),
-                   "--prefill-us-per-token", str(args.prefill_us_per_token),
-                   "--cost-model", args.cost_model, *(["--padded"] if args.padded else []),
+                   *fake_args,
                    # the cuda plugin's three steps in flight, as the simulator has them
                    *(["--overlap-steps", str(SIM_OVERLAP_STEPS)] if args.cost_model != "none"
                      else []),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tessera.benchmarks.fake_worker import add_device_args, device_argv
 from tessera.bus.launcher import build_specs, check_config, check_port_free, run_supervised
 from tessera.bus.process import setup_logging
 from tessera.bus.run_paths import RunPaths
@@ -20,19 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tessera.benchmarks.fake_engine",
                                      description=__doc__)
     ServerConfig.add_cli_args(parser)
-    parser.add_argument("--step-ms", type=float, default=6.0,
-                        help="the fake device's time per step")
-    parser.add_argument("--prefill-us-per-token", type=float, default=0.0,
-                        help="and per prompt token of a step")
-    parser.add_argument("--cost-model", choices=["none", "tokens", "flat"], default="none",
-                        help="instead: the simulator's model of the H200's step "
-                             "(benchmarks/sched_sim.py CostModel)")
-    parser.add_argument("--padded", action="store_true",
-                        help="the model's steps at the cuda graphs' padded sizes, which the "
-                             "fake reports to the scheduler as the real worker does")
+    add_device_args(parser)
     args = parser.parse_args(argv)
-    if args.padded and args.cost_model == "none":
-        parser.error("--padded pads the cost model's steps: give --cost-model")
+    fake_args = device_argv(parser, args)
     env = Env.read()
     try:
         config = ServerConfig.from_cli(args, env)
@@ -47,9 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def build(config: ServerConfig, paths: RunPaths) -> list[ProcessSpec]:
         fake = ProcessSpec.python_module(
-            "worker0", "tessera.benchmarks.fake_worker", paths, "--step-ms", str(args.step_ms),
-            "--prefill-us-per-token", str(args.prefill_us_per_token),
-            "--cost-model", args.cost_model, *(["--padded"] if args.padded else []), stage=0,
+            "worker0", "tessera.benchmarks.fake_worker", paths, *fake_args, stage=0,
             ready_timeout_s=READY_TIMEOUT_S["worker"])
         return [fake, *(s for s in build_specs(config, paths) if not s.name.startswith("worker"))]
 

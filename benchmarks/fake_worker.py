@@ -19,6 +19,7 @@ tokens are random ids above the special tokens (never EOS), so detokenization se
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 import time
@@ -39,6 +40,30 @@ log = logging.getLogger(__name__)
 
 FIRST_ORDINARY_ID = 256  # below: special and byte tokens of most vocabularies
 DEFAULT_SLOTS = 1 << 20
+
+
+def add_device_args(parser: argparse.ArgumentParser) -> None:
+    """The fake device's flags, as fake_engine and `tessera bench host` take them."""
+    parser.add_argument("--step-ms", type=float, default=6.0,
+                        help="the fake device's time per step")
+    parser.add_argument("--prefill-us-per-token", type=float, default=0.0,
+                        help="and per prompt token of a step")
+    parser.add_argument("--cost-model", choices=["none", "tokens", "flat"], default="none",
+                        help="instead: the simulator's model of the H200's step "
+                             "(benchmarks/sched_sim.py CostModel)")
+    parser.add_argument("--padded", action="store_true",
+                        help="with --cost-model: its steps at the cuda graphs' padded sizes, "
+                             "which the fake reports to the scheduler as the real worker does "
+                             "(--fill-padded-steps reads them)")
+
+
+def device_argv(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The fake worker's command-line flags for add_device_args' `args` (checked)."""
+    if args.padded and args.cost_model == "none":
+        parser.error("--padded pads the cost model's steps: give --cost-model")
+    return ["--step-ms", str(args.step_ms), "--prefill-us-per-token",
+            str(args.prefill_us_per_token), "--cost-model", args.cost_model,
+            *(["--padded"] if args.padded else [])]
 
 
 class FakeWorker(BusProcess):
