@@ -160,20 +160,24 @@ class FakeEngine:
             pass
 
     def _start(self, req: GenerateRequest) -> None:
-        self.requests.append(req)
+        # Recorded in `requests` once its choices are in flight (a test that sees the request
+        # sees them in in_flight too), before any reply to it.
         if self.drop_requests:
+            self.requests.append(req)
             return
         if req.resent and any(c.req.rid == req.rid for c in self._active):
+            self.requests.append(req)
             return  # the first copy got through: as the scheduler does
         text = prompt_text(req)
         for word, (status, message, kind) in ERRORS.items():
             if word in text:
+                self.requests.append(req)
                 self._send(req.reply_to, ErrorReply(rid=req.rid, status=status,
                                                     message=message, error_type=kind))
                 return
-        if "HANG" in text:
-            return
-        self._active.extend(_Choice(req, i) for i in range(req.sampling.n))
+        if "HANG" not in text:
+            self._active.extend(_Choice(req, i) for i in range(req.sampling.n))
+        self.requests.append(req)
 
     def _abort(self, msg: AbortRequest) -> None:
         # The choices leave _active before the abort is recorded: a test that sees the abort
