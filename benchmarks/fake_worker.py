@@ -42,19 +42,25 @@ FIRST_ORDINARY_ID = 256  # below: special and byte tokens of most vocabularies
 DEFAULT_SLOTS = 1 << 20
 
 
+# The fake device's flags: the fake worker's own, and fake_engine's and `tessera bench
+# host`'s, which pass them on (device_argv).
+DEVICE_ARGS: dict[str, dict[str, Any]] = {
+    "--step-ms": {"type": float, "default": 6.0, "help": "the fake device's time per step"},
+    "--prefill-us-per-token": {"type": float, "default": 0.0,
+                               "help": "and per prompt token of a step"},
+    "--cost-model": {"choices": ["none", "tokens", "flat"], "default": "none",
+                     "help": "instead: the simulator's model of the H200's step "
+                             "(benchmarks/sched_sim.py CostModel)"},
+    "--padded": {"action": "store_true",
+                 "help": "with --cost-model: its steps at the cuda graphs' padded sizes, which "
+                         "the fake reports to the scheduler as the real worker does "
+                         "(--fill-padded-steps reads them)"},
+}
+
+
 def add_device_args(parser: argparse.ArgumentParser) -> None:
-    """The fake device's flags, as fake_engine and `tessera bench host` take them."""
-    parser.add_argument("--step-ms", type=float, default=6.0,
-                        help="the fake device's time per step")
-    parser.add_argument("--prefill-us-per-token", type=float, default=0.0,
-                        help="and per prompt token of a step")
-    parser.add_argument("--cost-model", choices=["none", "tokens", "flat"], default="none",
-                        help="instead: the simulator's model of the H200's step "
-                             "(benchmarks/sched_sim.py CostModel)")
-    parser.add_argument("--padded", action="store_true",
-                        help="with --cost-model: its steps at the cuda graphs' padded sizes, "
-                             "which the fake reports to the scheduler as the real worker does "
-                             "(--fill-padded-steps reads them)")
+    for flag, kwargs in DEVICE_ARGS.items():
+        parser.add_argument(flag, **kwargs)
 
 
 def device_argv(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
@@ -169,9 +175,4 @@ class FakeWorker(BusProcess):
 
 if __name__ == "__main__":
     sys.exit(process_main(FakeWorker, extra_args={
-        "--rank": {"type": int, "default": 0},
-        "--step-ms": {"type": float, "default": 6.0},
-        "--prefill-us-per-token": {"type": float, "default": 0.0},
-        "--cost-model": {"choices": ["none", "tokens", "flat"], "default": "none"},
-        "--padded": {"action": "store_true"},
-    }))
+        "--rank": {"type": int, "default": 0}, **DEVICE_ARGS}))

@@ -48,7 +48,7 @@ from tessera.benchmarks.datasets import BenchRequest, random_requests
 from tessera.bus.messages import DetokInfo, SampledTokens, SamplingParams, TokenizedRequest
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.scheduler import Scheduler
-from tessera.worker_proc.capture_plan import capture_batch_sizes, token_buckets
+from tessera.worker_proc.capture_plan import capture_batch_sizes, padded_batch_size, token_buckets
 
 # The H200 at the Llama-3-8B shape, bf16, the device's time of a step by its tokens (the step
 # profile at 37121f2, `step_profile_h200/step_profile.json`): the linears, norms and the rest
@@ -126,8 +126,8 @@ class CostModel:
     def padded_size(self, tokens: int, prefills: bool) -> int:
         """The tokens a step of `tokens` runs as: the smallest size that holds it (of
         step_sizes for a step that prefills, of decode_sizes for a decode step), or its own."""
-        sizes = self.step_sizes if prefills else self.decode_sizes
-        return next((s for s in sizes if s >= tokens), tokens)  # ascending
+        sized = padded_batch_size(tokens, self.step_sizes if prefills else self.decode_sizes)
+        return tokens if sized is None else sized
 
     def padded(self) -> CostModel:
         """This model on the cuda plugin's default graphs: mixed steps of up to 1024 tokens

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from tessera.hal.platform import GraphRunner
-from tessera.worker_proc.capture_plan import token_buckets
+from tessera.worker_proc.capture_plan import padded_batch_size, token_buckets
 from tessera.worker_proc.forward_inputs import ForwardInputs, table_width
 
 Hidden = tuple[torch.Tensor, torch.Tensor | None]
@@ -87,8 +87,7 @@ class MixedGraphs:
         return min(tokens, self.max_requests)
 
     def bucket_for(self, tokens: int) -> int | None:
-        fits = [s for s in self.buckets if s >= tokens]
-        return fits[0] if fits else None
+        return padded_batch_size(tokens, self.buckets)
 
     def _static(self, tokens: int) -> ForwardInputs:
         reqs = self.requests_for(tokens)
