@@ -74,9 +74,11 @@
 #   benchmarks/gpu_session.sh 69  # one H200:  W8A8 tiles accumulating in place (A8F): every tuner candidate's test, b12 B2 bf16 / fp8, fp8 without A8F, fp8 again, fp8 over the fp8 cache (~300 s)
 #   benchmarks/gpu_session.sh 70  # one H200:  A8F at 17-32 tokens: every tuner candidate's test, B3 c=32 over fp8 weights with A8F and without, twice (~250 s)
 #   benchmarks/gpu_session.sh 71  # one H200:  the prefill backlog rule: b2, b3 with it and without (--prefill-backlog-steps 0), twice (~300 s)
-#   benchmarks/gpu_session.sh 72  # one H200:  B3's c=128 tier traced step by step with its prefill steps filled into their padding, without, and with the backlog rule, beside the simulator's cost of each step (~300 s)
-#   benchmarks/gpu_session.sh 73  # one H200:  prefill steps filled into their padding: b3 with --fill-padded-steps and without (the default), twice, then b2 (~430 s)
-#   benchmarks/gpu_session.sh 74  # one H200:  call 73's comparison at c=128 alone, twice, no b2 (~220 s)
+#   benchmarks/gpu_session.sh 72  # one H200:  B3's c=128 tier traced step by step with its prefill steps filled into their padding (the default), without, and with the backlog rule, beside the simulator's cost of each step (~300 s)
+#   benchmarks/gpu_session.sh 73  # one H200:  prefill steps filled into their padding: b3 with --fill-padded-steps and without (then the default), twice, then b2 (~430 s; ran at 89cb004 on an H100)
+#   benchmarks/gpu_session.sh 74  # one H200:  call 75's comparison at c=128 alone, twice, no b2 (~220 s)
+#   benchmarks/gpu_session.sh 75  # one H200:  issue 13's figures with the padding filled (the default since 73) and without (--no-fill-padded-steps): b3 alternating, twice, b2, b1 (~370 s)
+#   benchmarks/gpu_session.sh 76  # one H200:  issue 17's figures (b12 b1 bf16 / fp8 / int4, b12 B2 bf16 / fp8), then B3's c=128 tier traced step by step filled and not (~330 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -88,6 +90,11 @@
 #   $OUT/call<N>_results.tgz    the parts' JSON, PNG and logs (benchmarks/results layout)
 #   $OUT/call<N>_traces.tgz     the step profile's chrome traces (call 1), kept apart for size
 # Unpack call<N>_results.tgz into benchmarks/results/ to commit what is worth keeping.
+#
+# The calls' result names say h200 (the reference card). On another card (the device tool
+# may lend an H100 for an H200) every name the parts are given says that card instead
+# (h100), run_gpu.sh's own names too (SUFFIX), and the roofline bounds are measured in the
+# run (MEASURE=1) in place of the H200's figures.
 #
 # On the GPU machine: wheels from .whl/ are installed to /tmp/site (pyzmq, gguf, xgrammar and
 # its pydantic/tvm-ffi, prometheus-client, sglang-router; ../shared/gpu/prepare.sh and the
@@ -110,7 +117,8 @@ DRY=${DRY:-0}
 BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-4]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-74  (see the header)" >&2; exit 2; }
+CARD=h200  # the card the results are named for (below: the one found)
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-6]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-76  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -142,6 +150,16 @@ if [[ $DRY != 1 ]]; then
     echo "call $CALL: not run, $gpus GPU(s)" >>"$SUMMARY"
     exit 3
   fi
+  card=$("$PY" -c 'import torch; print(torch.cuda.get_device_name(0))' 2>>"$LOG" || echo unknown)
+  case $card in
+    *H200*) ;;
+    *H100*) CARD=h100 ;;
+    *) CARD=$(echo "$card" | tr -cs 'A-Za-z0-9' '_' | tr 'A-Z' 'a-z' | sed 's/^_*//; s/_*$//') ;;
+  esac
+  if [[ $CARD != h200 ]]; then
+    export SUFFIX=$CARD MEASURE=1
+    say "the card is $card, not an H200: results named _$CARD, roofline bounds measured"
+  fi
   [[ -n ${TESSERA_COMMIT:-} ]] || say "TESSERA_COMMIT is unset: results will name the device copy's stale commit"
   "$PY" -c 'import zmq, gguf, xgrammar, prometheus_client' 2>&1 | tee -a "$LOG" ||
     say "a carried wheel does not import (above): the parts that need it will fail"
@@ -171,6 +189,20 @@ reap() {
   done
 }
 
+# traced_c128 NAME:FLAGS CALL: B3's c=128 tier with FLAGS, every message traced, then
+# summarized step by step (step_trace --cost-model tokens) beside the simulator's costs.
+traced_c128() {
+  local name=${1%%:*} flags=${1#*:} call=$2
+  part "b3c128$name" 90 60 b3 --concurrency 128 --server-args \
+    "$flags --trace-messages-dir $RES/trace_b3_$name" \
+    --name "b3_c128_${name}_traced_${call}_h200"
+  # (its whole output to a file first: `| head` would end it by SIGPIPE before --out)
+  local steps="$RES/b3_c128_${name}_steps_${call}_$CARD"
+  timeout 120 "$PYTHON" -m tessera.benchmarks.step_trace "$RES/trace_b3_$name" \
+    --cost-model tokens --out "$steps.json" >"$steps.txt" 2>&1
+  head -8 "$steps.txt" | tee -a "$LOG"
+}
+
 start=$SECONDS
 # part NAME CAP_S EXPECTED_S ARGS...: `run_gpu.sh ARGS` (results into $RES) under
 # min(CAP_S, budget left) seconds.
@@ -184,6 +216,7 @@ part() {
     echo "$name skipped (budget: ${left}s left, expected ${expect}s)" >>"$SUMMARY"
     return
   fi
+  [[ $CARD == h200 ]] || set -- "${@//_h200/_$CARD}"
   say "$name: start (expected ~${expect}s, limit ${limit}s): run_gpu.sh $*"
   local t0=$SECONDS
   timeout -k 15 "$limit" env OUT="$RES" bash benchmarks/run_gpu.sh "$@" 2>&1 | tee -a "$LOG"
@@ -916,28 +949,22 @@ case $CALL in
     # Where the device's c=128 tier loses to the simulator's (12.9 ms a step against 11.1;
     # the host processes on the fake worker keep 99.7% of it, host_model_cpu), and why the
     # prefill backlog rule lost there (call 71) where the simulator said it gains: the tier
-    # traced step by step with its prefill steps filled into their padding, without (the
-    # default), and with the backlog rule, each step's interval beside what the simulator's
+    # traced step by step with its prefill steps filled into their padding (the default),
+    # without, and with the backlog rule, each step's interval beside what the simulator's
     # model charges its composition (as run and as padded) and the time the device sat idle
     # (step_trace --cost-model tokens); the raw traces in their own archive.
-    for variant in "fill:--fill-padded-steps" "default:" \
+    for variant in "fill:" "nofill:--no-fill-padded-steps" \
         "backlog16:--prefill-backlog-steps 16"; do
-      name=${variant%%:*}
-      part "b3c128$name" 90 60 b3 --concurrency 128 --server-args \
-        "${variant#*:} --trace-messages-dir $RES/trace_b3_$name" \
-        --name "b3_c128_${name}_traced_call72_h200"
-      # (its whole output to a file first: `| head` would end it by SIGPIPE before --out)
-      timeout 120 "$PYTHON" -m tessera.benchmarks.step_trace "$RES/trace_b3_$name" \
-        --cost-model tokens --out "$RES/b3_c128_${name}_steps_call72_h200.json" \
-        >"$RES/b3_c128_${name}_steps_call72_h200.txt" 2>&1
-      head -8 "$RES/b3_c128_${name}_steps_call72_h200.txt" | tee -a "$LOG"
+      traced_c128 "$variant" call72
     done
     pack
     ;;
   73)
     # Prefill steps grown into their graphs' padding (--fill-padded-steps, off by default
-    # until this measures it) against the measured budget alone (the default), B3
-    # alternating, twice, then the session's B2.
+    # until this measured it) against the measured budget alone (then the default), B3
+    # alternating, twice, then the session's B2. Ran at 89cb004 on an H100 (its results were
+    # lost with the session's machine; call 75 measures the same at later commits, where the
+    # filling is the default and both halves here would fill).
     # (B2 last: a short budget drops it before either half of the comparison)
     part b3fill 90 65 b3 --server-args=--fill-padded-steps --name b3_fill_call73_h200
     part b3 90 65 b3 --name b3_call73_h200
@@ -946,14 +973,36 @@ case $CALL in
     part b2 60 35 b2 --name b2_call73_h200
     ;;
   74)
-    # Call 73's comparison in less device time: B3's c=128 tier alone, with the prefill steps
-    # filled into their padding and without, alternating, twice.
-    part b3c128fill 70 50 b3 --concurrency 128 --server-args=--fill-padded-steps \
-      --name b3_c128_fill_call74_h200
-    part b3c128 70 50 b3 --concurrency 128 --name b3_c128_call74_h200
-    part b3c128fillagain 70 50 b3 --concurrency 128 --server-args=--fill-padded-steps \
-      --name b3_c128_fill_again_call74_h200
-    part b3c128again 70 50 b3 --concurrency 128 --name b3_c128_again_call74_h200
+    # Call 75's comparison in less device time: B3's c=128 tier alone, with the prefill steps
+    # filled into their padding (the default) and without, alternating, twice.
+    part b3c128fill 70 50 b3 --concurrency 128 --name b3_c128_fill_call74_h200
+    part b3c128 70 50 b3 --concurrency 128 --server-args=--no-fill-padded-steps \
+      --name b3_c128_nofill_call74_h200
+    part b3c128fillagain 70 50 b3 --concurrency 128 --name b3_c128_fill_again_call74_h200
+    part b3c128again 70 50 b3 --concurrency 128 --server-args=--no-fill-padded-steps \
+      --name b3_c128_nofill_again_call74_h200
+    ;;
+  75)
+    # Issue 13's figures at the session's commit, prefill steps filled into their padding
+    # (the default since call 73 measured it on an H100) against the measured budget alone
+    # (--no-fill-padded-steps), B3 alternating, twice, then B2 and B1.
+    part b3 90 65 b3 --name b3_call75_h200
+    part b3nofill 90 65 b3 --server-args=--no-fill-padded-steps --name b3_nofill_call75_h200
+    part b3again 90 65 b3 --name b3_again_call75_h200
+    part b3nofillagain 90 65 b3 --server-args=--no-fill-padded-steps \
+      --name b3_nofill_again_call75_h200
+    part b2 60 35 b2 --name b2_call75_h200
+    part b1 50 30 b1 --name b1_call75_h200
+    ;;
+  76)
+    # Issue 17's figures at the session's commit (B12's B1 for every scheme, B2 bf16 / fp8),
+    # then B3's c=128 tier traced step by step with the padding filled (the default) and
+    # without: where its steps lose to the simulator's.
+    part b12b1 130 75 b12 --parts b1 --name b12_b1_call76_h200
+    part b12b2 200 90 b12 --schemes bf16,fp8 --parts b2 --name b12_b2_call76_h200
+    for variant in "fill:" "nofill:--no-fill-padded-steps"; do
+      traced_c128 "$variant" call76
+    done
     ;;
   71)
     # The prefill backlog rule (--prefill-backlog-steps 16: the default at 200bd83, where

@@ -237,7 +237,7 @@ def test_a_step_that_would_run_padded_prefills_in_the_padding() -> None:
     """A worker whose prefill steps run padded to 128, 320 or 512 tokens (its captured
     graphs): the protected chunk beside the streams (256, the floor) grows to what the padded
     size holds beside them, so each step runs 320 tokens of work instead of 256 of work and
-    64 of padding; without --fill-padded-steps (its default) the budget stays as measured. The
+    64 of padding; with --no-fill-padded-steps the budget stays as measured. The
     tokens are the same."""
     sizes = (128, 320, 512)
     sched = make(max_mixed_step_ratio=1.5, max_running_requests=32, step_token_sizes=sizes,
@@ -259,5 +259,6 @@ def test_a_step_that_would_run_padded_prefills_in_the_padding() -> None:
     assert last[1] <= 320 - last[0]
     assert len(steps) == 12, steps  # where 256-token chunks took 15
     finish_backlog(sched, worker, got, 6)
-    off = make(max_mixed_step_ratio=1.5, max_running_requests=32, step_token_sizes=sizes)
+    off = make(max_mixed_step_ratio=1.5, max_running_requests=32, step_token_sizes=sizes,
+               fill_padded_steps=False)
     assert backlog_beside_streams(off, 6)[2] == [256] * 14 + [16]
