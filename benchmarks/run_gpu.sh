@@ -70,7 +70,8 @@ done
 common=(--model "$MODEL" --load-format dummy)
 # Measured on the reference H200 (BENCHMARKS.md); pass MEASURE=1 to measure them in the run.
 roof=(--bandwidth-gbps 4220 --peak-tflops 794)
-[[ "${MEASURE:-0}" == 1 ]] && roof=()
+bw=(--bandwidth-gbps 4220)  # B12's bound: bandwidth alone
+[[ "${MEASURE:-0}" == 1 ]] && roof=() && bw=()
 
 # The dry run's tiny workloads: each part's own flags, before the ones given on the command
 # line (which win). Empty on the GPU.
@@ -168,7 +169,7 @@ for part in "${parts[@]}"; do
     peer)   run peer "${common[@]}" --batch-sizes 1,16,64 "${T_peer[@]}" --out-dir "$OUT" --name "b1_peer_transformers_$SUFFIX" "$@" ;;
     b7)     run b7 "${common[@]}" "${T_b7[@]}" --out-dir "$OUT" --name "b7_$SUFFIX" "$@" ;;
     b10)    run startup "${common[@]}" --runs 2 $([[ "${REAL:-1}" == 1 ]] && echo --real-weights) "${T_b10[@]}" --out-dir "$OUT" --name "b10_$SUFFIX" "$@" ;;
-    b12)    run quant "${common[@]}" --bandwidth-gbps 4220 "${T_b12[@]}" --out-dir "$OUT" --name "b12_$SUFFIX" "$@" ;;
+    b12)    run quant "${common[@]}" "${bw[@]}" "${T_b12[@]}" --out-dir "$OUT" --name "b12_$SUFFIX" "$@" ;;
     b5)     run b5 "${common[@]}" "${roof[@]}" "${T_b5[@]}" --out-dir "$OUT" --suffix "$SUFFIX" "$@" ||
               { echo "b5: some part failed (see errors in $OUT/b5_$SUFFIX.json)" >&2; failed+=(b5); } ;;
     b5check) gpu_pytest b5check tests/hal_cuda/test_nccl_gpu.py \
