@@ -195,7 +195,7 @@ traced_c128() {
   local name=${1%%:*} flags=${1#*:} call=$2
   part "b3c128$name" 90 60 b3 --concurrency 128 --server-args \
     "$flags --trace-messages-dir $RES/trace_b3_$name" \
-    --name "b3_c128_${name}_traced_${call}_h200"
+    --name "b3_c128_${name}_traced_${call}_$CARD"
   # (its whole output to a file first: `| head` would end it by SIGPIPE before --out)
   local steps="$RES/b3_c128_${name}_steps_${call}_$CARD"
   timeout 120 "$PYTHON" -m tessera.benchmarks.step_trace "$RES/trace_b3_$name" \

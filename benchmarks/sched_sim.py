@@ -27,7 +27,7 @@ favours still needs the device's word.
 prefills at its mixed graph's token bucket, a decode step at its batch's graph) and gives the
 scheduler those sizes, as the worker's WorkerReady does; the scheduler then fills the prefill
 steps' padding with prompt tokens, as the engine does by default (c=128: +3.4% tokens/s, TTFT
-p50 556 -> 121 ms; an H100 measured +2-4% and a fifth off TTFT p50); `--set
+p50 556 -> 121 ms; H100s measured +1.4-5.2%, docs/performance.md); `--set
 fill_padded_steps=false` keeps the measured budget alone.
 """
 

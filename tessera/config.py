@@ -153,10 +153,9 @@ class BatchingConfig:
                                    "larger size (the worker's captured step sizes: a cuda "
                                    "graph of 320 tokens runs a step of 293 as 320) takes "
                                    "waiting prompt tokens in the padding's place, which the "
-                                   "device computes anyway (an H100's B3 c=128 in four "
-                                   "pairs: +1.4-4.0% tokens/s, TTFT p50 a sixth to a "
-                                   "quarter lower, tails unchanged; docs/performance.md). --no-fill-padded-steps: the "
-                                   "measured budget alone")
+                                   "device computes anyway (measured: docs/performance.md, "
+                                   "\"Prefill steps filled into their padding\"). "
+                                   "--no-fill-padded-steps: the measured budget alone")
     max_queued_requests: int = _opt(4096, "waiting requests before new ones get 503")
     disable_radix_cache: bool = _opt(False, "turn off prefix reuse")
     schedule_policy: str = _opt("fcfs", "fcfs: first come first served; priority: higher "

@@ -45,7 +45,7 @@ def test_filling_the_padding_serves_the_prompts_sooner_at_no_cost_in_throughput(
     """B3's c=128 tier on padded steps: a budget grown into its step's padding (what the
     engine does with the sizes the worker reports) clears the backlog that the measured
     budget leaves (its padding made prompt tokens look dearer, so its chunks were smaller);
-    --fill-padded-steps, on by default since an H100 measured it (B3 c=128 +2-4%).
+    --fill-padded-steps, on by default since H100s measured it (B3 c=128 +1.4-5.2%).
     The longer steps keep the tail well inside B3's c=128 target (ITL p99 30 ms): 19 ms
     against 14.7."""
     cost = sched_sim.CostModel().padded()
