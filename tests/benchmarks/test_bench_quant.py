@@ -60,7 +60,7 @@ def test_run_gpu_b12_writes_every_part_in_one_command(run_root: Path, tmp_path: 
         ["bash", str(script), "b12", "--hal", "cpu", "--schemes", "fp32,fp8,int4",
          "--prompt-len", "16", "--output-len", "4", "--iters", "1", "--warmup", "0",
          "--num-requests", "6", "--b2-prompt-len", "8,24", "--b2-output-len", "4,12",
-         "--kv-pool-tokens", "64", "--page-size", "4", "--kl-prompts", "4",
+         "--kv-pool-tokens", "96", "--page-size", "4", "--kl-prompts", "4",
          "--kl-prompt-len", "4,16", "--max-running-requests", "8", "--bandwidth-gbps", "10"],
         env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -75,9 +75,11 @@ def test_run_gpu_b12_writes_every_part_in_one_command(run_root: Path, tmp_path: 
     assert 0 < f["fp8_kl"] < f["int4_kl"] < 0.1
     assert 0 < f["kv_fp8_kl"] < 0.1  # the reference's weights over an fp8 KV cache
     assert f["fp8_b2_speedup"] > 0 and "targets" not in f  # the H200 targets
-    # the same KV bytes: twice the tokens in fp8, and never more retractions
-    assert f["kv_fp8_pool_tokens"] == 2 * f["kv_auto_pool_tokens"]
-    assert f["kv_fp8_retractions"] <= f["kv_auto_retractions"]
+    # the same KV bytes: twice the tokens in fp8. The six requests need 148 tokens at their
+    # full lengths (in pages of 4): the fp8 pool of 192 holds them all and never retracts,
+    # whatever order they arrive in; whether the pool of 96 retracts depends on that order.
+    assert f["kv_fp8_pool_tokens"] == 2 * f["kv_auto_pool_tokens"] == 192
+    assert f["kv_fp8_retractions"] == 0
 
 
 def test_variants_name_their_engine_settings() -> None:
