@@ -79,6 +79,7 @@
 #   benchmarks/gpu_session.sh 74  # one H200:  call 75's comparison at c=128 alone, twice, no b2 (~220 s)
 #   benchmarks/gpu_session.sh 75  # one H200:  issue 13's figures with the padding filled (the default since 73) and without (--no-fill-padded-steps): b3 alternating, twice, b2, b1 (~370 s)
 #   benchmarks/gpu_session.sh 76  # one H200:  issue 17's figures (b12 b1 bf16 / fp8 / int4, b12 B2 bf16 / fp8), then B3's c=128 tier traced step by step filled and not (~330 s)
+#   benchmarks/gpu_session.sh 77  # one H200:  issue 13's figures at the session's commit: b2, b3, b2 (~190 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -118,7 +119,7 @@ BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
 CARD=h200  # the card the results are named for (below: the one found)
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-6]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-76  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-7]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-77  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -1021,6 +1022,13 @@ case $CALL in
     part b2 60 35 b2 --name b2_call68_h200
     part b2again 60 35 b2 --name b2_again_call68_h200
     part b3 90 65 b3 --name b3_call68_h200
+    ;;
+  77)
+    # Issue 13's figures at the session's commit, padding filled (the default): B2, B3, B2
+    # again, so B3's c=128 ratio has a B2 on either side of it (~190 s).
+    part b2 60 35 b2 --name b2_call77_h200
+    part b3 90 65 b3 --name b3_call77_h200
+    part b2again 60 35 b2 --name b2_again_call77_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
