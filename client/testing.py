@@ -5,7 +5,8 @@ behaves like the real pipeline seen from outside: it answers each GenerateReques
 RequestOutput per token and choice (or one final output when `stream=False`), honours
 `max_tokens`, `n`, `logprobs`, `ignore_eos` and aborts, and answers StatusRequests like the
 supervisor. Its "model" says `w0 w1 w2 ...` (choice i > 0 says `w0.i w1.i ...`) and stops
-after `reply_len` tokens. Magic words in the prompt make it misbehave:
+after `reply_len` tokens; `ignore_eos` without `max_tokens` runs, as the real engine's
+requests do, until the prompt and the output fill `context_len` (finish reason "length"). Magic words in the prompt make it misbehave:
 
     FAIL_400 / FAIL_413 / FAIL_503   answer with an ErrorReply of that status
     HANG                             accept the request and never answer
@@ -73,10 +74,12 @@ def prompt_text(req: GenerateRequest) -> str:
 
 class FakeEngine:
     def __init__(self, paths: RunPaths, *, token_delay_s: float = 0.002, reply_len: int = 8,
+                 context_len: int = 32768,
                  process_names: tuple[str, ...] = ENGINE_PROCESSES) -> None:
         self.paths = paths
         self.token_delay_s = token_delay_s
         self.reply_len = reply_len
+        self.context_len = context_len
         self.requests: list[GenerateRequest] = []
         self.aborts: list[AbortRequest] = []
         self.emitted_at_abort: dict[str, int] = {}  # rid -> tokens it had produced, all choices
@@ -235,7 +238,8 @@ class FakeEngine:
             c.ids.append(100 + c.emitted)
             c.emitted += 1
             finish = None
-            if sp.max_tokens is not None and c.emitted >= sp.max_tokens:
+            if sp.max_tokens is not None and c.emitted >= sp.max_tokens or \
+                    self._prompt_tokens(c.req) + c.emitted >= self.context_len:
                 finish = "length"
             elif c.emitted >= self.reply_len and not sp.ignore_eos:
                 finish = "stop"

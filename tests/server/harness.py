@@ -27,14 +27,16 @@ BASE_CONFIG = dict(host="127.0.0.1", port=0, heartbeat_interval_s=0.1,
 
 class ServerUnderTest:
     def __init__(self, token_delay_s: float = 0.002, api_key: str | None = None,
-                 **config: Any) -> None:
-        """`api_key` reaches the server as TESSERA_API_KEY, never through its config."""
+                 context_len: int = 32768, **config: Any) -> None:
+        """`api_key` reaches the server as TESSERA_API_KEY, never through its config;
+        `context_len` is the fake engine's."""
         self.root = tempfile.mkdtemp(prefix="tss-")
         self.paths = RunPaths.create(os.path.join(self.root, "run"))
         self.config = ServerConfig(**{**BASE_CONFIG, **config})
         with open(self.paths.config_file, "w") as f:
             f.write(self.config.to_json())
-        self.engine = FakeEngine(self.paths, token_delay_s=token_delay_s)
+        self.engine = FakeEngine(self.paths, token_delay_s=token_delay_s,
+                                 context_len=context_len)
         self.log_path = os.path.join(self.root, "server.log")
         self._log = open(self.log_path, "wb")
         env = {k: v for k, v in os.environ.items() if k != "TESSERA_API_KEY"}

@@ -5,6 +5,7 @@ invariant checked afterwards) is in tests/test_engine_faults.py."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -17,7 +18,9 @@ from tests.server.harness import ServerUnderTest
 
 @pytest.fixture(scope="module")
 def fuzzed_server() -> Iterator[ServerUnderTest]:
-    srv = ServerUnderTest(token_delay_s=0.0005, request_timeout_s=5.0)
+    # a small context: a request with ignore_eos and no max_tokens (the fuzz sends some) runs
+    # until it is full, as on the real engine, in about a second
+    srv = ServerUnderTest(token_delay_s=0.0005, request_timeout_s=5.0, context_len=2048)
     yield srv
     srv.stop()
 
@@ -52,3 +55,16 @@ def test_the_fuzz_ran_and_the_server_still_serves(fuzzed_server: ServerUnderTest
     assert status == 200
     print({"fuzz_requests": len(CALLS),
            "statuses": {str(c): CALLS.count(c) for c in sorted(set(CALLS))}})
+
+
+def test_ignore_eos_without_max_tokens_ends_at_the_context(fuzzed_server: ServerUnderTest
+                                                           ) -> None:
+    """The case a random fuzz found hanging the fake engine (it generated forever): without
+    max_tokens a request with ignore_eos ends where prompt and output fill the context."""
+    status, _, body = fuzzed_server.request("POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "ignore_eos": True})
+    assert status == 200, body
+    reply = json.loads(body)
+    usage = reply["usage"]
+    assert reply["choices"][0]["finish_reason"] == "length"
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 2048, usage
