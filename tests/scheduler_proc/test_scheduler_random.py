@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.scheduler import Scheduler
+from tessera.scheduler_proc.step_cost import batch_class
 from tests.scheduler_proc.sched_fakes import (
     EOS,
     VOCAB,
@@ -151,11 +152,18 @@ def test_random_schedule_without_radix_cache() -> None:
 @given(page_size=st.sampled_from([1, 2, 4, 16]), chunk=st.sampled_from([0, 1, 7, 64]),
        extra_pages=st.integers(0, 40), rows=st.integers(1, 6), overlap=st.booleans(),
        policy=st.sampled_from(["fcfs", "priority", "lpm"]), disable_cache=st.booleans(),
-       seed=st.integers(0, 2**16))
+       step_sizes=st.sampled_from([(), (8, 16, 64), (4, 32), (3,)]), fill=st.booleans(),
+       backlog=st.sampled_from([0, 2]), order=st.sampled_from(["longest-first", "arrival"]),
+       costs=st.booleans(), seed=st.integers(0, 2**16))
 def test_any_configuration_finishes_every_request_correctly(
         page_size: int, chunk: int, extra_pages: int, rows: int, overlap: bool, policy: str,
-        disable_cache: bool, seed: int) -> None:
-    """Tiny pools (down to one request's worth), any chunk size, page size, row count."""
+        disable_cache: bool, step_sizes: tuple[int, ...], fill: bool, backlog: int,
+        order: str, costs: bool, seed: int) -> None:
+    """Tiny pools (down to one request's worth), any chunk size, page size, row count; steps
+    filled into the worker's padded sizes or not, the backlog rule on or off, either decode
+    order. With `costs` the step costs are known (a decode step 10 ms, a prompt token 1 ms;
+    the fake worker reports none, so they stay), and the protected budget binds: the only
+    way the backlog rule and the filling change a plan."""
     rng = np.random.default_rng(seed)
     ctx = 64
     largest = 40  # prompt + max_tokens of the largest request below
@@ -164,9 +172,14 @@ def test_any_configuration_finishes_every_request_correctly(
                           max_context_len=ctx, max_running_requests=rows,
                           chunked_prefill_size=chunk, eos_token_ids=(EOS,), overlap=overlap,
                           disable_radix_cache=disable_cache,
-                          schedule_policy=policy,
-                          debug_invariants=True)
+                          schedule_policy=policy, step_token_sizes=step_sizes,
+                          fill_padded_steps=fill, prefill_backlog_steps=backlog,
+                          decode_order=order, debug_invariants=True)
     sched = Scheduler(cfg)
+    if costs:
+        sched.step_cost.decode_ms = 10.0
+        sched.step_cost.decode_ms_by_class = {batch_class(n): 10.0 for n in range(1, 9)}
+        sched.step_cost.prefill_ms_per_token = 1.0
     worker = FakeWorker(sched)
     got = Collected()
     base = rng.integers(1, VOCAB, size=20).astype(np.int32)
