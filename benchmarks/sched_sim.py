@@ -23,6 +23,12 @@ by 6-8 and whose time to first token fell to ~330 ms where the model's fell to 1
 model's steps grew about as the device's did (4.4% and 6.3% against 5.0%). A policy the model
 favours still needs the device's word.
 
+`--workload b2` replays B2 instead: `tessera bench offline`'s 256 requests, all sent at once
+(`run_b2`). With --padded it read 10321 output tok/s at the defaults, 10089 with
+--no-fill-padded-steps and 10621 with --set max_mixed_step_ratio=0 (the whole chunk beside
+running decodes, which an offline batch does not watch); the "flat" model reads 10651 /
+10564 / 11201. An H200's B2 read 10741-10779 at 8bc9200, before the filling.
+
 `--padded` charges each step at the size the cuda plugin's graphs run it at (a step that
 prefills at its mixed graph's token bucket, a decode step at its batch's graph) and gives the
 scheduler those sizes, as the worker's WorkerReady does; the scheduler then fills the prefill
@@ -257,6 +263,19 @@ def run_tier(concurrency: int, *, requests_per_concurrency: int = 4,
             "prefill_tokens_per_step": prefill / max(1, steps)}
 
 
+def run_b2(*, num_requests: int = 256, prompt_len: tuple[int, int] = (100, 1024),
+           output_len: tuple[int, int] = (100, 1024), dataset_seed: int = 0,
+           cost: CostModel | None = None, **batching: Any) -> dict[str, float]:
+    """B2 through the scheduler: the requests `tessera bench offline` draws (its defaults:
+    256, prompts and outputs uniform in [100, 1024], dataset seed 0, Llama-3's vocabulary),
+    all sent at once; output tokens/s over the batch's simulated wall time."""
+    drawn = random_requests(num_requests, prompt_len, output_len, VOCAB_SIZE, dataset_seed)
+    out = run_tier(num_requests, requests_per_concurrency=1, cost=cost, requests=drawn,
+                   **batching)
+    out["workload"] = "B2"
+    return out
+
+
 def _value(text: str) -> object:
     try:
         return json.loads(text)
@@ -267,6 +286,9 @@ def _value(text: str) -> object:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tessera.benchmarks.sched_sim",
                                 description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", choices=["b3", "b2"], default="b3",
+                   help="b3: the tiers of --concurrency (the default); b2: the offline batch "
+                   "(run_b2)")
     p.add_argument("--concurrency", default="32,128")
     p.add_argument("--requests-per-concurrency", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
@@ -285,9 +307,12 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--set {item!r}: expected FIELD=VALUE")
         batching[key.strip()] = _value(value.strip())
     cost = CostModel(args.cost).padded() if args.padded else CostModel(args.cost)
-    tiers = [run_tier(int(c), requests_per_concurrency=args.requests_per_concurrency,
-                      seed=args.seed, cost=cost, **batching)
-             for c in args.concurrency.split(",")]
+    if args.workload == "b2":
+        tiers = [run_b2(cost=cost, **batching)]
+    else:
+        tiers = [run_tier(int(c), requests_per_concurrency=args.requests_per_concurrency,
+                          seed=args.seed, cost=cost, **batching)
+                 for c in args.concurrency.split(",")]
     for t in tiers:
         print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in t.items()}))
     if args.out:
