@@ -1026,8 +1026,8 @@ case $CALL in
   77)
     # Issue 13's figures at the session's commit, padding filled (the default): B2, B3, then
     # B2 with the whole chunk beside running decodes (--max-mixed-step-ratio 0: the
-    # simulator's B2 +1.2-5.2% by its cost model, `sched_sim --workload b2`) alternating with the default,
-    # twice (~260 s).
+    # simulator's B2 +1.2-5.2% by its cost model, `sched_sim --workload b2`) alternating
+    # with the default, twice (~260 s).
     part b2 60 35 b2 --name b2_call77_h200
     part b3 90 65 b3 --name b3_call77_h200
     part b2ratio0 60 35 b2 --max-mixed-step-ratio 0 --name b2_ratio0_call77_h200
