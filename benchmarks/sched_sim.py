@@ -267,15 +267,14 @@ def run_tier(concurrency: int, *, requests_per_concurrency: int = 4,
 
 def run_b2(*, num_requests: int = 256, prompt_len: tuple[int, int] = (100, 1024),
            output_len: tuple[int, int] = (100, 1024), dataset_seed: int = 0,
-           cost: CostModel | None = None, **batching: Any) -> dict[str, float]:
+           cost: CostModel | None = None, **batching: Any) -> dict[str, Any]:
     """B2 through the scheduler: the requests `tessera bench offline` draws (its defaults:
     256, prompts and outputs uniform in [100, 1024], dataset seed 0, Llama-3's vocabulary),
     all sent at once; output tokens/s over the batch's simulated wall time."""
     drawn = random_requests(num_requests, prompt_len, output_len, VOCAB_SIZE, dataset_seed)
     out = run_tier(num_requests, requests_per_concurrency=1, cost=cost, requests=drawn,
                    **batching)
-    out["workload"] = "B2"
-    return out
+    return {**out, "workload": "B2"}
 
 
 def _value(text: str) -> object:
