@@ -79,7 +79,7 @@
 #   benchmarks/gpu_session.sh 74  # one H200:  call 75's comparison at c=128 alone, twice, no b2 (~220 s)
 #   benchmarks/gpu_session.sh 75  # one H200:  issue 13's figures with the padding filled (the default since 73) and without (--no-fill-padded-steps): b3 alternating, twice, b2, b1 (~370 s)
 #   benchmarks/gpu_session.sh 76  # one H200:  issue 17's figures (b12 b1 bf16 / fp8 / int4, b12 B2 bf16 / fp8), then B3's c=128 tier traced step by step filled and not (~330 s)
-#   benchmarks/gpu_session.sh 77  # one H200:  issue 13's figures at the session's commit: b2, b3, b2; b2 at --max-mixed-step-ratio 0, twice (~260 s)
+#   benchmarks/gpu_session.sh 77  # one H200:  issue 13's figures at the session's commit: b2, b3, b2 (~190 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -1024,15 +1024,11 @@ case $CALL in
     part b3 90 65 b3 --name b3_call68_h200
     ;;
   77)
-    # Issue 13's figures at the session's commit, padding filled (the default): B2, B3, then
-    # B2 with the whole chunk beside running decodes (--max-mixed-step-ratio 0: the
-    # simulator's B2 +1.2-5.2% by its cost model, `sched_sim --workload b2`) alternating
-    # with the default, twice (~260 s).
+    # Issue 13's figures at the session's commit, padding filled (the default): B2, B3, B2
+    # again, so B3's c=128 ratio has a B2 on either side of it (~190 s).
     part b2 60 35 b2 --name b2_call77_h200
     part b3 90 65 b3 --name b3_call77_h200
-    part b2ratio0 60 35 b2 --max-mixed-step-ratio 0 --name b2_ratio0_call77_h200
     part b2again 60 35 b2 --name b2_again_call77_h200
-    part b2ratio0again 60 35 b2 --max-mixed-step-ratio 0 --name b2_ratio0_again_call77_h200
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

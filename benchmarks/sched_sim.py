@@ -23,13 +23,13 @@ by 6-8 and whose time to first token fell to ~330 ms where the model's fell to 1
 model's steps grew about as the device's did (4.4% and 6.3% against 5.0%). A policy the model
 favours still needs the device's word.
 
-`--workload b2` replays B2 instead: `tessera bench offline`'s 256 requests, all sent at once
-(`run_b2`). With --padded it read 10321 output tok/s at the defaults, 10089 with
---no-fill-padded-steps and 10621 with --set max_mixed_step_ratio=0 (the whole chunk beside
-running decodes, which an offline batch does not watch); the "flat" model reads 10651 /
-10564 / 11201. With a smaller fixed cost of a mixed step (`mixed_ms` 0.3 / 0.1 / 0) ratio 0
-gains 1.7 / 1.3 / 1.2% instead of 2.9. An H200's B2 read 10741-10779 at 8bc9200, before
-the filling.
+`--workload b2` replays B2 instead: `tessera bench offline`'s 256 requests, all sent at once,
+under the offline engine's defaults (`run_b2`; `LLM_DEFAULTS`: whole chunks beside running
+decodes). With --padded it read 10621 output tok/s, the same with --no-fill-padded-steps (a
+whole chunk leaves no padding to fill); with serving's protection of decodes (--set
+max_mixed_step_ratio=1.8) 10321. The "flat" model: 11201 and 10651. An H200's B2 read
+10741-10779 at 8bc9200; at b45623a serving's ratio cost it 6-12% (9178 and 9782 against
+10447), more than either model says.
 
 `--padded` charges each step at the size the cuda plugin's graphs run it at (a step that
 prefills at its mixed graph's token bucket, a decode step at its batch's graph) and gives the
@@ -270,10 +270,13 @@ def run_b2(*, num_requests: int = 256, prompt_len: tuple[int, int] = (100, 1024)
            cost: CostModel | None = None, **batching: Any) -> dict[str, Any]:
     """B2 through the scheduler: the requests `tessera bench offline` draws (its defaults:
     256, prompts and outputs uniform in [100, 1024], dataset seed 0, Llama-3's vocabulary),
-    all sent at once; output tokens/s over the batch's simulated wall time."""
+    all sent at once, with the offline engine's batching defaults under `batching`; output
+    tokens/s over the batch's simulated wall time."""
+    from tessera.offline import llm_engine_args
+
     drawn = random_requests(num_requests, prompt_len, output_len, VOCAB_SIZE, dataset_seed)
     out = run_tier(num_requests, requests_per_concurrency=1, cost=cost, requests=drawn,
-                   **batching)
+                   **llm_engine_args(batching))
     return {**out, "workload": "B2"}
 
 

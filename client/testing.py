@@ -6,7 +6,8 @@ RequestOutput per token and choice (or one final output when `stream=False`), ho
 `max_tokens`, `n`, `logprobs`, `ignore_eos` and aborts, and answers StatusRequests like the
 supervisor. Its "model" says `w0 w1 w2 ...` (choice i > 0 says `w0.i w1.i ...`) and stops
 after `reply_len` tokens; `ignore_eos` without `max_tokens` runs, as the real engine's
-requests do, until the prompt and the output fill `context_len` (finish reason "length"). Magic words in the prompt make it misbehave:
+requests do, until the prompt and the output fill `context_len` (finish reason "length").
+Magic words in the prompt make it misbehave:
 
     FAIL_400 / FAIL_413 / FAIL_503   answer with an ErrorReply of that status
     HANG                             accept the request and never answer
@@ -57,6 +58,7 @@ class _Choice:
     emitted: int = 0
     text: str = ""
     ids: list[int] = field(default_factory=list)
+    room: int = 0  # tokens the context leaves after the prompt
 
 
 def token_text(k: int, index: int) -> str:
@@ -179,7 +181,8 @@ class FakeEngine:
                                                     message=message, error_type=kind))
                 return
         if "HANG" not in text:
-            self._active.extend(_Choice(req, i) for i in range(req.sampling.n))
+            room = self.context_len - self._prompt_tokens(req)
+            self._active.extend(_Choice(req, i, room=room) for i in range(req.sampling.n))
         self.requests.append(req)
 
     def _abort(self, msg: AbortRequest) -> None:
@@ -238,8 +241,7 @@ class FakeEngine:
             c.ids.append(100 + c.emitted)
             c.emitted += 1
             finish = None
-            if sp.max_tokens is not None and c.emitted >= sp.max_tokens or \
-                    self._prompt_tokens(c.req) + c.emitted >= self.context_len:
+            if sp.max_tokens is not None and c.emitted >= sp.max_tokens or c.emitted >= c.room:
                 finish = "length"
             elif c.emitted >= self.reply_len and not sp.ignore_eos:
                 finish = "stop"

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from tessera.scheduler_proc.config import SchedulerConfig
 from tessera.scheduler_proc.scheduler import Scheduler
-from tessera.scheduler_proc.step_cost import batch_class
 from tests.scheduler_proc.sched_fakes import (
     EOS,
     VOCAB,
@@ -176,10 +175,11 @@ def test_any_configuration_finishes_every_request_correctly(
                           fill_padded_steps=fill, prefill_backlog_steps=backlog,
                           decode_order=order, debug_invariants=True)
     sched = Scheduler(cfg)
-    if costs:
-        sched.step_cost.decode_ms = 10.0
-        sched.step_cost.decode_ms_by_class = {batch_class(n): 10.0 for n in range(1, 9)}
-        sched.step_cost.prefill_ms_per_token = 1.0
+    if costs:  # as if measured: decode steps of 1-8 streams, then one with 64 prompt tokens
+        for streams in range(1, 9):
+            sched.step_cost.observe(streams, 0, 10.0)
+        sched.step_cost.observe(1, 64, 10.0 + 64 * 1.0)
+        assert sched.step_cost.prefill_ms_per_token == 1.0
     worker = FakeWorker(sched)
     got = Collected()
     base = rng.integers(1, VOCAB, size=20).astype(np.int32)
