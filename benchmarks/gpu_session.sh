@@ -80,6 +80,7 @@
 #   benchmarks/gpu_session.sh 75  # one H200:  issue 13's figures with the padding filled (the default since 73) and without (--no-fill-padded-steps): b3 alternating, twice, b2, b1 (~370 s)
 #   benchmarks/gpu_session.sh 76  # one H200:  issue 17's figures (b12 b1 bf16 / fp8 / int4, b12 B2 bf16 / fp8), then B3's c=128 tier traced step by step filled and not (~330 s)
 #   benchmarks/gpu_session.sh 77  # one H200:  issue 13's figures at the session's commit: b2, b3, b2 (~190 s)
+#   benchmarks/gpu_session.sh 78  # one H200:  the token GEMM (2-256 tokens): its GPU tests, the probe against cuBLAS, b2 with the probe's picks / cuBLAS, b3 with them / cuBLAS (~450 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -119,7 +120,7 @@ BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
 CARD=h200  # the card the results are named for (below: the one found)
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-7]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-77  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -1029,6 +1030,23 @@ case $CALL in
     part b2 60 35 b2 --name b2_call77_h200
     part b3 90 65 b3 --name b3_call77_h200
     part b2again 60 35 b2 --name b2_again_call77_h200
+    ;;
+  78)
+    # The token GEMM (hal/cuda/token_gemm.py): its GPU tests, then the probe (every candidate
+    # against cuBLAS at the 8B shapes, 16-256 tokens), then B2 and B3 with the probe's picks
+    # (HAL_CUDA_TOKEN_GEMM_TABLE) against cuBLAS alone (HAL_CUDA_TOKEN_GEMM=off), alternating.
+    part tokengemmtests 90 45 tokengemmtests
+    part tokengemm 200 110 tokengemm
+    picks=$RES/token_gemm_probe_$CARD.json
+    [[ $DRY == 1 ]] && picks=$RES/token_gemm_probe_dry.json
+    if [[ -s $picks ]]; then
+      HAL_CUDA_TOKEN_GEMM_TABLE=$picks part b2tg 60 35 b2 --name b2_tokengemm_call78_h200
+      HAL_CUDA_TOKEN_GEMM=off part b2 60 35 b2 --name b2_cublas_call78_h200
+      HAL_CUDA_TOKEN_GEMM_TABLE=$picks part b3tg 90 65 b3 --name b3_tokengemm_call78_h200
+      HAL_CUDA_TOKEN_GEMM=off part b3 90 65 b3 --name b3_cublas_call78_h200
+    else
+      say "no probe picks ($picks): B2 and B3 not run"
+    fi
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

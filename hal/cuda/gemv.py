@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from tessera.hal.cuda import pdl
+from tessera.hal.cuda import pdl, token_gemm
 from tessera.hal.cuda.pdl import enter as pdl_enter
 from tessera.hal.cuda.pdl import prefetch_rows_l2
 
@@ -151,8 +151,14 @@ def _one_token(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The plugin's bf16 linear: the one-token GEMV, the token GEMM of 2-256 tokens
+    (token_gemm.py), or cuBLAS, whichever its tables pick."""
     if _one_token(x, weight):
         config = _config(x, weight, bias)
         if config is not None:
             return gemv(x, weight, bias, *config)
+    elif token_gemm.applies(x, weight):
+        tile = token_gemm.config_for(x, weight, bias)
+        if tile is not None:
+            return token_gemm.token_gemm(x, weight, bias, tile)
     return F.linear(x, weight, bias)

@@ -75,7 +75,8 @@ class CudaPlatform(OpTablePlatform):
         # against 2.85-3.50 at 2 (its 1.6 ms launch and 3.2 ms round trip no longer hid behind
         # one step), c=128 serving ITL p99 30.1 against 36.0 ms; bf16 B1 and B2 unchanged.
         overlap_steps=3,
-        extra={"kernels": "triton", "linear": "cublas; triton gemv for tuned one-token shapes",
+        extra={"kernels": "triton", "linear": "cublas; triton gemv for tuned one-token shapes, "
+                                               "triton token gemm for tuned 2-256 token ones",
                "quantized linear": "triton dequantizing GEMV / GEMM; fp8 prefill through "
                                    "torch._scaled_mm (W8A8)"},
     )
@@ -107,7 +108,7 @@ class CudaPlatform(OpTablePlatform):
             "rotary_embedding": elementwise.rotary_embedding,
             "silu_and_mul": elementwise.silu_and_mul,
             "gelu_tanh_and_mul": elementwise.gelu_tanh_and_mul,
-            "linear": gemv.linear,  # cuBLAS, or the tuned one-token GEMV
+            "linear": gemv.linear,  # cuBLAS, the tuned one-token GEMV or token GEMM
             "store_kv": elementwise.store_kv,
             "attention_extend": extend_attention.attention_extend,
             "attention_decode": decode_attention.attention_decode,

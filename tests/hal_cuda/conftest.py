@@ -20,7 +20,7 @@ import pytest
 import torch
 
 KERNEL_MODULES = ("norm", "elementwise", "decode_attention", "extend_attention", "sampling",
-                  "gemv", "token_mask", "moe", "quant_linear")
+                  "gemv", "token_mask", "moe", "quant_linear", "token_gemm")
 _ON_GPU = torch.cuda.is_available()
 
 if not _ON_GPU:
