@@ -1,4 +1,4 @@
-"""The token GEMM (hal/cuda/token_gemm.py) against cuBLAS at Llama-3-8B's linears, 16-256
+"""The token GEMM (hal/cuda/token_gemm.py) against cuBLAS at Llama-3-8B's linears, 2-256
 tokens, on the GPU: what token_gemm.TUNED should hold. Not a pytest module.
 
 Each product runs 20 times inside a CUDA graph, cycling over four copies of the weight (a
@@ -37,7 +37,7 @@ import torch.nn.functional as F  # noqa: E402
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
           "down": (4096, 14336), "lm_head": (128256, 4096)}
 LAYER = ("qkv", "o", "gate_up", "down")
-TOKENS = [16, 32, 64, 96, 128, 192, 256]
+TOKENS = [2, 4, 8, 16, 32, 64, 96, 128, 192, 256]
 COPIES = 4
 REPLAYS = 20
 MARGIN = 0.97  # a candidate replaces cuBLAS only this much faster or more
