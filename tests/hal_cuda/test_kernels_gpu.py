@@ -346,6 +346,36 @@ def test_linear_takes_the_token_gemm_from_its_table_in_a_graph(
         tg._mode.cache_clear()
 
 
+def test_token_gemm_measure_mode_measures_a_product_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """HAL_CUDA_TOKEN_GEMM=measure: a product no table holds is timed against cuBLAS the
+    first time it runs outside a capture, the choice kept for the process; inside a capture an
+    unmeasured one is cuBLAS. The product is right either way."""
+    from tessera.hal.cuda import gemv
+    from tessera.hal.cuda import token_gemm as tg
+
+    if torch.cuda.get_device_capability() != tg.CAPABILITY:
+        pytest.skip("the token GEMM is used on Hopper only")
+    monkeypatch.setenv(tg.VARIABLE, "measure")
+    monkeypatch.delenv(tg.TABLE_VARIABLE, raising=False)
+    tg._mode.cache_clear()
+    tg._table.cache_clear()
+    try:
+        x, w, b = _token_gemm_case(24, 2048, 1024, seed=5)
+        key = (24, 2048, 1024, x.device.index, True)
+        tg._measured.pop(key, None)
+        out = gemv.linear(x, w, b)
+        assert key in tg._measured
+        chosen = tg._measured[key]
+        assert chosen is None or chosen in tg.candidates(24, 2048, 1024)
+        ref = x.double() @ w.double().T + b.double()
+        assert float((out.double() - ref).abs().max() / ref.abs().max()) < 1e-2
+        gemv.linear(x, w, b)
+        assert tg._measured[key] == chosen  # measured once
+    finally:
+        tg._mode.cache_clear()
+
+
 def _moe_inputs(tokens: int, seed: int) -> tuple[torch.Tensor, ...]:
     """bf16 MoE inputs at a quarter of Mixtral-8x7B's width (8 experts, top-2), fp32 routing."""
     hidden, inter, experts = 1024, 3584, 8
