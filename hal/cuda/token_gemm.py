@@ -20,8 +20,8 @@ fastest axis, so with M > BLOCK_M they read it while it is in L2.
 
 Which product takes it (HAL_CUDA_TOKEN_GEMM):
 
-- `table` (unset, the default): the shapes and token counts of TUNED, picked on the device
-  ahead of time (`tests/hal_cuda/token_gemm_probe.py`), cuBLAS for everything else. A
+- `table` (unset, the default): the shapes and token counts of TUNED for this card, picked on
+  it ahead of time (`tests/hal_cuda/token_gemm_probe.py`), cuBLAS for everything else. A
   `HAL_CUDA_TOKEN_GEMM_TABLE=PATH` JSON (the probe's `picks`) replaces TUNED for the process:
   the same call's A/B runs, before a table is committed. Every rank of a group reads the same
   table, so every rank runs the same kernels.
@@ -57,10 +57,14 @@ SMEM_LIMIT = 200 * 1024  # bytes of staged tiles a program may hold (sm_90: 227 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K)
 Config = tuple[int, int, int, int, int, int]
 
-# (out_features, in_features) -> ((largest token count, config or None for cuBLAS), ...),
-# token counts ascending: a product of M tokens takes the first row whose count is >= M.
-# Filled from the probe's picks on the device the configs were measured on (sm_90).
-TUNED: dict[tuple[int, int], tuple[tuple[int, Config | None], ...]] = {}
+Table = dict[tuple[int, int], tuple[tuple[int, Config | None], ...]]
+
+# The card (a word of its device name) -> (out_features, in_features) -> ((largest token
+# count, config or None for cuBLAS), ...), token counts ascending: a product of M tokens takes
+# the first row whose count is >= M. Filled from the probe's picks on that card: an H100 and
+# an H200 share sm_90 but not their memory's bandwidth, so one card's picks are not the
+# other's.
+TUNED: dict[str, Table] = {}
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -202,12 +206,12 @@ def _mode() -> str:
     return setting(os.environ.get(VARIABLE))
 
 
-def parse_table(data: Any) -> dict[tuple[int, int], tuple[tuple[int, Config | None], ...]]:
+def parse_table(data: Any) -> Table:
     """A probe's `picks` ({"N,K": [[tokens, config or null], ...]}) as TUNED's rows, or a
     clear error."""
     if not isinstance(data, dict):
         raise ValueError("a token GEMM table is an object {\"N,K\": [[tokens, config], ...]}")
-    table: dict[tuple[int, int], tuple[tuple[int, Config | None], ...]] = {}
+    table: Table = {}
     for key, rows in data.items():
         try:
             n, k = (int(v) for v in str(key).split(","))
@@ -225,18 +229,19 @@ def parse_table(data: Any) -> dict[tuple[int, int], tuple[tuple[int, Config | No
     return table
 
 
-@functools.lru_cache(maxsize=1)
-def _table() -> dict[tuple[int, int], tuple[tuple[int, Config | None], ...]]:
+@functools.lru_cache(maxsize=4)
+def _table(device_name: str = "") -> Table:
+    """The process's table: HAL_CUDA_TOKEN_GEMM_TABLE's when set, else TUNED's for the card
+    whose word the device's name holds (none: an empty table, cuBLAS)."""
     path = os.environ.get(TABLE_VARIABLE)
     if not path:
-        return TUNED
+        return next((t for card, t in TUNED.items() if card in device_name.split()), {})
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     return parse_table(data.get("picks", data) if isinstance(data, dict) else data)
 
 
-def lookup(table: dict[tuple[int, int], tuple[tuple[int, Config | None], ...]],
-           m: int, n: int, k: int) -> tuple[bool, Config | None]:
+def lookup(table: Table, m: int, n: int, k: int) -> tuple[bool, Config | None]:
     """(whether the table holds this product, its config or None for cuBLAS)."""
     rows = table.get((n, k))
     if not rows:
@@ -275,6 +280,11 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
 
 
+@functools.lru_cache(maxsize=16)
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+
+
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether this product is one the kernel may take: bf16, 2-256 row-major tokens on a
     Hopper device, a row-major weight."""
@@ -292,7 +302,7 @@ def config_for(x: torch.Tensor, weight: torch.Tensor,
         return None
     m, k = x.shape
     n = weight.shape[0]
-    held, config = lookup(_table(), m, n, k)
+    held, config = lookup(_table(_device_name(x.device)), m, n, k)
     if held or mode != "measure":
         return config
     key = (m, n, k, x.device.index, bias is not None)

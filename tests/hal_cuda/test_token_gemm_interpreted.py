@@ -144,7 +144,26 @@ def test_the_table_variable_replaces_tuned(kernels: dict[str, ModuleType], tmp_p
         tg._table.cache_clear()
         tg._mode.cache_clear()
     monkeypatch.delenv(tg.TABLE_VARIABLE)
-    assert tg._table() is tg.TUNED
+    assert tg._table("NVIDIA Unknown") == {}
+
+
+def test_tuned_tables_are_the_cards_own(kernels: dict[str, ModuleType],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """TUNED is keyed by a word of the device's name: one card's picks never run on another;
+    every row of it is a config that fits its product, token counts ascending."""
+    tg = kernels["token_gemm"]
+    monkeypatch.setitem(tg.TUNED, "H300", {(64, 32): ((16, (16, 32, 32, 4, 2, 1)),)})
+    tg._table.cache_clear()
+    try:
+        assert tg._table("NVIDIA H300 SXM") == {(64, 32): ((16, (16, 32, 32, 4, 2, 1)),)}
+        assert tg._table("NVIDIA H3000") == {}  # a word, not a substring
+    finally:
+        tg._table.cache_clear()
+    for table in tg.TUNED.values():
+        for (n, k), rows in table.items():
+            assert [r[0] for r in rows] == sorted(r[0] for r in rows)
+            for tokens, config in rows:
+                assert config is None or tg.fits(tokens, n, k, config), (n, k, tokens, config)
 
 
 @pytest.mark.parametrize("value,mode", [(None, "table"), ("", "table"), ("1", "table"),
