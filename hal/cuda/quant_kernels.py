@@ -385,6 +385,31 @@ def quant_rows_fp8_kernel(x_ptr, out_ptr, scale_ptr, K, x_s0, out_s0,
     tl.store(scale_ptr + row, scale)
 
 
+@triton.jit
+def splitk_range(pid_k, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """The K range [start, end) of split pid_k of SPLIT_K: whole runs of BLOCK_K tiles, the
+    last run shorter (or empty where the tiles run out)."""
+    k_tiles = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
+    k_start = pid_k * k_tiles * BLOCK_K
+    return k_start, tl.minimum(K, k_start + k_tiles * BLOCK_K)
+
+
+@triton.jit
+def store_wt_tile(acc, out_ptr, b_ptr, rm, rn, mmask, nmask, pid_k, M, N, out_s0,
+                  HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Store out^T's tile acc [BLOCK_N, BLOCK_M]: with SPLIT_K > 1 the float32 partial into
+    the workspace [SPLIT_K, M, N] (splitk_sum_kernel adds the bias), else with the bias into
+    out [M, N] (row stride out_s0) in its dtype."""
+    if SPLIT_K > 1:
+        part_out = out_ptr + (pid_k * M + rm[None, :]).to(tl.int64) * N + rn[:, None]
+        tl.store(part_out, acc, mask=nmask[:, None] & mmask[None, :])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[:, None]
+        out = out_ptr + rm[None, :].to(tl.int64) * out_s0 + rn[:, None]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=nmask[:, None] & mmask[None, :])
+
+
 @triton.jit(do_not_specialize=["M"])
 def qgemm_wt_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, x_s0, q_s0, s_s0,
                     out_s0, KIND: tl.constexpr, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
@@ -407,9 +432,7 @@ def qgemm_wt_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, x_s0, q
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
-    k_tiles = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
-    k_start = pid_k * k_tiles * BLOCK_K
-    k_end = tl.minimum(K, k_start + k_tiles * BLOCK_K)
+    k_start, k_end = splitk_range(pid_k, K, BLOCK_K, SPLIT_K)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
@@ -448,14 +471,8 @@ def qgemm_wt_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, x_s0, q
         if KIND == 2:
             o_row = tl.load(o_ptr + s_rows, mask=nmask, other=0.0) - NIB_BIAS * s_row
             acc += o_row[:, None] * xsum[None, :]
-    if SPLIT_K > 1:  # the float32 partial, into the workspace [SPLIT_K, M, N]
-        part_out = out_ptr + (pid_k * M + rm[None, :]).to(tl.int64) * N + rn[:, None]
-        tl.store(part_out, acc, mask=nmask[:, None] & mmask[None, :])
-    else:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[:, None]
-        out = out_ptr + rm[None, :].to(tl.int64) * out_s0 + rn[:, None]
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=nmask[:, None] & mmask[None, :])
+    store_wt_tile(acc, out_ptr, b_ptr, rm, rn, mmask, nmask, pid_k, M, N, out_s0, HAS_BIAS,
+                  SPLIT_K)
 
 
 @triton.jit(do_not_specialize=["M"])

@@ -46,6 +46,7 @@ import triton.language as tl
 
 from tessera.hal.cuda import pdl
 from tessera.hal.cuda.pdl import enter as pdl_enter
+from tessera.hal.cuda.quant_kernels import splitk_range, splitk_sum_kernel, store_wt_tile
 
 VARIABLE = "HAL_CUDA_TOKEN_GEMM"
 TABLE_VARIABLE = "HAL_CUDA_TOKEN_GEMM_TABLE"
@@ -76,9 +77,7 @@ def _token_gemm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, x_s0, w_s0, out_s0
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     pdl_enter(USE_PDL)
-    k_tiles = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
-    k_start = pid_k * k_tiles * BLOCK_K
-    k_end = tl.minimum(K, k_start + k_tiles * BLOCK_K)
+    k_start, k_end = splitk_range(pid_k, K, BLOCK_K, SPLIT_K)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
@@ -99,14 +98,8 @@ def _token_gemm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, x_s0, w_s0, out_s0
             x = tl.load(x_rows + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
             w = tl.load(w_rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
         acc = tl.dot(w, tl.trans(x), acc)
-    if SPLIT_K > 1:  # the float32 partial, into the workspace [SPLIT_K, M, N]
-        part_out = out_ptr + (pid_k * M + rm[None, :]).to(tl.int64) * N + rn[:, None]
-        tl.store(part_out, acc, mask=nmask[:, None] & mmask[None, :])
-    else:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[:, None]
-        out = out_ptr + rm[None, :].to(tl.int64) * out_s0 + rn[:, None]
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=nmask[:, None] & mmask[None, :])
+    store_wt_tile(acc, out_ptr, b_ptr, rm, rn, mmask, nmask, pid_k, M, N, out_s0, HAS_BIAS,
+                  SPLIT_K)
 
 
 def fits(m: int, n: int, k: int, config: Config) -> bool:
@@ -127,8 +120,6 @@ def fits(m: int, n: int, k: int, config: Config) -> bool:
 def token_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                config: Config) -> torch.Tensor:
     """x [M, K] @ weight [N, K]^T (+ bias) -> [M, N] in x's dtype, float32 accumulation."""
-    from tessera.hal.cuda.quant_kernels import splitk_sum_kernel
-
     block_m, block_n, block_k, warps, stages, split = config
     m, k = x.shape
     n = weight.shape[0]
