@@ -386,12 +386,16 @@ def quant_rows_fp8_kernel(x_ptr, out_ptr, scale_ptr, K, x_s0, out_s0,
 
 
 @triton.jit
-def splitk_range(pid_k, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-    """The K range [start, end) of split pid_k of SPLIT_K: whole runs of BLOCK_K tiles, the
-    last run shorter (or empty where the tiles run out)."""
+def wt_tile(pid_m, pid_n, pid_k, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Program (pid_m, pid_n, pid_k)'s part of a weights-as-A product: its K range [start,
+    end) (split pid_k of SPLIT_K: whole runs of BLOCK_K tiles, the last shorter or empty),
+    its token rows and weight rows, and their masks."""
     k_tiles = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
     k_start = pid_k * k_tiles * BLOCK_K
-    return k_start, tl.minimum(K, k_start + k_tiles * BLOCK_K)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return (k_start, tl.minimum(K, k_start + k_tiles * BLOCK_K), rm, rn, rm < M, rn < N)
 
 
 @triton.jit
@@ -432,11 +436,8 @@ def qgemm_wt_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, x_s0, q
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
-    k_start, k_end = splitk_range(pid_k, K, BLOCK_K, SPLIT_K)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mmask = rm < M
-    nmask = rn < N
+    k_start, k_end, rm, rn, mmask, nmask = wt_tile(pid_m, pid_n, pid_k, M, N, K, BLOCK_M,
+                                                   BLOCK_N, BLOCK_K, SPLIT_K)
     x_rows = x_ptr + rm[:, None].to(tl.int64) * x_s0
     q_rows = q_ptr + rn[:, None].to(tl.int64) * q_s0
     s_rows = rn.to(tl.int64) * s_s0

@@ -46,7 +46,7 @@ import triton.language as tl
 
 from tessera.hal.cuda import pdl
 from tessera.hal.cuda.pdl import enter as pdl_enter
-from tessera.hal.cuda.quant_kernels import splitk_range, splitk_sum_kernel, store_wt_tile
+from tessera.hal.cuda.quant_kernels import splitk_sum_kernel, store_wt_tile, wt_tile
 
 VARIABLE = "HAL_CUDA_TOKEN_GEMM"
 TABLE_VARIABLE = "HAL_CUDA_TOKEN_GEMM_TABLE"
@@ -77,11 +77,8 @@ def _token_gemm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, x_s0, w_s0, out_s0
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     pdl_enter(USE_PDL)
-    k_start, k_end = splitk_range(pid_k, K, BLOCK_K, SPLIT_K)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mmask = rm < M
-    nmask = rn < N
+    k_start, k_end, rm, rn, mmask, nmask = wt_tile(pid_m, pid_n, pid_k, M, N, K, BLOCK_M,
+                                                   BLOCK_N, BLOCK_K, SPLIT_K)
     x_rows = x_ptr + rm[:, None].to(tl.int64) * x_s0
     w_rows = w_ptr + rn[:, None].to(tl.int64) * w_s0
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
