@@ -264,7 +264,9 @@ for part in "${parts[@]}"; do
     tokengemm) echo "+ tests/hal_cuda/token_gemm_probe.py" >&2
                "$PY" tests/hal_cuda/token_gemm_probe.py "$OUT/token_gemm_probe_$SUFFIX.json" \
                  "${T_cpu[@]}" || { echo "tokengemm: failed" >&2; failed+=(tokengemm); } ;;
-    tokengemmtests) gpu_pytest tokengemmtests tests/hal_cuda/test_kernels_gpu.py -k token_gemm \
+    # (with the quantized multi-token tiles, which share its K split and store: wt_tile)
+    tokengemmtests) gpu_pytest tokengemmtests tests/hal_cuda/test_kernels_gpu.py \
+                      tests/hal_cuda/test_quant_gpu.py -k "token_gemm or quant_linear_bf16" \
                       "${T_tokengemmtests[@]}" ;;
     # Each one-token fusion beside the composition it replaces (what it saves, per scheme).
     fusionprobe) echo "+ tests/hal_cuda/fusion_probe.py" >&2
