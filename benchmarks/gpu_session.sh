@@ -1032,11 +1032,11 @@ case $CALL in
     part b2again 60 35 b2 --name b2_again_call77_h200
     ;;
   78)
-    # The token GEMM (hal/cuda/token_gemm.py): its GPU tests, then the probe (every candidate
-    # against cuBLAS at the 8B shapes, 16-256 tokens), then B2 and B3 with the probe's picks
+    # The token GEMM (hal/cuda/token_gemm.py): the probe (every candidate against cuBLAS at
+    # the 8B shapes, 2-256 tokens), its GPU tests, then B2 and B3 with the probe's picks
     # (HAL_CUDA_TOKEN_GEMM_TABLE) against cuBLAS alone (HAL_CUDA_TOKEN_GEMM=off), alternating.
-    part tokengemmtests 90 45 tokengemmtests
     part tokengemm 200 110 tokengemm
+    part tokengemmtests 90 45 tokengemmtests
     picks=$RES/token_gemm_probe_$CARD.json
     [[ $DRY == 1 ]] && picks=$RES/token_gemm_probe_dry.json
     if [[ -s $picks ]]; then
