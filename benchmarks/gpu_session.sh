@@ -1036,7 +1036,7 @@ case $CALL in
     # the 8B shapes, 2-256 tokens), its GPU tests, then B2 and B3 with the probe's picks
     # (HAL_CUDA_TOKEN_GEMM_TABLE) against cuBLAS alone (HAL_CUDA_TOKEN_GEMM=off), alternating.
     part tokengemm 200 110 tokengemm
-    part tokengemmtests 90 45 tokengemmtests
+    part tokengemmtests 150 100 tokengemmtests
     picks=$RES/token_gemm_probe_$CARD.json
     [[ $DRY == 1 ]] && picks=$RES/token_gemm_probe_dry.json
     if [[ -s $picks ]]; then

@@ -10,6 +10,10 @@ a layer at 16 tokens, 128 at 64 and 139 at 128 (3.1-3.7 TB/s): the small project
 (benchmarks/results/b2_profile_summary_call64_h200.json, 80 tokens) spent 4.45 ms a step in
 linears whose weights take 3.55 ms to read.
 
+On an H100 (call 78, benchmarks/results/token_gemm_probe_h100.json) cuBLAS reads the large
+weights at 87% of the bandwidth already and this kernel beat it only on gate_up and the LM
+head up to ~96 tokens (B2 +0.1%): TUNED has no H100 table. The H200's probe is to come.
+
 This kernel computes out^T's tile: acc[BLOCK_N, BLOCK_M] += W[BLOCK_N, BLOCK_K] @
 x[BLOCK_M, BLOCK_K]^T, the weight rows as the tensor cores' wide side and the tokens as their
 narrow side (as narrow as 16), stored transposed; SPLIT_K > 1 spreads a weight with few output
