@@ -11,6 +11,7 @@ moe_tune (the fused MoE's grouped GEMMs).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,6 +20,12 @@ import torch
 Config = tuple[int, ...]
 # Every measured key's choice, for this process (the benchmarks report them).
 chosen: dict[tuple[Any, ...], Config] = {}
+
+
+@functools.lru_cache(maxsize=16)
+def capability(device: torch.device) -> tuple[int, int]:
+    """The device's compute capability, asked of the driver once per device."""
+    return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
 
 
 def measurable(x: torch.Tensor) -> bool:

@@ -21,14 +21,12 @@ the activation of its tiles. The cuda plugin does not offer that op.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from tessera.hal.cuda import pdl, token_gemm
+from tessera.hal.cuda import autotune, pdl, token_gemm
 from tessera.hal.cuda.pdl import enter as pdl_enter
 from tessera.hal.cuda.pdl import prefetch_rows_l2
 
@@ -100,11 +98,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block
     return out
 
 
-@functools.lru_cache(maxsize=16)
-def _capability(device: torch.device) -> tuple[int, int]:
-    return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
-
-
 # Launch configurations tried for a shape TUNED does not hold; CUBLAS stands for F.linear.
 CANDIDATES: tuple[tuple[int, int, int], ...] = ((2, 2048, 8), (4, 2048, 8), (4, 1024, 4),
                                                 (1, 4096, 8))
@@ -147,7 +140,7 @@ def _config(x: torch.Tensor, weight: torch.Tensor,
 def _one_token(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (x.dim() == 2 and x.shape[0] == 1 and x.stride(-1) == 1 and weight.stride(-1) == 1
             and x.dtype == weight.dtype == torch.bfloat16 and x.is_cuda
-            and _capability(x.device) == TUNED_CAPABILITY)
+            and autotune.capability(x.device) == TUNED_CAPABILITY)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -31,8 +31,8 @@ Which product takes it (HAL_CUDA_TOKEN_GEMM):
   table, so every rank runs the same kernels.
 - `measure`: a (shape, token count) TUNED does not hold is measured the first time it runs
   outside a graph capture (the graph runner's eager warm-up comes before every capture):
-  cuBLAS against CANDIDATES, the fastest kept for the process. One rank of a group may choose
-  another kernel than the next: for single-device runs and probes.
+  cuBLAS against candidates(), the fastest kept for the process (autotune.pick). One rank
+  of a group may choose another kernel than the next: for single-device runs and probes.
 - `off`: cuBLAS always (A/B runs).
 """
 
@@ -48,7 +48,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from tessera.hal.cuda import pdl
+from tessera.hal.cuda import autotune, pdl
 from tessera.hal.cuda.pdl import enter as pdl_enter
 from tessera.hal.cuda.quant_kernels import splitk_sum_kernel, store_wt_tile, wt_tile
 
@@ -103,10 +103,11 @@ def _token_gemm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, x_s0, w_s0, out_s0
                   SPLIT_K)
 
 
-def fits(m: int, n: int, k: int, config: Config) -> bool:
-    """Whether `config` can run an [m, k] x [n, k]^T product: tiles the tensor cores take
-    (powers of two, at least 16), at most SMEM_LIMIT bytes of staged bf16 tiles, and every
-    split a whole number of K tiles, none empty."""
+def fits(k: int, config: Config) -> bool:
+    """Whether `config` can run a product over k inputs (any tokens and weight rows: the
+    tiles' masks take the rest): tiles the tensor cores take (powers of two, at least 16), at
+    most SMEM_LIMIT bytes of staged bf16 tiles, and every split a whole number of K tiles,
+    none empty."""
     block_m, block_n, block_k, warps, stages, split = config
     pow2 = all(v >= 16 and v & (v - 1) == 0 for v in (block_m, block_n, block_k))
     if not pow2 or warps not in (4, 8) or stages < 1 or split < 1:
@@ -128,7 +129,7 @@ def token_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         raise ValueError(f"token_gemm expects x [M, {weight.shape[1]}] and row-major "
                          f"operands, got x {tuple(x.shape)} strides {x.stride()}, weight "
                          f"{tuple(weight.shape)} strides {weight.stride()}")
-    if not fits(m, n, k, config):
+    if not fits(k, config):
         raise ValueError(f"token_gemm config {config} does not fit [{m}, {k}] x [{n}, {k}]")
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
@@ -177,7 +178,7 @@ def candidates(m: int, n: int, k: int) -> list[Config]:
                     # the deepest pipeline up to 6 stages that fits in shared memory
                     stages = min(6, SMEM_LIMIT // ((block_m + block_n) * block_k * 2))
                     config = (block_m, block_n, block_k, warps, stages, split)
-                    if stages >= 2 and fits(m, n, k, config):
+                    if stages >= 2 and fits(k, config):
                         out.append(config)
     return out
 
@@ -240,36 +241,28 @@ def lookup(table: Table, m: int, n: int, k: int) -> tuple[bool, Config | None]:
         return False, None
     for tokens, config in rows:
         if tokens >= m:
-            return True, config if config is not None and fits(m, n, k, config) else None
+            return True, config if config is not None and fits(k, config) else None
     return False, None
 
 
-_measured: dict[tuple[int, int, int, int | None, bool], Config | None] = {}
+CUBLAS: Config = (0, 0, 0, 0, 0, 0)  # autotune's candidate for F.linear
 
 
 def _measure(x: torch.Tensor, weight: torch.Tensor,
              bias: torch.Tensor | None) -> Config | None:
-    """The fastest of cuBLAS and candidates() for this product, the L2 flushed between runs
-    (triton's do_bench); None when cuBLAS is, or no candidate runs."""
-    from triton.testing import do_bench
-
+    """autotune.pick over cuBLAS and candidates() for this product, keyed by its shape, token
+    count, device and bias (measured once, outside captures; inside one, cuBLAS unkept);
+    None for cuBLAS."""
     m, k = x.shape
     n = weight.shape[0]
-    best_ms, best = float(do_bench(lambda: F.linear(x, weight, bias), warmup=2, rep=10)), None
-    for cand in candidates(m, n, k):
-        try:
-            ms = float(do_bench(lambda c=cand: token_gemm(x, weight, bias, c), warmup=2,
-                                rep=10))
-        except Exception:  # noqa: BLE001 - a configuration the compiler rejects is skipped
-            continue
-        if ms < best_ms:
-            best_ms, best = ms, cand
-    return best
 
+    def run(config: Config) -> torch.Tensor:
+        return F.linear(x, weight, bias) if config == CUBLAS else token_gemm(x, weight, bias,
+                                                                           config)
 
-@functools.lru_cache(maxsize=16)
-def _capability(device: torch.device) -> tuple[int, int]:
-    return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
+    key = ("token_gemm", m, n, k, x.device.index, bias is not None)
+    chosen = autotune.pick(key, [CUBLAS, *candidates(m, n, k)], x, run)
+    return None if chosen == CUBLAS else chosen
 
 
 @functools.lru_cache(maxsize=16)
@@ -283,7 +276,7 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (x.dim() == 2 and MIN_TOKENS <= x.shape[0] <= MAX_TOKENS and x.stride(-1) == 1
             and weight.dim() == 2 and weight.stride(-1) == 1
             and x.dtype == weight.dtype == torch.bfloat16 and x.is_cuda
-            and _capability(x.device) == CAPABILITY)
+            and autotune.capability(x.device) == CAPABILITY)
 
 
 def config_for(x: torch.Tensor, weight: torch.Tensor,
@@ -295,11 +288,4 @@ def config_for(x: torch.Tensor, weight: torch.Tensor,
     m, k = x.shape
     n = weight.shape[0]
     held, config = lookup(_table(_device_name(x.device)), m, n, k)
-    if held or mode != "measure":
-        return config
-    key = (m, n, k, x.device.index, bias is not None)
-    if key not in _measured:
-        if torch.cuda.is_current_stream_capturing():
-            return None  # not measured before this capture: cuBLAS in this graph
-        _measured[key] = _measure(x, weight, bias)
-    return _measured[key]
+    return config if held or mode != "measure" else _measure(x, weight, bias)

@@ -351,7 +351,7 @@ def test_token_gemm_measure_mode_measures_a_product_once(
     """HAL_CUDA_TOKEN_GEMM=measure: a product no table holds is timed against cuBLAS the
     first time it runs outside a capture, the choice kept for the process; inside a capture an
     unmeasured one is cuBLAS. The product is right either way."""
-    from tessera.hal.cuda import gemv
+    from tessera.hal.cuda import autotune, gemv
     from tessera.hal.cuda import token_gemm as tg
 
     if torch.cuda.get_device_capability() != tg.CAPABILITY:
@@ -362,16 +362,21 @@ def test_token_gemm_measure_mode_measures_a_product_once(
     tg._table.cache_clear()
     try:
         x, w, b = _token_gemm_case(24, 2048, 1024, seed=5)
-        key = (24, 2048, 1024, x.device.index, True)
-        tg._measured.pop(key, None)
+        key = ("token_gemm", 24, 2048, 1024, x.device.index, True)
+        autotune.chosen.pop(key, None)
         out = gemv.linear(x, w, b)
-        assert key in tg._measured
-        chosen = tg._measured[key]
-        assert chosen is None or chosen in tg.candidates(24, 2048, 1024)
+        assert key in autotune.chosen
+        chosen = autotune.chosen[key]
+        assert chosen in (tg.CUBLAS, *tg.candidates(24, 2048, 1024))
         ref = x.double() @ w.double().T + b.double()
         assert float((out.double() - ref).abs().max() / ref.abs().max()) < 1e-2
         gemv.linear(x, w, b)
-        assert tg._measured[key] == chosen  # measured once
+        assert autotune.chosen[key] == chosen  # measured once
+        autotune.chosen.pop(key)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # unmeasured inside a capture: cuBLAS, not kept
+            assert tg.config_for(x, w, b) is None
+        assert key not in autotune.chosen
     finally:
         tg._mode.cache_clear()
 

@@ -66,15 +66,15 @@ def test_refuses_what_it_cannot_read(kernels: dict[str, ModuleType]) -> None:
 
 def test_fits_rules(kernels: dict[str, ModuleType]) -> None:
     tg = kernels["token_gemm"]
-    assert tg.fits(64, 4096, 4096, (64, 64, 128, 4, 4, 4))
-    assert not tg.fits(64, 4096, 4096, (48, 64, 128, 4, 4, 1))  # not a power of two
-    assert not tg.fits(64, 4096, 4096, (8, 64, 128, 4, 4, 1))  # under the dot's 16
-    assert not tg.fits(64, 4096, 4096, (64, 64, 128, 2, 4, 1))  # warps
-    assert not tg.fits(64, 4096, 4096, (128, 128, 256, 4, 3, 1))  # 384 KB of stages
-    assert not tg.fits(64, 4096, 128, (64, 64, 64, 4, 3, 4))  # more splits than K tiles
-    assert not tg.fits(64, 4096, 320, (64, 64, 64, 4, 3, 4))  # 5 tiles in runs of 2: 4th empty
-    assert not tg.fits(64, 4096, 384, (64, 64, 64, 4, 3, 4))  # 6 tiles in runs of 2: the same
-    assert tg.fits(64, 4096, 448, (64, 64, 64, 4, 3, 4))  # 7 tiles: 2, 2, 2, 1
+    assert tg.fits(4096, (64, 64, 128, 4, 4, 4))
+    assert not tg.fits(4096, (48, 64, 128, 4, 4, 1))  # not a power of two
+    assert not tg.fits(4096, (8, 64, 128, 4, 4, 1))  # under the dot's 16
+    assert not tg.fits(4096, (64, 64, 128, 2, 4, 1))  # warps
+    assert not tg.fits(4096, (128, 128, 256, 4, 3, 1))  # 384 KB of stages
+    assert not tg.fits(128, (64, 64, 64, 4, 3, 4))  # more splits than K tiles
+    assert not tg.fits(320, (64, 64, 64, 4, 3, 4))  # 5 tiles in runs of 2: 4th empty
+    assert not tg.fits(384, (64, 64, 64, 4, 3, 4))  # 6 tiles in runs of 2: the same
+    assert tg.fits(448, (64, 64, 64, 4, 3, 4))  # 7 tiles: 2, 2, 2, 1
 
 
 @pytest.mark.parametrize("m", [2, 16, 24, 64, 80, 128, 160, 256])
@@ -84,7 +84,7 @@ def test_candidates_fit_every_llama_projection(kernels: dict[str, ModuleType],
     for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)):
         cands = tg.candidates(m, n, k)
         assert cands, (m, n, k)
-        assert all(tg.fits(m, n, k, c) for c in cands)
+        assert all(tg.fits(k, c) for c in cands)
         assert all(c[0] >= min(16, m) for c in cands)
         programs = {c: -(-m // c[0]) * -(-n // c[1]) * c[5] for c in cands}
         # a weight with few rows is split until it reaches the chip's multiprocessors
@@ -163,7 +163,7 @@ def test_tuned_tables_are_the_cards_own(kernels: dict[str, ModuleType],
         for (n, k), rows in table.items():
             assert [r[0] for r in rows] == sorted(r[0] for r in rows)
             for tokens, config in rows:
-                assert config is None or tg.fits(tokens, n, k, config), (n, k, tokens, config)
+                assert config is None or tg.fits(k, config), (n, k, tokens, config)
 
 
 @pytest.mark.parametrize("value,mode", [(None, "table"), ("", "table"), ("1", "table"),
