@@ -265,7 +265,7 @@ for part in "${parts[@]}"; do
                "$PY" tests/hal_cuda/token_gemm_probe.py "$OUT/token_gemm_probe_$SUFFIX.json" \
                  "${T_cpu[@]}" || { echo "tokengemm: failed" >&2; failed+=(tokengemm); } ;;
     # (with the quantized multi-token tiles, which share its K split and store: wt_tile)
-    tokengemmtests) gpu_pytest tokengemmtests tests/hal_cuda/test_kernels_gpu.py \
+    tokengemmtests) gpu_pytest tokengemmtests tests/hal_cuda/test_token_gemm_gpu.py \
                       tests/hal_cuda/test_quant_gpu.py -k "token_gemm or quant_linear_bf16" \
                       "${T_tokengemmtests[@]}" ;;
     # Each one-token fusion beside the composition it replaces (what it saves, per scheme).
