@@ -60,7 +60,7 @@ CAPABILITY = (9, 0)
 SMEM_LIMIT = 200 * 1024  # bytes of staged tiles a program may hold (sm_90: 227 KB)
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K)
-Config = tuple[int, int, int, int, int, int]
+Config = autotune.Config  # six ints: the line above
 
 Table = dict[tuple[int, int], tuple[tuple[int, Config | None], ...]]
 
