@@ -1035,15 +1035,21 @@ case $CALL in
     # The token GEMM (hal/cuda/token_gemm.py): the probe (every candidate against cuBLAS at
     # the 8B shapes, 2-256 tokens), its GPU tests, then B2 and B3 with the probe's picks
     # (HAL_CUDA_TOKEN_GEMM_TABLE) against cuBLAS alone (HAL_CUDA_TOKEN_GEMM=off), alternating.
-    part tokengemm 200 110 tokengemm
-    part tokengemmtests 150 100 tokengemmtests
+    # A card whose probe is committed (the H100's, call 78) takes those picks: no second probe.
     picks=$RES/token_gemm_probe_$CARD.json
+    if [[ $CARD != h200 && -s benchmarks/results/token_gemm_probe_$CARD.json ]]; then
+      say "tokengemm: the committed benchmarks/results/token_gemm_probe_$CARD.json, not probed again"
+      picks=benchmarks/results/token_gemm_probe_$CARD.json
+    else
+      part tokengemm 200 110 tokengemm
+    fi
+    part tokengemmtests 150 100 tokengemmtests
     [[ $DRY == 1 ]] && picks=$RES/token_gemm_probe_dry.json
     if [[ -s $picks ]]; then
-      HAL_CUDA_TOKEN_GEMM_TABLE=$picks part b2tg 60 35 b2 --name b2_tokengemm_call78_h200
-      HAL_CUDA_TOKEN_GEMM=off part b2 60 35 b2 --name b2_cublas_call78_h200
-      HAL_CUDA_TOKEN_GEMM_TABLE=$picks part b3tg 90 65 b3 --name b3_tokengemm_call78_h200
-      HAL_CUDA_TOKEN_GEMM=off part b3 90 65 b3 --name b3_cublas_call78_h200
+      HAL_CUDA_TOKEN_GEMM_TABLE=$picks part b2tg 60 35 b2 --name b2_tokengemm_${TAG:-call78}_h200
+      HAL_CUDA_TOKEN_GEMM=off part b2 60 35 b2 --name b2_cublas_${TAG:-call78}_h200
+      HAL_CUDA_TOKEN_GEMM_TABLE=$picks part b3tg 90 65 b3 --name b3_tokengemm_${TAG:-call78}_h200
+      HAL_CUDA_TOKEN_GEMM=off part b3 90 65 b3 --name b3_cublas_${TAG:-call78}_h200
     else
       say "no probe picks ($picks): B2 and B3 not run"
     fi
