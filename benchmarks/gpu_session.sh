@@ -82,6 +82,7 @@
 #   benchmarks/gpu_session.sh 77  # one H200:  issue 13's figures at the session's commit: b2, b3, b2 (~190 s)
 #   benchmarks/gpu_session.sh 78  # one H200:  the token GEMM (2-256 tokens): its GPU tests, the probe against cuBLAS, b2 with the probe's picks / cuBLAS, b3 with them / cuBLAS (~450 s)
 #   benchmarks/gpu_session.sh 80  # one H200:  B1 with the worker profiled over 16 decode steps, bf16 / fp8 / int4 weights (profile_summary of each), then b12 b1 (~330 s)
+#   benchmarks/gpu_session.sh 81  # one H200:  the streamed native GEMV: native GPU tests, the batch-1 GEMV sweep, b12 b1, B1 profiled over int4 / fp8 (~480 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -121,7 +122,7 @@ BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
 CARD=h200  # the card the results are named for (below: the one found)
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|80))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[01]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-81  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -231,6 +232,22 @@ part() {
   echo "$name $what ${took}s (expected ${expect}s, limit ${limit}s)" >>"$SUMMARY"
   reap
   pack
+}
+
+# B1 with the worker profiled over 16 decode steps inside the fourth request (B1: 129 steps
+# a request), weights of scheme $1 (bf16: none), summarized by profile_summary (device busy
+# against the window's wall, time by kernel kind, the top kernels); $2 names the files.
+b1_profiled() {
+  local scheme=$1 tag=$2 q=()
+  [[ $scheme == bf16 ]] || q=(--quantization "$scheme")
+  part "b1prof_$scheme" 110 60 b1 "${q[@]}" --profile-dir "$RES/b1_profile_$scheme" \
+    --profile-steps "${PROFILE_STEPS:-420:16}" --name "b1_${scheme}_profiled_${tag}_h200"
+  if [[ -d $RES/b1_profile_$scheme ]]; then
+    "$PY" -m tessera.benchmarks.profile_summary "$RES/b1_profile_$scheme" \
+      --out "$RES/b1_profile_summary_${scheme}_${tag}_$CARD.json" >/dev/null 2>>"$LOG" ||
+      say "profile summary failed ($scheme)"
+    gzip -f "$RES/b1_profile_$scheme"/*.trace.json 2>/dev/null || true
+  fi
 }
 
 # The step profile's parts that the serving issue needs (the kernel sweeps take minutes).
@@ -1057,21 +1074,20 @@ case $CALL in
     ;;
   80)
     # Where B1's decode step goes on the device, per scheme (issue 17's fp8 / int4 gaps): the
-    # worker profiled over 16 decode steps inside the fourth request (B1: 129 steps a
-    # request), bf16 / fp8 / int4 weights, each summarized by profile_summary (device busy
-    # against the window's wall, time by kernel kind, the top kernels); then B12's B1 part.
-    for scheme in bf16 fp8 int4; do
-      q=(); [[ $scheme == bf16 ]] || q=(--quantization "$scheme")
-      part "b1prof_$scheme" 110 60 b1 "${q[@]}" --profile-dir "$RES/b1_profile_$scheme" \
-        --profile-steps "${PROFILE_STEPS:-420:16}" --name "b1_${scheme}_profiled_${TAG:-call80}_h200"
-      if [[ -d $RES/b1_profile_$scheme ]]; then
-        "$PY" -m tessera.benchmarks.profile_summary "$RES/b1_profile_$scheme" \
-          --out "$RES/b1_profile_summary_${scheme}_${TAG:-call80}_$CARD.json" >/dev/null 2>>"$LOG" ||
-          say "profile summary failed ($scheme)"
-        gzip -f "$RES/b1_profile_$scheme"/*.trace.json 2>/dev/null || true
-      fi
-    done
+    # worker profiled over 16 decode steps inside the fourth request (b1_profiled), bf16 /
+    # fp8 / int4 weights; then B12's B1 part.
+    for scheme in bf16 fp8 int4; do b1_profiled "$scheme" "${TAG:-call80}"; done
     part b12b1 150 75 b12 --parts b1 --name "b12_b1_${TAG:-call80}_h200"
+    ;;
+  81)
+    # The streamed native GEMV (native_gemv.py qgemv_stream: weight runs through a cp.async
+    # ring in shared memory, persistent grids): the native GPU tests, the batch-1 GEMV sweep
+    # with its configs beside the others, B12's B1 part (the tuner picks per shape), then
+    # B1 profiled over int4 and fp8 weights as far as the budget goes.
+    QUANT_K="native" part quanttests 170 90 quanttests
+    QUANT_GEMM_SWEEP=0 part quantbench 200 100 quantbench
+    part b12b1 150 75 b12 --parts b1 --name "b12_b1_${TAG:-call81}_h200"
+    for scheme in int4 fp8; do b1_profiled "$scheme" "${TAG:-call81}"; done
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
