@@ -692,7 +692,7 @@ def compile_cubin(source: str, arch: int) -> bytes:
 
 
 _lock = threading.Lock()
-_functions: dict[tuple[str, int], Any] = {}
+_functions: dict[tuple[str, int, bytes], Any] = {}
 _modules: list[Any] = []  # kept loaded for the life of the process
 
 
