@@ -1084,7 +1084,8 @@ case $CALL in
     # ring in shared memory, persistent grids): the native GPU tests, the batch-1 GEMV sweep
     # with its configs beside the others, B12's B1 part (the tuner picks per shape), then
     # B1 profiled over int4 and fp8 weights as far as the budget goes.
-    QUANT_K="native" part quanttests 170 90 quanttests
+    QUANT_K="native_gemv_every or native_stream or native_gemv_under_pdl or falls_back" \
+      part quanttests 170 90 quanttests
     QUANT_GEMM_SWEEP=0 part quantbench 200 100 quantbench
     part b12b1 150 75 b12 --parts b1 --name "b12_b1_${TAG:-call81}_h200"
     for scheme in int4 fp8; do b1_profiled "$scheme" "${TAG:-call81}"; done
