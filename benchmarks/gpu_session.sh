@@ -83,6 +83,7 @@
 #   benchmarks/gpu_session.sh 78  # one H200:  the token GEMM (2-256 tokens): its GPU tests, the probe against cuBLAS, b2 with the probe's picks / cuBLAS, b3 with them / cuBLAS (~450 s)
 #   benchmarks/gpu_session.sh 80  # one H200:  B1 with the worker profiled over 16 decode steps, bf16 / fp8 / int4 weights (profile_summary of each), then b12 b1 (~330 s)
 #   benchmarks/gpu_session.sh 81  # one H200:  the streamed native GEMV: native GPU tests, the batch-1 GEMV sweep, b12 b1, B1 profiled over int4 / fp8 (~480 s)
+#   benchmarks/gpu_session.sh 82  # one H200:  call 81 on a short budget: the GEMV sweep first, then the native tests, b12 b1 (~270 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -122,7 +123,7 @@ BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
 CARD=h200  # the card the results are named for (below: the one found)
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[01]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-81  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-2]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-82  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -1089,6 +1090,14 @@ case $CALL in
     QUANT_GEMM_SWEEP=0 part quantbench 200 100 quantbench
     part b12b1 150 75 b12 --parts b1 --name "b12_b1_${TAG:-call81}_h200"
     for scheme in int4 fp8; do b1_profiled "$scheme" "${TAG:-call81}"; done
+    ;;
+  82)
+    # Call 81 on a short budget: the batch-1 GEMV sweep first (every candidate's time and
+    # error against the definition), then the native GPU tests, then B12's B1 part.
+    QUANT_GEMM_SWEEP=0 part quantbench 200 100 quantbench
+    QUANT_K="native_gemv_every or native_stream or native_gemv_under_pdl or falls_back" \
+      part quanttests 170 90 quanttests
+    part b12b1 150 75 b12 --parts b1 --name "b12_b1_${TAG:-call82}_h200"
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
