@@ -1087,6 +1087,7 @@ case $CALL in
     # B1 profiled over int4 and fp8 weights as far as the budget goes.
     QUANT_K="native_gemv_every or native_stream or native_gemv_under_pdl or falls_back" \
       part quanttests 170 90 quanttests
+    export HAL_CUDA_GEMV_STREAM=1  # the streamed configs in the tuner's lists
     QUANT_GEMM_SWEEP=0 part quantbench 200 100 quantbench
     part b12b1 150 75 b12 --parts b1 --name "b12_b1_${TAG:-call81}_h200"
     for scheme in int4 fp8; do b1_profiled "$scheme" "${TAG:-call81}"; done
@@ -1094,6 +1095,7 @@ case $CALL in
   82)
     # Call 81 on a short budget: the batch-1 GEMV sweep first (every candidate's time and
     # error against the definition), then the native GPU tests, then B12's B1 part.
+    export HAL_CUDA_GEMV_STREAM=1  # the streamed configs in the tuner's lists
     QUANT_GEMM_SWEEP=0 part quantbench 200 100 quantbench
     QUANT_K="native_gemv_every or native_stream or native_gemv_under_pdl or falls_back" \
       part quanttests 170 90 quanttests

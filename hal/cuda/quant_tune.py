@@ -102,9 +102,13 @@ NATIVE_STREAM_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
     "int4": [(8, 1, 2, stream_flags(3, 0)), (8, 1, 2, stream_flags(3, 5)),
              (4, 1, 4, stream_flags(3, 0)), (4, 1, 2, stream_flags(4, 8))],
 }
+# Not yet measured on a GPU (no device could be started in the session that wrote it), so
+# the tuner lists the streamed configs only with HAL_CUDA_GEMV_STREAM=1 (gpu_session.sh 81 /
+# 82 set it for their sweep and B12); read once, at import.
+STREAM_VARIABLE = "HAL_CUDA_GEMV_STREAM"
 for _scheme, _natives in NATIVE_CANDIDATES.items():  # after the Triton tiles: never first
     GEMV_CANDIDATES[_scheme] = GEMV_CANDIDATES[_scheme] + _natives + \
-        NATIVE_STREAM_CANDIDATES[_scheme]
+        (NATIVE_STREAM_CANDIDATES[_scheme] if env.switch(STREAM_VARIABLE, False) else [])
 # The weight expanded to x's dtype once (dequant_kernel), then the library GEMM: a candidate
 # where the batch makes the GEMM compute-bound (prefill chunks, B2's largest decode batches).
 # At f64b807 the step profile's int4 prefill of 512 tokens took 29.8 ms against bf16's 11.3

@@ -120,13 +120,16 @@ def test_which_weights_the_kernel_takes() -> None:
 def test_native_configs_follow_the_triton_tiles() -> None:
     """The CUDA C configs come after every Triton tile in the tuner's lists: where nothing is
     measured (graph capture, the interpreter) the first, a Triton tile, runs."""
-    from tessera.hal.cuda import native_gemv, quant_kernels, quant_tune
+    from tessera.hal.cuda import env, native_gemv, quant_kernels, quant_tune
 
     for scheme, plain in quant_tune.NATIVE_CANDIDATES.items():
         streamed = quant_tune.NATIVE_STREAM_CANDIDATES[scheme]
-        natives = plain + streamed
         cands = quant_tune.GEMV_CANDIDATES[scheme]
+        # the streamed configs are listed only with HAL_CUDA_GEMV_STREAM=1 (not yet measured)
+        listed = env.switch(quant_tune.STREAM_VARIABLE, False)
+        natives = plain + (streamed if listed else [])
         assert plain and streamed and cands[-len(natives):] == natives
+        assert listed or not any(c[3] & quant_kernels.GEMV_STREAM for c in cands)
         assert not any(c[3] & quant_kernels.GEMV_NATIVE for c in cands[:-len(natives)])
         assert len(set(natives)) == len(natives)
         for rows, unroll, warps, flag in natives:
