@@ -28,6 +28,12 @@ def capability(device: torch.device) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
 
 
+@functools.lru_cache(maxsize=16)
+def sm_count(device_index: int) -> int:
+    """The device's multiprocessors, asked of the driver once per device."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def measurable(x: torch.Tensor) -> bool:
     """On a GPU (the interpreter runs on CPU tensors) and not inside a graph capture."""
     return x.is_cuda and not torch.cuda.is_current_stream_capturing()

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tessera.hal.cuda import pdl
+from tessera.hal.cuda import autotune, pdl
 from tessera.hal.cuda.pdl import enter as pdl_enter
 
 # Tunables, overridable by benchmarks (kept here so the graph runner and the bench agree).
@@ -306,16 +306,12 @@ def _decode_stage2(mid_o_ptr, mid_lse_ptr, out_ptr, ext_lens_ptr, qo_ptr, mo_s0,
     tl.store(out_ptr + o_row * o_s0 + h * o_s1 + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
 
 
-@functools.lru_cache(maxsize=8)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def num_splits(batch: int, kv_heads: int, device: torch.device) -> int:
     """Splits per request (splits_for)."""
     if device.type != "cuda":
         return 4  # the interpreter: any value exercises the merge
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    sms = autotune.sm_count(index)
     return splits_for(batch, kv_heads, sms)
 
 

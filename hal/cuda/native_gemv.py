@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from tessera.hal.cuda import env, pdl
+from tessera.hal.cuda import autotune, env, pdl
 from tessera.hal.platform import RotaryStore
 from tessera.hal.quant.weight import QuantizedWeight, half_tile
 
@@ -57,11 +57,6 @@ def stream_shared_bytes(scheme: str, rows: int, unroll: int, warps: int, stages:
 def stream_fits(scheme: str, rows: int, unroll: int, warps: int, stages: int) -> bool:
     """Whether a streamed config's block fits the static shared memory."""
     return stream_shared_bytes(scheme, rows, unroll, warps, stages) <= STATIC_SHARED
-
-
-@functools.lru_cache(maxsize=8)
-def _sm_count(device: int) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 SOURCE = r"""
 typedef unsigned int u32;
@@ -790,15 +785,15 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: 
     (qgemv_stream: the weights through a shared-memory ring that many items deep, a
     persistent grid of that many blocks a multiprocessor, 0: one block a row block); the
     plain product only, no fusion."""
-    if stream[0] > 0:
-        return _stream(x, w, bias, rows, unroll, warps, preload, source, stream,
-                       fused=norm is not None or residual is not None or silu or
-                       rope is not None)
     if not fits(w, x):
         raise NotTaken(f"the native GEMV does not take {w.scheme} {w.packing} "
                        f"{tuple(w.shape)} with x {x.dtype} {tuple(x.shape)}")
     if preload is None:
         preload = preload_default()
+    if stream[0] > 0:
+        if norm is not None or residual is not None or silu or rope is not None:
+            raise NotTaken("the streamed GEMV computes the plain product only (no fusion)")
+        return _stream(x, w, bias, rows, unroll, warps, preload, source, stream)
     n, k = w.shape
     if silu and (rows % 2 or n % 2 or residual is not None):
         raise NotTaken(f"the gated SiLU epilogue takes an even number of rows ({rows}) and "
@@ -869,23 +864,16 @@ def _common_args(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
 
 
 def _stream(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: int,
-            unroll: int, warps: int, preload: bool | None, source: str,
-            stream: tuple[int, int], fused: bool) -> torch.Tensor:
-    """qgemv's streamed kernel (qgemv_stream)."""
+            unroll: int, warps: int, preload: bool, source: str,
+            stream: tuple[int, int]) -> torch.Tensor:
+    """qgemv's streamed kernel (qgemv_stream), for a weight and x that fit."""
     stages, per_sm = stream
-    if fused:
-        raise NotTaken("the streamed GEMV computes the plain product only (no fusion)")
-    if not fits(w, x):
-        raise NotTaken(f"the native GEMV does not take {w.scheme} {w.packing} "
-                       f"{tuple(w.shape)} with x {x.dtype} {tuple(x.shape)}")
     if not stream_fits(w.scheme, rows, unroll, warps, stages):
         raise ValueError(f"a streamed {w.scheme} block of {rows} rows, {unroll} runs, "
                          f"{warps} warps and {stages} stages needs "
                          f"{stream_shared_bytes(w.scheme, rows, unroll, warps, stages)} bytes "
                          f"of shared memory; {STATIC_SHARED} at most")
-    if preload is None:
-        preload = preload_default()
-    n, k = w.shape
+    n = w.shape[0]
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     args, use_pdl, device, bias = _common_args(x, w, bias, out)
     fn = _function(defines(w.scheme, rows, unroll, warps, layout_tile(w),
@@ -893,7 +881,7 @@ def _stream(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows
                            group_shift(w), stages=stages),
                    device, source, b"qgemv_stream")
     row_blocks = (n + rows - 1) // rows
-    grid = min(row_blocks, _sm_count(device) * per_sm) if per_sm else row_blocks
+    grid = min(row_blocks, autotune.sm_count(device) * per_sm) if per_sm else row_blocks
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
     _launch(fn, grid, warps * 32, torch.cuda.current_stream(x.device),
             ctypes.addressof(params), use_pdl)
