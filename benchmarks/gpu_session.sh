@@ -84,6 +84,7 @@
 #   benchmarks/gpu_session.sh 80  # one H200:  B1 with the worker profiled over 16 decode steps, bf16 / fp8 / int4 weights (profile_summary of each), then b12 b1 (~330 s)
 #   benchmarks/gpu_session.sh 81  # one H200:  the streamed native GEMV: native GPU tests, the batch-1 GEMV sweep, b12 b1, B1 profiled over int4 / fp8 (~480 s)
 #   benchmarks/gpu_session.sh 82  # one H200:  call 81 on a short budget: the GEMV sweep first, then the native tests, b12 b1 (~270 s)
+#   benchmarks/gpu_session.sh 83  # one H200:  decode attention's first tile before its PDL wait (HAL_CUDA_DECODE_PRELOAD): PDL chain tests, b12 b1 alternated twice with / without, B1 fp8 profiled (~500 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -123,7 +124,7 @@ BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
 CARD=h200  # the card the results are named for (below: the one found)
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-2]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-82  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-3]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-83  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -1100,6 +1101,21 @@ case $CALL in
     QUANT_K="native_gemv_every or native_stream or native_gemv_under_pdl or falls_back" \
       part quanttests 170 90 quanttests
     part b12b1 150 75 b12 --parts b1 --name "b12_b1_${TAG:-call82}_h200"
+    ;;
+  83)
+    # Decode attention's first tile read before its PDL wait (HAL_CUDA_DECODE_PRELOAD=1: the
+    # lengths -> slots -> older K / V chain runs while the qkv product or the rotary store
+    # finishes): the PDL chain and decode tests with it (and the native GEMV's PDL test),
+    # then B12's batch-1 part alternated twice with it and without, then B1 fp8 profiled.
+    KERNELS_K="pdl_decode_chain or decode" part kernels 170 80 kernels
+    QUANT_K="native_gemv_under_pdl" part quanttests 120 40 quanttests
+    HAL_CUDA_DECODE_PRELOAD=1 part b12b1pre 120 75 b12 --parts b1 \
+      --name "b12_b1_preload_${TAG:-call83}_h200"
+    part b12b1 120 75 b12 --parts b1 --name "b12_b1_${TAG:-call83}_h200"
+    HAL_CUDA_DECODE_PRELOAD=1 part b12b1preagain 120 75 b12 --parts b1 \
+      --name "b12_b1_preload_again_${TAG:-call83}_h200"
+    part b12b1again 120 75 b12 --parts b1 --name "b12_b1_again_${TAG:-call83}_h200"
+    HAL_CUDA_DECODE_PRELOAD=1 b1_profiled fp8 "${TAG:-call83}_preload"
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

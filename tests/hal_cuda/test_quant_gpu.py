@@ -277,11 +277,11 @@ def test_native_gemv_under_pdl_in_a_graph(scheme: str, preload: bool,
     with pdl.forced(True):
         assert torch.equal(chain(x0), want)
         static = x0.clone()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
             chain(static)  # warm (compiles the PDL variant)
-        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = chain(static)
