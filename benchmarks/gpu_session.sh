@@ -84,7 +84,10 @@
 #   benchmarks/gpu_session.sh 80  # one H200:  B1 with the worker profiled over 16 decode steps, bf16 / fp8 / int4 weights (profile_summary of each), then b12 b1 (~330 s)
 #   benchmarks/gpu_session.sh 81  # one H200:  the streamed native GEMV: native GPU tests, the batch-1 GEMV sweep, b12 b1, B1 profiled over int4 / fp8 (~480 s)
 #   benchmarks/gpu_session.sh 82  # one H200:  call 81 on a short budget: the GEMV sweep first, then the native tests, b12 b1 (~270 s)
-#   benchmarks/gpu_session.sh 83  # one H200:  decode attention's first tile before its PDL wait (HAL_CUDA_DECODE_PRELOAD): PDL chain tests, b12 b1 alternated twice with / without, B1 fp8 profiled (~500 s)
+#                                 #   (call 81 measured the streamed GEMV at 6ad132e, slower than the plain native
+#                                 #   kernel on every shape; removed after it)
+#   benchmarks/gpu_session.sh 83  # one H200:  decode attention's first tile before its PDL wait (HAL_CUDA_DECODE_PRELOAD at b21705a, reverted after): PDL chain tests, b12 b1 alternated twice with / without, B1 fp8 profiled (~500 s)
+#   benchmarks/gpu_session.sh 84  # one H200:  after the removals: native GEMV GPU tests, the PDL decode chain, b12 b1 (~200 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -124,7 +127,7 @@ BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
 CARD=h200  # the card the results are named for (below: the one found)
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-3]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-83  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-4]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-84  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -1082,21 +1085,23 @@ case $CALL in
     part b12b1 150 75 b12 --parts b1 --name "b12_b1_${TAG:-call80}_h200"
     ;;
   81)
-    # The streamed native GEMV (native_gemv.py qgemv_stream: weight runs through a cp.async
-    # ring in shared memory, persistent grids): the native GPU tests, the batch-1 GEMV sweep
-    # with its configs beside the others, B12's B1 part (the tuner picks per shape), then
-    # B1 profiled over int4 and fp8 weights as far as the budget goes.
+    # What ran at 6ad132e for the streamed native GEMV (native_gemv.py qgemv_stream: weight
+    # runs through a cp.async ring in shared memory, persistent grids; HAL_CUDA_GEMV_STREAM=1
+    # listed its configs): the native GPU tests, the batch-1 GEMV sweep, B12's B1 part, then
+    # B1 profiled over int4 and fp8 weights. The streamed GEMV was slower than the plain
+    # native kernel on every shape and was removed after this call; the case now runs the
+    # plain kernels only (native_stream matches no test).
     QUANT_K="native_gemv_every or native_stream or native_gemv_under_pdl or falls_back" \
       part quanttests 170 90 quanttests
-    export HAL_CUDA_GEMV_STREAM=1  # the streamed configs in the tuner's lists
     QUANT_GEMM_SWEEP=0 part quantbench 200 100 quantbench
     part b12b1 150 75 b12 --parts b1 --name "b12_b1_${TAG:-call81}_h200"
     for scheme in int4 fp8; do b1_profiled "$scheme" "${TAG:-call81}"; done
     ;;
   82)
     # Call 81 on a short budget: the batch-1 GEMV sweep first (every candidate's time and
-    # error against the definition), then the native GPU tests, then B12's B1 part.
-    export HAL_CUDA_GEMV_STREAM=1  # the streamed configs in the tuner's lists
+    # error against the definition), then the native GPU tests, then B12's B1 part. Written
+    # for the streamed GEMV at 6ad132e (HAL_CUDA_GEMV_STREAM=1), removed after call 81: the
+    # case now runs the plain kernels only.
     QUANT_GEMM_SWEEP=0 part quantbench 200 100 quantbench
     QUANT_K="native_gemv_every or native_stream or native_gemv_under_pdl or falls_back" \
       part quanttests 170 90 quanttests
@@ -1107,6 +1112,8 @@ case $CALL in
     # lengths -> slots -> older K / V chain runs while the qkv product or the rotary store
     # finishes): the PDL chain and decode tests with it (and the native GEMV's PDL test),
     # then B12's batch-1 part alternated twice with it and without, then B1 fp8 profiled.
+    # What ran at b21705a: within the spread (docs/performance.md), reverted after; the
+    # switch is gone, so the case now runs the plain stage 1 both ways.
     KERNELS_K="pdl_decode_chain or decode" part kernels 170 80 kernels
     QUANT_K="native_gemv_under_pdl" part quanttests 120 40 quanttests
     HAL_CUDA_DECODE_PRELOAD=1 part b12b1pre 120 75 b12 --parts b1 \
@@ -1116,6 +1123,13 @@ case $CALL in
       --name "b12_b1_preload_again_${TAG:-call83}_h200"
     part b12b1again 120 75 b12 --parts b1 --name "b12_b1_again_${TAG:-call83}_h200"
     HAL_CUDA_DECODE_PRELOAD=1 b1_profiled fp8 "${TAG:-call83}_preload"
+    ;;
+  84)
+    # After the streamed GEMV and the decode preload were removed: the native GEMV's GPU
+    # tests, the PDL decode chain, then B12's batch-1 part.
+    QUANT_K="native or falls_back" part quanttests 150 60 quanttests
+    KERNELS_K="pdl_decode_chain" part kernels 120 40 kernels
+    part b12b1 120 75 b12 --parts b1 --name "b12_b1_${TAG:-call84}_h200"
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tessera.hal.cuda import autotune, env, pdl
+from tessera.hal.cuda import autotune, pdl
 from tessera.hal.cuda.pdl import enter as pdl_enter
 
 # Tunables, overridable by benchmarks (kept here so the graph runner and the bench agree).
@@ -71,18 +71,6 @@ def _heads_first(value: str | None) -> bool:
 
 
 HEADS_FIRST = _heads_first(os.environ.get(GRID_VARIABLE))
-PRELOAD_VARIABLE = "HAL_CUDA_DECODE_PRELOAD"
-
-
-@functools.lru_cache(maxsize=1)
-def preload_setting() -> bool:
-    """Whether stage 1 reads its first tile's page-table slots and the K / V of every
-    position but the newest before its PDL wait (`HAL_CUDA_DECODE_PRELOAD=1`), so the
-    dependent chain length -> slots -> K / V runs while the kernel before (the qkv product
-    or the rotary store) finishes. Off unless set until a GPU has measured it. The result is
-    the same bit for bit either way (the same values, added in the same order). Read once a
-    process."""
-    return env.switch(PRELOAD_VARIABLE, False)
 # The fp8 tile for A/B runs: HAL_CUDA_DECODE_FP8_TILE=BLOCK_N,WARPS,STAGES[,MAXNREG].
 FP8_TILE_VARIABLE = "HAL_CUDA_DECODE_FP8_TILE"
 
@@ -219,9 +207,8 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
                    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_PREC: tl.constexpr, MIXED: tl.constexpr, FP8_WORDS: tl.constexpr,
                    ASM_CVT: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
-                   USE_PDL: tl.constexpr = False, PRELOAD: tl.constexpr = False):
-    if not PRELOAD:
-        pdl_enter(USE_PDL)
+                   USE_PDL: tl.constexpr = False):
+    pdl_enter(USE_PDL)
     if HEADS_FIRST:
         kh = tl.program_id(0)
         b = tl.program_id(1).to(tl.int64)
@@ -255,9 +242,8 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
     hmask = hrow < GROUP
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
-    if not PRELOAD:  # (with PRELOAD, after the wait below)
-        q = tl.load(q_ptr + q_row * q_s0 + heads[:, None] * q_s1 + d[None, :],
-                    mask=hmask[:, None] & dmask[None, :], other=0.0).to(DTYPE)
+    q = tl.load(q_ptr + q_row * q_s0 + heads[:, None] * q_s1 + d[None, :],
+                mask=hmask[:, None] & dmask[None, :], other=0.0).to(DTYPE)
     scale_log2 = sm_scale_log2
     if FP8_WORDS and not ASM_CVT:
         scale_log2 = sm_scale_log2 / E4M3_F16_SHIFT
@@ -265,33 +251,7 @@ def _decode_stage1(q_ptr, kc_ptr, vc_ptr, rtt_ptr, seq_lens_ptr, ext_lens_ptr, q
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    first = start
-    if PRELOAD:
-        # The first tile before the PDL wait (preload_setting): the step's lengths, page table
-        # and ext / qo rows come from its input copy, before its first kernel, and the K / V of
-        # every position but the newest from kernels of earlier steps, so none of them is
-        # written by the kernel this one may overlap. The newest row (the token this step
-        # stores, seq_len - 1) and q are read after the wait; the tile then holds exactly
-        # the values the plain loop reads, and is added in the same order.
-        pos = start + tl.arange(0, BLOCK_N)
-        pmask = pos < end
-        slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
-        old = pmask & (pos < seq_len - 1)
-        k_old, v_old = _load_kv_tile(kc_ptr, vc_ptr, slot, old, kh, c_s0, c_s1, HEAD_DIM,
-                                     BLOCK_N, BLOCK_D, FP8_WORDS, ASM_CVT, DTYPE)
-        pdl_enter(USE_PDL)
-        q = tl.load(q_ptr + q_row * q_s0 + heads[:, None] * q_s1 + d[None, :],
-                    mask=hmask[:, None] & dmask[None, :], other=0.0).to(DTYPE)
-        if start < end:
-            newest = pmask & (pos == seq_len - 1)
-            k_new, v_new = _load_kv_tile(kc_ptr, vc_ptr, slot, newest, kh, c_s0, c_s1,
-                                         HEAD_DIM, BLOCK_N, BLOCK_D, FP8_WORDS, ASM_CVT, DTYPE)
-            k = tl.where(newest[:, None], k_new, k_old)
-            v = tl.where(newest[:, None], v_new, v_old)
-            m_i, l_i, acc = _online_softmax_tile(q, k, v, pmask, m_i, l_i, acc, scale_log2,
-                                                 logit_cap, HAS_CAP, DOT_PREC)
-        first = start + BLOCK_N
-    for n0 in range(first, end, BLOCK_N):
+    for n0 in range(start, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         pmask = pos < end
         slot = tl.load(row_base + pos, mask=pmask, other=0).to(tl.int64)
@@ -486,7 +446,7 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         DOT_PREC=dot_precision(q.dtype), MIXED=mixed, FP8_WORDS=words,
         ASM_CVT=words and asm_cvt(q.device), HEADS_FIRST=heads_first,
-        PRELOAD=preload_setting(), num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages,
         **pdl_options)
     if n_split == 1:
         return

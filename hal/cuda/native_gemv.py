@@ -38,25 +38,12 @@ from typing import Any
 
 import torch
 
-from tessera.hal.cuda import autotune, env, pdl
+from tessera.hal.cuda import env, pdl
 from tessera.hal.platform import RotaryStore
 from tessera.hal.quant.weight import QuantizedWeight, half_tile
 
 KIND = {"fp8": 0, "int4": 2}
 RUN_BYTES = 16  # one thread's load: 16 fp8 weights or 32 int4 ones
-STATIC_SHARED = 48 * 1024  # the static shared memory a block may declare
-
-
-def stream_shared_bytes(scheme: str, rows: int, unroll: int, warps: int, stages: int) -> int:
-    """The shared memory of the streamed kernel's block: its ring (a 16-byte run, and int4's
-    scale and offset, for each stage, run, row and thread) and its two reduction buffers."""
-    slot = RUN_BYTES + (8 if scheme == "int4" else 0)
-    return stages * unroll * rows * warps * 32 * slot + 2 * warps * rows * 4
-
-
-def stream_fits(scheme: str, rows: int, unroll: int, warps: int, stages: int) -> bool:
-    """Whether a streamed config's block fits the static shared memory."""
-    return stream_shared_bytes(scheme, rows, unroll, warps, stages) <= STATIC_SHARED
 
 SOURCE = r"""
 typedef unsigned int u32;
@@ -441,152 +428,6 @@ qgemv_native(const u16* __restrict__ x, const unsigned char* __restrict__ q,
     }
 #endif
 }
-
-#if STAGES > 0
-// The streamed GEMV (STAGES > 0; the plain product only: no NORM, RES, SILU or ROPE). The same
-// runs and arithmetic as qgemv_native, but the weight runs (and int4's group scales and
-// offsets) come through shared memory: each thread copies its own runs STAGES items ahead
-// with cp.async into its own slots of a ring, so no registers are held by loads in flight
-// and no barrier guards the ring (a thread reads only what it copied, after its own
-// cp.async.wait_group). An item is one iteration of a row block (U runs of each of R rows);
-// a block walks the row blocks blockIdx.x, + gridDim.x, ... (gridDim.x below the row blocks'
-// count: a persistent grid), its items in one stream, so the next row block's weights are in
-// flight while this one's sums are reduced and written.
-#if NORM || RES || SILU || ROPE
-#error "the streamed GEMV computes the plain product only"
-#endif
-#define T_ (WARPS * 32)
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 :: "r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
-}
-
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool ok) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
-                 :: "r"(d), "l"(src), "r"(ok ? 4 : 0) : "memory");
-}
-
-struct Ring {
-    uint4 w[STAGES][U][R][T_];
-#if KIND == 2
-    float s[STAGES][U][R][T_];
-    float o[STAGES][U][R][T_];
-#endif
-};
-
-// item's copies into the ring's stage: zero bytes (the slot zero-filled) past the rows' end
-__device__ __forceinline__ void issue_item(Ring& ring, int stage, int item, int its, int nrb,
-                                           int n, int runs, const unsigned char* __restrict__ q,
-                                           const float* __restrict__ s,
-                                           const float* __restrict__ o, long long q_s0,
-                                           long long s_s0) {
-    const long long rb = blockIdx.x + (long long)(item / its) * gridDim.x;
-    const int it = item % its;
-    const bool rb_ok = rb < nrb;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int i = it * T_ * U + u * T_ + (int)threadIdx.x;
-        const bool ok = rb_ok && i < runs;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const long long row = ok ? min(rb * R + r, (long long)n - 1) : 0;
-            cp_async16(&ring.w[stage][u][r][threadIdx.x], q + row * q_s0 + 16LL * (ok ? i : 0), ok);
-#if KIND == 2
-            const int g = ok ? run_group(i) : 0;
-            cp_async4(&ring.s[stage][u][r][threadIdx.x], s + row * s_s0 + g, ok);
-            cp_async4(&ring.o[stage][u][r][threadIdx.x], o + row * s_s0 + g, ok);
-#endif
-        }
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-qgemv_stream(const u16* __restrict__ x, const unsigned char* __restrict__ q,
-             const float* __restrict__ s, const float* __restrict__ o,
-             const u16* __restrict__ bias, u16* __restrict__ out,
-             int n, int k, long long q_s0, long long s_s0, int has_bias)
-{
-    __shared__ Ring ring;
-    __shared__ float red[2][WARPS][R];
-    const int runs = (KIND == 2 ? k / 2 : k) / 16;  // 16-byte runs a row
-    const int its = (runs + T_ * U - 1) / (T_ * U);  // items a row block
-    const int nrb = (n + R - 1) / R;
-    const int mine = (int)blockIdx.x < nrb ? (nrb - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
-    const int items = mine * its;
-#if PDL && !PRE
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-    // the first STAGES items' weights (nothing a kernel writes: under PDL with PRE, before
-    // the wait)
-#pragma unroll
-    for (int st = 0; st < STAGES; ++st)
-        issue_item(ring, st, st, its, nrb, n, runs, q, s, o, q_s0, s_s0);
-#if PDL && PRE
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    float ss = 0.0f;
-    uint4 wv[U][R];
-    float sv[U][R], ov[U][R];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    int parity = 0;
-    for (int j = 0; j < items; ++j) {
-        const int stage = j % STAGES;
-        // this thread's copies of item j done (STAGES - 1 later groups may still be in flight)
-        asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 1) : "memory");
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                wv[u][r] = ring.w[stage][u][r][threadIdx.x];
-#if KIND == 2
-                sv[u][r] = ring.s[stage][u][r][threadIdx.x];
-                ov[u][r] = ring.o[stage][u][r][threadIdx.x];
-#endif
-            }
-        const int it = j % its;
-        compute_runs(wv, sv, ov, acc, ss, x, x, it * T_ * U + (int)threadIdx.x, runs);
-        issue_item(ring, stage, j + STAGES, its, nrb, n, runs, q, s, o, q_s0, s_s0);
-        if (it == its - 1) {  // the row block's sums: across the warp, then its warps
-            const long long rb = blockIdx.x + (long long)(j / its) * gridDim.x;
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-#pragma unroll
-                for (int off = 16; off > 0; off >>= 1)
-                    acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
-            }
-            if (lane == 0) {
-#pragma unroll
-                for (int r = 0; r < R; ++r) red[parity][warp][r] = acc[r];
-            }
-            // one barrier a row block: red alternates, so the next row block's writes go to
-            // the other half, and the one after waits behind the next barrier
-            __syncthreads();
-            if ((int)threadIdx.x < R) {
-                const long long row = rb * R + threadIdx.x;
-                if (row < n) {
-                    float v = 0.0f;
-#pragma unroll
-                    for (int w = 0; w < WARPS; ++w) v += red[parity][w][threadIdx.x];
-                    out[row] = to_x(row_value(v, (int)row, s, s_s0, bias, has_bias, 1.0f));
-                }
-            }
-            parity ^= 1;
-#pragma unroll
-            for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-        }
-    }
-    asm volatile("cp.async.wait_group 0;" ::: "memory");  // nothing left in flight at exit
-}
-#endif
 """
 
 
@@ -637,17 +478,15 @@ def _ok(result: Any, what: str) -> Any:
 @functools.lru_cache(maxsize=256)
 def defines(scheme: str, rows: int, unroll: int, warps: int, tile: int, x_f16: bool,
             use_pdl: bool, preload: bool, group_shift: int = -1, norm: bool = False,
-            residual: bool = False, silu: bool = False, rope_dim: int = 0,
-            stages: int = 0) -> str:
+            residual: bool = False, silu: bool = False, rope_dim: int = 0) -> str:
     """The kernel's compile-time constants. group_shift: log2 of the int4 group size, -1 for
     one group a row (and fp8); norm / residual / silu / rope_dim (the head dim, 0: off):
-    the fusions (qgemv); stages > 0: the streamed kernel (qgemv_stream) is compiled too, its
-    ring that many items deep."""
+    the fusions (qgemv)."""
     return "".join(f"#define {name} {int(value)}\n" for name, value in (
         ("KIND", KIND[scheme]), ("R", rows), ("U", unroll), ("WARPS", warps),
         ("TILE", tile), ("XF16", x_f16), ("PDL", use_pdl), ("PRE", preload),
         ("GSHIFT", group_shift), ("NORM", norm), ("RES", residual), ("SILU", silu),
-        ("ROPE", rope_dim > 0), ("HD", rope_dim or 2), ("STAGES", stages)))
+        ("ROPE", rope_dim > 0), ("HD", rope_dim or 2)))
 
 
 def group_shift(w: QuantizedWeight) -> int:
@@ -687,13 +526,12 @@ def compile_cubin(source: str, arch: int) -> bytes:
 
 
 _lock = threading.Lock()
-_functions: dict[tuple[str, int, bytes], Any] = {}
+_functions: dict[tuple[str, int], Any] = {}
 _modules: list[Any] = []  # kept loaded for the life of the process
 
 
-def _function(defs: str, device: int, source: str = SOURCE,
-              name: bytes = b"qgemv_native") -> Any:
-    key = (defs + source if source is not SOURCE else defs, device, name)
+def _function(defs: str, device: int, source: str = SOURCE) -> Any:
+    key = (defs + source if source is not SOURCE else defs, device)
     fn = _functions.get(key)
     if fn is not None:
         return fn
@@ -707,7 +545,8 @@ def _function(defs: str, device: int, source: str = SOURCE,
                 torch.cuda.init()
                 torch.empty(1, device=f"cuda:{device}")  # the primary context current
                 module = _ok(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
-                fn = _ok(driver.cuModuleGetFunction(module, name), "cuModuleGetFunction")
+                fn = _ok(driver.cuModuleGetFunction(module, b"qgemv_native"),
+                         "cuModuleGetFunction")
             _modules.append(module)
             _functions[key] = fn
     return fn
@@ -768,7 +607,7 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: 
           unroll: int, warps: int, preload: bool | None = None, source: str = SOURCE, *,
           norm: tuple[torch.Tensor, float] | None = None,
           residual: torch.Tensor | None = None, silu: bool = False,
-          rope: RotaryStore | None = None, stream: tuple[int, int] = (0, 0)) -> torch.Tensor:
+          rope: RotaryStore | None = None) -> torch.Tensor:
     """y = x @ w^T (+ bias) for one token, on the current stream (also under graph
     capture), launched with PDL where the process's kernels use it (pdl.py). preload: the
     first weight loads before the PDL wait (None: preload_default()). source: the kernel's
@@ -779,21 +618,12 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: 
     first; residual [1, N]: the result is y + residual; silu: w's rows are [gate | up] and
     the result is silu_and_mul(y) [1, N / 2] (rows even); rope (a RotaryStore, rows even):
     w's rows are [q | k | v], k rotated and v stored into the caches at rope.slots[0], the
-    result the rotated q [1, q_heads * head_dim].
-
-    stream = (stages, blocks a multiprocessor), stages > 0: the streamed kernel
-    (qgemv_stream: the weights through a shared-memory ring that many items deep, a
-    persistent grid of that many blocks a multiprocessor, 0: one block a row block); the
-    plain product only, no fusion."""
+    result the rotated q [1, q_heads * head_dim]."""
     if not fits(w, x):
         raise NotTaken(f"the native GEMV does not take {w.scheme} {w.packing} "
                        f"{tuple(w.shape)} with x {x.dtype} {tuple(x.shape)}")
     if preload is None:
         preload = preload_default()
-    if stream[0] > 0:
-        if norm is not None or residual is not None or silu or rope is not None:
-            raise NotTaken("the streamed GEMV computes the plain product only (no fusion)")
-        return _stream(x, w, bias, rows, unroll, warps, preload, source, stream)
     n, k = w.shape
     if silu and (rows % 2 or n % 2 or residual is not None):
         raise NotTaken(f"the gated SiLU epilogue takes an even number of rows ({rows}) and "
@@ -845,7 +675,7 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: 
 
 def _common_args(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
                  out: torch.Tensor) -> tuple[list[Any], bool, int, torch.Tensor | None]:
-    """Both kernels' first parameters (x, weights, scales, offsets, bias, out, n, k, strides,
+    """The kernel's first parameters (x, weights, scales, offsets, bias, out, n, k, strides,
     has_bias), whether PDL is on, x's device index, and the bias as passed (converted to x's
     dtype: the caller holds it until its launch is queued)."""
     if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous()):
@@ -861,31 +691,6 @@ def _common_args(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
         ctypes.c_longlong(w.scales.stride(0)), ctypes.c_int(bias is not None)]
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     return args, pdl.mode() in ("on", "prefetch"), device, bias
-
-
-def _stream(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: int,
-            unroll: int, warps: int, preload: bool, source: str,
-            stream: tuple[int, int]) -> torch.Tensor:
-    """qgemv's streamed kernel (qgemv_stream), for a weight and x that fit."""
-    stages, per_sm = stream
-    if not stream_fits(w.scheme, rows, unroll, warps, stages):
-        raise ValueError(f"a streamed {w.scheme} block of {rows} rows, {unroll} runs, "
-                         f"{warps} warps and {stages} stages needs "
-                         f"{stream_shared_bytes(w.scheme, rows, unroll, warps, stages)} bytes "
-                         f"of shared memory; {STATIC_SHARED} at most")
-    n = w.shape[0]
-    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    args, use_pdl, device, bias = _common_args(x, w, bias, out)
-    fn = _function(defines(w.scheme, rows, unroll, warps, layout_tile(w),
-                           x.dtype == torch.float16, use_pdl, preload and use_pdl,
-                           group_shift(w), stages=stages),
-                   device, source, b"qgemv_stream")
-    row_blocks = (n + rows - 1) // rows
-    grid = min(row_blocks, autotune.sm_count(device) * per_sm) if per_sm else row_blocks
-    params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
-    _launch(fn, grid, warps * 32, torch.cuda.current_stream(x.device),
-            ctypes.addressof(params), use_pdl)
-    return out
 
 
 def _rope_fits(rope: RotaryStore, w: QuantizedWeight, x: torch.Tensor, rows: int,

@@ -65,26 +65,6 @@ GEMV_STAGES3 = 128
 # not a qgemv formulation: the CUDA C GEMV of native_gemv.py, config (rows a block, runs a
 # thread an iteration, warps a block, GEMV_NATIVE)
 GEMV_NATIVE = 256
-# with GEMV_NATIVE: the CUDA C GEMV streamed through shared memory (native_gemv.py,
-# qgemv_stream), its ring's depth in items in bits 12-15 and the blocks a multiprocessor of
-# its persistent grid in bits 16-19 (0: one block a row block); stream_flags builds them
-GEMV_STREAM = 512
-
-
-def stream_flags(stages: int, per_sm: int) -> int:
-    """A streamed native config's flags: a ring `stages` items deep (1-15), a persistent
-    grid of `per_sm` blocks a multiprocessor (0: one block a row block, 1-15)."""
-    if not (1 <= stages <= 15 and 0 <= per_sm <= 15):
-        raise ValueError(f"a streamed GEMV takes 1-15 stages and 0-15 blocks a "
-                         f"multiprocessor, not {stages} and {per_sm}")
-    return GEMV_NATIVE | GEMV_STREAM | stages << 12 | per_sm << 16
-
-
-def stream_params(flags: int) -> tuple[int, int]:
-    """(stages, blocks a multiprocessor) of a config's flags; (0, 0) where not streamed."""
-    if not flags & GEMV_STREAM:
-        return 0, 0
-    return (flags >> 12) & 0xF, (flags >> 16) & 0xF
 
 
 def gemv_stages(variant: int) -> int:

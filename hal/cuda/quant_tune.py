@@ -26,8 +26,6 @@ from tessera.hal.cuda.quant_kernels import (
     GEMV_STAGES3,
     GEMV_X_VEC,
     gemv_acc_fits,
-    stream_flags,
-    stream_params,
 )
 from tessera.hal.quant.weight import QuantizedWeight
 
@@ -90,25 +88,8 @@ NATIVE_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
     "int4": [(8, 1, 2, _NAT), (8, 1, 4, _NAT), (4, 1, 4, _NAT), (4, 2, 2, _NAT),
              (4, 1, 2, _NAT), (8, 2, 1, _NAT), (16, 1, 4, _NAT)],
 }
-# The native GEMV streamed through shared memory (qgemv_stream: each thread's weight runs
-# copied STAGES items ahead with cp.async, so no registers wait on loads in flight), the plain
-# product only (the fusions keep NATIVE_CANDIDATES): (rows, runs, warps, stream_flags(stages,
-# blocks a multiprocessor, 0: one block a row block)). Each fits the 48 KiB of static shared
-# memory (native_gemv.stream_fits; 37 KB at int4 8 x 2 warps x 3 stages: 5 blocks an SM with
-# the 1 KB the chip reserves a block, of its 228).
-NATIVE_STREAM_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
-    "fp8": [(4, 1, 4, stream_flags(3, 0)), (4, 1, 8, stream_flags(2, 4)),
-            (8, 1, 2, stream_flags(3, 8))],
-    "int4": [(8, 1, 2, stream_flags(3, 0)), (8, 1, 2, stream_flags(3, 5)),
-             (4, 1, 4, stream_flags(3, 0)), (4, 1, 2, stream_flags(4, 8))],
-}
-# Not yet measured on a GPU (no device could be started in the session that wrote it), so
-# the tuner lists the streamed configs only with HAL_CUDA_GEMV_STREAM=1 (gpu_session.sh 81 /
-# 82 set it for their sweep and B12); read once, at import.
-STREAM_VARIABLE = "HAL_CUDA_GEMV_STREAM"
 for _scheme, _natives in NATIVE_CANDIDATES.items():  # after the Triton tiles: never first
-    GEMV_CANDIDATES[_scheme] = GEMV_CANDIDATES[_scheme] + _natives + \
-        (NATIVE_STREAM_CANDIDATES[_scheme] if env.switch(STREAM_VARIABLE, False) else [])
+    GEMV_CANDIDATES[_scheme] = GEMV_CANDIDATES[_scheme] + _natives
 # The weight expanded to x's dtype once (dequant_kernel), then the library GEMM: a candidate
 # where the batch makes the GEMM compute-bound (prefill chunks, B2's largest decode batches).
 # At f64b807 the step profile's int4 prefill of 512 tokens took 29.8 ms against bf16's 11.3
@@ -312,10 +293,9 @@ def one_token(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
     from tessera.hal.cuda.quant_linear import qgemm, qgemv
 
     if config[3] & GEMV_NATIVE:
-        rows, unroll, warps, flags = config
+        rows, unroll, warps, _ = config
         try:
-            return native_gemv.qgemv(x, w, bias, rows, unroll, warps,
-                                     stream=stream_params(flags))
+            return native_gemv.qgemv(x, w, bias, rows, unroll, warps)
         except native_gemv.NotTaken:
             # an x or weight the kernel cannot read 16 bytes at a time (an unaligned view):
             # the list's first Triton tile

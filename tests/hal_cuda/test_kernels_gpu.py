@@ -319,21 +319,14 @@ def test_fused_moe_tiles_are_measured_once_and_stay_correct() -> None:
     assert moe_keys() == chosen
 
 
-@pytest.mark.parametrize("preload", [False, True])  # decode attention's first tile
 @pytest.mark.parametrize("weights", ["bf16", "fp8", "int4"])
-def test_pdl_decode_chain_in_a_graph_equals_plain_launches(weights: str, preload: bool,
-                                                           monkeypatch: pytest.MonkeyPatch
-                                                           ) -> None:
+def test_pdl_decode_chain_in_a_graph_equals_plain_launches(weights: str) -> None:
     """Two Llama-3-8B decode layers of one request (fused add + norm, the qkv GEMV, rotary +
     KV store, split attention and its merge, o, norm, gate_up, SiLU, down), then the argmax,
     captured with programmatic dependent launch (hal/cuda/pdl.py) and without: every replay
     on new inputs gives the same tokens, hidden state and KV cache bit for bit. A kernel that
-    touched its input before its griddepcontrol.wait would race the one writing it; with
-    `preload`, decode attention reads its first tile's older K / V before its wait and the
-    newest row (stored by the kernel just before it, over a cache of random values) after."""
-    from tessera.hal.cuda import CudaPlatform, decode_attention, pdl
-
-    monkeypatch.setattr(decode_attention, "preload_setting", lambda: preload)
+    touched its input before its griddepcontrol.wait would race the one writing it."""
+    from tessera.hal.cuda import CudaPlatform, pdl
     from tessera.hal.cuda.quant_linear import apply, prepare
     from tessera.hal.quant import quantize
     from tessera.hal.rope import cos_sin_cache

@@ -483,67 +483,6 @@ def test_gemv(kernels: dict[str, ModuleType], with_bias: bool) -> None:
     torch.testing.assert_close(out, reference_op("linear")(x, w, bias), **TOL)
 
 
-@pytest.mark.parametrize("words", [False, True])  # a cache in q's dtype, fp8 words
-def test_decode_preload_gives_the_same_bits(kernels: dict[str, ModuleType],
-                                            monkeypatch: pytest.MonkeyPatch,
-                                            words: bool) -> None:
-    """Stage 1 with its first tile read before the PDL wait (PRELOAD: the older rows, then
-    the newest row and q after) equals the plain loop bit for bit: decodes whose newest row
-    falls in the first tile or a later one, empty splits, one token, a sliding window, and
-    the one-token rows of a mixed batch (the others left alone)."""
-    da = kernels["decode_attention"]
-    seq_lens = (1, 70, 5, 129, 64, 65)
-    case = make_paged_case(seq_lens, (1,) * 6, 8, 2, 32, torch.float32, seed=44)
-    k_cache, v_cache, scales = case.k_cache, case.v_cache, {}
-    if words:
-        k_cache = (case.k_cache * 16).to(torch.float8_e4m3fn)
-        v_cache = (case.v_cache * 16).to(torch.float8_e4m3fn)
-        scales = {"k_scale": 1 / 16, "v_scale": 1 / 16}
-    mixed = make_paged_case((80, 13, 12, 70), (75, 1, 4, 1), 8, 2, 32, torch.float32, seed=45)
-
-    def run() -> list[torch.Tensor]:
-        outs = []
-        for splits, window in ((1, 0), (3, 0), (8, 0), (3, 40)):
-            outs.append(da.attention_decode(case.q, k_cache, v_cache, case.req_to_token,
-                                            case.seq_lens, case.scale, splits=splits,
-                                            sliding_window=window, **scales))
-            only = torch.full_like(mixed.q, 7.0)
-            da.launch_decode(mixed.q, mixed.k_cache, mixed.v_cache, mixed.req_to_token,
-                             mixed.seq_lens, only, mixed.scale, extend_lens=mixed.extend_lens,
-                             qo_indptr=mixed.qo_indptr, splits=splits, sliding_window=window)
-            outs.append(only)
-        return outs
-
-    monkeypatch.setattr(da, "preload_setting", lambda: False)
-    plain = run()
-    monkeypatch.setattr(da, "preload_setting", lambda: True)
-    for n, (a, b) in enumerate(zip(plain, run(), strict=True)):
-        assert torch.equal(a, b), n
-    expected = reference_op("attention_decode")(
-        case.q, case.k_cache, case.v_cache, case.req_to_token, case.seq_lens, case.scale)
-    if not words:
-        torch.testing.assert_close(plain[2], expected, **TOL)
-
-
-def test_the_decode_preload_switch(kernels: dict[str, ModuleType],
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """HAL_CUDA_DECODE_PRELOAD: off unless set to 1 (on / true / yes), a clear error for
-    anything else."""
-    da = kernels["decode_attention"]
-    for value, want in ((None, False), ("1", True), ("0", False), ("yes", True)):
-        da.preload_setting.cache_clear()
-        if value is None:
-            monkeypatch.delenv(da.PRELOAD_VARIABLE, raising=False)
-        else:
-            monkeypatch.setenv(da.PRELOAD_VARIABLE, value)
-        assert da.preload_setting() is want, value
-    da.preload_setting.cache_clear()
-    monkeypatch.setenv(da.PRELOAD_VARIABLE, "first")
-    with pytest.raises(ValueError, match="HAL_CUDA_DECODE_PRELOAD"):
-        da.preload_setting()
-    da.preload_setting.cache_clear()
-
-
 def test_the_decode_grid_switch(kernels: dict[str, ModuleType]) -> None:
     """HAL_CUDA_DECODE_GRID: heads (unset, the default) or batch; anything else is refused."""
     parse = kernels["decode_attention"]._heads_first

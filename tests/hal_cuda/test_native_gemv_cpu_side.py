@@ -120,57 +120,21 @@ def test_which_weights_the_kernel_takes() -> None:
 def test_native_configs_follow_the_triton_tiles() -> None:
     """The CUDA C configs come after every Triton tile in the tuner's lists: where nothing is
     measured (graph capture, the interpreter) the first, a Triton tile, runs."""
-    from tessera.hal.cuda import env, native_gemv, quant_kernels, quant_tune
+    from tessera.hal.cuda import quant_kernels, quant_tune
 
-    for scheme, plain in quant_tune.NATIVE_CANDIDATES.items():
-        streamed = quant_tune.NATIVE_STREAM_CANDIDATES[scheme]
+    for scheme, natives in quant_tune.NATIVE_CANDIDATES.items():
         cands = quant_tune.GEMV_CANDIDATES[scheme]
-        # the streamed configs are listed only with HAL_CUDA_GEMV_STREAM=1 (not yet measured)
-        listed = env.switch(quant_tune.STREAM_VARIABLE, False)
-        natives = plain + (streamed if listed else [])
-        assert plain and streamed and cands[-len(natives):] == natives
-        assert listed or not any(c[3] & quant_kernels.GEMV_STREAM for c in cands)
+        assert natives and cands[-len(natives):] == natives
         assert not any(c[3] & quant_kernels.GEMV_NATIVE for c in cands[:-len(natives)])
         assert len(set(natives)) == len(natives)
         for rows, unroll, warps, flag in natives:
             assert flag & quant_kernels.GEMV_NATIVE and 1 <= warps * 32 <= 1024
             assert rows >= 1 and unroll >= 1
-        # the fusions' list holds no streamed config (that kernel computes the plain product)
-        assert not any(c[3] & quant_kernels.GEMV_STREAM for c in plain)
-        for rows, unroll, warps, flag in streamed:
-            stages, per_sm = quant_kernels.stream_params(flag)
-            assert stages >= 1 and flag == quant_kernels.stream_flags(stages, per_sm)
-            assert native_gemv.stream_fits(scheme, rows, unroll, warps, stages), flag
-
-
-def test_stream_flags_round_trip_and_refuse_what_they_cannot_hold() -> None:
-    from tessera.hal.cuda import quant_kernels as qk
-
-    for stages, per_sm in ((1, 0), (3, 6), (15, 15), (2, 4)):
-        flags = qk.stream_flags(stages, per_sm)
-        assert flags & qk.GEMV_NATIVE and flags & qk.GEMV_STREAM
-        assert qk.stream_params(flags) == (stages, per_sm)
-    assert qk.stream_params(qk.GEMV_NATIVE) == (0, 0)
-    for bad in ((0, 0), (16, 0), (3, 16), (3, -1)):
-        with pytest.raises(ValueError):
-            qk.stream_flags(*bad)
-
-
-def test_the_streamed_block_counts_its_shared_memory() -> None:
-    """The ring holds a 16-byte run (int4: and a 4-byte scale and offset) a stage, run, row
-    and thread; a block beyond the 48 KiB of static shared memory is refused."""
-    from tessera.hal.cuda import native_gemv
-
-    assert native_gemv.stream_shared_bytes("fp8", 4, 1, 4, 3) == 3 * 4 * 128 * 16 + 2 * 4 * 4 * 4
-    assert native_gemv.stream_shared_bytes("int4", 8, 1, 2, 3) == 3 * 8 * 64 * 24 + 2 * 2 * 8 * 4
-    assert native_gemv.stream_fits("int4", 8, 1, 2, 3)
-    assert not native_gemv.stream_fits("int4", 8, 1, 2, 4)  # 49152 + 128 bytes
-    assert native_gemv.stream_fits("fp8", 8, 1, 2, 4)
 
 
 def test_every_native_config_compiles_for_sm90() -> None:
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-python's NVRTC is not installed")
-    from tessera.hal.cuda import native_gemv, quant_kernels, quant_tune
+    from tessera.hal.cuda import native_gemv, quant_tune
 
     for scheme, natives in quant_tune.NATIVE_CANDIDATES.items():
         tiles = (0,) if scheme == "fp8" else (2, 32, 128)
@@ -195,19 +159,6 @@ def test_every_native_config_compiles_for_sm90() -> None:
                 defs = native_gemv.defines(scheme, rows, unroll, warps, tiles[-1], False,
                                            True, True, shifts[-1], True, rope_dim=128)
                 assert native_gemv.compile_cubin(defs + native_gemv.SOURCE, 90)
-        # the streamed kernel (qgemv_stream) with every listed ring and each layout
-        for rows, unroll, warps, flag in quant_tune.NATIVE_STREAM_CANDIDATES[scheme]:
-            stages, _ = quant_kernels.stream_params(flag)
-            for tile in tiles:
-                for f16, use_pdl, pre, gs in ((False, True, True, shifts[-1]),
-                                              (True, False, False, shifts[0])):
-                    defs = native_gemv.defines(scheme, rows, unroll, warps, tile, f16,
-                                               use_pdl, pre, gs, stages=stages)
-                    assert native_gemv.compile_cubin(defs + native_gemv.SOURCE, 90)
-    # the streamed kernel refuses the fusions at compile time
-    defs = native_gemv.defines("int4", 8, 1, 2, 2, False, True, True, 7, True, stages=3)
-    with pytest.raises(native_gemv.NativeError, match="plain product"):
-        native_gemv.compile_cubin(defs + native_gemv.SOURCE, 90)
 
 
 

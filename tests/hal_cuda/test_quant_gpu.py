@@ -191,7 +191,6 @@ def _native_or_skip() -> object:
 def test_native_gemv_every_layout_and_config(scheme: str, group: object, prepared: bool,
                                              n: int, k: int, dtype: torch.dtype) -> None:
     from tessera.hal.cuda import quant_tune
-    from tessera.hal.cuda.quant_kernels import stream_params
     from tessera.hal.cuda.quant_linear import prepare
 
     native = _native_or_skip()
@@ -208,50 +207,22 @@ def test_native_gemv_every_layout_and_config(scheme: str, group: object, prepare
     exact = quant_linear_reference(x.float(), w, bias.float())
     triton_out = quant_tune.one_token(x, w, bias, quant_tune.GEMV_CANDIDATES[scheme][0]) \
         if prepared else None
-    # the plain kernel's configs and the streamed kernel's (qgemv_stream)
-    configs = quant_tune.NATIVE_CANDIDATES[scheme] + quant_tune.NATIVE_STREAM_CANDIDATES[scheme]
+    configs = quant_tune.NATIVE_CANDIDATES[scheme]
     assert native.fits(w, x)
     for cfg in configs:
-        rows, unroll, warps, flags = cfg
-        stream = stream_params(flags)
+        rows, unroll, warps, _ = cfg
         for b in (bias, None):
-            out = native.qgemv(x, w, b, rows, unroll, warps, stream=stream)
+            out = native.qgemv(x, w, b, rows, unroll, warps)
             assert out.dtype == dtype and out.shape == (1, n)
             want = exact if b is not None else quant_linear_reference(x.float(), w)
             assert _rel(out, want) < 4e-3, (cfg, b is None)
         if triton_out is not None:
-            assert _rel(native.qgemv(x, w, bias, rows, unroll, warps, stream=stream),
-                        triton_out) < 4e-3, cfg
-        if stream[0]:  # the fusions are the plain kernel's
-            with pytest.raises(native.NotTaken, match="plain product"):
-                native.qgemv(x, w, None, rows, unroll, warps, stream=stream,
-                             residual=torch.zeros((1, n), device="cuda", dtype=dtype))
+            assert _rel(native.qgemv(x, w, bias, rows, unroll, warps), triton_out) < 4e-3, cfg
 
 
-def test_native_stream_equals_the_plain_kernel_bit_for_bit() -> None:
-    """The streamed kernel adds each row's runs in the plain kernel's order (the same runs a
-    thread, the same warp and block reductions), so at the same rows, runs and warps the two
-    agree exactly, one block a row block or a persistent grid."""
-    from tessera.hal.cuda.quant_linear import prepare
-
-    native = _native_or_skip()
-    gen = torch.Generator(device="cuda").manual_seed(11)
-    for scheme, group, n, k in (("int4", 128, 6144, 4096), ("int4", None, 4096, 14336),
-                                ("fp8", None, 4096, 4096), ("int4", 128, 37, 512)):
-        dense = torch.randn((n, k), device="cuda", generator=gen) * k ** -0.5
-        w = prepare(quantize(dense, scheme, group))
-        x = torch.randn((1, k), device="cuda", generator=gen).to(torch.bfloat16)
-        plain = native.qgemv(x, w, None, 8, 1, 2)
-        for stages, per_sm in ((3, 0), (3, 6), (1, 1), (2, 15)):
-            assert torch.equal(native.qgemv(x, w, None, 8, 1, 2, stream=(stages, per_sm)),
-                               plain), (scheme, n, k, stages, per_sm)
-
-
-@pytest.mark.parametrize("stream", [(0, 0), (3, 6)])
 @pytest.mark.parametrize("preload", [False, True])
 @pytest.mark.parametrize("scheme", ["fp8", "int4"])
-def test_native_gemv_under_pdl_in_a_graph(scheme: str, preload: bool,
-                                          stream: tuple[int, int]) -> None:
+def test_native_gemv_under_pdl_in_a_graph(scheme: str, preload: bool) -> None:
     """norm -> GEMV -> norm -> GEMV, each launched with PDL where the mode is on, captured
     and replayed: the GEMV waits for the norm that writes its x, and the norm after it for
     its output (the chain's result equals the plain launches' one exactly)."""
@@ -268,8 +239,7 @@ def test_native_gemv_under_pdl_in_a_graph(scheme: str, preload: bool,
 
     def chain(x: torch.Tensor) -> torch.Tensor:
         for w in ws:
-            x = native.qgemv(norm.rms_norm(x, nw, 1e-6), w, None, 4, 1, 4 if stream[0] else 8,
-                             preload=preload, stream=stream)
+            x = native.qgemv(norm.rms_norm(x, nw, 1e-6), w, None, 4, 1, 8, preload=preload)
         return x
 
     with pdl.forced(False):
