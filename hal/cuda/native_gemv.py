@@ -641,13 +641,23 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: 
     if rope is not None:
         width = rope.q_heads * rope.head_dim
     out = torch.empty((1, width), dtype=x.dtype, device=x.device)
-    args, use_pdl, device, bias = _common_args(x, w, bias, out)
+    if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous()):
+        bias = bias.to(x.dtype).contiguous()
+    use_pdl = pdl.mode() in ("on", "prefetch")
+    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     fn = _function(defines(w.scheme, rows, unroll, warps, layout_tile(w),
                            x.dtype == torch.float16, use_pdl, preload and use_pdl,
                            group_shift(w), gain is not None, residual is not None, silu,
                            rope.head_dim if rope is not None else 0),
                    device, source)
-    args += [ctypes.c_void_p(gain.data_ptr() if gain is not None else 0),
+    offsets = w.offsets if w.offsets is not None else w.scales
+    args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.qweight.data_ptr()),
+            ctypes.c_void_p(w.scales.data_ptr()), ctypes.c_void_p(offsets.data_ptr()),
+            ctypes.c_void_p(bias.data_ptr() if bias is not None else 0),
+            ctypes.c_void_p(out.data_ptr()), ctypes.c_int(n), ctypes.c_int(k),
+            ctypes.c_longlong(w.qweight.stride(0) * w.qweight.element_size()),
+            ctypes.c_longlong(w.scales.stride(0)), ctypes.c_int(bias is not None),
+            ctypes.c_void_p(gain.data_ptr() if gain is not None else 0),
             ctypes.c_float(eps),
             ctypes.c_void_p(residual.data_ptr() if residual is not None else 0)]
     if rope is not None:
@@ -671,26 +681,6 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: 
     _launch(fn, grid, warps * 32, torch.cuda.current_stream(x.device),
             ctypes.addressof(params), use_pdl)
     return out
-
-
-def _common_args(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
-                 out: torch.Tensor) -> tuple[list[Any], bool, int, torch.Tensor | None]:
-    """The kernel's first parameters (x, weights, scales, offsets, bias, out, n, k, strides,
-    has_bias), whether PDL is on, x's device index, and the bias as passed (converted to x's
-    dtype: the caller holds it until its launch is queued)."""
-    if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous()):
-        bias = bias.to(x.dtype).contiguous()
-    n, k = w.shape
-    offsets = w.offsets if w.offsets is not None else w.scales
-    args: list[Any] = [
-        ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.qweight.data_ptr()),
-        ctypes.c_void_p(w.scales.data_ptr()), ctypes.c_void_p(offsets.data_ptr()),
-        ctypes.c_void_p(bias.data_ptr() if bias is not None else 0),
-        ctypes.c_void_p(out.data_ptr()), ctypes.c_int(n), ctypes.c_int(k),
-        ctypes.c_longlong(w.qweight.stride(0) * w.qweight.element_size()),
-        ctypes.c_longlong(w.scales.stride(0)), ctypes.c_int(bias is not None)]
-    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    return args, pdl.mode() in ("on", "prefetch"), device, bias
 
 
 def _rope_fits(rope: RotaryStore, w: QuantizedWeight, x: torch.Tensor, rows: int,
