@@ -88,6 +88,7 @@
 #                                 #   kernel on every shape; removed after it)
 #   benchmarks/gpu_session.sh 83  # one H200:  decode attention's first tile before its PDL wait (HAL_CUDA_DECODE_PRELOAD at b21705a, reverted after): PDL chain tests, b12 b1 alternated twice with / without, B1 fp8 profiled (~500 s)
 #   benchmarks/gpu_session.sh 84  # one H200:  after the removals: native GEMV GPU tests, the PDL decode chain, b12 b1 (~200 s)
+#   benchmarks/gpu_session.sh 85  # an H200 only: the token GEMM's probe on this card, b2 with its picks / cuBLAS alone alternated twice, b3 with / without (~520 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -127,7 +128,7 @@ BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
 CARD=h200  # the card the results are named for (below: the one found)
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-4]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-84  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-5]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-85  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -1130,6 +1131,33 @@ case $CALL in
     QUANT_K="native or falls_back" part quanttests 150 60 quanttests
     KERNELS_K="pdl_decode_chain" part kernels 120 40 kernels
     part b12b1 120 75 b12 --parts b1 --name "b12_b1_${TAG:-call84}_h200"
+    ;;
+  85)
+    # The token GEMM on the card it was written for (call 78 and 79 ran on H100s, where
+    # cuBLAS already streams its small products at ~88% and the picks did not pay): the probe
+    # at the 8B shapes, 2-256 tokens, then B2 with its picks (HAL_CUDA_TOKEN_GEMM_TABLE)
+    # against cuBLAS alone (HAL_CUDA_TOKEN_GEMM=off), alternated twice, then B3 both ways.
+    # Any other card runs nothing: its figures would not decide TUNED["H200"].
+    if [[ $CARD != h200 && $DRY != 1 ]]; then
+      say "call 85 is for an H200 (this is $CARD): nothing run"
+      echo "call 85: not run on $CARD" >>"$SUMMARY"
+      exit 4
+    fi
+    tag=${TAG:-call85}
+    part tokengemm 150 110 tokengemm
+    picks=$RES/token_gemm_probe_$CARD.json
+    [[ $DRY == 1 ]] && picks=$RES/token_gemm_probe_dry.json
+    if [[ -s $picks ]]; then
+      cp "$picks" "$RES/token_gemm_probe_${tag}_$CARD.json"
+      HAL_CUDA_TOKEN_GEMM_TABLE=$picks part b2tg 60 35 b2 --name "b2_tokengemm_${tag}_h200"
+      HAL_CUDA_TOKEN_GEMM=off part b2 60 35 b2 --name "b2_cublas_${tag}_h200"
+      HAL_CUDA_TOKEN_GEMM_TABLE=$picks part b2tg2 60 35 b2 --name "b2_tokengemm_again_${tag}_h200"
+      HAL_CUDA_TOKEN_GEMM=off part b2_2 60 35 b2 --name "b2_cublas_again_${tag}_h200"
+      HAL_CUDA_TOKEN_GEMM_TABLE=$picks part b3tg 90 65 b3 --name "b3_tokengemm_${tag}_h200"
+      HAL_CUDA_TOKEN_GEMM=off part b3 90 65 b3 --name "b3_cublas_${tag}_h200"
+    else
+      say "no probe picks ($picks): B2 and B3 not run"
+    fi
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

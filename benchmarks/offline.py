@@ -127,6 +127,10 @@ def main(argv: list[str] | None = None, llm: Any = None) -> int:
             extra = random_requests(count, (n, n), (4, 4), mconf.vocab_size,
                                     args.dataset_seed + 1 + i)
             llm.generate([r.prompt_ids for r in extra], warm, use_tqdm=False)
+        # The counters before the run come from heartbeats sent after the warm-up's last
+        # step, as those after it do: a heartbeat from inside the warm-up would count its
+        # last steps (and what they compiled) into the run.
+        time.sleep(2 * engine.heartbeat_interval_s)
         before = scheduler_stats(llm)
         workers_before = worker_stats(llm)
         processes_before = process_stats(llm)

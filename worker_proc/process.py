@@ -121,6 +121,9 @@ class WorkerProcess(BusProcess):
         self.table = AttachedPageTable(self.paths.shm_req_to_token, cfg.max_running_requests,
                                        self.runner.max_context_len)
         self.results = Outbox(self.paths.scheduler_results, timeout_ms=cfg.send_timeout_ms)
+        # What compiled while loading and capturing is not news: a launch names only what
+        # compiled while serving.
+        self.runner.platform.recent_compiles()
         self.results.send(self.runner.ready_message())
 
     def _verify_weights(self) -> None:
@@ -227,14 +230,20 @@ class WorkerProcess(BusProcess):
         self.launch_ms_max = max(self.launch_ms_max, launch_ms)
         self.launch_ms_total += launch_ms
         self.launches_timed += 1
+        compiled = self.runner.platform.recent_compiles()
         if launch_ms <= SLOW_LAUNCH_MS:
+            if compiled:
+                # Not slow enough to warn of, but a compile while serving is worth naming: a
+                # benchmark's counters say one happened, this line says which and where.
+                log.info("%s: step %d compiled while serving (launch %.0f ms, %d tokens): %s",
+                         self.name, batch.step, launch_ms,
+                         int(np.asarray(batch.extend_lens).sum()), " | ".join(compiled))
             return
         self.slow_launches += 1
         counters = self.runner.platform.allocator_counters()
         delta = {k: v - self._allocator_seen.get(k, 0) for k, v in counters.items()}
         self._allocator_seen = counters
         extend = np.asarray(batch.extend_lens)
-        compiled = self.runner.platform.recent_compiles()
         log.warning("%s: step %d took %.0f ms to launch (%d tokens, %d requests; allocator "
                     "since the last report: %s): a kernel compiled or memory was reclaimed "
                     "while serving%s", self.name, batch.step, launch_ms, int(extend.sum()),

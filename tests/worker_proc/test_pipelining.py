@@ -4,6 +4,7 @@ device), yet answers every step once, in step order, and never sits on a finishe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +29,16 @@ class FakePending:
         return self.done or self.polls > 1
 
 
+class QuietPlatform:
+    """A plugin that compiles nothing while serving."""
+
+    def allocator_counters(self) -> dict[str, int]:
+        return {}
+
+    def recent_compiles(self) -> list[str]:
+        return []
+
+
 @dataclass
 class FakeRunner:
     asynchronous: bool = True
@@ -36,6 +47,7 @@ class FakeRunner:
     fail_launch: set[int] = field(default_factory=set)
     grammars_compiling: bool = False
     answers: bool = True  # the runner of the last pipeline stage answers the scheduler
+    platform: Any = field(default_factory=QuietPlatform)
 
     def launch(self, batch: ForwardBatch, table: np.ndarray) -> FakePending:
         if batch.step in self.fail_launch:
@@ -152,7 +164,9 @@ def test_a_slow_launch_is_counted_and_said_with_the_allocators_events(monkeypatc
     runner.platform = Platform()  # type: ignore[attr-defined]
     proc, _ = worker(runner)
     with caplog.at_level(logging.WARNING, logger=process.log.name):
+        runner.platform.compiled = []  # type: ignore[attr-defined]
         proc._note_launch(batch(0), 12.0)
+        runner.platform.compiled = ["decode_kernel[num_warps=4](n: i32)"]  # type: ignore
         proc._note_launch(batch(1), 600.0)
         runner.platform.counters = {"alloc_retries": 5, "device_allocs": 10}  # type: ignore
         proc._note_launch(batch(2), 900.0)
@@ -172,3 +186,34 @@ def test_a_slow_launch_is_counted_and_said_with_the_allocators_events(monkeypatc
     monkeypatch.setattr(process.time, "perf_counter", iter([0.0, 5.0, 5.0, 5.0, 5.0]).__next__)
     sync_proc._launch(batch(3))
     assert sync_proc.slow_launches == 0 and sync_proc.launch_ms_max == 0.0
+
+
+def test_a_compile_while_serving_is_named_even_when_the_launch_is_not_slow(caplog) -> None:
+    """A kernel compiled inside a launch under the slow threshold (a benchmark's counters say
+    one compiled mid-run) is named at info level with its step; a launch that compiled
+    nothing says nothing, and what was named is not named again."""
+    import logging
+
+    from tessera.worker_proc import process
+
+    class Platform:
+        compiled = ["_extend_kernel[BLOCK_M=64](n: i32)"]
+
+        def allocator_counters(self) -> dict[str, int]:
+            return {}
+
+        def recent_compiles(self) -> list[str]:
+            out, self.compiled = self.compiled, []
+            return out
+
+    runner = FakeRunner()
+    runner.platform = Platform()  # type: ignore[attr-defined]
+    proc, _ = worker(runner)
+    with caplog.at_level(logging.INFO, logger=process.log.name):
+        proc._note_launch(batch(4), 90.0)
+        proc._note_launch(batch(5), 2.0)
+    said = [r.getMessage() for r in caplog.records if "compiled while serving" in r.getMessage()]
+    assert len(said) == 1
+    assert "step 4 compiled while serving (launch 90 ms" in said[0]
+    assert "_extend_kernel[BLOCK_M=64]" in said[0]
+    assert proc.slow_launches == 0
