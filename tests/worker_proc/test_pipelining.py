@@ -30,13 +30,17 @@ class FakePending:
 
 
 class QuietPlatform:
-    """A plugin that compiles nothing while serving."""
+    """A plugin that compiled `compiled` (nothing by default) since the last look."""
+
+    def __init__(self, compiled: list[str] | None = None) -> None:
+        self.compiled = list(compiled or [])
 
     def allocator_counters(self) -> dict[str, int]:
         return {}
 
     def recent_compiles(self) -> list[str]:
-        return []
+        out, self.compiled = self.compiled, []
+        return out
 
 
 @dataclass
@@ -196,18 +200,7 @@ def test_a_compile_while_serving_is_named_even_when_the_launch_is_not_slow(caplo
 
     from tessera.worker_proc import process
 
-    class Platform:
-        compiled = ["_extend_kernel[BLOCK_M=64](n: i32)"]
-
-        def allocator_counters(self) -> dict[str, int]:
-            return {}
-
-        def recent_compiles(self) -> list[str]:
-            out, self.compiled = self.compiled, []
-            return out
-
-    runner = FakeRunner()
-    runner.platform = Platform()  # type: ignore[attr-defined]
+    runner = FakeRunner(platform=QuietPlatform(["_extend_kernel[BLOCK_M=64](n: i32)"]))
     proc, _ = worker(runner)
     with caplog.at_level(logging.INFO, logger=process.log.name):
         proc._note_launch(batch(4), 90.0)
