@@ -89,6 +89,7 @@
 #   benchmarks/gpu_session.sh 83  # one H200:  decode attention's first tile before its PDL wait (HAL_CUDA_DECODE_PRELOAD at b21705a, reverted after): PDL chain tests, b12 b1 alternated twice with / without, B1 fp8 profiled (~500 s)
 #   benchmarks/gpu_session.sh 84  # one H200:  after the removals: native GEMV GPU tests, the PDL decode chain, b12 b1 (~200 s)
 #   benchmarks/gpu_session.sh 85  # an H200 only: the token GEMM's probe on this card, b2 with its picks / cuBLAS alone alternated twice, b3 with / without (~520 s)
+#   benchmarks/gpu_session.sh 86  # any card: the fp8 cache's decode attention in CUDA C: its GPU tests, its bench beside Triton, b12 b2 over the fp8 cache with it / without, over a bf16 cache (~420 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -128,7 +129,7 @@ BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
 CARD=h200  # the card the results are named for (below: the one found)
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-5]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-85  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-6]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-86  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -1158,6 +1159,20 @@ case $CALL in
     else
       say "no probe picks ($picks): B2 and B3 not run"
     fi
+    ;;
+  86)
+    # Decode attention over the fp8 cache in CUDA C (native_attention, HAL_CUDA_DECODE_NATIVE):
+    # its GPU tests with the decode / extend attention tests, the bench beside the Triton
+    # stage 1, then B12's B2 over the fp8 cache (bf16 and fp8 weights) with it and without,
+    # and over a bf16 cache. Any card: the A/B is within one run.
+    tag=${TAG:-call86}
+    part nativeattntests 200 100 nativeattntests
+    part nativeattn 150 80 nativeattn
+    HAL_CUDA_DECODE_NATIVE=1 part b12nat 130 70 b12 --schemes bf16,fp8 --parts b2 \
+      --kv-cache-dtype fp8_e4m3 --name "b12_fp8kv_native_${tag}_h200"
+    HAL_CUDA_DECODE_NATIVE=0 part b12tri 130 70 b12 --schemes bf16,fp8 --parts b2 \
+      --kv-cache-dtype fp8_e4m3 --name "b12_fp8kv_triton_${tag}_h200"
+    part b12bf16kv 130 70 b12 --schemes bf16,fp8 --parts b2 --name "b12_b2_${tag}_h200"
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -60,7 +60,7 @@ mkdir -p "$OUT"
 parts=()
 while [[ $# -gt 0 && $1 != -* ]]; do parts+=("$1"); shift; done
 [[ ${#parts[@]} -gt 0 ]] || parts=(all)
-all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|attnbench|attnorder|attnregs|ncu|pdlbench|hop|nativeprobe|fusionprobe|tokengemm|tokengemmtests|all"
+all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|attnbench|attnorder|attnregs|ncu|pdlbench|hop|nativeprobe|fusionprobe|tokengemm|tokengemmtests|nativeattn|nativeattntests|all"
 for part in "${parts[@]}"; do
   if [[ ! $part =~ ^($all_parts)$ ]]; then
     echo "usage: $0 [${all_parts//|/|} ...] [flags]" >&2
@@ -77,7 +77,7 @@ bw=(--bandwidth-gbps 4220)  # B12's bound: bandwidth alone
 # line (which win). Empty on the GPU.
 T_b1=() T_b2=() T_b3=() T_b4=() T_b5=() T_b7=() T_b8=() T_b9=() T_b10=() T_b11=() T_b12=()
 T_peer=() T_cpu=() T_pytest=() T_gputests=() T_multihost=() T_fusion=() T_kernels=()
-T_quanttests=() T_moetests=() T_tokengemmtests=()
+T_quanttests=() T_moetests=() T_tokengemmtests=() T_nativeattntests=()
 if [[ $DRY == 1 ]]; then
   T_b1=(--prompt-len 32 --output-len 8 --iters 1 --warmup 1)
   T_b2=(--num-requests 4 --prompt-len 16,32 --output-len 8,16)
@@ -115,6 +115,7 @@ if [[ $DRY == 1 ]]; then
   T_moetests=(tests/hal_cuda/test_kernels_interpreted.py)
   # The token GEMM in Triton's interpreter.
   T_tokengemmtests=(tests/hal_cuda/test_token_gemm_interpreted.py)
+  T_nativeattntests=(tests/hal_cuda/test_native_attention_cpu_side.py)
 fi
 
 run() { echo "+ $*" >&2; "$PY" -m tessera bench "$@"; }
@@ -268,6 +269,14 @@ for part in "${parts[@]}"; do
     tokengemmtests) gpu_pytest tokengemmtests tests/hal_cuda/test_token_gemm_gpu.py \
                       tests/hal_cuda/test_quant_gpu.py -k "token_gemm or quant_linear_bf16" \
                       "${T_tokengemmtests[@]}" ;;
+    # Decode attention over an fp8 cache in CUDA C beside the Triton stage 1, and its tests.
+    nativeattn) echo "+ tests/hal_cuda/native_attention_bench.py" >&2
+                "$PY" tests/hal_cuda/native_attention_bench.py "$OUT/native_attention_$SUFFIX.json" \
+                  "${T_cpu[@]}" || { echo "nativeattn: failed" >&2; failed+=(nativeattn); } ;;
+    nativeattntests) gpu_pytest nativeattntests tests/hal_cuda/test_native_attention_gpu.py \
+                       tests/hal_cuda/test_kernels_gpu.py \
+                       -k "${NATIVE_K:-native or decode_attention or extend_attention or e4m3}" \
+                       "${T_nativeattntests[@]}" ;;
     # Each one-token fusion beside the composition it replaces (what it saves, per scheme).
     fusionprobe) echo "+ tests/hal_cuda/fusion_probe.py" >&2
                  "$PY" tests/hal_cuda/fusion_probe.py "$OUT/fusion_probe_$SUFFIX.json" \

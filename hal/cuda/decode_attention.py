@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tessera.hal.cuda import autotune, pdl
+from tessera.hal.cuda import autotune, native_attention, pdl
 from tessera.hal.cuda.pdl import enter as pdl_enter
 
 # Tunables, overridable by benchmarks (kept here so the graph runner and the bench agree).
@@ -428,26 +428,33 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     mid_lse = torch.empty(mid_shape[:3], dtype=torch.float32, device=q.device)
     block_d = triton.next_power_of_2(head_dim)
     words = fp8_words(k_cache, v_cache)
-    if words:
-        k_cache, v_cache = k_cache.view(torch.uint16), v_cache.view(torch.uint16)
     block_n, num_warps, num_stages, maxnreg = tunables(words, batch)
     pdl_options = pdl.launch_options()
     if maxnreg is not None:
         pdl_options = {**pdl_options, "maxnreg": maxnreg}
     heads_first = HEADS_FIRST and batch <= 65535  # a grid's second dimension holds 65535
     grid = (kv_heads, batch, n_split) if heads_first else (batch, kv_heads, n_split)
-    _decode_stage1[grid](
-        q, k_cache, v_cache, req_to_token, seq_lens, ext, qo, mid_o, mid_lse, out,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1), float(scale) * LOG2E, int(sliding_window),
-        float(logit_cap), n_split, HAS_CAP=logit_cap > 0, GROUP=group, HEAD_DIM=head_dim,
-        ONE_SPLIT=n_split == 1,
-        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
-        DOT_PREC=dot_precision(q.dtype), MIXED=mixed, FP8_WORDS=words,
-        ASM_CVT=words and asm_cvt(q.device), HEADS_FIRST=heads_first,
-        num_warps=num_warps, num_stages=num_stages,
-        **pdl_options)
+    native = words and native_attention.enabled() and native_attention.fits(
+        q, k_cache, v_cache, req_to_token, seq_lens, ext, qo)
+    if words:
+        k_cache, v_cache = k_cache.view(torch.uint16), v_cache.view(torch.uint16)
+    if native:  # the CUDA C stage 1 (strides in bytes: the fp8 views)
+        native_attention.launch_stage1(
+            q, k_cache.view(torch.float8_e4m3fn), v_cache.view(torch.float8_e4m3fn),
+            req_to_token, seq_lens, ext, qo, mid_o, mid_lse, out, float(scale) * LOG2E,
+            int(sliding_window), float(logit_cap), n_split, mixed, heads_first)
+    else:
+        _decode_stage1[grid](
+            q, k_cache, v_cache, req_to_token, seq_lens, ext, qo, mid_o, mid_lse, out,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+            mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1),
+            float(scale) * LOG2E, int(sliding_window), float(logit_cap), n_split,
+            HAS_CAP=logit_cap > 0, GROUP=group, HEAD_DIM=head_dim, ONE_SPLIT=n_split == 1,
+            BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
+            DOT_PREC=dot_precision(q.dtype), MIXED=mixed, FP8_WORDS=words,
+            ASM_CVT=words and asm_cvt(q.device), HEADS_FIRST=heads_first,
+            num_warps=num_warps, num_stages=num_stages, **pdl_options)
     if n_split == 1:
         return
     _decode_stage2[(batch, q_heads)](

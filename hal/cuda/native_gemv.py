@@ -526,12 +526,13 @@ def compile_cubin(source: str, arch: int) -> bytes:
 
 
 _lock = threading.Lock()
-_functions: dict[tuple[str, int], Any] = {}
+_functions: dict[tuple[str, int, bytes], Any] = {}
 _modules: list[Any] = []  # kept loaded for the life of the process
 
 
-def _function(defs: str, device: int, source: str = SOURCE) -> Any:
-    key = (defs + source if source is not SOURCE else defs, device)
+def _function(defs: str, device: int, source: str = SOURCE, name: bytes = b"qgemv_native") -> Any:
+    """The kernel `name` of defs + source, compiled for this device once a process."""
+    key = (defs + source if source is not SOURCE else defs, device, name)
     fn = _functions.get(key)
     if fn is not None:
         return fn
@@ -545,7 +546,7 @@ def _function(defs: str, device: int, source: str = SOURCE) -> Any:
                 torch.cuda.init()
                 torch.empty(1, device=f"cuda:{device}")  # the primary context current
                 module = _ok(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
-                fn = _ok(driver.cuModuleGetFunction(module, b"qgemv_native"),
+                fn = _ok(driver.cuModuleGetFunction(module, name),
                          "cuModuleGetFunction")
             _modules.append(module)
             _functions[key] = fn
@@ -715,19 +716,21 @@ def _driver() -> Any:
     return bindings[0]
 
 
-def _launch(fn: Any, grid: int, block: int, stream: torch.cuda.Stream, params: int,
-            use_pdl: bool) -> None:
+def _launch(fn: Any, grid: int | tuple[int, int, int], block: int, stream: torch.cuda.Stream,
+            params: int, use_pdl: bool) -> None:
+    """fn on stream over grid (blocks, or (x, y, z)), with PDL's attribute if use_pdl."""
     driver = _driver()
     handle = driver.CUstream(stream.cuda_stream)
+    gx, gy, gz = (grid, 1, 1) if isinstance(grid, int) else grid
     if not use_pdl:
-        _ok(driver.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, handle, params, 0),
+        _ok(driver.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, 0, handle, params, 0),
             "cuLaunchKernel")
         return
     attr = driver.CUlaunchAttribute()
     attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
     attr.value.programmaticStreamSerializationAllowed = 1
     config = driver.CUlaunchConfig()
-    config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
+    config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
     config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
     config.sharedMemBytes = 0
     config.hStream = handle

@@ -1,0 +1,413 @@
+"""Decode attention's stage 1 over an fp8 (e4m3) KV cache, written in CUDA C (NVRTC, launched
+through the driver API like native_gemv), beside the Triton stage 1 of decode_attention.
+
+Why: the Triton kernel reads an fp8 cache at 2.4-2.9 TB/s where a bf16 cache reads 4.0-4.4
+(docs/performance.md, "Decode attention over an fp8 cache"). Converted in registers, the
+keys' words must cross shared memory a second time to reach the dot's layout, because
+Triton's layouts cannot say "this register holds key g, dims 32t + 4i ..". Here every thread
+loads exactly the bytes its tensor-core fragments hold, 16 bytes a load straight from the
+cache, and no tile goes through shared memory:
+
+  * The scores are computed transposed, S^T = K Q^T (mma m16n8k16: 16 keys x 8 heads x 16
+    dims), so the query group (up to 8 heads) fills the n side instead of padding 16 rows.
+    The dot's sum over dims does not care about their order, so the k index of chunk i,
+    column c maps to the cache's dim 32 (c / 2) + 4 i + (c % 2) (c < 8; c >= 8 adds 2): the
+    thread (g, t) of a fragment loads key g's bytes [32 t, 32 t + 32) and the q it holds is
+    read in the same order. Each 16-bit pair converts with `cvt.rn.f16x2.e4m3x2`.
+  * The output is O^T = V^T P^T (m16n8k16: 16 dims x 8 heads x 16 keys). The dims are
+    permuted too (m-tile j, row g -> dim 16 g + 2 j, row g + 8 -> 16 g + 2 j + 1), so a
+    thread loads 16 bytes of each of its four keys; the fragment pairs two keys of one dim,
+    which one `prmt` makes of two keys' words before the conversion. P^T's fragments are the
+    scores' accumulators transposed by `movmatrix`.
+  * Each warp walks its own 16-key tiles of the split (the warps of a block interleave
+    them), one tile's loads in flight while the one before is computed, its slots read
+    two tiles ahead; the block's warps merge their softmax states once, at the end, in
+    shared memory. The output and log-sum-exp are what the Triton stage 1 writes (the
+    final output with one split, else the partials stage 2 merges), in the same buffers.
+
+What it takes (`fits`): an fp8 cache with rows of 128 elements, 16-byte aligned rows; a
+bf16 / fp16 q, 16-byte aligned; query groups of 1 to 8 heads; int32 tables; sm_89 or
+later. The kernel is used where `HAL_CUDA_DECODE_NATIVE=1` (off by default until measured)
+and it fits; anything else, and any machine without cuda-python, runs the Triton stage 1.
+The GPU tests (tests/hal_cuda/test_native_attention_gpu.py) hold it to the reference and to
+the Triton kernel; tests/hal_cuda/test_native_attention_cpu_side.py models its fragment
+mapping in numpy and compiles it for sm_90 where NVRTC is installed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from tessera.hal.cuda import env, native_gemv, pdl
+
+HEAD_DIM = 128
+MAX_GROUP = 8
+KEYS_PER_TILE = 16
+WARPS = 4  # a block's warps (each walks its own tiles of the split)
+VARIABLE = "HAL_CUDA_DECODE_NATIVE"
+WARPS_VARIABLE = "HAL_CUDA_DECODE_NATIVE_WARPS"
+NAME = b"attn_fp8_decode"
+
+SOURCE = r"""
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+#define D 128
+#define TK 16
+#define FULL 0xffffffffu
+#define NEG_INF __int_as_float(0xff800000)
+
+struct Tile { uint4 k[2][2]; uint4 v[4]; };
+
+__device__ __forceinline__ uint4 ld_cache(const u8* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// two e4m3 (the low byte the first) -> f16x2 (the first in the low half)
+__device__ __forceinline__ u32 cvt2(u32 pair) {
+    u32 r;
+    asm("{ .reg .b16 h; cvt.u16.u32 h, %1; cvt.rn.f16x2.e4m3x2 %0, h; }" : "=r"(r) : "r"(pair));
+    return r;
+}
+
+// f16x2 of two floats, lo in the low half
+__device__ __forceinline__ u32 pack_f16(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// a 32-bit word of two q elements -> f16x2
+__device__ __forceinline__ u32 q_pair(u32 w) {
+#if XF16
+    return w;
+#else
+    return pack_f16(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+#endif
+}
+
+__device__ __forceinline__ u16 to_out(float v) {
+    u16 h;
+#if XF16
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+#else
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+#endif
+    return h;
+}
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                         u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 trans8x8(u32 x) {
+    u32 y;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+    return y;
+}
+
+__device__ __forceinline__ u32 word(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// this lane's slot of key (lane % 16) of the tile at n (-1 past the end)
+__device__ __forceinline__ int tile_slot(const int* row, int n, int end, int lane) {
+    const int p = n + (lane & 15);
+    return p < end ? row[p] : -1;
+}
+
+__device__ __forceinline__ void load_tile(Tile& T, int sl, const u8* kbase, const u8* vbase,
+                                          long long c_s0, int g, int t) {
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int s = __shfl_sync(FULL, sl, g + 8 * r);
+        const u8* p = kbase + (long long)s * c_s0 + 32 * t;
+        T.k[r][0] = s >= 0 ? ld_cache(p) : zero;
+        T.k[r][1] = s >= 0 ? ld_cache(p + 16) : zero;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int s = __shfl_sync(FULL, sl, (e >> 1) * 8 + 2 * t + (e & 1));
+        T.v[e] = s >= 0 ? ld_cache(vbase + (long long)s * c_s0 + 16 * g) : zero;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
+                const u8* __restrict__ vc, const int* __restrict__ rtt,
+                const int* __restrict__ seq_lens, const int* __restrict__ ext_lens,
+                const int* __restrict__ qo, float* __restrict__ mid_o,
+                float* __restrict__ mid_lse, u16* __restrict__ out,
+                long long q_s0, long long q_s1, long long c_s0, long long c_s1,
+                long long rtt_s0, long long mo_s0, long long mo_s1, long long mo_s2,
+                long long ml_s0, long long ml_s1, long long o_s0, long long o_s1,
+                float scale_log2, int window, float cap, int num_splits) {
+#if HEADS_FIRST
+    const int kh = blockIdx.x;
+    const long long b = blockIdx.y;
+#else
+    const long long b = blockIdx.x;
+    const int kh = blockIdx.y;
+#endif
+    const int split = blockIdx.z;
+#if PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    long long q_row = b;
+#if MIXED
+    if (ext_lens[b] != 1) return;
+    q_row = qo[b];
+#endif
+    const int seq_len = seq_lens[b];
+    const int lo = window > 0 ? max(seq_len - window, 0) : 0;
+    const int per = ((seq_len - lo + num_splits - 1) / num_splits + TK - 1) / TK * TK;
+    const int start = lo + split * per;
+    const int end = min(start + per, seq_len);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int* row = rtt + b * rtt_s0;
+    const u8* kbase = kc + (long long)kh * c_s1;
+    const u8* vbase = vc + (long long)kh * c_s1;
+
+    // q^T's fragments: head g, dims 32 t + 4 i + (0, 1) and (2, 3) of chunk i
+    u32 qf[8][2];
+    if (g < GROUP) {
+        const u16* qp = q + q_row * q_s0 + (long long)(kh * GROUP + g) * q_s1 + 32 * t;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const uint4 v = *reinterpret_cast<const uint4*>(qp + 8 * u);
+            qf[2 * u][0] = q_pair(v.x);
+            qf[2 * u][1] = q_pair(v.y);
+            qf[2 * u + 1][0] = q_pair(v.z);
+            qf[2 * u + 1][1] = q_pair(v.w);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) qf[i][0] = qf[i][1] = 0u;
+    }
+
+    // heads 2 t and 2 t + 1: running max (log2 units, the same on every g), this thread's
+    // share of the sum, and O^T's accumulators (m-tile j: dims 16 g + 2 j (+1))
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
+    float acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+    const int step = WARPS * TK;
+    int n = start + warp * TK;
+    Tile cur;
+    if (n < end) load_tile(cur, tile_slot(row, n, end, lane), kbase, vbase, c_s0, g, t);
+    int sl1 = tile_slot(row, n + step, end, lane);
+    for (; n < end; n += step) {
+        Tile nx;
+        if (n + step < end) load_tile(nx, sl1, kbase, vbase, c_s0, g, t);
+        sl1 = tile_slot(row, n + 2 * step, end, lane);
+
+        // S^T = K Q^T: s[0], s[1] key g heads 2t, 2t+1; s[2], s[3] key g + 8
+        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const u32 w0 = word(cur.k[0][i >> 2], i & 3), w1 = word(cur.k[1][i >> 2], i & 3);
+            mma16816(s, cvt2(w0 & 0xffffu), cvt2(w1 & 0xffffu), cvt2(w0 >> 16), cvt2(w1 >> 16),
+                     qf[i][0], qf[i][1]);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+#if HAS_CAP
+            s[e] = cap * tanhf(s[e] * (scale_log2 / 1.4426950408889634f) / cap) *
+                   1.4426950408889634f;
+#else
+            s[e] *= scale_log2;
+#endif
+        }
+        if (n + g >= end) s[0] = s[1] = NEG_INF;
+        if (n + g + 8 >= end) s[2] = s[3] = NEG_INF;
+        float x0 = fmaxf(s[0], s[2]), x1 = fmaxf(s[1], s[3]);
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) {
+            x0 = fmaxf(x0, __shfl_xor_sync(FULL, x0, off));
+            x1 = fmaxf(x1, __shfl_xor_sync(FULL, x1, off));
+        }
+        const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
+        const float a0 = ex2(m0 - n0), a1 = ex2(m1 - n1);
+        const float p0 = ex2(s[0] - n0), p1 = ex2(s[1] - n1);
+        const float p2 = ex2(s[2] - n0), p3 = ex2(s[3] - n1);
+        l0 = l0 * a0 + p0 + p2;
+        l1 = l1 * a1 + p1 + p3;
+        m0 = n0;
+        m1 = n1;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            acc[j][0] *= a0; acc[j][1] *= a1; acc[j][2] *= a0; acc[j][3] *= a1;
+        }
+        // P^T's fragments: keys 2t, 2t+1 (and 8 more) of head g
+        const u32 b0 = trans8x8(pack_f16(p0, p1)), b1 = trans8x8(pack_f16(p2, p3));
+        // O^T += V^T P^T
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            const u32 v0 = word(cur.v[0], m), v1 = word(cur.v[1], m);
+            const u32 v2 = word(cur.v[2], m), v3 = word(cur.v[3], m);
+            const u32 e01 = __byte_perm(v0, v1, 0x5140), f01 = __byte_perm(v0, v1, 0x7362);
+            const u32 e89 = __byte_perm(v2, v3, 0x5140), f89 = __byte_perm(v2, v3, 0x7362);
+            mma16816(acc[2 * m], cvt2(e01 & 0xffffu), cvt2(e01 >> 16), cvt2(e89 & 0xffffu),
+                     cvt2(e89 >> 16), b0, b1);
+            mma16816(acc[2 * m + 1], cvt2(f01 & 0xffffu), cvt2(f01 >> 16), cvt2(f89 & 0xffffu),
+                     cvt2(f89 >> 16), b0, b1);
+        }
+        cur = nx;
+    }
+
+    // the block's warps merged: each warp's state through shared memory
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+        l0 += __shfl_xor_sync(FULL, l0, off);
+        l1 += __shfl_xor_sync(FULL, l1, off);
+    }
+    __shared__ float sm_m[WARPS][8], sm_l[WARPS][8];
+    __shared__ float sm_o[WARPS][8][D];
+    if (g == 0) {
+        sm_m[warp][2 * t] = m0; sm_m[warp][2 * t + 1] = m1;
+        sm_l[warp][2 * t] = l0; sm_l[warp][2 * t + 1] = l1;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        sm_o[warp][2 * t][16 * g + 2 * j] = acc[j][0];
+        sm_o[warp][2 * t + 1][16 * g + 2 * j] = acc[j][1];
+        sm_o[warp][2 * t][16 * g + 2 * j + 1] = acc[j][2];
+        sm_o[warp][2 * t + 1][16 * g + 2 * j + 1] = acc[j][3];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < GROUP * D; idx += WARPS * 32) {
+        const int h = idx / D, d = idx % D;
+        float mx = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, sm_m[w][h]);
+        float o = 0.0f, lse = NEG_INF;
+        if (mx != NEG_INF) {
+            float lsum = 0.0f, osum = 0.0f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) {
+                const float f = ex2(sm_m[w][h] - mx);
+                lsum += sm_l[w][h] * f;
+                osum += sm_o[w][h][d] * f;
+            }
+            o = osum / lsum;
+            lse = mx + __log2f(lsum);
+        }
+        const long long head = (long long)kh * GROUP + h;
+        if (num_splits == 1) {
+            out[q_row * o_s0 + head * o_s1 + d] = to_out(o);
+        } else {
+            mid_o[b * mo_s0 + head * mo_s1 + split * mo_s2 + d] = o;
+            if (d == 0) mid_lse[b * ml_s0 + head * ml_s1 + split] = lse;
+        }
+    }
+}
+"""
+
+
+def enabled() -> bool:
+    """`HAL_CUDA_DECODE_NATIVE`: the native stage 1 where it fits (off unless 1)."""
+    return env.switch(VARIABLE, False)
+
+
+@functools.lru_cache(maxsize=1)
+def warps() -> int:
+    text = __import__("os").environ.get(WARPS_VARIABLE, "").strip()
+    if not text:
+        return WARPS
+    if text not in ("1", "2", "4", "8"):
+        raise ValueError(f"{WARPS_VARIABLE}={text!r}: expected 1, 2, 4 or 8 warps a block")
+    return int(text)
+
+
+@functools.lru_cache(maxsize=64)
+def defines(group: int, warps: int, mixed: bool, has_cap: bool, x_f16: bool, use_pdl: bool,
+            heads_first: bool) -> str:
+    return "".join(f"#define {name} {int(value)}\n" for name, value in (
+        ("GROUP", group), ("WARPS", warps), ("MIXED", mixed), ("HAS_CAP", has_cap),
+        ("XF16", x_f16), ("PDL", use_pdl), ("HEADS_FIRST", heads_first)))
+
+
+def _aligned(t: torch.Tensor, elements: int) -> bool:
+    return t.data_ptr() % 16 == 0 and all(s % elements == 0 for s in t.stride()[:-1])
+
+
+@functools.lru_cache(maxsize=8)
+def _capable(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (8, 9)
+
+
+def fits(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+         req_to_token: torch.Tensor, seq_lens: torch.Tensor,
+         *tables: torch.Tensor) -> bool:
+    """Whether the native stage 1 computes this batch: see the module's text."""
+    if not (q.is_cuda and native_gemv.available()):
+        return False
+    if q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] != HEAD_DIM:
+        return False
+    q_heads, kv_heads = q.shape[1], k_cache.shape[1]
+    if q_heads % kv_heads or not 1 <= q_heads // kv_heads <= MAX_GROUP:
+        return False
+    caches = (k_cache, v_cache)
+    if any(c.dtype != torch.float8_e4m3fn or c.dim() != 3 or c.shape[-1] != HEAD_DIM or
+           c.stride(-1) != 1 or not _aligned(c, 16) for c in caches):
+        return False
+    if k_cache.stride() != v_cache.stride():
+        return False
+    if q.stride(-1) != 1 or not _aligned(q, 8):
+        return False
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    return _capable(index) and all(
+        t.dtype == torch.int32 and t.stride(-1) == 1 for t in (req_to_token, seq_lens, *tables))
+
+
+def launch_stage1(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  req_to_token: torch.Tensor, seq_lens: torch.Tensor, ext: torch.Tensor,
+                  qo: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor,
+                  out: torch.Tensor, scale_log2: float, window: int, logit_cap: float,
+                  n_split: int, mixed: bool, heads_first: bool) -> None:
+    """The Triton stage 1's contract (decode_attention._decode_stage1) for a batch that
+    `fits`: the final output with one split, else the partials and log-sum-exps."""
+    batch, q_heads = seq_lens.shape[0], q.shape[1]
+    kv_heads = k_cache.shape[1]
+    group = q_heads // kv_heads
+    nw = warps()
+    use_pdl = pdl.mode() in ("on", "prefetch")
+    device = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    fn = native_gemv._function(
+        defines(group, nw, mixed, logit_cap > 0, q.dtype == torch.float16, use_pdl,
+                heads_first), device, SOURCE, NAME)
+    ptr = ctypes.c_void_p
+    args = [ptr(q.data_ptr()), ptr(k_cache.data_ptr()), ptr(v_cache.data_ptr()),
+            ptr(req_to_token.data_ptr()), ptr(seq_lens.data_ptr()), ptr(ext.data_ptr()),
+            ptr(qo.data_ptr()), ptr(mid_o.data_ptr()), ptr(mid_lse.data_ptr()),
+            ptr(out.data_ptr())]
+    args += [ctypes.c_longlong(v) for v in (
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0),
+        mid_lse.stride(1), out.stride(0), out.stride(1))]
+    args += [ctypes.c_float(scale_log2), ctypes.c_int(int(window)),
+             ctypes.c_float(float(logit_cap)), ctypes.c_int(n_split)]
+    params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+    grid = (kv_heads, batch, n_split) if heads_first else (batch, kv_heads, n_split)
+    native_gemv._launch(fn, grid, nw * 32, torch.cuda.current_stream(q.device),
+                        ctypes.addressof(params), use_pdl)

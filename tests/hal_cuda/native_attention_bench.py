@@ -1,0 +1,121 @@
+"""Decode attention over an fp8 cache: the CUDA C stage 1 (hal/cuda/native_attention.py) at
+1, 2, 4 and 8 warps a block beside the Triton stage 1 at its defaults, Llama-3-8B's heads,
+timed inside graphs (gpu_bench.graph_time_us) on pages scattered as a pool leaves them;
+uniform contexts and B2's / B3's spreads longest first (as the scheduler orders a step).
+GB/s counts the fp8 cache bytes read.
+
+    python tests/hal_cuda/native_attention_bench.py OUT.json
+    python tests/hal_cuda/native_attention_bench.py OUT.json --cpu   # dry run: the plan only
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_bench import _paged_decode_case, graph_time_us  # noqa: E402
+
+from tessera.hal.cuda import decode_attention as da  # noqa: E402
+from tessera.hal.cuda import native_attention as na  # noqa: E402
+from tessera.hal.reference import reference_op  # noqa: E402
+
+HQ, HK, D = 32, 8, 128
+UNIFORM = [(1, 4096), (32, 1024), (64, 2048), (128, 600), (128, 2048), (256, 600),
+           (256, 1024), (128, 4096)]
+SPREAD = [("b2_256", 256, 100, 2048), ("b2_128", 128, 200, 2048), ("b2_64", 64, 400, 2048),
+          ("b2_32", 32, 600, 2048), ("b3_c128_128", 128, 256, 1536)]
+
+
+def _time(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rtt: torch.Tensor,
+          lens: torch.Tensor, native: bool, warps: int = na.WARPS,
+          splits: int | None = None) -> float:
+    os.environ[na.VARIABLE] = "1" if native else "0"
+    os.environ[na.WARPS_VARIABLE] = str(warps)
+    na.warps.cache_clear()
+    return graph_time_us(lambda: da.attention_decode(q, kc, vc, rtt, lens, D ** -0.5,
+                                                     splits=splits))
+
+
+def _case(q: torch.Tensor, kc16: torch.Tensor, vc16: torch.Tensor, rtt: torch.Tensor,
+          lens: torch.Tensor) -> dict[str, Any]:
+    kc, vc = kc16.to(torch.float8_e4m3fn), vc16.to(torch.float8_e4m3fn)
+    batch = q.shape[0]
+    kv_bytes = int(2 * lens.sum()) * HK * D
+    row: dict[str, Any] = {"kv_bytes": kv_bytes,
+                           "splits": da.num_splits(batch, HK, q.device)}
+
+    def note(key: str, us: float) -> None:
+        row[key] = {"us": round(us, 2), "GBps": round(kv_bytes / us / 1e3)}
+
+    note("triton", _time(q, kc, vc, rtt, lens, False))
+    for w in (1, 2, 4, 8):
+        try:
+            note(f"native_w{w}", _time(q, kc, vc, rtt, lens, True, w))
+        except Exception as exc:  # a variant that fails is a result too
+            row[f"native_w{w}"] = {"error": repr(exc)[:300]}
+    timed = {k: v["us"] for k, v in row.items() if k.startswith("native") and "us" in v}
+    if timed:
+        best = min(timed, key=timed.__getitem__)
+        row["best_native"] = best
+        w = int(best.rsplit("w", 1)[1])
+        for n in (1, 2, 4, 8):
+            note(f"{best}_splits{n}", _time(q, kc, vc, rtt, lens, True, w, n))
+            note(f"triton_splits{n}", _time(q, kc, vc, rtt, lens, False, splits=n))
+        row["speedup"] = round(row["triton"]["us"] / row[best]["us"], 3)
+    # correctness beside the timing: native against Triton and the fp32 reference
+    os.environ[na.VARIABLE] = "1"
+    got = da.attention_decode(q, kc, vc, rtt, lens, D ** -0.5).float()
+    os.environ[na.VARIABLE] = "0"
+    tri = da.attention_decode(q, kc, vc, rtt, lens, D ** -0.5).float()
+    row["rel_vs_triton"] = float((got - tri).norm() / tri.norm())
+    if batch * int(lens.max()) <= 64 * 2048:
+        ext = torch.ones(batch, dtype=torch.int32, device="cuda")
+        indptr = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+        ref = reference_op("attention_extend")(q.float(), kc.float(), vc.float(), rtt, lens,
+                                               ext, indptr, D ** -0.5)
+        row["rel_vs_reference"] = float((got - ref).norm() / ref.norm())
+    return row
+
+
+def main() -> None:
+    out_path = Path(sys.argv[1])
+    if "--cpu" in sys.argv:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps({"plan": {"uniform": UNIFORM, "spread": SPREAD}}))
+        return
+    torch.manual_seed(0)
+    result: dict[str, Any] = {"device": torch.cuda.get_device_name(),
+                              "commit": os.environ.get("TESSERA_COMMIT", "unknown"),
+                              "shape": {"hq": HQ, "hk": HK, "head_dim": D, "q": "bfloat16",
+                                        "cache": "float8_e4m3fn"},
+                              "triton_tunables": list(da.tunables(True)), "cases": {}}
+    for batch, seq in UNIFORM:
+        q, kc, vc, rtt = _paged_decode_case(batch, seq, HQ, HK, D)
+        lens = torch.full((batch,), seq, dtype=torch.int32, device="cuda")
+        result["cases"][f"b{batch}_s{seq}"] = row = _case(q, kc, vc, rtt, lens)
+        print(f"native attention b{batch}_s{seq}: triton {row['triton']['us']} us, "
+              f"{row.get('best_native')} {row.get(row.get('best_native', ''), {})} "
+              f"speedup {row.get('speedup')} rel {row['rel_vs_triton']:.2e}", flush=True)
+    gen = torch.Generator().manual_seed(0)
+    for name, batch, lo, hi in SPREAD:
+        lens_cpu = torch.randint(lo, hi + 1, (batch,), generator=gen, dtype=torch.int32)
+        q, kc, vc, rtt = _paged_decode_case(batch, hi, HQ, HK, D)
+        desc = torch.argsort(lens_cpu, descending=True, stable=True)
+        lens = lens_cpu[desc].cuda()
+        rtt = rtt[desc.cuda()].contiguous()
+        result["cases"][name] = row = _case(q, kc, vc, rtt, lens)
+        print(f"native attention {name}: triton {row['triton']['us']} us, "
+              f"{row.get('best_native')} {row.get(row.get('best_native', ''), {})} "
+              f"speedup {row.get('speedup')} rel {row['rel_vs_triton']:.2e}", flush=True)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
