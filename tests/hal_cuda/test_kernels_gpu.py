@@ -19,7 +19,7 @@ HQ, HK, D = 32, 8, 128
 
 
 def _paged(seq_lens: list[int], extend_lens: list[int], dtype: torch.dtype, seed: int,
-           page: int = 16) -> dict[str, torch.Tensor]:
+           page: int = 16, hq: int = HQ, hk: int = HK) -> dict[str, torch.Tensor]:
     gen = torch.Generator(device="cuda").manual_seed(seed)
     pages = [math.ceil(s / page) for s in seq_lens]
     num_slots = (1 + sum(pages)) * page
@@ -34,9 +34,9 @@ def _paged(seq_lens: list[int], extend_lens: list[int], dtype: torch.dtype, seed
     indptr = torch.zeros(len(seq_lens) + 1, dtype=torch.int32, device="cuda")
     indptr[1:] = torch.tensor(extend_lens, device="cuda").cumsum(0)
     return {
-        "q": torch.randn((sum(extend_lens), HQ, D), device="cuda", generator=gen).to(dtype),
-        "k_cache": torch.randn((num_slots, HK, D), device="cuda", generator=gen).to(dtype),
-        "v_cache": torch.randn((num_slots, HK, D), device="cuda", generator=gen).to(dtype),
+        "q": torch.randn((sum(extend_lens), hq, D), device="cuda", generator=gen).to(dtype),
+        "k_cache": torch.randn((num_slots, hk, D), device="cuda", generator=gen).to(dtype),
+        "v_cache": torch.randn((num_slots, hk, D), device="cuda", generator=gen).to(dtype),
         "req_to_token": rtt,
         "seq_lens": torch.tensor(seq_lens, dtype=torch.int32, device="cuda"),
         "extend_lens": torch.tensor(extend_lens, dtype=torch.int32, device="cuda"),

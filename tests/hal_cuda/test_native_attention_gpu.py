@@ -6,8 +6,6 @@ that it is the kernel that ran (never a silent fall back to Triton)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -40,37 +38,19 @@ def native(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def _case(seq_lens: list[int], hq: int, hk: int, dtype: torch.dtype, seed: int,
-          extend_lens: list[int] | None = None, page: int = 16) -> dict[str, torch.Tensor]:
-    """Pages scattered over an e4m3 cache (page 0 and the pages' unused tails hold NaN
-    bytes: no request reads them)."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    ext = extend_lens or [1] * len(seq_lens)
-    pages = [math.ceil(s / page) for s in seq_lens]
-    num_slots = (1 + sum(pages)) * page
-    order = (torch.randperm(sum(pages), device="cuda", generator=gen) + 1).tolist()
-    width = max(pages) * page
-    rtt = torch.zeros((len(seq_lens), width), dtype=torch.int32, device="cuda")
-    for b, n in enumerate(pages):
-        mine, order = order[:n], order[n:]
-        slots = torch.tensor(mine, device="cuda")[:, None] * page + \
-            torch.arange(page, device="cuda")
-        rtt[b, :n * page] = slots.flatten().int()
-    caches = []
-    for _ in range(2):
-        c = (torch.randn((num_slots, hk, D), device="cuda", generator=gen) * 8) \
-            .to(torch.float8_e4m3fn)
-        nan = torch.ones(num_slots, dtype=torch.bool, device="cuda")
-        for b, s in enumerate(seq_lens):
-            nan[rtt[b, :s].long()] = False
-        c.view(torch.uint8)[nan] = 0x7F  # e4m3's NaN
-        caches.append(c)
-    indptr = torch.zeros(len(seq_lens) + 1, dtype=torch.int32, device="cuda")
-    indptr[1:] = torch.tensor(ext, device="cuda").cumsum(0)
-    return {"q": torch.randn((sum(ext), hq, D), device="cuda", generator=gen).to(dtype),
-            "k_cache": caches[0], "v_cache": caches[1], "req_to_token": rtt,
-            "seq_lens": torch.tensor(seq_lens, dtype=torch.int32, device="cuda"),
-            "extend_lens": torch.tensor(ext, dtype=torch.int32, device="cuda"),
-            "qo_indptr": indptr}
+          extend_lens: list[int] | None = None) -> dict[str, torch.Tensor]:
+    """test_kernels_gpu's paged case over an e4m3 cache (normals and subnormals); every slot
+    no request reads (page 0, the pages' tails) holds NaN bytes."""
+    from test_kernels_gpu import _paged
+
+    c = _paged(seq_lens, extend_lens or [1] * len(seq_lens), dtype, seed, hq=hq, hk=hk)
+    unread = torch.ones(c["k_cache"].shape[0], dtype=torch.bool, device="cuda")
+    for b, s in enumerate(seq_lens):
+        unread[c["req_to_token"][b, :s].long()] = False
+    for name in ("k_cache", "v_cache"):
+        c[name] = (c[name].float() * 8).to(torch.float8_e4m3fn)
+        c[name].view(torch.uint8)[unread] = 0x7F  # e4m3's NaN
+    return c
 
 
 def _reference(c: dict[str, torch.Tensor], scale: float, window: int = 0,
