@@ -20,15 +20,18 @@ cache, and no tile goes through shared memory:
     which one `prmt` makes of two keys' words before the conversion. P^T's fragments are the
     scores' accumulators transposed by `movmatrix`.
   * Each warp walks its own 16-key tiles of the split (the warps of a block interleave
-    them), one tile's loads in flight while the one before is computed, its slots read
-    two tiles ahead; the block's warps merge their softmax states once, at the end, in
-    shared memory. The output and log-sum-exp are what the Triton stage 1 writes (the
-    final output with one split, else the partials stage 2 merges), in the same buffers.
+    them) through its own ring of STAGES tiles in shared memory, STAGES - 1 in flight by
+    cp.async: each lane copies exactly the 16-byte runs it will read back, so no barrier is
+    needed; its slots are read a tile ahead of their copies. The block's warps merge their
+    softmax states once, at the end, in shared memory. The output and log-sum-exp are what
+    the Triton stage 1 writes (the final output with one split, else the partials stage 2
+    merges), in the same buffers. (The first version held one tile ahead in registers: 149
+    registers, 2.0-2.4 TB/s on an H100 where Triton read 2.2-2.6, call 86.)
 
 What it takes (`fits`): an fp8 cache with rows of 128 elements, 16-byte aligned rows; a
 bf16 / fp16 q, 16-byte aligned; query groups of 1 to 8 heads; int32 tables; sm_89 or
 later. The kernel is used where `HAL_CUDA_DECODE_NATIVE=1` (off by default until measured)
-and it fits; anything else, and any machine without cuda-python, runs the Triton stage 1.
+and it fits, at `HAL_CUDA_DECODE_NATIVE_TILE=WARPS,STAGES` (default 4,3); anything else, and any machine without cuda-python, runs the Triton stage 1.
 The GPU tests (tests/hal_cuda/test_native_attention_gpu.py) hold it to the reference and to
 the Triton kernel; tests/hal_cuda/test_native_attention_cpu_side.py models its fragment
 mapping in numpy and compiles it for sm_90 where NVRTC is installed.
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 
 import torch
 
@@ -47,8 +51,12 @@ HEAD_DIM = 128
 MAX_GROUP = 8
 KEYS_PER_TILE = 16
 WARPS = 4  # a block's warps (each walks its own tiles of the split)
+STAGES = 3  # tiles in a warp's ring of shared memory (STAGES - 1 in flight)
+STAGE_BYTES = 4096  # one tile of 16 keys, K and V
+MAX_SHARED = 227 * 1024  # a block's dynamic shared memory on sm_90
 VARIABLE = "HAL_CUDA_DECODE_NATIVE"
-WARPS_VARIABLE = "HAL_CUDA_DECODE_NATIVE_WARPS"
+TILE_VARIABLE = "HAL_CUDA_DECODE_NATIVE_TILE"
+_shared_set: set[tuple[object, int]] = set()
 NAME = b"attn_fp8_decode"
 
 SOURCE = r"""
@@ -58,15 +66,28 @@ typedef unsigned char u8;
 #define D 128
 #define TK 16
 #define FULL 0xffffffffu
+#define STAGE_U4 (8 * 32)  // a warp's stage: 8 runs of 16 bytes a lane
 #define NEG_INF __int_as_float(0xff800000)
 
 struct Tile { uint4 k[2][2]; uint4 v[4]; };
 
-__device__ __forceinline__ uint4 ld_cache(const u8* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
+// a shared-memory address for cp.async
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes global -> shared, not kept in L1; zeros where !valid (nothing read)
+__device__ __forceinline__ void cp16(const uint4* dst, const u8* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N> __device__ __forceinline__ void wait_groups() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
 // two e4m3 (the low byte the first) -> f16x2 (the first in the low half)
@@ -132,20 +153,24 @@ __device__ __forceinline__ int tile_slot(const int* row, int n, int end, int lan
     return p < end ? row[p] : -1;
 }
 
-__device__ __forceinline__ void load_tile(Tile& T, int sl, const u8* kbase, const u8* vbase,
-                                          long long c_s0, int g, int t) {
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+// One tile's 16-byte runs as this lane's fragments read them, into its own places of the
+// warp's stage (run c of the lane at stage[c * 32 + lane]: no other thread reads them, so
+// no barrier, and a warp's 128-bit accesses fall on consecutive addresses). Runs 0-3: keys
+// g and g + 8, bytes [32 t, 32 t + 32); runs 4-7: keys 2t, 2t+1, 2t+8, 2t+9, bytes
+// [16 g, 16 g + 16). sl: this lane's slot of key (lane % 16), -1 past the end (zeros).
+__device__ __forceinline__ void issue_tile(uint4* stage, int sl, const u8* kbase,
+                                           const u8* vbase, long long c_s0, int g, int t) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int s = __shfl_sync(FULL, sl, g + 8 * r);
-        const u8* p = kbase + (long long)s * c_s0 + 32 * t;
-        T.k[r][0] = s >= 0 ? ld_cache(p) : zero;
-        T.k[r][1] = s >= 0 ? ld_cache(p + 16) : zero;
+        const u8* p = kbase + (long long)max(s, 0) * c_s0 + 32 * t;
+        cp16(stage + (2 * r) * 32, p, s >= 0);
+        cp16(stage + (2 * r + 1) * 32, p + 16, s >= 0);
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         const int s = __shfl_sync(FULL, sl, (e >> 1) * 8 + 2 * t + (e & 1));
-        T.v[e] = s >= 0 ? ld_cache(vbase + (long long)s * c_s0 + 16 * g) : zero;
+        cp16(stage + (4 + e) * 32, vbase + (long long)max(s, 0) * c_s0 + 16 * g, s >= 0);
     }
 }
 
@@ -211,15 +236,37 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
+    // Each warp's ring of STAGES tiles in shared memory (cp.async), STAGES - 1 in flight
+    extern __shared__ uint4 ring[];
+    uint4* mine = ring + (long long)warp * STAGES * STAGE_U4 + lane;
     const int step = WARPS * TK;
-    int n = start + warp * TK;
-    Tile cur;
-    if (n < end) load_tile(cur, tile_slot(row, n, end, lane), kbase, vbase, c_s0, g, t);
-    int sl1 = tile_slot(row, n + step, end, lane);
-    for (; n < end; n += step) {
-        Tile nx;
-        if (n + step < end) load_tile(nx, sl1, kbase, vbase, c_s0, g, t);
-        sl1 = tile_slot(row, n + 2 * step, end, lane);
+    const int n0 = start + warp * TK;
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+        const int n = n0 + i * step;
+        const int sl = tile_slot(row, n, end, lane);
+        if (n < end) issue_tile(mine + i * STAGE_U4, sl, kbase, vbase, c_s0, g, t);
+        commit();
+    }
+    int sl_next = tile_slot(row, n0 + (STAGES - 1) * step, end, lane);
+    int stage = 0;
+    for (int n = n0; n < end; n += step) {
+        wait_groups<STAGES - 2>();  // this tile's runs have landed
+        const int ahead = n + (STAGES - 1) * step;
+        const int free_stage = stage == 0 ? STAGES - 1 : stage - 1;  // read last iteration
+        if (ahead < end) issue_tile(mine + free_stage * STAGE_U4, sl_next, kbase, vbase, c_s0,
+                                    g, t);
+        commit();
+        sl_next = tile_slot(row, ahead + step, end, lane);
+        Tile cur;
+        const uint4* src = mine + stage * STAGE_U4;
+        cur.k[0][0] = src[0];
+        cur.k[0][1] = src[32];
+        cur.k[1][0] = src[64];
+        cur.k[1][1] = src[96];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) cur.v[e] = src[(4 + e) * 32];
+        stage = stage == STAGES - 1 ? 0 : stage + 1;
 
         // S^T = K Q^T: s[0], s[1] key g heads 2t, 2t+1; s[2], s[3] key g + 8
         float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -272,8 +319,8 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
             mma16816(acc[2 * m + 1], cvt2(f01 & 0xffffu), cvt2(f01 >> 16), cvt2(f89 & 0xffffu),
                      cvt2(f89 >> 16), b0, b1);
         }
-        cur = nx;
     }
+    wait_groups<0>();
 
     // the block's warps merged: each warp's state through shared memory
 #pragma unroll
@@ -282,17 +329,20 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
         l1 += __shfl_xor_sync(FULL, l1, off);
     }
     __shared__ float sm_m[WARPS][8], sm_l[WARPS][8];
-    __shared__ float sm_o[WARPS][8][D];
+    // a warp's partial output in its own ring's first stage (4 KB: 8 heads x 128 floats)
+    float (*sm_o)[8][D] = reinterpret_cast<float (*)[8][D]>(ring);
+    static_assert(8 * D * 4 == STAGE_U4 * 16, "a stage holds 8 heads x 128 floats");
+    __syncwarp();  // every lane's reads of its ring are behind it (the last mma.sync)
     if (g == 0) {
         sm_m[warp][2 * t] = m0; sm_m[warp][2 * t + 1] = m1;
         sm_l[warp][2 * t] = l0; sm_l[warp][2 * t + 1] = l1;
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-        sm_o[warp][2 * t][16 * g + 2 * j] = acc[j][0];
-        sm_o[warp][2 * t + 1][16 * g + 2 * j] = acc[j][1];
-        sm_o[warp][2 * t][16 * g + 2 * j + 1] = acc[j][2];
-        sm_o[warp][2 * t + 1][16 * g + 2 * j + 1] = acc[j][3];
+        sm_o[warp * STAGES][2 * t][16 * g + 2 * j] = acc[j][0];
+        sm_o[warp * STAGES][2 * t + 1][16 * g + 2 * j] = acc[j][1];
+        sm_o[warp * STAGES][2 * t][16 * g + 2 * j + 1] = acc[j][2];
+        sm_o[warp * STAGES][2 * t + 1][16 * g + 2 * j + 1] = acc[j][3];
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < GROUP * D; idx += WARPS * 32) {
@@ -307,7 +357,7 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
             for (int w = 0; w < WARPS; ++w) {
                 const float f = ex2(sm_m[w][h] - mx);
                 lsum += sm_l[w][h] * f;
-                osum += sm_o[w][h][d] * f;
+                osum += sm_o[w * STAGES][h][d] * f;
             }
             o = osum / lsum;
             lse = mx + __log2f(lsum);
@@ -329,21 +379,32 @@ def enabled() -> bool:
     return env.switch(VARIABLE, False)
 
 
+def parse_tile(text: str) -> tuple[int, int]:
+    """(warps a block, stages a warp's ring) from "4,3"."""
+    parts = text.split(",")
+    ok = len(parts) == 2 and all(p.strip().isdigit() for p in parts)
+    if ok:
+        nw, st = (int(p) for p in parts)
+        ok = nw in (1, 2, 4, 8) and 2 <= st <= 8 and nw * st * STAGE_BYTES <= MAX_SHARED
+    if not ok:
+        raise ValueError(f"{TILE_VARIABLE}={text!r}: expected WARPS,STAGES (warps 1, 2, 4 or 8; "
+                         f"stages 2-8; warps x stages x {STAGE_BYTES} bytes <= {MAX_SHARED})")
+    return nw, st
+
+
 @functools.lru_cache(maxsize=1)
-def warps() -> int:
-    text = __import__("os").environ.get(WARPS_VARIABLE, "").strip()
-    if not text:
-        return WARPS
-    if text not in ("1", "2", "4", "8"):
-        raise ValueError(f"{WARPS_VARIABLE}={text!r}: expected 1, 2, 4 or 8 warps a block")
-    return int(text)
+def tile() -> tuple[int, int]:
+    """(warps, stages): HAL_CUDA_DECODE_NATIVE_TILE, else (WARPS, STAGES). Read once."""
+    text = os.environ.get(TILE_VARIABLE, "").strip()
+    return parse_tile(text) if text else (WARPS, STAGES)
 
 
 @functools.lru_cache(maxsize=64)
-def defines(group: int, warps: int, mixed: bool, has_cap: bool, x_f16: bool, use_pdl: bool,
-            heads_first: bool) -> str:
+def defines(group: int, warps: int, stages: int, mixed: bool, has_cap: bool, x_f16: bool,
+            use_pdl: bool, heads_first: bool) -> str:
     return "".join(f"#define {name} {int(value)}\n" for name, value in (
-        ("GROUP", group), ("WARPS", warps), ("MIXED", mixed), ("HAS_CAP", has_cap),
+        ("GROUP", group), ("WARPS", warps), ("STAGES", stages), ("MIXED", mixed),
+        ("HAS_CAP", has_cap),
         ("XF16", x_f16), ("PDL", use_pdl), ("HEADS_FIRST", heads_first)))
 
 
@@ -390,12 +451,18 @@ def launch_stage1(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     batch, q_heads = seq_lens.shape[0], q.shape[1]
     kv_heads = k_cache.shape[1]
     group = q_heads // kv_heads
-    nw = warps()
+    nw, stages = tile()
     use_pdl = pdl.mode() in ("on", "prefetch")
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     fn = native_gemv._function(
-        defines(group, nw, mixed, logit_cap > 0, q.dtype == torch.float16, use_pdl,
+        defines(group, nw, stages, mixed, logit_cap > 0, q.dtype == torch.float16, use_pdl,
                 heads_first), device, SOURCE, NAME)
+    shared = nw * stages * STAGE_BYTES
+    if shared > 48 * 1024 and (fn, shared) not in _shared_set:
+        driver = native_gemv._driver()
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        native_gemv._ok(driver.cuFuncSetAttribute(fn, attr, shared), "cuFuncSetAttribute")
+        _shared_set.add((fn, shared))
     ptr = ctypes.c_void_p
     args = [ptr(q.data_ptr()), ptr(k_cache.data_ptr()), ptr(v_cache.data_ptr()),
             ptr(req_to_token.data_ptr()), ptr(seq_lens.data_ptr()), ptr(ext.data_ptr()),
@@ -410,4 +477,4 @@ def launch_stage1(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
     grid = (kv_heads, batch, n_split) if heads_first else (batch, kv_heads, n_split)
     native_gemv._launch(fn, grid, nw * 32, torch.cuda.current_stream(q.device),
-                        ctypes.addressof(params), use_pdl)
+                        ctypes.addressof(params), use_pdl, shared)

@@ -717,13 +717,14 @@ def _driver() -> Any:
 
 
 def _launch(fn: Any, grid: int | tuple[int, int, int], block: int, stream: torch.cuda.Stream,
-            params: int, use_pdl: bool) -> None:
-    """fn on stream over grid (blocks, or (x, y, z)), with PDL's attribute if use_pdl."""
+            params: int, use_pdl: bool, shared: int = 0) -> None:
+    """fn on stream over grid (blocks, or (x, y, z)), with `shared` bytes of dynamic shared
+    memory, with PDL's attribute if use_pdl."""
     driver = _driver()
     handle = driver.CUstream(stream.cuda_stream)
     gx, gy, gz = (grid, 1, 1) if isinstance(grid, int) else grid
     if not use_pdl:
-        _ok(driver.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, 0, handle, params, 0),
+        _ok(driver.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, shared, handle, params, 0),
             "cuLaunchKernel")
         return
     attr = driver.CUlaunchAttribute()
@@ -732,7 +733,7 @@ def _launch(fn: Any, grid: int | tuple[int, int, int], block: int, stream: torch
     config = driver.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
     config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
-    config.sharedMemBytes = 0
+    config.sharedMemBytes = shared
     config.hStream = handle
     config.attrs = [attr]
     config.numAttrs = 1

@@ -1,5 +1,5 @@
 """Decode attention over an fp8 cache: the CUDA C stage 1 (hal/cuda/native_attention.py) at
-1, 2, 4 and 8 warps a block beside the Triton stage 1 at its defaults, Llama-3-8B's heads,
+several (warps a block, stages a ring) beside the Triton stage 1 at its defaults, Llama-3-8B's heads,
 timed inside graphs (gpu_bench.graph_time_us) on pages scattered as a pool leaves them;
 uniform contexts and B2's / B3's spreads longest first (as the scheduler orders a step).
 GB/s counts the fp8 cache bytes read.
@@ -32,12 +32,15 @@ SPREAD = [("b2_256", 256, 100, 2048), ("b2_128", 128, 200, 2048), ("b2_64", 64, 
           ("b2_32", 32, 600, 2048), ("b3_c128_128", 128, 256, 1536)]
 
 
+TILES = ["4,3", "2,3", "2,4", "4,2", "4,4", "8,2", "8,3", "2,6"]
+
+
 def _time(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rtt: torch.Tensor,
-          lens: torch.Tensor, native: bool, warps: int = na.WARPS,
+          lens: torch.Tensor, native: bool, tile: str = TILES[0],
           splits: int | None = None) -> float:
     os.environ[na.VARIABLE] = "1" if native else "0"
-    os.environ[na.WARPS_VARIABLE] = str(warps)
-    na.warps.cache_clear()
+    os.environ[na.TILE_VARIABLE] = tile
+    na.tile.cache_clear()
     return graph_time_us(lambda: da.attention_decode(q, kc, vc, rtt, lens, D ** -0.5,
                                                      splits=splits))
 
@@ -54,22 +57,25 @@ def _case(q: torch.Tensor, kc16: torch.Tensor, vc16: torch.Tensor, rtt: torch.Te
         row[key] = {"us": round(us, 2), "GBps": round(kv_bytes / us / 1e3)}
 
     note("triton", _time(q, kc, vc, rtt, lens, False))
-    for w in (1, 2, 4, 8):
+    for tile in TILES:
+        key = "native_w{}_s{}".format(*tile.split(","))
         try:
-            note(f"native_w{w}", _time(q, kc, vc, rtt, lens, True, w))
+            note(key, _time(q, kc, vc, rtt, lens, True, tile))
         except Exception as exc:  # a variant that fails is a result too
-            row[f"native_w{w}"] = {"error": repr(exc)[:300]}
+            row[key] = {"error": repr(exc)[:300]}
     timed = {k: v["us"] for k, v in row.items() if k.startswith("native") and "us" in v}
     if timed:
         best = min(timed, key=timed.__getitem__)
         row["best_native"] = best
-        w = int(best.rsplit("w", 1)[1])
-        for n in (1, 2, 4, 8):
-            note(f"{best}_splits{n}", _time(q, kc, vc, rtt, lens, True, w, n))
+        tile = ",".join(best.replace("native_w", "").split("_s"))
+        for n in (1, 2, 4):
+            note(f"{best}_splits{n}", _time(q, kc, vc, rtt, lens, True, tile, n))
             note(f"triton_splits{n}", _time(q, kc, vc, rtt, lens, False, splits=n))
         row["speedup"] = round(row["triton"]["us"] / row[best]["us"], 3)
     # correctness beside the timing: native against Triton and the fp32 reference
     os.environ[na.VARIABLE] = "1"
+    os.environ[na.TILE_VARIABLE] = TILES[0]
+    na.tile.cache_clear()
     got = da.attention_decode(q, kc, vc, rtt, lens, D ** -0.5).float()
     os.environ[na.VARIABLE] = "0"
     tri = da.attention_decode(q, kc, vc, rtt, lens, D ** -0.5).float()

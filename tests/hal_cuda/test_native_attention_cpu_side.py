@@ -225,10 +225,11 @@ def test_every_variant_compiles_for_sm90() -> None:
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-python's NVRTC is not installed")
     from tessera.hal.cuda import native_attention, native_gemv
 
-    for group, warps, mixed, cap, x_f16, use_pdl, heads_first in (
-            (4, 4, False, False, False, True, True), (8, 2, True, True, True, False, False),
-            (1, 1, False, False, False, False, True), (3, 8, True, False, False, True, True)):
-        defs = native_attention.defines(group, warps, mixed, cap, x_f16, use_pdl, heads_first)
+    for group, warps, stages, mixed, cap, x_f16, use_pdl, heads_first in (
+            (4, 4, 3, False, False, False, True, True), (8, 2, 4, True, True, True, False, False),
+            (1, 1, 2, False, False, False, False, True), (3, 8, 6, True, False, False, True, True)):
+        defs = native_attention.defines(group, warps, stages, mixed, cap, x_f16, use_pdl,
+                                        heads_first)
         assert native_gemv.compile_cubin(defs + native_attention.SOURCE, 90)
 
 
@@ -253,10 +254,10 @@ def test_the_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(native_attention.VARIABLE, "maybe")
     with pytest.raises(ValueError, match=native_attention.VARIABLE):
         native_attention.enabled()
-    native_attention.warps.cache_clear()
-    monkeypatch.setenv(native_attention.WARPS_VARIABLE, "3")
-    with pytest.raises(ValueError, match=native_attention.WARPS_VARIABLE):
-        native_attention.warps()
-    native_attention.warps.cache_clear()
-    monkeypatch.delenv(native_attention.WARPS_VARIABLE)
-    assert native_attention.warps() == native_attention.WARPS
+    assert native_attention.parse_tile("2,4") == (2, 4)
+    for bad in ("3,3", "4", "4,1", "8,8", "a,b"):
+        with pytest.raises(ValueError, match=native_attention.TILE_VARIABLE):
+            native_attention.parse_tile(bad)
+    native_attention.tile.cache_clear()
+    monkeypatch.delenv(native_attention.TILE_VARIABLE, raising=False)
+    assert native_attention.tile() == (native_attention.WARPS, native_attention.STAGES)

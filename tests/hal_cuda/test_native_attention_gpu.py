@@ -97,19 +97,20 @@ def test_native_decode_equals_the_reference_and_triton(native: list[int], seq_le
 
 
 @pytest.mark.parametrize("splits", [1, 3, 32])
-@pytest.mark.parametrize("warps", ["1", "2", "8"])
-def test_every_split_count_and_block_of_warps(native: list[int], splits: int, warps: str,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("tile", ["1,2", "2,4", "8,3", "4,8"])
+def test_every_split_count_and_tile(native: list[int], splits: int, tile: str,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of 1-8 warps, rings of 2-8 stages (over 48 KB of shared memory at 4 x 8)."""
     from tessera.hal.cuda import native_attention
 
-    monkeypatch.setenv(native_attention.WARPS_VARIABLE, warps)
-    native_attention.warps.cache_clear()
+    monkeypatch.setenv(native_attention.TILE_VARIABLE, tile)
+    native_attention.tile.cache_clear()
     try:
         c = _case([5, 300, 1000, 47, 2048], 32, 8, torch.float16, seed=splits)
         out = _decode(c, splits=splits)
     finally:
-        monkeypatch.delenv(native_attention.WARPS_VARIABLE)
-        native_attention.warps.cache_clear()
+        monkeypatch.delenv(native_attention.TILE_VARIABLE)
+        native_attention.tile.cache_clear()
     assert native and out.dtype == torch.float16
     assert _rel(out, _reference(c, D ** -0.5)) < 1e-2
 
