@@ -90,6 +90,7 @@
 #   benchmarks/gpu_session.sh 84  # one H200:  after the removals: native GEMV GPU tests, the PDL decode chain, b12 b1 (~200 s)
 #   benchmarks/gpu_session.sh 85  # an H200 only: the token GEMM's probe on this card, b2 with its picks / cuBLAS alone alternated twice, b3 with / without (~520 s)
 #   benchmarks/gpu_session.sh 86  # any card: the fp8 cache's decode attention in CUDA C: its GPU tests, its bench beside Triton, b12 b2 over the fp8 cache with it / without, over a bf16 cache (~420 s)
+#   benchmarks/gpu_session.sh 87  # any card: the same through cp.async rings: its tests, the bench over tiles, b12 b2 over the fp8 cache with it / without, twice (~330 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -129,7 +130,7 @@ BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
 CARD=h200  # the card the results are named for (below: the one found)
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-6]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-86  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-7]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-87  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -1173,6 +1174,34 @@ case $CALL in
     HAL_CUDA_DECODE_NATIVE=0 part b12tri 130 70 b12 --schemes bf16,fp8 --parts b2 \
       --kv-cache-dtype fp8_e4m3 --name "b12_fp8kv_triton_${tag}_h200"
     part b12bf16kv 130 70 b12 --schemes bf16,fp8 --parts b2 --name "b12_b2_${tag}_h200"
+    ;;
+  87)
+    # The native stage 1 through cp.async rings (be899ec): its GPU tests, the bench over
+    # (warps, stages), then B12's B2 over the fp8 cache at the bench's fastest tile over B2's
+    # spreads, with it and without, alternated (the second pair fp8 weights alone).
+    tag=${TAG:-call87}
+    NATIVE_K=native part nativeattntests 150 40 nativeattntests
+    part nativeattn 200 60 nativeattn
+    tile=$("$PY" - "$RES/native_attention_$CARD.json" <<'PICK' 2>/dev/null || echo 4,3
+import json, sys
+cases = json.load(open(sys.argv[1]))["cases"]
+names = [n for n in cases if n.startswith("b2_")]
+keys = [k for k in cases[names[0]] if k.startswith("native_w") and "splits" not in k]
+ok = [k for k in keys if all("us" in cases[n].get(k, {}) for n in names)]
+best = min(ok, key=lambda k: sum(cases[n][k]["us"] for n in names))
+print(best.replace("native_w", "").replace("_s", ","))
+PICK
+)
+    say "native tile for B12: $tile"
+    echo "native tile $tile" >>"$SUMMARY"
+    HAL_CUDA_DECODE_NATIVE=1 HAL_CUDA_DECODE_NATIVE_TILE=$tile part b12nat 130 70 b12 \
+      --schemes bf16,fp8 --parts b2 --kv-cache-dtype fp8_e4m3 --name "b12_fp8kv_native_${tag}_h200"
+    HAL_CUDA_DECODE_NATIVE=0 part b12tri 130 60 b12 --schemes bf16,fp8 --parts b2 \
+      --kv-cache-dtype fp8_e4m3 --name "b12_fp8kv_triton_${tag}_h200"
+    HAL_CUDA_DECODE_NATIVE=1 HAL_CUDA_DECODE_NATIVE_TILE=$tile part b12nat2 90 40 b12 \
+      --schemes fp8 --parts b2 --kv-cache-dtype fp8_e4m3 --name "b12_fp8kv_native_again_${tag}_h200"
+    HAL_CUDA_DECODE_NATIVE=0 part b12tri2 90 40 b12 --schemes fp8 --parts b2 \
+      --kv-cache-dtype fp8_e4m3 --name "b12_fp8kv_triton_again_${tag}_h200"
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
