@@ -11,9 +11,10 @@ cache, and no tile goes through shared memory:
   * The scores are computed transposed, S^T = K Q^T (mma m16n8k16: 16 keys x 8 heads x 16
     dims), so the query group (up to 8 heads) fills the n side instead of padding 16 rows.
     The dot's sum over dims does not care about their order, so the k index of chunk i,
-    column c maps to the cache's dim 32 (c / 2) + 4 i + (c % 2) (c < 8; c >= 8 adds 2): the
-    thread (g, t) of a fragment loads key g's bytes [32 t, 32 t + 32) and the q it holds is
-    read in the same order. Each 16-bit pair converts with `cvt.rn.f16x2.e4m3x2`.
+    column c maps to the cache's dim 64 (i / 4) + 16 (c / 2) + 4 (i % 4) + (c % 2) (c < 8;
+    c >= 8 adds 2): the thread (g, t) of a fragment loads key g's bytes [16 t, 16 t + 16)
+    and [64 + 16 t, 80 + 16 t) (call 87 read [32 t, 32 t + 32): half of a 32-byte sector a
+    load) and the q it holds is read in the same order. Each 16-bit pair converts with `cvt.rn.f16x2.e4m3x2`.
   * The output is O^T = V^T P^T (m16n8k16: 16 dims x 8 heads x 16 keys). The dims are
     permuted too (m-tile j, row g -> dim 16 g + 2 j, row g + 8 -> 16 g + 2 j + 1), so a
     thread loads 16 bytes of each of its four keys; the fragment pairs two keys of one dim,
@@ -156,16 +157,17 @@ __device__ __forceinline__ int tile_slot(const int* row, int n, int end, int lan
 // One tile's 16-byte runs as this lane's fragments read them, into its own places of the
 // warp's stage (run c of the lane at stage[c * 32 + lane]: no other thread reads them, so
 // no barrier, and a warp's 128-bit accesses fall on consecutive addresses). Runs 0-3: keys
-// g and g + 8, bytes [32 t, 32 t + 32); runs 4-7: keys 2t, 2t+1, 2t+8, 2t+9, bytes
-// [16 g, 16 g + 16). sl: this lane's slot of key (lane % 16), -1 past the end (zeros).
+// g and g + 8, bytes [16 t, 16 t + 16) and [64 + 16 t, 80 + 16 t) (each copy reads whole
+// 32-byte sectors: lanes t and t + 1 share one); runs 4-7: keys 2t, 2t+1, 2t+8, 2t+9,
+// bytes [16 g, 16 g + 16). sl: this lane's slot of key (lane % 16), -1 past the end (zeros).
 __device__ __forceinline__ void issue_tile(uint4* stage, int sl, const u8* kbase,
                                            const u8* vbase, long long c_s0, int g, int t) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int s = __shfl_sync(FULL, sl, g + 8 * r);
-        const u8* p = kbase + (long long)max(s, 0) * c_s0 + 32 * t;
+        const u8* p = kbase + (long long)max(s, 0) * c_s0 + 16 * t;
         cp16(stage + (2 * r) * 32, p, s >= 0);
-        cp16(stage + (2 * r + 1) * 32, p + 16, s >= 0);
+        cp16(stage + (2 * r + 1) * 32, p + 64, s >= 0);
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -212,13 +214,14 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
     const u8* kbase = kc + (long long)kh * c_s1;
     const u8* vbase = vc + (long long)kh * c_s1;
 
-    // q^T's fragments: head g, dims 32 t + 4 i + (0, 1) and (2, 3) of chunk i
+    // q^T's fragments: head g, dims 64 (i / 4) + 16 t + 4 (i % 4) + (0, 1) and (2, 3) of
+    // chunk i
     u32 qf[8][2];
     if (g < GROUP) {
-        const u16* qp = q + q_row * q_s0 + (long long)(kh * GROUP + g) * q_s1 + 32 * t;
+        const u16* qp = q + q_row * q_s0 + (long long)(kh * GROUP + g) * q_s1 + 16 * t;
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            const uint4 v = *reinterpret_cast<const uint4*>(qp + 8 * u);
+            const uint4 v = *reinterpret_cast<const uint4*>(qp + (u >> 1) * 64 + (u & 1) * 8);
             qf[2 * u][0] = q_pair(v.x);
             qf[2 * u][1] = q_pair(v.y);
             qf[2 * u + 1][0] = q_pair(v.z);

@@ -75,6 +75,11 @@ def movmatrix_trans(x: np.ndarray) -> np.ndarray:
     return np.stack([T[lane >> 2, 2 * (lane & 3):2 * (lane & 3) + 2] for lane in range(LANES)])
 
 
+def k_base(t: int, i: int) -> int:
+    """The first of the 4 dims a lane of column pair t holds in chunk i (K and q)."""
+    return 64 * (i >> 2) + 16 * t + 4 * (i & 3)
+
+
 def f16(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16).astype(np.float64)
 
@@ -86,13 +91,13 @@ def model_split(q: np.ndarray, k8: np.ndarray, v8: np.ndarray, scale_log2: float
     [group, 128] and log-sum-exp (log2 units) per head, as the kernel writes them."""
     group = q.shape[0]
     n_keys = k8.shape[0]
-    # q^T fragments: lane (g, t), chunk i: head g, dims 32t + 4i + (0, 1) and (2, 3)
+    # q^T fragments: lane (g, t), chunk i: head g, dims k_base(t, i) + (0, 1) and (2, 3)
     qf = np.zeros((LANES, 8, 2, 2))
     for lane in range(LANES):
         g, t = lane_gt(lane)
         if g < group:
             for i in range(8):
-                base = 32 * t + 4 * i
+                base = k_base(t, i)
                 qf[lane, i, 0] = q[g, base:base + 2]
                 qf[lane, i, 1] = q[g, base + 2:base + 4]
     states = []
@@ -109,8 +114,10 @@ def model_split(q: np.ndarray, k8: np.ndarray, v8: np.ndarray, scale_log2: float
             a = np.zeros((LANES, 8, 4, 2))
             for lane in range(LANES):
                 g, t = lane_gt(lane)
-                w0 = words(key_bytes(g, 32 * t, 32, k8))
-                w1 = words(key_bytes(g + 8, 32 * t, 32, k8))
+                w0 = np.concatenate([words(key_bytes(g, 16 * t + 64 * h, 16, k8))
+                                     for h in range(2)])
+                w1 = np.concatenate([words(key_bytes(g + 8, 16 * t + 64 * h, 16, k8))
+                                     for h in range(2)])
                 for i in range(8):
                     a[lane, i] = [cvt2(w0[i] & 0xFFFF), cvt2(w1[i] & 0xFFFF), cvt2(w0[i] >> 16),
                                   cvt2(w1[i] >> 16)]
@@ -216,7 +223,7 @@ def test_an_empty_split_gives_zeros_and_no_lse() -> None:
 
 def test_the_permutations_cover_every_dim_once() -> None:
     """K's chunk mapping and V's m-tile mapping are bijections onto the 128 dims."""
-    k_dims = sorted(32 * t + 4 * i + off for t in range(4) for i in range(8) for off in range(4))
+    k_dims = sorted(k_base(t, i) + off for t in range(4) for i in range(8) for off in range(4))
     v_dims = sorted(16 * g + 2 * j + r for g in range(8) for j in range(8) for r in range(2))
     assert k_dims == v_dims == list(range(128))
 
