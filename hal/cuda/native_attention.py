@@ -467,7 +467,7 @@ def launch_stage1(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         native_gemv._ok(driver.cuFuncSetAttribute(fn, attr, shared), "cuFuncSetAttribute")
         _shared_set.add((fn, shared))
     ptr = ctypes.c_void_p
-    args = [ptr(q.data_ptr()), ptr(k_cache.data_ptr()), ptr(v_cache.data_ptr()),
+    args: list[ctypes._SimpleCData] = [ptr(q.data_ptr()), ptr(k_cache.data_ptr()), ptr(v_cache.data_ptr()),
             ptr(req_to_token.data_ptr()), ptr(seq_lens.data_ptr()), ptr(ext.data_ptr()),
             ptr(qo.data_ptr()), ptr(mid_o.data_ptr()), ptr(mid_lse.data_ptr()),
             ptr(out.data_ptr())]
