@@ -91,6 +91,7 @@
 #   benchmarks/gpu_session.sh 85  # an H200 only: the token GEMM's probe on this card, b2 with its picks / cuBLAS alone alternated twice, b3 with / without (~520 s)
 #   benchmarks/gpu_session.sh 86  # any card: the fp8 cache's decode attention in CUDA C: its GPU tests, its bench beside Triton, b12 b2 over the fp8 cache with it / without, over a bf16 cache (~420 s)
 #   benchmarks/gpu_session.sh 87  # any card: the same through cp.async rings: its tests, the bench over tiles, b12 b2 over the fp8 cache with it / without, twice (~330 s)
+#   benchmarks/gpu_session.sh 88  # any card: call 87 in less time: the tests, the bench, b12 fp8 b2 over the fp8 cache with it / without, twice (~250 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -130,7 +131,7 @@ BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
 CARD=h200  # the card the results are named for (below: the one found)
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-7]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-87  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-8]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-88  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -1202,6 +1203,19 @@ PICK
       --schemes fp8 --parts b2 --kv-cache-dtype fp8_e4m3 --name "b12_fp8kv_native_again_${tag}_h200"
     HAL_CUDA_DECODE_NATIVE=0 part b12tri2 90 40 b12 --schemes fp8 --parts b2 \
       --kv-cache-dtype fp8_e4m3 --name "b12_fp8kv_triton_again_${tag}_h200"
+    ;;
+  88)
+    # Call 87 in less device time: the tests, the bench, B12's fp8 B2 over the fp8 cache
+    # (fp8 weights alone) with the native stage 1 at the default tile and without, twice.
+    tag=${TAG:-call88}
+    NATIVE_K=native part nativeattntests 120 40 nativeattntests
+    part nativeattn 150 50 nativeattn
+    for round in 1 2; do
+      HAL_CUDA_DECODE_NATIVE=1 part "b12nat$round" 80 40 b12 --schemes fp8 --parts b2 \
+        --kv-cache-dtype fp8_e4m3 --name "b12_fp8kv_native_${round}_${tag}_h200"
+      HAL_CUDA_DECODE_NATIVE=0 part "b12tri$round" 80 40 b12 --schemes fp8 --parts b2 \
+        --kv-cache-dtype fp8_e4m3 --name "b12_fp8kv_triton_${round}_${tag}_h200"
+    done
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
