@@ -14,7 +14,8 @@ cache, and no tile goes through shared memory:
     column c maps to the cache's dim 64 (i / 4) + 16 (c / 2) + 4 (i % 4) + (c % 2) (c < 8;
     c >= 8 adds 2): the thread (g, t) of a fragment loads key g's bytes [16 t, 16 t + 16)
     and [64 + 16 t, 80 + 16 t) (call 87 read [32 t, 32 t + 32): half of a 32-byte sector a
-    load) and the q it holds is read in the same order. Each 16-bit pair converts with `cvt.rn.f16x2.e4m3x2`.
+    load) and the q it holds is read in the same order. Each 16-bit pair converts with
+    `cvt.rn.f16x2.e4m3x2`.
   * The output is O^T = V^T P^T (m16n8k16: 16 dims x 8 heads x 16 keys). The dims are
     permuted too (m-tile j, row g -> dim 16 g + 2 j, row g + 8 -> 16 g + 2 j + 1), so a
     thread loads 16 bytes of each of its four keys; the fragment pairs two keys of one dim,
@@ -32,7 +33,8 @@ cache, and no tile goes through shared memory:
 What it takes (`fits`): an fp8 cache with rows of 128 elements, 16-byte aligned rows; a
 bf16 / fp16 q, 16-byte aligned; query groups of 1 to 8 heads; int32 tables; sm_89 or
 later. The kernel is used where `HAL_CUDA_DECODE_NATIVE=1` (off by default until measured)
-and it fits, at `HAL_CUDA_DECODE_NATIVE_TILE=WARPS,STAGES` (default 4,3); anything else, and any machine without cuda-python, runs the Triton stage 1.
+and it fits, at `HAL_CUDA_DECODE_NATIVE_TILE=WARPS,STAGES` (default 4,3); anything else,
+and any machine without cuda-python, runs the Triton stage 1.
 The GPU tests (tests/hal_cuda/test_native_attention_gpu.py) hold it to the reference and to
 the Triton kernel; tests/hal_cuda/test_native_attention_cpu_side.py models its fragment
 mapping in numpy and compiles it for sm_90 where NVRTC is installed.
@@ -57,7 +59,7 @@ STAGE_BYTES = 4096  # one tile of 16 keys, K and V
 MAX_SHARED = 227 * 1024  # a block's dynamic shared memory on sm_90
 VARIABLE = "HAL_CUDA_DECODE_NATIVE"
 TILE_VARIABLE = "HAL_CUDA_DECODE_NATIVE_TILE"
-_shared_set: set[tuple[object, int]] = set()
+_opted_in: set[tuple[str, int]] = set()  # (defines, device): the ring's size opted in
 NAME = b"attn_fp8_decode"
 
 SOURCE = r"""
@@ -457,20 +459,23 @@ def launch_stage1(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     nw, stages = tile()
     use_pdl = pdl.mode() in ("on", "prefetch")
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    fn = native_gemv._function(
-        defines(group, nw, stages, mixed, logit_cap > 0, q.dtype == torch.float16, use_pdl,
-                heads_first), device, SOURCE, NAME)
+    defs = defines(group, nw, stages, mixed, logit_cap > 0, q.dtype == torch.float16, use_pdl,
+                   heads_first)
+    fn = native_gemv._function(defs, device, SOURCE, NAME)
     shared = nw * stages * STAGE_BYTES
-    if shared > 48 * 1024 and (fn, shared) not in _shared_set:
+    # the ring is dynamic shared memory: opted in at its size (static + dynamic may not pass
+    # 48 KB otherwise, and 4 warps x 3 stages is 48 KB of ring alone); once a compiled kernel
+    if (defs, device) not in _opted_in:
         driver = native_gemv._driver()
         attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         native_gemv._ok(driver.cuFuncSetAttribute(fn, attr, shared), "cuFuncSetAttribute")
-        _shared_set.add((fn, shared))
+        _opted_in.add((defs, device))
     ptr = ctypes.c_void_p
-    args: list[ctypes._SimpleCData] = [ptr(q.data_ptr()), ptr(k_cache.data_ptr()), ptr(v_cache.data_ptr()),
-            ptr(req_to_token.data_ptr()), ptr(seq_lens.data_ptr()), ptr(ext.data_ptr()),
-            ptr(qo.data_ptr()), ptr(mid_o.data_ptr()), ptr(mid_lse.data_ptr()),
-            ptr(out.data_ptr())]
+    args: list[ctypes._SimpleCData] = [
+        ptr(q.data_ptr()), ptr(k_cache.data_ptr()), ptr(v_cache.data_ptr()),
+        ptr(req_to_token.data_ptr()), ptr(seq_lens.data_ptr()), ptr(ext.data_ptr()),
+        ptr(qo.data_ptr()), ptr(mid_o.data_ptr()), ptr(mid_lse.data_ptr()),
+        ptr(out.data_ptr())]
     args += [ctypes.c_longlong(v) for v in (
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0),

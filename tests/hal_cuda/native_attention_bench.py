@@ -1,7 +1,8 @@
 """Decode attention over an fp8 cache: the CUDA C stage 1 (hal/cuda/native_attention.py) at
-several (warps a block, stages a ring) beside the Triton stage 1 at its defaults, Llama-3-8B's heads,
-timed inside graphs (gpu_bench.graph_time_us) on pages scattered as a pool leaves them;
-uniform contexts and B2's / B3's spreads longest first (as the scheduler orders a step).
+several tiles (warps a block, stages a ring) beside the Triton stage 1 at its defaults,
+Llama-3-8B's heads, timed inside graphs (gpu_bench.graph_time_us) on pages scattered as a
+pool leaves them; uniform contexts and B2's / B3's spreads longest first (as the scheduler
+orders a step).
 GB/s counts the fp8 cache bytes read.
 
     python tests/hal_cuda/native_attention_bench.py OUT.json
