@@ -434,16 +434,15 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         pdl_options = {**pdl_options, "maxnreg": maxnreg}
     heads_first = HEADS_FIRST and batch <= 65535  # a grid's second dimension holds 65535
     grid = (kv_heads, batch, n_split) if heads_first else (batch, kv_heads, n_split)
-    native = words and native_attention.enabled() and native_attention.fits(
-        q, k_cache, v_cache, req_to_token, seq_lens, ext, qo)
-    if words:
-        k_cache, v_cache = k_cache.view(torch.uint16), v_cache.view(torch.uint16)
-    if native:  # the CUDA C stage 1 (strides in bytes: the fp8 views)
-        native_attention.launch_stage1(
-            q, k_cache.view(torch.float8_e4m3fn), v_cache.view(torch.float8_e4m3fn),
-            req_to_token, seq_lens, ext, qo, mid_o, mid_lse, out, float(scale) * LOG2E,
-            int(sliding_window), float(logit_cap), n_split, mixed, heads_first)
+    if words and native_attention.enabled() and asm_cvt(q.device) and native_attention.fits(
+            q, k_cache, v_cache, req_to_token, seq_lens, ext, qo):
+        native_attention.launch_stage1(  # the CUDA C stage 1 (byte strides: fp8 caches)
+            q, k_cache, v_cache, req_to_token, seq_lens, ext, qo, mid_o, mid_lse, out,
+            float(scale) * LOG2E, int(sliding_window), float(logit_cap), n_split, mixed,
+            heads_first)
     else:
+        if words:
+            k_cache, v_cache = k_cache.view(torch.uint16), v_cache.view(torch.uint16)
         _decode_stage1[grid](
             q, k_cache, v_cache, req_to_token, seq_lens, ext, qo, mid_o, mid_lse, out,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),

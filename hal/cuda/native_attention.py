@@ -1,5 +1,6 @@
-"""Decode attention's stage 1 over an fp8 (e4m3) KV cache, written in CUDA C (NVRTC, launched
-through the driver API like native_gemv), beside the Triton stage 1 of decode_attention.
+"""Decode attention's stage 1 over an fp8 (e4m3) KV cache, written in CUDA C (compiled and
+launched by hal/cuda/nvrtc.py, like native_gemv), beside the Triton stage 1 of
+decode_attention.
 
 Why: the Triton kernel reads an fp8 cache at 2.4-2.9 TB/s where a bf16 cache reads 4.0-4.4
 (docs/performance.md, "Decode attention over an fp8 cache"). Converted in registers, the
@@ -48,11 +49,10 @@ import os
 
 import torch
 
-from tessera.hal.cuda import env, native_gemv, pdl
+from tessera.hal.cuda import env, nvrtc, pdl
 
 HEAD_DIM = 128
 MAX_GROUP = 8
-KEYS_PER_TILE = 16
 WARPS = 4  # a block's warps (each walks its own tiles of the split)
 STAGES = 3  # tiles in a warp's ring of shared memory (STAGES - 1 in flight)
 STAGE_BYTES = 4096  # one tile of 16 keys, K and V
@@ -379,8 +379,10 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
 """
 
 
+@functools.lru_cache(maxsize=1)
 def enabled() -> bool:
-    """`HAL_CUDA_DECODE_NATIVE`: the native stage 1 where it fits (off unless 1)."""
+    """`HAL_CUDA_DECODE_NATIVE`: the native stage 1 where it fits (off unless 1). Read once a
+    process, like the tile (tests and the bench clear the cache)."""
     return env.switch(VARIABLE, False)
 
 
@@ -409,24 +411,19 @@ def defines(group: int, warps: int, stages: int, mixed: bool, has_cap: bool, x_f
             use_pdl: bool, heads_first: bool) -> str:
     return "".join(f"#define {name} {int(value)}\n" for name, value in (
         ("GROUP", group), ("WARPS", warps), ("STAGES", stages), ("MIXED", mixed),
-        ("HAS_CAP", has_cap),
-        ("XF16", x_f16), ("PDL", use_pdl), ("HEADS_FIRST", heads_first)))
+        ("HAS_CAP", has_cap), ("XF16", x_f16), ("PDL", use_pdl), ("HEADS_FIRST", heads_first)))
 
 
 def _aligned(t: torch.Tensor, elements: int) -> bool:
     return t.data_ptr() % 16 == 0 and all(s % elements == 0 for s in t.stride()[:-1])
 
 
-@functools.lru_cache(maxsize=8)
-def _capable(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index) >= (8, 9)
-
-
 def fits(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
          req_to_token: torch.Tensor, seq_lens: torch.Tensor,
          *tables: torch.Tensor) -> bool:
-    """Whether the native stage 1 computes this batch: see the module's text."""
-    if not (q.is_cuda and native_gemv.available()):
+    """Whether the native stage 1 computes this batch: see the module's text. (sm_89 and
+    later, which its e4m3 conversion needs, the caller asks: decode_attention.asm_cvt.)"""
+    if not (q.is_cuda and nvrtc.available()):
         return False
     if q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] != HEAD_DIM:
         return False
@@ -441,8 +438,7 @@ def fits(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         return False
     if q.stride(-1) != 1 or not _aligned(q, 8):
         return False
-    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    return _capable(index) and all(
+    return all(
         t.dtype == torch.int32 and t.stride(-1) == 1 for t in (req_to_token, seq_lens, *tables))
 
 
@@ -461,14 +457,14 @@ def launch_stage1(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     defs = defines(group, nw, stages, mixed, logit_cap > 0, q.dtype == torch.float16, use_pdl,
                    heads_first)
-    fn = native_gemv._function(defs, device, SOURCE, NAME)
+    fn = nvrtc.function(defs, SOURCE, NAME, device)
     shared = nw * stages * STAGE_BYTES
     # the ring is dynamic shared memory: opted in at its size (static + dynamic may not pass
     # 48 KB otherwise, and 4 warps x 3 stages is 48 KB of ring alone); once a compiled kernel
     if (defs, device) not in _opted_in:
-        driver = native_gemv._driver()
-        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        native_gemv._ok(driver.cuFuncSetAttribute(fn, attr, shared), "cuFuncSetAttribute")
+        drv = nvrtc.driver()
+        attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        nvrtc.ok(drv.cuFuncSetAttribute(fn, attr, shared), "cuFuncSetAttribute")
         _opted_in.add((defs, device))
     ptr = ctypes.c_void_p
     args: list[ctypes._SimpleCData] = [
@@ -484,5 +480,5 @@ def launch_stage1(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              ctypes.c_float(float(logit_cap)), ctypes.c_int(n_split)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
     grid = (kv_heads, batch, n_split) if heads_first else (batch, kv_heads, n_split)
-    native_gemv._launch(fn, grid, nw * 32, torch.cuda.current_stream(q.device),
-                        ctypes.addressof(params), use_pdl, shared)
+    nvrtc.launch(fn, grid, nw * 32, torch.cuda.current_stream(q.device),
+                 ctypes.addressof(params), use_pdl, shared)

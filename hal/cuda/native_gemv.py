@@ -23,7 +23,7 @@ their group scales and x) issued before any arithmetic.
 
 The kernel computes the definition y = x @ dequantize(w)^T up to float32 summation order,
 like the Triton kernels (tests/hal_cuda/test_native_gemv_gpu.py holds it to them and to the
-float reference). Where NVRTC or the driver bindings are missing, `available()` is False
+float reference). Where NVRTC or the driver bindings are missing, `nvrtc.available()` is False
 and quant_tune's native candidates fail their measurement and are skipped (autotune.pick),
 so the Triton GEMV runs as before; `fits` says which weights and inputs the kernel takes, and
 quant_tune falls back to the Triton GEMV for any other.
@@ -33,12 +33,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import threading
-from typing import Any
 
 import torch
 
-from tessera.hal.cuda import env, pdl
+from tessera.hal.cuda import env, nvrtc, pdl
+from tessera.hal.cuda.nvrtc import NativeError
 from tessera.hal.platform import RotaryStore
 from tessera.hal.quant.weight import QuantizedWeight, half_tile
 
@@ -443,36 +442,9 @@ def preload_default() -> bool:
     return env.switch(PRELOAD_VARIABLE, True)
 
 
-class NativeError(RuntimeError):
-    """NVRTC or the driver refused the native GEMV (the message says which and why)."""
-
-
 class NotTaken(NativeError):
     """A weight or x the kernel does not read (layout, alignment, dtype): use another
     GEMV."""
-
-
-@functools.lru_cache(maxsize=1)
-def _bindings() -> tuple[Any, Any] | None:
-    try:
-        from cuda.bindings import driver, nvrtc
-    except ImportError:
-        return None
-    return driver, nvrtc
-
-
-def available() -> bool:
-    """Whether this process can compile and launch the native GEMV: cuda-python's driver
-    and NVRTC bindings import, and a CUDA device is present."""
-    return _bindings() is not None and torch.cuda.is_available()
-
-
-def _ok(result: Any, what: str) -> Any:
-    """A cuda-python call's values after its status (raises NativeError on failure)."""
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    if int(err) != 0:
-        raise NativeError(f"{what}: {err!r}")
-    return rest[0] if len(rest) == 1 else tuple(rest)
 
 
 @functools.lru_cache(maxsize=256)
@@ -498,59 +470,6 @@ def group_shift(w: QuantizedWeight) -> int:
     if gs & (gs - 1):
         raise NativeError(f"int4 groups of {gs}: the native GEMV takes powers of two")
     return gs.bit_length() - 1
-
-
-def compile_cubin(source: str, arch: int) -> bytes:
-    """NVRTC's sm_<arch> machine code for source (no GPU needed)."""
-    bindings = _bindings()
-    if bindings is None:
-        raise NativeError("the native GEMV needs cuda-python's NVRTC bindings "
-                          "(cuda.bindings.nvrtc)")
-    _, nvrtc = bindings
-    prog = _ok(nvrtc.nvrtcCreateProgram(source.encode(), b"qgemv_native.cu", 0, [], []),
-               "nvrtcCreateProgram")
-    try:
-        opts = [f"--gpu-architecture=sm_{arch}".encode(), b"--std=c++17"]
-        err = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
-        if int(err) != 0:
-            size = _ok(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-            log = b" " * size
-            nvrtc.nvrtcGetProgramLog(prog, log)
-            raise NativeError(f"NVRTC: {err!r}\n{log.decode(errors='replace')}")
-        size = _ok(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        cubin = b" " * size
-        _ok(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-        return cubin
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-
-
-_lock = threading.Lock()
-_functions: dict[tuple[str, int, bytes], Any] = {}
-_modules: list[Any] = []  # kept loaded for the life of the process
-
-
-def _function(defs: str, device: int, source: str = SOURCE, name: bytes = b"qgemv_native") -> Any:
-    """The kernel `name` of defs + source, compiled for this device once a process."""
-    key = (defs + source if source is not SOURCE else defs, device, name)
-    fn = _functions.get(key)
-    if fn is not None:
-        return fn
-    with _lock:
-        fn = _functions.get(key)
-        if fn is None:
-            driver = _driver()
-            major, minor = torch.cuda.get_device_capability(device)
-            cubin = compile_cubin(defs + source, major * 10 + minor)
-            with torch.cuda.device(device):
-                torch.cuda.init()
-                torch.empty(1, device=f"cuda:{device}")  # the primary context current
-                module = _ok(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
-                fn = _ok(driver.cuModuleGetFunction(module, name),
-                         "cuModuleGetFunction")
-            _modules.append(module)
-            _functions[key] = fn
-    return fn
 
 
 def layout_tile(w: QuantizedWeight) -> int:
@@ -646,11 +565,11 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: 
         bias = bias.to(x.dtype).contiguous()
     use_pdl = pdl.mode() in ("on", "prefetch")
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    fn = _function(defines(w.scheme, rows, unroll, warps, layout_tile(w),
-                           x.dtype == torch.float16, use_pdl, preload and use_pdl,
-                           group_shift(w), gain is not None, residual is not None, silu,
-                           rope.head_dim if rope is not None else 0),
-                   device, source)
+    fn = nvrtc.function(defines(w.scheme, rows, unroll, warps, layout_tile(w),
+                                x.dtype == torch.float16, use_pdl, preload and use_pdl,
+                                group_shift(w), gain is not None, residual is not None, silu,
+                                rope.head_dim if rope is not None else 0),
+                        source, b"qgemv_native", device)
     offsets = w.offsets if w.offsets is not None else w.scales
     args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.qweight.data_ptr()),
             ctypes.c_void_p(w.scales.data_ptr()), ctypes.c_void_p(offsets.data_ptr()),
@@ -679,8 +598,8 @@ def qgemv(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, rows: 
         per_block = rows // 2 if silu else rows
         grid = (width + per_block - 1) // per_block
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
-    _launch(fn, grid, warps * 32, torch.cuda.current_stream(x.device),
-            ctypes.addressof(params), use_pdl)
+    nvrtc.launch(fn, grid, warps * 32, torch.cuda.current_stream(x.device),
+                 ctypes.addressof(params), use_pdl)
     return out
 
 
@@ -707,34 +626,3 @@ def _vector_fits(t: torch.Tensor, x: torch.Tensor, size: int) -> bool:
     contiguous, 16-byte aligned."""
     return t.dtype == x.dtype and t.device == x.device and t.numel() == size and \
         t.is_contiguous() and t.data_ptr() % 16 == 0
-
-
-def _driver() -> Any:
-    bindings = _bindings()
-    if bindings is None:
-        raise NativeError("the native GEMV needs cuda-python (cuda.bindings)")
-    return bindings[0]
-
-
-def _launch(fn: Any, grid: int | tuple[int, int, int], block: int, stream: torch.cuda.Stream,
-            params: int, use_pdl: bool, shared: int = 0) -> None:
-    """fn on stream over grid (blocks, or (x, y, z)), with `shared` bytes of dynamic shared
-    memory, with PDL's attribute if use_pdl."""
-    driver = _driver()
-    handle = driver.CUstream(stream.cuda_stream)
-    gx, gy, gz = (grid, 1, 1) if isinstance(grid, int) else grid
-    if not use_pdl:
-        _ok(driver.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, shared, handle, params, 0),
-            "cuLaunchKernel")
-        return
-    attr = driver.CUlaunchAttribute()
-    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value.programmaticStreamSerializationAllowed = 1
-    config = driver.CUlaunchConfig()
-    config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
-    config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
-    config.sharedMemBytes = shared
-    config.hStream = handle
-    config.attrs = [attr]
-    config.numAttrs = 1
-    _ok(driver.cuLaunchKernelEx(config, fn, params, 0), "cuLaunchKernelEx")

@@ -25,7 +25,7 @@ from dataclasses import replace
 import torch
 import triton
 
-from tessera.hal.cuda import env, native_gemv, pdl, quant_tune
+from tessera.hal.cuda import env, native_gemv, nvrtc, pdl, quant_tune
 from tessera.hal.cuda.quant_kernels import (
     FP8,
     GEMV_ACC,
@@ -361,7 +361,7 @@ def fuses(w: QuantizedWeight) -> bool:
     (native_gemv.weight_fits) and can run here, without an input permutation."""
     mode = fusion_mode()
     return mode != "off" and (mode != "auto" or w.scheme in AUTO_SCHEMES) and \
-        w.input_perm is None and native_gemv.available() and native_gemv.weight_fits(w)
+        w.input_perm is None and nvrtc.available() and native_gemv.weight_fits(w)
 
 
 def _norm_prologue(w: QuantizedWeight) -> bool:

@@ -41,6 +41,7 @@ def _time(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rtt: torch.Tensor
           splits: int | None = None) -> float:
     os.environ[na.VARIABLE] = "1" if native else "0"
     os.environ[na.TILE_VARIABLE] = tile
+    na.enabled.cache_clear()
     na.tile.cache_clear()
     return graph_time_us(lambda: da.attention_decode(q, kc, vc, rtt, lens, D ** -0.5,
                                                      splits=splits))
@@ -76,9 +77,11 @@ def _case(q: torch.Tensor, kc16: torch.Tensor, vc16: torch.Tensor, rtt: torch.Te
     # correctness beside the timing: native against Triton and the fp32 reference
     os.environ[na.VARIABLE] = "1"
     os.environ[na.TILE_VARIABLE] = TILES[0]
+    na.enabled.cache_clear()
     na.tile.cache_clear()
     got = da.attention_decode(q, kc, vc, rtt, lens, D ** -0.5).float()
     os.environ[na.VARIABLE] = "0"
+    na.enabled.cache_clear()
     tri = da.attention_decode(q, kc, vc, rtt, lens, D ** -0.5).float()
     row["rel_vs_triton"] = float((got - tri).norm() / tri.norm())
     if batch * int(lens.max()) <= 64 * 2048:

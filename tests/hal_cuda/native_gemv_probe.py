@@ -98,7 +98,7 @@ def main(argv: list[str]) -> int:
         sys.path.insert(0, here)
     from gpu_bench import graph_time_us
 
-    from tessera.hal.cuda import native_gemv
+    from tessera.hal.cuda import native_gemv, nvrtc
     from tessera.hal.cuda.quant_linear import prepare
     from tessera.hal.quant import quant_linear_reference, quantize
 
@@ -106,13 +106,13 @@ def main(argv: list[str]) -> int:
     texts = variants(native_gemv.SOURCE)
     if "--cpu" in argv:
         built: dict[str, Any] = {s: sorted(v) for s, v in texts.items()}
-        if native_gemv._bindings() is not None:
+        if nvrtc.can_compile():
             for scheme, vs in texts.items():
                 tile = 128 if scheme == "int4" else 0
                 for text in vs.values():
                     defs = native_gemv.defines(scheme, 8, 1, 2, tile, False, True, False,
                                                7 if scheme == "int4" else -1)
-                    native_gemv.compile_cubin(defs + text, 90)
+                    nvrtc.compile_cubin(defs + text, 90)
             built["compiled_for"] = "sm_90"
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps({"dry_run": True, "variants": built}, indent=1) + "\n")

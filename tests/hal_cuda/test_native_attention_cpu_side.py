@@ -230,14 +230,14 @@ def test_the_permutations_cover_every_dim_once() -> None:
 
 def test_every_variant_compiles_for_sm90() -> None:
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-python's NVRTC is not installed")
-    from tessera.hal.cuda import native_attention, native_gemv
+    from tessera.hal.cuda import native_attention, nvrtc
 
     for group, warps, stages, mixed, cap, x_f16, use_pdl, heads_first in (
             (4, 4, 3, False, False, False, True, True), (8, 2, 4, True, True, True, False, False),
             (1, 1, 2, False, False, False, False, True), (3, 8, 6, True, False, False, True, True)):
         defs = native_attention.defines(group, warps, stages, mixed, cap, x_f16, use_pdl,
                                         heads_first)
-        assert native_gemv.compile_cubin(defs + native_attention.SOURCE, 90)
+        assert nvrtc.compile_cubin(defs + native_attention.SOURCE, 90)
 
 
 def test_what_it_takes_without_a_gpu() -> None:
@@ -254,13 +254,20 @@ def test_what_it_takes_without_a_gpu() -> None:
 def test_the_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     from tessera.hal.cuda import native_attention
 
-    monkeypatch.delenv(native_attention.VARIABLE, raising=False)
-    assert native_attention.enabled() is False
-    monkeypatch.setenv(native_attention.VARIABLE, "1")
+    na = native_attention
+    monkeypatch.delenv(na.VARIABLE, raising=False)
+    na.enabled.cache_clear()
+    assert na.enabled() is False
+    monkeypatch.setenv(na.VARIABLE, "maybe")
+    na.enabled.cache_clear()
+    with pytest.raises(ValueError, match=na.VARIABLE):
+        na.enabled()
+    monkeypatch.setenv(na.VARIABLE, "1")
+    na.enabled.cache_clear()
+    assert na.enabled() is True
+    monkeypatch.setenv(native_attention.VARIABLE, "0")  # read once a process
     assert native_attention.enabled() is True
-    monkeypatch.setenv(native_attention.VARIABLE, "maybe")
-    with pytest.raises(ValueError, match=native_attention.VARIABLE):
-        native_attention.enabled()
+    native_attention.enabled.cache_clear()
     assert native_attention.parse_tile("2,4") == (2, 4)
     for bad in ("3,3", "4", "4,1", "8,8", "a,b"):
         with pytest.raises(ValueError, match=native_attention.TILE_VARIABLE):

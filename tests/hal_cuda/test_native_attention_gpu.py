@@ -6,6 +6,8 @@ that it is the kernel that ran (never a silent fall back to Triton)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -18,14 +20,15 @@ D = 128
 
 
 @pytest.fixture
-def native(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def native(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """The native stage 1 switched on; the list counts its launches."""
     from tessera.hal.cuda import native_attention
 
-    if not native_attention.native_gemv.available() or \
+    if not native_attention.nvrtc.available() or \
             torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("needs cuda-python and sm_89 or later")
     monkeypatch.setenv(native_attention.VARIABLE, "1")
+    native_attention.enabled.cache_clear()
     calls: list[int] = []
     real = native_attention.launch_stage1
 
@@ -34,7 +37,9 @@ def native(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(native_attention, "launch_stage1", counted)
-    return calls
+    yield calls
+    monkeypatch.delenv(native_attention.VARIABLE)
+    native_attention.enabled.cache_clear()
 
 
 def _case(seq_lens: list[int], hq: int, hk: int, dtype: torch.dtype, seed: int,
@@ -92,6 +97,7 @@ def test_native_decode_equals_the_reference_and_triton(native: list[int], seq_le
     assert torch.isfinite(out).all()
     assert _rel(out, _reference(c, D ** -0.5)) < 1e-2
     monkeypatch.setenv(native_attention.VARIABLE, "0")
+    native_attention.enabled.cache_clear()
     triton_out = _decode(c)
     assert _rel(out, triton_out.float()) < 5e-3
 

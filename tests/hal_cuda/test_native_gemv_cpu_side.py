@@ -134,7 +134,7 @@ def test_native_configs_follow_the_triton_tiles() -> None:
 
 def test_every_native_config_compiles_for_sm90() -> None:
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-python's NVRTC is not installed")
-    from tessera.hal.cuda import native_gemv, quant_tune
+    from tessera.hal.cuda import native_gemv, nvrtc, quant_tune
 
     for scheme, natives in quant_tune.NATIVE_CANDIDATES.items():
         tiles = (0,) if scheme == "fp8" else (2, 32, 128)
@@ -146,7 +146,7 @@ def test_every_native_config_compiles_for_sm90() -> None:
                                               (False, True, True, shifts[-1])):
                     defs = native_gemv.defines(scheme, rows, unroll, warps, tile, f16,
                                                use_pdl, pre, gs)
-                    assert native_gemv.compile_cubin(defs + native_gemv.SOURCE, 90)
+                    assert nvrtc.compile_cubin(defs + native_gemv.SOURCE, 90)
             # the fusions (one_token_fused): norm prologue, residual / SiLU epilogue
             for norm, res, silu in ((True, False, False), (False, True, False),
                                     (True, False, True)):
@@ -154,11 +154,11 @@ def test_every_native_config_compiles_for_sm90() -> None:
                     continue
                 defs = native_gemv.defines(scheme, rows, unroll, warps, tiles[-1], False,
                                            True, True, shifts[-1], norm, res, silu)
-                assert native_gemv.compile_cubin(defs + native_gemv.SOURCE, 90)
+                assert nvrtc.compile_cubin(defs + native_gemv.SOURCE, 90)
             if rows % 2 == 0:  # the rotary / KV store epilogue, heads of 128
                 defs = native_gemv.defines(scheme, rows, unroll, warps, tiles[-1], False,
                                            True, True, shifts[-1], True, rope_dim=128)
-                assert native_gemv.compile_cubin(defs + native_gemv.SOURCE, 90)
+                assert nvrtc.compile_cubin(defs + native_gemv.SOURCE, 90)
 
 
 
@@ -167,12 +167,12 @@ def test_the_fusion_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     auto (the default), for every scheme under all and epilogues (the norm prologue off
     there), no when it is off (0); a value it cannot read is a clear error; a weight with an
     input permutation is never fused."""
-    from tessera.hal.cuda import native_gemv, quant_linear
+    from tessera.hal.cuda import nvrtc, quant_linear
     from tessera.hal.cuda.quant_linear import prepare
 
     fp8 = prepare(quantize(torch.randn(64, 256), "fp8"))
     int4 = prepare(quantize(torch.randn(64, 256), "int4", 64))
-    monkeypatch.setattr(native_gemv, "available", lambda: True)
+    monkeypatch.setattr(nvrtc, "available", lambda: True)
     try:
         for value, fp8_fused, int4_fused, norm in (
                 (None, True, False, True), ("auto", True, False, True),

@@ -24,10 +24,10 @@ LOGPROB_ATOL = 0.03
 
 @pytest.mark.parametrize("scheme", ["fp8", "int4"])
 def test_one_token_fusion_serves_the_plain_tokens(tmp_path, monkeypatch, scheme: str) -> None:
-    from tessera.hal.cuda import native_gemv, quant_linear
+    from tessera.hal.cuda import nvrtc, quant_linear
     from tessera.worker_proc.models.llama import LlamaDecoderLayer
 
-    if not native_gemv.available():
+    if not nvrtc.available():
         pytest.skip("the fusion needs cuda-python (cuda.bindings) on this machine")
     ran: list[int] = []
     real = LlamaDecoderLayer.forward_one_token
