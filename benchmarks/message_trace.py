@@ -4,8 +4,9 @@ time to its first token goes, hop by hop, from the lines of `--trace-messages-di
 
 For each request the caller sent, its path is followed through the processes' lines: the
 caller's GenerateRequest, the tokenizer, the scheduler taking it, the step that produced its
-first token (the scheduler's last SampledTokens taken before it sent the TokenBatch naming the
-request), that step's ForwardBatch to the worker, the worker's launch, the device's output
+first token (of the SampledTokens the scheduler took in the drain before it sent the
+TokenBatch naming the request, the first holding a prefill sent after it took the request),
+that step's ForwardBatch to the worker, the worker's launch, the device's output
 seen ready, the SampledTokens back, the TokenBatch to the detokenizer, its RequestOutputBatch
 to the caller, and (offline) the caller's loop handing the first token over. Each stage is the
 time between two of these events; the stages add up to the time to first token as the
@@ -96,12 +97,7 @@ def request_path(events: list[Event], rid: str) -> dict[str, int] | None:
              and _names(e, rid))
     if out is None:
         return None
-    result = None
-    for e in after:
-        if e["t"] > out["t"]:
-            break
-        if e["p"] == out["p"] and e["e"] == "take" and e["m"] == "SampledTokens":
-            result = e
+    result = _first_token_result(after, out, t.get("scheduler_take", sent["t"]))
     if result is None:
         return None
     step = result.get("step")
@@ -132,6 +128,45 @@ def request_path(events: list[Event], rid: str) -> dict[str, int] | None:
     at("caller_recv", lambda e: e["p"] == caller and e["e"] == "recv" and _names(e, rid))
     at("first", lambda e: e["p"] == caller and e["e"] == "first" and e.get("rid") == rid)
     return t
+
+
+def _first_token_result(after: list[Event], out: Event, admitted: int) -> Event | None:
+    """The SampledTokens whose step made the first token that `out` carries. A process writes
+    the takes of a drain before it handles any of them, so a loaded worker's next step can be
+    taken in the drain with the one that made the token: of the drain's results (its last run
+    of SampledTokens takes before `out`), the first whose batch was sent after the scheduler
+    took the request and held a prefill row; the drain's last where none is known to."""
+    run: list[Event] = []
+    closed = False
+    for e in after:
+        if e["t"] > out["t"]:
+            break
+        if e["p"] != out["p"]:
+            continue
+        if e["e"] == "take" and e["m"] == "SampledTokens":
+            if closed:
+                run, closed = [], False
+            run.append(e)
+        elif e["e"] == "send" and e is not out:
+            closed = True
+    if not run:
+        return None
+    steps = {e.get("step") for e in run}
+    sent_at: dict[Any, int] = {}
+    prefill: dict[Any, bool] = {}
+    for e in after:
+        if e["t"] > out["t"]:
+            break
+        if e["m"] != "ForwardBatch" or e.get("step") not in steps:
+            continue
+        if e["e"] == "send" and e["p"] == out["p"]:
+            sent_at.setdefault(e["step"], e["t"])
+        elif e["e"] == "launch" and "requests" in e and "decodes" in e:
+            prefill.setdefault(e["step"], e["requests"] > e["decodes"])
+    for e in run:
+        if sent_at.get(e.get("step"), -1) >= admitted and prefill.get(e.get("step")):
+            return e
+    return run[-1]
 
 
 def stages(path: dict[str, int]) -> dict[str, float]:

@@ -77,7 +77,8 @@ def synthetic(rid: str, t0: int, step: int) -> list[dict[str, Any]]:
         ev(3, "scheduler", "take", "TokenizedRequest", rid=rid),
         ev(4, "scheduler", "send", "ForwardBatch", step=step),
         ev(5, "worker0", "take", "ForwardBatch", step=step),
-        ev(6, "worker0", "launch", "ForwardBatch", step=step, tokens=32),
+        ev(6, "worker0", "launch", "ForwardBatch", step=step, tokens=32, requests=1,
+           decodes=0),
         ev(7, "worker0", "launched", "ForwardBatch", step=step),
         ev(9, "worker0", "ready", "ForwardBatch", step=step),
         ev(10, "worker0", "send", "SampledTokens", step=step),
@@ -107,6 +108,35 @@ def test_a_requests_path_is_cut_into_its_stages(tmp_path: Path) -> None:
                if k not in ("device, until seen ready", "total"))
     assert ms["total"] == pytest.approx(16.0)
     assert out["stages_ms"]["total"]["median"] == pytest.approx(16.0)
+
+
+def test_the_first_tokens_step_is_found_when_the_next_step_is_taken_with_it(
+        tmp_path: Path) -> None:
+    """A loaded scheduler can drain two results at once: its takes of both are written before
+    it handles either, and the first token leaves after both. The path is the prefill's step,
+    not the decode step taken with it."""
+    t0 = 10**12
+    events = synthetic("r1", t0, 3)
+
+    def ev(dt_ms: float, p: str, e: str, **kw: Any) -> dict[str, Any]:
+        return {"t": t0 + int(dt_ms * 1_000_000), "p": p, "e": e, "c": "",
+                "m": "ForwardBatch", **kw}
+
+    events += [ev(4.5, "scheduler", "send", step=4),  # the next step, sent at once
+               ev(9.5, "worker0", "launch", step=4, tokens=1, requests=1, decodes=1),
+               {**ev(10.5, "worker0", "send", step=4), "m": "SampledTokens"},
+               {**ev(11.5, "scheduler", "take", step=4), "m": "SampledTokens"}]
+    (tmp_path / "all.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    (row,) = summarize(str(tmp_path))["per_request"]
+    assert row["prefill_tokens"] == 32
+    assert row["ms"]["worker to scheduler"] == pytest.approx(1.0)  # step 3's result
+    assert row["ms"]["scheduler, output"] == pytest.approx(1.0)
+    # Where no launch says which held a prefill, the drain's last result is taken.
+    for e in events:
+        e.pop("requests", None), e.pop("decodes", None)
+    (tmp_path / "all.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    (row,) = summarize(str(tmp_path))["per_request"]
+    assert row["prefill_tokens"] == 1
 
 
 def test_a_missing_event_merges_its_stage_into_the_next() -> None:
