@@ -133,7 +133,8 @@ def test_the_first_tokens_step_is_found_when_the_next_step_is_taken_with_it(
     assert row["ms"]["scheduler, output"] == pytest.approx(1.0)
     # Where no launch says which held a prefill, the drain's last result is taken.
     for e in events:
-        e.pop("requests", None), e.pop("decodes", None)
+        e.pop("requests", None)
+        e.pop("decodes", None)
     (tmp_path / "all.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
     (row,) = summarize(str(tmp_path))["per_request"]
     assert row["prefill_tokens"] == 1
