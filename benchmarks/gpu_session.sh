@@ -92,6 +92,7 @@
 #   benchmarks/gpu_session.sh 86  # any card: the fp8 cache's decode attention in CUDA C: its GPU tests, its bench beside Triton, b12 b2 over the fp8 cache with it / without, over a bf16 cache (~420 s)
 #   benchmarks/gpu_session.sh 87  # any card: the same through cp.async rings: its tests, the bench over tiles, b12 b2 over the fp8 cache with it / without, twice (~330 s)
 #   benchmarks/gpu_session.sh 88  # any card: call 87 in less time: the tests, the bench, b12 fp8 b2 over the fp8 cache with it / without, twice (~250 s)
+#   benchmarks/gpu_session.sh 89  # any card: the native stage 1 with fewer instructions a tile: its tests, the bench (with its loads alone), b12 fp8 b2 over the fp8 cache at the best tile with it / without, twice (~250 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -131,7 +132,7 @@ BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
 CARD=h200  # the card the results are named for (below: the one found)
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-8]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-88  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-9]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-89  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -219,6 +220,21 @@ traced_c128() {
 start=$SECONDS
 # part NAME CAP_S EXPECTED_S ARGS...: `run_gpu.sh ARGS` (results into $RES) under
 # min(CAP_S, budget left) seconds.
+# The native stage 1's tile that was fastest over B2's spreads in this run's bench (4,3 where
+# the bench left no answer).
+native_tile() {
+  "$PY" - "$RES/native_attention_$CARD.json" <<'PICK' 2>/dev/null || echo 4,3
+import json, sys
+cases = json.load(open(sys.argv[1]))["cases"]
+names = [n for n in cases if n.startswith("b2_")]
+keys = [k for k in cases[names[0]] if k.startswith("native_w") and "splits" not in k
+        and "loads_only" not in k]
+ok = [k for k in keys if all("us" in cases[n].get(k, {}) for n in names)]
+best = min(ok, key=lambda k: sum(cases[n][k]["us"] for n in names))
+print(best.replace("native_w", "").replace("_s", ","))
+PICK
+}
+
 part() {
   local name=$1 cap=$2 expect=$3
   shift 3
@@ -1183,16 +1199,7 @@ case $CALL in
     tag=${TAG:-call87}
     NATIVE_K=native part nativeattntests 150 40 nativeattntests
     part nativeattn 200 60 nativeattn
-    tile=$("$PY" - "$RES/native_attention_$CARD.json" <<'PICK' 2>/dev/null || echo 4,3
-import json, sys
-cases = json.load(open(sys.argv[1]))["cases"]
-names = [n for n in cases if n.startswith("b2_")]
-keys = [k for k in cases[names[0]] if k.startswith("native_w") and "splits" not in k]
-ok = [k for k in keys if all("us" in cases[n].get(k, {}) for n in names)]
-best = min(ok, key=lambda k: sum(cases[n][k]["us"] for n in names))
-print(best.replace("native_w", "").replace("_s", ","))
-PICK
-)
+    tile=$(native_tile)
     say "native tile for B12: $tile"
     echo "native tile $tile" >>"$SUMMARY"
     HAL_CUDA_DECODE_NATIVE=1 HAL_CUDA_DECODE_NATIVE_TILE=$tile part b12nat 130 70 b12 \
@@ -1214,6 +1221,26 @@ PICK
       HAL_CUDA_DECODE_NATIVE=1 part "b12nat$round" 80 40 b12 --schemes fp8 --parts b2 \
         --kv-cache-dtype fp8_e4m3 --name "b12_fp8kv_native_${round}_${tag}_h200"
       HAL_CUDA_DECODE_NATIVE=0 part "b12tri$round" 80 40 b12 --schemes fp8 --parts b2 \
+        --kv-cache-dtype fp8_e4m3 --name "b12_fp8kv_triton_${round}_${tag}_h200"
+    done
+    ;;
+  89)
+    # The native stage 1 with fewer instructions a tile (its e4m3 conversions take the word's
+    # halves as they are, a slot's address one 32 x 32 -> 64 multiply-add, the accumulators'
+    # rescale only where a max moved): its GPU tests, the bench (the fastest tile also with
+    # its loads alone), then B12's fp8 B2 over the fp8 cache at that tile and with Triton's
+    # stage 1, alternated twice.
+    tag=${TAG:-call89}
+    NATIVE_K=native part nativeattntests 150 40 nativeattntests
+    part nativeattn 200 40 nativeattn
+    tile=$(native_tile)
+    say "native tile for B12: $tile"
+    echo "native tile $tile" >>"$SUMMARY"
+    for round in 1 2; do
+      HAL_CUDA_DECODE_NATIVE=1 HAL_CUDA_DECODE_NATIVE_TILE=$tile part "b12nat$round" 90 40 b12 \
+        --schemes fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
+        --name "b12_fp8kv_native_${round}_${tag}_h200"
+      HAL_CUDA_DECODE_NATIVE=0 part "b12tri$round" 90 40 b12 --schemes fp8 --parts b2 \
         --kv-cache-dtype fp8_e4m3 --name "b12_fp8kv_triton_${round}_${tag}_h200"
     done
     ;;

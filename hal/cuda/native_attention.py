@@ -81,10 +81,11 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
     return a;
 }
 
-// 16 bytes global -> shared, not kept in L1; zeros where !valid (nothing read)
-__device__ __forceinline__ void cp16(const uint4* dst, const u8* src, bool valid) {
+// 16 bytes global -> shared (its shared-window address), not kept in L1; zeros where
+// !valid (nothing read)
+__device__ __forceinline__ void cp16(u32 dst, const u8* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 :: "r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0) : "memory");
+                 :: "r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
 
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
@@ -93,11 +94,11 @@ template <int N> __device__ __forceinline__ void wait_groups() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
-// two e4m3 (the low byte the first) -> f16x2 (the first in the low half)
-__device__ __forceinline__ u32 cvt2(u32 pair) {
-    u32 r;
-    asm("{ .reg .b16 h; cvt.u16.u32 h, %1; cvt.rn.f16x2.e4m3x2 %0, h; }" : "=r"(r) : "r"(pair));
-    return r;
+// a word's four e4m3 -> two f16x2: lo from bytes 0-1, hi from bytes 2-3 (the halves taken as
+// the register's own, no shift or mask)
+__device__ __forceinline__ void cvt4(u32 w, u32& lo, u32& hi) {
+    asm("{ .reg .b16 a, b; mov.b32 {a, b}, %2; cvt.rn.f16x2.e4m3x2 %0, a; "
+        "cvt.rn.f16x2.e4m3x2 %1, b; }" : "=r"(lo), "=r"(hi) : "r"(w));
 }
 
 // f16x2 of two floats, lo in the low half
@@ -162,19 +163,21 @@ __device__ __forceinline__ int tile_slot(const int* row, int n, int end, int lan
 // g and g + 8, bytes [16 t, 16 t + 16) and [64 + 16 t, 80 + 16 t) (each copy reads whole
 // 32-byte sectors: lanes t and t + 1 share one); runs 4-7: keys 2t, 2t+1, 2t+8, 2t+9,
 // bytes [16 g, 16 g + 16). sl: this lane's slot of key (lane % 16), -1 past the end (zeros).
-__device__ __forceinline__ void issue_tile(uint4* stage, int sl, const u8* kbase,
-                                           const u8* vbase, long long c_s0, int g, int t) {
+__device__ __forceinline__ void issue_tile(u32 stage, int sl, const u8* kbase,
+                                           const u8* vbase, u32 c_s0, int g, int t) {
+    // a slot's bytes at base + slot x c_s0: one wide multiply-add (32 x 32 -> 64 bits)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int s = __shfl_sync(FULL, sl, g + 8 * r);
-        const u8* p = kbase + (long long)max(s, 0) * c_s0 + 16 * t;
-        cp16(stage + (2 * r) * 32, p, s >= 0);
-        cp16(stage + (2 * r + 1) * 32, p + 64, s >= 0);
+        const u8* p = kbase + 16 * t + (unsigned long long)(u32)max(s, 0) * c_s0;
+        cp16(stage + (2 * r) * 512, p, s >= 0);
+        cp16(stage + (2 * r + 1) * 512, p + 64, s >= 0);
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         const int s = __shfl_sync(FULL, sl, (e >> 1) * 8 + 2 * t + (e & 1));
-        cp16(stage + (4 + e) * 32, vbase + (long long)max(s, 0) * c_s0 + 16 * g, s >= 0);
+        cp16(stage + (4 + e) * 512, vbase + 16 * g + (unsigned long long)(u32)max(s, 0) * c_s0,
+             s >= 0);
     }
 }
 
@@ -244,13 +247,15 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
     // Each warp's ring of STAGES tiles in shared memory (cp.async), STAGES - 1 in flight
     extern __shared__ uint4 ring[];
     uint4* mine = ring + (long long)warp * STAGES * STAGE_U4 + lane;
+    const u32 mine_s = smem_addr(mine);  // its shared-window address, for cp.async
+    const u32 c_s0_32 = (u32)c_s0;  // a slot's bytes (fits: below 2^32)
     const int step = WARPS * TK;
     const int n0 = start + warp * TK;
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
         const int n = n0 + i * step;
         const int sl = tile_slot(row, n, end, lane);
-        if (n < end) issue_tile(mine + i * STAGE_U4, sl, kbase, vbase, c_s0, g, t);
+        if (n < end) issue_tile(mine_s + i * STAGE_U4 * 16, sl, kbase, vbase, c_s0_32, g, t);
         commit();
     }
     int sl_next = tile_slot(row, n0 + (STAGES - 1) * step, end, lane);
@@ -259,8 +264,8 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
         wait_groups<STAGES - 2>();  // this tile's runs have landed
         const int ahead = n + (STAGES - 1) * step;
         const int free_stage = stage == 0 ? STAGES - 1 : stage - 1;  // read last iteration
-        if (ahead < end) issue_tile(mine + free_stage * STAGE_U4, sl_next, kbase, vbase, c_s0,
-                                    g, t);
+        if (ahead < end)
+            issue_tile(mine_s + free_stage * STAGE_U4 * 16, sl_next, kbase, vbase, c_s0_32, g, t);
         commit();
         sl_next = tile_slot(row, ahead + step, end, lane);
         Tile cur;
@@ -272,14 +277,30 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
 #pragma unroll
         for (int e = 0; e < 4; ++e) cur.v[e] = src[(4 + e) * 32];
         stage = stage == STAGES - 1 ? 0 : stage + 1;
+#if PROBE == 1
+        // the bench's probe of the loads alone: every word read back, nothing computed
+        u32 x = 0u;
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            x ^= cur.v[e].x ^ cur.v[e].y ^ cur.v[e].z ^ cur.v[e].w ^ word(cur.k[e >> 1][e & 1], 0)
+                 ^ word(cur.k[e >> 1][e & 1], 1) ^ word(cur.k[e >> 1][e & 1], 2)
+                 ^ word(cur.k[e >> 1][e & 1], 3);
+        acc[0][0] += __uint_as_float(x & 0x3fffffffu);
+        l0 = 1.0f;
+        l1 = 1.0f;
+        m0 = m1 = 0.0f;
+        continue;
+#endif
 
         // S^T = K Q^T: s[0], s[1] key g heads 2t, 2t+1; s[2], s[3] key g + 8
         float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const u32 w0 = word(cur.k[0][i >> 2], i & 3), w1 = word(cur.k[1][i >> 2], i & 3);
-            mma16816(s, cvt2(w0 & 0xffffu), cvt2(w1 & 0xffffu), cvt2(w0 >> 16), cvt2(w1 >> 16),
-                     qf[i][0], qf[i][1]);
+            u32 f0, f1, f2, f3;
+            cvt4(w0, f0, f2);
+            cvt4(w1, f1, f3);
+            mma16816(s, f0, f1, f2, f3, qf[i][0], qf[i][1]);
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -302,14 +323,18 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
         const float a0 = ex2(m0 - n0), a1 = ex2(m1 - n1);
         const float p0 = ex2(s[0] - n0), p1 = ex2(s[1] - n1);
         const float p2 = ex2(s[2] - n0), p3 = ex2(s[3] - n1);
+        // the accumulators' rescale, where a max moved (else a0 = a1 = 1: skipping it changes
+        // no bit); the whole warp takes the same branch
+        if (__any_sync(FULL, n0 != m0 || n1 != m1)) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                acc[j][0] *= a0; acc[j][1] *= a1; acc[j][2] *= a0; acc[j][3] *= a1;
+            }
+        }
         l0 = l0 * a0 + p0 + p2;
         l1 = l1 * a1 + p1 + p3;
         m0 = n0;
         m1 = n1;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            acc[j][0] *= a0; acc[j][1] *= a1; acc[j][2] *= a0; acc[j][3] *= a1;
-        }
         // P^T's fragments: keys 2t, 2t+1 (and 8 more) of head g
         const u32 b0 = trans8x8(pack_f16(p0, p1)), b1 = trans8x8(pack_f16(p2, p3));
         // O^T += V^T P^T
@@ -319,10 +344,13 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
             const u32 v2 = word(cur.v[2], m), v3 = word(cur.v[3], m);
             const u32 e01 = __byte_perm(v0, v1, 0x5140), f01 = __byte_perm(v0, v1, 0x7362);
             const u32 e89 = __byte_perm(v2, v3, 0x5140), f89 = __byte_perm(v2, v3, 0x7362);
-            mma16816(acc[2 * m], cvt2(e01 & 0xffffu), cvt2(e01 >> 16), cvt2(e89 & 0xffffu),
-                     cvt2(e89 >> 16), b0, b1);
-            mma16816(acc[2 * m + 1], cvt2(f01 & 0xffffu), cvt2(f01 >> 16), cvt2(f89 & 0xffffu),
-                     cvt2(f89 >> 16), b0, b1);
+            u32 h0, h1, h2, h3;
+            cvt4(e01, h0, h1);
+            cvt4(e89, h2, h3);
+            mma16816(acc[2 * m], h0, h1, h2, h3, b0, b1);
+            cvt4(f01, h0, h1);
+            cvt4(f89, h2, h3);
+            mma16816(acc[2 * m + 1], h0, h1, h2, h3, b0, b1);
         }
     }
     wait_groups<0>();
@@ -408,10 +436,13 @@ def tile() -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=64)
 def defines(group: int, warps: int, stages: int, mixed: bool, has_cap: bool, x_f16: bool,
-            use_pdl: bool, heads_first: bool) -> str:
+            use_pdl: bool, heads_first: bool, probe: int = 0) -> str:
+    """The source's switches. `probe` is the bench's alone (native_attention_bench.py): 1 the
+    loads without the arithmetic (a wrong result)."""
     return "".join(f"#define {name} {int(value)}\n" for name, value in (
         ("GROUP", group), ("WARPS", warps), ("STAGES", stages), ("MIXED", mixed),
-        ("HAS_CAP", has_cap), ("XF16", x_f16), ("PDL", use_pdl), ("HEADS_FIRST", heads_first)))
+        ("HAS_CAP", has_cap), ("XF16", x_f16), ("PDL", use_pdl), ("HEADS_FIRST", heads_first),
+        ("PROBE", probe)))
 
 
 def _aligned(t: torch.Tensor, elements: int) -> bool:
@@ -434,8 +465,8 @@ def fits(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if any(c.dtype != torch.float8_e4m3fn or c.dim() != 3 or c.shape[-1] != HEAD_DIM or
            c.stride(-1) != 1 or not _aligned(c, 16) for c in caches):
         return False
-    if k_cache.stride() != v_cache.stride():
-        return False
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(0) >= 2 ** 32:
+        return False  # (a slot's bytes are a 32-bit factor of its address)
     if q.stride(-1) != 1 or not _aligned(q, 8):
         return False
     return all(
@@ -446,9 +477,10 @@ def launch_stage1(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   req_to_token: torch.Tensor, seq_lens: torch.Tensor, ext: torch.Tensor,
                   qo: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor,
                   out: torch.Tensor, scale_log2: float, window: int, logit_cap: float,
-                  n_split: int, mixed: bool, heads_first: bool) -> None:
+                  n_split: int, mixed: bool, heads_first: bool, probe: int = 0) -> None:
     """The Triton stage 1's contract (decode_attention._decode_stage1) for a batch that
-    `fits`: the final output with one split, else the partials and log-sum-exps."""
+    `fits`: the final output with one split, else the partials and log-sum-exps. (`probe`:
+    the bench's, see `defines`.)"""
     batch, q_heads = seq_lens.shape[0], q.shape[1]
     kv_heads = k_cache.shape[1]
     group = q_heads // kv_heads
@@ -456,7 +488,7 @@ def launch_stage1(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     use_pdl = pdl.mode() in ("on", "prefetch")
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     defs = defines(group, nw, stages, mixed, logit_cap > 0, q.dtype == torch.float16, use_pdl,
-                   heads_first)
+                   heads_first, probe)
     fn = nvrtc.function(defs, SOURCE, NAME, device)
     shared = nw * stages * STAGE_BYTES
     # the ring is dynamic shared memory: opted in at its size (static + dynamic may not pass
