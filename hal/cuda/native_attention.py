@@ -81,11 +81,19 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
     return a;
 }
 
-// 16 bytes global -> shared (its shared-window address), not kept in L1; zeros where
-// !valid (nothing read)
-__device__ __forceinline__ void cp16(u32 dst, const u8* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 :: "r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+// 16 bytes global -> shared (its shared-window address), not kept in L1; zeros where the slot
+// is past the end (s < 0: nothing read)
+__device__ __forceinline__ void cp16(u32 dst, const u8* src, int s) {
+    asm volatile("{ .reg .pred skip; setp.lt.s32 skip, %2, 0; "
+                 "cp.async.cg.shared.global [%0], [%1], 16, skip; }"
+                 :: "r"(dst), "l"(src), "r"(s) : "memory");
+}
+
+// a slot's bytes: base + slot x stride in one wide multiply-add (32 x 32 + 64 bits)
+__device__ __forceinline__ const u8* at_slot(const u8* base, int s, u32 stride) {
+    const u8* p;
+    asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(p) : "r"((u32)max(s, 0)), "r"(stride), "l"(base));
+    return p;
 }
 
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
@@ -163,21 +171,19 @@ __device__ __forceinline__ int tile_slot(const int* row, int n, int end, int lan
 // g and g + 8, bytes [16 t, 16 t + 16) and [64 + 16 t, 80 + 16 t) (each copy reads whole
 // 32-byte sectors: lanes t and t + 1 share one); runs 4-7: keys 2t, 2t+1, 2t+8, 2t+9,
 // bytes [16 g, 16 g + 16). sl: this lane's slot of key (lane % 16), -1 past the end (zeros).
-__device__ __forceinline__ void issue_tile(u32 stage, int sl, const u8* kbase,
-                                           const u8* vbase, u32 c_s0, int g, int t) {
-    // a slot's bytes at base + slot x c_s0: one wide multiply-add (32 x 32 -> 64 bits)
+__device__ __forceinline__ void issue_tile(u32 stage, int sl, const u8* kb, const u8* vb,
+                                           u32 c_s0, int g, int t) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int s = __shfl_sync(FULL, sl, g + 8 * r);
-        const u8* p = kbase + 16 * t + (unsigned long long)(u32)max(s, 0) * c_s0;
-        cp16(stage + (2 * r) * 512, p, s >= 0);
-        cp16(stage + (2 * r + 1) * 512, p + 64, s >= 0);
+        const u8* p = at_slot(kb, s, c_s0);
+        cp16(stage + (2 * r) * 512, p, s);
+        cp16(stage + (2 * r + 1) * 512, p + 64, s);
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         const int s = __shfl_sync(FULL, sl, (e >> 1) * 8 + 2 * t + (e & 1));
-        cp16(stage + (4 + e) * 512, vbase + 16 * g + (unsigned long long)(u32)max(s, 0) * c_s0,
-             s >= 0);
+        cp16(stage + (4 + e) * 512, at_slot(vb, s, c_s0), s);
     }
 }
 
@@ -216,8 +222,9 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int* row = rtt + b * rtt_s0;
-    const u8* kbase = kc + (long long)kh * c_s1;
-    const u8* vbase = vc + (long long)kh * c_s1;
+    // this lane's bytes of a key's K (and 64 on) and of a key's V
+    const u8* kb = kc + (long long)kh * c_s1 + 16 * t;
+    const u8* vb = vc + (long long)kh * c_s1 + 16 * g;
 
     // q^T's fragments: head g, dims 64 (i / 4) + 16 t + 4 (i % 4) + (0, 1) and (2, 3) of
     // chunk i
@@ -255,7 +262,7 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
     for (int i = 0; i < STAGES - 1; ++i) {
         const int n = n0 + i * step;
         const int sl = tile_slot(row, n, end, lane);
-        if (n < end) issue_tile(mine_s + i * STAGE_U4 * 16, sl, kbase, vbase, c_s0_32, g, t);
+        if (n < end) issue_tile(mine_s + i * STAGE_U4 * 16, sl, kb, vb, c_s0_32, g, t);
         commit();
     }
     int sl_next = tile_slot(row, n0 + (STAGES - 1) * step, end, lane);
@@ -265,7 +272,7 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
         const int ahead = n + (STAGES - 1) * step;
         const int free_stage = stage == 0 ? STAGES - 1 : stage - 1;  // read last iteration
         if (ahead < end)
-            issue_tile(mine_s + free_stage * STAGE_U4 * 16, sl_next, kbase, vbase, c_s0_32, g, t);
+            issue_tile(mine_s + free_stage * STAGE_U4 * 16, sl_next, kb, vb, c_s0_32, g, t);
         commit();
         sl_next = tile_slot(row, ahead + step, end, lane);
         Tile cur;
