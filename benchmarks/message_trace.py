@@ -97,7 +97,8 @@ def request_path(events: list[Event], rid: str) -> dict[str, int] | None:
              and _names(e, rid))
     if out is None:
         return None
-    result = _first_token_result(after, out, t.get("scheduler_take", sent["t"]))
+    result = _first_token_result(after, out, t["scheduler_take"] if "scheduler_take" in t
+                                 else sent["t"])
     if result is None:
         return None
     step = result.get("step")
