@@ -93,6 +93,7 @@
 #   benchmarks/gpu_session.sh 87  # any card: the same through cp.async rings: its tests, the bench over tiles, b12 b2 over the fp8 cache with it / without, twice (~330 s)
 #   benchmarks/gpu_session.sh 88  # any card: call 87 in less time: the tests, the bench, b12 fp8 b2 over the fp8 cache with it / without, twice (~250 s)
 #   benchmarks/gpu_session.sh 89  # any card: the native stage 1 with fewer instructions a tile: its tests, the bench (with its loads alone), b12 fp8 b2 over the fp8 cache at the best tile with it / without, twice (~250 s)
+#   benchmarks/gpu_session.sh 90  # any card: the native stage 1's loads alone three ways (half-line K, whole-line K, a block over a request's KV heads) beside Triton and the whole kernel (~70 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -132,7 +133,7 @@ BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
 CARD=h200  # the card the results are named for (below: the one found)
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-9]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-89  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-9]|90))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-90  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -1243,6 +1244,12 @@ case $CALL in
       HAL_CUDA_DECODE_NATIVE=0 part "b12tri$round" 90 40 b12 --schemes fp8 --parts b2 \
         --kv-cache-dtype fp8_e4m3 --name "b12_fp8kv_triton_${round}_${tag}_h200"
     done
+    ;;
+  90)
+    # Why the native stage 1's loads alone are slower than Triton's whole kernel (call 89):
+    # its loads as they are, with whole-line K requests, and with a block over a request's
+    # KV heads (a warp a head, so a slot's 1 KB is read together), beside Triton's stage 1.
+    part nativeattnprobe 150 50 nativeattnprobe
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -60,7 +60,7 @@ mkdir -p "$OUT"
 parts=()
 while [[ $# -gt 0 && $1 != -* ]]; do parts+=("$1"); shift; done
 [[ ${#parts[@]} -gt 0 ]] || parts=(all)
-all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|attnbench|attnorder|attnregs|ncu|pdlbench|hop|nativeprobe|fusionprobe|tokengemm|tokengemmtests|nativeattn|nativeattntests|all"
+all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|attnbench|attnorder|attnregs|ncu|pdlbench|hop|nativeprobe|fusionprobe|tokengemm|tokengemmtests|nativeattn|nativeattnprobe|nativeattntests|all"
 for part in "${parts[@]}"; do
   if [[ ! $part =~ ^($all_parts)$ ]]; then
     echo "usage: $0 [${all_parts//|/|} ...] [flags]" >&2
@@ -269,10 +269,15 @@ for part in "${parts[@]}"; do
     tokengemmtests) gpu_pytest tokengemmtests tests/hal_cuda/test_token_gemm_gpu.py \
                       tests/hal_cuda/test_quant_gpu.py -k "token_gemm or quant_linear_bf16" \
                       "${T_tokengemmtests[@]}" ;;
-    # Decode attention over an fp8 cache in CUDA C beside the Triton stage 1, and its tests.
+    # Decode attention over an fp8 cache in CUDA C beside the Triton stage 1 (nativeattnprobe:
+    # its loads alone, two ways, at three tiles), and its tests.
     nativeattn) echo "+ tests/hal_cuda/native_attention_bench.py" >&2
                 "$PY" tests/hal_cuda/native_attention_bench.py "$OUT/native_attention_$SUFFIX.json" \
                   "${T_cpu[@]}" || { echo "nativeattn: failed" >&2; failed+=(nativeattn); } ;;
+    nativeattnprobe) echo "+ tests/hal_cuda/native_attention_bench.py --probes" >&2
+                "$PY" tests/hal_cuda/native_attention_bench.py \
+                  "$OUT/native_attention_probes_$SUFFIX.json" --probes "${T_cpu[@]}" ||
+                  { echo "nativeattnprobe: failed" >&2; failed+=(nativeattnprobe); } ;;
     nativeattntests) gpu_pytest nativeattntests tests/hal_cuda/test_native_attention_gpu.py \
                        tests/hal_cuda/test_kernels_gpu.py \
                        -k "${NATIVE_K:-native or decode_attention or extend_attention or e4m3}" \

@@ -173,6 +173,16 @@ __device__ __forceinline__ int tile_slot(const int* row, int n, int end, int lan
 // bytes [16 g, 16 g + 16). sl: this lane's slot of key (lane % 16), -1 past the end (zeros).
 __device__ __forceinline__ void issue_tile(u32 stage, int sl, const u8* kb, const u8* vb,
                                            u32 c_s0, int g, int t) {
+#if PROBE == 2
+    // the bench's probe of whole-line K requests: copy r takes keys 4 r to 4 r + 3, 8 lanes
+    // a key's 128 bytes (into places no fragment reads: loads alone)
+    const int lane = 4 * g + t;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int s = __shfl_sync(FULL, sl, 4 * r + (lane >> 3));
+        cp16(stage + r * 512, at_slot(kb - 16 * t + 16 * (lane & 7), s, c_s0), s);
+    }
+#else
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int s = __shfl_sync(FULL, sl, g + 8 * r);
@@ -180,6 +190,7 @@ __device__ __forceinline__ void issue_tile(u32 stage, int sl, const u8* kb, cons
         cp16(stage + (2 * r) * 512, p, s);
         cp16(stage + (2 * r + 1) * 512, p + 64, s);
     }
+#endif
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         const int s = __shfl_sync(FULL, sl, (e >> 1) * 8 + 2 * t + (e & 1));
@@ -197,7 +208,12 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
                 long long rtt_s0, long long mo_s0, long long mo_s1, long long mo_s2,
                 long long ml_s0, long long ml_s1, long long o_s0, long long o_s1,
                 float scale_log2, int window, float cap, int num_splits) {
-#if HEADS_FIRST
+#if PROBE == 3
+    // the bench's probe of a block over every KV head of a request: warp w takes head w
+    // (WARPS = the KV heads) and all of the split's keys
+    const int kh = threadIdx.x >> 5;
+    const long long b = blockIdx.y;
+#elif HEADS_FIRST
     const int kh = blockIdx.x;
     const long long b = blockIdx.y;
 #else
@@ -256,8 +272,13 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
     uint4* mine = ring + (long long)warp * STAGES * STAGE_U4 + lane;
     const u32 mine_s = smem_addr(mine);  // its shared-window address, for cp.async
     const u32 c_s0_32 = (u32)c_s0;  // a slot's bytes (fits: below 2^32)
+#if PROBE == 3
+    const int step = TK;
+    const int n0 = start;
+#else
     const int step = WARPS * TK;
     const int n0 = start + warp * TK;
+#endif
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
         const int n = n0 + i * step;
@@ -284,8 +305,8 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
 #pragma unroll
         for (int e = 0; e < 4; ++e) cur.v[e] = src[(4 + e) * 32];
         stage = stage == STAGES - 1 ? 0 : stage + 1;
-#if PROBE == 1
-        // the bench's probe of the loads alone: every word read back, nothing computed
+#if PROBE
+        // the bench's probes of the loads alone: every word read back, nothing computed
         u32 x = 0u;
 #pragma unroll
         for (int e = 0; e < 4; ++e)
@@ -444,8 +465,11 @@ def tile() -> tuple[int, int]:
 @functools.lru_cache(maxsize=64)
 def defines(group: int, warps: int, stages: int, mixed: bool, has_cap: bool, x_f16: bool,
             use_pdl: bool, heads_first: bool, probe: int = 0) -> str:
-    """The source's switches. `probe` is the bench's alone (native_attention_bench.py): 1 the
-    loads without the arithmetic (a wrong result)."""
+    """The source's switches. `probe` is the bench's alone (native_attention_bench.py), a wrong
+    result either way: 1 the loads without the arithmetic, 2 the same with K requested in
+    whole lines (8 lanes a key's 128 bytes) instead of the fragments' half lines, 3 the
+    loads of probe 1 with a block over all the KV heads of a request (warp w head w, grid
+    (1, batch, splits)), so a slot's heads are read together."""
     return "".join(f"#define {name} {int(value)}\n" for name, value in (
         ("GROUP", group), ("WARPS", warps), ("STAGES", stages), ("MIXED", mixed),
         ("HAS_CAP", has_cap), ("XF16", x_f16), ("PDL", use_pdl), ("HEADS_FIRST", heads_first),
@@ -492,6 +516,8 @@ def launch_stage1(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     kv_heads = k_cache.shape[1]
     group = q_heads // kv_heads
     nw, stages = tile()
+    if probe == 3:
+        nw = kv_heads
     use_pdl = pdl.mode() in ("on", "prefetch")
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     defs = defines(group, nw, stages, mixed, logit_cap > 0, q.dtype == torch.float16, use_pdl,
@@ -519,5 +545,7 @@ def launch_stage1(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              ctypes.c_float(float(logit_cap)), ctypes.c_int(n_split)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
     grid = (kv_heads, batch, n_split) if heads_first else (batch, kv_heads, n_split)
+    if probe == 3:
+        grid = (1, batch, n_split)
     nvrtc.launch(fn, grid, nw * 32, torch.cuda.current_stream(q.device),
                  ctypes.addressof(params), use_pdl, shared)

@@ -7,6 +7,7 @@ GB/s counts the fp8 cache bytes read. The fastest tile is also timed with its lo
 (`*_loads_only`, the kernel's probe 1): the ceiling of its access pattern.
 
     python tests/hal_cuda/native_attention_bench.py OUT.json
+    python tests/hal_cuda/native_attention_bench.py OUT.json --probes  # the loads' probes alone
     python tests/hal_cuda/native_attention_bench.py OUT.json --cpu   # dry run: the plan only
 """
 
@@ -49,9 +50,10 @@ def _time(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rtt: torch.Tensor
 
 
 def _loads_only_us(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rtt: torch.Tensor,
-                   lens: torch.Tensor, tile: str, n_split: int) -> float:
+                   lens: torch.Tensor, tile: str, n_split: int, probe: int = 1) -> float:
     """The native stage 1 at `tile` with its loads alone (probe 1: the ring and the reads
-    back, no arithmetic): the ceiling of its access pattern."""
+    back, no arithmetic; 2: K requested in whole lines): the ceiling of its access
+    pattern. 3: a block over a request's KV heads (`tile`'s warps are the heads)."""
     batch = q.shape[0]
     ext = torch.ones(batch, dtype=torch.int32, device="cuda")
     qo = torch.arange(batch, dtype=torch.int32, device="cuda")
@@ -64,7 +66,7 @@ def _loads_only_us(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rtt: tor
     scale_log2 = D ** -0.5 * 1.4426950408889634
     return graph_time_us(lambda: na.launch_stage1(
         q, kc, vc, rtt, lens, ext, qo, mid_o, mid_lse, out, scale_log2, 0, 0.0, n_split,
-        False, da.HEADS_FIRST and batch <= 65535, probe=1))
+        False, da.HEADS_FIRST and batch <= 65535, probe=probe))
 
 
 def _case(q: torch.Tensor, kc16: torch.Tensor, vc16: torch.Tensor, rtt: torch.Tensor,
@@ -114,11 +116,62 @@ def _case(q: torch.Tensor, kc16: torch.Tensor, vc16: torch.Tensor, rtt: torch.Te
     return row
 
 
+PROBE_TILES = ["4,3", "1,4", "1,8"]
+PROBE_CASES = ("b2_256", "b2_128", "b256_s1024")
+
+
+def _probes(q: torch.Tensor, kc16: torch.Tensor, vc16: torch.Tensor, rtt: torch.Tensor,
+            lens: torch.Tensor) -> dict[str, Any]:
+    """`--probes`: Triton's stage 1 beside the native one at PROBE_TILES (one warp a block:
+    a warp's tiles are consecutive keys), each whole, with its loads alone and with
+    whole-line K requests alone (probes 1 and 2); then the loads alone of a block over all
+    the KV heads of a request, a warp a head (probe 3), at 3 and 6 stages, and at 4 times
+    the splits."""
+    kc, vc = kc16.to(torch.float8_e4m3fn), vc16.to(torch.float8_e4m3fn)
+    kv_bytes = int(2 * lens.sum()) * HK * D
+    splits = da.num_splits(q.shape[0], HK, q.device)
+    row: dict[str, Any] = {"kv_bytes": kv_bytes, "splits": splits}
+
+    def note(key: str, us: float) -> None:
+        row[key] = {"us": round(us, 2), "GBps": round(kv_bytes / us / 1e3)}
+
+    note("triton", _time(q, kc, vc, rtt, lens, False))
+    for tile in PROBE_TILES:
+        w, st = tile.split(",")
+        note(f"native_w{w}_s{st}", _time(q, kc, vc, rtt, lens, True, tile))
+        for probe in (1, 2):
+            note(f"native_w{w}_s{st}_probe{probe}",
+                 _loads_only_us(q, kc, vc, rtt, lens, tile, splits, probe))
+    # a block over a request's KV heads, a warp each: HK times fewer blocks, so also at 4
+    # times the splits
+    for st, n in ((3, splits), (3, 4 * splits), (6, splits)):
+        note(f"native_heads_s{st}_splits{n}_probe3",
+             _loads_only_us(q, kc, vc, rtt, lens, f"{HK},{st}", n, 3))
+    return row
+
+
+def _inputs() -> Any:
+    """(name, q, k cache, v cache, page table, lens) of every case, bf16 caches."""
+    for batch, seq in UNIFORM:
+        q, kc, vc, rtt = _paged_decode_case(batch, seq, HQ, HK, D)
+        yield (f"b{batch}_s{seq}", q, kc, vc, rtt,
+               torch.full((batch,), seq, dtype=torch.int32, device="cuda"))
+    gen = torch.Generator().manual_seed(0)
+    for name, batch, lo, hi in SPREAD:
+        lens_cpu = torch.randint(lo, hi + 1, (batch,), generator=gen, dtype=torch.int32)
+        q, kc, vc, rtt = _paged_decode_case(batch, hi, HQ, HK, D)
+        desc = torch.argsort(lens_cpu, descending=True, stable=True)
+        yield name, q, kc, vc, rtt[desc.cuda()].contiguous(), lens_cpu[desc].cuda()
+
+
 def main() -> None:
     out_path = Path(sys.argv[1])
+    probing = "--probes" in sys.argv
     if "--cpu" in sys.argv:
         out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps({"plan": {"uniform": UNIFORM, "spread": SPREAD}}))
+        out_path.write_text(json.dumps({"plan": {"uniform": UNIFORM, "spread": SPREAD,
+                                                 "probes": list(PROBE_CASES) if probing
+                                                 else []}}))
         return
     torch.manual_seed(0)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(),
@@ -126,22 +179,14 @@ def main() -> None:
                               "shape": {"hq": HQ, "hk": HK, "head_dim": D, "q": "bfloat16",
                                         "cache": "float8_e4m3fn"},
                               "triton_tunables": list(da.tunables(True)), "cases": {}}
-    for batch, seq in UNIFORM:
-        q, kc, vc, rtt = _paged_decode_case(batch, seq, HQ, HK, D)
-        lens = torch.full((batch,), seq, dtype=torch.int32, device="cuda")
-        result["cases"][f"b{batch}_s{seq}"] = row = _case(q, kc, vc, rtt, lens)
-        print(f"native attention b{batch}_s{seq}: triton {row['triton']['us']} us, "
-              f"{row.get('best_native')} {row.get(row.get('best_native', ''), {})} "
-              f"speedup {row.get('speedup')} loads alone "
-              f"{row.get(str(row.get('best_native')) + '_loads_only')} "
-              f"rel {row['rel_vs_triton']:.2e}", flush=True)
-    gen = torch.Generator().manual_seed(0)
-    for name, batch, lo, hi in SPREAD:
-        lens_cpu = torch.randint(lo, hi + 1, (batch,), generator=gen, dtype=torch.int32)
-        q, kc, vc, rtt = _paged_decode_case(batch, hi, HQ, HK, D)
-        desc = torch.argsort(lens_cpu, descending=True, stable=True)
-        lens = lens_cpu[desc].cuda()
-        rtt = rtt[desc.cuda()].contiguous()
+    for name, q, kc, vc, rtt, lens in _inputs():
+        if probing:
+            if name in PROBE_CASES:
+                result["cases"][name] = row = _probes(q, kc, vc, rtt, lens)
+                print(f"native attention probes {name}: " + ", ".join(
+                    f"{k} {v['us']}" for k, v in row.items() if isinstance(v, dict)),
+                    flush=True)
+            continue
         result["cases"][name] = row = _case(q, kc, vc, rtt, lens)
         print(f"native attention {name}: triton {row['triton']['us']} us, "
               f"{row.get('best_native')} {row.get(row.get('best_native', ''), {})} "
