@@ -236,6 +236,16 @@ print(best.replace("native_w", "").replace("_s", ","))
 PICK
 }
 
+# Calls 87 and 89's start: the native tests, the bench (expected $1 s), then `tile`, the
+# bench's fastest over B2's spreads.
+native_prologue() {
+  NATIVE_K=native part nativeattntests 150 40 nativeattntests
+  part nativeattn 200 "$1" nativeattn
+  tile=$(native_tile)
+  say "native tile for B12: $tile"
+  echo "native tile $tile" >>"$SUMMARY"
+}
+
 part() {
   local name=$1 cap=$2 expect=$3
   shift 3
@@ -1198,11 +1208,7 @@ case $CALL in
     # (warps, stages), then B12's B2 over the fp8 cache at the bench's fastest tile over B2's
     # spreads, with it and without, alternated (the second pair fp8 weights alone).
     tag=${TAG:-call87}
-    NATIVE_K=native part nativeattntests 150 40 nativeattntests
-    part nativeattn 200 60 nativeattn
-    tile=$(native_tile)
-    say "native tile for B12: $tile"
-    echo "native tile $tile" >>"$SUMMARY"
+    native_prologue 60
     HAL_CUDA_DECODE_NATIVE=1 HAL_CUDA_DECODE_NATIVE_TILE=$tile part b12nat 130 70 b12 \
       --schemes bf16,fp8 --parts b2 --kv-cache-dtype fp8_e4m3 --name "b12_fp8kv_native_${tag}_h200"
     HAL_CUDA_DECODE_NATIVE=0 part b12tri 130 60 b12 --schemes bf16,fp8 --parts b2 \
@@ -1232,11 +1238,7 @@ case $CALL in
     # its loads alone), then B12's fp8 B2 over the fp8 cache at that tile and with Triton's
     # stage 1, alternated twice.
     tag=${TAG:-call89}
-    NATIVE_K=native part nativeattntests 150 40 nativeattntests
-    part nativeattn 200 40 nativeattn
-    tile=$(native_tile)
-    say "native tile for B12: $tile"
-    echo "native tile $tile" >>"$SUMMARY"
+    native_prologue 40
     for round in 1 2; do
       HAL_CUDA_DECODE_NATIVE=1 HAL_CUDA_DECODE_NATIVE_TILE=$tile part "b12nat$round" 90 40 b12 \
         --schemes fp8 --parts b2 --kv-cache-dtype fp8_e4m3 \
