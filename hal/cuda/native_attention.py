@@ -208,8 +208,8 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
                 long long rtt_s0, long long mo_s0, long long mo_s1, long long mo_s2,
                 long long ml_s0, long long ml_s1, long long o_s0, long long o_s1,
                 float scale_log2, int window, float cap, int num_splits) {
-#if PROBE == 3
-    // the bench's probe of a block over every KV head of a request: warp w takes head w
+#if PROBE >= 3
+    // the bench's probes of a block over every KV head of a request: warp w takes head w
     // (WARPS = the KV heads) and all of the split's keys
     const int kh = threadIdx.x >> 5;
     const long long b = blockIdx.y;
@@ -272,7 +272,7 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
     uint4* mine = ring + (long long)warp * STAGES * STAGE_U4 + lane;
     const u32 mine_s = smem_addr(mine);  // its shared-window address, for cp.async
     const u32 c_s0_32 = (u32)c_s0;  // a slot's bytes (fits: below 2^32)
-#if PROBE == 3
+#if PROBE >= 3
     const int step = TK;
     const int n0 = start;
 #else
@@ -305,7 +305,7 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
 #pragma unroll
         for (int e = 0; e < 4; ++e) cur.v[e] = src[(4 + e) * 32];
         stage = stage == STAGES - 1 ? 0 : stage + 1;
-#if PROBE
+#if PROBE && PROBE != 4
         // the bench's probes of the loads alone: every word read back, nothing computed
         u32 x = 0u;
 #pragma unroll
@@ -389,6 +389,34 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
         l0 += __shfl_xor_sync(FULL, l0, off);
         l1 += __shfl_xor_sync(FULL, l1, off);
     }
+#if PROBE == 4
+    // the bench's probe 4: a warp owns its head group whole, so no merge across warps
+    if (m0 == NEG_INF) return;  // no key in this split (every warp alike)
+    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const int h = 2 * t + e;
+        if (h >= GROUP) continue;
+        const long long head = (long long)kh * GROUP + h;
+        const float inv = e ? inv1 : inv0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int d = 16 * g + 2 * j + c;
+                const float o = acc[j][2 * c + e] * inv;
+                if (num_splits == 1) {
+                    out[q_row * o_s0 + head * o_s1 + d] = to_out(o);
+                } else {
+                    mid_o[b * mo_s0 + head * mo_s1 + split * mo_s2 + d] = o;
+                }
+            }
+        }
+        if (num_splits > 1 && g == 0)
+            mid_lse[b * ml_s0 + head * ml_s1 + split] = (e ? m1 : m0) + __log2f(e ? l1 : l0);
+    }
+    return;
+#endif
     __shared__ float sm_m[WARPS][8], sm_l[WARPS][8];
     // a warp's partial output in its own ring's first stage (4 KB: 8 heads x 128 floats)
     float (*sm_o)[8][D] = reinterpret_cast<float (*)[8][D]>(ring);
@@ -465,11 +493,14 @@ def tile() -> tuple[int, int]:
 @functools.lru_cache(maxsize=64)
 def defines(group: int, warps: int, stages: int, mixed: bool, has_cap: bool, x_f16: bool,
             use_pdl: bool, heads_first: bool, probe: int = 0) -> str:
-    """The source's switches. `probe` is the bench's alone (native_attention_bench.py), a wrong
-    result either way: 1 the loads without the arithmetic, 2 the same with K requested in
-    whole lines (8 lanes a key's 128 bytes) instead of the fragments' half lines, 3 the
-    loads of probe 1 with a block over all the KV heads of a request (warp w head w, grid
-    (1, batch, splits)), so a slot's heads are read together."""
+    """The source's switches. `probe` is the bench's alone (native_attention_bench.py):
+    - 1: the loads without the arithmetic (a wrong result);
+    - 2: the same with K requested in whole lines, 8 lanes a key's 128 bytes, instead of the
+      fragments' half lines (a wrong result);
+    - 3: probe 1's loads with a block over all the KV heads of a request (warp w head w,
+      grid (1, batch, splits)), so a slot's heads are read together (a wrong result);
+    - 4: the whole kernel laid out as probe 3, each warp writing its own heads (the bench
+      checks its result against Triton's)."""
     return "".join(f"#define {name} {int(value)}\n" for name, value in (
         ("GROUP", group), ("WARPS", warps), ("STAGES", stages), ("MIXED", mixed),
         ("HAS_CAP", has_cap), ("XF16", x_f16), ("PDL", use_pdl), ("HEADS_FIRST", heads_first),
@@ -516,7 +547,7 @@ def launch_stage1(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     kv_heads = k_cache.shape[1]
     group = q_heads // kv_heads
     nw, stages = tile()
-    if probe == 3:
+    if probe >= 3:
         nw = kv_heads
     use_pdl = pdl.mode() in ("on", "prefetch")
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
@@ -545,7 +576,7 @@ def launch_stage1(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              ctypes.c_float(float(logit_cap)), ctypes.c_int(n_split)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
     grid = (kv_heads, batch, n_split) if heads_first else (batch, kv_heads, n_split)
-    if probe == 3:
+    if probe >= 3:
         grid = (1, batch, n_split)
     nvrtc.launch(fn, grid, nw * 32, torch.cuda.current_stream(q.device),
                  ctypes.addressof(params), use_pdl, shared)

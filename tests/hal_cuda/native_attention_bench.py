@@ -49,11 +49,13 @@ def _time(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rtt: torch.Tensor
                                                      splits=splits))
 
 
-def _loads_only_us(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rtt: torch.Tensor,
-                   lens: torch.Tensor, tile: str, n_split: int, probe: int = 1) -> float:
-    """The native stage 1 at `tile` with its loads alone (probe 1: the ring and the reads
-    back, no arithmetic; 2: K requested in whole lines): the ceiling of its access
-    pattern. 3: a block over a request's KV heads (`tile`'s warps are the heads)."""
+def _probe_launch(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rtt: torch.Tensor,
+                  lens: torch.Tensor, tile: str, n_split: int, probe: int
+                  ) -> tuple[Any, torch.Tensor]:
+    """(a launch of the native stage 1 at `tile` as its probe `probe` (native_attention.
+    defines), its output): 1 the loads alone, 2 those with whole-line K requests, 3 probe 1
+    with a block over a request's KV heads (`tile`'s warps are the heads), 4 the whole kernel
+    so (its output right where n_split is 1)."""
     batch = q.shape[0]
     ext = torch.ones(batch, dtype=torch.int32, device="cuda")
     qo = torch.arange(batch, dtype=torch.int32, device="cuda")
@@ -64,9 +66,19 @@ def _loads_only_us(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rtt: tor
     os.environ[na.TILE_VARIABLE] = tile
     na.tile.cache_clear()
     scale_log2 = D ** -0.5 * 1.4426950408889634
-    return graph_time_us(lambda: na.launch_stage1(
-        q, kc, vc, rtt, lens, ext, qo, mid_o, mid_lse, out, scale_log2, 0, 0.0, n_split,
-        False, da.HEADS_FIRST and batch <= 65535, probe=probe))
+
+    def launch() -> None:
+        na.launch_stage1(q, kc, vc, rtt, lens, ext, qo, mid_o, mid_lse, out, scale_log2, 0,
+                         0.0, n_split, False, da.HEADS_FIRST and batch <= 65535, probe=probe)
+
+    return launch, out
+
+
+def _loads_only_us(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rtt: torch.Tensor,
+                   lens: torch.Tensor, tile: str, n_split: int, probe: int = 1) -> float:
+    """The native stage 1 at `tile` as its probe `probe` (_probe_launch), timed: probes 1-3
+    are its loads alone, the ceiling of their access pattern."""
+    return graph_time_us(_probe_launch(q, kc, vc, rtt, lens, tile, n_split, probe)[0])
 
 
 def _case(q: torch.Tensor, kc16: torch.Tensor, vc16: torch.Tensor, rtt: torch.Tensor,
@@ -126,7 +138,7 @@ def _probes(q: torch.Tensor, kc16: torch.Tensor, vc16: torch.Tensor, rtt: torch.
     a warp's tiles are consecutive keys), each whole, with its loads alone and with
     whole-line K requests alone (probes 1 and 2); then the loads alone of a block over all
     the KV heads of a request, a warp a head (probe 3), at 3 and 6 stages, and at 4 times
-    the splits."""
+    the splits; then the whole kernel so (probe 4), timed and checked against Triton."""
     kc, vc = kc16.to(torch.float8_e4m3fn), vc16.to(torch.float8_e4m3fn)
     kv_bytes = int(2 * lens.sum()) * HK * D
     splits = da.num_splits(q.shape[0], HK, q.device)
@@ -147,6 +159,16 @@ def _probes(q: torch.Tensor, kc16: torch.Tensor, vc16: torch.Tensor, rtt: torch.
     for st, n in ((3, splits), (3, 4 * splits), (6, splits)):
         note(f"native_heads_s{st}_splits{n}_probe3",
              _loads_only_us(q, kc, vc, rtt, lens, f"{HK},{st}", n, 3))
+    # the whole kernel so (probe 4), and its output at one split against Triton's
+    for n in (splits, 4 * splits):
+        note(f"native_heads_s3_splits{n}_probe4",
+             _loads_only_us(q, kc, vc, rtt, lens, f"{HK},3", n, 4))
+    launch, got = _probe_launch(q, kc, vc, rtt, lens, f"{HK},3", 1, 4)
+    launch()
+    os.environ[na.VARIABLE] = "0"
+    na.enabled.cache_clear()
+    tri = da.attention_decode(q, kc, vc, rtt, lens, D ** -0.5).float()
+    row["probe4_rel_vs_triton"] = float((got.float() - tri).norm() / tri.norm())
     return row
 
 
@@ -184,8 +206,8 @@ def main() -> None:
             if name in PROBE_CASES:
                 result["cases"][name] = row = _probes(q, kc, vc, rtt, lens)
                 print(f"native attention probes {name}: " + ", ".join(
-                    f"{k} {v['us']}" for k, v in row.items() if isinstance(v, dict)),
-                    flush=True)
+                    f"{k} {v['us']}" for k, v in row.items() if isinstance(v, dict))
+                    + f"; probe 4 rel {row['probe4_rel_vs_triton']:.2e}", flush=True)
             continue
         result["cases"][name] = row = _case(q, kc, vc, rtt, lens)
         print(f"native attention {name}: triton {row['triton']['us']} us, "

@@ -238,6 +238,10 @@ def test_every_variant_compiles_for_sm90() -> None:
         defs = native_attention.defines(group, warps, stages, mixed, cap, x_f16, use_pdl,
                                         heads_first)
         assert nvrtc.compile_cubin(defs + native_attention.SOURCE, 90)
+    for probe in (1, 2, 3, 4):  # the bench's probes (3 and 4: a warp a KV head)
+        defs = native_attention.defines(4, 8 if probe >= 3 else 4, 3, False, False, False,
+                                        True, True, probe)
+        assert nvrtc.compile_cubin(defs + native_attention.SOURCE, 90)
 
 
 def test_what_it_takes_without_a_gpu() -> None:
