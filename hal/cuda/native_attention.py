@@ -391,8 +391,9 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
     }
 #if PROBE == 4
     // the bench's probe 4: a warp owns its head group whole, so no merge across warps
-    if (m0 == NEG_INF) return;  // no key in this split (every warp alike)
-    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+    // (no key in this split, every warp alike: zeros, and an lse of -inf that stage 2 skips)
+    const bool none = m0 == NEG_INF;
+    const float inv0 = none ? 0.0f : 1.0f / l0, inv1 = none ? 0.0f : 1.0f / l1;
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
         const int h = 2 * t + e;
@@ -413,7 +414,8 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
             }
         }
         if (num_splits > 1 && g == 0)
-            mid_lse[b * ml_s0 + head * ml_s1 + split] = (e ? m1 : m0) + __log2f(e ? l1 : l0);
+            mid_lse[b * ml_s0 + head * ml_s1 + split] =
+                none ? NEG_INF : (e ? m1 : m0) + __log2f(e ? l1 : l0);
     }
     return;
 #endif
