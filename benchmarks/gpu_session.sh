@@ -93,7 +93,7 @@
 #   benchmarks/gpu_session.sh 87  # any card: the same through cp.async rings: its tests, the bench over tiles, b12 b2 over the fp8 cache with it / without, twice (~330 s)
 #   benchmarks/gpu_session.sh 88  # any card: call 87 in less time: the tests, the bench, b12 fp8 b2 over the fp8 cache with it / without, twice (~250 s)
 #   benchmarks/gpu_session.sh 89  # any card: the native stage 1 with fewer instructions a tile: its tests, the bench (with its loads alone), b12 fp8 b2 over the fp8 cache at the best tile with it / without, twice (~250 s)
-#   benchmarks/gpu_session.sh 90  # any card: the native stage 1's loads alone three ways (half-line K, whole-line K, a block over a request's KV heads) beside Triton and the whole kernel, and the whole kernel over a request's heads (~80 s)
+#   benchmarks/gpu_session.sh 90  # any card: the native stage 1's loads alone three ways (half-line K, whole-line K, a block over a request's KV heads) beside Triton and the whole kernel, and the whole kernel over a request's heads, with its GPU test (~110 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -1251,7 +1251,9 @@ case $CALL in
     # Why the native stage 1's loads alone are slower than Triton's whole kernel (call 89):
     # its loads as they are, with whole-line K requests, and with a block over a request's
     # KV heads (a warp a head, so a slot's 1 KB is read together), beside Triton's stage 1;
-    # then the whole kernel laid out so, timed and checked against Triton.
+    # then the whole kernel laid out so, timed and checked against Triton; its GPU test first
+    # (against the reference, one split and three merged).
+    NATIVE_K=probe4 part nativeattntests 100 30 nativeattntests
     part nativeattnprobe 150 60 nativeattnprobe
     ;;
 esac

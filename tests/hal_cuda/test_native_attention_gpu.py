@@ -179,3 +179,23 @@ def test_what_it_does_not_take_runs_the_triton_kernel(native: list[int]) -> None
     out = attention_decode(q, kc, kc, rtt, lens, 0.125)
     assert torch.isfinite(out).all()
     assert not native
+
+
+@pytest.mark.parametrize("splits", [None, 3])
+@pytest.mark.parametrize("seq_lens", LENGTHS)
+def test_probe4_a_block_over_a_requests_heads_equals_the_reference(
+        native: list[int], seq_lens: list[int], splits: int | None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench's probe 4 (native_attention.defines: a block over a request's KV heads, a
+    warp a head, each writing its own): the same attention, one split or several merged by
+    stage 2 (an empty split's lse -inf)."""
+    from tessera.hal.cuda import native_attention
+
+    real = native_attention.launch_stage1
+    monkeypatch.setattr(native_attention, "launch_stage1",
+                        lambda *a, **kw: real(*a, **{**kw, "probe": 4}))
+    c = _case(seq_lens, 32, 8, torch.bfloat16, seed=len(seq_lens))
+    out = _decode(c, splits=splits)
+    assert native, "the native stage 1 did not run"
+    assert torch.isfinite(out).all()
+    assert _rel(out, _reference(c, D ** -0.5)) < 1e-2
