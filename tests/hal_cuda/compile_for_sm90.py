@@ -15,11 +15,34 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 SHARED_LIMIT = 227 * 1024  # what sm_90 allows one program
+# a SASS line's opcode (group 1), after its offset and any predicate
+OPCODE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
+
+
+def disassemble(cubin: bytes) -> tuple[str, int]:
+    """(the SASS, registers a thread; -1 where not said) of a cubin, by the nvdisasm and
+    cuobjdump that Triton ships."""
+    import triton
+
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([str(tools / "nvdisasm"), "-c", f.name], capture_output=True,
+                              text=True, check=True).stdout
+        usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name],
+                               capture_output=True, text=True, check=True).stdout
+    regs = re.search(r"REG:(\d+)", usage)
+    return sass, int(regs.group(1)) if regs else -1
 
 
 @dataclass

@@ -17,24 +17,14 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
-import tempfile
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-from compile_for_sm90 import _decode_attention_cases
+from compile_for_sm90 import OPCODE, _decode_attention_cases, disassemble
 
-_INSTR = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _BRANCH = re.compile(r"BRA(?:\.\w+)?\s+(?:!?U?P\w+,\s*)?`\((\.L_x_\d+)\)")
-
-
-def _tools() -> Path:
-    import triton
-
-    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
 def main_loop(sass: str) -> Counter[str]:
@@ -47,7 +37,7 @@ def main_loop(sass: str) -> Counter[str]:
         m = _BRANCH.search(ln)
         if m is None or labels.get(m.group(1), i) >= i:
             continue
-        body = Counter(x.group(1).split(".")[0] for x in map(_INSTR.search,
+        body = Counter(x.group(1).split(".")[0] for x in map(OPCODE.search,
                                                               lines[labels[m.group(1)]:i + 1])
                        if x is not None)
         if body["LDGSTS"] and (not best or sum(body.values()) < sum(best.values())):
@@ -56,17 +46,10 @@ def main_loop(sass: str) -> Counter[str]:
 
 
 def _stats(cubin: bytes, bytes_per_iteration: int) -> dict[str, Any]:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([str(_tools() / "nvdisasm"), "-c", f.name], capture_output=True,
-                              text=True, check=True).stdout
-        usage = subprocess.run([str(_tools() / "cuobjdump"), "-res-usage", f.name],
-                               capture_output=True, text=True, check=True).stdout
+    sass, regs = disassemble(cubin)
     loop = main_loop(sass)
     total = sum(loop.values())
-    regs = re.search(r"REG:(\d+)", usage)
-    return {"registers": int(regs.group(1)) if regs else -1, "loop_instructions": total,
+    return {"registers": regs, "loop_instructions": total,
             "per_4kb": round(total * 4096 / bytes_per_iteration, 1),
             "loop": dict(loop.most_common())}
 

@@ -15,29 +15,17 @@ cuobjdump that Triton ships.
 from __future__ import annotations
 
 import json
-import re
-import subprocess
 import sys
-import tempfile
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-from compile_for_sm90 import Case, qgemv_case
+from compile_for_sm90 import OPCODE, Case, disassemble, qgemv_case
 
 
-def _sass_stats(cubin: bytes, tools: Path) -> dict[str, int]:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([str(tools / "nvdisasm"), "-c", f.name], capture_output=True,
-                              text=True, check=True).stdout
-        usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name],
-                               capture_output=True, text=True, check=True).stdout
-    ops = Counter(m.group(1).split(".")[0] for m in
-                  re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass))
-    regs = re.search(r"REG:(\d+)", usage)
-    return {"registers": int(regs.group(1)) if regs else -1, "barriers": ops["BAR"],
+def _sass_stats(cubin: bytes) -> dict[str, int]:
+    sass, regs = disassemble(cubin)
+    ops = Counter(m.group(1).split(".")[0] for m in OPCODE.finditer(sass))
+    return {"registers": regs, "barriers": ops["BAR"],
             "shared_loads": ops["LDS"], "i2f": ops["I2F"] + ops["I2FP"],
             "instructions": sum(ops.values())}
 
@@ -51,8 +39,7 @@ def stats(case: Case) -> dict[str, Any]:
                                       constexprs=case.consts, attrs=case.attrs()),
                             target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": case.num_warps})
-    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    return {"shared_bytes": kernel.metadata.shared, **_sass_stats(kernel.asm["cubin"], tools)}
+    return {"shared_bytes": kernel.metadata.shared, **_sass_stats(kernel.asm["cubin"])}
 
 
 def main(schemes: list[str]) -> int:
