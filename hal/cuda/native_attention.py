@@ -6,15 +6,15 @@ Why: the Triton kernel reads an fp8 cache at 2.4-2.9 TB/s where a bf16 cache rea
 (docs/performance.md, "Decode attention over an fp8 cache"). Converted in registers, the
 keys' words must cross shared memory a second time to reach the dot's layout, because
 Triton's layouts cannot say "this register holds key g, dims 32t + 4i ..". Here every thread
-loads exactly the bytes its tensor-core fragments hold, 16 bytes a load straight from the
-cache, and no tile goes through shared memory:
+loads exactly the bytes its tensor-core fragments hold, 16 bytes a copy, and reads back only
+those: no tile is rearranged across threads:
 
   * The scores are computed transposed, S^T = K Q^T (mma m16n8k16: 16 keys x 8 heads x 16
     dims), so the query group (up to 8 heads) fills the n side instead of padding 16 rows.
     The dot's sum over dims does not care about their order, so the k index of chunk i,
     column c maps to the cache's dim 64 (i / 4) + 16 (c / 2) + 4 (i % 4) + (c % 2) (c < 8;
     c >= 8 adds 2): the thread (g, t) of a fragment loads key g's bytes [16 t, 16 t + 16)
-    and [64 + 16 t, 80 + 16 t) (call 87 read [32 t, 32 t + 32): half of a 32-byte sector a
+    and [64 + 16 t, 80 + 16 t) (call 86 read [32 t, 32 t + 32): half of a 32-byte sector a
     load) and the q it holds is read in the same order. Each 16-bit pair converts with
     `cvt.rn.f16x2.e4m3x2`.
   * The output is O^T = V^T P^T (m16n8k16: 16 dims x 8 heads x 16 keys). The dims are
@@ -33,8 +33,8 @@ cache, and no tile goes through shared memory:
 
 What it takes (`fits`): an fp8 cache with rows of 128 elements, 16-byte aligned rows; a
 bf16 / fp16 q, 16-byte aligned; query groups of 1 to 8 heads; int32 tables; sm_89 or
-later. The kernel is used where `HAL_CUDA_DECODE_NATIVE=1` (off by default until measured)
-and it fits, at `HAL_CUDA_DECODE_NATIVE_TILE=WARPS,STAGES` (default 4,3); anything else,
+later. The kernel is used where `HAL_CUDA_DECODE_NATIVE=1` (off by default: at 0.92-1.08x of
+Triton's stage 1, bound by its loads, calls 87 and 89) and it fits, at `HAL_CUDA_DECODE_NATIVE_TILE=WARPS,STAGES` (default 4,3); anything else,
 and any machine without cuda-python, runs the Triton stage 1.
 The GPU tests (tests/hal_cuda/test_native_attention_gpu.py) hold it to the reference and to
 the Triton kernel; tests/hal_cuda/test_native_attention_cpu_side.py models its fragment
@@ -382,6 +382,16 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
         }
     }
     wait_groups<0>();
+    // head's output at dim d: the final one with one split, else the split's partial and (at
+    // d == 0) its log-sum-exp
+    auto store = [&](long long head, int d, float o, float lse) {
+        if (num_splits == 1) {
+            out[q_row * o_s0 + head * o_s1 + d] = to_out(o);
+        } else {
+            mid_o[b * mo_s0 + head * mo_s1 + split * mo_s2 + d] = o;
+            if (d == 0) mid_lse[b * ml_s0 + head * ml_s1 + split] = lse;
+        }
+    };
 
     // the block's warps merged: each warp's state through shared memory
 #pragma unroll
@@ -393,29 +403,20 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
     // the bench's probe 4: a warp owns its head group whole, so no merge across warps
     // (no key in this split, every warp alike: zeros, and an lse of -inf that stage 2 skips)
     const bool none = m0 == NEG_INF;
-    const float inv0 = none ? 0.0f : 1.0f / l0, inv1 = none ? 0.0f : 1.0f / l1;
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
         const int h = 2 * t + e;
         if (h >= GROUP) continue;
-        const long long head = (long long)kh * GROUP + h;
-        const float inv = e ? inv1 : inv0;
+        const float l = e ? l1 : l0;
+        const float inv = none ? 0.0f : 1.0f / l;
+        const float lse = none ? NEG_INF : (e ? m1 : m0) + __log2f(l);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int d = 16 * g + 2 * j + c;
-                const float o = acc[j][2 * c + e] * inv;
-                if (num_splits == 1) {
-                    out[q_row * o_s0 + head * o_s1 + d] = to_out(o);
-                } else {
-                    mid_o[b * mo_s0 + head * mo_s1 + split * mo_s2 + d] = o;
-                }
-            }
+            for (int c = 0; c < 2; ++c)
+                store((long long)kh * GROUP + h, 16 * g + 2 * j + c, acc[j][2 * c + e] * inv,
+                      lse);
         }
-        if (num_splits > 1 && g == 0)
-            mid_lse[b * ml_s0 + head * ml_s1 + split] =
-                none ? NEG_INF : (e ? m1 : m0) + __log2f(e ? l1 : l0);
     }
     return;
 #endif
@@ -453,13 +454,7 @@ attn_fp8_decode(const u16* __restrict__ q, const u8* __restrict__ kc,
             o = osum / lsum;
             lse = mx + __log2f(lsum);
         }
-        const long long head = (long long)kh * GROUP + h;
-        if (num_splits == 1) {
-            out[q_row * o_s0 + head * o_s1 + d] = to_out(o);
-        } else {
-            mid_o[b * mo_s0 + head * mo_s1 + split * mo_s2 + d] = o;
-            if (d == 0) mid_lse[b * ml_s0 + head * ml_s1 + split] = lse;
-        }
+        store((long long)kh * GROUP + h, d, o, lse);
     }
 }
 """

@@ -74,7 +74,7 @@ def _probe_launch(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rtt: torc
     return launch, out
 
 
-def _loads_only_us(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rtt: torch.Tensor,
+def _probe_us(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rtt: torch.Tensor,
                    lens: torch.Tensor, tile: str, n_split: int, probe: int = 1) -> float:
     """The native stage 1 at `tile` as its probe `probe` (_probe_launch), timed: probes 1-3
     are its loads alone, the ceiling of their access pattern."""
@@ -108,7 +108,7 @@ def _case(q: torch.Tensor, kc16: torch.Tensor, vc16: torch.Tensor, rtt: torch.Te
             note(f"{best}_splits{n}", _time(q, kc, vc, rtt, lens, True, tile, n))
             note(f"triton_splits{n}", _time(q, kc, vc, rtt, lens, False, splits=n))
         row["speedup"] = round(row["triton"]["us"] / row[best]["us"], 3)
-        note(f"{best}_loads_only", _loads_only_us(q, kc, vc, rtt, lens, tile, row["splits"]))
+        note(f"{best}_loads_only", _probe_us(q, kc, vc, rtt, lens, tile, row["splits"]))
     # correctness beside the timing: native against Triton and the fp32 reference
     os.environ[na.VARIABLE] = "1"
     os.environ[na.TILE_VARIABLE] = TILES[0]
@@ -153,16 +153,16 @@ def _probes(q: torch.Tensor, kc16: torch.Tensor, vc16: torch.Tensor, rtt: torch.
         note(f"native_w{w}_s{st}", _time(q, kc, vc, rtt, lens, True, tile))
         for probe in (1, 2):
             note(f"native_w{w}_s{st}_probe{probe}",
-                 _loads_only_us(q, kc, vc, rtt, lens, tile, splits, probe))
+                 _probe_us(q, kc, vc, rtt, lens, tile, splits, probe))
     # a block over a request's KV heads, a warp each: HK times fewer blocks, so also at 4
     # times the splits
     for st, n in ((3, splits), (3, 4 * splits), (6, splits)):
         note(f"native_heads_s{st}_splits{n}_probe3",
-             _loads_only_us(q, kc, vc, rtt, lens, f"{HK},{st}", n, 3))
+             _probe_us(q, kc, vc, rtt, lens, f"{HK},{st}", n, 3))
     # the whole kernel so (probe 4), and its output at one split against Triton's
     for n in (splits, 4 * splits):
         note(f"native_heads_s3_splits{n}_probe4",
-             _loads_only_us(q, kc, vc, rtt, lens, f"{HK},3", n, 4))
+             _probe_us(q, kc, vc, rtt, lens, f"{HK},3", n, 4))
     launch, got = _probe_launch(q, kc, vc, rtt, lens, f"{HK},3", 1, 4)
     launch()
     os.environ[na.VARIABLE] = "0"
