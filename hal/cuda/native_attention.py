@@ -59,7 +59,6 @@ STAGE_BYTES = 4096  # one tile of 16 keys, K and V
 MAX_SHARED = 227 * 1024  # a block's dynamic shared memory on sm_90
 VARIABLE = "HAL_CUDA_DECODE_NATIVE"
 TILE_VARIABLE = "HAL_CUDA_DECODE_NATIVE_TILE"
-_opted_in: set[tuple[str, int]] = set()  # (defines, device): the ring's size opted in
 NAME = b"attn_fp8_decode"
 
 SOURCE = r"""
@@ -550,15 +549,10 @@ def launch_stage1(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     defs = defines(group, nw, stages, mixed, logit_cap > 0, q.dtype == torch.float16, use_pdl,
                    heads_first, probe)
-    fn = nvrtc.function(defs, SOURCE, NAME, device)
+    # the ring is dynamic shared memory, opted in at its size (static + dynamic may not pass
+    # 48 KB otherwise, and 4 warps x 3 stages is 48 KB of ring alone)
     shared = nw * stages * STAGE_BYTES
-    # the ring is dynamic shared memory: opted in at its size (static + dynamic may not pass
-    # 48 KB otherwise, and 4 warps x 3 stages is 48 KB of ring alone); once a compiled kernel
-    if (defs, device) not in _opted_in:
-        drv = nvrtc.driver()
-        attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        nvrtc.ok(drv.cuFuncSetAttribute(fn, attr, shared), "cuFuncSetAttribute")
-        _opted_in.add((defs, device))
+    fn = nvrtc.function(defs, SOURCE, NAME, device, dynamic_shared=shared)
     ptr = ctypes.c_void_p
     args: list[ctypes._SimpleCData] = [
         ptr(q.data_ptr()), ptr(k_cache.data_ptr()), ptr(v_cache.data_ptr()),

@@ -85,9 +85,11 @@ _functions: dict[tuple[str, str, int, bytes], Any] = {}
 _modules: list[Any] = []  # kept loaded for the life of the process
 
 
-def function(defs: str, source: str, name: bytes, device: int) -> Any:
-    """The kernel `name` of defs + source, compiled for this device once a process. (The
-    key holds the two texts apart: the same objects every call, their hashes cached.)"""
+def function(defs: str, source: str, name: bytes, device: int, dynamic_shared: int = 0) -> Any:
+    """The kernel `name` of defs + source, compiled for this device once a process, opted in
+    at load to `dynamic_shared` bytes of dynamic shared memory (past 48 KB a launch needs it;
+    defs must fix the size). (The key holds the two texts apart: the same objects every call,
+    their hashes cached.)"""
     key = (defs, source, device, name)
     fn = _functions.get(key)
     if fn is not None:
@@ -103,6 +105,9 @@ def function(defs: str, source: str, name: bytes, device: int) -> Any:
                 torch.empty(1, device=f"cuda:{device}")  # the primary context current
                 module = ok(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
                 fn = ok(drv.cuModuleGetFunction(module, name), "cuModuleGetFunction")
+                if dynamic_shared:
+                    attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                    ok(drv.cuFuncSetAttribute(fn, attr, dynamic_shared), "cuFuncSetAttribute")
             _modules.append(module)
             _functions[key] = fn
     return fn
