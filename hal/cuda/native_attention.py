@@ -34,8 +34,9 @@ those: no tile is rearranged across threads:
 What it takes (`fits`): an fp8 cache with rows of 128 elements, 16-byte aligned rows; a
 bf16 / fp16 q, 16-byte aligned; query groups of 1 to 8 heads; int32 tables; sm_89 or
 later. The kernel is used where `HAL_CUDA_DECODE_NATIVE=1` (off by default: at 0.92-1.08x of
-Triton's stage 1, bound by its loads, calls 87 and 89) and it fits, at `HAL_CUDA_DECODE_NATIVE_TILE=WARPS,STAGES` (default 4,3); anything else,
-and any machine without cuda-python, runs the Triton stage 1.
+Triton's stage 1, bound by its loads, calls 87 and 89) and it fits, at
+`HAL_CUDA_DECODE_NATIVE_TILE=WARPS,STAGES` (default 4,3); anything else, and any machine
+without cuda-python, runs the Triton stage 1.
 The GPU tests (tests/hal_cuda/test_native_attention_gpu.py) hold it to the reference and to
 the Triton kernel; tests/hal_cuda/test_native_attention_cpu_side.py models its fragment
 mapping in numpy and compiles it for sm_90 where NVRTC is installed.
@@ -543,7 +544,8 @@ def launch_stage1(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     kv_heads = k_cache.shape[1]
     group = q_heads // kv_heads
     nw, stages = tile()
-    if probe >= 3:
+    heads_block = probe >= 3  # the probes' block over a request's KV heads, a warp a head
+    if heads_block:
         nw = kv_heads
     use_pdl = pdl.mode() in ("on", "prefetch")
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
@@ -566,8 +568,7 @@ def launch_stage1(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     args += [ctypes.c_float(scale_log2), ctypes.c_int(int(window)),
              ctypes.c_float(float(logit_cap)), ctypes.c_int(n_split)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
-    grid = (kv_heads, batch, n_split) if heads_first else (batch, kv_heads, n_split)
-    if probe >= 3:
-        grid = (1, batch, n_split)
+    grid = ((1, batch, n_split) if heads_block else
+            (kv_heads, batch, n_split) if heads_first else (batch, kv_heads, n_split))
     nvrtc.launch(fn, grid, nw * 32, torch.cuda.current_stream(q.device),
                  ctypes.addressof(params), use_pdl, shared)

@@ -75,7 +75,7 @@ def _probe_launch(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rtt: torc
 
 
 def _probe_us(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rtt: torch.Tensor,
-                   lens: torch.Tensor, tile: str, n_split: int, probe: int = 1) -> float:
+              lens: torch.Tensor, tile: str, n_split: int, probe: int = 1) -> float:
     """The native stage 1 at `tile` as its probe `probe` (_probe_launch), timed: probes 1-3
     are its loads alone, the ceiling of their access pattern."""
     return graph_time_us(_probe_launch(q, kc, vc, rtt, lens, tile, n_split, probe)[0])
