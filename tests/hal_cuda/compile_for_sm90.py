@@ -420,7 +420,10 @@ def main() -> int:
     pdl = "--pdl" in sys.argv[1:]
     results: dict[str, str] = {}
     only = os.environ.get("SM90_ONLY", "")  # a substring of the cases' names: those alone
-    for case in pdl_cases() if pdl else cases():
+    # --shard=I/N: every N-th case from the I-th, so N processes share the compiles
+    shard = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--shard=")), "0/1")
+    index, count = (int(x) for x in shard.split("/"))
+    for case in (pdl_cases() if pdl else cases())[index::count]:
         if only not in case.name:
             continue
         try:
