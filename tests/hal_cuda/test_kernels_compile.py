@@ -15,17 +15,24 @@ import pytest
 SCRIPT = Path(__file__).with_name("compile_for_sm90.py")
 
 
+def _compile(tmp_path: Path, *args: str) -> dict[str, str]:
+    """compile_for_sm90.py run with `args` (no interpreter, its own Triton cache): each case's
+    outcome."""
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results: dict[str, str] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return results
+
+
 @pytest.mark.parametrize("shard", ["0/2", "1/2"])
 def test_fused_kernels_compile_for_sm90(tmp_path: Path, shard: str) -> None:
     """In two halves (every other case each), so neither nears its timeout on a slow machine
     and two test workers share the compiles."""
-    pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)
-    proc = subprocess.run([sys.executable, str(SCRIPT), f"--shard={shard}"], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = _compile(tmp_path, f"--shard={shard}")
     assert results and all(r == "ok" for r in results.values()), results
 
 
@@ -35,13 +42,7 @@ def test_pdl_kernels_wait_before_touching_memory(tmp_path: Path) -> None:
     copy (only the GEMVs' L2 prefetches of their weights come earlier, and must), and
     launch_dependents after the wait. A kernel that read its input before the wait would race
     the kernel that writes it."""
-    pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--pdl"], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = _compile(tmp_path, "--pdl")
     assert len(results) >= 18 and all(r == "ok" for r in results.values()), results
 
 
