@@ -94,6 +94,7 @@
 #   benchmarks/gpu_session.sh 88  # any card: call 87 in less time: the tests, the bench, b12 fp8 b2 over the fp8 cache with it / without, twice (~250 s)
 #   benchmarks/gpu_session.sh 89  # any card: the native stage 1 with fewer instructions a tile: its tests, the bench (with its loads alone), b12 fp8 b2 over the fp8 cache at the best tile with it / without, twice (~250 s)
 #   benchmarks/gpu_session.sh 90  # any card: the native stage 1's loads alone three ways (half-line K, whole-line K, a block over a request's KV heads) beside Triton and the whole kernel, and the whole kernel over a request's heads, with its GPU test (~110 s)
+#   benchmarks/gpu_session.sh 91  # any card: int4's one-token GEMV on the tensor cores over 8-row-interleaved halves128 tiles, beside the CUDA C GEMV, on the 8B linears (~70 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -133,7 +134,7 @@ BUDGET_S=${BUDGET_S:-450}
 MIN_PART_S=30  # a part with less time than this left is skipped, not started
 OUT=${OUT:-${TMPDIR:-/tmp}/tessera-gpu-session}
 CARD=h200  # the card the results are named for (below: the one found)
-[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-9]|90))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-90  (see the header)" >&2; exit 2; }
+[[ $CALL =~ ^([1-9]|1[0-9]|2[0-9]|3[0-5789]|4[0-9]|5[0-9]|(6[0-5789]|7[0-8]|8[0-9]|9[01]))$ ]] || { echo "usage: $0 1|...|35, 37-65, 67-78, 80-91  (see the header)" >&2; exit 2; }
 mkdir -p "$OUT"
 RES=$(mktemp -d "${TMPDIR:-/tmp}/tessera-gpu-results.XXXXXX")
 LOG=$OUT/call$CALL.log
@@ -1255,6 +1256,14 @@ case $CALL in
     # (against the reference, one split and three merged).
     NATIVE_K=probe4 part nativeattntests 100 30 nativeattntests
     part nativeattnprobe 150 60 nativeattnprobe
+    ;;
+  91)
+    # int4's one-token GEMV at the sum of its loads and its arithmetic (call 42): the
+    # arithmetic on the tensor cores (0.625 integer instructions a weight against 1.125),
+    # over a copy of the weight whose 64-byte tiles are interleaved 8 rows at a time so a
+    # warp still loads 512 contiguous bytes (call 41's mma variant read 64 of 8 rows); beside
+    # the CUDA C GEMV's configs, each checked against the float reference.
+    part int4mmaprobe 150 70 int4mmaprobe
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

@@ -60,7 +60,7 @@ mkdir -p "$OUT"
 parts=()
 while [[ $# -gt 0 && $1 != -* ]]; do parts+=("$1"); shift; done
 [[ ${#parts[@]} -gt 0 ]] || parts=(all)
-all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|attnbench|attnorder|attnregs|ncu|pdlbench|hop|nativeprobe|fusionprobe|tokengemm|tokengemmtests|nativeattn|nativeattnprobe|nativeattntests|all"
+all_parts="b1|b2|b3|b4|b5|b5check|tpar|b7|b8|b9|b10|peer|b11|b12|profile|gputests|multihost|inputs|fusion|kernels|quanttests|moetests|quantbench|gemvsweep|attnbench|attnorder|attnregs|ncu|pdlbench|hop|nativeprobe|int4mmaprobe|fusionprobe|tokengemm|tokengemmtests|nativeattn|nativeattnprobe|nativeattntests|all"
 for part in "${parts[@]}"; do
   if [[ ! $part =~ ^($all_parts)$ ]]; then
     echo "usage: $0 [${all_parts//|/|} ...] [flags]" >&2
@@ -259,6 +259,12 @@ for part in "${parts[@]}"; do
                  "$PY" tests/hal_cuda/native_gemv_probe.py "$OUT/native_gemv_probe_$SUFFIX.json" \
                    "${T_cpu[@]}" ||
                    { echo "nativeprobe: failed" >&2; failed+=(nativeprobe); } ;;
+    # int4's one-token GEMV on the tensor cores over an interleaved copy of the weight, beside
+    # the plugin's CUDA C GEMV (tests/hal_cuda/int4_mma_probe.py).
+    int4mmaprobe) echo "+ tests/hal_cuda/int4_mma_probe.py" >&2
+                  "$PY" tests/hal_cuda/int4_mma_probe.py "$OUT/int4_mma_probe_$SUFFIX.json" \
+                    "${T_cpu[@]}" ||
+                    { echo "int4mmaprobe: failed" >&2; failed+=(int4mmaprobe); } ;;
     # The token GEMM (2-256 tokens, hal/cuda/token_gemm.py) against cuBLAS at the 8B shapes:
     # every candidate timed, the picks in HAL_CUDA_TOKEN_GEMM_TABLE's form (what
     # token_gemm.TUNED should hold), token_gemm_probe_$SUFFIX.json.
