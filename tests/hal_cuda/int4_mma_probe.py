@@ -162,29 +162,41 @@ qgemv_native(const u16* __restrict__ x, const unsigned char* __restrict__ q,
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-    // x staged: a warp a tile, lane L its columns 4L .. 4L + 3
-    for (int kt = warp; kt < kt_n; kt += WARPS) {
-        const uint2 raw = *reinterpret_cast<const uint2*>(x + 128 * kt + 4 * lane);
-        float v[4] = {__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
-                      __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u)};
-        float mx = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-        float sum = (v[0] + v[1]) + (v[2] + v[3]);
+    // x staged: a warp a tile, lane L its columns 4L .. 4L + 3; eight tiles' loads a warp in
+    // flight at once (a row of 14336 inputs is 112 tiles: 28 a warp at 4 warps)
+    for (int base = warp; base < kt_n; base += 8 * WARPS) {
+        uint2 raw[8];
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-            sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        for (int i = 0; i < 8; ++i) {
+            const int kt = base + i * WARPS;
+            raw[i] = kt < kt_n ? *reinterpret_cast<const uint2*>(x + 128 * kt + 4 * lane)
+                               : make_uint2(0, 0);
         }
-        // the tile's largest element to [2^14, 2^15): f16 holds it and every bf16 below it
-        // down to 2^-17 of it exactly
-        const int e = min(100, max(-100, 14 - ((int)(__float_as_uint(mx) >> 23) - 127)));
-        const float f = lane < 16 ? POW2(e) : POW2(e - 4);  // the high nibbles' x / 16
-        // the pairs of r0 and r2 (low nibbles' columns) or of r1 and r3 (high ones')
-        *reinterpret_cast<uint2*>(reinterpret_cast<u32*>(xb) + 64 * kt + 4 * (lane & 15) +
-                                  2 * (lane >> 4)) =
-            make_uint2(f16_pair(v[0] * f, v[2] * f), f16_pair(v[1] * f, v[3] * f));
-        if (lane == 0) {
-            xsum[kt] = sum;
-            xinv[kt] = POW2(-e);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int kt = base + i * WARPS;
+            if (kt >= kt_n) break;
+            float v[4] = {__uint_as_float(raw[i].x << 16), __uint_as_float(raw[i].x & 0xffff0000u),
+                          __uint_as_float(raw[i].y << 16), __uint_as_float(raw[i].y & 0xffff0000u)};
+            float mx = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+            float sum = (v[0] + v[1]) + (v[2] + v[3]);
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+                sum += __shfl_xor_sync(0xffffffffu, sum, off);
+            }
+            // the tile's largest element to [2^14, 2^15): f16 holds it and every bf16 below
+            // it down to 2^-17 of it exactly
+            const int e = min(100, max(-100, 14 - ((int)(__float_as_uint(mx) >> 23) - 127)));
+            const float f = lane < 16 ? POW2(e) : POW2(e - 4);  // the high nibbles' x / 16
+            // the pairs of r0 and r2 (low nibbles' columns) or of r1 and r3 (high ones')
+            *reinterpret_cast<uint2*>(reinterpret_cast<u32*>(xb) + 64 * kt + 4 * (lane & 15) +
+                                      2 * (lane >> 4)) =
+                make_uint2(f16_pair(v[0] * f, v[2] * f), f16_pair(v[1] * f, v[3] * f));
+            if (lane == 0) {
+                xsum[kt] = sum;
+                xinv[kt] = POW2(-e);
+            }
         }
     }
     __syncthreads();
