@@ -94,7 +94,7 @@
 #   benchmarks/gpu_session.sh 88  # any card: call 87 in less time: the tests, the bench, b12 fp8 b2 over the fp8 cache with it / without, twice (~250 s)
 #   benchmarks/gpu_session.sh 89  # any card: the native stage 1 with fewer instructions a tile: its tests, the bench (with its loads alone), b12 fp8 b2 over the fp8 cache at the best tile with it / without, twice (~250 s)
 #   benchmarks/gpu_session.sh 90  # any card: the native stage 1's loads alone three ways (half-line K, whole-line K, a block over a request's KV heads) beside Triton and the whole kernel, and the whole kernel over a request's heads, with its GPU test (~110 s)
-#   benchmarks/gpu_session.sh 91  # any card: int4's one-token GEMV on the tensor cores over 8-row-interleaved halves128 tiles, beside the CUDA C GEMV, on the 8B linears (~70 s)
+#   benchmarks/gpu_session.sh 91  # any card: int4's one-token GEMV on the tensor cores over 8-row-interleaved halves128 tiles, beside the CUDA C GEMV and its loads alone, on the 8B linears (~90 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -1262,8 +1262,9 @@ case $CALL in
     # arithmetic on the tensor cores (0.625 integer instructions a weight against 1.125),
     # over a copy of the weight whose 64-byte tiles are interleaved 8 rows at a time so a
     # warp still loads 512 contiguous bytes (call 41's mma variant read 64 of 8 rows); beside
-    # the CUDA C GEMV's configs, each checked against the float reference.
-    part int4mmaprobe 150 70 int4mmaprobe
+    # the CUDA C GEMV's configs, each checked against the float reference; and its loads
+    # alone, and without x's staging (what the interleaved pattern and the prologue cost).
+    part int4mmaprobe 200 90 int4mmaprobe
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do
