@@ -1,5 +1,5 @@
-"""The tensor-core int4 GEMV probe (tests/hal_cuda/int4_mma_probe.py) without a GPU: its
-interleaved layout, and a numpy model of the kernel lane by lane (the nibbles made f16 pairs
+"""The tensor-core int4 GEMV (hal/cuda/native_gemv_mma.py) without a GPU: its interleaved
+layout, and a numpy model of the kernel lane by lane (the nibbles made f16 pairs
 by their exponent bits, x staged as B fragments a power of two a tile, mma.m16n8k16 by its
 fragment layout, each group's scale and offset) against the float reference. Where NVRTC
 is installed, every config compiles for sm_90. The kernel itself runs on the GPU through
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from tessera.hal.cuda import native_gemv_mma
 from tessera.hal.quant.weight import pack_int4
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -118,7 +119,7 @@ def _model(qi: np.ndarray, s: np.ndarray, o: np.ndarray, x: np.ndarray) -> np.nd
 
 def test_interleave_puts_eight_rows_tiles_side_by_side() -> None:
     q = torch.arange(16 * 128, dtype=torch.int32).reshape(16, 128).to(torch.uint8)
-    got = probe.interleave(q).reshape(-1)
+    got = native_gemv_mma.interleave(q).reshape(-1)
     for rb8 in range(2):
         for kt in range(2):
             for g in range(8):
@@ -142,7 +143,7 @@ def test_the_model_of_the_kernel_is_the_definition(scale: float) -> None:
     x = torch.from_numpy(x).to(torch.bfloat16).float().numpy()
     w = q.numpy().astype(np.float64) * np.repeat(s, 128, 1) + np.repeat(o, 128, 1)
     want = w @ x.astype(np.float64)
-    got = _model(probe.interleave(torch.from_numpy(packed)).numpy(), s, o, x)
+    got = _model(native_gemv_mma.interleave(torch.from_numpy(packed)).numpy(), s, o, x)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
 
 
