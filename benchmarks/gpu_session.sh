@@ -94,7 +94,7 @@
 #   benchmarks/gpu_session.sh 88  # any card: call 87 in less time: the tests, the bench, b12 fp8 b2 over the fp8 cache with it / without, twice (~250 s)
 #   benchmarks/gpu_session.sh 89  # any card: the native stage 1 with fewer instructions a tile: its tests, the bench (with its loads alone), b12 fp8 b2 over the fp8 cache at the best tile with it / without, twice (~250 s)
 #   benchmarks/gpu_session.sh 90  # any card: the native stage 1's loads alone three ways (half-line K, whole-line K, a block over a request's KV heads) beside Triton and the whole kernel, and the whole kernel over a request's heads, with its GPU test (~110 s)
-#   benchmarks/gpu_session.sh 91  # any card: int4's one-token GEMV on the tensor cores over 8-row-interleaved halves128 tiles, beside the CUDA C GEMV and its loads alone, on the 8B linears (~90 s)
+#   benchmarks/gpu_session.sh 91  # any card: int4's one-token GEMV on the tensor cores over 8-row-interleaved halves128 tiles, beside the CUDA C GEMV and its loads alone, on the 8B linears; its GPU tests, b12 int4 b1 with it / without, twice (~320 s)
 #
 # Each part is a benchmarks/run_gpu.sh part run under its own time limit (its cap, or what is
 # left of the call's budget BUDGET_S, default 450 s, if less): a part that hangs or crashes
@@ -1265,6 +1265,16 @@ case $CALL in
     # the CUDA C GEMV's configs, each checked against the float reference; and its loads
     # alone, and without x's staging (what the interleaved pattern and the prologue cost).
     part int4mmaprobe 200 90 int4mmaprobe
+    # then through the tuner (HAL_CUDA_INT4_MMA=1 lists its configs after the CUDA-core
+    # ones): its GPU tests, and B12's int4 B1 with it and without, alternated twice
+    QUANT_K="int4_mma" part quanttests 120 40 quanttests
+    HAL_CUDA_INT4_MMA=1 part b12mma 100 45 b12 --schemes int4 --parts b1 \
+      --name "b12_b1_int4_mma_${TAG:-call91}_h200"
+    part b12plain 100 45 b12 --schemes int4 --parts b1 --name "b12_b1_int4_${TAG:-call91}_h200"
+    HAL_CUDA_INT4_MMA=1 part b12mmaagain 100 45 b12 --schemes int4 --parts b1 \
+      --name "b12_b1_int4_mma_again_${TAG:-call91}_h200"
+    part b12plainagain 100 45 b12 --schemes int4 --parts b1 \
+      --name "b12_b1_int4_again_${TAG:-call91}_h200"
     ;;
 esac
 for extra in ${EXTRA_PARTS:-}; do

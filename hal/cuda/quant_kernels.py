@@ -65,6 +65,9 @@ GEMV_STAGES3 = 128
 # not a qgemv formulation: the CUDA C GEMV of native_gemv.py, config (rows a block, runs a
 # thread an iteration, warps a block, GEMV_NATIVE)
 GEMV_NATIVE = 256
+# with GEMV_NATIVE: int4's tensor-core GEMV of native_gemv_mma.py, config (rows a block, k-tiles
+# a warp loads ahead, warps a block, GEMV_MMA); listed where HAL_CUDA_INT4_MMA=1
+GEMV_MMA = 512 | GEMV_NATIVE
 
 
 def gemv_stages(variant: int) -> int:

@@ -25,7 +25,7 @@ from dataclasses import replace
 import torch
 import triton
 
-from tessera.hal.cuda import env, native_gemv, nvrtc, pdl, quant_tune
+from tessera.hal.cuda import env, native_gemv, native_gemv_mma, nvrtc, pdl, quant_tune
 from tessera.hal.cuda.quant_kernels import (
     FP8,
     GEMV_ACC,
@@ -103,8 +103,11 @@ def prepare(w: QuantizedWeight) -> QuantizedWeight:
             q = unpack_int4(w.qweight, have)
             w = replace(w, qweight=pack_int4(q, tile), packing="nibbles" if tile == 2
                         else f"halves{tile}")
-    return replace(w, qweight=w.qweight.contiguous(), scales=w.scales.contiguous(),
-                   offsets=None if w.offsets is None else w.offsets.contiguous())
+    w = replace(w, qweight=w.qweight.contiguous(), scales=w.scales.contiguous(),
+                offsets=None if w.offsets is None else w.offsets.contiguous())
+    if native_gemv_mma.enabled() and w.qweight.is_cuda and native_gemv_mma.weight_fits(w):
+        native_gemv_mma.interleaved(w)  # the tensor-core GEMV's copy, made now (its switch)
+    return w
 
 
 def _half(w: QuantizedWeight) -> int:

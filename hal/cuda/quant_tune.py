@@ -14,13 +14,14 @@ from typing import Any
 
 import torch
 
-from tessera.hal.cuda import env, native_gemv
+from tessera.hal.cuda import env, native_gemv, native_gemv_mma
 from tessera.hal.cuda.autotune import pick as _pick
 from tessera.hal.cuda.quant_kernels import (
     GEMV_ACC,
     GEMV_COLUMN,
     GEMV_DOT,
     GEMV_EXP_CVT,
+    GEMV_MMA,
     GEMV_NATIVE,
     GEMV_STAGES2,
     GEMV_STAGES3,
@@ -90,6 +91,13 @@ NATIVE_CANDIDATES: dict[str, list[tuple[int, int, int, int]]] = {
 }
 for _scheme, _natives in NATIVE_CANDIDATES.items():  # after the Triton tiles: never first
     GEMV_CANDIDATES[_scheme] = GEMV_CANDIDATES[_scheme] + _natives
+# GEMV_MMA: int4's GEMV on the tensor cores over an interleaved copy of the weight
+# (native_gemv_mma.py; rows a block, k-tiles a warp loads ahead, warps a block), after the
+# CUDA-core configs; only where HAL_CUDA_INT4_MMA=1 (the copy doubles the weight's bytes)
+MMA_CANDIDATES: list[tuple[int, int, int, int]] = [
+    (16, 1, 4, GEMV_MMA), (32, 1, 4, GEMV_MMA), (16, 2, 4, GEMV_MMA), (32, 1, 8, GEMV_MMA),
+    (64, 1, 4, GEMV_MMA), (16, 2, 8, GEMV_MMA)]
+GEMV_CANDIDATES["int4"] = GEMV_CANDIDATES["int4"] + MMA_CANDIDATES
 # The weight expanded to x's dtype once (dequant_kernel), then the library GEMM: a candidate
 # where the batch makes the GEMM compute-bound (prefill chunks, B2's largest decode batches).
 # At f64b807 the step profile's int4 prefill of 512 tokens took 29.8 ms against bf16's 11.3
@@ -267,6 +275,9 @@ def _gemv_candidates(scheme: str, per_row: bool, group_size: int, packing: str
     halves = packing.startswith("halves")
 
     def fits(c: tuple[int, int, int, int]) -> bool:
+        if c[3] & GEMV_MMA == GEMV_MMA:
+            return native_gemv_mma.enabled() and \
+                native_gemv_mma.layout_fits(scheme, per_row, group_size, packing)
         if c[3] & GEMV_NATIVE:
             return native_gemv.layout_fits(scheme, per_row, group_size, packing)
         if c[3] & GEMV_DOT:
@@ -294,8 +305,9 @@ def one_token(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
 
     if config[3] & GEMV_NATIVE:
         rows, unroll, warps, _ = config
+        kernel = native_gemv_mma if config[3] & GEMV_MMA == GEMV_MMA else native_gemv
         try:
-            return native_gemv.qgemv(x, w, bias, rows, unroll, warps)
+            return kernel.qgemv(x, w, bias, rows, unroll, warps)
         except native_gemv.NotTaken:
             # an x or weight the kernel cannot read 16 bytes at a time (an unaligned view):
             # the list's first Triton tile

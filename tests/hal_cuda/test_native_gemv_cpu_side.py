@@ -124,6 +124,11 @@ def test_native_configs_follow_the_triton_tiles() -> None:
 
     for scheme, natives in quant_tune.NATIVE_CANDIDATES.items():
         cands = quant_tune.GEMV_CANDIDATES[scheme]
+        mma = quant_tune.MMA_CANDIDATES if scheme == "int4" else []
+        if mma:  # the tensor-core configs last (HAL_CUDA_INT4_MMA)
+            assert cands[-len(mma):] == mma and len(set(mma)) == len(mma)
+            assert all(c[3] == quant_kernels.GEMV_MMA and c[0] % 16 == 0 for c in mma)
+            cands = cands[:-len(mma)]
         assert natives and cands[-len(natives):] == natives
         assert not any(c[3] & quant_kernels.GEMV_NATIVE for c in cands[:-len(natives)])
         assert len(set(natives)) == len(natives)

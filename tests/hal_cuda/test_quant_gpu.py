@@ -279,6 +279,83 @@ def test_native_config_falls_back_for_an_unaligned_input() -> None:
     assert _rel(out, quant_linear_reference(x.float(), w)) < 4e-3
 
 
+# int4's tensor-core GEMV (native_gemv_mma.py, HAL_CUDA_INT4_MMA): every config the tuner
+# lists, against the definition, with x's tiles at very different magnitudes (each staged at
+# its own power of two); under PDL in a graph; a weight it does not take.
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,k", [(4096, 14336), (6144, 4096), (48, 384)])
+def test_int4_mma_gemv_every_config(n: int, k: int, dtype: torch.dtype) -> None:
+    from tessera.hal.cuda import native_gemv_mma, quant_tune
+    from tessera.hal.cuda.quant_linear import prepare
+
+    native = _native_or_skip()
+    gen = torch.Generator(device="cuda").manual_seed(n + k)
+    w = prepare(quantize(torch.randn((n, k), device="cuda", generator=gen) * k ** -0.5,
+                         "int4", 128))
+    assert native_gemv_mma.weight_fits(w), (w.packing, w.group_size)
+    x = (torch.randn((1, k), device="cuda", generator=gen) * 3)
+    x[:, :128] *= 300.0
+    x[:, 128:256] *= 1e-3
+    x = x.to(dtype)
+    bias = torch.randn(n, device="cuda", generator=gen).to(dtype)
+    exact = quant_linear_reference(x.float(), w, bias.float())
+    plain = quant_linear_reference(x.float(), w)
+    for rows, unroll, warps, _ in quant_tune.MMA_CANDIDATES:
+        if n % rows:
+            with pytest.raises(native.NotTaken):
+                native_gemv_mma.qgemv(x, w, bias, rows, unroll, warps)
+            continue
+        for b, want in ((bias, exact), (None, plain)):
+            out = native_gemv_mma.qgemv(x, w, b, rows, unroll, warps)
+            assert out.dtype == dtype and out.shape == (1, n)
+            assert _rel(out, want) < 4e-3, (rows, unroll, warps, b is None)
+    row_w = prepare(quantize(torch.randn((n, k), device="cuda") * 0.02, "int4", k))
+    assert not native_gemv_mma.weight_fits(row_w)  # one scale a row: the CUDA-core GEMV's
+    with pytest.raises(native.NotTaken):
+        native_gemv_mma.qgemv(x, row_w, None, 16, 1, 4)
+
+
+def test_int4_mma_gemv_under_pdl_in_a_graph() -> None:
+    """norm -> GEMV -> norm -> GEMV through the tensor-core GEMV, captured and replayed under
+    PDL: the same result as the plain launches, bit for bit, for fresh inputs."""
+    from tessera.hal.cuda import native_gemv_mma, norm, pdl
+    from tessera.hal.cuda.quant_linear import prepare
+
+    _native_or_skip()
+    k = 4096
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    ws = [prepare(quantize(torch.randn((k, k), device="cuda", generator=gen) * k ** -0.5,
+                           "int4", 128)) for _ in range(2)]
+    nw = torch.rand(k, device="cuda", generator=gen).to(torch.bfloat16) + 0.5
+    x0 = torch.randn((1, k), device="cuda", generator=gen).to(torch.bfloat16)
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        for w in ws:
+            x = native_gemv_mma.qgemv(norm.rms_norm(x, nw, 1e-6), w, None, 32, 1, 4)
+        return x
+
+    with pdl.forced(False):
+        want = chain(x0)
+    with pdl.forced(True):
+        assert torch.equal(chain(x0), want)
+        static = x0.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            chain(static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain(static)
+        for seed in range(3):
+            fresh = torch.randn((1, k), device="cuda",
+                                generator=torch.Generator(device="cuda").manual_seed(seed))
+            static.copy_(fresh.to(torch.bfloat16))
+            graph.replay()
+            with pdl.forced(False):
+                assert torch.equal(out, chain(static)), seed
+
+
 # The native GEMV's fusions (QuantLinearKernel.one_token_fused): an RMSNorm of x as its
 # prologue, a residual add or the gated SiLU as its epilogue, every layout and config.
 FUSIONS = [("norm", True, False, False), ("residual", False, True, False),
