@@ -38,7 +38,7 @@ import weakref
 import torch
 
 from tessera.hal.cuda import env, nvrtc, pdl
-from tessera.hal.cuda.native_gemv import NotTaken
+from tessera.hal.cuda.native_gemv import X_HELPERS, NotTaken
 from tessera.hal.quant.weight import QuantizedWeight
 
 VARIABLE = "HAL_CUDA_INT4_MMA"
@@ -97,37 +97,7 @@ __device__ __forceinline__ void mma(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a
 
 #define POW2(e) __uint_as_float((u32)(127 + (e)) << 23)
 
-// two 16-bit floats of x (one 32-bit word) to float32
-__device__ __forceinline__ void x_pair(u32 w, float& lo, float& hi) {
-#if XF16
-    asm("{ .reg .f16 a, b; mov.b32 {a, b}, %2; cvt.f32.f16 %0, a; cvt.f32.f16 %1, b; }"
-        : "=f"(lo), "=f"(hi) : "r"(w));
-#else
-    lo = __uint_as_float(w << 16);
-    hi = __uint_as_float(w & 0xffff0000u);
-#endif
-}
-
-__device__ __forceinline__ float x_one(u16 h) {
-#if XF16
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-#else
-    return __uint_as_float(((u32)h) << 16);
-#endif
-}
-
-__device__ __forceinline__ u16 to_x(float v) {
-    u16 h;
-#if XF16
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-#else
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-#endif
-    return h;
-}
-
+""" + X_HELPERS + r"""
 // Each block computes R = 16 RT rows of y = x @ w^T; its warps split the k-tiles, each
 // warp's 32 lanes the mma fragments of RT 16-row tiles, then one shared-memory pass across
 // the warps.

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules
+
 SHAPES = {"gate_up": (28672, 4096), "down": (4096, 14336), "qkv": (6144, 4096),
           "o": (4096, 4096)}
 # (16-row tiles a block, k-tiles a warp loads ahead, warps a block)
@@ -47,6 +49,8 @@ def variants() -> dict[str, str]:
 """
     stage = "    for (int base = warp; base < kt_n; base += 8 * WARPS) {"
     stage_end = "    __syncthreads();\n    while (true) {"
+    from native_gemv_probe import _cut
+
     from tessera.hal.cuda.native_gemv_mma import SOURCE
 
     out = {"mma": SOURCE, "mma_loads": _cut(SOURCE, loop, loop_end, xor),
@@ -55,18 +59,7 @@ def variants() -> dict[str, str]:
     return out
 
 
-def _cut(source: str, start: str, end: str, body: str) -> str:
-    """source with the text from `start` up to (not including) `end` replaced by body."""
-    a = source.index(start)
-    b = source.index(end, a)
-    return source[:a] + body + source[b:]
-
-
 def main(argv: list[str]) -> int:
-    here = str(Path(__file__).resolve().parent)
-    if here not in sys.path:
-        sys.path.insert(0, here)
-
     from tessera.hal.cuda import native_gemv_mma, nvrtc
 
     out_path = Path(argv[0])

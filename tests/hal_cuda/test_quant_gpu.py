@@ -3,6 +3,8 @@ shapes, against their definitions; graph capture and replay of a quantized linea
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -220,27 +222,10 @@ def test_native_gemv_every_layout_and_config(scheme: str, group: object, prepare
             assert _rel(native.qgemv(x, w, bias, rows, unroll, warps), triton_out) < 4e-3, cfg
 
 
-@pytest.mark.parametrize("preload", [False, True])
-@pytest.mark.parametrize("scheme", ["fp8", "int4"])
-def test_native_gemv_under_pdl_in_a_graph(scheme: str, preload: bool) -> None:
-    """norm -> GEMV -> norm -> GEMV, each launched with PDL where the mode is on, captured
-    and replayed: the GEMV waits for the norm that writes its x, and the norm after it for
-    its output (the chain's result equals the plain launches' one exactly)."""
-    from tessera.hal.cuda import norm, pdl
-    from tessera.hal.cuda.quant_linear import prepare
-
-    native = _native_or_skip()
-    k = 4096
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    ws = [prepare(quantize(torch.randn((k, k), device="cuda", generator=gen) * k ** -0.5,
-                           scheme, None)) for _ in range(2)]
-    nw = torch.rand(k, device="cuda", generator=gen).to(torch.bfloat16) + 0.5
-    x0 = torch.randn((1, k), device="cuda", generator=gen).to(torch.bfloat16)
-
-    def chain(x: torch.Tensor) -> torch.Tensor:
-        for w in ws:
-            x = native.qgemv(norm.rms_norm(x, nw, 1e-6), w, None, 4, 1, 8, preload=preload)
-        return x
+def _check_pdl_graph(chain: Any, x0: torch.Tensor) -> None:
+    """chain(x) launched with PDL forced on equals its plain launches, eagerly and captured
+    in a graph replayed over fresh inputs, bit for bit."""
+    from tessera.hal.cuda import pdl
 
     with pdl.forced(False):
         want = chain(x0)
@@ -256,12 +241,37 @@ def test_native_gemv_under_pdl_in_a_graph(scheme: str, preload: bool) -> None:
         with torch.cuda.graph(graph):
             out = chain(static)
         for seed in range(3):
-            fresh = torch.randn((1, k), device="cuda",
+            fresh = torch.randn(tuple(x0.shape), device="cuda",
                                 generator=torch.Generator(device="cuda").manual_seed(seed))
-            static.copy_(fresh.to(torch.bfloat16))
+            static.copy_(fresh.to(x0.dtype))
             graph.replay()
             with pdl.forced(False):
                 assert torch.equal(out, chain(static)), seed
+
+
+@pytest.mark.parametrize("preload", [False, True])
+@pytest.mark.parametrize("scheme", ["fp8", "int4"])
+def test_native_gemv_under_pdl_in_a_graph(scheme: str, preload: bool) -> None:
+    """norm -> GEMV -> norm -> GEMV, each launched with PDL where the mode is on, captured
+    and replayed: the GEMV waits for the norm that writes its x, and the norm after it for
+    its output (the chain's result equals the plain launches' one exactly)."""
+    from tessera.hal.cuda import norm
+    from tessera.hal.cuda.quant_linear import prepare
+
+    native = _native_or_skip()
+    k = 4096
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    ws = [prepare(quantize(torch.randn((k, k), device="cuda", generator=gen) * k ** -0.5,
+                           scheme, None)) for _ in range(2)]
+    nw = torch.rand(k, device="cuda", generator=gen).to(torch.bfloat16) + 0.5
+    x0 = torch.randn((1, k), device="cuda", generator=gen).to(torch.bfloat16)
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        for w in ws:
+            x = native.qgemv(norm.rms_norm(x, nw, 1e-6), w, None, 4, 1, 8, preload=preload)
+        return x
+
+    _check_pdl_graph(chain, x0)
 
 
 def test_native_config_falls_back_for_an_unaligned_input() -> None:
@@ -318,7 +328,7 @@ def test_int4_mma_gemv_every_config(n: int, k: int, dtype: torch.dtype) -> None:
 def test_int4_mma_gemv_under_pdl_in_a_graph() -> None:
     """norm -> GEMV -> norm -> GEMV through the tensor-core GEMV, captured and replayed under
     PDL: the same result as the plain launches, bit for bit, for fresh inputs."""
-    from tessera.hal.cuda import native_gemv_mma, norm, pdl
+    from tessera.hal.cuda import native_gemv_mma, norm
     from tessera.hal.cuda.quant_linear import prepare
 
     _native_or_skip()
@@ -334,26 +344,7 @@ def test_int4_mma_gemv_under_pdl_in_a_graph() -> None:
             x = native_gemv_mma.qgemv(norm.rms_norm(x, nw, 1e-6), w, None, 32, 1, 4)
         return x
 
-    with pdl.forced(False):
-        want = chain(x0)
-    with pdl.forced(True):
-        assert torch.equal(chain(x0), want)
-        static = x0.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            chain(static)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = chain(static)
-        for seed in range(3):
-            fresh = torch.randn((1, k), device="cuda",
-                                generator=torch.Generator(device="cuda").manual_seed(seed))
-            static.copy_(fresh.to(torch.bfloat16))
-            graph.replay()
-            with pdl.forced(False):
-                assert torch.equal(out, chain(static)), seed
+    _check_pdl_graph(chain, x0)
 
 
 # The native GEMV's fusions (QuantLinearKernel.one_token_fused): an RMSNorm of x as its
@@ -495,7 +486,6 @@ def test_fused_layer_chain_under_pdl_in_a_graph(scheme: str) -> None:
     the mode is on, captured and replayed: every kernel waits for what it reads, including
     the residual written two launches before (the result equals the plain launches' one
     exactly)."""
-    from tessera.hal.cuda import pdl
     from tessera.hal.cuda.quant_linear import prepare
     from tessera.hal.platform import RotaryStore
     from tessera.hal.rope import cos_sin_cache
@@ -529,26 +519,7 @@ def test_fused_layer_chain_under_pdl_in_a_graph(scheme: str) -> None:
             x = native.qgemv(act, down, None, 4, 1, 8, residual=x)
         return x
 
-    with pdl.forced(False):
-        want = layer(x0)
-    with pdl.forced(True):
-        assert torch.equal(layer(x0), want)
-        static = x0.clone()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            layer(static)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = layer(static)
-        for seed in range(3):
-            fresh = torch.randn((1, h), device="cuda",
-                                generator=torch.Generator(device="cuda").manual_seed(seed))
-            static.copy_(fresh.to(torch.bfloat16))
-            graph.replay()
-            with pdl.forced(False):
-                assert torch.equal(out, layer(static)), seed
+    _check_pdl_graph(layer, x0)
 
 
 @pytest.mark.parametrize("m", [2, 64, 256])
