@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import weakref
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from tessera.hal.cuda import env, nvrtc, pdl
 from tessera.hal.cuda.native_gemv import X_HELPERS, NotTaken
@@ -245,9 +245,10 @@ qgemv_mma(const u16* __restrict__ x, const unsigned char* __restrict__ q,
 }
 """
 
-# the interleaved copies, by the prepared weight's qweight (made at a weight's first use
-# outside a graph capture, dropped with the weight)
-_COPIES: weakref.WeakKeyDictionary[torch.Tensor, torch.Tensor] = weakref.WeakKeyDictionary()
+# the interleaved copies, by the identity of the prepared weight's qweight (made at prepare
+# or at a weight's first use outside a graph capture, dropped with the weight); by identity,
+# since a tensor's == is elementwise
+_COPIES = WeakIdKeyDictionary()
 
 
 @functools.lru_cache(maxsize=1)
@@ -290,7 +291,7 @@ def input_fits(x: torch.Tensor) -> bool:
 def interleaved(w: QuantizedWeight) -> torch.Tensor | None:
     """w's interleaved copy, made now where none is yet (not under a graph capture: None)."""
     qi = _COPIES.get(w.qweight)
-    if qi is None and not torch.cuda.is_current_stream_capturing():
+    if qi is None and not (w.qweight.is_cuda and torch.cuda.is_current_stream_capturing()):
         qi = _COPIES[w.qweight] = interleave(w.qweight)
     return qi
 

@@ -127,6 +127,34 @@ def test_interleave_puts_eight_rows_tiles_side_by_side() -> None:
                 assert torch.equal(got[off: off + 64], q[8 * rb8 + g, 64 * kt: 64 * kt + 64])
 
 
+def test_the_copy_is_made_once_a_weight_and_dropped_with_it() -> None:
+    """interleaved(w) keeps one copy by the identity of w's qweight (a tensor's == is
+    elementwise, so a plain weak dictionary could not look one up), shared by a replaced
+    weight over the same tensor, gone with the tensor; which weights and x it takes."""
+    import dataclasses
+    import gc
+
+    from tessera.hal.quant import quantize
+
+    w = quantize(torch.randn(32, 256), "int4", 128)
+    w = dataclasses.replace(w, qweight=pack_int4(torch.randint(0, 16, (32, 256)), 128),
+                            packing="halves128")
+    assert native_gemv_mma.weight_fits(w) and native_gemv_mma.weight_fits(w, 32)
+    assert not native_gemv_mma.weight_fits(w, 64)  # 32 rows are not whole blocks of 64
+    qi = native_gemv_mma.interleaved(w)
+    assert qi is not None and torch.equal(qi, native_gemv_mma.interleave(w.qweight))
+    assert native_gemv_mma.interleaved(w) is qi
+    assert native_gemv_mma.interleaved(dataclasses.replace(w, scales=w.scales.clone())) is qi
+    before = len(native_gemv_mma._COPIES)
+    del w
+    gc.collect()
+    assert len(native_gemv_mma._COPIES) == before - 1
+    for scheme, group in (("int4", 64), ("int4", 256), ("fp8", 256)):
+        other = quantize(torch.randn(32, 256), scheme, group)
+        assert not native_gemv_mma.weight_fits(other), (scheme, group)
+    assert not native_gemv_mma.input_fits(torch.randn(1, 256).to(torch.bfloat16))  # no GPU
+
+
 @pytest.mark.parametrize("scale", [1.0, 3e-4, 2e3])
 def test_the_model_of_the_kernel_is_the_definition(scale: float) -> None:
     """Random nibbles, group scales and offsets (groups of 128, "halves128"), bf16 x with
