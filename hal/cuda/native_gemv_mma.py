@@ -98,10 +98,35 @@ __device__ __forceinline__ void mma(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a
 #define POW2(e) __uint_as_float((u32)(127 + (e)) << 23)
 
 """ + X_HELPERS + r"""
+// one iteration's loads: U k-tiles of each 16-row tile's rows g and g + 8, and their groups'
+// scales and offsets
+__device__ __forceinline__ void load_tiles(uint4 (&wv)[U][RT][2], float (&sv)[U][RT][2],
+                                           float (&ov)[U][RT][2],
+                                           const unsigned char* const (&qb)[RT],
+                                           const float* const (&sp)[RT][2],
+                                           const float* const (&op)[RT][2], int base, int kt_n) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int kt = base + u * WARPS;
+        const bool in = kt < kt_n;
+#pragma unroll
+        for (int j = 0; j < RT; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                wv[u][j][h] = in ? ld_weights(qb[j] + ((long long)h * kt_n + kt) * 512)
+                                 : make_uint4(0, 0, 0, 0);
+                sv[u][j][h] = in ? sp[j][h][kt] : 0.0f;
+                ov[u][j][h] = in ? op[j][h][kt] : 0.0f;
+            }
+    }
+}
+
 // Each block computes R = 16 RT rows of y = x @ w^T; its warps split the k-tiles, each
 // warp's 32 lanes the mma fragments of RT 16-row tiles, then one shared-memory pass across
 // the warps.
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
+// (at least one block a multiprocessor: without it ptxas keeps a few of the loop's pointers in
+// local memory at 72-80 registers)
+extern "C" __global__ void __launch_bounds__(WARPS * 32, 1)
 qgemv_mma(const u16* __restrict__ x, const unsigned char* __restrict__ q,
           const float* __restrict__ s, const float* __restrict__ o,
           const u16* __restrict__ bias, u16* __restrict__ out, int k, long long s_s0,
@@ -132,23 +157,7 @@ qgemv_mma(const u16* __restrict__ x, const unsigned char* __restrict__ q,
 #pragma unroll
     for (int j = 0; j < RT; ++j) acc[j][0] = acc[j][1] = 0.0f;
     int kt0 = warp;
-    auto load = [&](int base) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int kt = base + u * WARPS;
-#pragma unroll
-            for (int j = 0; j < RT; ++j)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const bool in = kt < kt_n;
-                    wv[u][j][h] = in ? ld_weights(qb[j] + ((long long)h * kt_n + kt) * 512)
-                                     : make_uint4(0, 0, 0, 0);
-                    sv[u][j][h] = in ? sp[j][h][kt] : 0.0f;
-                    ov[u][j][h] = in ? op[j][h][kt] : 0.0f;
-                }
-        }
-    };
-    load(kt0);  // weights and scales: nothing a kernel before writes
+    load_tiles(wv, sv, ov, qb, sp, op, kt0, kt_n);  // nothing a kernel before writes
 #if PDL
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -224,7 +233,7 @@ qgemv_mma(const u16* __restrict__ x, const unsigned char* __restrict__ q,
         }
         kt0 += WARPS * U;
         if (kt0 >= kt_n) break;
-        load(kt0);
+        load_tiles(wv, sv, ov, qb, sp, op, kt0, kt_n);
     }
     if (t == 0) {
 #pragma unroll

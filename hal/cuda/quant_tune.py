@@ -96,7 +96,7 @@ for _scheme, _natives in NATIVE_CANDIDATES.items():  # after the Triton tiles: n
 # CUDA-core configs; only where HAL_CUDA_INT4_MMA=1 (the copy doubles the weight's bytes)
 MMA_CANDIDATES: list[tuple[int, int, int, int]] = [
     (16, 1, 4, GEMV_MMA), (32, 1, 4, GEMV_MMA), (16, 2, 4, GEMV_MMA), (32, 1, 8, GEMV_MMA),
-    (64, 1, 4, GEMV_MMA), (16, 2, 8, GEMV_MMA)]
+    (64, 1, 4, GEMV_MMA), (16, 2, 8, GEMV_MMA), (32, 2, 4, GEMV_MMA)]
 GEMV_CANDIDATES["int4"] = GEMV_CANDIDATES["int4"] + MMA_CANDIDATES
 # The weight expanded to x's dtype once (dequant_kernel), then the library GEMM: a candidate
 # where the batch makes the GEMM compute-bound (prefill chunks, B2's largest decode batches).

@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules
 SHAPES = {"gate_up": (28672, 4096), "down": (4096, 14336), "qkv": (6144, 4096),
           "o": (4096, 4096)}
 # (16-row tiles a block, k-tiles a warp loads ahead, warps a block)
-MMA_CONFIGS = [(1, 1, 4), (1, 2, 4), (2, 1, 4), (2, 2, 2), (2, 1, 8), (4, 1, 4), (1, 2, 8)]
+MMA_CONFIGS = [(1, 1, 4), (1, 2, 4), (2, 1, 4), (2, 2, 4), (2, 2, 2), (2, 1, 8), (4, 1, 4),
+               (1, 2, 8)]
 VARIANT_CONFIGS = [(1, 1, 4), (2, 1, 4)]  # those the variants run at too
 PLAIN_CONFIGS = [(8, 1, 2), (8, 1, 4), (4, 1, 4), (4, 2, 2)]  # native_gemv's, rows x U x W
 COPIES = 3  # weight copies rotated through (together more than the L2)

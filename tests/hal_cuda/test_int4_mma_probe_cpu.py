@@ -182,3 +182,22 @@ def test_every_config_compiles_for_sm90(tmp_path: Path) -> None:
         pytest.skip("cuda-python's NVRTC is not installed")
     assert probe.main([str(tmp_path / "dry.json"), "--cpu"]) == 0
     assert "sm_90" in (tmp_path / "dry.json").read_text()
+
+
+def test_every_tuner_config_compiles_for_sm90() -> None:
+    """quant_tune's MMA_CANDIDATES at both 8B row widths, bf16 and fp16 x, with and without
+    PDL: no local memory (a spill would be a loop's loads through memory)."""
+    from compile_for_sm90 import OPCODE, disassemble
+
+    from tessera.hal.cuda import nvrtc, quant_tune
+
+    if not nvrtc.can_compile():
+        pytest.skip("cuda-python's NVRTC is not installed")
+    for rows, unroll, warps, _ in quant_tune.MMA_CANDIDATES:
+        for k, f16, use_pdl in ((4096, False, True), (14336, True, False)):
+            cubin = nvrtc.compile_cubin(native_gemv_mma.defines(rows, unroll, warps, k, f16,
+                                                                use_pdl) +
+                                        native_gemv_mma.SOURCE, 90)
+            sass, _ = disassemble(cubin)
+            ops = {m.group(1).split(".")[0] for m in OPCODE.finditer(sass)}
+            assert "HMMA" in ops and not ops & {"STL", "LDL"}, (rows, unroll, warps, k)
