@@ -127,7 +127,9 @@ def gemv_candidates(setup: Setup, scheme: str, n_out: int, n_in: int) -> dict[st
                                           ("dot", quant_kernels.GEMV_DOT),
                                           ("stages2", quant_kernels.GEMV_STAGES2),
                                           ("stages3", quant_kernels.GEMV_STAGES3),
-                                          ("native", quant_kernels.GEMV_NATIVE))
+                                          ("native", quant_kernels.GEMV_NATIVE),
+                                          ("mma", quant_kernels.GEMV_MMA ^
+                                           quant_kernels.GEMV_NATIVE))
                         if variant & flag) or "tile"
         row: dict[str, Any] = {"config": list(cand), "variant": name}
         try:  # through one_token, as the tuner runs them (GEMV_DOT: qgemm's tile)
