@@ -44,7 +44,20 @@ from tessera.hal.quant.weight import QuantizedWeight, half_tile
 KIND = {"fp8": 0, "int4": 2}
 RUN_BYTES = 16  # one thread's load: 16 fp8 weights or 32 int4 ones
 
-X_HELPERS = r"""// two 16-bit floats of x (one 32-bit word) to float32
+# the typedefs, the weights' load and x's conversions, shared with native_gemv_mma
+PRELUDE = r"""
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+// weights: read once, not kept in L1 (x is, for every block of the SM)
+__device__ __forceinline__ uint4 ld_weights(const unsigned char* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// two 16-bit floats of x (one 32-bit word) to float32
 __device__ __forceinline__ void x_pair(u32 w, float& lo, float& hi) {
 #if XF16
     asm("{ .reg .f16 a, b; mov.b32 {a, b}, %2; cvt.f32.f16 %0, a; cvt.f32.f16 %1, b; }"
@@ -76,19 +89,7 @@ __device__ __forceinline__ u16 to_x(float v) {
 }
 """
 
-SOURCE = r"""
-typedef unsigned int u32;
-typedef unsigned short u16;
-
-// weights: read once, not kept in L1 (x is, for every block of the SM)
-__device__ __forceinline__ uint4 ld_weights(const unsigned char* p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
-""" + X_HELPERS + r"""
+SOURCE = PRELUDE + r"""
 // 8 consecutive x elements (16 bytes) to float32
 __device__ __forceinline__ void x_eight(const u16* p, float* f) {
     uint4 v = __ldg(reinterpret_cast<const uint4*>(p));

@@ -38,23 +38,14 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from tessera.hal.cuda import env, nvrtc, pdl
-from tessera.hal.cuda.native_gemv import X_HELPERS, NotTaken
+from tessera.hal.cuda.native_gemv import PRELUDE, NotTaken
 from tessera.hal.quant.weight import QuantizedWeight
 
 VARIABLE = "HAL_CUDA_INT4_MMA"
 TILE = 128  # columns a k-tile: one "halves128" tile, one group
 
-SOURCE = r"""
-typedef unsigned int u32;
-typedef unsigned short u16;
+SOURCE = PRELUDE + r"""
 #define RT (R / 16)
-
-__device__ __forceinline__ uint4 ld_weights(const unsigned char* p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
 
 // f16 pair from two float32: lo in the low half
 __device__ __forceinline__ u32 f16_pair(float lo, float hi) {
@@ -97,7 +88,6 @@ __device__ __forceinline__ void mma(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a
 
 #define POW2(e) __uint_as_float((u32)(127 + (e)) << 23)
 
-""" + X_HELPERS + r"""
 // one iteration's loads: U k-tiles of each 16-row tile's rows g and g + 8, and their groups'
 // scales and offsets
 __device__ __forceinline__ void load_tiles(uint4 (&wv)[U][RT][2], float (&sv)[U][RT][2],

@@ -24,18 +24,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules
 
 SHAPES = {"gate_up": (28672, 4096), "down": (4096, 14336), "qkv": (6144, 4096),
           "o": (4096, 4096)}
-# (16-row tiles a block, k-tiles a warp loads ahead, warps a block)
-MMA_CONFIGS = [(1, 1, 4), (1, 2, 4), (2, 1, 4), (2, 2, 4), (2, 2, 2), (2, 1, 8), (4, 1, 4),
-               (1, 2, 8)]
-VARIANT_CONFIGS = [(1, 1, 4), (2, 1, 4)]  # those the variants run at too
-PLAIN_CONFIGS = [(8, 1, 2), (8, 1, 4), (4, 1, 4), (4, 2, 2)]  # native_gemv's, rows x U x W
+# the tuner's configs of both kernels (quant_tune.MMA_CANDIDATES, NATIVE_CANDIDATES["int4"]),
+# the variants at two of the tensor-core ones
+VARIANT_CONFIGS = [(16, 1, 4), (32, 1, 4)]
 COPIES = 3  # weight copies rotated through (together more than the L2)
+
 
 def variants() -> dict[str, str]:
     """The kernel ("mma") and two variants of its text that each leave one thing out:
     "mma_loads" its weight and scale loads alone (XOR-ed into the sums: the interleaved
     pattern's ceiling), "mma_unstaged" without x's staging (what the prologue costs; wrong
     sums)."""
+    from native_gemv_probe import _cut
+
+    from tessera.hal.cuda.native_gemv_mma import SOURCE
+
     loop = "            uint4 b[4];\n"
     loop_end = "        kt0 += WARPS * U;\n"
     xor = """#pragma unroll
@@ -50,10 +53,6 @@ def variants() -> dict[str, str]:
 """
     stage = "    for (int base = warp; base < kt_n; base += 8 * WARPS) {"
     stage_end = "    __syncthreads();\n    while (true) {"
-    from native_gemv_probe import _cut
-
-    from tessera.hal.cuda.native_gemv_mma import SOURCE
-
     out = {"mma": SOURCE, "mma_loads": _cut(SOURCE, loop, loop_end, xor),
            "mma_unstaged": _cut(SOURCE, stage, stage_end, "")}
     assert len(set(out.values())) == 3
@@ -65,13 +64,14 @@ def main(argv: list[str]) -> int:
 
     out_path = Path(argv[0])
     if "--cpu" in argv:
-        built: dict[str, Any] = {"configs": [list(c) for c in MMA_CONFIGS]}
-        if nvrtc.can_compile():
-            for rt, u, warps in MMA_CONFIGS:
+        built: dict[str, Any] = {"variant_configs": [list(c) for c in VARIANT_CONFIGS]}
+        if nvrtc.can_compile():  # the variants' text (the kernel's: test_int4_mma_probe_cpu)
+            for rows, u, warps in VARIANT_CONFIGS:
                 for k in sorted({k for _, k in SHAPES.values()}):
-                    for text in variants().values():
-                        nvrtc.compile_cubin(native_gemv_mma.defines(16 * rt, u, warps, k, False,
-                                                                    True) + text, 90)
+                    for name, text in variants().items():
+                        if name != "mma":
+                            nvrtc.compile_cubin(native_gemv_mma.defines(rows, u, warps, k,
+                                                                        False, True) + text, 90)
             built["compiled_for"] = "sm_90"
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps({"dry_run": True, **built}, indent=1) + "\n")
@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
 def _measure(out_path: Path) -> int:
     from gpu_bench import graph_time_us
 
-    from tessera.hal.cuda import native_gemv, native_gemv_mma
+    from tessera.hal.cuda import native_gemv, native_gemv_mma, quant_tune
     from tessera.hal.cuda.quant_linear import prepare
     from tessera.hal.quant import quant_linear_reference, quantize
 
@@ -103,14 +103,14 @@ def _measure(out_path: Path) -> int:
         x = torch.randn((1, k), device="cuda").to(torch.bfloat16)
         exact = quant_linear_reference(x.float(), ws[0])
         nbytes = ws[0].nbytes
-        runs: list[tuple[str, tuple[int, int, int], Any]] = [
-            ("plain", c, lambda i, c=c, x=x, ws=ws: native_gemv.qgemv(x, ws[i], None, *c))
-            for c in PLAIN_CONFIGS]
-        for rt, u, warps in MMA_CONFIGS:
+        runs: list[tuple[str, tuple[int, ...], Any]] = [
+            ("plain", c[:3], lambda i, c=c, x=x, ws=ws: native_gemv.qgemv(x, ws[i], None, *c[:3]))
+            for c in quant_tune.NATIVE_CANDIDATES["int4"]]
+        for c in quant_tune.MMA_CANDIDATES:
+            cfg = c[:3]
             for kernel, text in variants().items():
-                if n % (16 * rt) or (kernel != "mma" and (rt, u, warps) not in VARIANT_CONFIGS):
+                if n % cfg[0] or (kernel != "mma" and cfg not in VARIANT_CONFIGS):
                     continue
-                cfg = (16 * rt, u, warps)
                 runs.append((kernel, cfg, lambda i, c=cfg, t=text, x=x, ws=ws, qis=qis:
                              native_gemv_mma.launch(x, ws[i], qis[i], None, *c, source=t)))
         for kernel, cfg, call in runs:
