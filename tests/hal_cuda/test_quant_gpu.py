@@ -3,7 +3,7 @@ shapes, against their definitions; graph capture and replay of a quantized linea
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -222,7 +222,7 @@ def test_native_gemv_every_layout_and_config(scheme: str, group: object, prepare
             assert _rel(native.qgemv(x, w, bias, rows, unroll, warps), triton_out) < 4e-3, cfg
 
 
-def _check_pdl_graph(chain: Any, x0: torch.Tensor) -> None:
+def _check_pdl_graph(chain: Callable[[torch.Tensor], torch.Tensor], x0: torch.Tensor) -> None:
     """chain(x) launched with PDL forced on equals its plain launches, eagerly and captured
     in a graph replayed over fresh inputs, bit for bit."""
     from tessera.hal.cuda import pdl
